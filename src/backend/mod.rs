@@ -1,0 +1,222 @@
+//! The op interface: everything the model computes goes through [`Backend`].
+//!
+//! The model never knows which backend runs it; a backend never knows which model calls
+//! it. Activations are `[rows, cols]` row-major f32 matrices that live inside the backend
+//! (host vectors on the CPU, device buffers on a GPU); `rows` is the number of tokens of
+//! the chunk being processed. Only routing decisions and final logits come back to the host.
+
+pub mod cpu;
+
+use crate::quant::{DenseMatrix, Mxfp4View};
+use anyhow::Result;
+
+/// Shape parameters of one KDA layer, shared by every backend.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KdaDims {
+    /// Number of KDA heads.
+    pub heads: usize,
+    /// Width of one head (keys and values alike).
+    pub head_dim: usize,
+    /// Width of the causal short convolution.
+    pub conv_k: usize,
+    /// `gate_lower_bound` (K3 decay form); `None` selects the Kimi Linear softplus form.
+    pub lower_bound: Option<f32>,
+    /// Epsilon of the gated output RMSNorm.
+    pub norm_eps: f32,
+}
+
+impl KdaDims {
+    /// Projection width `heads · head_dim`.
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+}
+
+/// Weights of one KDA layer that the fused step needs (projections are done by the model).
+pub struct KdaStepWeights<A> {
+    /// Depthwise conv taps for q, k, v: each `[1, P·K]`, channel-major, oldest tap first.
+    pub conv_q: A,
+    /// See `conv_q`.
+    pub conv_k: A,
+    /// See `conv_q`.
+    pub conv_v: A,
+    /// `A_log`, the first `heads` entries: `[1, heads]`.
+    pub a_log: A,
+    /// `dt_bias`: `[1, P]`.
+    pub dt_bias: A,
+    /// `o_norm.weight`: `[1, head_dim]`.
+    pub o_norm: A,
+}
+
+/// Per-token inputs of the fused KDA step, all `[n, ·]` for the `n` tokens of a chunk.
+pub struct KdaStepInputs<'a, A> {
+    /// `q_proj·x`, `[n, P]`, before the convolution.
+    pub q: &'a A,
+    /// `k_proj·x`, `[n, P]`.
+    pub k: &'a A,
+    /// `v_proj·x`, `[n, P]`.
+    pub v: &'a A,
+    /// `f_b_proj·(f_a_proj·x)`, `[n, P]`, before `dt_bias`.
+    pub f: &'a A,
+    /// `b_proj·x`, `[n, heads]`, before the sigmoid.
+    pub beta: &'a A,
+    /// `g_proj·x`, `[n, P]`, before the sigmoid (output gate).
+    pub gate: &'a A,
+}
+
+/// Shape parameters of one gated-MLA layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlaDims {
+    /// Number of attention heads.
+    pub heads: usize,
+    /// `kv_lora_rank`: width of the cached latent.
+    pub kv_lora: usize,
+    /// `qk_nope_head_dim`.
+    pub nope: usize,
+    /// `qk_rope_head_dim` (used un-rotated).
+    pub rope: usize,
+    /// `v_head_dim`.
+    pub v: usize,
+    /// Epsilon of `kv_a_layernorm`.
+    pub norm_eps: f32,
+}
+
+/// Weights the absorbed MLA attention needs, split per head from `kv_b_proj`.
+pub struct MlaAttnWeights<A> {
+    /// `kv_a_layernorm.weight`, `[1, kv_lora]`.
+    pub kv_norm: A,
+    /// K blocks of `kv_b_proj`: `[heads · nope, kv_lora]` (head-major, as stored).
+    pub wk: A,
+    /// V blocks of `kv_b_proj`: `[heads · v, kv_lora]`.
+    pub wv: A,
+}
+
+/// The native MXFP4 bytes of one routed expert, borrowed from a shard or a cache slot.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertWeights<'a> {
+    /// Gate projection `[I, D]`.
+    pub w1: Mxfp4View<'a>,
+    /// Down projection `[D, I]`.
+    pub w2: Mxfp4View<'a>,
+    /// Up projection `[I, D]`.
+    pub w3: Mxfp4View<'a>,
+}
+
+/// One routed expert and the tokens of the chunk that chose it.
+#[derive(Clone, Debug)]
+pub struct ExpertAssignment<'a> {
+    /// The expert's weights.
+    pub weights: ExpertWeights<'a>,
+    /// `(token row, routing weight)` pairs, rows in increasing order.
+    pub tokens: Vec<(usize, f32)>,
+}
+
+/// The gated linear unit used by the MLPs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Glu {
+    /// `situ(g, u) = β·tanh(g/β)·σ(g) · βl·tanh(u/βl)` (K3).
+    Situ {
+        /// `activation_situ_beta`.
+        beta: f32,
+        /// `activation_situ_linear_beta`.
+        linear_beta: f32,
+    },
+    /// `silu(g)·u` (Kimi Linear).
+    Silu,
+}
+
+/// Router settings of a MoE layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouterParams {
+    /// Experts chosen per token.
+    pub top_k: usize,
+    /// Divide the chosen scores by their sum.
+    pub renormalize: bool,
+    /// `routed_scaling_factor`.
+    pub scaling: f32,
+}
+
+/// The chosen experts of one token: `(expert id, weight)`, best first.
+pub type Route = Vec<(u32, f32)>;
+
+/// The op interface every backend implements (design.md §3).
+pub trait Backend {
+    /// A `[rows, cols]` f32 activation matrix resident in the backend.
+    type Act;
+    /// A dense weight matrix in its load-time format, resident in the backend.
+    type Mat;
+    /// Recurrent state of one KDA layer (conv history + delta-rule state).
+    type KdaState;
+    /// Latent cache of one MLA layer.
+    type MlaCache;
+
+    /// Human-readable name (`cpu`, `gpu: NVIDIA H200 (Vulkan)`).
+    fn name(&self) -> String;
+
+    /// Copies host values into a new `[rows, cols]` activation.
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Act>;
+    /// Copies an activation back to the host, row-major.
+    fn download(&self, x: &Self::Act) -> Result<Vec<f32>>;
+    /// `(rows, cols)` of an activation.
+    fn shape(&self, x: &Self::Act) -> (usize, usize);
+    /// Makes a dense weight resident.
+    fn load_matrix(&self, m: DenseMatrix) -> Result<Self::Mat>;
+    /// Fresh zero state for a KDA layer.
+    fn kda_state(&self, dims: &KdaDims) -> Result<Self::KdaState>;
+    /// Fresh empty latent cache for an MLA layer.
+    fn mla_cache(&self, dims: &MlaDims) -> Result<Self::MlaCache>;
+
+    /// `y[t] = W · x[t]` for every row: `[n, in] -> [n, out]`.
+    fn matmul(&self, w: &Self::Mat, x: &Self::Act) -> Result<Self::Act>;
+    /// RMSNorm of each `group`-wide slice of every row with weight `w` (`[1, group]`).
+    fn rmsnorm(&self, x: &Self::Act, w: &Self::Act, group: usize, eps: f32) -> Result<Self::Act>;
+    /// `a + b`, elementwise.
+    fn add(&self, a: &Self::Act, b: &Self::Act) -> Result<Self::Act>;
+    /// `x ⊙ σ(gate)`, elementwise.
+    fn sigmoid_gate(&self, x: &Self::Act, gate: &Self::Act) -> Result<Self::Act>;
+    /// `glu(g, u)`, elementwise.
+    fn glu(&self, g: &Self::Act, u: &Self::Act, glu: Glu) -> Result<Self::Act>;
+    /// Block attention-residual mix of the bank entries and `cur`, row by row.
+    fn attn_res_mix(
+        &self,
+        bank: &[&Self::Act],
+        cur: &Self::Act,
+        w: &Self::Act,
+        eps: f32,
+    ) -> Result<Self::Act>;
+    /// The fused KDA token step over the chunk's rows in order: conv + SiLU, l2 norms,
+    /// decay gate, delta-rule update, gated output RMSNorm. Returns `[n, P]` before `o_proj`.
+    fn kda_step(
+        &self,
+        dims: &KdaDims,
+        w: &KdaStepWeights<Self::Act>,
+        state: &mut Self::KdaState,
+        inp: KdaStepInputs<'_, Self::Act>,
+    ) -> Result<Self::Act>;
+    /// Absorbed causal MLA: appends each row's latent (`c = kv_a·x`, `[n, kv_lora+rope]`,
+    /// normalized inside) to the cache and attends with `q` (`[n, heads·(nope+rope)]`).
+    /// Returns `[n, heads·v]` before the output gate.
+    fn mla_attend(
+        &self,
+        dims: &MlaDims,
+        w: &MlaAttnWeights<Self::Act>,
+        cache: &mut Self::MlaCache,
+        q: &Self::Act,
+        c: &Self::Act,
+    ) -> Result<Self::Act>;
+    /// Router: `σ(logits)`, top-k of score + bias (ties to the lower id), renormalized
+    /// weights from the unbiased scores. Returns one route per row, on the host.
+    fn router_topk(
+        &self,
+        logits: &Self::Act,
+        bias: &[f32],
+        params: RouterParams,
+    ) -> Result<Vec<Route>>;
+    /// `u[t] = Σ_e w_{e,t} · W2_e · glu(W1_e·z[t], W3_e·z[t])` over the experts that row t chose.
+    fn moe_experts(
+        &self,
+        z: &Self::Act,
+        experts: &[ExpertAssignment<'_>],
+        glu: Glu,
+    ) -> Result<Self::Act>;
+}

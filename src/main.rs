@@ -1,0 +1,5 @@
+//! The `k3` command line.
+
+fn main() {
+    eprintln!("k3: under construction");
+}

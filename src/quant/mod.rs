@@ -1,0 +1,54 @@
+//! Weight formats: native MXFP4 experts and the load-time formats of dense matrices,
+//! each with the CPU kernels that make it the oracle.
+
+pub mod mxfp4;
+
+pub use mxfp4::Mxfp4View;
+
+/// Load-time format of a dense matrix (`K3_BITS`, `K3_MLA_BITS`, `K3_HEAD_BITS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseFormat {
+    /// 32: plain f32.
+    F32,
+    /// 16: bf16, exactly as stored.
+    Bf16,
+    /// 8: int8 per row, symmetric, one f32 scale per row.
+    Int8,
+    /// 4: int4 in groups of 64 along a row, symmetric, one f32 scale per group.
+    Int4,
+}
+
+/// A dense `[rows, cols]` matrix in one of the [`DenseFormat`]s, host resident.
+#[derive(Clone, Debug)]
+pub struct DenseMatrix {
+    /// Output dimension.
+    pub rows: usize,
+    /// Input dimension.
+    pub cols: usize,
+    /// The encoded values.
+    pub data: DenseData,
+}
+
+/// The encoded payload of a [`DenseMatrix`].
+#[derive(Clone, Debug)]
+pub enum DenseData {
+    /// Row-major f32.
+    F32(Vec<f32>),
+    /// Row-major bf16 bit patterns.
+    Bf16(Vec<u16>),
+    /// Row-major int8 values and one scale per row.
+    Int8 {
+        /// `rows · cols` values.
+        q: Vec<i8>,
+        /// `rows` scales.
+        scale: Vec<f32>,
+    },
+    /// Int4 nibbles, two per byte (low nibble = even column), rows padded to whole bytes,
+    /// one scale per 64 columns of each row (the last group may be shorter).
+    Int4 {
+        /// `rows · ceil(cols/2)` bytes.
+        q: Vec<u8>,
+        /// `rows · ceil(cols/64)` scales.
+        scale: Vec<f32>,
+    },
+}

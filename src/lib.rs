@@ -2,4 +2,12 @@
 //! kernel through one op interface (CPU oracle, WGSL on wgpu).
 
 pub mod backend;
+pub mod checkpoint;
+pub mod config;
+pub mod experts;
+pub mod generate;
+pub mod model;
 pub mod quant;
+pub mod sampling;
+pub mod stats;
+pub mod synth;

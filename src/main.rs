@@ -1,5 +1,13 @@
 //! The `k3` command line.
 
+mod cli;
+
+use clap::Parser;
+
 fn main() {
-    eprintln!("k3: under construction");
+    let args = cli::Cli::parse();
+    if let Err(e) = cli::dispatch(args) {
+        eprintln!("k3: error: {e:#}");
+        std::process::exit(1);
+    }
 }

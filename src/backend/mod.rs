@@ -159,6 +159,8 @@ pub trait Backend {
     fn download(&self, x: &Self::Act) -> Result<Vec<f32>>;
     /// `(rows, cols)` of an activation.
     fn shape(&self, x: &Self::Act) -> (usize, usize);
+    /// Rows `start..start+count` of an activation, as a new activation.
+    fn slice_rows(&self, x: &Self::Act, start: usize, count: usize) -> Result<Self::Act>;
     /// Makes a dense weight resident.
     fn load_matrix(&self, m: DenseMatrix) -> Result<Self::Mat>;
     /// Fresh zero state for a KDA layer.

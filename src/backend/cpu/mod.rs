@@ -1,1 +1,183 @@
 //! The CPU backend: the reference implementation every other backend is checked against.
+//! f32 everywhere, f64 where a reduction is cheap to widen, rayon across rows and heads.
+
+mod attention_mla;
+mod delta_rule;
+mod elementwise;
+mod moe;
+mod norm;
+mod router;
+
+use super::{
+    Backend, ExpertAssignment, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights,
+    MlaDims, Route, RouterParams,
+};
+use crate::quant::DenseMatrix;
+use anyhow::{ensure, Result};
+
+pub use attention_mla::MlaCache;
+pub use delta_rule::KdaState;
+
+/// A `[rows, cols]` row-major f32 matrix in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuAct {
+    /// Number of rows (tokens).
+    pub rows: usize,
+    /// Width of a row.
+    pub cols: usize,
+    /// `rows · cols` values.
+    pub data: Vec<f32>,
+}
+
+impl CpuAct {
+    /// Wraps host values, checking the length.
+    pub fn new(data: Vec<f32>, rows: usize, cols: usize) -> Result<Self> {
+        ensure!(
+            data.len() == rows * cols,
+            "activation of {rows}x{cols} needs {} values, got {}",
+            rows * cols,
+            data.len()
+        );
+        Ok(Self { rows, cols, data })
+    }
+
+    /// Row `r`.
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// The reference backend.
+#[derive(Clone, Debug, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    /// A CPU backend using the global rayon pool.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+fn same_shape(a: &CpuAct, b: &CpuAct, op: &str) -> Result<()> {
+    ensure!(
+        a.rows == b.rows && a.cols == b.cols,
+        "{op}: shapes differ ({}x{} vs {}x{})",
+        a.rows,
+        a.cols,
+        b.rows,
+        b.cols
+    );
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type Act = CpuAct;
+    type Mat = DenseMatrix;
+    type KdaState = KdaState;
+    type MlaCache = MlaCache;
+
+    fn name(&self) -> String {
+        "cpu".to_string()
+    }
+
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<CpuAct> {
+        CpuAct::new(data.to_vec(), rows, cols)
+    }
+
+    fn download(&self, x: &CpuAct) -> Result<Vec<f32>> {
+        Ok(x.data.clone())
+    }
+
+    fn shape(&self, x: &CpuAct) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn slice_rows(&self, x: &CpuAct, start: usize, count: usize) -> Result<CpuAct> {
+        ensure!(
+            start + count <= x.rows,
+            "slice_rows: rows {start}..{} of a {}-row activation",
+            start + count,
+            x.rows
+        );
+        CpuAct::new(x.data[start * x.cols..(start + count) * x.cols].to_vec(), count, x.cols)
+    }
+
+    fn load_matrix(&self, m: DenseMatrix) -> Result<DenseMatrix> {
+        Ok(m)
+    }
+
+    fn kda_state(&self, dims: &KdaDims) -> Result<KdaState> {
+        Ok(KdaState::new(dims))
+    }
+
+    fn mla_cache(&self, dims: &MlaDims) -> Result<MlaCache> {
+        Ok(MlaCache::new(dims))
+    }
+
+    fn matmul(&self, w: &DenseMatrix, x: &CpuAct) -> Result<CpuAct> {
+        ensure!(
+            x.cols == w.cols,
+            "matmul: input width {} does not match the matrix's {} columns",
+            x.cols,
+            w.cols
+        );
+        let mut y = vec![0.0f32; x.rows * w.rows];
+        w.matmul(&x.data, x.rows, &mut y);
+        CpuAct::new(y, x.rows, w.rows)
+    }
+
+    fn rmsnorm(&self, x: &CpuAct, w: &CpuAct, group: usize, eps: f32) -> Result<CpuAct> {
+        norm::rmsnorm(x, w, group, eps)
+    }
+
+    fn add(&self, a: &CpuAct, b: &CpuAct) -> Result<CpuAct> {
+        same_shape(a, b, "add")?;
+        elementwise::zip(a, b, |x, y| x + y)
+    }
+
+    fn sigmoid_gate(&self, x: &CpuAct, gate: &CpuAct) -> Result<CpuAct> {
+        same_shape(x, gate, "sigmoid_gate")?;
+        elementwise::zip(x, gate, |v, g| v * elementwise::sigmoid(g))
+    }
+
+    fn glu(&self, g: &CpuAct, u: &CpuAct, glu: Glu) -> Result<CpuAct> {
+        same_shape(g, u, "glu")?;
+        elementwise::zip(g, u, |a, b| elementwise::glu(a, b, glu))
+    }
+
+    fn attn_res_mix(&self, bank: &[&CpuAct], cur: &CpuAct, w: &CpuAct, eps: f32) -> Result<CpuAct> {
+        for b in bank {
+            same_shape(b, cur, "attn_res_mix")?;
+        }
+        norm::attn_res_mix(bank, cur, w, eps)
+    }
+
+    fn kda_step(
+        &self,
+        dims: &KdaDims,
+        w: &KdaStepWeights<CpuAct>,
+        state: &mut KdaState,
+        inp: KdaStepInputs<'_, CpuAct>,
+    ) -> Result<CpuAct> {
+        delta_rule::kda_step(dims, w, state, inp)
+    }
+
+    fn mla_attend(
+        &self,
+        dims: &MlaDims,
+        w: &MlaAttnWeights<CpuAct>,
+        cache: &mut MlaCache,
+        q: &CpuAct,
+        c: &CpuAct,
+    ) -> Result<CpuAct> {
+        attention_mla::mla_attend(dims, w, cache, q, c)
+    }
+
+    fn router_topk(&self, logits: &CpuAct, bias: &[f32], params: RouterParams) -> Result<Vec<Route>> {
+        router::router_topk(logits, bias, params)
+    }
+
+    fn moe_experts(&self, z: &CpuAct, experts: &[ExpertAssignment<'_>], glu: Glu) -> Result<CpuAct> {
+        moe::moe_experts(z, experts, glu)
+    }
+}

@@ -1,0 +1,150 @@
+//! The fused KDA token step: short conv, l2 norms, decay gate, delta rule, gated norm.
+
+use super::elementwise::{sigmoid, silu, softplus};
+use super::norm::inv_rms;
+use super::CpuAct;
+use crate::backend::{KdaDims, KdaStepInputs, KdaStepWeights};
+use anyhow::{ensure, Result};
+use rayon::prelude::*;
+
+/// Epsilon of the per-head l2 normalization of q and k (model doc §4.2 step 3).
+pub const KDA_L2_EPS: f32 = 1e-6;
+
+/// Recurrent state of one KDA layer.
+#[derive(Clone, Debug)]
+pub struct KdaState {
+    /// Last `K-1` conv inputs of q, k, v, oldest first: each `[(K-1) · P]`.
+    pub conv: [Vec<f32>; 3],
+    /// Delta-rule state, `[heads][head_dim (k)][head_dim (v)]`.
+    pub s: Vec<f32>,
+}
+
+impl KdaState {
+    /// Zero history and zero state.
+    pub fn new(d: &KdaDims) -> Self {
+        let hist = vec![0.0; (d.conv_k - 1) * d.width()];
+        Self {
+            conv: [hist.clone(), hist.clone(), hist],
+            s: vec![0.0; d.heads * d.head_dim * d.head_dim],
+        }
+    }
+}
+
+/// Causal depthwise conv + SiLU of one row, advancing the history.
+pub fn conv_silu_step(taps: &[f32], hist: &mut [f32], input: &[f32], k: usize) -> Vec<f32> {
+    let p = input.len();
+    let out = (0..p)
+        .map(|c| {
+            let w = &taps[c * k..(c + 1) * k];
+            let mut acc = w[k - 1] * input[c];
+            for (j, &wj) in w[..k - 1].iter().enumerate() {
+                acc += wj * hist[j * p + c];
+            }
+            silu(acc)
+        })
+        .collect();
+    if k > 1 {
+        hist.copy_within(p.., 0);
+        hist[(k - 2) * p..].copy_from_slice(input);
+    }
+    out
+}
+
+fn l2_normalize(x: &mut [f32], scale: f32) {
+    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let s = (1.0 / (ss + f64::from(KDA_L2_EPS)).sqrt()) as f32 * scale;
+    x.iter_mut().for_each(|v| *v *= s);
+}
+
+/// Per-channel decay `g` of one head (log of α).
+fn decay(d: &KdaDims, a_log: f32, z: &[f32], dt_bias: &[f32]) -> Vec<f32> {
+    let a = a_log.exp();
+    z.iter()
+        .zip(dt_bias)
+        .map(|(&z, &b)| match d.lower_bound {
+            Some(lb) => lb * sigmoid(a * (z + b)),
+            None => -a * softplus(z + b),
+        })
+        .collect()
+}
+
+/// Advances the state by the chunk's rows in order and returns the gated head outputs.
+pub fn kda_step(
+    d: &KdaDims,
+    w: &KdaStepWeights<CpuAct>,
+    st: &mut KdaState,
+    inp: KdaStepInputs<'_, CpuAct>,
+) -> Result<CpuAct> {
+    let (p, dk, k) = (d.width(), d.head_dim, d.conv_k);
+    let n = inp.q.rows;
+    for (name, a, cols) in [
+        ("q", inp.q, p),
+        ("k", inp.k, p),
+        ("v", inp.v, p),
+        ("f", inp.f, p),
+        ("beta", inp.beta, d.heads),
+        ("gate", inp.gate, p),
+    ] {
+        ensure!(
+            a.rows == n && a.cols == cols,
+            "kda_step: input {name} is {}x{}, expected {n}x{cols}",
+            a.rows,
+            a.cols
+        );
+    }
+    ensure!(
+        w.conv_q.data.len() == p * k && w.a_log.data.len() >= d.heads && w.dt_bias.data.len() == p,
+        "kda_step: conv/A_log/dt_bias sizes do not match {} heads x {dk}",
+        d.heads
+    );
+    let mut out = vec![0.0f32; n * p];
+    for t in 0..n {
+        let [hq, hk, hv] = &mut st.conv;
+        let q = conv_silu_step(&w.conv_q.data, hq, inp.q.row(t), k);
+        let kk = conv_silu_step(&w.conv_k.data, hk, inp.k.row(t), k);
+        let v = conv_silu_step(&w.conv_v.data, hv, inp.v.row(t), k);
+        let (f, beta, gate) = (inp.f.row(t), inp.beta.row(t), inp.gate.row(t));
+        let q_scale = 1.0 / (dk as f32).sqrt();
+        st.s
+            .par_chunks_mut(dk * dk)
+            .zip(out[t * p..(t + 1) * p].par_chunks_mut(dk))
+            .enumerate()
+            .for_each(|(h, (s, o))| {
+                let hs = h * dk..(h + 1) * dk;
+                let mut qh = q[hs.clone()].to_vec();
+                let mut kh = kk[hs.clone()].to_vec();
+                l2_normalize(&mut qh, q_scale);
+                l2_normalize(&mut kh, 1.0);
+                let vh = &v[hs.clone()];
+                let g = decay(d, w.a_log.data[h], &f[hs.clone()], &w.dt_bias.data[hs.clone()]);
+                let b = sigmoid(beta[h]);
+                for (row, gi) in s.chunks_mut(dk).zip(&g) {
+                    let alpha = gi.exp();
+                    row.iter_mut().for_each(|x| *x *= alpha);
+                }
+                let mut u = vec![0.0f32; dk];
+                for (row, &ki) in s.chunks(dk).zip(&kh) {
+                    for (uj, &sj) in u.iter_mut().zip(row) {
+                        *uj += sj * ki;
+                    }
+                }
+                let delta: Vec<f32> = vh.iter().zip(&u).map(|(&vj, &uj)| b * (vj - uj)).collect();
+                for (row, &ki) in s.chunks_mut(dk).zip(&kh) {
+                    for (sj, &dj) in row.iter_mut().zip(&delta) {
+                        *sj += ki * dj;
+                    }
+                }
+                o.iter_mut().for_each(|x| *x = 0.0);
+                for (row, &qi) in s.chunks(dk).zip(&qh) {
+                    for (oj, &sj) in o.iter_mut().zip(row) {
+                        *oj += sj * qi;
+                    }
+                }
+                let r = inv_rms(o, d.norm_eps);
+                for ((oj, &wn), &gj) in o.iter_mut().zip(&w.o_norm.data).zip(&gate[hs]) {
+                    *oj = *oj * r * wn * sigmoid(gj);
+                }
+            });
+    }
+    CpuAct::new(out, n, p)
+}

@@ -1,0 +1,41 @@
+//! Elementwise activations shared by the CPU ops.
+
+use super::CpuAct;
+use crate::backend::Glu;
+use anyhow::Result;
+use rayon::prelude::*;
+
+/// Logistic sigmoid.
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// SiLU, `x·σ(x)`.
+pub fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// `softplus(x) = ln(1 + e^x)`, written to stay finite for large |x|.
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// One element of a gated linear unit.
+pub fn glu(g: f32, u: f32, glu: Glu) -> f32 {
+    match glu {
+        Glu::Situ { beta, linear_beta } => {
+            beta * (g / beta).tanh() * sigmoid(g) * (linear_beta * (u / linear_beta).tanh())
+        }
+        Glu::Silu => silu(g) * u,
+    }
+}
+
+/// Applies `f` elementwise to two same-shaped activations.
+pub fn zip(a: &CpuAct, b: &CpuAct, f: impl Fn(f32, f32) -> f32 + Sync) -> Result<CpuAct> {
+    let data = a.data.par_iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect();
+    CpuAct::new(data, a.rows, a.cols)
+}

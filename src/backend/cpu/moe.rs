@@ -1,0 +1,44 @@
+//! Routed experts over a chunk: each expert runs once for all the rows that chose it.
+
+use super::elementwise::glu;
+use super::CpuAct;
+use crate::backend::{ExpertAssignment, Glu};
+use anyhow::{ensure, Result};
+
+/// `u[t] = Σ_e w · W2_e · glu(W1_e·z[t], W3_e·z[t])`, experts accumulated in list order.
+pub fn moe_experts(z: &CpuAct, experts: &[ExpertAssignment<'_>], g: Glu) -> Result<CpuAct> {
+    let d = z.cols;
+    let mut out = vec![0.0f32; z.rows * d];
+    for ex in experts {
+        let w = &ex.weights;
+        let i = w.w1.rows;
+        ensure!(
+            w.w1.cols == d && w.w3.cols == d && w.w3.rows == i && w.w2.rows == d && w.w2.cols == i,
+            "moe: expert shapes w1 {}x{}, w3 {}x{}, w2 {}x{} do not fit latent width {d}",
+            w.w1.rows,
+            w.w1.cols,
+            w.w3.rows,
+            w.w3.cols,
+            w.w2.rows,
+            w.w2.cols
+        );
+        let m = ex.tokens.len();
+        let mut x = Vec::with_capacity(m * d);
+        for &(t, _) in &ex.tokens {
+            ensure!(t < z.rows, "moe: token row {t} out of range ({} rows)", z.rows);
+            x.extend_from_slice(z.row(t));
+        }
+        let (mut gate, mut up) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
+        w.w1.matmul(&x, m, &mut gate);
+        w.w3.matmul(&x, m, &mut up);
+        let act: Vec<f32> = gate.iter().zip(&up).map(|(&a, &b)| glu(a, b, g)).collect();
+        let mut y = vec![0.0f32; m * d];
+        w.w2.matmul(&act, m, &mut y);
+        for (j, &(t, wt)) in ex.tokens.iter().enumerate() {
+            for (o, &v) in out[t * d..(t + 1) * d].iter_mut().zip(&y[j * d..(j + 1) * d]) {
+                *o += wt * v;
+            }
+        }
+    }
+    CpuAct::new(out, z.rows, d)
+}

@@ -1,0 +1,32 @@
+//! Sigmoid router with biased top-k selection and unbiased, renormalized weights.
+
+use super::elementwise::sigmoid;
+use super::CpuAct;
+use crate::backend::{Route, RouterParams};
+use anyhow::{ensure, Result};
+
+/// Keeps the renormalization finite when every chosen score underflows.
+pub const RENORM_EPS: f32 = 1e-20;
+
+/// Routes every row: top-k of `σ(logit) + bias`, ties to the lower expert id.
+pub fn router_topk(logits: &CpuAct, bias: &[f32], p: RouterParams) -> Result<Vec<Route>> {
+    let e = logits.cols;
+    ensure!(
+        bias.len() == e && p.top_k >= 1 && p.top_k <= e,
+        "router: {e} experts, {} bias values, top-k {}",
+        bias.len(),
+        p.top_k
+    );
+    Ok((0..logits.rows)
+        .map(|r| {
+            let s: Vec<f32> = logits.row(r).iter().map(|&x| sigmoid(x)).collect();
+            let mut ids: Vec<usize> = (0..e).collect();
+            // A stable sort on the biased score keeps equal scores in id order.
+            ids.sort_by(|&a, &b| (s[b] + bias[b]).total_cmp(&(s[a] + bias[a])));
+            ids.truncate(p.top_k);
+            let sum: f32 = ids.iter().map(|&i| s[i]).sum();
+            let norm = if p.renormalize { 1.0 / (sum + RENORM_EPS) } else { 1.0 };
+            ids.iter().map(|&i| (i as u32, s[i] * norm * p.scaling)).collect()
+        })
+        .collect())
+}

@@ -1,0 +1,44 @@
+//! Subcommands and the flags they share, each flag with its environment-variable alias.
+
+mod inspect_cmd;
+mod run_cmd;
+mod synth_cmd;
+mod threads;
+
+use clap::{Parser, Subcommand};
+
+/// k3 — run Kimi K3 on one machine, streaming routed experts from disk.
+#[derive(Parser, Debug)]
+#[command(name = "k3", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Generate from token ids (prefill in chunks, then decode) and print the stats lines.
+    Run(run_cmd::RunArgs),
+    /// Write a random-weight checkpoint in the published K3 format.
+    Synth(synth_cmd::SynthArgs),
+    /// Check a snapshot: config summary, layer schedule, bytes by class, missing tensors.
+    Inspect(inspect_cmd::InspectArgs),
+}
+
+/// Runs the chosen subcommand.
+pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    match cli.cmd {
+        Command::Run(a) => run_cmd::run(a),
+        Command::Synth(a) => synth_cmd::run(a),
+        Command::Inspect(a) => inspect_cmd::run(a),
+    }
+}
+
+/// Splits a `K3_DIRS` / `--dirs` value on `;` or `,`.
+pub fn split_dirs(s: &str) -> Vec<std::path::PathBuf> {
+    s.split([';', ','])
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(std::path::PathBuf::from)
+        .collect()
+}

@@ -1,0 +1,237 @@
+//! The K3 layer schedule (model doc §4.1), written once against the op interface.
+
+use super::format_policy::FormatPolicy;
+use super::glu_mlp::GluMlp;
+use super::kda::Kda;
+use super::loader::Loader;
+use super::mla::Mla;
+use super::moe::Moe;
+use super::trace::Trace;
+use crate::backend::{Backend, Glu};
+use crate::checkpoint::Checkpoint;
+use crate::config::AttnKind;
+use crate::experts::DirectReader;
+use crate::stats::Stats;
+use anyhow::{bail, Result};
+use std::time::Instant;
+
+enum Attn<B: Backend> {
+    Kda(Kda<B>),
+    Mla(Mla<B>),
+}
+
+enum Ffn<B: Backend> {
+    Dense(GluMlp<B>),
+    Moe(Moe<B>),
+}
+
+struct Layer<B: Backend> {
+    input_norm: B::Act,
+    post_norm: B::Act,
+    w_attn_res: B::Act,
+    w_mlp_res: B::Act,
+    attn: Attn<B>,
+    ffn: Ffn<B>,
+}
+
+/// Recurrent state of one layer.
+enum LayerState<B: Backend> {
+    Kda(B::KdaState),
+    Mla(B::MlaCache),
+}
+
+/// Everything a conversation carries from token to token: KDA states and MLA caches.
+pub struct State<B: Backend> {
+    layers: Vec<LayerState<B>>,
+    /// Tokens consumed so far.
+    pub pos: usize,
+}
+
+/// Which logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the chunk's last row.
+    Last,
+    /// Every row of the chunk.
+    All,
+}
+
+/// A loaded K3 model bound to one backend.
+pub struct K3Model<B: Backend> {
+    /// The checkpoint (embeddings and experts are read from it on demand).
+    pub ckpt: Checkpoint,
+    /// The backend running every op.
+    pub backend: B,
+    layers: Vec<Layer<B>>,
+    final_norm: B::Act,
+    w_out: B::Act,
+    head: B::Mat,
+    glu: Glu,
+    reader: DirectReader,
+}
+
+impl<B: Backend> K3Model<B> {
+    /// Loads every dense weight into the backend in the formats `policy` chooses.
+    pub fn load(ckpt: Checkpoint, backend: B, policy: FormatPolicy, progress: bool) -> Result<Self> {
+        let cfg = ckpt.config.clone();
+        let ld = Loader::new(&ckpt, &backend, progress);
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for (i, kind) in cfg.layer_kinds.iter().enumerate() {
+            let p = format!("model.layers.{i}.");
+            let attn = match kind {
+                AttnKind::Kda => Attn::Kda(Kda::load(&ld, i, &policy)?),
+                AttnKind::Mla => Attn::Mla(Mla::load(&ld, i, &policy)?),
+            };
+            let ffn = if cfg.is_moe_layer(i) {
+                Ffn::Moe(Moe::load(&ld, i, &policy)?)
+            } else {
+                Ffn::Dense(GluMlp::load(&ld, &format!("{p}mlp."), policy.dense)?)
+            };
+            layers.push(Layer {
+                input_norm: ld.vector_act(&format!("{p}input_layernorm.weight"))?,
+                post_norm: ld.vector_act(&format!("{p}post_attention_layernorm.weight"))?,
+                w_attn_res: ld.product_act(
+                    &format!("{p}self_attention_res_norm.weight"),
+                    &format!("{p}self_attention_res_proj.weight"),
+                )?,
+                w_mlp_res: ld.product_act(
+                    &format!("{p}mlp_res_norm.weight"),
+                    &format!("{p}mlp_res_proj.weight"),
+                )?,
+                attn,
+                ffn,
+            });
+        }
+        let final_norm = ld.vector_act("model.norm.weight")?;
+        let w_out = ld.product_act(
+            "model.output_attn_res_norm.weight",
+            "model.output_attn_res_proj.weight",
+        )?;
+        let head = ld.matrix("lm_head.weight", policy.head)?;
+        ld.finish();
+        drop(ld);
+        Ok(Self {
+            glu: Glu::Situ { beta: cfg.situ_beta, linear_beta: cfg.situ_linear_beta },
+            ckpt,
+            backend,
+            layers,
+            final_norm,
+            w_out,
+            head,
+            reader: DirectReader::new(),
+        })
+    }
+
+    /// Fresh state: zero KDA states, empty MLA caches.
+    pub fn new_state(&self) -> Result<State<B>> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(match &l.attn {
+                    Attn::Kda(k) => LayerState::Kda(k.new_state(&self.backend)?),
+                    Attn::Mla(m) => LayerState::Mla(m.new_cache(&self.backend)?),
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(State { layers, pos: 0 })
+    }
+
+    /// Vocabulary size (width of a logits row).
+    pub fn vocab_size(&self) -> usize {
+        self.ckpt.config.vocab_size
+    }
+
+    fn embed(&self, ids: &[u32]) -> Result<B::Act> {
+        let v = self.ckpt.config.vocab_size;
+        let table = self.ckpt.tensor("model.embed_tokens.weight")?;
+        let mut rows = Vec::with_capacity(ids.len() * self.ckpt.config.hidden_size);
+        for &id in ids {
+            if id as usize >= v {
+                bail!("token id {id} is out of range: the model's vocab_size is {v} (ids 0..{v})");
+            }
+            rows.extend(table.row_f32(id as usize)?);
+        }
+        self.backend.upload(&rows, ids.len(), self.ckpt.config.hidden_size)
+    }
+
+    /// Runs `ids` (one chunk) through every layer, advancing `st`, and returns the logits
+    /// of the last row or of every row, row-major.
+    pub fn forward(
+        &self,
+        st: &mut State<B>,
+        ids: &[u32],
+        want: Logits,
+        stats: &mut Stats,
+        trace: Option<&Trace>,
+    ) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            bail!("forward: empty chunk");
+        }
+        let b = &self.backend;
+        let cfg = &self.ckpt.config;
+        let eps = cfg.rms_norm_eps;
+        let h_dim = cfg.hidden_size;
+        let mut h = self.embed(ids)?;
+        let mut bank: Vec<B::Act> = Vec::new();
+        for (i, (layer, ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
+            let t0 = Instant::now();
+            let p = h;
+            let x = if bank.is_empty() {
+                b.rmsnorm(&p, &layer.input_norm, h_dim, eps)?
+            } else {
+                let refs: Vec<&B::Act> = bank.iter().collect();
+                let mixed = b.attn_res_mix(&refs, &p, &layer.w_attn_res, eps)?;
+                b.rmsnorm(&mixed, &layer.input_norm, h_dim, eps)?
+            };
+            let a = match (&layer.attn, ls) {
+                (Attn::Kda(k), LayerState::Kda(s)) => k.forward(b, s, &x)?,
+                (Attn::Mla(m), LayerState::Mla(c)) => m.forward(b, c, &x)?,
+                _ => bail!("internal: layer {i} state does not match its attention kind"),
+            };
+            // The raw layer input is banked after the mix; the prefix restarts at a bank.
+            let p = if i % cfg.attn_res_block_size == 0 {
+                bank.push(p);
+                a
+            } else {
+                b.add(&p, &a)?
+            };
+            stats.attn += t0.elapsed();
+            let t1 = Instant::now();
+            let refs: Vec<&B::Act> = bank.iter().collect();
+            let f_in = b.rmsnorm(
+                &b.attn_res_mix(&refs, &p, &layer.w_mlp_res, eps)?,
+                &layer.post_norm,
+                h_dim,
+                eps,
+            )?;
+            let f = match &layer.ffn {
+                Ffn::Dense(mlp) => mlp.forward(b, &f_in, self.glu)?,
+                Ffn::Moe(moe) => moe.forward(b, &self.ckpt, &self.reader, &f_in, self.glu, stats)?,
+            };
+            h = b.add(&p, &f)?;
+            stats.moe += t1.elapsed();
+            if let Some(t) = trace {
+                t.record(i, &b.download(&h)?)?;
+            }
+        }
+        let t2 = Instant::now();
+        let h = match want {
+            Logits::All => h,
+            Logits::Last => b.slice_rows(&h, ids.len() - 1, 1)?,
+        };
+        let last_bank: Vec<B::Act> = match want {
+            Logits::All => Vec::new(),
+            Logits::Last => {
+                bank.iter().map(|e| b.slice_rows(e, ids.len() - 1, 1)).collect::<Result<_>>()?
+            }
+        };
+        let refs: Vec<&B::Act> =
+            if want == Logits::All { bank.iter().collect() } else { last_bank.iter().collect() };
+        let out = b.rmsnorm(&b.attn_res_mix(&refs, &h, &self.w_out, eps)?, &self.final_norm, h_dim, eps)?;
+        let logits = b.download(&b.matmul(&self.head, &out)?)?;
+        stats.head += t2.elapsed();
+        st.pos += ids.len();
+        Ok(logits)
+    }
+}

@@ -1,0 +1,84 @@
+//! Gated multi-head latent attention (model doc §4.3), absorbed form over the latent cache.
+
+use super::format_policy::FormatPolicy;
+use super::loader::Loader;
+use crate::backend::{Backend, MlaAttnWeights, MlaDims};
+use crate::config::Config;
+use anyhow::Result;
+
+/// Weights of one MLA layer (`model.layers.{i}.self_attn.*`).
+pub struct Mla<B: Backend> {
+    dims: MlaDims,
+    q_a_proj: B::Mat,
+    q_a_norm: B::Act,
+    q_b_proj: B::Mat,
+    kv_a_proj: B::Mat,
+    g_proj: B::Mat,
+    o_proj: B::Mat,
+    attn: MlaAttnWeights<B::Act>,
+    q_lora: usize,
+    eps: f32,
+}
+
+impl<B: Backend> Mla<B> {
+    /// Shapes of the layer from the config.
+    pub fn dims(cfg: &Config) -> MlaDims {
+        MlaDims {
+            heads: cfg.num_attention_heads,
+            kv_lora: cfg.kv_lora_rank,
+            nope: cfg.qk_nope_head_dim,
+            rope: cfg.qk_rope_head_dim,
+            v: cfg.v_head_dim,
+            norm_eps: cfg.rms_norm_eps,
+        }
+    }
+
+    /// Loads layer `i`; `kv_b_proj` is split into per-head K and V blocks kept in f32.
+    pub fn load(ld: &Loader<'_, B>, i: usize, policy: &FormatPolicy) -> Result<Self> {
+        let d = Self::dims(&ld.ckpt.config);
+        let p = format!("model.layers.{i}.self_attn.");
+        let m = |n: &str| ld.matrix(&format!("{p}{n}.weight"), policy.mla);
+        let kv_b = ld.host_matrix(&format!("{p}kv_b_proj.weight"), crate::quant::DenseFormat::F32)?;
+        let kv_b = kv_b.dequantize();
+        let (mut wk, mut wv) = (Vec::new(), Vec::new());
+        for block in kv_b.chunks(d.kv_lora * (d.nope + d.v)) {
+            let (k, v) = block.split_at(d.kv_lora * d.nope);
+            wk.extend_from_slice(k);
+            wv.extend_from_slice(v);
+        }
+        let b = ld.backend;
+        Ok(Self {
+            q_a_proj: m("q_a_proj")?,
+            q_a_norm: ld.vector_act(&format!("{p}q_a_layernorm.weight"))?,
+            q_b_proj: m("q_b_proj")?,
+            kv_a_proj: m("kv_a_proj_with_mqa")?,
+            g_proj: m("g_proj")?,
+            o_proj: m("o_proj")?,
+            attn: MlaAttnWeights {
+                kv_norm: ld.vector_act(&format!("{p}kv_a_layernorm.weight"))?,
+                wk: b.upload(&wk, d.heads * d.nope, d.kv_lora)?,
+                wv: b.upload(&wv, d.heads * d.v, d.kv_lora)?,
+            },
+            q_lora: ld.ckpt.config.q_lora_rank,
+            eps: ld.ckpt.config.rms_norm_eps,
+            dims: d,
+        })
+    }
+
+    /// A fresh, empty latent cache for this layer.
+    pub fn new_cache(&self, b: &B) -> Result<B::MlaCache> {
+        b.mla_cache(&self.dims)
+    }
+
+    /// Runs the chunk's rows (normed layer input `x`) through the layer, causally.
+    pub fn forward(&self, b: &B, cache: &mut B::MlaCache, x: &B::Act) -> Result<B::Act> {
+        let qa = b.matmul(&self.q_a_proj, x)?;
+        let qa = b.rmsnorm(&qa, &self.q_a_norm, self.q_lora, self.eps)?;
+        let q = b.matmul(&self.q_b_proj, &qa)?;
+        let c = b.matmul(&self.kv_a_proj, x)?;
+        let o = b.mla_attend(&self.dims, &self.attn, cache, &q, &c)?;
+        let o = b.sigmoid_gate(&o, &b.matmul(&self.g_proj, x)?)?;
+        b.matmul(&self.o_proj, &o)
+    }
+
+}

@@ -1,0 +1,13 @@
+//! The Kimi K3 model: the layer schedule and its blocks, written against the op interface.
+
+pub mod format_policy;
+pub mod glu_mlp;
+pub mod k3;
+pub mod kda;
+pub mod loader;
+pub mod mla;
+pub mod moe;
+pub mod trace;
+
+pub use format_policy::FormatPolicy;
+pub use k3::{K3Model, Logits, State};

@@ -1,0 +1,134 @@
+//! Counters and timers behind the `[K3]` stats lines users parse.
+
+use std::time::Duration;
+
+/// Decode/prefill counters, accumulated over a run.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Time in attention (KDA + MLA), including projections.
+    pub attn: Duration,
+    /// Time in the MoE blocks, including expert loading.
+    pub moe: Duration,
+    /// Expert load time not hidden behind compute.
+    pub eload: Duration,
+    /// Time in the final mix, norm and head.
+    pub head: Duration,
+    /// Unique experts found in a cache (per layer per chunk).
+    pub expert_hits: u64,
+    /// Unique experts needed (per layer per chunk).
+    pub expert_lookups: u64,
+    /// Expert bytes read from disk.
+    pub bytes_streamed: u64,
+}
+
+impl Stats {
+    /// Hit rate in percent (0 when nothing was looked up).
+    pub fn hit_percent(&self) -> f64 {
+        if self.expert_lookups == 0 {
+            0.0
+        } else {
+            100.0 * self.expert_hits as f64 / self.expert_lookups as f64
+        }
+    }
+
+    /// The sum of two sets of counters (prefill + decode).
+    pub fn plus(&self, o: &Stats) -> Stats {
+        Stats {
+            attn: self.attn + o.attn,
+            moe: self.moe + o.moe,
+            eload: self.eload + o.eload,
+            head: self.head + o.head,
+            expert_hits: self.expert_hits + o.expert_hits,
+            expert_lookups: self.expert_lookups + o.expert_lookups,
+            bytes_streamed: self.bytes_streamed + o.bytes_streamed,
+        }
+    }
+
+    /// Counters accumulated since `earlier` (a snapshot of the same run).
+    pub fn since(&self, earlier: &Stats) -> Stats {
+        Stats {
+            attn: self.attn.saturating_sub(earlier.attn),
+            moe: self.moe.saturating_sub(earlier.moe),
+            eload: self.eload.saturating_sub(earlier.eload),
+            head: self.head.saturating_sub(earlier.head),
+            expert_hits: self.expert_hits - earlier.expert_hits,
+            expert_lookups: self.expert_lookups - earlier.expert_lookups,
+            bytes_streamed: self.bytes_streamed - earlier.bytes_streamed,
+        }
+    }
+}
+
+/// `[K3] prompt: %d tokens | ngen %d | temp %.2f`
+pub fn prompt_line(tokens: usize, ngen: usize, temp: f32) -> String {
+    format!("[K3] prompt: {tokens} tokens | ngen {ngen} | temp {temp:.2}")
+}
+
+/// `[K3] prefill done in %.1fs (%.2f tok/s)`
+pub fn prefill_line(tokens: usize, secs: f64) -> String {
+    format!("[K3] prefill done in {secs:.1}s ({:.2} tok/s)", rate(tokens, secs))
+}
+
+/// `[K3] decode %d tokens in %.1fs (%.2f tok/s) | expert hit %.1f%% (%llu/%llu) | %.1f GB streamed`
+pub fn decode_line(tokens: usize, secs: f64, s: &Stats) -> String {
+    format!(
+        "[K3] decode {tokens} tokens in {secs:.1}s ({:.2} tok/s) | expert hit {:.1}% ({}/{}) | {:.1} GB streamed",
+        rate(tokens, secs),
+        s.hit_percent(),
+        s.expert_hits,
+        s.expert_lookups,
+        s.bytes_streamed as f64 / 1e9
+    )
+}
+
+/// `[K3] time: attn %.1fs moe %.1fs (eload %.1fs) head %.1fs | RSS %.1f GB`
+pub fn time_line(s: &Stats, rss_gb: f64) -> String {
+    format!(
+        "[K3] time: attn {:.1}s moe {:.1}s (eload {:.1}s) head {:.1}s | RSS {rss_gb:.1} GB",
+        s.attn.as_secs_f64(),
+        s.moe.as_secs_f64(),
+        s.eload.as_secs_f64(),
+        s.head.as_secs_f64()
+    )
+}
+
+fn rate(tokens: usize, secs: f64) -> f64 {
+    if secs > 0.0 {
+        tokens as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+/// Resident set size of this process in GB (Linux `/proc/self/statm`; 0 elsewhere).
+pub fn rss_gb() -> f64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
+        return 0.0;
+    };
+    let pages: f64 = statm.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    pages * 4096.0 / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_keep_the_c_engine_format() {
+        let s = Stats {
+            expert_hits: 3,
+            expert_lookups: 4,
+            bytes_streamed: 2_500_000_000,
+            ..Default::default()
+        };
+        assert_eq!(prompt_line(5, 8, 0.0), "[K3] prompt: 5 tokens | ngen 8 | temp 0.00");
+        assert_eq!(prefill_line(4, 2.0), "[K3] prefill done in 2.0s (2.00 tok/s)");
+        assert_eq!(
+            decode_line(8, 4.0, &s),
+            "[K3] decode 8 tokens in 4.0s (2.00 tok/s) | expert hit 75.0% (3/4) | 2.5 GB streamed"
+        );
+        assert_eq!(
+            time_line(&s, 1.26),
+            "[K3] time: attn 0.0s moe 0.0s (eload 0.0s) head 0.0s | RSS 1.3 GB"
+        );
+    }
+}

@@ -111,6 +111,34 @@ pub fn disk_line(s: &Stats) -> String {
     format!("[K3] disk: {gb:.1} GB in {busy:.1}s busy ({:.2} GB/s)", if busy > 0.0 { gb / busy } else { 0.0 })
 }
 
+/// Every counter of a run, for `--stats-json`.
+pub fn run_json(prompt_tokens: usize, g: &crate::generate::Generation, total: &Stats) -> serde_json::Value {
+    let part = |s: &Stats| {
+        serde_json::json!({
+            "attn_s": s.attn.as_secs_f64(),
+            "moe_s": s.moe.as_secs_f64(),
+            "eload_s": s.eload.as_secs_f64(),
+            "head_s": s.head.as_secs_f64(),
+            "expert_hits": s.expert_hits,
+            "expert_lookups": s.expert_lookups,
+            "hit_percent": s.hit_percent(),
+            "bytes_streamed": s.bytes_streamed,
+            "disk_busy_s": s.disk_busy.as_secs_f64(),
+        })
+    };
+    serde_json::json!({
+        "prompt_tokens": prompt_tokens,
+        "generated_tokens": g.tokens.len(),
+        "prefill_s": g.prefill_secs,
+        "decode_s": g.decode_secs,
+        "decode_tok_per_s": rate(g.tokens.len(), g.decode_secs),
+        "prefill": part(&g.prefill_stats),
+        "decode": part(&g.decode_stats),
+        "total": part(total),
+        "rss_gb": rss_gb(),
+    })
+}
+
 fn rate(tokens: usize, secs: f64) -> f64 {
     if secs > 0.0 {
         tokens as f64 / secs

@@ -2,6 +2,7 @@
 
 mod inspect_cmd;
 mod run_cmd;
+mod stream_args;
 mod synth_cmd;
 mod threads;
 

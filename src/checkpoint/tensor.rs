@@ -167,14 +167,30 @@ mod tests {
             .flat_map(|v| half::f16::from_f32(*v).to_bits().to_le_bytes())
             .collect();
         let shape = [2, 2];
-        for (d, b) in [(Dtype::F32, &f32_bytes), (Dtype::Bf16, &bf_bytes), (Dtype::F16, &f16_bytes)] {
+        for (d, b) in [
+            (Dtype::F32, &f32_bytes),
+            (Dtype::Bf16, &bf_bytes),
+            (Dtype::F16, &f16_bytes),
+        ] {
             let v = view(d, &shape, b);
             assert_eq!(v.to_f32().unwrap(), vals);
             assert_eq!(v.row_f32(1).unwrap(), vals[2..]);
-            assert_eq!(v.to_bf16_bits().unwrap()[1], half::bf16::from_f32(-2.0).to_bits());
-            assert!(v.row_f32(2).unwrap_err().to_string().contains("row 2 is out of range"));
+            assert_eq!(
+                v.to_bf16_bits().unwrap()[1],
+                half::bf16::from_f32(-2.0).to_bits()
+            );
+            assert!(v
+                .row_f32(2)
+                .unwrap_err()
+                .to_string()
+                .contains("row 2 is out of range"));
         }
-        let e = view(Dtype::U8, &shape, &f32_bytes[..4]).to_f32().unwrap_err();
-        assert!(format!("{e:#}").contains("f.safetensors: tensor `t`"), "{e:#}");
+        let e = view(Dtype::U8, &shape, &f32_bytes[..4])
+            .to_f32()
+            .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("f.safetensors: tensor `t`"),
+            "{e:#}"
+        );
     }
 }

@@ -305,7 +305,7 @@ fn unreadable_directories_are_named() {
         "{e}"
     );
     let (snap, _) = tiny_snapshot(&Layout::default());
-    let e = open_err(snap.path(), &[nowhere.clone()]);
+    let e = open_err(snap.path(), std::slice::from_ref(&nowhere));
     assert!(
         e.contains("extra shard directory") && e.contains(&nowhere.display().to_string()),
         "{e}"

@@ -144,7 +144,8 @@ impl Checkpoint {
         })
     }
 
-    /// Path of shard `shard` (as numbered by [`ExpertLocation::shard`]).
+    /// Path of shard `shard` (as numbered by [`ExpertLocation::shard`]; panics beyond
+    /// [`Checkpoint::shard_count`], which only a caller bug can reach).
     pub fn shard_path(&self, shard: usize) -> &Path {
         &self.shards[shard].path
     }

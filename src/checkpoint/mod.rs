@@ -15,7 +15,7 @@ pub use tensor::{Dtype, TensorView};
 use crate::backend::ExpertWeights;
 use crate::config::{Config, MXFP4_GROUP};
 use crate::quant::Mxfp4View;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use shards::{Entry, Shard};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -142,6 +142,48 @@ impl Checkpoint {
             w2: view(d, i, 2),
             w3: view(i, d, 4),
         })
+    }
+
+    /// Row `r` of a 2-D float tensor (the embedding table), read with a positional read
+    /// rather than through the mapping, so a shard replaced under a running engine gives an
+    /// error naming file and offset instead of a SIGBUS.
+    pub fn read_row_f32(&self, name: &str, r: usize) -> Result<Vec<f32>> {
+        use std::os::unix::fs::FileExt;
+        let canon = name.strip_prefix(schema::LANGUAGE_MODEL_PREFIX).unwrap_or(name);
+        let e = self.entries.get(canon).ok_or_else(|| {
+            anyhow!("tensor `{canon}` is not in the checkpoint at {}", self.dir.display())
+        })?;
+        let [rows, cols] = e.shape[..] else {
+            bail!("tensor `{canon}`: expected 2 dimensions, found {:?}", e.shape);
+        };
+        if r >= rows {
+            bail!("tensor `{canon}`: row {r} is out of range ({rows} rows)");
+        }
+        let path = &self.shards[e.shard].path;
+        let row_bytes = cols * e.dtype.size();
+        let offset = e.range.start + (r * row_bytes) as u64;
+        let mut buf = vec![0u8; row_bytes];
+        std::fs::File::open(path)
+            .and_then(|f| f.read_exact_at(&mut buf, offset))
+            .with_context(|| {
+                format!(
+                    "reading row {r} of `{canon}` ({row_bytes} bytes at offset {offset}) from {} \
+                     (was the shard truncated or replaced?)",
+                    path.display()
+                )
+            })?;
+        let view = TensorView { name: canon, dtype: e.dtype, shape: &e.shape[1..], bytes: &buf, file: path };
+        view.to_f32()
+    }
+
+    /// Drops the mapped shards' pages from this process's resident set (after the dense
+    /// weights were copied out), so the RAM clamp measures what the engine really keeps.
+    pub fn release_mapped_pages(&self) {
+        for s in &self.shards {
+            // SAFETY: the maps are read-only file mappings; DONTNEED only discards clean
+            // pages, which the kernel re-reads from the file if they are touched again.
+            let _ = unsafe { s.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
     }
 
     /// Path of shard `shard` (as numbered by [`ExpertLocation::shard`]; panics beyond

@@ -2,4 +2,6 @@
 //! kernel through one op interface (CPU oracle, WGSL on wgpu).
 
 pub mod backend;
+pub mod checkpoint;
+pub mod config;
 pub mod quant;

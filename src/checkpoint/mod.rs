@@ -1,0 +1,156 @@
+//! A K3 checkpoint on disk: shard index and extra shard directories, typed tensor views,
+//! and the routed-expert table.
+
+pub mod expert_table;
+pub mod inspect;
+pub mod schema;
+pub mod shards;
+pub mod tensor;
+
+pub use expert_table::{ExpertLocation, ExpertTable};
+pub use inspect::{inspect, InspectReport};
+pub use schema::{TensorClass, TensorSpec};
+pub use tensor::{Dtype, TensorView};
+
+use crate::backend::ExpertWeights;
+use crate::config::{Config, MXFP4_GROUP};
+use crate::quant::Mxfp4View;
+use anyhow::{anyhow, bail, Result};
+use shards::{Entry, Shard};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Name of the model config inside a snapshot.
+pub const CONFIG_FILE: &str = "config.json";
+
+/// An opened snapshot: validated config, memory-mapped shards, every text tensor located.
+pub struct Checkpoint {
+    /// The validated model config.
+    pub config: Config,
+    /// The snapshot directory (config and index come from here only).
+    pub dir: PathBuf,
+    shards: Vec<Shard>,
+    entries: HashMap<String, Entry>,
+    experts: ExpertTable,
+}
+
+impl Checkpoint {
+    /// Opens a snapshot; shards missing from `dir` are looked for in `extra_dirs`, in order.
+    pub fn open(dir: &Path, extra_dirs: &[PathBuf]) -> Result<Checkpoint> {
+        shards::check_dir(dir, "snapshot directory")?;
+        for d in extra_dirs {
+            shards::check_dir(d, "extra shard directory (K3_DIRS / --dirs)")?;
+        }
+        let config = Config::from_file(&dir.join(CONFIG_FILE))?;
+        let set = shards::open_shards(dir, extra_dirs)?;
+        let experts = ExpertTable::build(&config, &set.entries);
+        Ok(Checkpoint {
+            config,
+            dir: dir.to_path_buf(),
+            shards: set.shards,
+            entries: set.entries,
+            experts,
+        })
+    }
+
+    /// A stored tensor by name (with or without the `language_model.` prefix), as stored.
+    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
+        let canon = name
+            .strip_prefix(schema::LANGUAGE_MODEL_PREFIX)
+            .unwrap_or(name);
+        let (key, e) = self.entries.get_key_value(canon).ok_or_else(|| {
+            anyhow!(
+                "tensor `{canon}` is not in the checkpoint at {} (incomplete download, or not a K3 snapshot?)",
+                self.dir.display()
+            )
+        })?;
+        let shard = &self.shards[e.shard];
+        Ok(TensorView {
+            name: key,
+            dtype: e.dtype,
+            shape: &e.shape,
+            bytes: &shard.map[e.range.start as usize..e.range.end as usize],
+            file: &shard.path,
+        })
+    }
+
+    /// A stored tensor checked against its schema entry: dtype and (documented
+    /// alternative) shape.
+    pub fn tensor_spec(&self, spec: &TensorSpec) -> Result<TensorView<'_>> {
+        let t = self.tensor(&spec.name)?;
+        if !schema::dtype_accepted(spec, t.dtype) || !schema::shape_accepted(spec, t.shape) {
+            bail!(
+                "{}: tensor `{}`: expected {} {:?}, found {} {:?}",
+                t.file.display(),
+                spec.name,
+                spec.dtype,
+                spec.shape,
+                t.dtype,
+                t.shape
+            );
+        }
+        Ok(t)
+    }
+
+    /// Whether a tensor (canonical or prefixed name) is present.
+    pub fn contains(&self, name: &str) -> bool {
+        let canon = name
+            .strip_prefix(schema::LANGUAGE_MODEL_PREFIX)
+            .unwrap_or(name);
+        self.entries.contains_key(canon)
+    }
+
+    /// Canonical names of every text tensor present, in no particular order.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    /// The routed-expert table.
+    pub fn experts(&self) -> &ExpertTable {
+        &self.experts
+    }
+
+    /// The native MXFP4 bytes of one routed expert, borrowed from the mapped shard.
+    pub fn expert(&self, layer: usize, expert: usize) -> Result<ExpertWeights<'_>> {
+        let loc = self.experts.get(layer, expert).ok_or_else(|| {
+            let why = self
+                .experts
+                .problem(layer, expert)
+                .unwrap_or("its tensors are missing");
+            anyhow!(
+                "expert {expert} of layer {layer} is unusable in {}: {why}",
+                self.dir.display()
+            )
+        })?;
+        let map = &self.shards[loc.shard].map;
+        let bytes = |k: usize| &map[loc.parts[k].start as usize..loc.parts[k].end as usize];
+        let (i, d) = (
+            self.config.moe_intermediate_size,
+            self.config.routed_expert_hidden_size,
+        );
+        // The table only admits experts whose parts match the schema shapes, so these
+        // views have consistent lengths by construction.
+        let view = |rows: usize, cols: usize, k: usize| Mxfp4View {
+            rows,
+            cols,
+            packed: bytes(k),
+            scales: bytes(k + 1),
+        };
+        debug_assert_eq!(bytes(1).len(), i * d / MXFP4_GROUP);
+        Ok(ExpertWeights {
+            w1: view(i, d, 0),
+            w2: view(d, i, 2),
+            w3: view(i, d, 4),
+        })
+    }
+
+    /// Path of shard `shard` (as numbered by [`ExpertLocation::shard`]).
+    pub fn shard_path(&self, shard: usize) -> &Path {
+        &self.shards[shard].path
+    }
+
+    /// Number of mapped shards.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+}

@@ -161,7 +161,7 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, ids: &[u32]) -> Result
         temperature: a.temp,
         seed: a.seed,
         ..Default::default()
-    });
+    })?;
     let mut pick = |logits: &[f32], hist: &[u32]| sampler.sample(logits, hist);
     let mut out = std::io::stdout().lock();
     let quiet = a.quiet;

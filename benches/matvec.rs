@@ -25,7 +25,7 @@ fn read_sum(buf: &[u64]) -> u64 {
                     acc[i] = acc[i].wrapping_add(w[i]);
                 }
             }
-            acc.iter().fold(0, |a, &b| a.wrapping_add(b))
+            acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
         })
         .reduce(|| 0, u64::wrapping_add)
 }

@@ -73,10 +73,14 @@ fn e8m0_edges() {
 #[test]
 fn mxfp4_all_codes_times_edge_scales() {
     // Columns 0..16 and 16..32 each hold the codes 0..15 in order.
-    let packed: Vec<u8> = (0..16u8).map(|i| (2 * i % 16) | (((2 * i + 1) % 16) << 4)).collect();
+    let packed: Vec<u8> = (0..16u8)
+        .map(|i| (2 * i % 16) | (((2 * i + 1) % 16) << 4))
+        .collect();
     for s in [0u8, 1, 127, 254, 255] {
-        let view = Mxfp4View::new(1, 32, &packed, &[s]).unwrap();
-        let got = view.dequantize();
+        let scales = [s];
+        let got = Mxfp4View::new(1, 32, &packed, &scales)
+            .unwrap()
+            .dequantize();
         for (col, &g) in got.iter().enumerate() {
             let mag = E2M1_HAND[col % 16];
             let want = match s {
@@ -85,7 +89,11 @@ fn mxfp4_all_codes_times_edge_scales() {
                 // Exact in f64; the cast to f32 saturates to inf where 2^127·(≥2) overflows.
                 _ => (f64::from(mag) * 2f64.powi(i32::from(s) - 127)) as f32,
             };
-            assert!(same(g, want), "scale {s}, code {}: got {g}, want {want}", col % 16);
+            assert!(
+                same(g, want),
+                "scale {s}, code {}: got {g}, want {want}",
+                col % 16
+            );
         }
     }
     // Spot values written out by hand.
@@ -212,7 +220,10 @@ fn int4_round_trip_within_half_step_with_tails() {
         for c in 0..cols {
             let s = scale[r * 3 + c / 64];
             let err = (back[r * cols + c] - values[r * cols + c]).abs();
-            assert!(err <= s * (0.5 + 1e-5), "row {r} col {c}: err {err}, scale {s}");
+            assert!(
+                err <= s * (0.5 + 1e-5),
+                "row {r} col {c}: err {err}, scale {s}"
+            );
         }
     }
     assert_eq!(m.byte_size(), rows * 66 + rows * 3 * 4);
@@ -236,9 +247,12 @@ fn bf16_is_exact() {
     let (rows, cols) = (3, 45);
     // Finite bf16 patterns: any sign and mantissa, exponent below 0xFF.
     let bits: Vec<u16> = (0..rows * cols)
-        .map(|_| rng.random::<u16>() & 0xFF7F | (rng.random_range(0..0xFFu16) << 7) & 0x7F80)
+        .map(|_| (rng.random::<u16>() & 0x807F) | (rng.random_range(0..0xFFu16) << 7))
         .collect();
-    let widened: Vec<f32> = bits.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect();
+    let widened: Vec<f32> = bits
+        .iter()
+        .map(|&b| f32::from_bits(u32::from(b) << 16))
+        .collect();
     let m = DenseMatrix::from_bf16(rows, cols, bits.clone(), DenseFormat::Bf16).unwrap();
     let DenseData::Bf16(kept) = &m.data else {
         panic!("not bf16")
@@ -246,12 +260,18 @@ fn bf16_is_exact() {
     assert_eq!(kept, &bits);
     assert_eq!(m.byte_size(), rows * cols * 2);
     let back = m.dequantize();
-    assert!(back.iter().zip(&widened).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(back
+        .iter()
+        .zip(&widened)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
     let f = DenseMatrix::from_bf16(rows, cols, bits, DenseFormat::F32).unwrap();
     let DenseData::F32(v) = &f.data else {
         panic!("not f32")
     };
-    assert!(v.iter().zip(&widened).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(v
+        .iter()
+        .zip(&widened)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
     assert_eq!(f.byte_size(), rows * cols * 4);
 }
 
@@ -259,10 +279,10 @@ fn bf16_is_exact() {
 fn bf16_rounds_to_nearest_even() {
     let one = 1.0f32;
     let cases = [
-        (one + 2f32.powi(-8), 0x3F80),                     // tie → even (down)
-        (one + 3.0 * 2f32.powi(-8), 0x3F82),               // tie → even (up)
-        (one + 2f32.powi(-8) + 2f32.powi(-20), 0x3F81),    // above the tie → up
-        (-(one + 2f32.powi(-9)), 0xBF80),                  // below the tie → down
+        (one + 2f32.powi(-8), 0x3F80),                  // tie → even (down)
+        (one + 3.0 * 2f32.powi(-8), 0x3F82),            // tie → even (up)
+        (one + 2f32.powi(-8) + 2f32.powi(-20), 0x3F81), // above the tie → up
+        (-(one + 2f32.powi(-9)), 0xBF80),               // below the tie → down
     ];
     let values: Vec<f32> = cases.iter().map(|c| c.0).collect();
     let m = DenseMatrix::from_f32(1, 4, values, DenseFormat::Bf16).unwrap();

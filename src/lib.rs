@@ -5,3 +5,4 @@ pub mod backend;
 pub mod checkpoint;
 pub mod config;
 pub mod quant;
+pub mod synth;

@@ -232,13 +232,13 @@ fn experts_are_contiguous_shuffled_and_spread() {
         for e in 0..cfg.num_experts {
             let parts = expert_tensors(&cfg, layer, e);
             let loc = |k: usize| &locs[&format!("{LANGUAGE_MODEL_PREFIX}{}", parts[k].name)];
-            for k in 1..6 {
+            for (k, part) in parts.iter().enumerate().skip(1) {
                 assert_eq!(loc(k).shard, loc(0).shard);
                 assert_eq!(
                     loc(k).start,
                     loc(k - 1).end,
                     "{} not back to back",
-                    parts[k].name
+                    part.name
                 );
             }
             expert_shards.insert(loc(0).shard);
@@ -322,4 +322,18 @@ fn output_directory_rules() {
     assert_eq!(shard_names(&files).len(), second.shards);
     assert_ne!(first, second);
     assert_eq!(config_of(&files).num_hidden_layers, 6);
+}
+
+#[test]
+fn the_checkpoint_loader_accepts_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(&tiny(0), dir.path()).unwrap();
+    let report = k3::checkpoint::inspect(dir.path(), &[]).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert!(report.unexpected.is_empty(), "{:?}", report.unexpected);
+    let cfg = &report.config;
+    let experts = cfg.moe_layer_count() * cfg.num_experts;
+    assert_eq!(report.experts_expected, experts);
+    assert_eq!(report.experts_present, experts);
+    assert_eq!(report.experts_contiguous, experts);
 }

@@ -65,7 +65,8 @@ fn vision_tensors() -> Vec<PlannedTensor> {
 
 /// Expert ids of `layer` in the on-disk order: a seeded shuffle, never id order.
 fn expert_order(seed: u64, layer: usize, experts: usize) -> Vec<usize> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (layer as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut rng =
+        ChaCha8Rng::seed_from_u64(seed ^ (layer as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut order: Vec<usize> = (0..experts).collect();
     let identity = order.clone();
     order.shuffle(&mut rng);
@@ -97,7 +98,8 @@ fn text_groups(cfg: &Config, seed: u64) -> Vec<Group> {
             tensors: vec![PlannedTensor::from_spec(spec.clone())],
             is_expert: false,
         });
-        let last_of_layer = layer.is_some() && dense.get(k + 1).and_then(|n| layer_of(&n.name)) != layer;
+        let last_of_layer =
+            layer.is_some() && dense.get(k + 1).and_then(|n| layer_of(&n.name)) != layer;
         if let (true, Some(layer)) = (last_of_layer, layer) {
             if cfg.is_moe_layer(layer) {
                 for e in expert_order(seed, layer, cfg.num_experts) {
@@ -118,7 +120,11 @@ fn text_groups(cfg: &Config, seed: u64) -> Vec<Group> {
 /// The shards in order, each a list of tensors in data order. Text shards close when
 /// the next group would pass `max_shard_bytes`, and once more before the middle expert
 /// so experts always span at least two shards; the vision part is the last shard.
-pub(crate) fn plan_shards(cfg: &Config, seed: u64, max_shard_bytes: u64) -> Vec<Vec<PlannedTensor>> {
+pub(crate) fn plan_shards(
+    cfg: &Config,
+    seed: u64,
+    max_shard_bytes: u64,
+) -> Vec<Vec<PlannedTensor>> {
     let groups = text_groups(cfg, seed);
     let n_experts = groups.iter().filter(|g| g.is_expert).count();
     let forced_break = n_experts / 2;

@@ -215,7 +215,10 @@ fn prepare_dir(out: &Path) -> Result<()> {
             .with_context(|| format!("creating output directory {}", out.display()));
     }
     if !out.is_dir() {
-        bail!("{} exists and is not a directory; choose a new OUT_DIR", out.display());
+        bail!(
+            "{} exists and is not a directory; choose a new OUT_DIR",
+            out.display()
+        );
     }
     let entries: Vec<fs::DirEntry> = fs::read_dir(out)
         .with_context(|| format!("listing {}", out.display()))?

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use super::{Preset, SynthOptions};
 
 /// Shard budget of `tiny`: small enough that even tiny spreads over several shards.
-const TINY_SHARD_BYTES: u64 = 96 * 1024;
+const TINY_SHARD_BYTES: u64 = 256 * 1024;
 /// Shard budget of `small`.
 const SMALL_SHARD_BYTES: u64 = 32 * 1024 * 1024;
 /// Shard budget of `k3-slice`, close to the published shards' order of size.

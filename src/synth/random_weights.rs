@@ -107,7 +107,10 @@ impl StreamKey {
     pub(crate) fn new(seed: u64, name: &str) -> StreamKey {
         StreamKey {
             seed,
-            name_hash: [fnv1a(name, 0xcbf2_9ce4_8422_2325), fnv1a(name, 0x6c62_272e_07bb_0142)],
+            name_hash: [
+                fnv1a(name, 0xcbf2_9ce4_8422_2325),
+                fnv1a(name, 0x6c62_272e_07bb_0142),
+            ],
         }
     }
 
@@ -208,7 +211,13 @@ mod tests {
         fill(key, init, Dtype::Bf16, 0, a);
         assert_eq!(whole, pieces);
         let mut other = vec![0u8; n * 2];
-        fill(StreamKey::new(7, "b.weight"), init, Dtype::Bf16, 0, &mut other);
+        fill(
+            StreamKey::new(7, "b.weight"),
+            init,
+            Dtype::Bf16,
+            0,
+            &mut other,
+        );
         assert_ne!(whole, other);
     }
 
@@ -222,7 +231,11 @@ mod tests {
         fill(StreamKey::new(1, "n"), init, Dtype::Bf16, 0, &mut buf);
         let v = as_f32(&buf);
         let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
-        let var = v.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / v.len() as f64;
+        let var = v
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / v.len() as f64;
         assert!((mean - 1.0).abs() < 0.005, "mean {mean}");
         assert!((var.sqrt() - 0.125).abs() < 0.005, "std {}", var.sqrt());
     }
@@ -249,7 +262,10 @@ mod tests {
             let scale = 2f64.powi(i32::from(base) - E8M0_BIAS);
             let std = scale * E2M1_UNIFORM_RMS * (fan_in as f64).sqrt();
             // Rounding the exponent keeps the std within a factor sqrt(2) of the target.
-            assert!((0.7..1.42).contains(&std), "fan_in {fan_in}: std·sqrt(in) {std}");
+            assert!(
+                (0.7..1.42).contains(&std),
+                "fan_in {fan_in}: std·sqrt(in) {std}"
+            );
         }
         let mut buf = vec![0u8; 3000];
         fill(

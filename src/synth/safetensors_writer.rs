@@ -64,8 +64,8 @@ impl ShardWriter {
     /// Creates (or truncates) `path` and writes the header for `entries`.
     pub(crate) fn create(path: &Path, entries: &[HeaderEntry]) -> Result<ShardWriter> {
         let header = header_bytes(entries)?;
-        let file = File::create(path)
-            .with_context(|| format!("creating shard {}", path.display()))?;
+        let file =
+            File::create(path).with_context(|| format!("creating shard {}", path.display()))?;
         let mut file = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
         file.write_all(&header)
             .with_context(|| format!("writing the header of {}", path.display()))?;

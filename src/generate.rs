@@ -118,12 +118,23 @@ pub fn generate<B: Backend>(
         let id = pick(&last, &history);
         history.push(id);
         g.tokens.push(id);
-        on_token(&TokenEvent { id, index, secs, stats: step_stats.clone() })?;
+        on_token(&TokenEvent {
+            id,
+            index,
+            secs,
+            stats: step_stats.clone(),
+        })?;
         if opts.stop_ids.contains(&id) || index + 1 == opts.ngen {
             break;
         }
         let (t, before) = (Instant::now(), g.decode_stats.clone());
-        last = model.forward(&mut st, &[id], Logits::Last, &mut g.decode_stats, opts.trace)?;
+        last = model.forward(
+            &mut st,
+            &[id],
+            Logits::Last,
+            &mut g.decode_stats,
+            opts.trace,
+        )?;
         secs = t.elapsed().as_secs_f64();
         step_stats = g.decode_stats.since(&before);
     }

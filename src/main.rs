@@ -9,7 +9,14 @@ fn main() {
     if let Err(e) = cli::dispatch(args) {
         eprintln!("k3: error: {e:#}");
         // Exit 2 tells scripts the machine is too small, not that the input was bad.
-        let code = if e.downcast_ref::<k3::experts::ram_budget::RamBudgetError>().is_some() { 2 } else { 1 };
+        let code = if e
+            .downcast_ref::<k3::experts::ram_budget::RamBudgetError>()
+            .is_some()
+        {
+            2
+        } else {
+            1
+        };
         std::process::exit(code);
     }
 }

@@ -69,7 +69,10 @@ pub fn prompt_line(tokens: usize, ngen: usize, temp: f32) -> String {
 
 /// `[K3] prefill done in %.1fs (%.2f tok/s)`
 pub fn prefill_line(tokens: usize, secs: f64) -> String {
-    format!("[K3] prefill done in {secs:.1}s ({:.2} tok/s)", rate(tokens, secs))
+    format!(
+        "[K3] prefill done in {secs:.1}s ({:.2} tok/s)",
+        rate(tokens, secs)
+    )
 }
 
 /// `[K3] decode %d tokens in %.1fs (%.2f tok/s) | expert hit %.1f%% (%llu/%llu) | %.1f GB streamed`
@@ -108,11 +111,18 @@ pub fn token_line(index: usize, secs: f64, s: &Stats) -> String {
 pub fn disk_line(s: &Stats) -> String {
     let busy = s.disk_busy.as_secs_f64();
     let gb = s.bytes_streamed as f64 / 1e9;
-    format!("[K3] disk: {gb:.1} GB in {busy:.1}s busy ({:.2} GB/s)", if busy > 0.0 { gb / busy } else { 0.0 })
+    format!(
+        "[K3] disk: {gb:.1} GB in {busy:.1}s busy ({:.2} GB/s)",
+        if busy > 0.0 { gb / busy } else { 0.0 }
+    )
 }
 
 /// Every counter of a run, for `--stats-json`.
-pub fn run_json(prompt_tokens: usize, g: &crate::generate::Generation, total: &Stats) -> serde_json::Value {
+pub fn run_json(
+    prompt_tokens: usize,
+    g: &crate::generate::Generation,
+    total: &Stats,
+) -> serde_json::Value {
     let part = |s: &Stats| {
         serde_json::json!({
             "attn_s": s.attn.as_secs_f64(),
@@ -152,7 +162,11 @@ pub fn rss_gb() -> f64 {
     let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
         return 0.0;
     };
-    let pages: f64 = statm.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    let pages: f64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
     pages * 4096.0 / 1e9
 }
 
@@ -168,8 +182,14 @@ mod tests {
             bytes_streamed: 2_500_000_000,
             ..Default::default()
         };
-        assert_eq!(prompt_line(5, 8, 0.0), "[K3] prompt: 5 tokens | ngen 8 | temp 0.00");
-        assert_eq!(prefill_line(4, 2.0), "[K3] prefill done in 2.0s (2.00 tok/s)");
+        assert_eq!(
+            prompt_line(5, 8, 0.0),
+            "[K3] prompt: 5 tokens | ngen 8 | temp 0.00"
+        );
+        assert_eq!(
+            prefill_line(4, 2.0),
+            "[K3] prefill done in 2.0s (2.00 tok/s)"
+        );
         assert_eq!(
             decode_line(8, 4.0, &s),
             "[K3] decode 8 tokens in 4.0s (2.00 tok/s) | expert hit 75.0% (3/4) | 2.5 GB streamed"

@@ -149,12 +149,20 @@ impl Checkpoint {
     /// error naming file and offset instead of a SIGBUS.
     pub fn read_row_f32(&self, name: &str, r: usize) -> Result<Vec<f32>> {
         use std::os::unix::fs::FileExt;
-        let canon = name.strip_prefix(schema::LANGUAGE_MODEL_PREFIX).unwrap_or(name);
+        let canon = name
+            .strip_prefix(schema::LANGUAGE_MODEL_PREFIX)
+            .unwrap_or(name);
         let e = self.entries.get(canon).ok_or_else(|| {
-            anyhow!("tensor `{canon}` is not in the checkpoint at {}", self.dir.display())
+            anyhow!(
+                "tensor `{canon}` is not in the checkpoint at {}",
+                self.dir.display()
+            )
         })?;
         let [rows, cols] = e.shape[..] else {
-            bail!("tensor `{canon}`: expected 2 dimensions, found {:?}", e.shape);
+            bail!(
+                "tensor `{canon}`: expected 2 dimensions, found {:?}",
+                e.shape
+            );
         };
         if r >= rows {
             bail!("tensor `{canon}`: row {r} is out of range ({rows} rows)");
@@ -172,7 +180,13 @@ impl Checkpoint {
                     path.display()
                 )
             })?;
-        let view = TensorView { name: canon, dtype: e.dtype, shape: &e.shape[1..], bytes: &buf, file: path };
+        let view = TensorView {
+            name: canon,
+            dtype: e.dtype,
+            shape: &e.shape[1..],
+            bytes: &buf,
+            file: path,
+        };
         view.to_f32()
     }
 

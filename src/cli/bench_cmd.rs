@@ -74,7 +74,12 @@ fn reader(a: ReaderArgs) -> Result<()> {
         a.load_threads,
         a.rounds
     );
-    let sc = StreamConfig { mode: IoMode::Direct, pipe: true, load_threads: a.load_threads, slots_per_layer: 0 };
+    let sc = StreamConfig {
+        mode: IoMode::Direct,
+        pipe: true,
+        load_threads: a.load_threads,
+        slots_per_layer: 0,
+    };
     let (mut best_engine, mut best_plain) = (f64::INFINITY, f64::INFINITY);
     for round in 0..a.rounds {
         let src = ExpertSource::new(sc)?;
@@ -119,7 +124,9 @@ fn plain_direct_reads(ranges: &[(PathBuf, std::ops::Range<u64>)], threads: usize
                 s.spawn(|| -> Result<()> {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some((path, r)) = ranges.get(i) else { return Ok(()) };
+                        let Some((path, r)) = ranges.get(i) else {
+                            return Ok(());
+                        };
                         let f = std::fs::OpenOptions::new()
                             .read(true)
                             .custom_flags(libc::O_DIRECT)
@@ -141,7 +148,8 @@ fn plain_direct_reads(ranges: &[(PathBuf, std::ops::Range<u64>)], threads: usize
             })
             .collect();
         for h in handles {
-            h.join().map_err(|_| anyhow::anyhow!("baseline reader panicked"))??;
+            h.join()
+                .map_err(|_| anyhow::anyhow!("baseline reader panicked"))??;
         }
         Ok(())
     })?;

@@ -20,7 +20,10 @@ pub fn run(a: InspectArgs) -> Result<()> {
     let report = k3::checkpoint::inspect::inspect(&a.model, &extra)?;
     println!("{report}");
     if !report.is_ok() {
-        bail!("{}: the snapshot is incomplete or mis-shaped (see the list above)", a.model.display());
+        bail!(
+            "{}: the snapshot is incomplete or mis-shaped (see the list above)",
+            a.model.display()
+        );
     }
     Ok(())
 }

@@ -88,7 +88,10 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .split(',')
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .map(|t| t.parse::<u32>().with_context(|| format!("--ids: {t:?} is not a token id")))
+        .map(|t| {
+            t.parse::<u32>()
+                .with_context(|| format!("--ids: {t:?} is not a token id"))
+        })
         .collect::<Result<Vec<_>>>()?;
     if ids.is_empty() {
         bail!("--ids is empty: give at least one token id, e.g. --ids \"1,2,3\"");
@@ -102,13 +105,17 @@ fn demo_dir() -> PathBuf {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
-    base.join("k3").join(format!("demo-tiny-v{}", env!("CARGO_PKG_VERSION")))
+    base.join("k3")
+        .join(format!("demo-tiny-v{}", env!("CARGO_PKG_VERSION")))
 }
 
 fn ensure_demo() -> Result<PathBuf> {
     let dir = demo_dir();
     if !dir.join("model.safetensors.index.json").exists() {
-        eprintln!("[K3] demo: synthesizing the tiny model into {}", dir.display());
+        eprintln!(
+            "[K3] demo: synthesizing the tiny model into {}",
+            dir.display()
+        );
         let opts = k3::synth::SynthOptions {
             preset: k3::synth::Preset::Tiny,
             layers: None,
@@ -133,7 +140,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     let ckpt = Checkpoint::open(&dir, &extra)?;
     let ids = match &a.ids {
         Some(s) => parse_ids(s)?,
-        None if a.demo => vec![ckpt.config.bos_token_id.unwrap_or(1), 72, 101, 108, 108, 111],
+        None if a.demo => vec![
+            ckpt.config.bos_token_id.unwrap_or(1),
+            72,
+            101,
+            108,
+            108,
+            111,
+        ],
         None => bail!("--ids is required: the prompt as comma-separated token ids"),
     };
     match a.backend {
@@ -148,7 +162,11 @@ pub fn run(a: RunArgs) -> Result<()> {
 
 fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, ids: &[u32]) -> Result<()> {
     let trace = a.trace.as_deref().map(Trace::create).transpose()?;
-    let stop: Vec<u32> = if a.ignore_eos { Vec::new() } else { model.ckpt.config.eos_token_ids.clone() };
+    let stop: Vec<u32> = if a.ignore_eos {
+        Vec::new()
+    } else {
+        model.ckpt.config.eos_token_ids.clone()
+    };
     eprintln!("{}", stats::prompt_line(ids.len(), a.ngen, a.temp));
     let opts = GenerateOptions {
         ngen: a.ngen,
@@ -176,7 +194,10 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, ids: &[u32]) -> Result
     let g = generate(model, ids, &opts, &mut pick, &mut on_token)?;
     writeln!(std::io::stdout())?;
     eprintln!("{}", stats::prefill_line(ids.len(), g.prefill_secs));
-    eprintln!("{}", stats::decode_line(g.tokens.len(), g.decode_secs, &g.decode_stats));
+    eprintln!(
+        "{}",
+        stats::decode_line(g.tokens.len(), g.decode_secs, &g.decode_stats)
+    );
     let total = g.prefill_stats.plus(&g.decode_stats);
     eprintln!("{}", stats::time_line(&total, stats::rss_gb()));
     eprintln!("{}", stats::disk_line(&total));
@@ -187,7 +208,12 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, ids: &[u32]) -> Result
     }
     if let Some(path) = &a.dump_logits {
         write_logits(path, &g.prompt_logits)?;
-        eprintln!("[K3] logits: {} positions x {} -> {}", ids.len(), model.vocab_size(), path.display());
+        eprintln!(
+            "[K3] logits: {} positions x {} -> {}",
+            ids.len(),
+            model.vocab_size(),
+            path.display()
+        );
     }
     Ok(())
 }

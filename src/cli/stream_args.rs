@@ -36,9 +36,14 @@ pub struct StreamArgs {
 }
 
 fn state_gb(cfg: &Config, max_tokens: usize) -> (f64, f64) {
-    let mla = cfg.layer_kinds.iter().filter(|k| **k == AttnKind::Mla).count();
+    let mla = cfg
+        .layer_kinds
+        .iter()
+        .filter(|k| **k == AttnKind::Mla)
+        .count();
     let kda = cfg.layer_kinds.len() - mla;
-    let kv = mla as f64 * max_tokens as f64 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) as f64 * 4.0;
+    let kv =
+        mla as f64 * max_tokens as f64 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) as f64 * 4.0;
     let p = cfg.kda_width() as f64;
     let per_kda = cfg.kda.num_heads as f64 * (cfg.kda.head_dim * cfg.kda.head_dim) as f64 * 4.0
         + 3.0 * (cfg.kda.conv_kernel.saturating_sub(1)) as f64 * p * 4.0;
@@ -50,7 +55,10 @@ impl StreamArgs {
     /// installs the streaming settings in the model.
     pub fn configure<B: Backend>(&self, model: &mut K3Model<B>) -> Result<StreamConfig> {
         if !(self.expert_gb.is_finite() && self.expert_gb >= 0.0) {
-            bail!("K3_EXPERT_GB / --expert-gb must be a number of GB >= 0, got {}", self.expert_gb);
+            bail!(
+                "K3_EXPERT_GB / --expert-gb must be a number of GB >= 0, got {}",
+                self.expert_gb
+            );
         }
         let cfg = &model.ckpt.config;
         let mem = ram_budget::probe()?;
@@ -69,7 +77,11 @@ impl StreamArgs {
         })?;
         eprintln!("{plan}");
         let sc = StreamConfig {
-            mode: if self.direct == 1 { IoMode::Direct } else { IoMode::Buffered },
+            mode: if self.direct == 1 {
+                IoMode::Direct
+            } else {
+                IoMode::Buffered
+            },
             pipe: self.pipe == 1,
             load_threads: self.load_threads as usize,
             slots_per_layer: plan.slots,

@@ -27,7 +27,13 @@ pub struct SynthArgs {
 /// Runs `k3 synth`.
 pub fn run(a: SynthArgs) -> Result<()> {
     let preset: Preset = a.preset.parse()?;
-    let opts = SynthOptions { preset, layers: a.layers, experts: a.experts, seed: a.seed, progress: true };
+    let opts = SynthOptions {
+        preset,
+        layers: a.layers,
+        experts: a.experts,
+        seed: a.seed,
+        progress: true,
+    };
     let s = synthesize(&opts, &a.out)?;
     eprintln!(
         "[K3] synth: {} tensors, {} shard(s), {:.3} GB -> {}",

@@ -6,8 +6,10 @@ use anyhow::{bail, Context, Result};
 fn from_env(var: &str) -> Result<Option<usize>> {
     match std::env::var(var) {
         Ok(v) if !v.trim().is_empty() => {
-            let n: usize =
-                v.trim().parse().with_context(|| format!("{var}={v:?} is not a thread count"))?;
+            let n: usize = v
+                .trim()
+                .parse()
+                .with_context(|| format!("{var}={v:?} is not a thread count"))?;
             if n == 0 {
                 bail!("{var}=0: give at least 1 thread");
             }

@@ -43,6 +43,9 @@ impl DiskMeter {
 
     /// `(busy time, bytes)` so far.
     pub fn totals(&self) -> (Duration, u64) {
-        self.inner.lock().map(|g| (g.busy, g.bytes)).unwrap_or_default()
+        self.inner
+            .lock()
+            .map(|g| (g.busy, g.bytes))
+            .unwrap_or_default()
     }
 }

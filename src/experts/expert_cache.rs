@@ -14,7 +14,11 @@ pub struct LayerCache {
 impl LayerCache {
     /// An empty cache of `capacity` slots (0 disables caching).
     pub fn new(capacity: usize) -> Self {
-        Self { capacity, tick: 0, slots: HashMap::new() }
+        Self {
+            capacity,
+            tick: 0,
+            slots: HashMap::new(),
+        }
     }
 
     /// Slots this layer may fill.
@@ -48,7 +52,12 @@ impl LayerCache {
             return;
         }
         if self.slots.len() >= self.capacity && !self.slots.contains_key(&e.id) {
-            if let Some(victim) = self.slots.iter().min_by_key(|(_, (_, t))| *t).map(|(&id, _)| id) {
+            if let Some(victim) = self
+                .slots
+                .iter()
+                .min_by_key(|(_, (_, t))| *t)
+                .map(|(&id, _)| id)
+            {
                 self.slots.remove(&victim);
             }
         }

@@ -35,9 +35,12 @@ impl LoadedExpert {
         let (i, d) = (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size);
         let p = |k: usize| &self.buf[self.parts[k].clone()];
         Ok(ExpertWeights {
-            w1: Mxfp4View::new(i, d, p(0), p(1)).with_context(|| format!("expert {} w1", self.id))?,
-            w2: Mxfp4View::new(d, i, p(2), p(3)).with_context(|| format!("expert {} w2", self.id))?,
-            w3: Mxfp4View::new(i, d, p(4), p(5)).with_context(|| format!("expert {} w3", self.id))?,
+            w1: Mxfp4View::new(i, d, p(0), p(1))
+                .with_context(|| format!("expert {} w1", self.id))?,
+            w2: Mxfp4View::new(d, i, p(2), p(3))
+                .with_context(|| format!("expert {} w2", self.id))?,
+            w3: Mxfp4View::new(i, d, p(4), p(5))
+                .with_context(|| format!("expert {} w3", self.id))?,
         })
     }
 }
@@ -50,7 +53,9 @@ pub struct ExpertReader {
 impl ExpertReader {
     /// A reader in `mode` (`K3_DIRECT`).
     pub fn new(mode: IoMode) -> Self {
-        Self { io: ShardIo::new(mode) }
+        Self {
+            io: ShardIo::new(mode),
+        }
     }
 
     /// The I/O mode in force.
@@ -60,9 +65,9 @@ impl ExpertReader {
 
     /// Where expert `e` of `layer` lives.
     pub fn locate(ck: &Checkpoint, layer: usize, e: u32) -> Result<&ExpertLocation> {
-        ck.experts()
-            .get(layer, e as usize)
-            .ok_or_else(|| anyhow!("expert {e} of layer {layer} is not in the checkpoint's expert table"))
+        ck.experts().get(layer, e as usize).ok_or_else(|| {
+            anyhow!("expert {e} of layer {layer} is not in the checkpoint's expert table")
+        })
     }
 
     /// Asks the kernel to start reading expert `e` (buffered mode only).
@@ -80,7 +85,12 @@ impl ExpertReader {
     }
 
     /// Reads the expert `id` whose tensors lie at `loc` in the shard at `path`.
-    pub fn read_location(&self, path: &Path, loc: &ExpertLocation, id: u32) -> Result<LoadedExpert> {
+    pub fn read_location(
+        &self,
+        path: &Path,
+        loc: &ExpertLocation,
+        id: u32,
+    ) -> Result<LoadedExpert> {
         if loc.contiguous {
             let span = loc.span();
             let (buf, off) = self.io.read(path, &span)?;

@@ -35,7 +35,9 @@ impl LoaderPool {
     /// Starts `threads` loaders (1..=16).
     pub fn new(threads: usize, reader: Arc<ExpertReader>, meter: Arc<DiskMeter>) -> Result<Self> {
         if threads == 0 || threads > MAX_LOAD_THREADS {
-            anyhow::bail!("K3_LOAD_THREADS / --load-threads must be 1..={MAX_LOAD_THREADS}, got {threads}");
+            anyhow::bail!(
+                "K3_LOAD_THREADS / --load-threads must be 1..={MAX_LOAD_THREADS}, got {threads}"
+            );
         }
         let (tx, rx) = channel::<LoadJob>();
         let rx = Arc::new(Mutex::new(rx));
@@ -48,7 +50,10 @@ impl LoaderPool {
                     .context("starting an expert loader thread")
             })
             .collect::<Result<_>>()?;
-        Ok(Self { tx: Some(tx), workers })
+        Ok(Self {
+            tx: Some(tx),
+            workers,
+        })
     }
 
     /// Queues a read; the result arrives on the job's `reply` channel.

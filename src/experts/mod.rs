@@ -3,9 +3,9 @@
 pub mod aligned_buf;
 pub mod disk_meter;
 pub mod expert_cache;
+pub mod expert_reader;
 pub mod loader_pool;
 pub mod ram_budget;
-pub mod expert_reader;
 pub mod shard_io;
 pub mod source;
 

@@ -83,7 +83,12 @@ pub struct RamBudgetError {
 }
 
 /// Slots per layer a request of `request_gb` buys: at least 1, at most `experts`.
-pub fn requested_slots(request_gb: f64, slot_bytes: u64, moe_layers: usize, experts: usize) -> usize {
+pub fn requested_slots(
+    request_gb: f64,
+    slot_bytes: u64,
+    moe_layers: usize,
+    experts: usize,
+) -> usize {
     let per_slot_all_layers = slot_bytes as f64 * moe_layers.max(1) as f64;
     let slots = (request_gb.max(0.0) * 1e9 / per_slot_all_layers).floor() as usize;
     slots.clamp(1, experts.max(1))
@@ -91,12 +96,18 @@ pub fn requested_slots(request_gb: f64, slot_bytes: u64, moe_layers: usize, expe
 
 /// Applies the clamp: the cache may only shrink to fit.
 pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
-    let budget_gb = i.ram_gb.unwrap_or(i.resident_gb + AVAILABLE_SHARE * i.available_gb);
+    let budget_gb = i
+        .ram_gb
+        .unwrap_or(i.resident_gb + AVAILABLE_SHARE * i.available_gb);
     let reserve_gb = PAGE_CACHE_GB + ACTIVATIONS_GB + i.kv_gb + i.kda_gb;
     let for_experts_gb = budget_gb - i.resident_gb - reserve_gb;
     let per_slot_gb = i.slot_bytes as f64 * i.moe_layers as f64 / 1e9;
     let requested = requested_slots(i.request_gb, i.slot_bytes, i.moe_layers, i.experts);
-    let fit = if per_slot_gb > 0.0 { (for_experts_gb / per_slot_gb).floor().max(0.0) as usize } else { requested };
+    let fit = if per_slot_gb > 0.0 {
+        (for_experts_gb / per_slot_gb).floor().max(0.0) as usize
+    } else {
+        requested
+    };
     let slots = if fit >= 1 {
         requested.min(fit)
     } else if i.overcommit {
@@ -153,7 +164,10 @@ pub struct MemoryProbe {
 
 /// Measures resident and available memory now.
 pub fn probe() -> Result<MemoryProbe> {
-    Ok(MemoryProbe { resident_gb: crate::stats::rss_gb(), available_gb: available_gb()? })
+    Ok(MemoryProbe {
+        resident_gb: crate::stats::rss_gb(),
+        available_gb: available_gb()?,
+    })
 }
 
 #[cfg(target_os = "linux")]
@@ -171,7 +185,9 @@ pub fn parse_meminfo_available(text: &str) -> Option<f64> {
 
 #[cfg(target_os = "macos")]
 fn available_gb() -> Result<f64> {
-    let out = std::process::Command::new("vm_stat").output().context("running vm_stat")?;
+    let out = std::process::Command::new("vm_stat")
+        .output()
+        .context("running vm_stat")?;
     let text = String::from_utf8_lossy(&out.stdout);
     parse_vm_stat_available(&text).context("vm_stat output has no page counts")
 }
@@ -225,8 +241,16 @@ mod tests {
     fn request_floors_and_clamps() {
         // 64e9 / (17547264 · 92) = 39.6 -> 39
         assert_eq!(requested_slots(64.0, 17_547_264, 92, 896), 39);
-        assert_eq!(requested_slots(0.0, 17_547_264, 92, 896), 1, "at least one slot");
-        assert_eq!(requested_slots(1e6, 17_547_264, 92, 896), 896, "at most every expert");
+        assert_eq!(
+            requested_slots(0.0, 17_547_264, 92, 896),
+            1,
+            "at least one slot"
+        );
+        assert_eq!(
+            requested_slots(1e6, 17_547_264, 92, 896),
+            896,
+            "at most every expert"
+        );
     }
 
     #[test]
@@ -237,21 +261,44 @@ mod tests {
         assert!((p.reserve_gb - 4.5).abs() < 1e-9);
         assert_eq!(p.requested_slots, 39);
         assert_eq!(p.slots, 39, "the request fits, so it is granted unchanged");
-        let small = plan(&BudgetInputs { available_gb: 30.0, ..inputs() }).unwrap();
+        let small = plan(&BudgetInputs {
+            available_gb: 30.0,
+            ..inputs()
+        })
+        .unwrap();
         // budget 46.4; experts 46.4 - 20 - 4.5 = 21.9 GB -> floor(21.9 / 1.6143) = 13
         assert_eq!(small.slots, 13);
         let s = small.to_string();
-        assert!(s.starts_with("[K3][RAM_GB=46.4] resident 20.0 + reserve 4.5 ("), "{s}");
-        assert!(s.contains("-> 21.9 GB for experts; cache 39->13/layer (projected peak"), "{s}");
+        assert!(
+            s.starts_with("[K3][RAM_GB=46.4] resident 20.0 + reserve 4.5 ("),
+            "{s}"
+        );
+        assert!(
+            s.contains("-> 21.9 GB for experts; cache 39->13/layer (projected peak"),
+            "{s}"
+        );
     }
 
     #[test]
     fn ram_gb_overrides_and_too_small_fails_unless_overcommit() {
-        let p = plan(&BudgetInputs { ram_gb: Some(30.0), ..inputs() }).unwrap();
+        let p = plan(&BudgetInputs {
+            ram_gb: Some(30.0),
+            ..inputs()
+        })
+        .unwrap();
         assert_eq!(p.slots, 3); // (30 - 24.5) / 1.614 = 3.4
-        let e = plan(&BudgetInputs { ram_gb: Some(25.0), ..inputs() }).unwrap_err();
+        let e = plan(&BudgetInputs {
+            ram_gb: Some(25.0),
+            ..inputs()
+        })
+        .unwrap_err();
         assert!(e.to_string().contains("K3_RAM_OVERCOMMIT=1"), "{e}");
-        let p = plan(&BudgetInputs { ram_gb: Some(25.0), overcommit: true, ..inputs() }).unwrap();
+        let p = plan(&BudgetInputs {
+            ram_gb: Some(25.0),
+            overcommit: true,
+            ..inputs()
+        })
+        .unwrap();
         assert_eq!(p.slots, 1);
     }
 

@@ -35,7 +35,11 @@ pub struct ShardIo {
 impl ShardIo {
     /// A reader in `mode`; files are opened on first use.
     pub fn new(mode: IoMode) -> Self {
-        Self { mode, files: Mutex::new(HashMap::new()), direct_refused: AtomicBool::new(false) }
+        Self {
+            mode,
+            files: Mutex::new(HashMap::new()),
+            direct_refused: AtomicBool::new(false),
+        }
     }
 
     /// The mode in force (Direct falls back to Buffered when the filesystem refuses it).
@@ -48,13 +52,20 @@ impl ShardIo {
     }
 
     fn files(&self, path: &Path) -> Result<Arc<ShardFiles>> {
-        let mut map = self.files.lock().map_err(|_| anyhow!("shard file table poisoned"))?;
+        let mut map = self
+            .files
+            .lock()
+            .map_err(|_| anyhow!("shard file table poisoned"))?;
         if let Some(f) = map.get(path) {
             return Ok(f.clone());
         }
         let buffered =
             File::open(path).with_context(|| format!("opening expert shard {}", path.display()))?;
-        let direct = if self.mode == IoMode::Direct { self.open_direct(path) } else { None };
+        let direct = if self.mode == IoMode::Direct {
+            self.open_direct(path)
+        } else {
+            None
+        };
         let f = Arc::new(ShardFiles { buffered, direct });
         map.insert(path.to_path_buf(), f.clone());
         Ok(f)
@@ -75,7 +86,11 @@ impl ShardIo {
         if self.direct_refused.load(Ordering::Relaxed) {
             return None;
         }
-        match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
             Ok(f) => Some(f),
             Err(e) => {
                 self.refuse_direct(path, &e.to_string());
@@ -150,7 +165,11 @@ enum DirectError {
     Other(anyhow::Error),
 }
 
-fn read_direct(f: &File, path: &Path, range: &Range<u64>) -> std::result::Result<(AlignedBuf, usize), DirectError> {
+fn read_direct(
+    f: &File,
+    path: &Path,
+    range: &Range<u64>,
+) -> std::result::Result<(AlignedBuf, usize), DirectError> {
     let a0 = range.start & !(IO_ALIGN as u64 - 1);
     let a1 = round_up(range.end as usize) as u64;
     let mut buf = AlignedBuf::new((a1 - a0) as usize);
@@ -189,12 +208,21 @@ fn read_full(f: &File, buf: &mut [u8], offset: u64, path: &Path, len: usize) -> 
     let mut got = 0usize;
     while got < len {
         match f.read_at(&mut buf[got..len], offset + got as u64) {
-            Ok(0) => return Err(truncated(path, &(offset..offset + len as u64), offset + got as u64)),
+            Ok(0) => {
+                return Err(truncated(
+                    path,
+                    &(offset..offset + len as u64),
+                    offset + got as u64,
+                ))
+            }
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {
-                return Err(anyhow::Error::new(e)
-                    .context(format!("reading {} at offset {}", path.display(), offset + got as u64)))
+                return Err(anyhow::Error::new(e).context(format!(
+                    "reading {} at offset {}",
+                    path.display(),
+                    offset + got as u64
+                )))
             }
         }
     }

@@ -29,7 +29,12 @@ pub struct StreamConfig {
 
 impl Default for StreamConfig {
     fn default() -> Self {
-        Self { mode: IoMode::Direct, pipe: true, load_threads: 4, slots_per_layer: 0 }
+        Self {
+            mode: IoMode::Direct,
+            pipe: true,
+            load_threads: 4,
+            slots_per_layer: 0,
+        }
     }
 }
 
@@ -53,11 +58,21 @@ impl ExpertSource {
         let reader = Arc::new(ExpertReader::new(cfg.mode));
         let meter = Arc::new(DiskMeter::default());
         let pool = if cfg.pipe {
-            Some(LoaderPool::new(cfg.load_threads, reader.clone(), meter.clone())?)
+            Some(LoaderPool::new(
+                cfg.load_threads,
+                reader.clone(),
+                meter.clone(),
+            )?)
         } else {
             None
         };
-        Ok(Self { cfg, reader, meter, pool, caches: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            cfg,
+            reader,
+            meter,
+            pool,
+            caches: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The settings in force.
@@ -92,13 +107,24 @@ impl ExpertSource {
     }
 
     fn classify(&self, layer: usize, ids: &[u32]) -> Result<Vec<Item>> {
-        let mut caches = self.caches.lock().map_err(|_| anyhow!("expert cache poisoned"))?;
-        let lc = caches.entry(layer).or_insert_with(|| LayerCache::new(self.cfg.slots_per_layer));
-        Ok(ids.iter().map(|&id| lc.get(id).map_or(Item::Miss(id), Item::Ready)).collect())
+        let mut caches = self
+            .caches
+            .lock()
+            .map_err(|_| anyhow!("expert cache poisoned"))?;
+        let lc = caches
+            .entry(layer)
+            .or_insert_with(|| LayerCache::new(self.cfg.slots_per_layer));
+        Ok(ids
+            .iter()
+            .map(|&id| lc.get(id).map_or(Item::Miss(id), Item::Ready))
+            .collect())
     }
 
     fn remember(&self, layer: usize, e: &Arc<LoadedExpert>) -> Result<()> {
-        let mut caches = self.caches.lock().map_err(|_| anyhow!("expert cache poisoned"))?;
+        let mut caches = self
+            .caches
+            .lock()
+            .map_err(|_| anyhow!("expert cache poisoned"))?;
         if let Some(lc) = caches.get_mut(&layer) {
             lc.insert(e.clone());
         }
@@ -116,8 +142,16 @@ impl ExpertSource {
         consume: &mut dyn FnMut(&[&LoadedExpert]) -> Result<()>,
     ) -> Result<()> {
         let items = self.classify(layer, ids)?;
-        let misses: Vec<u32> =
-            items.iter().filter_map(|i| if let Item::Miss(id) = i { Some(*id) } else { None }).collect();
+        let misses: Vec<u32> = items
+            .iter()
+            .filter_map(|i| {
+                if let Item::Miss(id) = i {
+                    Some(*id)
+                } else {
+                    None
+                }
+            })
+            .collect();
         stats.expert_lookups += ids.len() as u64;
         stats.expert_hits += (ids.len() - misses.len()) as u64;
         if self.reader.mode() == IoMode::Buffered {
@@ -152,7 +186,8 @@ impl ExpertSource {
                 Item::Miss(id) => {
                     self.meter.begin();
                     let r = self.reader.read(ck, layer, id);
-                    self.meter.end(r.as_ref().map(|e| e.len() as u64).unwrap_or(0));
+                    self.meter
+                        .end(r.as_ref().map(|e| e.len() as u64).unwrap_or(0));
                     let e = Arc::new(r?);
                     self.remember(layer, &e)?;
                     e
@@ -184,7 +219,12 @@ impl ExpertSource {
             if let Some(&id) = misses.get(next_miss) {
                 let loc = ExpertReader::locate(ck, layer, id)?.clone();
                 let (reply, rx) = channel();
-                pool.submit(LoadJob { path: ck.shard_path(loc.shard).to_path_buf(), loc, id, reply })?;
+                pool.submit(LoadJob {
+                    path: ck.shard_path(loc.shard).to_path_buf(),
+                    loc,
+                    id,
+                    reply,
+                })?;
                 queued.push_back(rx);
                 next_miss += 1;
             }
@@ -194,7 +234,8 @@ impl ExpertSource {
             submit_next(&mut queued)?;
         }
         let mut batch: Vec<Arc<LoadedExpert>> = Vec::new();
-        let flush = |batch: &mut Vec<Arc<LoadedExpert>>, consume: &mut dyn FnMut(&[&LoadedExpert]) -> Result<()>| {
+        let flush = |batch: &mut Vec<Arc<LoadedExpert>>,
+                     consume: &mut dyn FnMut(&[&LoadedExpert]) -> Result<()>| {
             if batch.is_empty() {
                 return Ok(());
             }
@@ -217,13 +258,20 @@ impl ExpertSource {
                             // Compute on what has arrived while this read finishes.
                             flush(&mut batch, consume)?;
                             let t = Instant::now();
-                            let r = rx.recv().map_err(|_| anyhow!("expert loader thread died"))?;
+                            let r = rx
+                                .recv()
+                                .map_err(|_| anyhow!("expert loader thread died"))?;
                             stats.eload += t.elapsed();
                             r
                         }
-                        Err(TryRecvError::Disconnected) => return Err(anyhow!("expert loader thread died")),
+                        Err(TryRecvError::Disconnected) => {
+                            return Err(anyhow!("expert loader thread died"))
+                        }
                     };
-                    let e = Arc::new(got.map_err(|e| e.context(format!("loading expert {id} of layer {layer}")))?);
+                    let e =
+                        Arc::new(got.map_err(|e| {
+                            e.context(format!("loading expert {id} of layer {layer}"))
+                        })?);
                     self.remember(layer, &e)?;
                     e
                 }

@@ -16,7 +16,11 @@ pub struct FormatPolicy {
 
 impl Default for FormatPolicy {
     fn default() -> Self {
-        Self { dense: DenseFormat::Int4, mla: DenseFormat::Int8, head: DenseFormat::Int8 }
+        Self {
+            dense: DenseFormat::Int4,
+            mla: DenseFormat::Int8,
+            head: DenseFormat::Int8,
+        }
     }
 }
 
@@ -35,6 +39,10 @@ impl FormatPolicy {
 
     /// Every matrix in f32: the setting for conformance runs.
     pub fn exact() -> Self {
-        Self { dense: DenseFormat::F32, mla: DenseFormat::F32, head: DenseFormat::F32 }
+        Self {
+            dense: DenseFormat::F32,
+            mla: DenseFormat::F32,
+            head: DenseFormat::F32,
+        }
     }
 }

@@ -16,7 +16,11 @@ impl<B: Backend> GluMlp<B> {
     /// Loads `{prefix}gate_proj.weight`, `up_proj`, `down_proj` in format `fmt`.
     pub fn load(ld: &Loader<'_, B>, prefix: &str, fmt: DenseFormat) -> Result<Self> {
         let m = |n: &str| ld.matrix(&format!("{prefix}{n}.weight"), fmt);
-        Ok(Self { gate: m("gate_proj")?, up: m("up_proj")?, down: m("down_proj")? })
+        Ok(Self {
+            gate: m("gate_proj")?,
+            up: m("up_proj")?,
+            down: m("down_proj")?,
+        })
     }
 
     /// Applies the MLP to every row of `x`.

@@ -72,7 +72,12 @@ pub struct K3Model<B: Backend> {
 
 impl<B: Backend> K3Model<B> {
     /// Loads every dense weight into the backend in the formats `policy` chooses.
-    pub fn load(ckpt: Checkpoint, backend: B, policy: FormatPolicy, progress: bool) -> Result<Self> {
+    pub fn load(
+        ckpt: Checkpoint,
+        backend: B,
+        policy: FormatPolicy,
+        progress: bool,
+    ) -> Result<Self> {
         let cfg = ckpt.config.clone();
         let ld = Loader::new(&ckpt, &backend, progress);
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
@@ -112,7 +117,10 @@ impl<B: Backend> K3Model<B> {
         drop(ld);
         ckpt.release_mapped_pages();
         Ok(Self {
-            glu: Glu::Situ { beta: cfg.situ_beta, linear_beta: cfg.situ_linear_beta },
+            glu: Glu::Situ {
+                beta: cfg.situ_beta,
+                linear_beta: cfg.situ_linear_beta,
+            },
             ckpt,
             backend,
             layers,
@@ -161,9 +169,13 @@ impl<B: Backend> K3Model<B> {
             if id as usize >= v {
                 bail!("token id {id} is out of range: the model's vocab_size is {v} (ids 0..{v})");
             }
-            rows.extend(self.ckpt.read_row_f32("model.embed_tokens.weight", id as usize)?);
+            rows.extend(
+                self.ckpt
+                    .read_row_f32("model.embed_tokens.weight", id as usize)?,
+            );
         }
-        self.backend.upload(&rows, ids.len(), self.ckpt.config.hidden_size)
+        self.backend
+            .upload(&rows, ids.len(), self.ckpt.config.hidden_size)
     }
 
     /// Runs `ids` (one chunk) through every layer, advancing `st`, and returns the logits
@@ -218,7 +230,9 @@ impl<B: Backend> K3Model<B> {
             )?;
             let f = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(b, &f_in, self.glu)?,
-                Ffn::Moe(moe) => moe.forward(b, &self.ckpt, &self.experts, &f_in, self.glu, stats)?,
+                Ffn::Moe(moe) => {
+                    moe.forward(b, &self.ckpt, &self.experts, &f_in, self.glu, stats)?
+                }
             };
             h = b.add(&p, &f)?;
             stats.moe += t1.elapsed();
@@ -233,13 +247,22 @@ impl<B: Backend> K3Model<B> {
         };
         let last_bank: Vec<B::Act> = match want {
             Logits::All => Vec::new(),
-            Logits::Last => {
-                bank.iter().map(|e| b.slice_rows(e, ids.len() - 1, 1)).collect::<Result<_>>()?
-            }
+            Logits::Last => bank
+                .iter()
+                .map(|e| b.slice_rows(e, ids.len() - 1, 1))
+                .collect::<Result<_>>()?,
         };
-        let refs: Vec<&B::Act> =
-            if want == Logits::All { bank.iter().collect() } else { last_bank.iter().collect() };
-        let out = b.rmsnorm(&b.attn_res_mix(&refs, &h, &self.w_out, eps)?, &self.final_norm, h_dim, eps)?;
+        let refs: Vec<&B::Act> = if want == Logits::All {
+            bank.iter().collect()
+        } else {
+            last_bank.iter().collect()
+        };
+        let out = b.rmsnorm(
+            &b.attn_res_mix(&refs, &h, &self.w_out, eps)?,
+            &self.final_norm,
+            h_dim,
+            eps,
+        )?;
         let logits = b.download(&b.matmul(&self.head, &out)?)?;
         stats.head += t2.elapsed();
         st.pos += ids.len();

@@ -74,7 +74,14 @@ impl<B: Backend> Kda<B> {
         let f = b.matmul(&self.f_b_proj, &b.matmul(&self.f_a_proj, x)?)?;
         let beta = b.matmul(&self.b_proj, x)?;
         let gate = b.matmul(&self.g_proj, x)?;
-        let inp = KdaStepInputs { q: &q, k: &k, v: &v, f: &f, beta: &beta, gate: &gate };
+        let inp = KdaStepInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            f: &f,
+            beta: &beta,
+            gate: &gate,
+        };
         let o = b.kda_step(&self.dims, &self.step, state, inp)?;
         b.matmul(&self.o_proj, &o)
     }

@@ -21,8 +21,10 @@ pub struct Loader<'a, B: Backend> {
 impl<'a, B: Backend> Loader<'a, B> {
     /// Prepares a loader; `progress` shows a bar on stderr.
     pub fn new(ckpt: &'a Checkpoint, backend: &'a B, progress: bool) -> Self {
-        let specs: HashMap<String, TensorSpec> =
-            dense_tensors(&ckpt.config).into_iter().map(|s| (s.name.clone(), s)).collect();
+        let specs: HashMap<String, TensorSpec> = dense_tensors(&ckpt.config)
+            .into_iter()
+            .map(|s| (s.name.clone(), s))
+            .collect();
         let bar = if progress {
             let total: u64 = specs.values().map(|s| s.byte_len() as u64).sum();
             let bar = ProgressBar::new(total);
@@ -36,7 +38,12 @@ impl<'a, B: Backend> Loader<'a, B> {
         } else {
             ProgressBar::hidden()
         };
-        Self { ckpt, backend, specs, bar }
+        Self {
+            ckpt,
+            backend,
+            specs,
+            bar,
+        }
     }
 
     fn view(&self, name: &str) -> Result<crate::checkpoint::TensorView<'a>> {
@@ -72,7 +79,11 @@ impl<'a, B: Backend> Loader<'a, B> {
         let v = self.view(name)?;
         let (rows, cols) = match *v.shape {
             [r, c] => (r, c),
-            _ => bail!("tensor {name} in {}: expected 2 dimensions, found {:?}", v.file.display(), v.shape),
+            _ => bail!(
+                "tensor {name} in {}: expected 2 dimensions, found {:?}",
+                v.file.display(),
+                v.shape
+            ),
         };
         DenseMatrix::from_bf16(rows, cols, v.to_bf16_bits()?, fmt)
             .with_context(|| format!("converting {name} to {fmt:?}"))

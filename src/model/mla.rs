@@ -38,7 +38,10 @@ impl<B: Backend> Mla<B> {
         let d = Self::dims(&ld.ckpt.config);
         let p = format!("model.layers.{i}.self_attn.");
         let m = |n: &str| ld.matrix(&format!("{p}{n}.weight"), policy.mla);
-        let kv_b = ld.host_matrix(&format!("{p}kv_b_proj.weight"), crate::quant::DenseFormat::F32)?;
+        let kv_b = ld.host_matrix(
+            &format!("{p}kv_b_proj.weight"),
+            crate::quant::DenseFormat::F32,
+        )?;
         let kv_b = kv_b.dequantize();
         let (mut wk, mut wv) = (Vec::new(), Vec::new());
         for block in kv_b.chunks(d.kv_lora * (d.nope + d.v)) {
@@ -80,5 +83,4 @@ impl<B: Backend> Mla<B> {
         let o = b.sigmoid_gate(&o, &b.matmul(&self.g_proj, x)?)?;
         b.matmul(&self.o_proj, &o)
     }
-
 }

@@ -32,7 +32,11 @@ impl<B: Backend> Moe<B> {
         let cfg = &ld.ckpt.config;
         let p = format!("model.layers.{i}.block_sparse_moe.");
         let shared = if cfg.num_shared_experts > 0 {
-            Some(GluMlp::load(ld, &format!("{p}shared_experts."), policy.dense)?)
+            Some(GluMlp::load(
+                ld,
+                &format!("{p}shared_experts."),
+                policy.dense,
+            )?)
         } else {
             None
         };

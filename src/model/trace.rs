@@ -14,7 +14,9 @@ impl Trace {
     /// Creates (or empties) the trace directory.
     pub fn create(dir: &Path) -> Result<Self> {
         if dir.exists() {
-            for e in fs::read_dir(dir).with_context(|| format!("reading trace dir {}", dir.display()))? {
+            for e in
+                fs::read_dir(dir).with_context(|| format!("reading trace dir {}", dir.display()))?
+            {
                 let p = e?.path();
                 if p.extension().is_some_and(|x| x == "f32") {
                     fs::remove_file(&p).with_context(|| format!("clearing {}", p.display()))?;
@@ -22,7 +24,9 @@ impl Trace {
             }
         }
         fs::create_dir_all(dir).with_context(|| format!("creating trace dir {}", dir.display()))?;
-        Ok(Self { dir: dir.to_path_buf() })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+        })
     }
 
     /// Path of layer `i`'s dump inside `dir`.
@@ -39,6 +43,7 @@ impl Trace {
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
         let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
-        f.write_all(&bytes).with_context(|| format!("writing {}", path.display()))
+        f.write_all(&bytes)
+            .with_context(|| format!("writing {}", path.display()))
     }
 }

@@ -12,13 +12,24 @@ use std::sync::OnceLock;
 
 /// A `tiny` checkpoint with `seed`, synthesized once per test binary under target's tmp.
 pub fn tiny(seed: u64) -> PathBuf {
-    static DIRS: OnceLock<std::sync::Mutex<std::collections::HashMap<u64, PathBuf>>> = OnceLock::new();
+    static DIRS: OnceLock<std::sync::Mutex<std::collections::HashMap<u64, PathBuf>>> =
+        OnceLock::new();
     let map = DIRS.get_or_init(Default::default);
     let mut map = map.lock().unwrap();
     map.entry(seed)
         .or_insert_with(|| {
-            let dir = tempfile::Builder::new().prefix("k3-tiny-").tempdir().unwrap().keep();
-            let opts = SynthOptions { preset: Preset::Tiny, layers: None, experts: None, seed, progress: false };
+            let dir = tempfile::Builder::new()
+                .prefix("k3-tiny-")
+                .tempdir()
+                .unwrap()
+                .keep();
+            let opts = SynthOptions {
+                preset: Preset::Tiny,
+                layers: None,
+                experts: None,
+                seed,
+                progress: false,
+            };
             synthesize(&opts, &dir).unwrap();
             dir
         })
@@ -35,7 +46,11 @@ pub fn cpu_model(dir: &Path, policy: FormatPolicy, sc: StreamConfig) -> K3Model<
 
 /// Copies a checkpoint directory (so a test may damage its copy).
 pub fn copy_dir(src: &Path) -> PathBuf {
-    let dst = tempfile::Builder::new().prefix("k3-copy-").tempdir().unwrap().keep();
+    let dst = tempfile::Builder::new()
+        .prefix("k3-copy-")
+        .tempdir()
+        .unwrap()
+        .keep();
     for e in std::fs::read_dir(src).unwrap() {
         let p = e.unwrap().path();
         std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();

@@ -53,7 +53,12 @@ pub fn mla_attend(
     for t in 0..q.rows {
         let ct = c.row(t);
         let s = inv_rms(&ct[..kv], d.norm_eps);
-        cache.latent.extend(ct[..kv].iter().zip(&w.kv_norm.data).map(|(&x, &g)| x * s * g));
+        cache.latent.extend(
+            ct[..kv]
+                .iter()
+                .zip(&w.kv_norm.data)
+                .map(|(&x, &g)| x * s * g),
+        );
         cache.rope.extend_from_slice(&ct[kv..]);
         cache.len += 1;
         let qt = q.row(t);

@@ -105,8 +105,7 @@ pub fn kda_step(
         let v = conv_silu_step(&w.conv_v.data, hv, inp.v.row(t), k);
         let (f, beta, gate) = (inp.f.row(t), inp.beta.row(t), inp.gate.row(t));
         let q_scale = 1.0 / (dk as f32).sqrt();
-        st.s
-            .par_chunks_mut(dk * dk)
+        st.s.par_chunks_mut(dk * dk)
             .zip(out[t * p..(t + 1) * p].par_chunks_mut(dk))
             .enumerate()
             .for_each(|(h, (s, o))| {
@@ -116,7 +115,12 @@ pub fn kda_step(
                 l2_normalize(&mut qh, q_scale);
                 l2_normalize(&mut kh, 1.0);
                 let vh = &v[hs.clone()];
-                let g = decay(d, w.a_log.data[h], &f[hs.clone()], &w.dt_bias.data[hs.clone()]);
+                let g = decay(
+                    d,
+                    w.a_log.data[h],
+                    &f[hs.clone()],
+                    &w.dt_bias.data[hs.clone()],
+                );
                 let b = sigmoid(beta[h]);
                 for (row, gi) in s.chunks_mut(dk).zip(&g) {
                     let alpha = gi.exp();

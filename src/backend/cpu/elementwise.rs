@@ -36,6 +36,11 @@ pub fn glu(g: f32, u: f32, glu: Glu) -> f32 {
 
 /// Applies `f` elementwise to two same-shaped activations.
 pub fn zip(a: &CpuAct, b: &CpuAct, f: impl Fn(f32, f32) -> f32 + Sync) -> Result<CpuAct> {
-    let data = a.data.par_iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect();
+    let data = a
+        .data
+        .par_iter()
+        .zip(&b.data)
+        .map(|(&x, &y)| f(x, y))
+        .collect();
     CpuAct::new(data, a.rows, a.cols)
 }

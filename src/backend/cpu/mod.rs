@@ -99,7 +99,11 @@ impl Backend for CpuBackend {
             start + count,
             x.rows
         );
-        CpuAct::new(x.data[start * x.cols..(start + count) * x.cols].to_vec(), count, x.cols)
+        CpuAct::new(
+            x.data[start * x.cols..(start + count) * x.cols].to_vec(),
+            count,
+            x.cols,
+        )
     }
 
     fn load_matrix(&self, m: DenseMatrix) -> Result<DenseMatrix> {
@@ -173,7 +177,12 @@ impl Backend for CpuBackend {
         attention_mla::mla_attend(dims, w, cache, q, c)
     }
 
-    fn router_topk(&self, logits: &CpuAct, bias: &[f32], params: RouterParams) -> Result<Vec<Route>> {
+    fn router_topk(
+        &self,
+        logits: &CpuAct,
+        bias: &[f32],
+        params: RouterParams,
+    ) -> Result<Vec<Route>> {
         router::router_topk(logits, bias, params)
     }
 

@@ -37,7 +37,11 @@ pub fn moe_accumulate(
         let m = ex.tokens.len();
         let mut x = Vec::with_capacity(m * d);
         for &(t, _) in &ex.tokens {
-            ensure!(t < z.rows, "moe: token row {t} out of range ({} rows)", z.rows);
+            ensure!(
+                t < z.rows,
+                "moe: token row {t} out of range ({} rows)",
+                z.rows
+            );
             x.extend_from_slice(z.row(t));
         }
         let (mut gate, mut up) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
@@ -47,7 +51,10 @@ pub fn moe_accumulate(
         let mut y = vec![0.0f32; m * d];
         w.w2.matmul(&act, m, &mut y);
         for (j, &(t, wt)) in ex.tokens.iter().enumerate() {
-            for (o, &v) in out[t * d..(t + 1) * d].iter_mut().zip(&y[j * d..(j + 1) * d]) {
+            for (o, &v) in out[t * d..(t + 1) * d]
+                .iter_mut()
+                .zip(&y[j * d..(j + 1) * d])
+            {
                 *o += wt * v;
             }
         }

@@ -45,7 +45,10 @@ pub fn attn_res_mix(bank: &[&CpuAct], cur: &CpuAct, w: &CpuAct, eps: f32) -> Res
             .iter()
             .map(|e| {
                 let s = inv_rms(e, eps);
-                e.iter().zip(&w.data).map(|(&v, &wv)| f64::from(v * s) * f64::from(wv)).sum()
+                e.iter()
+                    .zip(&w.data)
+                    .map(|(&v, &wv)| f64::from(v * s) * f64::from(wv))
+                    .sum()
             })
             .collect();
         let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);

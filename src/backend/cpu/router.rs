@@ -25,8 +25,14 @@ pub fn router_topk(logits: &CpuAct, bias: &[f32], p: RouterParams) -> Result<Vec
             ids.sort_by(|&a, &b| (s[b] + bias[b]).total_cmp(&(s[a] + bias[a])));
             ids.truncate(p.top_k);
             let sum: f32 = ids.iter().map(|&i| s[i]).sum();
-            let norm = if p.renormalize { 1.0 / (sum + RENORM_EPS) } else { 1.0 };
-            ids.iter().map(|&i| (i as u32, s[i] * norm * p.scaling)).collect()
+            let norm = if p.renormalize {
+                1.0 / (sum + RENORM_EPS)
+            } else {
+                1.0
+            };
+            ids.iter()
+                .map(|&i| (i as u32, s[i] * norm * p.scaling))
+                .collect()
         })
         .collect())
 }

@@ -3,3 +3,5 @@
 
 pub mod backend;
 pub mod quant;
+pub mod sampling;
+pub mod tokenizer;

@@ -1,0 +1,183 @@
+//! Choosing the next token from logits: repetition penalty, top-k, top-p, min-p and
+//! temperature in llama.cpp's order, drawn with a seeded ChaCha RNG.
+
+use anyhow::{bail, Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+/// Sampling settings. The filters run in llama.cpp's default order: repetition
+/// penalty, top-k, top-p, min-p, then temperature, so top-p and min-p see the
+/// untempered distribution.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// 0 picks the highest logit (ties to the lowest id); otherwise logits are divided by it.
+    pub temperature: f32,
+    /// Keep the smallest set of most likely tokens whose probability reaches this; 1 = off.
+    pub top_p: f32,
+    /// Keep only the k most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Drop tokens less likely than `min_p` times the most likely one; 0 = off.
+    pub min_p: f32,
+    /// Penalise ids in the history: positive logits are divided by it, negative ones
+    /// multiplied (llama.cpp); 1 = off.
+    pub repetition_penalty: f32,
+    /// Seed of the ChaCha20 RNG, so a run can be replayed.
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Checks each field's range; errors name the field and the accepted values.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            bail!("temperature {} must be a finite number >= 0 (0 = greedy)", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!("top_p {} must be in (0, 1] (1 = off)", self.top_p);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            bail!("min_p {} must be in [0, 1] (0 = off)", self.min_p);
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            bail!(
+                "repetition_penalty {} must be a finite number > 0 (1 = off)",
+                self.repetition_penalty
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A sampler: the settings plus the RNG state they seeded.
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: ChaCha20Rng,
+    /// Scratch: (id, logit) candidates, reused across calls.
+    cand: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    /// Validates the settings and seeds the RNG.
+    pub fn new(cfg: SamplerConfig) -> Result<Self> {
+        cfg.validate()?;
+        Ok(Self {
+            cfg,
+            rng: ChaCha20Rng::seed_from_u64(cfg.seed),
+            cand: Vec::new(),
+        })
+    }
+
+    /// The settings this sampler runs with.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Picks the next id from `logits` (one per vocabulary id), penalising ids in
+    /// `history`. NaN logits count as -inf. Panics if `logits` is empty.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        assert!(!logits.is_empty(), "Sampler::sample needs at least one logit");
+        let cfg = self.cfg;
+        let mut work: Vec<f32> = logits
+            .iter()
+            .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l })
+            .collect();
+        if cfg.repetition_penalty != 1.0 {
+            let mut seen = vec![false; work.len()];
+            for &id in history {
+                let Some(flag) = seen.get_mut(id as usize) else {
+                    continue;
+                };
+                if std::mem::replace(flag, true) {
+                    continue;
+                }
+                let l = &mut work[id as usize];
+                *l = if *l > 0.0 {
+                    *l / cfg.repetition_penalty
+                } else {
+                    *l * cfg.repetition_penalty
+                };
+            }
+        }
+        if cfg.temperature == 0.0 {
+            return argmax_lowest(&work);
+        }
+
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(work.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        // Highest logit first, lowest id first among equals: every cut below is then
+        // deterministic.
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if cand[0].1 == f32::NEG_INFINITY {
+            return cand[0].0;
+        }
+        if cfg.top_k > 0 && cfg.top_k < cand.len() {
+            cand.truncate(cfg.top_k);
+        }
+        let max = cand[0].1;
+        if cfg.top_p < 1.0 {
+            let probs = softmax(cand.iter().map(|c| c.1), max, 1.0);
+            let mut cum = 0.0f64;
+            let mut keep = cand.len();
+            for (i, p) in probs.iter().enumerate() {
+                cum += p;
+                if cum >= cfg.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep);
+        }
+        if cfg.min_p > 0.0 {
+            // p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p); the top token always stays.
+            let floor = max as f64 + (cfg.min_p as f64).ln();
+            let keep = cand.iter().take_while(|c| c.1 as f64 >= floor).count().max(1);
+            cand.truncate(keep);
+        }
+        let probs = softmax(cand.iter().map(|c| c.1), max, cfg.temperature);
+        let u: f64 = self.rng.random();
+        let total: f64 = probs.iter().sum();
+        let mut acc = 0.0;
+        for (c, p) in cand.iter().zip(&probs) {
+            acc += p / total;
+            if u < acc {
+                return c.0;
+            }
+        }
+        // Rounding left u above the last cumulative sum: the last candidate it is.
+        cand[cand.len() - 1].0
+    }
+}
+
+/// Probabilities of `logits / temperature`, stabilised by the largest logit.
+fn softmax(logits: impl Iterator<Item = f32>, max: f32, temperature: f32) -> Vec<f64> {
+    let t = temperature as f64;
+    let e: Vec<f64> = logits
+        .map(|l| ((l as f64 - max as f64) / t).exp())
+        .collect();
+    let sum: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / sum).collect()
+}
+
+/// Index of the largest value; the lowest index wins a tie.
+fn argmax_lowest(values: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

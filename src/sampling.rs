@@ -42,7 +42,10 @@ impl SamplerConfig {
     /// Checks each field's range; errors name the field and the accepted values.
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            bail!("temperature {} must be a finite number >= 0 (0 = greedy)", self.temperature);
+            bail!(
+                "temperature {} must be a finite number >= 0 (0 = greedy)",
+                self.temperature
+            );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             bail!("top_p {} must be in (0, 1] (1 = off)", self.top_p);
@@ -87,7 +90,10 @@ impl Sampler {
     /// Picks the next id from `logits` (one per vocabulary id), penalising ids in
     /// `history`. NaN logits count as -inf. Panics if `logits` is empty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        assert!(!logits.is_empty(), "Sampler::sample needs at least one logit");
+        assert!(
+            !logits.is_empty(),
+            "Sampler::sample needs at least one logit"
+        );
         let cfg = self.cfg;
         let mut work: Vec<f32> = logits
             .iter()
@@ -143,7 +149,11 @@ impl Sampler {
         if cfg.min_p > 0.0 {
             // p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p); the top token always stays.
             let floor = max as f64 + (cfg.min_p as f64).ln();
-            let keep = cand.iter().take_while(|c| c.1 as f64 >= floor).count().max(1);
+            let keep = cand
+                .iter()
+                .take_while(|c| c.1 as f64 >= floor)
+                .count()
+                .max(1);
             cand.truncate(keep);
         }
         let probs = softmax(cand.iter().map(|c| c.1), max, cfg.temperature);

@@ -42,7 +42,10 @@ fn synthetic_writer_reproduces_the_committed_vocabulary() {
 
 #[test]
 fn synthetic_presets_lay_out_specials_like_k3() {
-    for (vocab, bos, eos, pad) in [(1024usize, 768u32, 770u32, 1023u32), (4096, 3840, 3842, 4095)] {
+    for (vocab, bos, eos, pad) in [
+        (1024usize, 768u32, 770u32, 1023u32),
+        (4096, 3840, 3842, 4095),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         write_synthetic_tokenizer(dir.path(), vocab, bos, eos, pad).unwrap();
         let t = Tokenizer::from_dir(dir.path()).unwrap();
@@ -61,7 +64,12 @@ fn synthetic_presets_lay_out_specials_like_k3() {
         // The merges are real: common English takes well under one token per byte.
         let text = "The quick brown fox jumps over the lazy dog.";
         let ids = t.encode(text);
-        assert!(ids.len() * 3 < text.len() * 2, "{} ids for {} bytes", ids.len(), text.len());
+        assert!(
+            ids.len() * 3 < text.len() * 2,
+            "{} ids for {} bytes",
+            ids.len(),
+            text.len()
+        );
         assert_eq!(t.decode(&ids, false).unwrap(), text);
     }
 }
@@ -155,10 +163,12 @@ fn decode_is_lossy_only_at_the_end() {
 fn stream_decode_of_invalid_bytes_matches_whole_decode() {
     let t = tok();
     // Lone continuation bytes, a truncated 4-byte sequence, an overlong form, then text.
-    let bytes: Vec<u32> = [0x80, 0xf0, 0x9f, 0x98, b'a', 0xc0, 0xaf, 0xe4, 0xbd, b'!', 0xf0]
-        .iter()
-        .map(|&b| u32::from(b))
-        .collect();
+    let bytes: Vec<u32> = [
+        0x80, 0xf0, 0x9f, 0x98, b'a', 0xc0, 0xaf, 0xe4, 0xbd, b'!', 0xf0,
+    ]
+    .iter()
+    .map(|&b| u32::from(b))
+    .collect();
     let whole = t.decode(&bytes, false).unwrap();
     let mut s = StreamDecoder::new(t, false);
     let mut streamed = String::new();

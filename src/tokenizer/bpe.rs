@@ -42,8 +42,8 @@ const MAX_NO_WHITESPACES_CHARS: usize = 25_000;
 /// Reads `tiktoken.model`: one `base64 rank` line per token. Returns the bytes of each
 /// rank in rank order; ranks must be exactly `0..n` and byte strings unique.
 pub fn read_tiktoken_model(path: &Path) -> Result<Vec<Vec<u8>>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut by_rank: Vec<Option<Vec<u8>>> = Vec::new();
     let mut seen: HashSet<Vec<u8>> = HashSet::new();
     for (lineno, line) in text.lines().enumerate() {
@@ -163,7 +163,10 @@ impl RankBpe {
                     mid += 1;
                 }
                 if mid == 0 || mid == text.len() {
-                    out.extend(text.bytes().filter_map(|b| self.ranks.get(&[b][..]).copied()));
+                    out.extend(
+                        text.bytes()
+                            .filter_map(|b| self.ranks.get(&[b][..]).copied()),
+                    );
                     return;
                 }
                 self.encode_piece(&text[..mid], allowed, out);

@@ -130,7 +130,11 @@ pub fn render_chat_with(messages: &[Message], opts: &ChatOptions) -> String {
              `high`, and `max`.\nNow the system is invoked with `thinking_effort={}`.",
             effort.as_str()
         );
-        open_tag(&mut out, "message", &[("role", "system"), ("type", "thinking-effort")]);
+        open_tag(
+            &mut out,
+            "message",
+            &[("role", "system"), ("type", "thinking-effort")],
+        );
         out.push_str(python_trim(&body));
         close_tag(&mut out, "message");
         out.push_str(END_OF_MSG);

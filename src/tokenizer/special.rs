@@ -23,8 +23,8 @@ pub struct AddedToken {
 
 /// Reads `added_tokens_decoder` from a `tokenizer_config.json`.
 pub fn read_added_tokens(path: &Path) -> Result<BTreeMap<u32, AddedToken>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let json: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{} is not valid JSON", path.display()))?;
     let Some(decoder) = json.get("added_tokens_decoder") else {

@@ -45,7 +45,9 @@ pub fn write_synthetic_tokenizer(
     let vocab = u32::try_from(vocab_size)
         .with_context(|| format!("synthetic tokenizer: vocab_size {vocab_size} is too large"))?;
     if bos < 256 {
-        bail!("synthetic tokenizer: bos {bos} must be at least 256 (the 256 byte tokens come first)");
+        bail!(
+            "synthetic tokenizer: bos {bos} must be at least 256 (the 256 byte tokens come first)"
+        );
     }
     if vocab < bos + RESERVED_SPECIAL_TOKENS {
         bail!(
@@ -56,7 +58,10 @@ pub fn write_synthetic_tokenizer(
     }
     for (name, id) in [("eos", eos), ("pad", pad)] {
         if id <= bos || id >= vocab {
-            bail!("synthetic tokenizer: {name} {id} must lie in the special range {}..{vocab}", bos + 1);
+            bail!(
+                "synthetic tokenizer: {name} {id} must lie in the special range {}..{vocab}",
+                bos + 1
+            );
         }
     }
     if eos == pad {
@@ -138,8 +143,11 @@ fn layout_specials(vocab: u32, bos: u32, eos: u32, pad: u32) -> Result<BTreeMap<
 /// corpus has no pairs left, digit groups, space runs and ASCII pairs fill the rest.
 fn learn_ranks(n_ranks: usize) -> Result<Vec<Vec<u8>>> {
     let mut vocab: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
-    let mut index: HashMap<Vec<u8>, u32> =
-        vocab.iter().enumerate().map(|(i, b)| (b.clone(), i as u32)).collect();
+    let mut index: HashMap<Vec<u8>, u32> = vocab
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.clone(), i as u32))
+        .collect();
 
     let regex = fancy_regex::Regex::new(KIMI_PAT_STR)
         .map_err(|e| anyhow::anyhow!("compiling the Kimi pre-split pattern: {e}"))?;
@@ -196,7 +204,9 @@ fn learn_ranks(n_ranks: usize) -> Result<Vec<Vec<u8>>> {
         words.retain(|(w, _)| w.len() > 1);
     }
 
-    let digits = (0..100).map(|n| format!("{n:02}")).chain((0..1000).map(|n| format!("{n:03}")));
+    let digits = (0..100)
+        .map(|n| format!("{n:02}"))
+        .chain((0..1000).map(|n| format!("{n:03}")));
     let spaces = (2..=16).map(|n| " ".repeat(n));
     let ascii_pairs = (0x20u8..0x7f)
         .flat_map(|a| (0x20u8..0x7f).map(move |b| String::from_utf8_lossy(&[a, b]).into_owned()));

@@ -11,3 +11,4 @@ pub mod quant;
 pub mod sampling;
 pub mod stats;
 pub mod synth;
+pub mod tokenizer;

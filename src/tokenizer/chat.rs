@@ -1,0 +1,352 @@
+//! Kimi K3's XTML chat format: rendering a conversation to prompt text, and splitting
+//! generated ids into the think and response channels.
+//!
+//! The rendering follows llama.cpp's `models/templates/Kimi-K3.jinja` (kept as a test
+//! oracle in `tools/templates/`) for system, user and assistant messages, with and
+//! without thinking. Tools, tool results, images, `name` attributes, `tool_choice` and
+//! `response_format` are not rendered here.
+
+use anyhow::{Context, Result};
+
+use super::bpe::python_isspace;
+use super::{StreamDecoder, Tokenizer};
+
+/// Who speaks a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Instructions from the operator.
+    System,
+    /// The person chatting.
+    User,
+    /// The model.
+    Assistant,
+}
+
+impl Role {
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+/// One chat turn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// Who speaks.
+    pub role: Role,
+    /// The visible text (the response channel for the assistant).
+    pub content: String,
+    /// An assistant turn's thinking; rendered only when thinking is on.
+    pub reasoning: Option<String>,
+}
+
+impl Message {
+    /// A system message.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self {
+            role: Role::System,
+            content: content.into(),
+            reasoning: None,
+        }
+    }
+
+    /// A user message.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self {
+            role: Role::User,
+            content: content.into(),
+            reasoning: None,
+        }
+    }
+
+    /// An earlier assistant turn, with its thinking if it had any.
+    pub fn assistant(content: impl Into<String>, reasoning: Option<String>) -> Self {
+        Self {
+            role: Role::Assistant,
+            content: content.into(),
+            reasoning,
+        }
+    }
+}
+
+/// The template's `thinking_effort` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThinkingEffort {
+    /// `low`
+    Low,
+    /// `medium`
+    Medium,
+    /// `high`
+    High,
+    /// `max` (the template's default)
+    Max,
+}
+
+impl ThinkingEffort {
+    fn as_str(self) -> &'static str {
+        match self {
+            ThinkingEffort::Low => "low",
+            ThinkingEffort::Medium => "medium",
+            ThinkingEffort::High => "high",
+            ThinkingEffort::Max => "max",
+        }
+    }
+}
+
+/// Rendering switches, named after the template's variables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChatOptions {
+    /// End with the assistant's opening so the model writes the next turn.
+    pub add_generation_prompt: bool,
+    /// Open the think channel (and keep earlier turns' thinking).
+    pub thinking: bool,
+    /// The effort announced in a system message when thinking; `None` announces none.
+    pub thinking_effort: Option<ThinkingEffort>,
+}
+
+/// Renders a conversation exactly as `Kimi-K3.jinja` does with the given switches and
+/// the template's default `thinking_effort=max`.
+pub fn render_chat(messages: &[Message], add_generation_prompt: bool, thinking: bool) -> String {
+    render_chat_with(
+        messages,
+        &ChatOptions {
+            add_generation_prompt,
+            thinking,
+            thinking_effort: Some(ThinkingEffort::Max),
+        },
+    )
+}
+
+/// Renders a conversation exactly as `Kimi-K3.jinja` does with these options.
+pub fn render_chat_with(messages: &[Message], opts: &ChatOptions) -> String {
+    let mut out = String::new();
+    if let (true, Some(effort)) = (opts.thinking, opts.thinking_effort) {
+        let body = format!(
+            "`thinking_effort` guides on how much to think in your thinking channel (not \
+             including the response channel), supported values include `low`, `medium`, \
+             `high`, and `max`.\nNow the system is invoked with `thinking_effort={}`.",
+            effort.as_str()
+        );
+        open_tag(
+            &mut out,
+            "message",
+            &[("role", "system"), ("type", "thinking-effort")],
+        );
+        out.push_str(python_trim(&body));
+        close_tag(&mut out, "message");
+        out.push_str(END_OF_MSG);
+    }
+    for m in messages {
+        open_tag(&mut out, "message", &[("role", m.role.as_str())]);
+        if m.role == Role::Assistant {
+            if opts.thinking {
+                open_tag(&mut out, "think", &[]);
+                if let Some(r) = m.reasoning.as_deref() {
+                    // The template tests the trimmed text but writes the untrimmed one.
+                    if !python_trim(r).is_empty() {
+                        out.push_str(r);
+                    }
+                }
+                close_tag(&mut out, "think");
+            }
+            open_tag(&mut out, "response", &[]);
+            out.push_str(&m.content);
+            close_tag(&mut out, "response");
+        } else {
+            out.push_str(&m.content);
+        }
+        close_tag(&mut out, "message");
+        out.push_str(END_OF_MSG);
+    }
+    if opts.add_generation_prompt {
+        open_tag(&mut out, "message", &[("role", "assistant")]);
+        open_tag(
+            &mut out,
+            if opts.thinking { "think" } else { "response" },
+            &[],
+        );
+    }
+    out
+}
+
+const OPEN: &str = "<|open|>";
+const CLOSE: &str = "<|close|>";
+const SEP: &str = "<|sep|>";
+const END_OF_MSG: &str = "<|end_of_msg|>";
+
+fn open_tag(out: &mut String, tag: &str, attrs: &[(&str, &str)]) {
+    out.push_str(OPEN);
+    out.push_str(tag);
+    for (k, v) in attrs {
+        out.push(' ');
+        out.push_str(k);
+        out.push_str("=\"");
+        out.push_str(&v.replace('&', "&amp;").replace('"', "&quot;"));
+        out.push('"');
+    }
+    out.push_str(SEP);
+}
+
+fn close_tag(out: &mut String, tag: &str) {
+    out.push_str(CLOSE);
+    out.push_str(tag);
+    out.push_str(SEP);
+}
+
+/// Jinja's `trim` is Python's `str.strip()`.
+fn python_trim(s: &str) -> &str {
+    s.trim_matches(python_isspace)
+}
+
+/// Which stream a piece of generated text belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channel {
+    /// Inside `<|open|>think<|sep|>`.
+    Think,
+    /// Inside `<|open|>response<|sep|>`.
+    Response,
+    /// Inside `<|open|>tools<|sep|>` (tool calls, shown raw).
+    Tools,
+    /// Outside any known section, or inside an unknown tag.
+    Other,
+}
+
+/// What the splitter reports for one generated id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChatEvent {
+    /// Newly complete text of one channel.
+    Text {
+        /// The channel the text belongs to.
+        channel: Channel,
+        /// The text itself.
+        text: String,
+    },
+    /// The model ended its turn (`<|end_of_msg|>` or an eos id); stop generating.
+    Stop,
+}
+
+/// Separates generated ids into channels and hides the structural tokens
+/// (`<|open|>NAME ...<|sep|>`, `<|close|>NAME<|sep|>`, other specials).
+pub struct ChatSplitter<'a> {
+    open: u32,
+    close: u32,
+    sep: u32,
+    stop_ids: Vec<u32>,
+    /// Open tags, outermost first; the generation prompt leaves `message` and the
+    /// first channel open.
+    stack: Vec<String>,
+    /// Bytes of a tag being read: `(closing, bytes)`.
+    tag: Option<(bool, Vec<u8>)>,
+    decoder: StreamDecoder<'a>,
+    tok: &'a Tokenizer,
+    stopped: bool,
+}
+
+impl<'a> ChatSplitter<'a> {
+    /// A splitter for a reply that follows a generation prompt rendered with `thinking`;
+    /// `<|end_of_msg|>` and every id in `eos_ids` stop it.
+    pub fn new(tok: &'a Tokenizer, thinking: bool, eos_ids: &[u32]) -> Result<Self> {
+        let need = |name: &str| {
+            tok.special_id(name).with_context(|| {
+                format!(
+                    "the tokenizer has no {name} token; the XTML chat format needs \
+                     <|open|>, <|close|>, <|sep|> and <|end_of_msg|> in tokenizer_config.json"
+                )
+            })
+        };
+        let mut stop_ids = eos_ids.to_vec();
+        stop_ids.push(need(END_OF_MSG)?);
+        Ok(Self {
+            open: need(OPEN)?,
+            close: need(CLOSE)?,
+            sep: need(SEP)?,
+            stop_ids,
+            stack: vec![
+                "message".to_string(),
+                if thinking { "think" } else { "response" }.to_string(),
+            ],
+            tag: None,
+            decoder: StreamDecoder::new(tok, false),
+            tok,
+            stopped: false,
+        })
+    }
+
+    /// The channel that text generated now belongs to.
+    pub fn channel(&self) -> Channel {
+        self.stack
+            .iter()
+            .find_map(|t| match t.as_str() {
+                "message" => None,
+                "think" => Some(Channel::Think),
+                "response" => Some(Channel::Response),
+                "tools" => Some(Channel::Tools),
+                _ => Some(Channel::Other),
+            })
+            .unwrap_or(Channel::Other)
+    }
+
+    /// Whether a stop token has been seen.
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Feeds one generated id; returns what it completed. After a stop, ids are ignored.
+    pub fn push(&mut self, id: u32) -> Result<Vec<ChatEvent>> {
+        let mut events = Vec::new();
+        if self.stopped {
+            return Ok(events);
+        }
+        if self.stop_ids.contains(&id) {
+            self.flush(&mut events);
+            events.push(ChatEvent::Stop);
+            self.stopped = true;
+        } else if id == self.open || id == self.close {
+            self.flush(&mut events);
+            self.tag = Some((id == self.close, Vec::new()));
+        } else if id == self.sep {
+            if let Some((closing, bytes)) = self.tag.take() {
+                let text = String::from_utf8_lossy(&bytes);
+                let name = text.split_whitespace().next().unwrap_or("").to_string();
+                if closing {
+                    if let Some(pos) = self.stack.iter().rposition(|t| *t == name) {
+                        self.stack.truncate(pos);
+                    }
+                } else {
+                    self.stack.push(name);
+                }
+            }
+        } else if let Some((_, bytes)) = self.tag.as_mut() {
+            bytes.extend_from_slice(self.tok.piece(id, true)?);
+        } else {
+            let text = self.decoder.push(id)?;
+            if !text.is_empty() {
+                events.push(ChatEvent::Text {
+                    channel: self.channel(),
+                    text,
+                });
+            }
+        }
+        Ok(events)
+    }
+
+    /// Ends the stream early (for example at a length limit), flushing held-back bytes.
+    pub fn finish(&mut self) -> Vec<ChatEvent> {
+        let mut events = Vec::new();
+        self.flush(&mut events);
+        events
+    }
+
+    fn flush(&mut self, events: &mut Vec<ChatEvent>) {
+        let text = self.decoder.finish();
+        if !text.is_empty() {
+            events.push(ChatEvent::Text {
+                channel: self.channel(),
+                text,
+            });
+        }
+    }
+}

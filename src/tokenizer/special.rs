@@ -1,0 +1,105 @@
+//! The added (special) tokens of a Kimi snapshot: `tokenizer_config.json`'s
+//! `added_tokens_decoder`, laid over the reserved id range above the BPE ranks.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+/// How many ids above the last BPE rank Kimi reserves for added tokens. The
+/// reference loader (`tokenization_kimi.py` of Kimi K3) names every id in
+/// `[n_base, n_base + 256)`, using `<|reserved_token_{id}|>` for ids the config
+/// leaves unnamed; K3's vocabulary (163584 ranks + 256) ends exactly there.
+pub const RESERVED_SPECIAL_TOKENS: u32 = 256;
+
+/// One entry of `added_tokens_decoder`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddedToken {
+    /// The token's text, for example `<|open|>`.
+    pub content: String,
+    /// The config's `special` flag (K3 marks `<|open|>`, `<|close|>`, `<|sep|>` false).
+    pub special: bool,
+}
+
+/// Reads `added_tokens_decoder` from a `tokenizer_config.json`.
+pub fn read_added_tokens(path: &Path) -> Result<BTreeMap<u32, AddedToken>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let Some(decoder) = json.get("added_tokens_decoder") else {
+        return Ok(BTreeMap::new());
+    };
+    let Some(decoder) = decoder.as_object() else {
+        bail!(
+            "{}: `added_tokens_decoder` must be an object mapping id -> {{content, special}}",
+            path.display()
+        );
+    };
+    let mut out = BTreeMap::new();
+    for (key, entry) in decoder {
+        let id: u32 = key.parse().with_context(|| {
+            format!(
+                "{}: `added_tokens_decoder` key {key:?} is not a token id",
+                path.display()
+            )
+        })?;
+        let Some(content) = entry.get("content").and_then(|c| c.as_str()) else {
+            bail!(
+                "{}: `added_tokens_decoder[{id}]` has no string `content`",
+                path.display()
+            );
+        };
+        let special = entry
+            .get("special")
+            .and_then(|s| s.as_bool())
+            .unwrap_or(true);
+        out.insert(
+            id,
+            AddedToken {
+                content: content.to_string(),
+                special,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Names every id of the reserved range `[n_base, max(n_base + 256, last added id + 1))`,
+/// the way the reference loader builds tiktoken's `special_tokens` map.
+pub fn special_table(
+    n_base: u32,
+    added: &BTreeMap<u32, AddedToken>,
+    config: &Path,
+) -> Result<Vec<String>> {
+    if let Some((&id, tok)) = added.range(..n_base).next() {
+        bail!(
+            "{}: added token {:?} has id {id}, which is a BPE rank of tiktoken.model \
+             (ranks end at {}); added tokens must sit above the ranks",
+            config.display(),
+            tok.content,
+            n_base.saturating_sub(1)
+        );
+    }
+    let end = added
+        .keys()
+        .next_back()
+        .map_or(0, |&last| last + 1)
+        .max(n_base + RESERVED_SPECIAL_TOKENS);
+    let mut names = Vec::with_capacity((end - n_base) as usize);
+    let mut seen = std::collections::HashSet::new();
+    for id in n_base..end {
+        let name = added
+            .get(&id)
+            .map_or_else(|| format!("<|reserved_token_{id}|>"), |t| t.content.clone());
+        if !seen.insert(name.clone()) {
+            bail!(
+                "{}: the added token {name:?} appears twice (again at id {id}); \
+                 each special token needs one id",
+                config.display()
+            );
+        }
+        names.push(name);
+    }
+    Ok(names)
+}

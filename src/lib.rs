@@ -9,6 +9,7 @@ pub mod generate;
 pub mod model;
 pub mod quant;
 pub mod sampling;
+pub mod session;
 pub mod stats;
 pub mod synth;
 pub mod tokenizer;

@@ -3,9 +3,11 @@
 mod bench_cmd;
 mod inspect_cmd;
 mod run_cmd;
+mod sampling_args;
 mod stream_args;
 mod synth_cmd;
 mod threads;
+mod token_output;
 
 use clap::{Parser, Subcommand};
 

@@ -1,7 +1,9 @@
-//! `k3 run`: prefill + decode from token ids, with the stats lines users parse.
+//! `k3 run`: prefill + decode from token ids or text, with the stats lines users parse.
 
+use super::sampling_args::SamplingArgs;
 use super::stream_args::StreamArgs;
 use super::threads;
+use super::token_output::TokenOutput;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use k3::backend::cpu::CpuBackend;
@@ -11,7 +13,7 @@ use k3::generate::{generate, GenerateOptions};
 use k3::model::trace::Trace;
 use k3::model::{FormatPolicy, K3Model};
 use k3::stats;
-use std::io::Write;
+use k3::tokenizer::{render_chat, ChatSplitter, Message, StreamDecoder, Tokenizer};
 use std::path::{Path, PathBuf};
 
 /// Which backend runs the ops.
@@ -21,18 +23,67 @@ pub enum BackendChoice {
     Cpu,
 }
 
+/// Flags that load a model, shared by `run` and `chat`.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Backend that runs the ops.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
+    pub backend: BackendChoice,
+    /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Extra shard directories, ';' or ',' separated; earlier wins over the snapshot.
+    #[arg(long, env = "K3_DIRS")]
+    pub dirs: Option<String>,
+    /// Load-time format of dense matrices: 4 (int4 g64), 8 (int8 row), 16 (bf16), 32 (f32).
+    #[arg(long, env = "K3_BITS", default_value_t = 4)]
+    pub bits: u32,
+    /// Load-time format of the MLA projections (4, 8, 16, 32).
+    #[arg(long, env = "K3_MLA_BITS", default_value_t = 8)]
+    pub mla_bits: u32,
+    /// Load-time format of lm_head (4, 8, 16, 32).
+    #[arg(long, env = "K3_HEAD_BITS", default_value_t = 8)]
+    pub head_bits: u32,
+    /// Prefill chunk: tokens per pass through each layer (1..512).
+    #[arg(long, env = "K3_CHUNK", default_value_t = 32)]
+    pub chunk: usize,
+    /// Hide the loading progress bar and the per-token lines.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub stream: StreamArgs,
+}
+
 /// Flags of `k3 run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// Snapshot directory (config.json, index, shards). Not needed with --demo.
     #[arg(required_unless_present = "demo")]
     pub model: Option<PathBuf>,
+    /// Prompt text (or use --ids for token ids).
+    #[arg(conflicts_with = "ids")]
+    pub prompt: Option<String>,
     /// Synthesize the built-in `tiny` model into the cache directory (once) and run it.
     #[arg(long)]
     pub demo: bool,
-    /// Prompt token ids, comma separated (e.g. "1,2,3"). Default with --demo: a short prompt.
+    /// Prompt token ids, comma separated (e.g. "1,2,3"); generated ids are printed likewise.
     #[arg(long)]
     pub ids: Option<String>,
+    /// Prompt text, as an option (same as the positional PROMPT).
+    #[arg(short = 'p', long = "prompt", conflicts_with_all = ["ids", "prompt"])]
+    pub prompt_flag: Option<String>,
+    /// Wrap the prompt in the chat format and print the think/response streams.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Thinking in --chat: 1 opens the think channel, 0 answers directly.
+    #[arg(long, env = "K3_THINK", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub think: u8,
+    /// Same as --think 0.
+    #[arg(long)]
+    pub no_think: bool,
     /// Tokens to generate.
     #[arg(long, default_value_t = 16)]
     pub ngen: usize,
@@ -45,41 +96,13 @@ pub struct RunArgs {
     /// Per-layer hidden-state dumps (layer_NNN.f32, [positions × hidden]) into this directory.
     #[arg(long, env = "K3_TRACE", value_name = "DIR")]
     pub trace: Option<PathBuf>,
-    /// Prefill chunk: tokens per pass through each layer (1..512).
-    #[arg(long, env = "K3_CHUNK", default_value_t = 32)]
-    pub chunk: usize,
-    /// Sampling temperature; 0 = greedy (ties to the lowest id).
-    #[arg(long, default_value_t = 0.0)]
-    pub temp: f32,
-    /// Random seed for sampling.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Backend that runs the ops.
-    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
-    pub backend: BackendChoice,
-    /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Extra shard directories, ';' or ',' separated; earlier wins.
-    #[arg(long, env = "K3_DIRS")]
-    pub dirs: Option<String>,
-    /// Load-time format of dense matrices: 4 (int4 g64), 8 (int8 row), 16 (bf16), 32 (f32).
-    #[arg(long, env = "K3_BITS", default_value_t = 4)]
-    pub bits: u32,
-    /// Load-time format of the MLA projections (4, 8, 16, 32).
-    #[arg(long, env = "K3_MLA_BITS", default_value_t = 8)]
-    pub mla_bits: u32,
-    /// Load-time format of lm_head (4, 8, 16, 32).
-    #[arg(long, env = "K3_HEAD_BITS", default_value_t = 8)]
-    pub head_bits: u32,
-    /// Hide the loading progress bar and the per-token lines.
-    #[arg(long)]
-    pub quiet: bool,
     /// Write every counter of the run as JSON to this file.
     #[arg(long, value_name = "PATH")]
     pub stats_json: Option<PathBuf>,
     #[command(flatten)]
-    pub stream: StreamArgs,
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub load: ModelArgs,
 }
 
 /// Parses `"1, 2,3"` into ids, naming the bad entry.
@@ -88,10 +111,7 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .split(',')
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .map(|t| {
-            t.parse::<u32>()
-                .with_context(|| format!("--ids: {t:?} is not a token id"))
-        })
+        .map(|t| t.parse::<u32>().with_context(|| format!("--ids: {t:?} is not a token id")))
         .collect::<Result<Vec<_>>>()?;
     if ids.is_empty() {
         bail!("--ids is empty: give at least one token id, e.g. --ids \"1,2,3\"");
@@ -105,17 +125,14 @@ fn demo_dir() -> PathBuf {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
-    base.join("k3")
-        .join(format!("demo-tiny-v{}", env!("CARGO_PKG_VERSION")))
+    base.join("k3").join(format!("demo-tiny-v{}", env!("CARGO_PKG_VERSION")))
 }
 
-fn ensure_demo() -> Result<PathBuf> {
+/// The demo model, synthesized on first use.
+pub fn ensure_demo() -> Result<PathBuf> {
     let dir = demo_dir();
-    if !dir.join("model.safetensors.index.json").exists() {
-        eprintln!(
-            "[K3] demo: synthesizing the tiny model into {}",
-            dir.display()
-        );
+    if !dir.join("tiktoken.model").exists() {
+        eprintln!("[K3] demo: synthesizing the tiny model into {}", dir.display());
         let opts = k3::synth::SynthOptions {
             preset: k3::synth::Preset::Tiny,
             layers: None,
@@ -128,76 +145,87 @@ fn ensure_demo() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Runs `k3 run`.
-pub fn run(a: RunArgs) -> Result<()> {
-    let n_threads = threads::init(a.threads)?;
-    let policy = FormatPolicy::from_bits(a.bits, a.mla_bits, a.head_bits)?;
-    let dir = match (&a.model, a.demo) {
-        (Some(d), _) => d.clone(),
-        (None, _) => ensure_demo()?,
-    };
-    let extra = a.dirs.as_deref().map(super::split_dirs).unwrap_or_default();
-    let ckpt = Checkpoint::open(&dir, &extra)?;
-    let ids = match &a.ids {
-        Some(s) => parse_ids(s)?,
-        None if a.demo => vec![
-            ckpt.config.bos_token_id.unwrap_or(1),
-            72,
-            101,
-            108,
-            108,
-            111,
-        ],
-        None => bail!("--ids is required: the prompt as comma-separated token ids"),
-    };
-    match a.backend {
-        BackendChoice::Cpu => {
-            eprintln!("[K3] backend: cpu ({n_threads} threads)");
-            let mut model = K3Model::load(ckpt, CpuBackend::new(), policy, !a.quiet)?;
-            a.stream.configure(&mut model)?;
-            run_model(&model, &a, &ids)
+impl ModelArgs {
+    /// Opens the checkpoint at `dir` and loads it onto the chosen backend, then calls `f`.
+    pub fn with_model<R>(&self, dir: &Path, f: impl FnOnce(&K3Model<CpuBackend>) -> Result<R>) -> Result<R> {
+        let policy = FormatPolicy::from_bits(self.bits, self.mla_bits, self.head_bits)?;
+        if self.chunk == 0 || self.chunk > k3::generate::MAX_CHUNK {
+            bail!("--chunk / K3_CHUNK must be between 1 and {}, got {}", k3::generate::MAX_CHUNK, self.chunk);
+        }
+        let extra = self.dirs.as_deref().map(super::split_dirs).unwrap_or_default();
+        let ckpt = Checkpoint::open(dir, &extra)?;
+        match self.backend {
+            BackendChoice::Cpu => {
+                eprintln!("[K3] backend: cpu ({} threads)", rayon::current_num_threads());
+                let mut model = K3Model::load(ckpt, CpuBackend::new(), policy, !self.quiet)?;
+                self.stream.configure(&mut model)?;
+                f(&model)
+            }
         }
     }
 }
 
-fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, ids: &[u32]) -> Result<()> {
-    let trace = a.trace.as_deref().map(Trace::create).transpose()?;
-    let stop: Vec<u32> = if a.ignore_eos {
-        Vec::new()
-    } else {
-        model.ckpt.config.eos_token_ids.clone()
+/// Runs `k3 run`.
+pub fn run(a: RunArgs) -> Result<()> {
+    threads::init(a.load.threads)?;
+    let dir = match &a.model {
+        Some(d) => d.clone(),
+        None => ensure_demo()?,
     };
-    eprintln!("{}", stats::prompt_line(ids.len(), a.ngen, a.temp));
+    a.load.with_model(&dir, |m| run_model(m, &a, &dir))
+}
+
+fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<()> {
+    let cfg = &model.ckpt.config;
+    let text = a.prompt.clone().or_else(|| a.prompt_flag.clone());
+    let tok = if a.ids.is_some() { None } else { Some(Tokenizer::from_dir(dir)?) };
+    let thinking = a.think == 1 && !a.no_think;
+    let ids = match (&a.ids, &text, &tok) {
+        (Some(s), _, _) => parse_ids(s)?,
+        (None, Some(t), Some(tk)) if a.chat => {
+            let mut msgs = Vec::new();
+            if let Some(s) = &a.system {
+                msgs.push(Message::system(s.clone()));
+            }
+            msgs.push(Message::user(t.clone()));
+            tk.encode_with_special(&render_chat(&msgs, true, thinking))
+        }
+        (None, Some(t), Some(tk)) => tk.encode(t),
+        (None, None, Some(tk)) if a.demo => tk.encode("Once upon a time"),
+        _ => bail!("give a prompt: text (k3 run MODEL \"text\") or token ids (--ids \"1,2,3\")"),
+    };
+    let mut output = match &tok {
+        None => TokenOutput::Ids { first: true },
+        Some(tk) if a.chat => TokenOutput::Chat { splitter: ChatSplitter::new(tk, thinking, &cfg.eos_token_ids)?, shown: None },
+        Some(tk) => TokenOutput::Text(StreamDecoder::new(tk, false)),
+    };
+    let mut stop: Vec<u32> = if a.ignore_eos { Vec::new() } else { cfg.eos_token_ids.clone() };
+    if let (Some(tk), false) = (&tok, a.ignore_eos) {
+        stop.extend(tk.special_id("<|end_of_msg|>"));
+    }
+    let trace = a.trace.as_deref().map(Trace::create).transpose()?;
+    eprintln!("{}", stats::prompt_line(ids.len(), a.ngen, a.sampling.temp));
     let opts = GenerateOptions {
         ngen: a.ngen,
-        chunk: a.chunk,
+        chunk: a.load.chunk,
         all_logits: a.dump_logits.is_some(),
         stop_ids: &stop,
         trace: trace.as_ref(),
     };
-    let mut sampler = k3::sampling::Sampler::new(k3::sampling::SamplerConfig {
-        temperature: a.temp,
-        seed: a.seed,
-        ..Default::default()
-    })?;
+    let mut sampler = k3::sampling::Sampler::new(a.sampling.config())?;
     let mut pick = |logits: &[f32], hist: &[u32]| sampler.sample(logits, hist);
-    let mut out = std::io::stdout().lock();
-    let quiet = a.quiet;
+    let quiet = a.load.quiet;
     let mut on_token = |ev: &k3::generate::TokenEvent| -> Result<()> {
-        write!(out, "{}{}", if ev.index == 0 { "" } else { "," }, ev.id)?;
-        out.flush()?;
+        output.push(ev.id)?;
         if !quiet && ev.index > 0 {
             eprintln!("{}", stats::token_line(ev.index, ev.secs, &ev.stats));
         }
         Ok(())
     };
-    let g = generate(model, ids, &opts, &mut pick, &mut on_token)?;
-    writeln!(std::io::stdout())?;
+    let g = generate(model, &ids, &opts, &mut pick, &mut on_token)?;
+    output.finish()?;
     eprintln!("{}", stats::prefill_line(ids.len(), g.prefill_secs));
-    eprintln!(
-        "{}",
-        stats::decode_line(g.tokens.len(), g.decode_secs, &g.decode_stats)
-    );
+    eprintln!("{}", stats::decode_line(g.tokens.len(), g.decode_secs, &g.decode_stats));
     let total = g.prefill_stats.plus(&g.decode_stats);
     eprintln!("{}", stats::time_line(&total, stats::rss_gb()));
     eprintln!("{}", stats::disk_line(&total));
@@ -208,12 +236,7 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, ids: &[u32]) -> Result
     }
     if let Some(path) = &a.dump_logits {
         write_logits(path, &g.prompt_logits)?;
-        eprintln!(
-            "[K3] logits: {} positions x {} -> {}",
-            ids.len(),
-            model.vocab_size(),
-            path.display()
-        );
+        eprintln!("[K3] logits: {} positions x {} -> {}", ids.len(), model.vocab_size(), path.display());
     }
     Ok(())
 }

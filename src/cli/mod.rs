@@ -1,12 +1,14 @@
 //! Subcommands and the flags they share, each flag with its environment-variable alias.
 
 mod bench_cmd;
+mod chat_cmd;
 mod inspect_cmd;
 mod run_cmd;
 mod sampling_args;
 mod stream_args;
 mod synth_cmd;
 mod threads;
+mod tokenize_cmd;
 mod token_output;
 
 use clap::{Parser, Subcommand};
@@ -23,6 +25,12 @@ pub struct Cli {
 enum Command {
     /// Generate from token ids (prefill in chunks, then decode) and print the stats lines.
     Run(run_cmd::RunArgs),
+    /// Interactive chat that keeps the conversation's state between turns.
+    Chat(chat_cmd::ChatArgs),
+    /// Print the token ids of a text (or its tokens with --json).
+    Tokenize(tokenize_cmd::TokenizeArgs),
+    /// Print the text of token ids.
+    Detokenize(tokenize_cmd::DetokenizeArgs),
     /// Write a random-weight checkpoint in the published K3 format.
     Synth(synth_cmd::SynthArgs),
     /// Check a snapshot: config summary, layer schedule, bytes by class, missing tensors.
@@ -35,6 +43,9 @@ enum Command {
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Command::Run(a) => run_cmd::run(a),
+        Command::Chat(a) => chat_cmd::run(a),
+        Command::Tokenize(a) => tokenize_cmd::tokenize(a),
+        Command::Detokenize(a) => tokenize_cmd::detokenize(a),
         Command::Synth(a) => synth_cmd::run(a),
         Command::Inspect(a) => inspect_cmd::run(a),
         Command::Bench(a) => bench_cmd::run(a),

@@ -1,0 +1,154 @@
+//! `k3 chat`: an interactive conversation that keeps the model state between turns and
+//! feeds only each new turn's tokens.
+
+use super::run_cmd::ModelArgs;
+use super::sampling_args::SamplingArgs;
+use super::threads;
+use super::token_output::TokenOutput;
+use anyhow::{Context, Result};
+use clap::Args;
+use k3::backend::Backend;
+use k3::model::K3Model;
+use k3::sampling::Sampler;
+use k3::session::{Flow, Session};
+use k3::tokenizer::{render_chat, Channel, ChatEvent, ChatSplitter, Message, Tokenizer};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Flags of `k3 chat`.
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    /// Snapshot directory (use --demo for the built-in tiny model).
+    #[arg(required_unless_present = "demo")]
+    pub model: Option<PathBuf>,
+    /// Chat with the built-in demo model.
+    #[arg(long)]
+    pub demo: bool,
+    /// System message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Thinking: 1 opens the think channel, 0 answers directly (/think on|off switches).
+    #[arg(long, env = "K3_THINK", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub think: u8,
+    /// Most tokens per answer.
+    #[arg(long, default_value_t = 1024)]
+    pub max_answer: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub load: ModelArgs,
+}
+
+const HELP: &str = "commands: /reset (forget the conversation), /system TEXT, /think on|off, /quit (or Ctrl-D); Ctrl-C stops an answer";
+
+/// Runs `k3 chat`.
+pub fn run(a: ChatArgs) -> Result<()> {
+    threads::init(a.load.threads)?;
+    let dir = match &a.model {
+        Some(d) => d.clone(),
+        None => super::run_cmd::ensure_demo()?,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+    a.load.with_model(&dir, |m| chat_loop(m, &a, &dir, &stop))
+}
+
+fn chat_loop<B: Backend>(model: &K3Model<B>, a: &ChatArgs, dir: &Path, stop: &AtomicBool) -> Result<()> {
+    let tok = Tokenizer::from_dir(dir)?;
+    let mut session = Session::new(model, a.load.chunk)?;
+    let mut sampler = Sampler::new(a.sampling.config())?;
+    let mut system = a.system.clone();
+    let mut thinking = a.think == 1;
+    let mut history: Vec<Message> = Vec::new();
+    eprintln!("[K3] chat ready. {HELP}");
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        std::io::stderr().flush()?;
+        let Some(line) = lines.next() else { break };
+        let line = line.context("reading standard input")?;
+        let line = line.trim();
+        match line {
+            "" => continue,
+            "/quit" | "/exit" => break,
+            "/reset" => {
+                history.clear();
+                session.reset()?;
+                eprintln!("[K3] conversation reset");
+                continue;
+            }
+            "/think on" | "/think off" => {
+                thinking = line.ends_with("on");
+                eprintln!("[K3] thinking {}", if thinking { "on" } else { "off" });
+                continue;
+            }
+            "/help" => {
+                eprintln!("{HELP}");
+                continue;
+            }
+            _ => {}
+        }
+        if let Some(s) = line.strip_prefix("/system") {
+            system = Some(s.trim().to_string()).filter(|s| !s.is_empty());
+            history.clear();
+            session.reset()?;
+            eprintln!("[K3] system message set; conversation reset");
+            continue;
+        }
+        history.push(Message::user(line.to_string()));
+        let mut msgs: Vec<Message> = system.iter().map(|s| Message::system(s.clone())).collect();
+        msgs.extend(history.iter().cloned());
+        let ids = tok.encode_with_special(&render_chat(&msgs, true, thinking));
+        let before = session.tokens().len();
+        let fed = session.sync_to(&ids)?;
+        if before > 0 && fed == ids.len() {
+            // The template rendered earlier turns differently from how they were generated.
+            eprintln!("[K3] (conversation re-read from the start: {fed} tokens)");
+        }
+        stop.store(false, Ordering::SeqCst);
+        let mut out = TokenOutput::Chat {
+            splitter: ChatSplitter::new(&tok, thinking, &model.ckpt.config.eos_token_ids)?,
+            shown: None,
+        };
+        let mut answer_ids = Vec::new();
+        session.generate(a.max_answer, &mut sampler, &mut |id| {
+            answer_ids.push(id);
+            let ended = out.push(id)?;
+            Ok(if ended || stop.load(Ordering::SeqCst) { Flow::Stop } else { Flow::Continue })
+        })?;
+        out.finish()?;
+        if stop.swap(false, Ordering::SeqCst) {
+            eprintln!("[K3] (stopped)");
+        }
+        let (reasoning, content) = split_answer(&tok, &answer_ids, thinking)?;
+        history.push(Message::assistant(content, reasoning));
+    }
+    Ok(())
+}
+
+/// The answer's think and response texts, for the next turn's rendering.
+fn split_answer(tok: &Tokenizer, ids: &[u32], thinking: bool) -> Result<(Option<String>, String)> {
+    let mut splitter = ChatSplitter::new(tok, thinking, &[])?;
+    let (mut think, mut resp) = (String::new(), String::new());
+    let mut push = |ev: ChatEvent| {
+        if let ChatEvent::Text { channel, text } = ev {
+            match channel {
+                Channel::Think => think.push_str(&text),
+                _ => resp.push_str(&text),
+            }
+        }
+    };
+    for &id in ids {
+        for ev in splitter.push(id)? {
+            push(ev);
+        }
+    }
+    for ev in splitter.finish() {
+        push(ev);
+    }
+    Ok((if thinking { Some(think) } else { None }, resp))
+}

@@ -1,0 +1,43 @@
+"""Write an f32 copy of a K3 checkpoint for llama.cpp's converter.
+
+The routed experts are decoded from MXFP4 to f32 (`experts.{e}.w{1,2,3}.weight`) and
+`quantization_config` is dropped, so the converter takes its plain path and the GGUF
+holds every weight in f32. Why: llama.cpp's native MXFP4 path rounds each expert's
+input to Q8_0, a ~1% change per expert on a random model, enough to flip routing.
+
+Usage: python dequantize_hf.py SRC_DIR DST_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from safetensors.numpy import save_file
+
+from k3_checkpoint import load_config, load_text_tensors
+
+
+def strip_quant(cfg: dict) -> dict:
+    cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
+    cfg["torch_dtype"] = "float32"
+    if "text_config" in cfg:
+        cfg["text_config"] = strip_quant(cfg["text_config"])
+    return cfg
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        sys.exit("usage: dequantize_hf.py SRC_DIR DST_DIR")
+    src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+    dst.mkdir(parents=True, exist_ok=True)
+    root, _ = load_config(src)
+    tensors = load_text_tensors(src)
+    save_file({k: v for k, v in sorted(tensors.items())}, str(dst / "model.safetensors"))
+    (dst / "config.json").write_text(json.dumps(strip_quant(root), indent=2) + "\n")
+    print(f"wrote {len(tensors)} f32 tensors to {dst}")
+
+
+if __name__ == "__main__":
+    main()

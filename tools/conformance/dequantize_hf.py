@@ -18,12 +18,17 @@ from safetensors.numpy import save_file
 
 from k3_checkpoint import load_config, load_text_tensors
 
+CONTEXT_LENGTH = 4096
+
 
 def strip_quant(cfg: dict) -> dict:
     cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
     cfg["torch_dtype"] = "float32"
     if "text_config" in cfg:
         cfg["text_config"] = strip_quant(cfg["text_config"])
+        # llama.cpp requires a context length; the synthetic config has none. Any value
+        # above the prompt length gives the same logits (no rotary embedding in K3).
+        cfg["text_config"].setdefault("max_position_embeddings", CONTEXT_LENGTH)
     return cfg
 
 

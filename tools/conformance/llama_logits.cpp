@@ -3,7 +3,7 @@
 //
 // Built against a llama.cpp checkout by make_fixtures.sh; this is our code, the model
 // math is llama.cpp's. Usage:
-//   llama_logits MODEL.gguf IDS OUT.f32 [--one-by-one] [--dump-dir DIR] [--threads N]
+//   llama_logits MODEL.gguf IDS OUT.f32 [--one-by-one] [--flash-attn] [--dump-dir DIR] [--threads N]
 // IDS is a comma-separated list of token ids. --one-by-one feeds one token per
 // llama_decode call (the recurrent path) instead of the whole prompt in one batch (the
 // chunked path). --dump-dir writes every graph tensor whose name starts with one of
@@ -95,7 +95,7 @@ void quiet_log(ggml_log_level level, const char * text, void *) {
 
 int main(int argc, char ** argv) {
     if (argc < 4) {
-        std::fprintf(stderr, "usage: %s MODEL.gguf IDS OUT.f32 [--one-by-one] [--dump-dir DIR] [--threads N]\n", argv[0]);
+        std::fprintf(stderr, "usage: %s MODEL.gguf IDS OUT.f32 [--one-by-one] [--flash-attn] [--dump-dir DIR] [--threads N]\n", argv[0]);
         return 2;
     }
     const char * model_path = argv[1];
@@ -104,11 +104,14 @@ int main(int argc, char ** argv) {
     bool one_by_one = false;
     DumpState dump;
     int threads = 1;
+    bool flash_attn = false;
     for (int i = 4; i < argc; ++i) {
         if (std::strcmp(argv[i], "--one-by-one") == 0) {
             one_by_one = true;
         } else if (std::strcmp(argv[i], "--dump-dir") == 0 && i + 1 < argc) {
             dump.dir = argv[++i];
+        } else if (std::strcmp(argv[i], "--flash-attn") == 0) {
+            flash_attn = true;
         } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
             threads = std::atoi(argv[++i]);
         } else {
@@ -141,6 +144,11 @@ int main(int argc, char ** argv) {
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
     cp.no_perf = true;
+    // The default F16 cache rounds MLA's latent cache to 11 bits (~1e-4 on the logits of
+    // a random model); the fixtures compare math, so keep every cached value in f32.
+    cp.type_k = GGML_TYPE_F32;
+    cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     if (!dump.dir.empty()) {
         cp.cb_eval = dump_cb;
         cp.cb_eval_user_data = &dump;

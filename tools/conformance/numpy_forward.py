@@ -19,7 +19,7 @@ import numpy as np
 
 from k3_checkpoint import load_config, load_text_tensors
 
-L2_EPS = 1e-6  # KDA q/k l2 normalization (section 4.2 step 3)
+L2_EPS = 1e-6  # KDA q/k l2 normalization (section 4.2 step 3); --l2-eps overrides
 
 
 def sigmoid(x):
@@ -36,7 +36,8 @@ def rms(x, w, eps):
 
 
 class K3:
-    def __init__(self, model_dir: Path):
+    def __init__(self, model_dir: Path, l2_eps: float = L2_EPS):
+        self.l2_eps = l2_eps
         _, self.cfg = load_config(model_dir)
         self.w = {k: v.astype(np.float64) for k, v in load_text_tensors(model_dir).items()}
         c = self.cfg
@@ -83,8 +84,8 @@ class K3:
         q = conv("q_conv1d.weight", x @ self.t(p + "q_proj.weight").T).reshape(T, nh, hd)
         k = conv("k_conv1d.weight", x @ self.t(p + "k_proj.weight").T).reshape(T, nh, hd)
         v = conv("v_conv1d.weight", x @ self.t(p + "v_proj.weight").T).reshape(T, nh, hd)
-        q = q / np.sqrt(np.sum(q * q, axis=-1, keepdims=True) + L2_EPS) * hd**-0.5
-        k = k / np.sqrt(np.sum(k * k, axis=-1, keepdims=True) + L2_EPS)
+        q = q / np.sqrt(np.sum(q * q, axis=-1, keepdims=True) + self.l2_eps) * hd**-0.5
+        k = k / np.sqrt(np.sum(k * k, axis=-1, keepdims=True) + self.l2_eps)
 
         z = (x @ self.t(p + "f_a_proj.weight").T) @ self.t(p + "f_b_proj.weight").T
         z = (z + self.t(p + "dt_bias").reshape(-1)).reshape(T, nh, hd)
@@ -201,13 +202,15 @@ def main() -> None:
     ap.add_argument("ids")
     ap.add_argument("out", type=Path)
     ap.add_argument("--layers-out", type=Path)
+    ap.add_argument("--l2-eps", type=float, default=L2_EPS,
+                    help="KDA q/k l2-norm eps (1e-5 reproduces llama.cpp, which uses rms_norm_eps)")
     ap.add_argument("--routing-log", type=Path, help="write the chosen experts and top scores per layer/token")
     args = ap.parse_args()
     ids = [int(s) for s in args.ids.split(",") if s]
     if args.layers_out:
         args.layers_out.mkdir(parents=True, exist_ok=True)
     log = [] if args.routing_log else None
-    logits = K3(args.model_dir).forward(ids, args.layers_out, log)
+    logits = K3(args.model_dir, args.l2_eps).forward(ids, args.layers_out, log)
     logits.astype("<f4").tofile(args.out)
     if args.routing_log:
         with open(args.routing_log, "w") as f:

@@ -16,7 +16,9 @@ VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 JOBS="${JOBS:-2}"
 HERE="$REPO/tools/conformance"
 mkdir -p "$SCRATCH"
+SCRATCH="$(cd "$SCRATCH" && pwd)"
 cd "$SCRATCH"
+export K3_CONF_SCRATCH="$SCRATCH"
 
 # --- llama.cpp source -------------------------------------------------------------
 SRC="$SCRATCH/llama_cpp_python-$VERSION/vendor/llama.cpp"

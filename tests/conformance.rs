@@ -35,13 +35,19 @@ struct Fixture {
 }
 
 fn read_json(path: &Path) -> Value {
-    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text =
+        fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
 
 fn read_f32(path: &Path) -> Vec<f32> {
     let bytes = fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    assert_eq!(bytes.len() % 4, 0, "{}: not a whole number of f32", path.display());
+    assert_eq!(
+        bytes.len() % 4,
+        0,
+        "{}: not a whole number of f32",
+        path.display()
+    );
     bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -58,12 +64,21 @@ fn load_fixture(name: &str) -> Fixture {
         .iter()
         .map(|v| v.as_u64().expect("prompt.json: ids must be integers") as u32)
         .collect();
-    let vocab = meta["vocab_size"].as_u64().expect("metadata.json: vocab_size") as usize;
+    let vocab = meta["vocab_size"]
+        .as_u64()
+        .expect("metadata.json: vocab_size") as usize;
     let logits = read_f32(&dir.join("logits.f32"));
-    assert_eq!(logits.len(), ids.len() * vocab, "{name}: logits.f32 is not [positions x vocab]");
+    assert_eq!(
+        logits.len(),
+        ids.len() * vocab,
+        "{name}: logits.f32 is not [positions x vocab]"
+    );
     Fixture {
         name: name.to_string(),
-        preset: meta["preset"].as_str().expect("metadata.json: preset").to_string(),
+        preset: meta["preset"]
+            .as_str()
+            .expect("metadata.json: preset")
+            .to_string(),
         seed: meta["seed"].as_u64().expect("metadata.json: seed"),
         vocab,
         ids,
@@ -79,7 +94,7 @@ fn load_fixture(name: &str) -> Fixture {
 /// order: the same function as fingerprint() in tools/conformance/make_fixture.py.
 fn checkpoint_fingerprint(dir: &Path) -> String {
     let mut names: Vec<String> = fs::read_dir(dir)
-        .unwrap()
+        .unwrap_or_else(|e| panic!("k3 synth wrote no checkpoint at {}: {e}", dir.display()))
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".safetensors") || n == "config.json")
         .collect();
@@ -99,12 +114,16 @@ fn k3(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_k3"));
     cmd.args(args);
     // f32 dense weights: the fixture compares math, not our load-time quantization.
-    cmd.env("K3_BITS", "32").env("K3_MLA_BITS", "32").env("K3_HEAD_BITS", "32");
+    cmd.env("K3_BITS", "32")
+        .env("K3_MLA_BITS", "32")
+        .env("K3_HEAD_BITS", "32");
     cmd
 }
 
 fn run_ok(mut cmd: Command, what: &str) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot start k3: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start k3: {e}"));
     assert!(
         out.status.success(),
         "{what} failed ({}):\n{}",
@@ -172,7 +191,11 @@ fn check_fixture(name: &str) {
         "k3 run",
     );
     let ours = read_f32(&out);
-    assert_eq!(ours.len(), fx.logits.len(), "{name}: k3 run wrote the wrong number of logits");
+    assert_eq!(
+        ours.len(),
+        fx.logits.len(),
+        "{name}: k3 run wrote the wrong number of logits"
+    );
 
     let mut worst = 0.0f64;
     let mut failures = Vec::new();
@@ -185,7 +208,9 @@ fn check_fixture(name: &str) {
         let (ta, tb) = (argmax(a), argmax(b));
         eprintln!("{name} pos {pos:2}: rel L2 {r:.3e}, argmax ours {ta} llama.cpp {tb}");
         worst = worst.max(r);
-        if !(r <= MAX_REL_L2) || ta != tb {
+        // Written so that a NaN distance fails too.
+        let within = r <= MAX_REL_L2;
+        if !within || ta != tb {
             failures.push(pos);
         }
     }

@@ -230,3 +230,8 @@ fn tiny_seed1_matches_llama_cpp() {
 fn tiny_seed2_matches_llama_cpp() {
     check_fixture("tiny-seed2");
 }
+
+#[test]
+fn small_seed1_matches_llama_cpp() {
+    check_fixture("small-seed1");
+}

@@ -75,3 +75,4 @@ make_one() {  # name preset seed
 
 make_one tiny-seed1 tiny 1
 make_one tiny-seed2 tiny 2
+make_one small-seed1 small 1

@@ -36,7 +36,21 @@ struct DumpState {
 bool wanted(const char * name) {
     for (const char * p : DUMP_PREFIXES) {
         const size_t n = std::strlen(p);
-        if (std::strncmp(name, p, n) == 0 && (name[n] == '-' || name[n] == '\0')) {
+        if (std::strncmp(name, p, n) != 0) {
+            continue;
+        }
+        // "prefix" or "prefix-<layer>" only: views and reshapes get suffixed names.
+        if (name[n] == '\0') {
+            return true;
+        }
+        if (name[n] != '-' || name[n + 1] == '\0') {
+            continue;
+        }
+        const char * d = name + n + 1;
+        while (*d >= '0' && *d <= '9') {
+            ++d;
+        }
+        if (*d == '\0') {
             return true;
         }
     }

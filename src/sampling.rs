@@ -182,7 +182,7 @@ fn softmax(logits: impl Iterator<Item = f32>, max: f32, temperature: f32) -> Vec
 }
 
 /// Index of the largest value; the lowest index wins a tie.
-fn argmax_lowest(values: &[f32]) -> u32 {
+pub fn argmax_lowest(values: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in values.iter().enumerate() {
         if v > values[best] {

@@ -5,7 +5,8 @@ use clap::{Args, Subcommand};
 use k3::checkpoint::Checkpoint;
 use k3::experts::aligned_buf::{round_up, AlignedBuf, IO_ALIGN};
 use k3::experts::{ExpertSource, IoMode, StreamConfig};
-use k3::stats::Stats;
+use k3::generate::{generate, GenerateOptions};
+use k3::stats::{self, Stats};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +24,32 @@ enum BenchKind {
     /// Read every expert of one MoE layer through the engine's reader, and the same bytes
     /// with plain parallel O_DIRECT reads of the same size and depth (the disk's ceiling).
     Reader(ReaderArgs),
+    /// Decode with K3_EXPERT_GB swept and K3_PIPE on/off, the model loaded once: hit %,
+    /// GB read, eload, disk busy and s/token per run, as a table and as JSON files.
+    Decode(DecodeArgs),
+}
+
+#[derive(Args, Debug)]
+struct DecodeArgs {
+    /// Snapshot directory.
+    model: PathBuf,
+    /// Cache requests to sweep, GB, comma separated.
+    #[arg(long, default_value = "0,4,16")]
+    expert_gb_list: String,
+    /// Runs per point (the report keeps the fastest).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Tokens generated per run.
+    #[arg(long, default_value_t = 6)]
+    ngen: usize,
+    /// Prompt ids.
+    #[arg(long, default_value = "163584,1000,2000,3000,4000,5000,6000,7000")]
+    ids: String,
+    /// Directory for one JSON file per run (the input of tools/sweep_report.py).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    load: super::run_cmd::ModelArgs,
 }
 
 #[derive(Args, Debug)]
@@ -44,6 +71,7 @@ struct ReaderArgs {
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.what {
         BenchKind::Reader(r) => reader(r),
+        BenchKind::Decode(d) => decode(d),
     }
 }
 
@@ -154,4 +182,52 @@ fn plain_direct_reads(ranges: &[(PathBuf, std::ops::Range<u64>)], threads: usize
         Ok(())
     })?;
     Ok(t.elapsed().as_secs_f64())
+}
+
+fn decode(a: DecodeArgs) -> Result<()> {
+    super::threads::init(a.load.threads)?;
+    let ids = super::run_cmd::parse_ids(&a.ids)?;
+    let gbs: Vec<f64> = a
+        .expert_gb_list
+        .split(',')
+        .map(|t| t.trim().parse::<f64>().with_context(|| format!("--expert-gb-list: {t:?} is not a number")))
+        .collect::<Result<_>>()?;
+    if let Some(o) = &a.out {
+        std::fs::create_dir_all(o).with_context(|| format!("creating {}", o.display()))?;
+    }
+    a.load.with_model(&a.model, |model| {
+        println!("| K3_EXPERT_GB | pipe | run | s/token | hit % | GB read/token | eload s/token | disk busy s/token |");
+        println!("|---|---|---|---|---|---|---|---|");
+        for &gb in &gbs {
+            for pipe in [1u8, 0] {
+                for run in 0..a.runs {
+                    let mut sa = a.load.stream.clone();
+                    sa.expert_gb = gb;
+                    sa.pipe = pipe;
+                    sa.configure(model)?;
+                    let opts = GenerateOptions { ngen: a.ngen, chunk: a.load.chunk, all_logits: false, stop_ids: &[], trace: None };
+                    let mut greedy = |l: &[f32], _: &[u32]| k3::sampling::argmax_lowest(l);
+                    let g = generate(model, &ids, &opts, &mut greedy, &mut |_| Ok(()))?;
+                    let steps = g.tokens.len().saturating_sub(1).max(1) as f64;
+                    let d = &g.decode_stats;
+                    println!(
+                        "| {gb} | {pipe} | {run} | {:.3} | {:.1} | {:.2} | {:.3} | {:.3} |",
+                        g.decode_secs / steps,
+                        d.hit_percent(),
+                        d.bytes_streamed as f64 / 1e9 / steps,
+                        d.eload.as_secs_f64() / steps,
+                        d.disk_busy.as_secs_f64() / steps
+                    );
+                    if let Some(o) = &a.out {
+                        let total = g.prefill_stats.plus(&g.decode_stats);
+                        let json = stats::run_json(ids.len(), &g, &total);
+                        let path = o.join(format!("run-{gb}-{pipe}-{run}.json"));
+                        std::fs::write(&path, serde_json::to_string_pretty(&json)?)
+                            .with_context(|| format!("writing {}", path.display()))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
 }

@@ -147,7 +147,7 @@ pub fn ensure_demo() -> Result<PathBuf> {
 
 impl ModelArgs {
     /// Opens the checkpoint at `dir` and loads it onto the chosen backend, then calls `f`.
-    pub fn with_model<R>(&self, dir: &Path, f: impl FnOnce(&K3Model<CpuBackend>) -> Result<R>) -> Result<R> {
+    pub fn with_model<R>(&self, dir: &Path, f: impl FnOnce(&mut K3Model<CpuBackend>) -> Result<R>) -> Result<R> {
         let policy = FormatPolicy::from_bits(self.bits, self.mla_bits, self.head_bits)?;
         if self.chunk == 0 || self.chunk > k3::generate::MAX_CHUNK {
             bail!("--chunk / K3_CHUNK must be between 1 and {}, got {}", k3::generate::MAX_CHUNK, self.chunk);
@@ -159,7 +159,7 @@ impl ModelArgs {
                 eprintln!("[K3] backend: cpu ({} threads)", rayon::current_num_threads());
                 let mut model = K3Model::load(ckpt, CpuBackend::new(), policy, !self.quiet)?;
                 self.stream.configure(&mut model)?;
-                f(&model)
+                f(&mut model)
             }
         }
     }

@@ -65,6 +65,9 @@ struct ReaderArgs {
     /// Rounds; each round times the engine and the baseline once, alternating.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Read only the first N experts (in disk order) of the layer.
+    #[arg(long)]
+    limit: Option<usize>,
 }
 
 /// Runs `k3 bench`.
@@ -87,6 +90,7 @@ fn reader(a: ReaderArgs) -> Result<()> {
     };
     let mut ids: Vec<u32> = (0..cfg.num_experts as u32).collect();
     ExpertSource::canonical_order(&ck, layer, &mut ids)?;
+    ids.truncate(a.limit.unwrap_or(ids.len()).max(1));
     let ranges: Vec<(PathBuf, std::ops::Range<u64>)> = ids
         .iter()
         .map(|&e| {

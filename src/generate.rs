@@ -71,6 +71,19 @@ pub struct GenerateOptions<'a> {
     pub trace: Option<&'a Trace>,
 }
 
+/// One generated token and what producing it cost.
+#[derive(Clone, Debug)]
+pub struct TokenEvent {
+    /// The token.
+    pub id: u32,
+    /// Its index among the generated tokens (0-based).
+    pub index: usize,
+    /// Seconds of the forward pass that produced its logits (0 for the first: prefill's).
+    pub secs: f64,
+    /// Counters of that forward pass.
+    pub stats: Stats,
+}
+
 /// Prefills `prompt`, then samples up to `ngen` tokens with `pick`, calling `on_token`
 /// for each as soon as it exists.
 pub fn generate<B: Backend>(
@@ -78,7 +91,7 @@ pub fn generate<B: Backend>(
     prompt: &[u32],
     opts: &GenerateOptions<'_>,
     pick: &mut dyn FnMut(&[f32], &[u32]) -> u32,
-    on_token: &mut dyn FnMut(u32) -> Result<()>,
+    on_token: &mut dyn FnMut(&TokenEvent) -> Result<()>,
 ) -> Result<Generation> {
     let mut st = model.new_state()?;
     let mut g = Generation::default();
@@ -100,15 +113,19 @@ pub fn generate<B: Backend>(
     }
     let mut history = prompt.to_vec();
     let t1 = Instant::now();
-    for step in 0..opts.ngen {
-        let tok = pick(&last, &history);
-        history.push(tok);
-        g.tokens.push(tok);
-        on_token(tok)?;
-        if opts.stop_ids.contains(&tok) || step + 1 == opts.ngen {
+    let (mut secs, mut step_stats) = (0.0, Stats::default());
+    for index in 0..opts.ngen {
+        let id = pick(&last, &history);
+        history.push(id);
+        g.tokens.push(id);
+        on_token(&TokenEvent { id, index, secs, stats: step_stats.clone() })?;
+        if opts.stop_ids.contains(&id) || index + 1 == opts.ngen {
             break;
         }
-        last = model.forward(&mut st, &[tok], Logits::Last, &mut g.decode_stats, opts.trace)?;
+        let (t, before) = (Instant::now(), g.decode_stats.clone());
+        last = model.forward(&mut st, &[id], Logits::Last, &mut g.decode_stats, opts.trace)?;
+        secs = t.elapsed().as_secs_f64();
+        step_stats = g.decode_stats.since(&before);
     }
     g.decode_secs = t1.elapsed().as_secs_f64();
     Ok(g)

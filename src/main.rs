@@ -8,6 +8,8 @@ fn main() {
     let args = cli::Cli::parse();
     if let Err(e) = cli::dispatch(args) {
         eprintln!("k3: error: {e:#}");
-        std::process::exit(1);
+        // Exit 2 tells scripts the machine is too small, not that the input was bad.
+        let code = if e.downcast_ref::<k3::experts::ram_budget::RamBudgetError>().is_some() { 2 } else { 1 };
+        std::process::exit(code);
     }
 }

@@ -19,6 +19,8 @@ pub struct Stats {
     pub expert_lookups: u64,
     /// Expert bytes read from disk.
     pub bytes_streamed: u64,
+    /// Time the disk had at least one expert read in flight.
+    pub disk_busy: Duration,
 }
 
 impl Stats {
@@ -41,6 +43,7 @@ impl Stats {
             expert_hits: self.expert_hits + o.expert_hits,
             expert_lookups: self.expert_lookups + o.expert_lookups,
             bytes_streamed: self.bytes_streamed + o.bytes_streamed,
+            disk_busy: self.disk_busy + o.disk_busy,
         }
     }
 
@@ -54,6 +57,7 @@ impl Stats {
             expert_hits: self.expert_hits - earlier.expert_hits,
             expert_lookups: self.expert_lookups - earlier.expert_lookups,
             bytes_streamed: self.bytes_streamed - earlier.bytes_streamed,
+            disk_busy: self.disk_busy.saturating_sub(earlier.disk_busy),
         }
     }
 }
@@ -89,6 +93,50 @@ pub fn time_line(s: &Stats, rss_gb: f64) -> String {
         s.eload.as_secs_f64(),
         s.head.as_secs_f64()
     )
+}
+
+/// `  [tok %d: %.1fs/tok, hit %.0f%%, %.1f GB read]`
+pub fn token_line(index: usize, secs: f64, s: &Stats) -> String {
+    format!(
+        "  [tok {index}: {secs:.1}s/tok, hit {:.0}%, {:.1} GB read]",
+        s.hit_percent(),
+        s.bytes_streamed as f64 / 1e9
+    )
+}
+
+/// `[K3] disk: %.1f GB in %.1fs busy (%.2f GB/s)`
+pub fn disk_line(s: &Stats) -> String {
+    let busy = s.disk_busy.as_secs_f64();
+    let gb = s.bytes_streamed as f64 / 1e9;
+    format!("[K3] disk: {gb:.1} GB in {busy:.1}s busy ({:.2} GB/s)", if busy > 0.0 { gb / busy } else { 0.0 })
+}
+
+/// Every counter of a run, for `--stats-json`.
+pub fn run_json(prompt_tokens: usize, g: &crate::generate::Generation, total: &Stats) -> serde_json::Value {
+    let part = |s: &Stats| {
+        serde_json::json!({
+            "attn_s": s.attn.as_secs_f64(),
+            "moe_s": s.moe.as_secs_f64(),
+            "eload_s": s.eload.as_secs_f64(),
+            "head_s": s.head.as_secs_f64(),
+            "expert_hits": s.expert_hits,
+            "expert_lookups": s.expert_lookups,
+            "hit_percent": s.hit_percent(),
+            "bytes_streamed": s.bytes_streamed,
+            "disk_busy_s": s.disk_busy.as_secs_f64(),
+        })
+    };
+    serde_json::json!({
+        "prompt_tokens": prompt_tokens,
+        "generated_tokens": g.tokens.len(),
+        "prefill_s": g.prefill_secs,
+        "decode_s": g.decode_secs,
+        "decode_tok_per_s": rate(g.tokens.len(), g.decode_secs),
+        "prefill": part(&g.prefill_stats),
+        "decode": part(&g.decode_stats),
+        "total": part(total),
+        "rss_gb": rss_gb(),
+    })
 }
 
 fn rate(tokens: usize, secs: f64) -> f64 {

@@ -215,11 +215,16 @@ pub trait Backend {
         bias: &[f32],
         params: RouterParams,
     ) -> Result<Vec<Route>>;
-    /// `u[t] = Σ_e w_{e,t} · W2_e · glu(W1_e·z[t], W3_e·z[t])` over the experts that row t chose.
-    fn moe_experts(
+    /// `acc[t] += w_{e,t} · W2_e · glu(W1_e·z[t], W3_e·z[t])` for each listed expert in list
+    /// order, over the rows that chose it. Accumulating in place lets the caller feed experts
+    /// in batches as they arrive from disk without changing the per-row summation order.
+    fn moe_accumulate(
         &self,
+        acc: &mut Self::Act,
         z: &Self::Act,
         experts: &[ExpertAssignment<'_>],
         glu: Glu,
-    ) -> Result<Self::Act>;
+    ) -> Result<()>;
+    /// A `[rows, cols]` activation of zeros.
+    fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Act>;
 }

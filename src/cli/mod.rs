@@ -1,7 +1,9 @@
 //! Subcommands and the flags they share, each flag with its environment-variable alias.
 
+mod bench_cmd;
 mod inspect_cmd;
 mod run_cmd;
+mod stream_args;
 mod synth_cmd;
 mod threads;
 
@@ -23,6 +25,8 @@ enum Command {
     Synth(synth_cmd::SynthArgs),
     /// Check a snapshot: config summary, layer schedule, bytes by class, missing tensors.
     Inspect(inspect_cmd::InspectArgs),
+    /// Benchmarks that compare the engine with a plain baseline in the same run.
+    Bench(bench_cmd::BenchArgs),
 }
 
 /// Runs the chosen subcommand.
@@ -31,6 +35,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Run(a) => run_cmd::run(a),
         Command::Synth(a) => synth_cmd::run(a),
         Command::Inspect(a) => inspect_cmd::run(a),
+        Command::Bench(a) => bench_cmd::run(a),
     }
 }
 

@@ -1,5 +1,6 @@
 //! `k3 run`: prefill + decode from token ids, with the stats lines users parse.
 
+use super::stream_args::StreamArgs;
 use super::threads;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -71,9 +72,14 @@ pub struct RunArgs {
     /// Load-time format of lm_head (4, 8, 16, 32).
     #[arg(long, env = "K3_HEAD_BITS", default_value_t = 8)]
     pub head_bits: u32,
-    /// Hide the loading progress bar.
+    /// Hide the loading progress bar and the per-token lines.
     #[arg(long)]
     pub quiet: bool,
+    /// Write every counter of the run as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    pub stats_json: Option<PathBuf>,
+    #[command(flatten)]
+    pub stream: StreamArgs,
 }
 
 /// Parses `"1, 2,3"` into ids, naming the bad entry.
@@ -133,7 +139,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     match a.backend {
         BackendChoice::Cpu => {
             eprintln!("[K3] backend: cpu ({n_threads} threads)");
-            let model = K3Model::load(ckpt, CpuBackend::new(), policy, !a.quiet)?;
+            let mut model = K3Model::load(ckpt, CpuBackend::new(), policy, !a.quiet)?;
+            a.stream.configure(&mut model)?;
             run_model(&model, &a, &ids)
         }
     }
@@ -157,11 +164,13 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, ids: &[u32]) -> Result
     });
     let mut pick = |logits: &[f32], hist: &[u32]| sampler.sample(logits, hist);
     let mut out = std::io::stdout().lock();
-    let mut first = true;
-    let mut on_token = |t: u32| -> Result<()> {
-        write!(out, "{}{t}", if first { "" } else { "," })?;
-        first = false;
+    let quiet = a.quiet;
+    let mut on_token = |ev: &k3::generate::TokenEvent| -> Result<()> {
+        write!(out, "{}{}", if ev.index == 0 { "" } else { "," }, ev.id)?;
         out.flush()?;
+        if !quiet && ev.index > 0 {
+            eprintln!("{}", stats::token_line(ev.index, ev.secs, &ev.stats));
+        }
         Ok(())
     };
     let g = generate(model, ids, &opts, &mut pick, &mut on_token)?;
@@ -170,6 +179,12 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, ids: &[u32]) -> Result
     eprintln!("{}", stats::decode_line(g.tokens.len(), g.decode_secs, &g.decode_stats));
     let total = g.prefill_stats.plus(&g.decode_stats);
     eprintln!("{}", stats::time_line(&total, stats::rss_gb()));
+    eprintln!("{}", stats::disk_line(&total));
+    if let Some(path) = &a.stats_json {
+        let json = stats::run_json(ids.len(), &g, &total);
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("writing --stats-json {}", path.display()))?;
+    }
     if let Some(path) = &a.dump_logits {
         write_logits(path, &g.prompt_logits)?;
         eprintln!("[K3] logits: {} positions x {} -> {}", ids.len(), model.vocab_size(), path.display());

@@ -1,5 +1,14 @@
-//! Routed experts: where their native MXFP4 bytes come from.
+//! Routed experts: where their native MXFP4 bytes come from and how they are kept.
 
-pub mod direct_reader;
+pub mod aligned_buf;
+pub mod disk_meter;
+pub mod expert_cache;
+pub mod loader_pool;
+pub mod ram_budget;
+pub mod expert_reader;
+pub mod shard_io;
+pub mod source;
 
-pub use direct_reader::{DirectReader, LoadedExpert};
+pub use expert_reader::{ExpertReader, LoadedExpert};
+pub use shard_io::IoMode;
+pub use source::{ExpertSource, StreamConfig};

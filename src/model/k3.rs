@@ -10,7 +10,7 @@ use super::trace::Trace;
 use crate::backend::{Backend, Glu};
 use crate::checkpoint::Checkpoint;
 use crate::config::AttnKind;
-use crate::experts::DirectReader;
+use crate::experts::{ExpertSource, StreamConfig};
 use crate::stats::Stats;
 use anyhow::{bail, Result};
 use std::time::Instant;
@@ -67,7 +67,7 @@ pub struct K3Model<B: Backend> {
     w_out: B::Act,
     head: B::Mat,
     glu: Glu,
-    reader: DirectReader,
+    experts: ExpertSource,
 }
 
 impl<B: Backend> K3Model<B> {
@@ -118,7 +118,7 @@ impl<B: Backend> K3Model<B> {
             final_norm,
             w_out,
             head,
-            reader: DirectReader::new(),
+            experts: ExpertSource::new(StreamConfig::default())?,
         })
     }
 
@@ -135,6 +135,17 @@ impl<B: Backend> K3Model<B> {
             })
             .collect::<Result<_>>()?;
         Ok(State { layers, pos: 0 })
+    }
+
+    /// Replaces how experts are read and cached (after the RAM clamp has sized the cache).
+    pub fn set_streaming(&mut self, cfg: StreamConfig) -> Result<()> {
+        self.experts = ExpertSource::new(cfg)?;
+        Ok(())
+    }
+
+    /// The expert source (for disk counters).
+    pub fn experts(&self) -> &ExpertSource {
+        &self.experts
     }
 
     /// Vocabulary size (width of a logits row).
@@ -207,7 +218,7 @@ impl<B: Backend> K3Model<B> {
             )?;
             let f = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(b, &f_in, self.glu)?,
-                Ffn::Moe(moe) => moe.forward(b, &self.ckpt, &self.reader, &f_in, self.glu, stats)?,
+                Ffn::Moe(moe) => moe.forward(b, &self.ckpt, &self.experts, &f_in, self.glu, stats)?,
             };
             h = b.add(&p, &f)?;
             stats.moe += t1.elapsed();

@@ -24,7 +24,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         let specs: HashMap<String, TensorSpec> =
             dense_tensors(&ckpt.config).into_iter().map(|s| (s.name.clone(), s)).collect();
         let bar = if progress {
-            let total: u64 = specs.values().map(|s| spec_bytes(s) as u64).sum();
+            let total: u64 = specs.values().map(|s| s.byte_len() as u64).sum();
             let bar = ProgressBar::new(total);
             bar.set_style(
                 ProgressStyle::with_template(
@@ -88,13 +88,4 @@ impl<'a, B: Backend> Loader<'a, B> {
     pub fn finish(&self) {
         self.bar.finish_and_clear();
     }
-}
-
-fn spec_bytes(s: &TensorSpec) -> usize {
-    let per = match s.dtype {
-        crate::checkpoint::Dtype::U8 => 1,
-        crate::checkpoint::Dtype::Bf16 => 2,
-        _ => 4,
-    };
-    s.shape.iter().product::<usize>() * per
 }

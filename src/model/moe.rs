@@ -6,12 +6,11 @@ use super::glu_mlp::GluMlp;
 use super::loader::Loader;
 use crate::backend::{Backend, ExpertAssignment, Glu, RouterParams};
 use crate::checkpoint::Checkpoint;
-use crate::experts::{DirectReader, LoadedExpert};
+use crate::experts::ExpertSource;
 use crate::quant::DenseFormat;
 use crate::stats::Stats;
 use anyhow::Result;
-use std::collections::BTreeMap;
-use std::time::Instant;
+use std::collections::HashMap;
 
 /// Weights of one MoE layer (`model.layers.{i}.block_sparse_moe.*`).
 pub struct Moe<B: Backend> {
@@ -64,35 +63,35 @@ impl<B: Backend> Moe<B> {
         &self,
         b: &B,
         ck: &Checkpoint,
-        reader: &DirectReader,
+        source: &ExpertSource,
         x: &B::Act,
         glu: Glu,
         stats: &mut Stats,
     ) -> Result<B::Act> {
         let routes = b.router_topk(&b.matmul(&self.gate, x)?, &self.bias, self.router)?;
-        // Experts run in id order, so each row sums its experts in the same order whatever
-        // the chunk size: chunked prefill stays bit-identical to one token at a time.
-        let mut by_expert: BTreeMap<u32, Vec<(usize, f32)>> = BTreeMap::new();
+        let mut by_expert: HashMap<u32, Vec<(usize, f32)>> = HashMap::new();
         for (row, route) in routes.iter().enumerate() {
             for &(e, w) in route {
                 by_expert.entry(e).or_default().push((row, w));
             }
         }
-        let t0 = Instant::now();
-        let loaded: Vec<LoadedExpert> = by_expert
-            .keys()
-            .map(|&e| reader.read(ck, self.layer, e))
-            .collect::<Result<_>>()?;
-        stats.eload += t0.elapsed();
-        stats.expert_lookups += loaded.len() as u64;
-        stats.bytes_streamed += loaded.iter().map(|l| l.len() as u64).sum::<u64>();
-        let assignments: Vec<ExpertAssignment<'_>> = loaded
-            .iter()
-            .zip(by_expert.into_values())
-            .map(|(l, tokens)| Ok(ExpertAssignment { weights: l.weights(&ck.config)?, tokens }))
-            .collect::<Result<_>>()?;
+        let mut ids: Vec<u32> = by_expert.keys().copied().collect();
+        ExpertSource::canonical_order(ck, self.layer, &mut ids)?;
         let z = b.matmul(&self.down, x)?;
-        let u = b.moe_experts(&z, &assignments, glu)?;
+        let (rows, _) = b.shape(&z);
+        let mut u = b.zeros(rows, self.latent)?;
+        source.stream(ck, self.layer, &ids, stats, &mut |batch| {
+            let assignments: Vec<ExpertAssignment<'_>> = batch
+                .iter()
+                .map(|l| {
+                    Ok(ExpertAssignment {
+                        weights: l.weights(&ck.config)?,
+                        tokens: by_expert.get(&l.id).cloned().unwrap_or_default(),
+                    })
+                })
+                .collect::<Result<_>>()?;
+            b.moe_accumulate(&mut u, &z, &assignments, glu)
+        })?;
         let u = match &self.norm {
             Some(w) => b.rmsnorm(&u, w, self.latent, self.eps)?,
             None => u,

@@ -16,7 +16,7 @@ use crate::quant::DenseMatrix;
 use anyhow::{ensure, Result};
 
 pub use attention_mla::MlaCache;
-pub use delta_rule::KdaState;
+pub use delta_rule::{conv_silu_step, KdaState};
 
 /// A `[rows, cols]` row-major f32 matrix in host memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -177,7 +177,17 @@ impl Backend for CpuBackend {
         router::router_topk(logits, bias, params)
     }
 
-    fn moe_experts(&self, z: &CpuAct, experts: &[ExpertAssignment<'_>], glu: Glu) -> Result<CpuAct> {
-        moe::moe_experts(z, experts, glu)
+    fn moe_accumulate(
+        &self,
+        acc: &mut CpuAct,
+        z: &CpuAct,
+        experts: &[ExpertAssignment<'_>],
+        glu: Glu,
+    ) -> Result<()> {
+        moe::moe_accumulate(acc, z, experts, glu)
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> Result<CpuAct> {
+        CpuAct::new(vec![0.0; rows * cols], rows, cols)
     }
 }

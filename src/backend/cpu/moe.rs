@@ -5,10 +5,22 @@ use super::CpuAct;
 use crate::backend::{ExpertAssignment, Glu};
 use anyhow::{ensure, Result};
 
-/// `u[t] = Σ_e w · W2_e · glu(W1_e·z[t], W3_e·z[t])`, experts accumulated in list order.
-pub fn moe_experts(z: &CpuAct, experts: &[ExpertAssignment<'_>], g: Glu) -> Result<CpuAct> {
+/// `acc[t] += w · W2_e · glu(W1_e·z[t], W3_e·z[t])`, experts accumulated in list order.
+pub fn moe_accumulate(
+    acc: &mut CpuAct,
+    z: &CpuAct,
+    experts: &[ExpertAssignment<'_>],
+    g: Glu,
+) -> Result<()> {
     let d = z.cols;
-    let mut out = vec![0.0f32; z.rows * d];
+    ensure!(
+        acc.rows == z.rows && acc.cols == d,
+        "moe: accumulator is {}x{}, latent is {}x{d}",
+        acc.rows,
+        acc.cols,
+        z.rows
+    );
+    let out = &mut acc.data;
     for ex in experts {
         let w = &ex.weights;
         let i = w.w1.rows;
@@ -40,5 +52,5 @@ pub fn moe_experts(z: &CpuAct, experts: &[ExpertAssignment<'_>], g: Glu) -> Resu
             }
         }
     }
-    CpuAct::new(out, z.rows, d)
+    Ok(())
 }

@@ -1,0 +1,265 @@
+//! The RAM clamp: how many expert slots per layer fit beside the dense weights, the page
+//! cache, activations, the MLA cache and the KDA state. `K3_EXPERT_GB` is a request; this
+//! decides what is granted.
+
+use anyhow::{Context, Result};
+use std::fmt;
+
+/// Page cache kept free for the OS and buffered reads, in GB.
+pub const PAGE_CACHE_GB: f64 = 2.5;
+/// Activations and scratch, in GB.
+pub const ACTIVATIONS_GB: f64 = 1.2;
+/// Share of the OS-reported available memory the engine may take.
+pub const AVAILABLE_SHARE: f64 = 0.88;
+
+/// Everything the clamp needs, injected so the arithmetic is testable.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BudgetInputs {
+    /// `RAM_GB`: an explicit budget that replaces the measurement.
+    pub ram_gb: Option<f64>,
+    /// Resident memory after the dense weights are loaded, GB.
+    pub resident_gb: f64,
+    /// Memory the OS can still give, GB.
+    pub available_gb: f64,
+    /// MLA latent cache at `K3_MAXT` positions, GB.
+    pub kv_gb: f64,
+    /// KDA recurrent state, GB.
+    pub kda_gb: f64,
+    /// `K3_EXPERT_GB`, in GB (1e9 bytes).
+    pub request_gb: f64,
+    /// Bytes of one cache slot (one expert).
+    pub slot_bytes: u64,
+    /// MoE layers sharing the cache.
+    pub moe_layers: usize,
+    /// Experts per layer (the most slots a layer can use).
+    pub experts: usize,
+    /// `K3_RAM_OVERCOMMIT=1`: keep one slot per layer even when it does not fit.
+    pub overcommit: bool,
+}
+
+/// The granted cache size and the numbers behind it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BudgetPlan {
+    /// Total budget, GB.
+    pub budget_gb: f64,
+    /// Resident memory, GB.
+    pub resident_gb: f64,
+    /// Reserve, GB (page cache + activations + KV + KDA).
+    pub reserve_gb: f64,
+    /// KV part of the reserve, GB.
+    pub kv_gb: f64,
+    /// KDA part of the reserve, GB.
+    pub kda_gb: f64,
+    /// Left for experts, GB.
+    pub for_experts_gb: f64,
+    /// Slots per layer that `K3_EXPERT_GB` asked for.
+    pub requested_slots: usize,
+    /// Slots per layer granted.
+    pub slots: usize,
+    /// Resident + reserve + granted cache, GB.
+    pub projected_peak_gb: f64,
+}
+
+/// Even one slot per layer does not fit: the run must stop (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "not enough memory for one expert per layer: budget {budget_gb:.1} GB = resident {resident_gb:.1} + \
+     reserve {reserve_gb:.1} + experts {needed_gb:.1} needed ({moe_layers} layers x {slot_mb:.1} MB). \
+     Free memory, set RAM_GB to a larger budget, or K3_RAM_OVERCOMMIT=1 to run anyway (it may swap)"
+)]
+pub struct RamBudgetError {
+    /// Total budget, GB.
+    pub budget_gb: f64,
+    /// Resident memory, GB.
+    pub resident_gb: f64,
+    /// Reserve, GB.
+    pub reserve_gb: f64,
+    /// One slot per layer, GB.
+    pub needed_gb: f64,
+    /// MoE layers.
+    pub moe_layers: usize,
+    /// One slot, MB.
+    pub slot_mb: f64,
+}
+
+/// Slots per layer a request of `request_gb` buys: at least 1, at most `experts`.
+pub fn requested_slots(request_gb: f64, slot_bytes: u64, moe_layers: usize, experts: usize) -> usize {
+    let per_slot_all_layers = slot_bytes as f64 * moe_layers.max(1) as f64;
+    let slots = (request_gb.max(0.0) * 1e9 / per_slot_all_layers).floor() as usize;
+    slots.clamp(1, experts.max(1))
+}
+
+/// Applies the clamp: the cache may only shrink to fit.
+pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
+    let budget_gb = i.ram_gb.unwrap_or(i.resident_gb + AVAILABLE_SHARE * i.available_gb);
+    let reserve_gb = PAGE_CACHE_GB + ACTIVATIONS_GB + i.kv_gb + i.kda_gb;
+    let for_experts_gb = budget_gb - i.resident_gb - reserve_gb;
+    let per_slot_gb = i.slot_bytes as f64 * i.moe_layers as f64 / 1e9;
+    let requested = requested_slots(i.request_gb, i.slot_bytes, i.moe_layers, i.experts);
+    let fit = if per_slot_gb > 0.0 { (for_experts_gb / per_slot_gb).floor().max(0.0) as usize } else { requested };
+    let slots = if fit >= 1 {
+        requested.min(fit)
+    } else if i.overcommit {
+        1
+    } else {
+        return Err(RamBudgetError {
+            budget_gb,
+            resident_gb: i.resident_gb,
+            reserve_gb,
+            needed_gb: per_slot_gb,
+            moe_layers: i.moe_layers,
+            slot_mb: i.slot_bytes as f64 / 1e6,
+        });
+    };
+    Ok(BudgetPlan {
+        budget_gb,
+        resident_gb: i.resident_gb,
+        reserve_gb,
+        kv_gb: i.kv_gb,
+        kda_gb: i.kda_gb,
+        for_experts_gb,
+        requested_slots: requested,
+        slots,
+        projected_peak_gb: i.resident_gb + reserve_gb + slots as f64 * per_slot_gb,
+    })
+}
+
+impl fmt::Display for BudgetPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "[K3][RAM_GB={:.1}] resident {:.1} + reserve {:.1} (page cache {PAGE_CACHE_GB:.1} + act {ACTIVATIONS_GB:.1} + KV {:.1} + KDA {:.1}) -> {:.1} GB for experts; cache {}->{}/layer (projected peak {:.1} GB)",
+            self.budget_gb,
+            self.resident_gb,
+            self.reserve_gb,
+            self.kv_gb,
+            self.kda_gb,
+            self.for_experts_gb.max(0.0),
+            self.requested_slots,
+            self.slots,
+            self.projected_peak_gb
+        )
+    }
+}
+
+/// Resident and available memory of this process and machine, in GB.
+#[derive(Clone, Copy, Debug)]
+pub struct MemoryProbe {
+    /// Resident set of this process.
+    pub resident_gb: f64,
+    /// What the OS can still give (Linux MemAvailable; macOS free + inactive + purgeable).
+    pub available_gb: f64,
+}
+
+/// Measures resident and available memory now.
+pub fn probe() -> Result<MemoryProbe> {
+    Ok(MemoryProbe { resident_gb: crate::stats::rss_gb(), available_gb: available_gb()? })
+}
+
+#[cfg(target_os = "linux")]
+fn available_gb() -> Result<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    parse_meminfo_available(&text).context("/proc/meminfo has no MemAvailable line")
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in GB.
+pub fn parse_meminfo_available(text: &str) -> Option<f64> {
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024.0 / 1e9)
+}
+
+#[cfg(target_os = "macos")]
+fn available_gb() -> Result<f64> {
+    let out = std::process::Command::new("vm_stat").output().context("running vm_stat")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_vm_stat_available(&text).context("vm_stat output has no page counts")
+}
+
+/// free + inactive + purgeable pages of a `vm_stat` text, in GB.
+pub fn parse_vm_stat_available(text: &str) -> Option<f64> {
+    let page: f64 = text
+        .lines()
+        .next()?
+        .split("page size of ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let count = |key: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.rsplit(':').next())
+            .and_then(|v| v.trim().trim_end_matches('.').parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Some((count("Pages free") + count("Pages inactive") + count("Pages purgeable")) * page / 1e9)
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn available_gb() -> Result<f64> {
+    anyhow::bail!("cannot measure available memory on this OS: set RAM_GB")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs() -> BudgetInputs {
+        BudgetInputs {
+            ram_gb: None,
+            resident_gb: 20.0,
+            available_gb: 100.0,
+            kv_gb: 0.5,
+            kda_gb: 0.3,
+            request_gb: 64.0,
+            slot_bytes: 17_547_264,
+            moe_layers: 92,
+            experts: 896,
+            overcommit: false,
+        }
+    }
+
+    #[test]
+    fn request_floors_and_clamps() {
+        // 64e9 / (17547264 · 92) = 39.6 -> 39
+        assert_eq!(requested_slots(64.0, 17_547_264, 92, 896), 39);
+        assert_eq!(requested_slots(0.0, 17_547_264, 92, 896), 1, "at least one slot");
+        assert_eq!(requested_slots(1e6, 17_547_264, 92, 896), 896, "at most every expert");
+    }
+
+    #[test]
+    fn clamp_only_shrinks() {
+        let p = plan(&inputs()).unwrap();
+        // budget 20 + 88 = 108; reserve 2.5 + 1.2 + 0.5 + 0.3 = 4.5; experts 83.5 GB -> 51 fit
+        assert!((p.budget_gb - 108.0).abs() < 1e-9);
+        assert!((p.reserve_gb - 4.5).abs() < 1e-9);
+        assert_eq!(p.requested_slots, 39);
+        assert_eq!(p.slots, 39, "the request fits, so it is granted unchanged");
+        let small = plan(&BudgetInputs { available_gb: 30.0, ..inputs() }).unwrap();
+        // budget 46.4; experts 46.4 - 20 - 4.5 = 21.9 GB -> floor(21.9 / 1.6143) = 13
+        assert_eq!(small.slots, 13);
+        let s = small.to_string();
+        assert!(s.starts_with("[K3][RAM_GB=46.4] resident 20.0 + reserve 4.5 ("), "{s}");
+        assert!(s.contains("-> 21.9 GB for experts; cache 39->13/layer (projected peak"), "{s}");
+    }
+
+    #[test]
+    fn ram_gb_overrides_and_too_small_fails_unless_overcommit() {
+        let p = plan(&BudgetInputs { ram_gb: Some(30.0), ..inputs() }).unwrap();
+        assert_eq!(p.slots, 3); // (30 - 24.5) / 1.614 = 3.4
+        let e = plan(&BudgetInputs { ram_gb: Some(25.0), ..inputs() }).unwrap_err();
+        assert!(e.to_string().contains("K3_RAM_OVERCOMMIT=1"), "{e}");
+        let p = plan(&BudgetInputs { ram_gb: Some(25.0), overcommit: true, ..inputs() }).unwrap();
+        assert_eq!(p.slots, 1);
+    }
+
+    #[test]
+    fn parses_meminfo_and_vm_stat() {
+        let m = "MemTotal:       32000000 kB\nMemAvailable:   16000000 kB\n";
+        assert!((parse_meminfo_available(m).unwrap() - 16.384).abs() < 1e-9);
+        let v = "Mach Virtual Memory Statistics: (page size of 16384 bytes)\nPages free:        1000.\nPages active: 5.\nPages inactive:    2000.\nPages purgeable:   1000.\n";
+        assert!((parse_vm_stat_available(v).unwrap() - 4000.0 * 16384.0 / 1e9).abs() < 1e-9);
+    }
+}

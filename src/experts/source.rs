@@ -1,0 +1,235 @@
+//! Supplies a MoE layer's chosen experts, in canonical (shard, offset) order, in batches:
+//! cached experts at once, misses as the loader pool delivers them.
+
+use super::disk_meter::DiskMeter;
+use super::expert_cache::LayerCache;
+use super::expert_reader::{ExpertReader, LoadedExpert};
+use super::loader_pool::{LoadJob, LoaderPool};
+use super::shard_io::IoMode;
+use crate::checkpoint::Checkpoint;
+use crate::stats::Stats;
+use anyhow::{anyhow, Result};
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{channel, Receiver, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How experts are read and kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamConfig {
+    /// `K3_DIRECT`: direct or buffered reads.
+    pub mode: IoMode,
+    /// `K3_PIPE`: overlap loads with compute.
+    pub pipe: bool,
+    /// `K3_LOAD_THREADS`: loader threads when piping.
+    pub load_threads: usize,
+    /// Cache slots per MoE layer (0: no cache).
+    pub slots_per_layer: usize,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self { mode: IoMode::Direct, pipe: true, load_threads: 4, slots_per_layer: 0 }
+    }
+}
+
+/// Where experts come from: a per-layer cache in front of the shards.
+pub struct ExpertSource {
+    cfg: StreamConfig,
+    reader: Arc<ExpertReader>,
+    meter: Arc<DiskMeter>,
+    pool: Option<LoaderPool>,
+    caches: Mutex<HashMap<usize, LayerCache>>,
+}
+
+enum Item {
+    Ready(Arc<LoadedExpert>),
+    Miss(u32),
+}
+
+impl ExpertSource {
+    /// A source with `cfg`; starts the loader threads when piping.
+    pub fn new(cfg: StreamConfig) -> Result<Self> {
+        let reader = Arc::new(ExpertReader::new(cfg.mode));
+        let meter = Arc::new(DiskMeter::default());
+        let pool = if cfg.pipe {
+            Some(LoaderPool::new(cfg.load_threads, reader.clone(), meter.clone())?)
+        } else {
+            None
+        };
+        Ok(Self { cfg, reader, meter, pool, caches: Mutex::new(HashMap::new()) })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> StreamConfig {
+        self.cfg
+    }
+
+    /// The I/O mode in force (direct may have fallen back to buffered).
+    pub fn io_mode(&self) -> IoMode {
+        self.reader.mode()
+    }
+
+    /// Disk busy time and bytes read so far.
+    pub fn disk_totals(&self) -> (Duration, u64) {
+        self.meter.totals()
+    }
+
+    /// Sorts expert ids of `layer` into the order every path consumes them: by shard and
+    /// offset. One global order keeps each row's sum over its experts independent of chunking,
+    /// caching and overlap, and issues a layer's reads in disk order.
+    pub fn canonical_order(ck: &Checkpoint, layer: usize, ids: &mut [u32]) -> Result<()> {
+        let mut keyed = Vec::with_capacity(ids.len());
+        for &e in ids.iter() {
+            let loc = ExpertReader::locate(ck, layer, e)?;
+            keyed.push(((loc.shard, loc.span().start), e));
+        }
+        keyed.sort_unstable();
+        for (slot, (_, e)) in ids.iter_mut().zip(keyed) {
+            *slot = e;
+        }
+        Ok(())
+    }
+
+    fn classify(&self, layer: usize, ids: &[u32]) -> Result<Vec<Item>> {
+        let mut caches = self.caches.lock().map_err(|_| anyhow!("expert cache poisoned"))?;
+        let lc = caches.entry(layer).or_insert_with(|| LayerCache::new(self.cfg.slots_per_layer));
+        Ok(ids.iter().map(|&id| lc.get(id).map_or(Item::Miss(id), Item::Ready)).collect())
+    }
+
+    fn remember(&self, layer: usize, e: &Arc<LoadedExpert>) -> Result<()> {
+        let mut caches = self.caches.lock().map_err(|_| anyhow!("expert cache poisoned"))?;
+        if let Some(lc) = caches.get_mut(&layer) {
+            lc.insert(e.clone());
+        }
+        Ok(())
+    }
+
+    /// Loads the experts `ids` (already in canonical order) of `layer` and hands them to
+    /// `consume` in that order, in one or more batches; counts hits, misses and waits.
+    pub fn stream(
+        &self,
+        ck: &Checkpoint,
+        layer: usize,
+        ids: &[u32],
+        stats: &mut Stats,
+        consume: &mut dyn FnMut(&[&LoadedExpert]) -> Result<()>,
+    ) -> Result<()> {
+        let items = self.classify(layer, ids)?;
+        let misses: Vec<u32> =
+            items.iter().filter_map(|i| if let Item::Miss(id) = i { Some(*id) } else { None }).collect();
+        stats.expert_lookups += ids.len() as u64;
+        stats.expert_hits += (ids.len() - misses.len()) as u64;
+        if self.reader.mode() == IoMode::Buffered {
+            for &id in &misses {
+                self.reader.will_need(ck, layer, id)?;
+            }
+        }
+        let (busy0, bytes0) = self.meter.totals();
+        let res = match &self.pool {
+            Some(pool) => self.stream_piped(pool, ck, layer, items, &misses, stats, consume),
+            None => self.stream_serial(ck, layer, items, stats, consume),
+        };
+        let (busy1, bytes1) = self.meter.totals();
+        stats.disk_busy += busy1.saturating_sub(busy0);
+        stats.bytes_streamed += bytes1 - bytes0;
+        res
+    }
+
+    fn stream_serial(
+        &self,
+        ck: &Checkpoint,
+        layer: usize,
+        items: Vec<Item>,
+        stats: &mut Stats,
+        consume: &mut dyn FnMut(&[&LoadedExpert]) -> Result<()>,
+    ) -> Result<()> {
+        let t0 = Instant::now();
+        let mut all = Vec::with_capacity(items.len());
+        for item in items {
+            all.push(match item {
+                Item::Ready(e) => e,
+                Item::Miss(id) => {
+                    self.meter.begin();
+                    let r = self.reader.read(ck, layer, id);
+                    self.meter.end(r.as_ref().map(|e| e.len() as u64).unwrap_or(0));
+                    let e = Arc::new(r?);
+                    self.remember(layer, &e)?;
+                    e
+                }
+            });
+        }
+        stats.eload += t0.elapsed();
+        let refs: Vec<&LoadedExpert> = all.iter().map(|e| e.as_ref()).collect();
+        consume(&refs)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn stream_piped(
+        &self,
+        pool: &LoaderPool,
+        ck: &Checkpoint,
+        layer: usize,
+        items: Vec<Item>,
+        misses: &[u32],
+        stats: &mut Stats,
+        consume: &mut dyn FnMut(&[&LoadedExpert]) -> Result<()>,
+    ) -> Result<()> {
+        // Reads in flight at once: enough to keep every loader busy and the disk queue full,
+        // few enough that memory stays bounded whatever the chunk routes to.
+        let window = 2 * self.cfg.load_threads;
+        let mut queued: VecDeque<Receiver<Result<LoadedExpert>>> = VecDeque::new();
+        let mut next_miss = 0usize;
+        let mut submit_next = |queued: &mut VecDeque<_>| -> Result<()> {
+            if let Some(&id) = misses.get(next_miss) {
+                let loc = ExpertReader::locate(ck, layer, id)?.clone();
+                let (reply, rx) = channel();
+                pool.submit(LoadJob { path: ck.shard_path(loc.shard).to_path_buf(), loc, id, reply })?;
+                queued.push_back(rx);
+                next_miss += 1;
+            }
+            Ok(())
+        };
+        for _ in 0..window {
+            submit_next(&mut queued)?;
+        }
+        let mut batch: Vec<Arc<LoadedExpert>> = Vec::new();
+        let flush = |batch: &mut Vec<Arc<LoadedExpert>>, consume: &mut dyn FnMut(&[&LoadedExpert]) -> Result<()>| {
+            if batch.is_empty() {
+                return Ok(());
+            }
+            let refs: Vec<&LoadedExpert> = batch.iter().map(|e| e.as_ref()).collect();
+            let r = consume(&refs);
+            batch.clear();
+            r
+        };
+        for item in items {
+            let e = match item {
+                Item::Ready(e) => e,
+                Item::Miss(id) => {
+                    let rx = queued
+                        .pop_front()
+                        .ok_or_else(|| anyhow!("internal: no read queued for expert {id}"))?;
+                    submit_next(&mut queued)?;
+                    let got = match rx.try_recv() {
+                        Ok(r) => r,
+                        Err(TryRecvError::Empty) => {
+                            // Compute on what has arrived while this read finishes.
+                            flush(&mut batch, consume)?;
+                            let t = Instant::now();
+                            let r = rx.recv().map_err(|_| anyhow!("expert loader thread died"))?;
+                            stats.eload += t.elapsed();
+                            r
+                        }
+                        Err(TryRecvError::Disconnected) => return Err(anyhow!("expert loader thread died")),
+                    };
+                    let e = Arc::new(got.map_err(|e| e.context(format!("loading expert {id} of layer {layer}")))?);
+                    self.remember(layer, &e)?;
+                    e
+                }
+            };
+            batch.push(e);
+        }
+        flush(&mut batch, consume)
+    }
+}

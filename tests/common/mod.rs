@@ -1,0 +1,44 @@
+//! Shared test helpers: synthetic checkpoints made once per test binary.
+
+#![allow(dead_code)]
+
+use k3::backend::cpu::CpuBackend;
+use k3::checkpoint::Checkpoint;
+use k3::experts::StreamConfig;
+use k3::model::{FormatPolicy, K3Model};
+use k3::synth::{synthesize, Preset, SynthOptions};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// A `tiny` checkpoint with `seed`, synthesized once per test binary under target's tmp.
+pub fn tiny(seed: u64) -> PathBuf {
+    static DIRS: OnceLock<std::sync::Mutex<std::collections::HashMap<u64, PathBuf>>> = OnceLock::new();
+    let map = DIRS.get_or_init(Default::default);
+    let mut map = map.lock().unwrap();
+    map.entry(seed)
+        .or_insert_with(|| {
+            let dir = tempfile::Builder::new().prefix("k3-tiny-").tempdir().unwrap().keep();
+            let opts = SynthOptions { preset: Preset::Tiny, layers: None, experts: None, seed, progress: false };
+            synthesize(&opts, &dir).unwrap();
+            dir
+        })
+        .clone()
+}
+
+/// Loads a CPU model from `dir` with `policy` and streaming settings `sc`.
+pub fn cpu_model(dir: &Path, policy: FormatPolicy, sc: StreamConfig) -> K3Model<CpuBackend> {
+    let ck = Checkpoint::open(dir, &[]).unwrap();
+    let mut m = K3Model::load(ck, CpuBackend::new(), policy, false).unwrap();
+    m.set_streaming(sc).unwrap();
+    m
+}
+
+/// Copies a checkpoint directory (so a test may damage its copy).
+pub fn copy_dir(src: &Path) -> PathBuf {
+    let dst = tempfile::Builder::new().prefix("k3-copy-").tempdir().unwrap().keep();
+    for e in std::fs::read_dir(src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    dst
+}

@@ -1,0 +1,92 @@
+//! Whole-model behaviour on the CPU oracle: chunking, streaming settings, bad input.
+
+mod common;
+
+use k3::experts::{IoMode, StreamConfig};
+use k3::generate::prefill;
+use k3::model::FormatPolicy;
+use k3::stats::Stats;
+
+const PROMPT: [u32; 11] = [768, 5, 300, 17, 17, 999, 42, 0, 511, 7, 88];
+
+fn logits_with(sc: StreamConfig, chunk: usize, policy: FormatPolicy) -> Vec<f32> {
+    let m = common::cpu_model(&common::tiny(0), policy, sc);
+    let mut st = m.new_state().unwrap();
+    prefill(&m, &mut st, &PROMPT, chunk, true, &mut Stats::default(), None).unwrap()
+}
+
+fn serial() -> StreamConfig {
+    StreamConfig { mode: IoMode::Buffered, pipe: false, load_threads: 1, slots_per_layer: 0 }
+}
+
+#[test]
+fn chunk_sizes_give_bit_identical_logits() {
+    let one = logits_with(serial(), 1, FormatPolicy::default());
+    assert_eq!(one.len(), PROMPT.len() * 1024);
+    assert!(one.iter().all(|v| v.is_finite()), "logits must be finite");
+    for chunk in [3, 32] {
+        assert_eq!(logits_with(serial(), chunk, FormatPolicy::default()), one, "chunk {chunk}");
+    }
+}
+
+#[test]
+fn pipe_direct_io_and_cache_sizes_do_not_change_logits() {
+    let base = logits_with(serial(), 4, FormatPolicy::exact());
+    for sc in [
+        StreamConfig { mode: IoMode::Direct, pipe: true, load_threads: 4, slots_per_layer: 0 },
+        StreamConfig { mode: IoMode::Direct, pipe: true, load_threads: 1, slots_per_layer: 1 },
+        StreamConfig { mode: IoMode::Buffered, pipe: true, load_threads: 3, slots_per_layer: 3 },
+        StreamConfig { mode: IoMode::Direct, pipe: false, load_threads: 1, slots_per_layer: 8 },
+    ] {
+        assert_eq!(logits_with(sc, 4, FormatPolicy::exact()), base, "{sc:?}");
+    }
+}
+
+#[test]
+fn cache_counts_hits_per_unique_expert() {
+    let sc = StreamConfig { mode: IoMode::Buffered, pipe: true, load_threads: 2, slots_per_layer: 8 };
+    let m = common::cpu_model(&common::tiny(0), FormatPolicy::default(), sc);
+    let mut st = m.new_state().unwrap();
+    let mut s1 = Stats::default();
+    prefill(&m, &mut st, &PROMPT, 32, false, &mut s1, None).unwrap();
+    assert_eq!(s1.expert_hits, 0, "a cold cache has no hits");
+    assert!(s1.expert_lookups > 0 && s1.bytes_streamed > 0);
+    // With every expert cached, a second pass reads nothing.
+    let mut st = m.new_state().unwrap();
+    let mut s2 = Stats::default();
+    let mut seen_all = Stats::default();
+    // Warm the cache with every expert of every layer by routing a long prompt.
+    let long: Vec<u32> = (0..200).map(|i| (i * 37 % 700) as u32).collect();
+    prefill(&m, &mut st, &long, 32, false, &mut seen_all, None).unwrap();
+    let mut st = m.new_state().unwrap();
+    prefill(&m, &mut st, &PROMPT, 32, false, &mut s2, None).unwrap();
+    assert!(s2.expert_hits > 0);
+    assert_eq!(s2.expert_hits + (s2.bytes_streamed / m.ckpt.config.expert_bytes() as u64), s2.expert_lookups);
+}
+
+#[test]
+fn token_id_out_of_range_is_a_clear_error() {
+    let m = common::cpu_model(&common::tiny(0), FormatPolicy::default(), serial());
+    let mut st = m.new_state().unwrap();
+    let e = prefill(&m, &mut st, &[1, 1024], 32, false, &mut Stats::default(), None).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(msg.contains("1024") && msg.contains("vocab_size is 1024"), "{msg}");
+}
+
+#[test]
+fn shard_truncated_after_start_up_names_file_and_offset() {
+    let dir = common::copy_dir(&common::tiny(0));
+    let m = common::cpu_model(&dir, FormatPolicy::default(), serial());
+    // Truncate every shard holding experts to half its size after loading.
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let len = std::fs::metadata(&p).unwrap().len();
+            std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(len / 2).unwrap();
+        }
+    }
+    let mut st = m.new_state().unwrap();
+    let e = prefill(&m, &mut st, &PROMPT, 32, false, &mut Stats::default(), None).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(msg.contains(".safetensors") && msg.contains("offset"), "{msg}");
+}

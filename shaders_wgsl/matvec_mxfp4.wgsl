@@ -1,8 +1,7 @@
 // Native MXFP4 weights: E2M1 nibbles (low nibble = even column) with one E8M0 exponent per
 // 32 columns, decoded here and never on the host. A unit is one scale block: 32 columns in
 // one vec4<u32>. E8M0 is the f32 with bit pattern s << 23 (s = 0 gives 0, s = 255 gives
-// +inf), exactly as the CPU decodes it; for s = 255 the scale is applied per element so
-// that 0 · inf stays NaN as on the CPU.
+// +inf), exactly as the CPU decodes it.
 
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> scales: array<u32>;
@@ -15,36 +14,45 @@ struct Unit {
     s: f32,
 }
 
-const SH_LO: vec4<u32> = vec4<u32>(0u, 4u, 8u, 12u);
-const SH_HI: vec4<u32> = vec4<u32>(16u, 20u, 24u, 28u);
-
-// E2M1 magnitudes ≥ 2 are the top of an f32 exponent and mantissa; code 1 is 0.5.
-fn e2m1(n: vec4<u32>) -> vec4<f32> {
-    let mag = n & vec4<u32>(7u);
-    let normal = (mag << vec4<u32>(22u)) + vec4<u32>(126u << 23u);
-    let small = select(vec4<u32>(0u), vec4<u32>(0x3F000000u), mag == vec4<u32>(1u));
-    let bits = select(small, normal, mag >= vec4<u32>(2u));
-    return bitcast<vec4<f32>>(bits | ((n & vec4<u32>(8u)) << vec4<u32>(28u)));
+// Two nibbles become one f16 pair by moving the magnitude bits to the f16 exponent and
+// mantissa (and the sign to bit 15): the f16 value is the E2M1 value times 2^-14, exactly,
+// code 1 landing on the f16 subnormal 2^-15. Nibbles j and j + 4 of the word share a pair.
+fn pair(q: u32, j: u32) -> vec2<f32> {
+    let n = q >> (4u * j);
+    return unpack2x16float(((n & 0x00070007u) << 9u) | ((n & 0x00080008u) << 12u));
 }
+
+// Columns 0..3 (first vec4) and 4..7 (second) of one word.
+fn word(q: u32) -> array<vec4<f32>, 2> {
+    let a = pair(q, 0u);
+    let b = pair(q, 1u);
+    let c = pair(q, 2u);
+    let d = pair(q, 3u);
+    return array<vec4<f32>, 2>(vec4<f32>(a.x, b.x, c.x, d.x), vec4<f32>(a.y, b.y, c.y, d.y));
+}
+
+// 2^14, undoing the f16 placement.
+const F16_BIAS: f32 = 16384.0;
 
 fn load_unit(wrow: u32, u: u32) -> Unit {
     let q = w[wrow * p.units + u];
     let si = wrow * p.groups + u;
     let s = (scales[si >> 2u] >> ((si & 3u) * 8u)) & 0xFFu;
     let sc = bitcast<f32>(s << 23u);
-    var v = array<vec4<f32>, UV>(
-        e2m1(vec4<u32>(q.x) >> SH_LO), e2m1(vec4<u32>(q.x) >> SH_HI),
-        e2m1(vec4<u32>(q.y) >> SH_LO), e2m1(vec4<u32>(q.y) >> SH_HI),
-        e2m1(vec4<u32>(q.z) >> SH_LO), e2m1(vec4<u32>(q.z) >> SH_HI),
-        e2m1(vec4<u32>(q.w) >> SH_LO), e2m1(vec4<u32>(q.w) >> SH_HI),
-    );
-    if (s == 255u) {
+    let a = word(q.x);
+    let b = word(q.y);
+    let c = word(q.z);
+    let d = word(q.w);
+    var v = array<vec4<f32>, UV>(a[0], a[1], b[0], b[1], c[0], c[1], d[0], d[1]);
+    if (s > 240u) {
+        // Where sc · 2^14 would overflow, and for the +inf scale (a zero nibble then gives
+        // NaN as on the CPU), the scale is applied per element.
         for (var k = 0u; k < UV; k++) {
-            v[k] = v[k] * sc;
+            v[k] = (v[k] * F16_BIAS) * sc;
         }
         return Unit(v, 1.0);
     }
-    return Unit(v, sc);
+    return Unit(v, sc * F16_BIAS);
 }
 
 // Batched experts: work item item0 + wg.y = (expert slot, first pair, pair count ≤ TOK) from `rt`;
@@ -54,8 +62,9 @@ fn load_unit(wrow: u32, u: u32) -> Unit {
 fn moe(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
     let lane = lanes.lid % LPR;
-    let row = wg.x * (WG / LPR) + lanes.lid / LPR;
+    let row = (wg.x * (WG / LPR) + lanes.lid / LPR) * RPL;
     let rr = min(row, p.rows - 1u);
+    let nrows = min(RPL, p.rows - rr);
     let item = p.item0 + wg.y;
     let slot = rt[3u * item];
     let first = rt[3u * item + 1u];
@@ -67,6 +76,6 @@ fn moe(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
         xoff[t] = rt[p.map_off + pr] * p.x_stride4;
         yoff[t] = pr * p.y_stride + rr;
     }
-    let acc = lane_partials(slot * p.rows + rr, xoff, lane);
-    finish(acc, lane, row < p.rows, yoff, nt);
+    let acc = lane_partials(slot * p.rows + rr, nrows, xoff, lane);
+    finish(acc, lane, select(0u, nrows, row < p.rows), yoff, nt);
 }

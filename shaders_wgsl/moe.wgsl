@@ -1,4 +1,4 @@
-// Batched MoE scatter: out[t] = Σ_j w_j · y[pair_j] over the pairs of token t, in the order
+// Batched MoE scatter: out[t] += Σ_j w_j · y[pair_j] over the pairs of token t, in the order
 // the experts were listed (the CPU's accumulation order). `rt` holds, from the given
 // offsets, the CSR row offsets (rows + 1), the pair ids and the weights' bits.
 
@@ -26,7 +26,7 @@ fn scatter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     if (i < p.n) {
         let t = i / p.cols;
         let c = i % p.cols;
-        var acc = 0.0;
+        var acc = o[i];
         for (var j = rt[p.csr_off + t]; j < rt[p.csr_off + t + 1u]; j++) {
             let pr = rt[p.pairs_off + j];
             let wgt = bitcast<f32>(rt[p.weights_off + j]);

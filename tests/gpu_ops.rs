@@ -4,7 +4,7 @@
 //! except under CI=true where they fail.
 
 use k3::backend::cpu::CpuBackend;
-use k3::backend::gpu::{GpuBackend, GpuOptions};
+use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
 use k3::backend::{
     Backend, ExpertAssignment, ExpertWeights, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims,
     RouterParams,
@@ -20,7 +20,7 @@ const MXFP4_TOL: f64 = 1e-6;
 fn gpus(max_binding: Option<u64>) -> Vec<GpuBackend> {
     let mut out = Vec::new();
     for no_subgroups in [false, true] {
-        let opts = GpuOptions { adapter: None, allow_cpu_adapter: true, no_subgroups, max_binding };
+        let opts = GpuOptions { allow_cpu_adapter: true, no_subgroups, max_binding, ..Default::default() };
         match GpuBackend::new(&opts) {
             Ok(b) => {
                 let has = b.ctx.subgroups;
@@ -147,6 +147,34 @@ fn dense_matmul_matches_cpu_in_every_format() {
 }
 
 #[test]
+fn matvec_geometries_other_than_the_default_agree() {
+    let mut rng = StdRng::seed_from_u64(10);
+    for (lanes_per_row, rows_per_lane) in [(8, 3), (32, 1), (16, 4)] {
+        let opts = GpuOptions {
+            allow_cpu_adapter: true,
+            matvec: Some(MatvecShape { lanes_per_row, rows_per_lane }),
+            ..Default::default()
+        };
+        let Ok(g) = GpuBackend::new(&opts) else {
+            assert!(gpus(None).is_empty(), "the adapter opens but not with {opts:?}");
+            return;
+        };
+        for fmt in [DenseFormat::F32, DenseFormat::Int4] {
+            for (n, rows, cols) in [(1, 37, 96), (5, 70, 200)] {
+                matmul_case(&g, &mut rng, fmt, n, rows, cols);
+            }
+        }
+        let (packed, scales) = rand_mxfp4(&mut rng, 45, 128);
+        let view = Mxfp4View::new(45, 128, &packed, &scales).unwrap();
+        let x = rand_vec(&mut rng, 3 * 128, 1.0);
+        let got = g.download(&g.matmul_mxfp4(view, &g.upload(&x, 3, 128).unwrap()).unwrap()).unwrap();
+        let c = CpuBackend::new();
+        let deq = DenseMatrix::from_f32(45, 128, view.dequantize(), DenseFormat::F32).unwrap();
+        check("mxfp4 geometry", &got, &c.matmul(&deq, &c.upload(&x, 3, 128).unwrap()).unwrap().data, MXFP4_TOL);
+    }
+}
+
+#[test]
 fn dense_matmul_splits_rows_below_the_binding_limit() {
     let mut rng = StdRng::seed_from_u64(4);
     // A 4 KiB binding cap forces many row chunks even on these small matrices.
@@ -255,8 +283,19 @@ fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n
         .collect();
     let z = rand_vec(rng, rows * d, 0.5);
     let glu = Glu::Situ { beta: 4.0, linear_beta: 3.0 };
-    let got = g.download(&g.moe_experts(&g.upload(&z, rows, d).unwrap(), &experts, glu).unwrap()).unwrap();
-    let want = c.moe_experts(&c.upload(&z, rows, d).unwrap(), &experts, glu).unwrap().data;
+    // Start from a non-zero accumulator and feed the experts in two calls, as the model does.
+    let acc0 = rand_vec(rng, rows * d, 0.5);
+    let (first, rest) = experts.split_at(experts.len() / 2);
+    let gz = g.upload(&z, rows, d).unwrap();
+    let mut gacc = g.upload(&acc0, rows, d).unwrap();
+    g.moe_accumulate(&mut gacc, &gz, first, glu).unwrap();
+    g.moe_accumulate(&mut gacc, &gz, rest, glu).unwrap();
+    let got = g.download(&gacc).unwrap();
+    let cz = c.upload(&z, rows, d).unwrap();
+    let mut cacc = c.upload(&acc0, rows, d).unwrap();
+    c.moe_accumulate(&mut cacc, &cz, first, glu).unwrap();
+    c.moe_accumulate(&mut cacc, &cz, rest, glu).unwrap();
+    let want = cacc.data;
     check(&format!("moe rows={rows} d={d} i={i} experts={n_experts}"), &got, &want, F32_TOL);
 }
 

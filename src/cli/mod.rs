@@ -1,6 +1,7 @@
 //! Subcommands and the flags they share, each flag with its environment-variable alias.
 
 mod bench_cmd;
+mod devices_cmd;
 mod inspect_cmd;
 mod run_cmd;
 mod stream_args;
@@ -27,6 +28,8 @@ enum Command {
     Inspect(inspect_cmd::InspectArgs),
     /// Benchmarks that compare the engine with a plain baseline in the same run.
     Bench(bench_cmd::BenchArgs),
+    /// List GPU adapters: backend, type, driver, limits, features.
+    Devices(devices_cmd::DevicesArgs),
 }
 
 /// Runs the chosen subcommand.
@@ -36,6 +39,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Synth(a) => synth_cmd::run(a),
         Command::Inspect(a) => inspect_cmd::run(a),
         Command::Bench(a) => bench_cmd::run(a),
+        Command::Devices(a) => devices_cmd::run(a),
     }
 }
 

@@ -5,6 +5,7 @@ use super::threads;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use k3::backend::cpu::CpuBackend;
+use k3::backend::gpu::select::{select, BackendKind, Selected};
 use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
 use k3::generate::{generate, GenerateOptions};
@@ -17,6 +18,10 @@ use std::path::{Path, PathBuf};
 /// Which backend runs the ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
+    /// GPU when a real adapter exists (or K3_GPU/K3_METAL/K3_VK=1), else CPU.
+    Auto,
+    /// The GPU (any adapter, lavapipe included); exit if it cannot start.
+    Gpu,
     /// The CPU oracle.
     Cpu,
 }
@@ -55,8 +60,11 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Backend that runs the ops.
-    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
+    /// GPU adapter to use: a substring of its name (see `k3 devices`).
+    #[arg(long, value_name = "NAME")]
+    pub adapter: Option<String>,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -136,8 +144,22 @@ pub fn run(a: RunArgs) -> Result<()> {
         None if a.demo => vec![ckpt.config.bos_token_id.unwrap_or(1), 72, 101, 108, 108, 111],
         None => bail!("--ids is required: the prompt as comma-separated token ids"),
     };
-    match a.backend {
-        BackendChoice::Cpu => {
+    let kind = match a.backend {
+        BackendChoice::Auto => BackendKind::Auto,
+        BackendChoice::Gpu => BackendKind::Gpu,
+        BackendChoice::Cpu => BackendKind::Cpu,
+    };
+    match select(kind, a.adapter.as_deref())? {
+        Selected::Gpu(g) => {
+            eprintln!("[K3] backend: {}", g.name());
+            let mut model = K3Model::load(ckpt, *g, policy, !a.quiet)?;
+            a.stream.configure(&mut model)?;
+            run_model(&model, &a, &ids)
+        }
+        Selected::Cpu { fallback } => {
+            if let Some(line) = fallback {
+                eprintln!("{line}");
+            }
             eprintln!("[K3] backend: cpu ({n_threads} threads)");
             let mut model = K3Model::load(ckpt, CpuBackend::new(), policy, !a.quiet)?;
             a.stream.configure(&mut model)?;

@@ -31,6 +31,23 @@ pub struct GpuOptions {
     pub no_subgroups: bool,
     /// Cap on the bytes of one binding, below the adapter's limit (tests the row split).
     pub max_binding: Option<u64>,
+    /// Matvec geometry; `None` = the default (benchmarks compare variants).
+    pub matvec: Option<MatvecShape>,
+}
+
+/// How a matvec workgroup is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatvecShape {
+    /// Lanes that share one output row (a power of two ≤ 32).
+    pub lanes_per_row: u32,
+    /// Rows each lane group computes together, sharing its loads of x (1..=4).
+    pub rows_per_lane: u32,
+}
+
+impl Default for MatvecShape {
+    fn default() -> Self {
+        Self { lanes_per_row: 32, rows_per_lane: 2 }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -74,6 +91,8 @@ pub struct GpuContext {
     pub wg: u32,
     /// Bytes one storage binding may span.
     pub max_binding: u64,
+    /// Matvec geometry.
+    pub matvec: MatvecShape,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipeKey, wgpu::ComputePipeline>>,
     pending: Mutex<Option<(wgpu::CommandEncoder, usize)>>,
@@ -118,6 +137,10 @@ impl GpuContext {
         }
         max_binding &= !15;
         let subgroups = features.contains(wgpu::Features::SUBGROUP) && !opts.no_subgroups;
+        let matvec = opts.matvec.unwrap_or_default();
+        if !matvec.lanes_per_row.is_power_of_two() || matvec.lanes_per_row > 32 || !(1..=4).contains(&matvec.rows_per_lane) {
+            bail!("matvec shape {matvec:?}: lanes per row must be a power of two ≤ 32, rows per lane 1..=4");
+        }
         Ok(Self {
             device,
             queue,
@@ -127,6 +150,7 @@ impl GpuContext {
             subgroups,
             wg,
             max_binding,
+            matvec,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),

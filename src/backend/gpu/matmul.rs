@@ -9,10 +9,9 @@ use super::GpuBackend;
 use crate::quant::{DenseData, DenseMatrix};
 use anyhow::{bail, ensure, Result};
 
-/// Lanes that share one output row (a power of two ≤ the workgroup size).
-pub const LANES_PER_ROW: u32 = 32;
 /// Most tokens a workgroup carries at once (the kernels' TMAX).
 pub const MAX_TILE_TOKENS: usize = 8;
+
 
 /// Format of a device matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,8 +124,7 @@ impl GpuBackend {
         let padded = pad_rows(&payload, rows, raw_row, row_bytes);
         drop(payload);
         let max_rows_binding = (self.ctx.max_binding / row_bytes.max(1) as u64) as usize;
-        let rpw = (self.ctx.wg / LANES_PER_ROW) as usize;
-        let max_rows_dispatch = self.ctx.limits.max_compute_workgroups_per_dimension as usize * rpw;
+        let max_rows_dispatch = self.ctx.limits.max_compute_workgroups_per_dimension as usize * self.rows_per_group() as usize;
         let chunk_rows = max_rows_binding.min(max_rows_dispatch);
         if chunk_rows == 0 {
             bail!(
@@ -148,6 +146,17 @@ impl GpuBackend {
         Ok(GpuMat { rows, cols, cols_padded, format, chunks })
     }
 
+    /// Output rows one matvec workgroup computes.
+    pub(super) fn rows_per_group(&self) -> u32 {
+        self.ctx.wg / self.ctx.matvec.lanes_per_row * self.ctx.matvec.rows_per_lane
+    }
+
+    /// The matvec pipeline overrides for a token tile of `tok`.
+    pub(super) fn mv_consts(&self, tok: u32) -> [(&'static str, u32); 3] {
+        let m = self.ctx.matvec;
+        [("LPR", m.lanes_per_row), ("TOK", tok), ("RPL", m.rows_per_lane)]
+    }
+
     /// Tokens per workgroup for a chunk of `n` rows: the smallest power of two ≥ n, ≤ 8.
     pub(super) fn tile_tokens(n: usize) -> u32 {
         n.clamp(1, MAX_TILE_TOKENS).next_power_of_two() as u32
@@ -167,7 +176,7 @@ impl GpuBackend {
         let xp = self.padded(x, w.cols_padded);
         let uc = w.format.unit_cols();
         let tok = Self::tile_tokens(x.rows);
-        let rpw = self.ctx.wg / LANES_PER_ROW;
+        let rpg = self.rows_per_group();
         for c in &w.chunks {
             let mut bufs: Vec<&wgpu::Buffer> = vec![&xp.buf, &y.buf, &c.w];
             if let Some(s) = &c.scale {
@@ -176,7 +185,7 @@ impl GpuBackend {
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
                 entry: "dense",
-                consts: &[("LPR", LANES_PER_ROW), ("TOK", tok)],
+                consts: &self.mv_consts(tok),
                 params: &[
                     c.rows as u32,
                     (w.cols_padded / uc) as u32,
@@ -189,7 +198,7 @@ impl GpuBackend {
                 ],
                 buffers: &bufs,
                 groups: (
-                    (c.rows as u32).div_ceil(rpw),
+                    (c.rows as u32).div_ceil(rpg),
                     (x.rows as u32).div_ceil(tok),
                     1,
                 ),

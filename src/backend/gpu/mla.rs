@@ -2,7 +2,6 @@
 
 use super::buffers::{GpuAct, GpuMlaCache};
 use super::context::Dispatch;
-use super::matmul::LANES_PER_ROW;
 use super::shaders::Shader;
 use super::GpuBackend;
 use crate::backend::{MlaAttnWeights, MlaDims};
@@ -10,6 +9,8 @@ use anyhow::{ensure, Result};
 
 /// Heads one `ctx` workgroup carries (the kernel's HT).
 const HEAD_TILE: u32 = 8;
+/// Lanes per output row of the `outv` kernel.
+const OUTV_LANES: u32 = 32;
 /// Positions a fresh cache holds before it first grows.
 const INITIAL_POSITIONS: usize = 64;
 
@@ -113,14 +114,15 @@ impl GpuBackend {
         // Scores: the cache is the matrix of an f32 matvec, one "token" per (t, head).
         let scores = self.ctx.buffer((rows * total * 4) as u64, "mla scores");
         let tok = Self::tile_tokens(rows);
-        let rpw = self.ctx.wg / LANES_PER_ROW;
+        let rpw = self.ctx.wg / OUTV_LANES;
+        let rpg = self.rows_per_group();
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecF32,
             entry: "dense",
-            consts: &[("LPR", LANES_PER_ROW), ("TOK", tok)],
+            consts: &self.mv_consts(tok),
             params: &[total as u32, (cs / 4) as u32, rows as u32, 0, total as u32, (cs / 4) as u32, 0, 0],
             buffers: &[&x, &scores, &cache.buf],
-            groups: ((total as u32).div_ceil(rpw), (rows as u32).div_ceil(tok), 1),
+            groups: ((total as u32).div_ceil(rpg), (rows as u32).div_ceil(tok), 1),
         });
         let probs = self.ctx.buffer((rows * total * 4) as u64, "mla probs");
         self.ctx.dispatch(&Dispatch {
@@ -143,7 +145,7 @@ impl GpuBackend {
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MlaAttend,
             entry: "outv",
-            consts: &[("LPR", LANES_PER_ROW)],
+            consts: &[("LPR", OUTV_LANES)],
             params: &pr,
             buffers: &[&ctxv, &out.buf, &w.wv.buf],
             groups: ((d.v as u32).div_ceil(rpw), rows as u32, 1),

@@ -14,10 +14,11 @@ mod mla;
 mod moe;
 mod norm;
 mod router;
+pub mod select;
 pub mod shaders;
 
 pub use buffers::{GpuAct, GpuKdaState, GpuMlaCache};
-pub use context::{GpuContext, GpuOptions};
+pub use context::{GpuContext, GpuOptions, MatvecShape};
 pub use matmul::{GpuFormat, GpuMat};
 
 use super::{
@@ -165,7 +166,12 @@ impl Backend for GpuBackend {
         self.router_topk_op(logits, bias, params)
     }
 
-    fn moe_experts(&self, z: &GpuAct, experts: &[ExpertAssignment<'_>], glu: Glu) -> Result<GpuAct> {
-        self.moe_experts_op(z, experts, glu)
+    fn moe_accumulate(&self, acc: &mut GpuAct, z: &GpuAct, experts: &[ExpertAssignment<'_>], glu: Glu) -> Result<()> {
+        self.moe_accumulate_op(acc, z, experts, glu)
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> Result<GpuAct> {
+        // wgpu zero-fills new buffers.
+        Ok(self.alloc(rows, cols))
     }
 }

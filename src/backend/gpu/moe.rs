@@ -5,7 +5,6 @@
 
 use super::buffers::GpuAct;
 use super::context::Dispatch;
-use super::matmul::LANES_PER_ROW;
 use super::shaders::Shader;
 use super::GpuBackend;
 use crate::backend::{ExpertAssignment, Glu};
@@ -99,11 +98,10 @@ impl GpuBackend {
         if items.1 == 0 {
             return;
         }
-        let rpw = self.ctx.wg / LANES_PER_ROW;
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecMxfp4,
             entry: "moe",
-            consts: &[("LPR", LANES_PER_ROW), ("TOK", tok)],
+            consts: &self.mv_consts(tok),
             params: &[
                 rows as u32,
                 (cols / BLOCK) as u32,
@@ -116,7 +114,7 @@ impl GpuBackend {
                 items.0,
             ],
             buffers: &[x, y, &a.packed, &a.scales, rt],
-            groups: ((rows as u32).div_ceil(rpw), items.1, 1),
+            groups: ((rows as u32).div_ceil(self.rows_per_group()), items.1, 1),
         });
     }
 
@@ -151,12 +149,17 @@ impl GpuBackend {
         Ok(y)
     }
 
-    pub(super) fn moe_experts_op(&self, z: &GpuAct, experts: &[ExpertAssignment<'_>], glu: Glu) -> Result<GpuAct> {
+    pub(super) fn moe_accumulate_op(&self, out: &mut GpuAct, z: &GpuAct, experts: &[ExpertAssignment<'_>], glu: Glu) -> Result<()> {
         let d = z.cols;
-        let out = self.alloc(z.rows, d);
-        // New buffers are zero-filled by wgpu: no experts means a zero update.
+        ensure!(
+            out.rows == z.rows && out.cols == d,
+            "moe: accumulator is {}x{}, latent is {}x{d}",
+            out.rows,
+            out.cols,
+            z.rows
+        );
         let Some(first) = experts.first() else {
-            return Ok(out);
+            return Ok(());
         };
         let i = first.weights.w1.rows;
         for ex in experts {
@@ -194,7 +197,7 @@ impl GpuBackend {
         let tok = Self::tile_tokens(max_tokens);
         let rt = build_routing(experts, z.rows, &batches, tok as usize)?;
         if rt.pairs == 0 {
-            return Ok(out);
+            return Ok(());
         }
         let rtb = self.ctx.buffer_init(bytemuck::cast_slice(&rt.words), "routing");
         let h = self.ctx.buffer((rt.pairs * 2 * i * 4) as u64, "moe gate|up");
@@ -221,6 +224,6 @@ impl GpuBackend {
                 groups: self.ctx.grid((out.len() as u32).div_ceil(self.ctx.wg)),
             });
         }
-        Ok(out)
+        Ok(())
     }
 }

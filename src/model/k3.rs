@@ -110,6 +110,7 @@ impl<B: Backend> K3Model<B> {
         let head = ld.matrix("lm_head.weight", policy.head)?;
         ld.finish();
         drop(ld);
+        ckpt.release_mapped_pages();
         Ok(Self {
             glu: Glu::Situ { beta: cfg.situ_beta, linear_beta: cfg.situ_linear_beta },
             ckpt,
@@ -155,13 +156,12 @@ impl<B: Backend> K3Model<B> {
 
     fn embed(&self, ids: &[u32]) -> Result<B::Act> {
         let v = self.ckpt.config.vocab_size;
-        let table = self.ckpt.tensor("model.embed_tokens.weight")?;
         let mut rows = Vec::with_capacity(ids.len() * self.ckpt.config.hidden_size);
         for &id in ids {
             if id as usize >= v {
                 bail!("token id {id} is out of range: the model's vocab_size is {v} (ids 0..{v})");
             }
-            rows.extend(table.row_f32(id as usize)?);
+            rows.extend(self.ckpt.read_row_f32("model.embed_tokens.weight", id as usize)?);
         }
         self.backend.upload(&rows, ids.len(), self.ckpt.config.hidden_size)
     }

@@ -1,6 +1,11 @@
 //! Weight formats: native MXFP4 experts and the load-time formats of dense matrices,
 //! each with the CPU kernels that make it the oracle.
 
+pub mod bf16;
+mod dense;
+pub mod int4;
+pub mod int8;
+mod kernel;
 pub mod mxfp4;
 
 pub use mxfp4::Mxfp4View;
@@ -43,8 +48,9 @@ pub enum DenseData {
         /// `rows` scales.
         scale: Vec<f32>,
     },
-    /// Int4 nibbles, two per byte (low nibble = even column), rows padded to whole bytes,
-    /// one scale per 64 columns of each row (the last group may be shorter).
+    /// Int4 two's-complement nibbles (values -7..=7), two per byte (low nibble = even
+    /// column), rows padded to whole bytes (the pad nibble is 0), one scale per 64 columns
+    /// of each row (the last group may be shorter).
     Int4 {
         /// `rows · ceil(cols/2)` bytes.
         q: Vec<u8>,

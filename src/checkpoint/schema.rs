@@ -1,0 +1,447 @@
+//! The tensors a K3 checkpoint must hold, derived from its [`Config`]: the single source
+//! of truth for names, shapes and dtypes, shared by the loader, `k3 inspect` and the
+//! synthesizer (model doc §2).
+
+use super::tensor::Dtype;
+use crate::config::{AttnKind, Config, MXFP4_GROUP};
+
+/// Prefix the released checkpoint puts on every text-model tensor name.
+pub const LANGUAGE_MODEL_PREFIX: &str = "language_model.";
+
+/// Name prefixes of the vision part, which a text engine never opens.
+pub const IGNORED_PREFIXES: [&str; 2] = ["vision_tower.", "mm_projector."];
+
+/// What a tensor is for; `k3 inspect` sums bytes per class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TensorClass {
+    /// Token embedding table.
+    Embedding,
+    /// Output projection to the vocabulary.
+    Head,
+    /// RMSNorm weights of the residual path.
+    Norm,
+    /// Attention-residual norms and projections.
+    AttnRes,
+    /// KDA layer weights.
+    Kda,
+    /// MLA layer weights.
+    Mla,
+    /// Dense MLP of the first layers.
+    DenseMlp,
+    /// MoE router weights and bias.
+    Router,
+    /// Latent down/up projections and norm around the routed experts.
+    LatentProj,
+    /// The fused shared-expert MLP.
+    SharedExpert,
+    /// Routed expert MXFP4 tensors.
+    RoutedExpert,
+}
+
+impl TensorClass {
+    /// Every class, in report order.
+    pub const ALL: [TensorClass; 11] = [
+        TensorClass::Embedding,
+        TensorClass::Head,
+        TensorClass::Norm,
+        TensorClass::AttnRes,
+        TensorClass::Kda,
+        TensorClass::Mla,
+        TensorClass::DenseMlp,
+        TensorClass::Router,
+        TensorClass::LatentProj,
+        TensorClass::SharedExpert,
+        TensorClass::RoutedExpert,
+    ];
+}
+
+/// One expected tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Canonical name, without the `language_model.` prefix.
+    pub name: String,
+    /// Canonical shape: what a writer writes.
+    pub shape: Vec<usize>,
+    /// Canonical dtype: what a writer writes (see [`dtype_accepted`] for what a reader takes).
+    pub dtype: Dtype,
+    /// What the tensor is for.
+    pub class: TensorClass,
+}
+
+impl TensorSpec {
+    fn new(name: String, shape: Vec<usize>, dtype: Dtype, class: TensorClass) -> TensorSpec {
+        TensorSpec {
+            name,
+            shape,
+            dtype,
+            class,
+        }
+    }
+
+    /// Number of elements of the canonical shape.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Bytes of the canonical shape and dtype.
+    pub fn byte_len(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+}
+
+/// The six tensors of a routed expert, in on-disk order (model doc §3).
+pub const EXPERT_PARTS: [&str; 6] = [
+    "w1.weight_packed",
+    "w1.weight_scale",
+    "w2.weight_packed",
+    "w2.weight_scale",
+    "w3.weight_packed",
+    "w3.weight_scale",
+];
+
+/// Strips the `language_model.` prefix; `None` for tensors a text engine ignores.
+pub fn canonical_name(stored: &str) -> Option<&str> {
+    let name = stored.strip_prefix(LANGUAGE_MODEL_PREFIX).unwrap_or(stored);
+    if IGNORED_PREFIXES.iter().any(|p| name.starts_with(p)) {
+        None
+    } else {
+        Some(name)
+    }
+}
+
+/// Parses a canonical routed-expert tensor name into `(layer, expert, part)`, where
+/// `part` indexes [`EXPERT_PARTS`].
+pub fn parse_expert_name(name: &str) -> Option<(usize, usize, usize)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let rest = rest.strip_prefix("block_sparse_moe.experts.")?;
+    let (expert, part) = rest.split_once('.')?;
+    let part = EXPERT_PARTS.iter().position(|p| *p == part)?;
+    Some((layer.parse().ok()?, expert.parse().ok()?, part))
+}
+
+/// Name of a routed expert tensor; `part` indexes [`EXPERT_PARTS`].
+pub fn expert_tensor_name(layer: usize, expert: usize, part: usize) -> String {
+    format!(
+        "model.layers.{layer}.block_sparse_moe.experts.{expert}.{}",
+        EXPERT_PARTS[part % EXPERT_PARTS.len()]
+    )
+}
+
+/// Every non-expert tensor, globals and each layer's, in a stable order.
+pub fn dense_tensors(cfg: &Config) -> Vec<TensorSpec> {
+    use TensorClass as C;
+    let h = cfg.hidden_size;
+    let bf = Dtype::Bf16;
+    let mut out = vec![TensorSpec::new(
+        "model.embed_tokens.weight".into(),
+        vec![cfg.vocab_size, h],
+        bf,
+        C::Embedding,
+    )];
+    for (i, kind) in cfg.layer_kinds.iter().enumerate() {
+        let l = |s: &str| format!("model.layers.{i}.{s}");
+        let mut t = |s: &str, shape: Vec<usize>, class: C| {
+            out.push(TensorSpec::new(l(s), shape, bf, class));
+        };
+        t("input_layernorm.weight", vec![h], C::Norm);
+        t("post_attention_layernorm.weight", vec![h], C::Norm);
+        t("self_attention_res_norm.weight", vec![h], C::AttnRes);
+        t("self_attention_res_proj.weight", vec![h], C::AttnRes);
+        t("mlp_res_norm.weight", vec![h], C::AttnRes);
+        t("mlp_res_proj.weight", vec![h], C::AttnRes);
+        match kind {
+            AttnKind::Kda => {
+                let p = cfg.kda_width();
+                let (heads, hd, k) = (cfg.kda.num_heads, cfg.kda.head_dim, cfg.kda.conv_kernel);
+                for n in ["q_proj", "k_proj", "v_proj", "g_proj"] {
+                    t(&format!("self_attn.{n}.weight"), vec![p, h], C::Kda);
+                }
+                t("self_attn.o_proj.weight", vec![h, p], C::Kda);
+                for n in ["q_conv1d", "k_conv1d", "v_conv1d"] {
+                    t(&format!("self_attn.{n}.weight"), vec![p, 1, k], C::Kda);
+                }
+                t("self_attn.f_a_proj.weight", vec![hd, h], C::Kda);
+                t("self_attn.f_b_proj.weight", vec![p, hd], C::Kda);
+                t("self_attn.b_proj.weight", vec![heads, h], C::Kda);
+                t("self_attn.dt_bias", vec![p], C::Kda);
+                t("self_attn.A_log", vec![1, 1, heads, 1], C::Kda);
+                t("self_attn.o_norm.weight", vec![hd], C::Kda);
+            }
+            AttnKind::Mla => {
+                let heads = cfg.num_attention_heads;
+                let (nope, rope, v) = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim);
+                let (ql, kvl) = (cfg.q_lora_rank, cfg.kv_lora_rank);
+                t("self_attn.q_a_proj.weight", vec![ql, h], C::Mla);
+                t("self_attn.q_a_layernorm.weight", vec![ql], C::Mla);
+                t(
+                    "self_attn.q_b_proj.weight",
+                    vec![heads * (nope + rope), ql],
+                    C::Mla,
+                );
+                t(
+                    "self_attn.kv_a_proj_with_mqa.weight",
+                    vec![kvl + rope, h],
+                    C::Mla,
+                );
+                t("self_attn.kv_a_layernorm.weight", vec![kvl], C::Mla);
+                t(
+                    "self_attn.kv_b_proj.weight",
+                    vec![heads * (nope + v), kvl],
+                    C::Mla,
+                );
+                t("self_attn.g_proj.weight", vec![heads * v, h], C::Mla);
+                t("self_attn.o_proj.weight", vec![h, heads * v], C::Mla);
+            }
+        }
+        if cfg.is_moe_layer(i) {
+            let (e, d, s) = (
+                cfg.num_experts,
+                cfg.routed_expert_hidden_size,
+                cfg.shared_width(),
+            );
+            let m = "block_sparse_moe";
+            t(&format!("{m}.gate.weight"), vec![e, h], C::Router);
+            t(
+                &format!("{m}.gate.e_score_correction_bias"),
+                vec![e],
+                C::Router,
+            );
+            t(
+                &format!("{m}.routed_expert_down_proj.weight"),
+                vec![d, h],
+                C::LatentProj,
+            );
+            t(
+                &format!("{m}.routed_expert_up_proj.weight"),
+                vec![h, d],
+                C::LatentProj,
+            );
+            if cfg.latent_moe_use_norm {
+                t(
+                    &format!("{m}.routed_expert_norm.weight"),
+                    vec![d],
+                    C::LatentProj,
+                );
+            }
+            t(
+                &format!("{m}.shared_experts.gate_proj.weight"),
+                vec![s, h],
+                C::SharedExpert,
+            );
+            t(
+                &format!("{m}.shared_experts.up_proj.weight"),
+                vec![s, h],
+                C::SharedExpert,
+            );
+            t(
+                &format!("{m}.shared_experts.down_proj.weight"),
+                vec![h, s],
+                C::SharedExpert,
+            );
+        } else {
+            let w = cfg.intermediate_size;
+            t("mlp.gate_proj.weight", vec![w, h], C::DenseMlp);
+            t("mlp.up_proj.weight", vec![w, h], C::DenseMlp);
+            t("mlp.down_proj.weight", vec![h, w], C::DenseMlp);
+        }
+    }
+    out.push(TensorSpec::new(
+        "model.norm.weight".into(),
+        vec![h],
+        bf,
+        C::Norm,
+    ));
+    out.push(TensorSpec::new(
+        "model.output_attn_res_norm.weight".into(),
+        vec![h],
+        bf,
+        C::AttnRes,
+    ));
+    out.push(TensorSpec::new(
+        "model.output_attn_res_proj.weight".into(),
+        vec![h],
+        bf,
+        C::AttnRes,
+    ));
+    out.push(TensorSpec::new(
+        "lm_head.weight".into(),
+        vec![cfg.vocab_size, h],
+        bf,
+        C::Head,
+    ));
+    out
+}
+
+/// The six MXFP4 tensors of routed expert `expert` of layer `layer`, in on-disk order:
+/// w1 packed, w1 scale, w2 packed, w2 scale, w3 packed, w3 scale.
+pub fn expert_tensors(cfg: &Config, layer: usize, expert: usize) -> [TensorSpec; 6] {
+    let (i, d) = (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size);
+    // w1 (gate) and w3 (up) are [I, D]; w2 (down) is [D, I].
+    let dims = [(i, d), (i, d), (d, i), (d, i), (i, d), (i, d)];
+    std::array::from_fn(|part| {
+        let (rows, cols) = dims[part];
+        let width = if part % 2 == 0 {
+            cols / 2
+        } else {
+            cols / MXFP4_GROUP
+        };
+        TensorSpec::new(
+            expert_tensor_name(layer, expert, part),
+            vec![rows, width],
+            Dtype::U8,
+            TensorClass::RoutedExpert,
+        )
+    })
+}
+
+/// Whether a stored dtype is acceptable for `spec`: exact, except that the small f32-born
+/// vectors (`A_log`, `dt_bias`, `e_score_correction_bias`) may be stored as F32 or BF16.
+pub fn dtype_accepted(spec: &TensorSpec, found: Dtype) -> bool {
+    if found == spec.dtype {
+        return true;
+    }
+    let widenable = spec.name.ends_with(".A_log")
+        || spec.name.ends_with(".dt_bias")
+        || spec.name.ends_with(".e_score_correction_bias");
+    widenable && matches!(found, Dtype::F32 | Dtype::Bf16)
+}
+
+/// Whether a stored shape is acceptable for `spec`, including the documented alternatives:
+/// conv `[P,1,K]` or `[P,K]`; attention-residual projections `[H]` or `[1,H]`; `A_log` with at
+/// least `heads` entries along its only non-unit dimension (padded to 128, or `[1,1,heads,1]`);
+/// `dt_bias` in any shape of `P` elements (`[P]` or `[heads, head_dim]`).
+pub fn shape_accepted(spec: &TensorSpec, found: &[usize]) -> bool {
+    if found == spec.shape.as_slice() {
+        return true;
+    }
+    let name = spec.name.as_str();
+    if name.ends_with("_conv1d.weight") && spec.shape.len() == 3 {
+        return found == [spec.shape[0], spec.shape[2]];
+    }
+    if name.ends_with("res_proj.weight") && spec.shape.len() == 1 {
+        return found == [1, spec.shape[0]];
+    }
+    if name.ends_with(".A_log") {
+        let heads = spec.numel();
+        let big: Vec<usize> = found.iter().copied().filter(|&d| d != 1).collect();
+        return match big.as_slice() {
+            [] => heads == 1 && !found.is_empty(),
+            [n] => *n >= heads,
+            _ => false,
+        };
+    }
+    if name.ends_with(".dt_bias") {
+        return !found.is_empty() && found.iter().product::<usize>() == spec.numel();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Config {
+        let text = serde_json::json!({
+            "model_type": "kimi_k3",
+            "eos_token_id": [2],
+            "hidden_size": 64, "num_hidden_layers": 3, "vocab_size": 32,
+            "intermediate_size": 96, "first_k_dense_replace": 1, "rms_norm_eps": 1e-5,
+            "num_attention_heads": 2, "q_lora_rank": 16, "kv_lora_rank": 8,
+            "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 4,
+            "mla_use_nope": true, "mla_use_output_gate": true,
+            "linear_attn_config": {"num_heads": 2, "head_dim": 8, "short_conv_kernel_size": 4,
+                "gate_lower_bound": -5.0, "use_full_rank_gate": true,
+                "kda_layers": [1, 2], "full_attn_layers": [3]},
+            "num_experts": 4, "num_experts_per_token": 2, "moe_intermediate_size": 32,
+            "routed_expert_hidden_size": 64, "latent_moe_use_norm": true, "num_shared_experts": 1,
+            "moe_router_activation_func": "sigmoid", "moe_renormalize": true,
+            "routed_scaling_factor": 1.0, "hidden_act": "situ", "activation_situ_beta": 4.0,
+            "activation_situ_linear_beta": 25.0, "attn_res_block_size": 2,
+            "quantization_config": {"format": "mxfp4-pack-quantized",
+                "weights": {"num_bits": 4, "group_size": 32}}
+        });
+        Config::from_json_str(&text.to_string(), "tiny").unwrap()
+    }
+
+    #[test]
+    fn dense_schema_has_every_layer_and_unique_names() {
+        let c = tiny();
+        let specs = dense_tensors(&c);
+        let mut names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names[0], "model.embed_tokens.weight");
+        assert_eq!(*names.last().unwrap(), "lm_head.weight");
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate names");
+        let has = |s: &str| specs.iter().any(|t| t.name == s);
+        assert!(has("model.layers.0.mlp.gate_proj.weight"));
+        assert!(has("model.layers.0.self_attn.A_log"));
+        assert!(has(
+            "model.layers.1.block_sparse_moe.routed_expert_norm.weight"
+        ));
+        assert!(has("model.layers.2.self_attn.kv_b_proj.weight"));
+        assert!(!has("model.layers.2.self_attn.A_log"));
+        let kv_b = specs
+            .iter()
+            .find(|t| t.name == "model.layers.2.self_attn.kv_b_proj.weight")
+            .unwrap();
+        assert_eq!(kv_b.shape, vec![2 * (4 + 4), 8]);
+    }
+
+    #[test]
+    fn expert_schema_matches_config_bytes() {
+        let c = tiny();
+        let parts = expert_tensors(&c, 1, 3);
+        assert_eq!(
+            parts[0].name,
+            "model.layers.1.block_sparse_moe.experts.3.w1.weight_packed"
+        );
+        assert_eq!(parts[3].shape, vec![64, 1]);
+        let total: usize = parts.iter().map(|p| p.byte_len()).sum();
+        assert_eq!(total, c.expert_bytes());
+        for (k, p) in parts.iter().enumerate() {
+            assert_eq!(parse_expert_name(&p.name), Some((1, 3, k)));
+        }
+        assert_eq!(
+            parse_expert_name("model.layers.1.block_sparse_moe.gate.weight"),
+            None
+        );
+    }
+
+    #[test]
+    fn canonical_names() {
+        assert_eq!(
+            canonical_name("language_model.lm_head.weight"),
+            Some("lm_head.weight")
+        );
+        assert_eq!(canonical_name("lm_head.weight"), Some("lm_head.weight"));
+        assert_eq!(canonical_name("vision_tower.blocks.0.w"), None);
+        assert_eq!(canonical_name("language_model.mm_projector.x"), None);
+    }
+
+    #[test]
+    fn documented_shape_alternatives() {
+        let spec = |name: &str, shape: Vec<usize>| {
+            TensorSpec::new(name.into(), shape, Dtype::Bf16, TensorClass::Kda)
+        };
+        let conv = spec("model.layers.0.self_attn.q_conv1d.weight", vec![16, 1, 4]);
+        assert!(shape_accepted(&conv, &[16, 1, 4]) && shape_accepted(&conv, &[16, 4]));
+        assert!(!shape_accepted(&conv, &[16, 4, 1]));
+        let a = spec("model.layers.0.self_attn.A_log", vec![1, 1, 2, 1]);
+        assert!(
+            shape_accepted(&a, &[128])
+                && shape_accepted(&a, &[2])
+                && shape_accepted(&a, &[1, 1, 2, 1])
+        );
+        assert!(!shape_accepted(&a, &[1]) && !shape_accepted(&a, &[2, 2]));
+        let dt = spec("model.layers.0.self_attn.dt_bias", vec![16]);
+        assert!(shape_accepted(&dt, &[2, 8]) && !shape_accepted(&dt, &[2, 7]));
+        let proj = spec("model.output_attn_res_proj.weight", vec![64]);
+        assert!(shape_accepted(&proj, &[1, 64]) && !shape_accepted(&proj, &[64, 1]));
+        let q = spec("model.layers.0.self_attn.q_proj.weight", vec![16, 64]);
+        assert!(!shape_accepted(&q, &[64, 16]));
+        assert!(dtype_accepted(&dt, Dtype::F32) && !dtype_accepted(&q, Dtype::F32));
+    }
+}

@@ -1,0 +1,290 @@
+//! Shard discovery and safetensors headers: which files hold the text model, where they
+//! live (snapshot directory or `K3_DIRS`), and the validated byte range of every tensor.
+
+use super::schema::canonical_name;
+use super::tensor::Dtype;
+use anyhow::{anyhow, bail, Context, Result};
+use memmap2::Mmap;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// Index file of a sharded snapshot.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// The one file of an unsharded snapshot.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// Largest safetensors header accepted; the K3 release's largest is a few MB.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+/// Bytes of the little-endian header length that starts every safetensors file.
+const LEN_BYTES: u64 = 8;
+
+/// One memory-mapped shard.
+pub struct Shard {
+    /// Where the file was found.
+    pub path: PathBuf,
+    /// The whole file.
+    pub map: Mmap,
+}
+
+/// A text-model tensor found in a shard header, validated against the file.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// Index into the shard list.
+    pub shard: usize,
+    /// Stored element type.
+    pub dtype: Dtype,
+    /// Stored shape.
+    pub shape: Vec<usize>,
+    /// Absolute byte range in the shard file.
+    pub range: std::ops::Range<u64>,
+}
+
+/// The shards of the text model and every tensor they hold, by canonical name.
+pub struct ShardSet {
+    /// Mapped shards, in index order.
+    pub shards: Vec<Shard>,
+    /// Canonical name → location.
+    pub entries: HashMap<String, Entry>,
+}
+
+/// Checks that a directory exists and can be listed.
+pub fn check_dir(dir: &Path, what: &str) -> Result<()> {
+    std::fs::read_dir(dir)
+        .map(|_| ())
+        .with_context(|| format!("{what} {}: cannot read the directory", dir.display()))
+}
+
+/// Reads the snapshot's shard list and maps every shard that holds text-model tensors.
+pub fn open_shards(dir: &Path, extra_dirs: &[PathBuf]) -> Result<ShardSet> {
+    let index_path = dir.join(INDEX_FILE);
+    let (shard_names, indexed) = if index_path.exists() {
+        let (names, map) = read_index(&index_path)?;
+        (names, Some(map))
+    } else if dir.join(SINGLE_FILE).exists() {
+        (vec![SINGLE_FILE.to_string()], None)
+    } else {
+        bail!(
+            "{}: neither {INDEX_FILE} nor {SINGLE_FILE} is there (is this a K3 snapshot directory?)",
+            dir.display()
+        );
+    };
+
+    let mut per_extra = vec![0usize; extra_dirs.len()];
+    let mut shards = Vec::with_capacity(shard_names.len());
+    for name in &shard_names {
+        let (path, from) = locate(name, dir, extra_dirs)?;
+        if let Some(k) = from {
+            per_extra[k] += 1;
+        }
+        shards.push(map_shard(path)?);
+    }
+    for (k, n) in per_extra.iter().enumerate() {
+        if *n > 0 {
+            eprintln!("[SPLIT] +{} -> {n} shard(s)", extra_dirs[k].display());
+        }
+    }
+
+    let mut entries = HashMap::new();
+    for (i, shard) in shards.iter().enumerate() {
+        read_header(i, shard, &mut entries)?;
+    }
+    if let Some(map) = indexed {
+        for (name, file) in map {
+            let held = entries
+                .get(&name)
+                .map(|e| shard_names[e.shard] == file)
+                .unwrap_or(false);
+            if !held {
+                bail!(
+                    "{}: lists tensor `{name}` in {file}, but that shard's header does not hold it (index and shards disagree; re-download the snapshot)",
+                    index_path.display()
+                );
+            }
+        }
+    }
+    Ok(ShardSet { shards, entries })
+}
+
+/// Parses the index: shard file names holding text tensors (first-seen order) and
+/// canonical tensor name → shard file name.
+fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{}: cannot read the shard index", path.display()))?;
+    let root: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not valid JSON", path.display()))?;
+    let map = root
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| anyhow!("{}: missing object `weight_map`", path.display()))?;
+    let mut names: Vec<String> = Vec::new();
+    let mut by_tensor = BTreeMap::new();
+    for (stored, file) in map {
+        let Some(canon) = canonical_name(stored) else {
+            continue;
+        };
+        let file = file.as_str().ok_or_else(|| {
+            anyhow!(
+                "{}: weight_map[`{stored}`]: expected a shard file name, got {file}",
+                path.display()
+            )
+        })?;
+        if file.is_empty() || file.contains(['/', '\\']) || file == "." || file == ".." {
+            bail!(
+                "{}: weight_map[`{stored}`]: `{file}` is not a plain file name",
+                path.display()
+            );
+        }
+        if by_tensor
+            .insert(canon.to_string(), file.to_string())
+            .is_some()
+        {
+            bail!(
+                "{}: tensor `{canon}` is listed twice (with and without the language_model. prefix)",
+                path.display()
+            );
+        }
+        if !names.iter().any(|n| n == file) {
+            names.push(file.to_string());
+        }
+    }
+    names.sort();
+    Ok((names, by_tensor))
+}
+
+/// Finds a shard: the snapshot directory first, then the extra directories in order.
+/// Returns the path and, when an extra directory supplied it, that directory's index.
+fn locate(name: &str, dir: &Path, extra_dirs: &[PathBuf]) -> Result<(PathBuf, Option<usize>)> {
+    let own = dir.join(name);
+    if own.is_file() {
+        return Ok((own, None));
+    }
+    for (k, d) in extra_dirs.iter().enumerate() {
+        let p = d.join(name);
+        if p.is_file() {
+            return Ok((p, Some(k)));
+        }
+    }
+    let searched: Vec<String> = std::iter::once(dir)
+        .chain(extra_dirs.iter().map(PathBuf::as_path))
+        .map(|d| d.display().to_string())
+        .collect();
+    bail!(
+        "shard {name} not found; searched {} (add the directory that holds it to K3_DIRS / --dirs)",
+        searched.join(", ")
+    )
+}
+
+fn map_shard(path: PathBuf) -> Result<Shard> {
+    let file =
+        File::open(&path).with_context(|| format!("{}: cannot open shard", path.display()))?;
+    let len = file
+        .metadata()
+        .with_context(|| format!("{}: cannot stat shard", path.display()))?
+        .len();
+    if len < LEN_BYTES {
+        bail!(
+            "{}: {len} bytes is too short to be a safetensors file (truncated download?)",
+            path.display()
+        );
+    }
+    // SAFETY: the map is read-only and shards are immutable model files; a concurrent
+    // writer truncating the file would be a user error we cannot guard against, as with
+    // any memory-mapped loader.
+    let map = unsafe { Mmap::map(&file) }
+        .with_context(|| format!("{}: cannot memory-map shard", path.display()))?;
+    Ok(Shard { path, map })
+}
+
+/// Validates a shard's header and records every text-model tensor it holds.
+fn read_header(index: usize, shard: &Shard, entries: &mut HashMap<String, Entry>) -> Result<()> {
+    let path = shard.path.display();
+    let file_len = shard.map.len() as u64;
+    let mut len_bytes = [0u8; LEN_BYTES as usize];
+    len_bytes.copy_from_slice(&shard.map[..LEN_BYTES as usize]);
+    let header_len = u64::from_le_bytes(len_bytes);
+    if header_len > MAX_HEADER_BYTES || header_len > file_len - LEN_BYTES {
+        bail!(
+            "{path}: header length {header_len} is absurd (file is {file_len} bytes, limit {MAX_HEADER_BYTES}): corrupt or not a safetensors file"
+        );
+    }
+    let data_start = LEN_BYTES + header_len;
+    let data_len = file_len - data_start;
+    let header = &shard.map[LEN_BYTES as usize..data_start as usize];
+    let header: Value = serde_json::from_slice(header)
+        .with_context(|| format!("{path}: the safetensors header is not valid JSON"))?;
+    let header = header
+        .as_object()
+        .ok_or_else(|| anyhow!("{path}: the safetensors header is not a JSON object"))?;
+    for (stored, info) in header {
+        if stored == "__metadata__" {
+            continue;
+        }
+        let Some(canon) = canonical_name(stored) else {
+            continue;
+        };
+        let entry = parse_entry(index, info, data_start, data_len)
+            .with_context(|| format!("{path}: tensor `{stored}`"))?;
+        if entries.insert(canon.to_string(), entry).is_some() {
+            bail!(
+                "{path}: tensor `{canon}` appears twice in the checkpoint (with and without the language_model. prefix, or in two shards)"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn parse_entry(shard: usize, info: &Value, data_start: u64, data_len: u64) -> Result<Entry> {
+    let dtype_name = info
+        .get("dtype")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("missing `dtype`"))?;
+    let dtype = Dtype::from_safetensors_name(dtype_name).ok_or_else(|| {
+        anyhow!("dtype {dtype_name} is not supported (expected BF16, F16, F32 or U8)")
+    })?;
+    let shape = info
+        .get("shape")
+        .and_then(Value::as_array)
+        .ok_or_else(|| anyhow!("missing `shape`"))?
+        .iter()
+        .map(|d| {
+            d.as_u64()
+                .and_then(|x| usize::try_from(x).ok())
+                .ok_or_else(|| anyhow!("shape entry {d} is not a dimension"))
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    let offsets = info
+        .get("data_offsets")
+        .and_then(Value::as_array)
+        .filter(|o| o.len() == 2)
+        .ok_or_else(|| anyhow!("missing `data_offsets` [begin, end]"))?;
+    let (Some(begin), Some(end)) = (offsets[0].as_u64(), offsets[1].as_u64()) else {
+        bail!("data_offsets {offsets:?} are not byte offsets");
+    };
+    if begin > end {
+        bail!("data_offsets [{begin}, {end}] run backwards");
+    }
+    if end > data_len {
+        bail!(
+            "data ends at byte {} but the file has {} bytes: the shard is truncated (re-download it)",
+            data_start + end,
+            data_start + data_len
+        );
+    }
+    let want = shape
+        .iter()
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| anyhow!("shape {shape:?} overflows"))?;
+    if want as u64 != end - begin {
+        bail!(
+            "{dtype} {shape:?} needs {want} bytes but data_offsets give {}",
+            end - begin
+        );
+    }
+    Ok(Entry {
+        shard,
+        dtype,
+        shape,
+        range: data_start + begin..data_start + end,
+    })
+}

@@ -1,0 +1,182 @@
+//! [`DenseMatrix`] and [`DenseFormat`]: construction in any load-time format, and the
+//! CPU kernels dispatched to the format's module.
+
+use super::kernel::{self, RowSource};
+use super::{bf16, int4, int8, DenseData, DenseFormat, DenseMatrix};
+use anyhow::{bail, Result};
+
+impl DenseFormat {
+    /// The format of a `K3_BITS`-style bit count: 4, 8, 16 or 32.
+    pub fn from_bits(bits: u32) -> Result<Self> {
+        Ok(match bits {
+            4 => Self::Int4,
+            8 => Self::Int8,
+            16 => Self::Bf16,
+            32 => Self::F32,
+            other => bail!(
+                "unsupported dense weight bits {other}: allowed 4 (int4 group 64), \
+                 8 (int8 per row), 16 (bf16), 32 (f32)"
+            ),
+        })
+    }
+
+    /// Bits per weight as named by `K3_BITS` (scales not counted).
+    pub fn bits(&self) -> u32 {
+        match self {
+            Self::Int4 => 4,
+            Self::Int8 => 8,
+            Self::Bf16 => 16,
+            Self::F32 => 32,
+        }
+    }
+}
+
+/// Row-major f32 `[rows, cols]` as a [`RowSource`].
+struct F32Rows<'a> {
+    values: &'a [f32],
+    rows: usize,
+    cols: usize,
+}
+
+impl RowSource for F32Rows<'_> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn decode(&self, r: usize, out: &mut [f32]) {
+        out.copy_from_slice(self.row(r));
+    }
+    fn borrowed(&self, r: usize) -> Option<&[f32]> {
+        Some(self.row(r))
+    }
+}
+
+impl F32Rows<'_> {
+    fn row(&self, r: usize) -> &[f32] {
+        &self.values[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+fn check_len(what: &str, rows: usize, cols: usize, len: usize) -> Result<()> {
+    if rows.checked_mul(cols) != Some(len) {
+        bail!("{what}: {len} values given for a [{rows}, {cols}] matrix (need rows·cols)");
+    }
+    Ok(())
+}
+
+/// Binds `$src` to the matrix's [`RowSource`] and evaluates `$body` (static dispatch per
+/// format: a closure cannot be generic over the four source types).
+macro_rules! with_rows {
+    ($m:expr, $src:ident => $body:expr) => {{
+        let (rows, cols) = ($m.rows, $m.cols);
+        match &$m.data {
+            DenseData::F32(values) => {
+                let $src = F32Rows { values, rows, cols };
+                $body
+            }
+            DenseData::Bf16(bits) => {
+                let $src = bf16::Bf16Rows { bits, rows, cols };
+                $body
+            }
+            DenseData::Int8 { q, scale } => {
+                let $src = int8::Int8Rows {
+                    q,
+                    scale,
+                    rows,
+                    cols,
+                };
+                $body
+            }
+            DenseData::Int4 { q, scale } => {
+                let $src = int4::Int4Rows {
+                    packed: q,
+                    scale,
+                    rows,
+                    cols,
+                };
+                $body
+            }
+        }
+    }};
+}
+
+impl DenseMatrix {
+    /// Encodes row-major f32 values: quantizes for Int8/Int4, rounds to bf16
+    /// (round-to-nearest-even) for Bf16, keeps them for F32.
+    pub fn from_f32(rows: usize, cols: usize, values: Vec<f32>, fmt: DenseFormat) -> Result<Self> {
+        check_len("DenseMatrix::from_f32", rows, cols, values.len())?;
+        let data = match fmt {
+            DenseFormat::F32 => DenseData::F32(values),
+            DenseFormat::Bf16 => DenseData::Bf16(bf16::round(&values)),
+            DenseFormat::Int8 => {
+                let (q, scale) = int8::quantize(rows, cols, &values)?;
+                DenseData::Int8 { q, scale }
+            }
+            DenseFormat::Int4 => {
+                let (q, scale) = int4::quantize(rows, cols, &values)?;
+                DenseData::Int4 { q, scale }
+            }
+        };
+        Ok(Self { rows, cols, data })
+    }
+
+    /// Encodes row-major bf16 bit patterns: Bf16 keeps the bits exactly, F32 widens exactly,
+    /// Int8/Int4 quantize the widened values.
+    pub fn from_bf16(rows: usize, cols: usize, bits: Vec<u16>, fmt: DenseFormat) -> Result<Self> {
+        check_len("DenseMatrix::from_bf16", rows, cols, bits.len())?;
+        if fmt == DenseFormat::Bf16 {
+            return Ok(Self {
+                rows,
+                cols,
+                data: DenseData::Bf16(bits),
+            });
+        }
+        let widened = bits.iter().map(|&b| bf16::widen(b)).collect();
+        Self::from_f32(rows, cols, widened, fmt)
+    }
+
+    /// The format the payload is stored in.
+    pub fn format(&self) -> DenseFormat {
+        match self.data {
+            DenseData::F32(_) => DenseFormat::F32,
+            DenseData::Bf16(_) => DenseFormat::Bf16,
+            DenseData::Int8 { .. } => DenseFormat::Int8,
+            DenseData::Int4 { .. } => DenseFormat::Int4,
+        }
+    }
+
+    /// Payload bytes, scales included.
+    pub fn byte_size(&self) -> usize {
+        let f = std::mem::size_of::<f32>();
+        match &self.data {
+            DenseData::F32(v) => v.len() * f,
+            DenseData::Bf16(v) => v.len() * 2,
+            DenseData::Int8 { q, scale } => q.len() + scale.len() * f,
+            DenseData::Int4 { q, scale } => q.len() + scale.len() * f,
+        }
+    }
+
+    /// Decodes row `r` into `out` (`cols` values), e.g. for an embedding lookup.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        with_rows!(self, src => src.decode(r, out));
+    }
+
+    /// The whole matrix as row-major f32.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        if self.cols > 0 {
+            for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+                self.dequantize_row(r, row);
+            }
+        }
+        out
+    }
+
+    /// `y = x · Wᵀ` for `x: [n, cols]`, `y: [n, rows]` (row-major, y overwritten); each
+    /// weight row is decoded once for all n tokens.
+    pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        with_rows!(self, src => kernel::matmul(&src, x, n, y));
+    }
+}

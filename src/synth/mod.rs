@@ -1,0 +1,253 @@
+//! `k3 synth`: writes a random-weight Kimi K3 checkpoint in exactly the published
+//! on-disk format (config, index, BF16 dense shards, MXFP4 experts, a vision shard),
+//! streamed in bounded chunks so even a real-size slice needs little memory.
+
+mod layout;
+mod presets;
+mod random_weights;
+mod safetensors_writer;
+
+use std::fs;
+use std::path::Path;
+use std::str::FromStr;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+
+use crate::config::Config;
+use layout::{plan_shards, shard_file_name, PlannedTensor};
+use presets::Dims;
+use random_weights::{fill, init_for, StreamKey, BLOCK_ELEMS};
+use safetensors_writer::{HeaderEntry, ShardWriter};
+
+/// Blocks generated per chunk: 4 Mi elements, at most 16 MiB of buffer.
+const CHUNK_BLOCKS: usize = 64;
+/// Marker file that identifies a directory as synth output, safe to overwrite.
+const MARKER_FILE: &str = ".k3-synth.json";
+/// The index file name of a sharded Hugging Face checkpoint.
+const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// A synthetic checkpoint preset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// A few hundred KB: unit tests and quick runs.
+    Tiny,
+    /// About 100 MB: enough experts and layers to exercise caching and scheduling.
+    Small,
+    /// The real K3 dimensions with few layers (tens of GB at the defaults).
+    K3Slice,
+}
+
+impl Preset {
+    /// The spelling on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Tiny => "tiny",
+            Preset::Small => "small",
+            Preset::K3Slice => "k3-slice",
+        }
+    }
+}
+
+impl FromStr for Preset {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Preset> {
+        match s {
+            "tiny" => Ok(Preset::Tiny),
+            "small" => Ok(Preset::Small),
+            "k3-slice" => Ok(Preset::K3Slice),
+            other => bail!("--preset {other:?}: expected one of tiny, small, k3-slice"),
+        }
+    }
+}
+
+impl std::fmt::Display for Preset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What to synthesize.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SynthOptions {
+    /// Base dimensions.
+    pub preset: Preset,
+    /// Overrides the preset's layer count (`--layers`).
+    pub layers: Option<usize>,
+    /// Overrides the preset's routed expert count (`--experts`).
+    pub experts: Option<usize>,
+    /// Seed of every random value (`--seed`); same seed, same bytes.
+    pub seed: u64,
+    /// Show a progress bar in bytes on stderr.
+    pub progress: bool,
+}
+
+/// What [`synthesize`] wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SynthSummary {
+    /// Bytes of all shard files, headers included.
+    pub bytes: u64,
+    /// Number of shard files, the vision shard included.
+    pub shards: usize,
+    /// Number of tensors, vision ones included.
+    pub tensors: usize,
+}
+
+/// The `config.json` that [`synthesize`] writes for `opts`.
+pub fn preset_config(opts: &SynthOptions) -> Result<Value> {
+    Ok(presets::root_config(&Dims::from_options(opts)?))
+}
+
+/// Writes the checkpoint for `opts` into `out` (created if missing). A non-empty `out`
+/// is refused unless it holds an earlier synth output, whose shards are replaced.
+pub fn synthesize(opts: &SynthOptions, out: &Path) -> Result<SynthSummary> {
+    let dims = Dims::from_options(opts)?;
+    let config = presets::root_config(&dims);
+    let config_text = pretty(&config)?;
+    let cfg = Config::from_json_str(&config_text, "synthesized config.json")
+        .context("the synthesized config does not parse (a preset bug)")?;
+    prepare_dir(out)?;
+    write_file(
+        &out.join(MARKER_FILE),
+        &pretty(&json!({
+            "preset": opts.preset.name(),
+            "layers": dims.layers,
+            "experts": dims.experts,
+            "seed": opts.seed,
+        }))?,
+    )?;
+
+    let shards = plan_shards(&cfg, opts.seed, dims.max_shard_bytes);
+    let data_bytes: u64 = shards.iter().flatten().map(PlannedTensor::bytes).sum();
+    let bar = progress_bar(opts.progress, data_bytes);
+    let mut buffer = Vec::new();
+    let mut weight_map = serde_json::Map::new();
+    let mut summary = SynthSummary {
+        bytes: 0,
+        shards: shards.len(),
+        tensors: 0,
+    };
+    for (i, tensors) in shards.iter().enumerate() {
+        let file_name = shard_file_name(i, shards.len());
+        let path = out.join(&file_name);
+        let entries: Vec<HeaderEntry> = tensors
+            .iter()
+            .map(|t| HeaderEntry {
+                name: t.name.clone(),
+                dtype: t.dtype.safetensors_name(),
+                shape: t.shape.clone(),
+                bytes: t.bytes(),
+            })
+            .collect();
+        let mut writer = ShardWriter::create(&path, &entries)?;
+        for t in tensors {
+            write_tensor(&mut writer, t, opts.seed, &mut buffer, &bar)?;
+            weight_map.insert(t.name.clone(), Value::String(file_name.clone()));
+        }
+        writer.finish()?;
+        summary.bytes += fs::metadata(&path)
+            .with_context(|| format!("reading the size of {}", path.display()))?
+            .len();
+        summary.tensors += tensors.len();
+    }
+    bar.finish_and_clear();
+
+    let index = json!({
+        "metadata": { "total_size": data_bytes },
+        "weight_map": weight_map,
+    });
+    write_file(&out.join(INDEX_FILE), &pretty(&index)?)?;
+    write_file(&out.join("config.json"), &config_text)?;
+    write_file(
+        &out.join("generation_config.json"),
+        &pretty(&presets::generation_config(&dims))?,
+    )?;
+    Ok(summary)
+}
+
+/// Streams one tensor into the shard in chunks of whole blocks.
+fn write_tensor(
+    writer: &mut ShardWriter,
+    t: &PlannedTensor,
+    seed: u64,
+    buffer: &mut Vec<u8>,
+    bar: &ProgressBar,
+) -> Result<()> {
+    let key = StreamKey::new(seed, &t.name);
+    let init = init_for(&t.name, &t.shape);
+    let elem = t.dtype.size();
+    let numel: u64 = t.shape.iter().product::<usize>() as u64;
+    let chunk_elems = (CHUNK_BLOCKS * BLOCK_ELEMS) as u64;
+    let mut first = 0u64;
+    while first < numel {
+        let n = chunk_elems.min(numel - first) as usize;
+        buffer.resize(n * elem, 0);
+        fill(key, init, t.dtype, first, buffer);
+        writer
+            .write(buffer)
+            .with_context(|| format!("writing tensor {}", t.name))?;
+        bar.inc(buffer.len() as u64);
+        first += n as u64;
+    }
+    Ok(())
+}
+
+fn progress_bar(show: bool, total: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} synth [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// Creates `out`, or accepts it when empty or a previous synth output (whose old shards
+/// are removed, since the shard count may change).
+fn prepare_dir(out: &Path) -> Result<()> {
+    if !out.exists() {
+        return fs::create_dir_all(out)
+            .with_context(|| format!("creating output directory {}", out.display()));
+    }
+    if !out.is_dir() {
+        bail!("{} exists and is not a directory; choose a new OUT_DIR", out.display());
+    }
+    let entries: Vec<fs::DirEntry> = fs::read_dir(out)
+        .with_context(|| format!("listing {}", out.display()))?
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("listing {}", out.display()))?;
+    if entries.is_empty() {
+        return Ok(());
+    }
+    if !out.join(MARKER_FILE).is_file() {
+        bail!(
+            "{} is not empty and is not a previous `k3 synth` output (no {MARKER_FILE}); \
+             choose an empty or new OUT_DIR",
+            out.display()
+        );
+    }
+    for e in entries {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("model-") && name.ends_with(".safetensors") {
+            fs::remove_file(e.path())
+                .with_context(|| format!("removing old shard {}", e.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn pretty(v: &Value) -> Result<String> {
+    let mut s = serde_json::to_string_pretty(v).context("encoding JSON")?;
+    s.push('\n');
+    Ok(s)
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}

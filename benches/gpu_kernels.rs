@@ -85,7 +85,7 @@ impl<'a> Timer<'a> {
         self.time(|| {
             ctx.dispatch(&Dispatch {
                 shader: Shader::ReadBench,
-                entry: "read",
+                entry: "stream_read",
                 consts: &[],
                 params: &[(bytes / 16) as u32, threads],
                 buffers: &[&src, &sink],

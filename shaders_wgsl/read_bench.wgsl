@@ -11,14 +11,14 @@ struct ReadParams {
 }
 
 @group(0) @binding(0) var<uniform> p: ReadParams;
-@group(0) @binding(1) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> data: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> sink: array<u32>;
 
 @compute @workgroup_size(WG)
-fn read(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn stream_read(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc = vec4<u32>(0u);
     for (var i = gid.x; i < p.n4; i += p.threads) {
-        acc ^= src[i];
+        acc ^= data[i];
     }
     let v = acc.x ^ acc.y ^ acc.z ^ acc.w;
     // Written only when impossible in practice, so the loads cannot be optimized away.

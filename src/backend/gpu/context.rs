@@ -105,6 +105,9 @@ impl GpuContext {
         let adapter = adapters::choose(adapters::enumerate(&inst), opts.adapter.as_deref(), opts.allow_cpu_adapter)?;
         let info = adapter.get_info();
         let limits = adapter.limits();
+        if !adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32) {
+            bail!("{} ({:?}) lacks f16 packing in shaders (SHADER_F16_IN_F32), which the MXFP4 decode uses", info.name, info.backend);
+        }
         let wanted = wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;

@@ -145,7 +145,9 @@ mod tests {
         let src = sh.source(subgroups);
         let module = naga::front::wgsl::parse_str(&src)
             .unwrap_or_else(|e| panic!("{} (subgroups={subgroups}):\n{}", sh.file(), e.emit_to_string(&src)));
-        let caps = if subgroups { Capabilities::SUBGROUP } else { Capabilities::empty() };
+        // unpack2x16float (the MXFP4 decode) needs f16-in-f32, which the context checks for.
+        let caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32
+            | if subgroups { Capabilities::SUBGROUP } else { Capabilities::empty() };
         let mut v = Validator::new(ValidationFlags::all(), caps);
         if subgroups {
             v.subgroup_stages(ShaderStages::COMPUTE);

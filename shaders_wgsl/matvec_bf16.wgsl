@@ -18,3 +18,9 @@ fn load_unit(wrow: u32, u: u32) -> Unit {
     let q = w[wrow * p.units + u];
     return Unit(array<vec4<f32>, UV>(widen2(q.x, q.y), widen2(q.z, q.w)), 1.0);
 }
+
+fn unit_dot(wrow: u32, u: u32, xb: u32) -> f32 {
+    let q = w[wrow * p.units + u];
+    let b = xb + 2u * u;
+    return dot(widen2(q.x, q.y), x[b]) + dot(widen2(q.z, q.w), x[b + 1u]);
+}

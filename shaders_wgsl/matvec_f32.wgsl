@@ -12,3 +12,7 @@ struct Unit {
 fn load_unit(wrow: u32, u: u32) -> Unit {
     return Unit(array<vec4<f32>, UV>(w[wrow * p.units + u]), 1.0);
 }
+
+fn unit_dot(wrow: u32, u: u32, xb: u32) -> f32 {
+    return dot(w[wrow * p.units + u], x[xb + u]);
+}

@@ -29,3 +29,11 @@ fn load_unit(wrow: u32, u: u32) -> Unit {
         scale[wrow * p.groups + u / 2u],
     );
 }
+
+fn unit_dot(wrow: u32, u: u32, xb: u32) -> f32 {
+    let q = w[wrow * p.units + u];
+    let b = xb + 8u * u;
+    let d = dot(lo4(q.x), x[b]) + dot(hi4(q.x), x[b + 1u]) + dot(lo4(q.y), x[b + 2u]) + dot(hi4(q.y), x[b + 3u])
+        + dot(lo4(q.z), x[b + 4u]) + dot(hi4(q.z), x[b + 5u]) + dot(lo4(q.w), x[b + 6u]) + dot(hi4(q.w), x[b + 7u]);
+    return d * scale[wrow * p.groups + u / 2u];
+}

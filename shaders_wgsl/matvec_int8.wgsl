@@ -22,3 +22,11 @@ fn load_unit(wrow: u32, u: u32) -> Unit {
         scale[wrow],
     );
 }
+
+fn unit_dot(wrow: u32, u: u32, xb: u32) -> f32 {
+    let q = w[wrow * p.units + u];
+    let b = xb + 4u * u;
+    let d = dot(vec4<f32>(unpack4xI8(q.x)), x[b]) + dot(vec4<f32>(unpack4xI8(q.y)), x[b + 1u])
+        + dot(vec4<f32>(unpack4xI8(q.z)), x[b + 2u]) + dot(vec4<f32>(unpack4xI8(q.w)), x[b + 3u]);
+    return d * scale[wrow];
+}

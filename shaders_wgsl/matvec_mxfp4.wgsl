@@ -55,27 +55,45 @@ fn load_unit(wrow: u32, u: u32) -> Unit {
     return Unit(v, sc * F16_BIAS);
 }
 
-// Batched experts: work item item0 + wg.y = (expert slot, first pair, pair count ≤ TOK) from `rt`;
-// the pair's input row comes from the gather table at rt[map_off + pair]; the output is
-// row `pair` of y ([pairs, rows]).
+fn word_dot(q: u32, b: u32) -> f32 {
+    let a = pair(q, 0u);
+    let c = pair(q, 1u);
+    let e = pair(q, 2u);
+    let g = pair(q, 3u);
+    return dot(vec4<f32>(a.x, c.x, e.x, g.x), x[b]) + dot(vec4<f32>(a.y, c.y, e.y, g.y), x[b + 1u]);
+}
+
+fn unit_dot(wrow: u32, u: u32, xb: u32) -> f32 {
+    let si = wrow * p.groups + u;
+    let s = (scales[si >> 2u] >> ((si & 3u) * 8u)) & 0xFFu;
+    let b = xb + 8u * u;
+    if (s > 240u) {
+        let un = load_unit(wrow, u);
+        var d = 0.0;
+        for (var k = 0u; k < UV; k++) {
+            d += dot(un.v[k], x[b + k]);
+        }
+        return d * un.s;
+    }
+    let q = w[wrow * p.units + u];
+    let d = word_dot(q.x, b) + word_dot(q.y, b + 2u) + word_dot(q.z, b + 4u) + word_dot(q.w, b + 6u);
+    return d * (bitcast<f32>(s << 23u) * F16_BIAS);
+}
+
+// Batched experts: work item item0 + wg.x = (expert slot, pair, 1) from `rt`, wg.y the row
+// group. The pair's input row comes from the gather table at rt[map_off + pair]; the output
+// is row `pair` of y ([pairs, rows]). Pairs are grouped by expert, so the workgroups that
+// run together share the expert's rows through L2.
 @compute @workgroup_size(WG)
 fn moe(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
     let lane = lanes.lid % LPR;
-    let row = (wg.x * (WG / LPR) + lanes.lid / LPR) * RPL;
+    let row = (wg.y * (WG / LPR) + lanes.lid / LPR) * RPL;
     let rr = min(row, p.rows - 1u);
     let nrows = min(RPL, p.rows - rr);
-    let item = p.item0 + wg.y;
+    let item = p.item0 + wg.x;
     let slot = rt[3u * item];
-    let first = rt[3u * item + 1u];
-    let nt = rt[3u * item + 2u];
-    var xoff: array<u32, TMAX>;
-    var yoff: array<u32, TMAX>;
-    for (var t = 0u; t < TOK; t++) {
-        let pr = first + min(t, nt - 1u);
-        xoff[t] = rt[p.map_off + pr] * p.x_stride4;
-        yoff[t] = pr * p.y_stride + rr;
-    }
-    let acc = lane_partials(slot * p.rows + rr, nrows, xoff, lane);
-    finish(acc, lane, select(0u, nrows, row < p.rows), yoff, nt);
+    let pr = rt[3u * item + 1u];
+    let xb = rt[p.map_off + pr] * p.x_stride4;
+    gemv_rows(slot * p.rows + rr, nrows, xb, lane, pr * p.y_stride + rr, select(0u, nrows, row < p.rows));
 }

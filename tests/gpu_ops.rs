@@ -6,8 +6,8 @@
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
 use k3::backend::{
-    Backend, ExpertAssignment, ExpertWeights, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims,
-    RouterParams,
+    Backend, ExpertAssignment, ExpertWeights, Glu, KdaDims, KdaStepInputs, KdaStepWeights,
+    MlaAttnWeights, MlaDims, RouterParams,
 };
 use k3::quant::{DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
@@ -20,7 +20,12 @@ const MXFP4_TOL: f64 = 1e-6;
 fn gpus(max_binding: Option<u64>) -> Vec<GpuBackend> {
     let mut out = Vec::new();
     for no_subgroups in [false, true] {
-        let opts = GpuOptions { allow_cpu_adapter: true, no_subgroups, max_binding, ..Default::default() };
+        let opts = GpuOptions {
+            allow_cpu_adapter: true,
+            no_subgroups,
+            max_binding,
+            ..Default::default()
+        };
         match GpuBackend::new(&opts) {
             Ok(b) => {
                 let has = b.ctx.subgroups;
@@ -57,13 +62,18 @@ fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
 }
 
 fn check(what: &str, got: &[f32], want: &[f32], tol: f64) {
-    assert!(got.iter().all(|v| v.is_finite()), "{what}: GPU produced non-finite values");
+    assert!(
+        got.iter().all(|v| v.is_finite()),
+        "{what}: GPU produced non-finite values"
+    );
     let e = rel_l2(got, want);
     assert!(e <= tol, "{what}: rel L2 {e:e} > {tol:e}");
 }
 
 fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-1.0f32..1.0) * scale).collect()
+    (0..n)
+        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+        .collect()
 }
 
 struct Pair<'a> {
@@ -72,8 +82,16 @@ struct Pair<'a> {
 }
 
 impl Pair<'_> {
-    fn up(&self, v: &[f32], r: usize, c: usize) -> (k3::backend::gpu::GpuAct, k3::backend::cpu::CpuAct) {
-        (self.g.upload(v, r, c).unwrap(), self.c.upload(v, r, c).unwrap())
+    fn up(
+        &self,
+        v: &[f32],
+        r: usize,
+        c: usize,
+    ) -> (k3::backend::gpu::GpuAct, k3::backend::cpu::CpuAct) {
+        (
+            self.g.upload(v, r, c).unwrap(),
+            self.c.upload(v, r, c).unwrap(),
+        )
     }
 }
 
@@ -81,21 +99,44 @@ impl Pair<'_> {
 fn elementwise_ops_match_cpu() {
     let mut rng = StdRng::seed_from_u64(1);
     for g in gpus(None) {
-        let p = Pair { g: &g, c: CpuBackend::new() };
+        let p = Pair {
+            g: &g,
+            c: CpuBackend::new(),
+        };
         for (r, c) in [(1, 1), (3, 257), (17, 1000)] {
             let (ga, ca) = p.up(&rand_vec(&mut rng, r * c, 4.0), r, c);
             let (gb, cb) = p.up(&rand_vec(&mut rng, r * c, 4.0), r, c);
             let add = g.download(&g.add(&ga, &gb).unwrap()).unwrap();
             check("add", &add, &p.c.add(&ca, &cb).unwrap().data, F32_TOL);
             let sg = g.download(&g.sigmoid_gate(&ga, &gb).unwrap()).unwrap();
-            check("sigmoid_gate", &sg, &p.c.sigmoid_gate(&ca, &cb).unwrap().data, F32_TOL);
-            for glu in [Glu::Silu, Glu::Situ { beta: 3.0, linear_beta: 2.5 }] {
+            check(
+                "sigmoid_gate",
+                &sg,
+                &p.c.sigmoid_gate(&ca, &cb).unwrap().data,
+                F32_TOL,
+            );
+            for glu in [
+                Glu::Silu,
+                Glu::Situ {
+                    beta: 3.0,
+                    linear_beta: 2.5,
+                },
+            ] {
                 let got = g.download(&g.glu(&ga, &gb, glu).unwrap()).unwrap();
-                check(&format!("{glu:?}"), &got, &p.c.glu(&ca, &cb, glu).unwrap().data, F32_TOL);
+                check(
+                    &format!("{glu:?}"),
+                    &got,
+                    &p.c.glu(&ca, &cb, glu).unwrap().data,
+                    F32_TOL,
+                );
             }
             if r > 2 {
                 let got = g.download(&g.slice_rows(&ga, 1, r - 2).unwrap()).unwrap();
-                assert_eq!(got, p.c.slice_rows(&ca, 1, r - 2).unwrap().data, "slice_rows");
+                assert_eq!(
+                    got,
+                    p.c.slice_rows(&ca, 1, r - 2).unwrap().data,
+                    "slice_rows"
+                );
             }
         }
     }
@@ -105,41 +146,91 @@ fn elementwise_ops_match_cpu() {
 fn rmsnorm_and_attn_res_mix_match_cpu() {
     let mut rng = StdRng::seed_from_u64(2);
     for g in gpus(None) {
-        let p = Pair { g: &g, c: CpuBackend::new() };
-        for (r, c, group) in [(1, 32, 32), (3, 96, 32), (5, 300, 300), (2, 1000, 1000), (4, 390, 13)] {
+        let p = Pair {
+            g: &g,
+            c: CpuBackend::new(),
+        };
+        for (r, c, group) in [
+            (1, 32, 32),
+            (3, 96, 32),
+            (5, 300, 300),
+            (2, 1000, 1000),
+            (4, 390, 13),
+        ] {
             let (gx, cx) = p.up(&rand_vec(&mut rng, r * c, 3.0), r, c);
             let (gw, cw) = p.up(&rand_vec(&mut rng, group, 1.0), 1, group);
-            let got = g.download(&g.rmsnorm(&gx, &gw, group, 1e-6).unwrap()).unwrap();
-            check("rmsnorm", &got, &p.c.rmsnorm(&cx, &cw, group, 1e-6).unwrap().data, F32_TOL);
+            let got = g
+                .download(&g.rmsnorm(&gx, &gw, group, 1e-6).unwrap())
+                .unwrap();
+            check(
+                "rmsnorm",
+                &got,
+                &p.c.rmsnorm(&cx, &cw, group, 1e-6).unwrap().data,
+                F32_TOL,
+            );
         }
         for (r, c, banked) in [(1, 64, 0), (3, 300, 1), (2, 1000, 4)] {
             let (gcur, ccur) = p.up(&rand_vec(&mut rng, r * c, 2.0), r, c);
             let (gw, cw) = p.up(&rand_vec(&mut rng, c, 1.0), 1, c);
-            let bank: Vec<_> = (0..banked).map(|_| p.up(&rand_vec(&mut rng, r * c, 2.0), r, c)).collect();
+            let bank: Vec<_> = (0..banked)
+                .map(|_| p.up(&rand_vec(&mut rng, r * c, 2.0), r, c))
+                .collect();
             let gb: Vec<_> = bank.iter().map(|b| &b.0).collect();
             let cb: Vec<_> = bank.iter().map(|b| &b.1).collect();
-            let got = g.download(&g.attn_res_mix(&gb, &gcur, &gw, 1e-6).unwrap()).unwrap();
-            check("attn_res_mix", &got, &p.c.attn_res_mix(&cb, &ccur, &cw, 1e-6).unwrap().data, F32_TOL);
+            let got = g
+                .download(&g.attn_res_mix(&gb, &gcur, &gw, 1e-6).unwrap())
+                .unwrap();
+            check(
+                "attn_res_mix",
+                &got,
+                &p.c.attn_res_mix(&cb, &ccur, &cw, 1e-6).unwrap().data,
+                F32_TOL,
+            );
         }
     }
 }
 
-fn matmul_case(g: &GpuBackend, rng: &mut StdRng, fmt: DenseFormat, n: usize, rows: usize, cols: usize) {
+fn matmul_case(
+    g: &GpuBackend,
+    rng: &mut StdRng,
+    fmt: DenseFormat,
+    n: usize,
+    rows: usize,
+    cols: usize,
+) {
     let c = CpuBackend::new();
     let w = DenseMatrix::from_f32(rows, cols, rand_vec(rng, rows * cols, 0.5), fmt).unwrap();
     let x = rand_vec(rng, n * cols, 1.0);
     let gm = g.load_matrix(w.clone()).unwrap();
-    let got = g.download(&g.matmul(&gm, &g.upload(&x, n, cols).unwrap()).unwrap()).unwrap();
+    let got = g
+        .download(&g.matmul(&gm, &g.upload(&x, n, cols).unwrap()).unwrap())
+        .unwrap();
     let want = c.matmul(&w, &c.upload(&x, n, cols).unwrap()).unwrap().data;
-    check(&format!("matmul {fmt:?} n={n} {rows}x{cols}"), &got, &want, F32_TOL);
+    check(
+        &format!("matmul {fmt:?} n={n} {rows}x{cols}"),
+        &got,
+        &want,
+        F32_TOL,
+    );
 }
 
 #[test]
 fn dense_matmul_matches_cpu_in_every_format() {
     let mut rng = StdRng::seed_from_u64(3);
     for g in gpus(None) {
-        for fmt in [DenseFormat::F32, DenseFormat::Bf16, DenseFormat::Int8, DenseFormat::Int4] {
-            for (n, rows, cols) in [(1, 5, 7), (1, 64, 128), (3, 33, 70), (9, 257, 200), (20, 9, 64)] {
+        for fmt in [
+            DenseFormat::F32,
+            DenseFormat::Bf16,
+            DenseFormat::Int8,
+            DenseFormat::Int4,
+        ] {
+            for (n, rows, cols) in [
+                (1, 5, 7),
+                (1, 64, 128),
+                (3, 33, 70),
+                (9, 257, 200),
+                (20, 9, 64),
+            ] {
                 matmul_case(&g, &mut rng, fmt, n, rows, cols);
             }
         }
@@ -152,11 +243,17 @@ fn matvec_geometries_other_than_the_default_agree() {
     for (lanes_per_row, rows_per_lane) in [(8, 3), (32, 1), (16, 4)] {
         let opts = GpuOptions {
             allow_cpu_adapter: true,
-            matvec: Some(MatvecShape { lanes_per_row, rows_per_lane }),
+            matvec: Some(MatvecShape {
+                lanes_per_row,
+                rows_per_lane,
+            }),
             ..Default::default()
         };
         let Ok(g) = GpuBackend::new(&opts) else {
-            assert!(gpus(None).is_empty(), "the adapter opens but not with {opts:?}");
+            assert!(
+                gpus(None).is_empty(),
+                "the adapter opens but not with {opts:?}"
+            );
             return;
         };
         for fmt in [DenseFormat::F32, DenseFormat::Int4] {
@@ -167,10 +264,20 @@ fn matvec_geometries_other_than_the_default_agree() {
         let (packed, scales) = rand_mxfp4(&mut rng, 45, 128);
         let view = Mxfp4View::new(45, 128, &packed, &scales).unwrap();
         let x = rand_vec(&mut rng, 3 * 128, 1.0);
-        let got = g.download(&g.matmul_mxfp4(view, &g.upload(&x, 3, 128).unwrap()).unwrap()).unwrap();
+        let got = g
+            .download(
+                &g.matmul_mxfp4(view, &g.upload(&x, 3, 128).unwrap())
+                    .unwrap(),
+            )
+            .unwrap();
         let c = CpuBackend::new();
         let deq = DenseMatrix::from_f32(45, 128, view.dequantize(), DenseFormat::F32).unwrap();
-        check("mxfp4 geometry", &got, &c.matmul(&deq, &c.upload(&x, 3, 128).unwrap()).unwrap().data, MXFP4_TOL);
+        check(
+            "mxfp4 geometry",
+            &got,
+            &c.matmul(&deq, &c.upload(&x, 3, 128).unwrap()).unwrap().data,
+            MXFP4_TOL,
+        );
     }
 }
 
@@ -180,8 +287,13 @@ fn dense_matmul_splits_rows_below_the_binding_limit() {
     // A 4 KiB binding cap forces many row chunks even on these small matrices.
     for g in gpus(Some(4096)) {
         for fmt in [DenseFormat::F32, DenseFormat::Int4, DenseFormat::Int8] {
-            let m = g.load_matrix(DenseMatrix::from_f32(300, 160, vec![0.5; 300 * 160], fmt).unwrap()).unwrap();
-            assert!(m.chunks.len() > 1, "{fmt:?}: expected a split, got one chunk");
+            let m = g
+                .load_matrix(DenseMatrix::from_f32(300, 160, vec![0.5; 300 * 160], fmt).unwrap())
+                .unwrap();
+            assert!(
+                m.chunks.len() > 1,
+                "{fmt:?}: expected a split, got one chunk"
+            );
             matmul_case(&g, &mut rng, fmt, 3, 300, 160);
         }
     }
@@ -190,7 +302,15 @@ fn dense_matmul_splits_rows_below_the_binding_limit() {
 /// Random MXFP4 bytes with scales around 2^0 (and the zero scale).
 fn rand_mxfp4(rng: &mut StdRng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
     let packed = (0..rows * cols / 2).map(|_| rng.random::<u8>()).collect();
-    let scales = (0..rows * cols / 32).map(|i| if i % 17 == 5 { 0 } else { rng.random_range(120u8..134) }).collect();
+    let scales = (0..rows * cols / 32)
+        .map(|i| {
+            if i % 17 == 5 {
+                0
+            } else {
+                rng.random_range(120u8..134)
+            }
+        })
+        .collect();
     (packed, scales)
 }
 
@@ -203,10 +323,24 @@ fn mxfp4_matvec_matches_cpu_dequantized() {
             let (packed, scales) = rand_mxfp4(&mut rng, rows, cols);
             let view = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();
             let x = rand_vec(&mut rng, n * cols, 1.0);
-            let got = g.download(&g.matmul_mxfp4(view, &g.upload(&x, n, cols).unwrap()).unwrap()).unwrap();
-            let deq = DenseMatrix::from_f32(rows, cols, view.dequantize(), DenseFormat::F32).unwrap();
-            let want = c.matmul(&deq, &c.upload(&x, n, cols).unwrap()).unwrap().data;
-            check(&format!("mxfp4 n={n} {rows}x{cols}"), &got, &want, MXFP4_TOL);
+            let got = g
+                .download(
+                    &g.matmul_mxfp4(view, &g.upload(&x, n, cols).unwrap())
+                        .unwrap(),
+                )
+                .unwrap();
+            let deq =
+                DenseMatrix::from_f32(rows, cols, view.dequantize(), DenseFormat::F32).unwrap();
+            let want = c
+                .matmul(&deq, &c.upload(&x, n, cols).unwrap())
+                .unwrap()
+                .data;
+            check(
+                &format!("mxfp4 n={n} {rows}x{cols}"),
+                &got,
+                &want,
+                MXFP4_TOL,
+            );
         }
     }
 }
@@ -225,11 +359,22 @@ fn mxfp4_special_scales_decode_as_on_the_cpu() {
     let x = vec![1.0f32; cols];
     let c = CpuBackend::new();
     let deq = DenseMatrix::from_f32(rows, cols, view.dequantize(), DenseFormat::F32).unwrap();
-    let want = c.matmul(&deq, &c.upload(&x, 1, cols).unwrap()).unwrap().data;
+    let want = c
+        .matmul(&deq, &c.upload(&x, 1, cols).unwrap())
+        .unwrap()
+        .data;
     for g in gpus(None) {
-        let got = g.download(&g.matmul_mxfp4(view, &g.upload(&x, 1, cols).unwrap()).unwrap()).unwrap();
+        let got = g
+            .download(
+                &g.matmul_mxfp4(view, &g.upload(&x, 1, cols).unwrap())
+                    .unwrap(),
+            )
+            .unwrap();
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            assert!(a == b || (a.is_nan() && b.is_nan()), "row {i}: GPU {a} vs CPU {b}");
+            assert!(
+                a == b || (a.is_nan() && b.is_nan()),
+                "row {i}: GPU {a} vs CPU {b}"
+            );
         }
     }
 }
@@ -239,12 +384,22 @@ fn router_matches_cpu_including_ties() {
     let mut rng = StdRng::seed_from_u64(6);
     let c = CpuBackend::new();
     for g in gpus(None) {
-        for (rows, experts, k, renormalize) in [(1, 8, 2, true), (5, 40, 6, true), (3, 300, 8, false)] {
+        for (rows, experts, k, renormalize) in
+            [(1, 8, 2, true), (5, 40, 6, true), (3, 300, 8, false)]
+        {
             let logits = rand_vec(&mut rng, rows * experts, 3.0);
             let bias = rand_vec(&mut rng, experts, 0.1);
-            let params = RouterParams { top_k: k, renormalize, scaling: 2.5 };
-            let got = g.router_topk(&g.upload(&logits, rows, experts).unwrap(), &bias, params).unwrap();
-            let want = c.router_topk(&c.upload(&logits, rows, experts).unwrap(), &bias, params).unwrap();
+            let params = RouterParams {
+                top_k: k,
+                renormalize,
+                scaling: 2.5,
+            };
+            let got = g
+                .router_topk(&g.upload(&logits, rows, experts).unwrap(), &bias, params)
+                .unwrap();
+            let want = c
+                .router_topk(&c.upload(&logits, rows, experts).unwrap(), &bias, params)
+                .unwrap();
             for (gr, cr) in got.iter().zip(&want) {
                 let gi: Vec<u32> = gr.iter().map(|r| r.0).collect();
                 let ci: Vec<u32> = cr.iter().map(|r| r.0).collect();
@@ -255,22 +410,43 @@ fn router_matches_cpu_including_ties() {
             }
         }
         // All scores equal: ties go to the lower ids.
-        let got = g.router_topk(&g.upload(&[0.5; 12], 1, 12).unwrap(), &[0.0; 12], RouterParams { top_k: 3, renormalize: true, scaling: 1.0 }).unwrap();
-        assert_eq!(got[0].iter().map(|r| r.0).collect::<Vec<_>>(), vec![0, 1, 2]);
+        let got = g
+            .router_topk(
+                &g.upload(&[0.5; 12], 1, 12).unwrap(),
+                &[0.0; 12],
+                RouterParams {
+                    top_k: 3,
+                    renormalize: true,
+                    scaling: 1.0,
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            got[0].iter().map(|r| r.0).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
     }
 }
 
 fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n_experts: usize) {
     let c = CpuBackend::new();
     let mats: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..n_experts)
-        .map(|_| [rand_mxfp4(rng, i, d), rand_mxfp4(rng, d, i), rand_mxfp4(rng, i, d)])
+        .map(|_| {
+            [
+                rand_mxfp4(rng, i, d),
+                rand_mxfp4(rng, d, i),
+                rand_mxfp4(rng, i, d),
+            ]
+        })
         .collect();
     let experts: Vec<ExpertAssignment<'_>> = mats
         .iter()
         .enumerate()
         .map(|(e, m)| {
-            let tokens: Vec<(usize, f32)> =
-                (0..rows).filter(|t| (t + e) % 3 != 1).map(|t| (t, rng.random_range(0.05f32..0.5))).collect();
+            let tokens: Vec<(usize, f32)> = (0..rows)
+                .filter(|t| (t + e) % 3 != 1)
+                .map(|t| (t, rng.random_range(0.05f32..0.5)))
+                .collect();
             ExpertAssignment {
                 weights: ExpertWeights {
                     w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
@@ -282,7 +458,10 @@ fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n
         })
         .collect();
     let z = rand_vec(rng, rows * d, 0.5);
-    let glu = Glu::Situ { beta: 4.0, linear_beta: 3.0 };
+    let glu = Glu::Situ {
+        beta: 4.0,
+        linear_beta: 3.0,
+    };
     // Start from a non-zero accumulator and feed the experts in two calls, as the model does.
     let acc0 = rand_vec(rng, rows * d, 0.5);
     let (first, rest) = experts.split_at(experts.len() / 2);
@@ -296,7 +475,12 @@ fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n
     c.moe_accumulate(&mut cacc, &cz, first, glu).unwrap();
     c.moe_accumulate(&mut cacc, &cz, rest, glu).unwrap();
     let want = cacc.data;
-    check(&format!("moe rows={rows} d={d} i={i} experts={n_experts}"), &got, &want, F32_TOL);
+    check(
+        &format!("moe rows={rows} d={d} i={i} experts={n_experts}"),
+        &got,
+        &want,
+        F32_TOL,
+    );
 }
 
 #[test]
@@ -318,8 +502,18 @@ fn kda_step_matches_cpu_across_chunks() {
     let mut rng = StdRng::seed_from_u64(8);
     let c = CpuBackend::new();
     for g in gpus(None) {
-        for (heads, hd, k, lb) in [(2, 16, 4, Some(-5.0f32)), (3, 40, 3, None), (1, 128, 1, Some(-3.0))] {
-            let d = KdaDims { heads, head_dim: hd, conv_k: k, lower_bound: lb, norm_eps: 1e-6 };
+        for (heads, hd, k, lb) in [
+            (2, 16, 4, Some(-5.0f32)),
+            (3, 40, 3, None),
+            (1, 128, 1, Some(-3.0)),
+        ] {
+            let d = KdaDims {
+                heads,
+                head_dim: hd,
+                conv_k: k,
+                lower_bound: lb,
+                norm_eps: 1e-6,
+            };
             let p = d.width();
             let wv = [
                 rand_vec(&mut rng, p * k, 0.5),
@@ -348,14 +542,46 @@ fn kda_step_matches_cpu_across_chunks() {
             let mut gs = g.kda_state(&d).unwrap();
             let mut cs = c.kda_state(&d).unwrap();
             for n in [3, 1, 5] {
-                let v: Vec<Vec<f32>> = [p, p, p, p, heads, p].iter().map(|&w| rand_vec(&mut rng, n * w, 2.0)).collect();
-                let ga: Vec<_> = v.iter().zip([p, p, p, p, heads, p]).map(|(x, w)| g.upload(x, n, w).unwrap()).collect();
-                let ca: Vec<_> = v.iter().zip([p, p, p, p, heads, p]).map(|(x, w)| c.upload(x, n, w).unwrap()).collect();
-                let gi = KdaStepInputs { q: &ga[0], k: &ga[1], v: &ga[2], f: &ga[3], beta: &ga[4], gate: &ga[5] };
-                let ci = KdaStepInputs { q: &ca[0], k: &ca[1], v: &ca[2], f: &ca[3], beta: &ca[4], gate: &ca[5] };
-                let got = g.download(&g.kda_step(&d, &gw, &mut gs, gi).unwrap()).unwrap();
+                let v: Vec<Vec<f32>> = [p, p, p, p, heads, p]
+                    .iter()
+                    .map(|&w| rand_vec(&mut rng, n * w, 2.0))
+                    .collect();
+                let ga: Vec<_> = v
+                    .iter()
+                    .zip([p, p, p, p, heads, p])
+                    .map(|(x, w)| g.upload(x, n, w).unwrap())
+                    .collect();
+                let ca: Vec<_> = v
+                    .iter()
+                    .zip([p, p, p, p, heads, p])
+                    .map(|(x, w)| c.upload(x, n, w).unwrap())
+                    .collect();
+                let gi = KdaStepInputs {
+                    q: &ga[0],
+                    k: &ga[1],
+                    v: &ga[2],
+                    f: &ga[3],
+                    beta: &ga[4],
+                    gate: &ga[5],
+                };
+                let ci = KdaStepInputs {
+                    q: &ca[0],
+                    k: &ca[1],
+                    v: &ca[2],
+                    f: &ca[3],
+                    beta: &ca[4],
+                    gate: &ca[5],
+                };
+                let got = g
+                    .download(&g.kda_step(&d, &gw, &mut gs, gi).unwrap())
+                    .unwrap();
                 let want = c.kda_step(&d, &cw, &mut cs, ci).unwrap().data;
-                check(&format!("kda heads={heads} dk={hd} K={k} n={n}"), &got, &want, F32_TOL);
+                check(
+                    &format!("kda heads={heads} dk={hd} K={k} n={n}"),
+                    &got,
+                    &want,
+                    F32_TOL,
+                );
             }
         }
     }
@@ -367,8 +593,19 @@ fn mla_attend_matches_cpu_as_the_cache_grows() {
     let c = CpuBackend::new();
     for g in gpus(None) {
         for (heads, kv, nope, rope, v) in [(3, 40, 8, 4, 12), (9, 64, 16, 6, 16)] {
-            let d = MlaDims { heads, kv_lora: kv, nope, rope, v, norm_eps: 1e-6 };
-            let (nw, wk, wv) = (rand_vec(&mut rng, kv, 1.0), rand_vec(&mut rng, heads * nope * kv, 0.3), rand_vec(&mut rng, heads * v * kv, 0.3));
+            let d = MlaDims {
+                heads,
+                kv_lora: kv,
+                nope,
+                rope,
+                v,
+                norm_eps: 1e-6,
+            };
+            let (nw, wk, wv) = (
+                rand_vec(&mut rng, kv, 1.0),
+                rand_vec(&mut rng, heads * nope * kv, 0.3),
+                rand_vec(&mut rng, heads * v * kv, 0.3),
+            );
             let gw = MlaAttnWeights {
                 kv_norm: g.upload(&nw, 1, kv).unwrap(),
                 wk: g.upload(&wk, heads * nope, kv).unwrap(),
@@ -387,15 +624,32 @@ fn mla_attend_matches_cpu_as_the_cache_grows() {
                 let cv = rand_vec(&mut rng, n * (kv + rope), 1.0);
                 let got = g
                     .download(
-                        &g.mla_attend(&d, &gw, &mut gc, &g.upload(&q, n, heads * (nope + rope)).unwrap(), &g.upload(&cv, n, kv + rope).unwrap())
-                            .unwrap(),
+                        &g.mla_attend(
+                            &d,
+                            &gw,
+                            &mut gc,
+                            &g.upload(&q, n, heads * (nope + rope)).unwrap(),
+                            &g.upload(&cv, n, kv + rope).unwrap(),
+                        )
+                        .unwrap(),
                     )
                     .unwrap();
                 let want = c
-                    .mla_attend(&d, &cw, &mut cc, &c.upload(&q, n, heads * (nope + rope)).unwrap(), &c.upload(&cv, n, kv + rope).unwrap())
+                    .mla_attend(
+                        &d,
+                        &cw,
+                        &mut cc,
+                        &c.upload(&q, n, heads * (nope + rope)).unwrap(),
+                        &c.upload(&cv, n, kv + rope).unwrap(),
+                    )
                     .unwrap()
                     .data;
-                check(&format!("mla heads={heads} kv={kv} n={n}"), &got, &want, F32_TOL);
+                check(
+                    &format!("mla heads={heads} kv={kv} n={n}"),
+                    &got,
+                    &want,
+                    F32_TOL,
+                );
             }
         }
     }

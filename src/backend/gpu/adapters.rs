@@ -57,7 +57,9 @@ impl AdapterReport {
             name: info.name.clone(),
             backend: format!("{:?}", info.backend),
             device_type: format!("{:?}", info.device_type),
-            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_string(),
             max_storage_binding: l.max_storage_buffer_binding_size,
             max_buffer: l.max_buffer_size,
             workgroup_storage: l.max_compute_workgroup_storage_size,
@@ -104,7 +106,10 @@ fn yes(b: bool) -> &'static str {
 
 /// Reports for every adapter, in enumeration order.
 pub fn list() -> Vec<AdapterReport> {
-    enumerate(&instance()).iter().map(AdapterReport::of).collect()
+    enumerate(&instance())
+        .iter()
+        .map(AdapterReport::of)
+        .collect()
 }
 
 /// Whether an adapter is a real GPU (not a CPU rasterizer such as lavapipe or WARP).
@@ -124,7 +129,11 @@ fn type_rank(t: wgpu::DeviceType) -> u8 {
 
 /// Picks an adapter: the first whose name contains `name` (case-insensitive) when given,
 /// otherwise the best real GPU (discrete first); CPU-type adapters only when `allow_cpu`.
-pub fn choose(adapters: Vec<wgpu::Adapter>, name: Option<&str>, allow_cpu: bool) -> Result<wgpu::Adapter> {
+pub fn choose(
+    adapters: Vec<wgpu::Adapter>,
+    name: Option<&str>,
+    allow_cpu: bool,
+) -> Result<wgpu::Adapter> {
     if adapters.is_empty() {
         bail!(
             "no GPU adapter found (WGPU_BACKEND={}); install a Vulkan/Metal/DX12 driver or run with --backend cpu",
@@ -133,18 +142,34 @@ pub fn choose(adapters: Vec<wgpu::Adapter>, name: Option<&str>, allow_cpu: bool)
     }
     let names: Vec<String> = adapters
         .iter()
-        .map(|a| format!("{} ({:?}, {:?})", a.get_info().name, a.get_info().backend, a.get_info().device_type))
+        .map(|a| {
+            format!(
+                "{} ({:?}, {:?})",
+                a.get_info().name,
+                a.get_info().backend,
+                a.get_info().device_type
+            )
+        })
         .collect();
     let mut cands: Vec<wgpu::Adapter> = match name {
         Some(n) => {
             let n = n.to_lowercase();
-            adapters.into_iter().filter(|a| a.get_info().name.to_lowercase().contains(&n)).collect()
+            adapters
+                .into_iter()
+                .filter(|a| a.get_info().name.to_lowercase().contains(&n))
+                .collect()
         }
-        None => adapters.into_iter().filter(|a| allow_cpu || is_gpu(a)).collect(),
+        None => adapters
+            .into_iter()
+            .filter(|a| allow_cpu || is_gpu(a))
+            .collect(),
     };
     if cands.is_empty() {
         match name {
-            Some(n) => bail!("no adapter name contains {n:?}; adapters: {} (see `k3 devices`)", names.join(", ")),
+            Some(n) => bail!(
+                "no adapter name contains {n:?}; adapters: {} (see `k3 devices`)",
+                names.join(", ")
+            ),
             None => bail!(
                 "only CPU-type adapters found ({}); use --backend gpu to run on one anyway",
                 names.join(", ")

@@ -46,7 +46,10 @@ pub struct MatvecShape {
 
 impl Default for MatvecShape {
     fn default() -> Self {
-        Self { lanes_per_row: 32, rows_per_lane: 2 }
+        Self {
+            lanes_per_row: 32,
+            rows_per_lane: 4,
+        }
     }
 }
 
@@ -102,10 +105,18 @@ impl GpuContext {
     /// Opens the adapter `opts` selects, with its own limits and the features we use.
     pub fn new(opts: &GpuOptions) -> Result<Self> {
         let inst = adapters::instance();
-        let adapter = adapters::choose(adapters::enumerate(&inst), opts.adapter.as_deref(), opts.allow_cpu_adapter)?;
+        let adapter = adapters::choose(
+            adapters::enumerate(&inst),
+            opts.adapter.as_deref(),
+            opts.allow_cpu_adapter,
+        )?;
         let info = adapter.get_info();
         let limits = adapter.limits();
-        if !adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32) {
+        if !adapter
+            .get_downlevel_capabilities()
+            .flags
+            .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32)
+        {
             bail!("{} ({:?}) lacks f16 packing in shaders (SHADER_F16_IN_F32), which the MXFP4 decode uses", info.name, info.backend);
         }
         let wanted = wgpu::Features::SUBGROUP
@@ -130,18 +141,28 @@ impl GpuContext {
             );
         }
         if limits.max_compute_workgroup_storage_size < 8192 {
-            bail!("{}: {} B of workgroup storage, the kernels need 8 KiB", info.name, limits.max_compute_workgroup_storage_size);
+            bail!(
+                "{}: {} B of workgroup storage, the kernels need 8 KiB",
+                info.name,
+                limits.max_compute_workgroup_storage_size
+            );
         }
         // Bindings stay below 2 GiB whatever the adapter claims (wgpu on Metal miscomputes
         // bindings of 4 GiB and more), and 4-byte aligned.
-        let mut max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size).min((2u64 << 30) - 4);
+        let mut max_binding = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size)
+            .min((2u64 << 30) - 4);
         if let Some(cap) = opts.max_binding {
             max_binding = max_binding.min(cap);
         }
         max_binding &= !15;
         let subgroups = features.contains(wgpu::Features::SUBGROUP) && !opts.no_subgroups;
         let matvec = opts.matvec.unwrap_or_default();
-        if !matvec.lanes_per_row.is_power_of_two() || matvec.lanes_per_row > 32 || !(1..=4).contains(&matvec.rows_per_lane) {
+        if !matvec.lanes_per_row.is_power_of_two()
+            || matvec.lanes_per_row > 32
+            || !(1..=4).contains(&matvec.rows_per_lane)
+        {
             bail!("matvec shape {matvec:?}: lanes per row must be a power of two ≤ 32, rows per lane 1..=4");
         }
         Ok(Self {
@@ -162,12 +183,23 @@ impl GpuContext {
 
     /// Whether timestamp queries can be written between passes of an encoder.
     pub fn has_timestamps(&self) -> bool {
-        self.features.contains(wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS)
+        self.features.contains(
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS,
+        )
     }
 
     /// The compiled pipeline for `shader`'s `entry` with these overrides (cached).
-    pub fn pipeline(&self, shader: Shader, entry: &'static str, consts: &[(&'static str, u32)]) -> wgpu::ComputePipeline {
-        let key = PipeKey { shader, entry, consts: consts.to_vec() };
+    pub fn pipeline(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        consts: &[(&'static str, u32)],
+    ) -> wgpu::ComputePipeline {
+        let key = PipeKey {
+            shader,
+            entry,
+            consts: consts.to_vec(),
+        };
         let mut pipes = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = pipes.get(&key) {
             return p.clone();
@@ -176,27 +208,30 @@ impl GpuContext {
         let module = modules
             .entry(shader)
             .or_insert_with(|| {
-                self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(shader.file()),
-                    source: wgpu::ShaderSource::Wgsl(shader.source(self.subgroups).into()),
-                })
+                self.device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(shader.file()),
+                        source: wgpu::ShaderSource::Wgsl(shader.source(self.subgroups).into()),
+                    })
             })
             .clone();
         let mut all: Vec<(&str, f64)> = consts.iter().map(|&(k, v)| (k, f64::from(v))).collect();
         if !consts.iter().any(|&(k, _)| k == "WG") {
             all.push(("WG", f64::from(self.wg)));
         }
-        let p = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: None,
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants: &all,
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
-        });
+        let p = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &all,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
         pipes.insert(key, p.clone());
         p
     }
@@ -206,7 +241,9 @@ impl GpuContext {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: bytes.max(16).div_ceil(16) * 16,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         })
     }
@@ -216,11 +253,15 @@ impl GpuContext {
     pub fn buffer_init(&self, data: &[u8], label: &str) -> wgpu::Buffer {
         let padded = data.len().max(16).div_ceil(16) * 16;
         if padded == data.len() {
-            return self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: data,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            });
+            return self
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(label),
+                    contents: data,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                });
         }
         let mut v = data.to_vec();
         v.resize(padded, 0);
@@ -228,16 +269,25 @@ impl GpuContext {
     }
 
     /// A new storage buffer filled from several host slices at the given byte offsets.
-    pub fn buffer_from_parts(&self, bytes: u64, parts: &[(u64, &[u8])], label: &str) -> Result<wgpu::Buffer> {
+    pub fn buffer_from_parts(
+        &self,
+        bytes: u64,
+        parts: &[(u64, &[u8])],
+        label: &str,
+    ) -> Result<wgpu::Buffer> {
         let size = bytes.max(16).div_ceil(16) * 16;
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: true,
         });
         {
-            let mut view = buf.get_mapped_range_mut(..).map_err(|e| anyhow!("mapping {label}: {e:?}"))?;
+            let mut view = buf
+                .get_mapped_range_mut(..)
+                .map_err(|e| anyhow!("mapping {label}: {e:?}"))?;
             let mut w = view.slice(..);
             for &(off, data) in parts {
                 let (o, e) = (off as usize, off as usize + data.len());
@@ -255,7 +305,13 @@ impl GpuContext {
     pub fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
         let mut guard = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let (enc, passes) = guard.get_or_insert_with(|| {
-            (self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("k3 ops") }), 0)
+            (
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("k3 ops"),
+                    }),
+                0,
+            )
         });
         let r = f(enc);
         *passes += 1;
@@ -273,14 +329,22 @@ impl GpuContext {
         // Every parameter block is padded to one size, at least as large as any kernel's.
         let mut words = d.params.to_vec();
         words.resize(words.len().max(PARAM_WORDS).div_ceil(4) * 4, 0);
-        let ubuf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("params"),
-            contents: bytemuck::cast_slice(&words),
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
+        let ubuf = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        }];
         for (i, b) in d.buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
         }
         let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(d.entry),
@@ -288,7 +352,10 @@ impl GpuContext {
             entries: &entries,
         });
         self.record(|enc| {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(d.entry), timestamp_writes: None });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(d.entry),
+                timestamp_writes: None,
+            });
             pass.set_pipeline(&pipe);
             pass.set_bind_group(0, &bg, &[]);
             pass.dispatch_workgroups(d.groups.0, d.groups.1, d.groups.2);
@@ -296,7 +363,14 @@ impl GpuContext {
     }
 
     /// Records a buffer-to-buffer copy.
-    pub fn copy(&self, src: &wgpu::Buffer, src_off: u64, dst: &wgpu::Buffer, dst_off: u64, bytes: u64) {
+    pub fn copy(
+        &self,
+        src: &wgpu::Buffer,
+        src_off: u64,
+        dst: &wgpu::Buffer,
+        dst_off: u64,
+        bytes: u64,
+    ) {
         if bytes > 0 {
             self.record(|enc| enc.copy_buffer_to_buffer(src, src_off, dst, dst_off, bytes));
         }
@@ -304,7 +378,11 @@ impl GpuContext {
 
     /// Submits the pending encoder, if any.
     pub fn flush(&self) {
-        let taken = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let taken = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some((enc, _)) = taken {
             self.queue.submit([enc.finish()]);
         }
@@ -341,7 +419,10 @@ impl GpuContext {
         rx.recv()
             .map_err(|_| anyhow!("GPU readback was dropped"))?
             .map_err(|e| anyhow!("mapping the readback buffer: {e}"))?;
-        let out = staging.get_mapped_range(..).map_err(|e| anyhow!("reading back: {e:?}"))?[..bytes as usize].to_vec();
+        let out = staging
+            .get_mapped_range(..)
+            .map_err(|e| anyhow!("reading back: {e:?}"))?[..bytes as usize]
+            .to_vec();
         staging.unmap();
         Ok(out)
     }
@@ -365,7 +446,10 @@ impl GpuContext {
 
 /// The largest power of two ≤ [`MAX_WG`] that the adapter's workgroup limits allow.
 fn workgroup_size(l: &wgpu::Limits) -> Result<u32> {
-    let cap = l.max_compute_invocations_per_workgroup.min(l.max_compute_workgroup_size_x).min(MAX_WG);
+    let cap = l
+        .max_compute_invocations_per_workgroup
+        .min(l.max_compute_workgroup_size_x)
+        .min(MAX_WG);
     if cap < 32 {
         bail!("the adapter allows only {cap} invocations per workgroup; the kernels need 32");
     }

@@ -45,7 +45,14 @@ impl GpuBackend {
     }
 
     /// `out[r, c] = glu(g[r·gs + c], u[r·us + uo + c])` for `(gs, us, uo) = strides`.
-    pub(super) fn glu_strided(&self, g: &wgpu::Buffer, u: &wgpu::Buffer, out: &GpuAct, glu: Glu, strides: (u32, u32, u32)) {
+    pub(super) fn glu_strided(
+        &self,
+        g: &wgpu::Buffer,
+        u: &wgpu::Buffer,
+        out: &GpuAct,
+        glu: Glu,
+        strides: (u32, u32, u32),
+    ) {
         if out.is_empty() {
             return;
         }

@@ -35,7 +35,12 @@ impl GpuBackend {
         st: &mut GpuKdaState,
         inp: KdaStepInputs<'_, GpuAct>,
     ) -> Result<GpuAct> {
-        ensure!(st.dims == *d, "kda_step: state was made for {:?}, called with {:?}", st.dims, d);
+        ensure!(
+            st.dims == *d,
+            "kda_step: state was made for {:?}, called with {:?}",
+            st.dims,
+            d
+        );
         let (p, k, h) = (d.width(), d.conv_k, d.heads);
         let n = inp.q.rows;
         for (name, a, cols) in [
@@ -70,10 +75,14 @@ impl GpuBackend {
         // Pack inputs and weights into one binding each (a kernel may have only a few).
         let np = (n * p * 4) as u64;
         let inbuf = self.ctx.buffer(5 * np + (n * h * 4) as u64, "kda inputs");
-        for (i, a) in [inp.q, inp.k, inp.v, inp.f, inp.gate].into_iter().enumerate() {
+        for (i, a) in [inp.q, inp.k, inp.v, inp.f, inp.gate]
+            .into_iter()
+            .enumerate()
+        {
             self.ctx.copy(&a.buf, 0, &inbuf, np * i as u64, np);
         }
-        self.ctx.copy(&inp.beta.buf, 0, &inbuf, 5 * np, (n * h * 4) as u64);
+        self.ctx
+            .copy(&inp.beta.buf, 0, &inbuf, 5 * np, (n * h * 4) as u64);
         let pk = (p * k * 4) as u64;
         let (hb, pb, db) = ((h * 4) as u64, (p * 4) as u64, (d.head_dim * 4) as u64);
         let wbuf = self.ctx.buffer(3 * pk + hb + pb + db, "kda weights");
@@ -84,7 +93,10 @@ impl GpuBackend {
         self.ctx.copy(&w.dt_bias.buf, 0, &wbuf, 3 * pk + hb, pb);
         self.ctx.copy(&w.o_norm.buf, 0, &wbuf, 3 * pk + hb + pb, db);
         // One lane per state column: a wider workgroup would idle.
-        let wg = self.ctx.wg.min((d.head_dim as u32).next_power_of_two().max(32));
+        let wg = self
+            .ctx
+            .wg
+            .min((d.head_dim as u32).next_power_of_two().max(32));
         self.ctx.dispatch(&Dispatch {
             shader: Shader::KdaStep,
             entry: "kda",

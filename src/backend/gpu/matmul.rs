@@ -9,10 +9,6 @@ use super::GpuBackend;
 use crate::quant::{DenseData, DenseMatrix};
 use anyhow::{bail, ensure, Result};
 
-/// Most tokens a workgroup carries at once (the kernels' TMAX).
-pub const MAX_TILE_TOKENS: usize = 8;
-
-
 /// Format of a device matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GpuFormat {
@@ -78,7 +74,10 @@ pub struct GpuMat {
 impl GpuMat {
     /// Weight bytes on the device (units and scales).
     pub fn byte_size(&self) -> u64 {
-        self.chunks.iter().map(|c| c.w.size() + c.scale.as_ref().map_or(0, |s| s.size())).sum()
+        self.chunks
+            .iter()
+            .map(|c| c.w.size() + c.scale.as_ref().map_or(0, |s| s.size()))
+            .sum()
     }
 }
 
@@ -89,7 +88,8 @@ fn pad_rows(src: &[u8], rows: usize, src_row: usize, dst_row: usize) -> Vec<u8> 
     }
     let mut out = vec![0u8; rows * dst_row];
     for r in 0..rows {
-        out[r * dst_row..r * dst_row + src_row].copy_from_slice(&src[r * src_row..(r + 1) * src_row]);
+        out[r * dst_row..r * dst_row + src_row]
+            .copy_from_slice(&src[r * src_row..(r + 1) * src_row]);
     }
     out
 }
@@ -97,13 +97,47 @@ fn pad_rows(src: &[u8], rows: usize, src_row: usize, dst_row: usize) -> Vec<u8> 
 impl GpuBackend {
     pub(super) fn load_matrix_op(&self, m: DenseMatrix) -> Result<GpuMat> {
         let (rows, cols) = (m.rows, m.cols);
-        let (format, unit_bytes_per_col, raw_row, payload, scales, scales_per_row): (GpuFormat, f64, usize, Vec<u8>, Option<Vec<f32>>, usize) =
-            match m.data {
-                DenseData::F32(v) => (GpuFormat::F32, 4.0, cols * 4, bytemuck::cast_slice(&v).to_vec(), None, 0),
-                DenseData::Bf16(v) => (GpuFormat::Bf16, 2.0, cols * 2, bytemuck::cast_slice(&v).to_vec(), None, 0),
-                DenseData::Int8 { q, scale } => (GpuFormat::Int8, 1.0, cols, bytemuck::cast_slice(&q).to_vec(), Some(scale), 1),
-                DenseData::Int4 { q, scale } => (GpuFormat::Int4, 0.5, cols.div_ceil(2), q, Some(scale), cols.div_ceil(64)),
-            };
+        let (format, unit_bytes_per_col, raw_row, payload, scales, scales_per_row): (
+            GpuFormat,
+            f64,
+            usize,
+            Vec<u8>,
+            Option<Vec<f32>>,
+            usize,
+        ) = match m.data {
+            DenseData::F32(v) => (
+                GpuFormat::F32,
+                4.0,
+                cols * 4,
+                bytemuck::cast_slice(&v).to_vec(),
+                None,
+                0,
+            ),
+            DenseData::Bf16(v) => (
+                GpuFormat::Bf16,
+                2.0,
+                cols * 2,
+                bytemuck::cast_slice(&v).to_vec(),
+                None,
+                0,
+            ),
+            DenseData::Int8 { q, scale } => (
+                GpuFormat::Int8,
+                1.0,
+                cols,
+                bytemuck::cast_slice(&q).to_vec(),
+                Some(scale),
+                1,
+            ),
+            DenseData::Int4 { q, scale } => (
+                GpuFormat::Int4,
+                0.5,
+                cols.div_ceil(2),
+                q,
+                Some(scale),
+                cols.div_ceil(64),
+            ),
+        };
         ensure!(
             payload.len() == rows * raw_row,
             "load_matrix: {rows}x{cols} {format:?} payload has {} bytes, expected {}",
@@ -124,7 +158,8 @@ impl GpuBackend {
         let padded = pad_rows(&payload, rows, raw_row, row_bytes);
         drop(payload);
         let max_rows_binding = (self.ctx.max_binding / row_bytes.max(1) as u64) as usize;
-        let max_rows_dispatch = self.ctx.limits.max_compute_workgroups_per_dimension as usize * self.rows_per_group() as usize;
+        let max_rows_dispatch = self.ctx.limits.max_compute_workgroups_per_dimension as usize
+            * self.rows_per_group() as usize;
         let chunk_rows = max_rows_binding.min(max_rows_dispatch);
         if chunk_rows == 0 {
             bail!(
@@ -136,14 +171,30 @@ impl GpuBackend {
         let mut row0 = 0;
         while row0 < rows {
             let n = chunk_rows.min(rows - row0);
-            let w = self.ctx.buffer_init(&padded[row0 * row_bytes..(row0 + n) * row_bytes], "weights");
+            let w = self
+                .ctx
+                .buffer_init(&padded[row0 * row_bytes..(row0 + n) * row_bytes], "weights");
             let scale = scales.as_ref().map(|s| {
-                self.ctx.buffer_init(f32_bytes(&s[row0 * scales_per_row..(row0 + n) * scales_per_row]), "scales")
+                self.ctx.buffer_init(
+                    f32_bytes(&s[row0 * scales_per_row..(row0 + n) * scales_per_row]),
+                    "scales",
+                )
             });
-            chunks.push(MatChunk { row0, rows: n, w, scale });
+            chunks.push(MatChunk {
+                row0,
+                rows: n,
+                w,
+                scale,
+            });
             row0 += n;
         }
-        Ok(GpuMat { rows, cols, cols_padded, format, chunks })
+        Ok(GpuMat {
+            rows,
+            cols,
+            cols_padded,
+            format,
+            chunks,
+        })
     }
 
     /// Output rows one matvec workgroup computes.
@@ -151,15 +202,10 @@ impl GpuBackend {
         self.ctx.wg / self.ctx.matvec.lanes_per_row * self.ctx.matvec.rows_per_lane
     }
 
-    /// The matvec pipeline overrides for a token tile of `tok`.
-    pub(super) fn mv_consts(&self, tok: u32) -> [(&'static str, u32); 3] {
+    /// The matvec pipeline overrides.
+    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 2] {
         let m = self.ctx.matvec;
-        [("LPR", m.lanes_per_row), ("TOK", tok), ("RPL", m.rows_per_lane)]
-    }
-
-    /// Tokens per workgroup for a chunk of `n` rows: the smallest power of two ≥ n, ≤ 8.
-    pub(super) fn tile_tokens(n: usize) -> u32 {
-        n.clamp(1, MAX_TILE_TOKENS).next_power_of_two() as u32
+        [("LPR", m.lanes_per_row), ("RPL", m.rows_per_lane)]
     }
 
     pub(super) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
@@ -175,7 +221,6 @@ impl GpuBackend {
         }
         let xp = self.padded(x, w.cols_padded);
         let uc = w.format.unit_cols();
-        let tok = Self::tile_tokens(x.rows);
         let rpg = self.rows_per_group();
         for c in &w.chunks {
             let mut bufs: Vec<&wgpu::Buffer> = vec![&xp.buf, &y.buf, &c.w];
@@ -185,7 +230,7 @@ impl GpuBackend {
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
                 entry: "dense",
-                consts: &self.mv_consts(tok),
+                consts: &self.mv_consts(),
                 params: &[
                     c.rows as u32,
                     (w.cols_padded / uc) as u32,
@@ -197,11 +242,7 @@ impl GpuBackend {
                     0,
                 ],
                 buffers: &bufs,
-                groups: (
-                    (c.rows as u32).div_ceil(rpg),
-                    (x.rows as u32).div_ceil(tok),
-                    1,
-                ),
+                groups: (x.rows as u32, (c.rows as u32).div_ceil(rpg), 1),
             });
         }
         Ok(y)

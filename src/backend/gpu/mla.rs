@@ -19,7 +19,13 @@ impl GpuBackend {
         let stride = (d.kv_lora + d.rope).div_ceil(4) * 4;
         let capacity = INITIAL_POSITIONS;
         let buf = self.ctx.buffer((capacity * stride * 4) as u64, "mla cache");
-        Ok(GpuMlaCache { buf, capacity, len: 0, stride, dims: *d })
+        Ok(GpuMlaCache {
+            buf,
+            capacity,
+            len: 0,
+            stride,
+            dims: *d,
+        })
     }
 
     fn grow(&self, cache: &mut GpuMlaCache, need: usize) -> Result<()> {
@@ -35,7 +41,13 @@ impl GpuBackend {
             self.ctx.max_binding
         );
         let buf = self.ctx.buffer(bytes, "mla cache");
-        self.ctx.copy(&cache.buf, 0, &buf, 0, (cache.len * cache.stride * 4) as u64);
+        self.ctx.copy(
+            &cache.buf,
+            0,
+            &buf,
+            0,
+            (cache.len * cache.stride * 4) as u64,
+        );
         cache.buf = buf;
         cache.capacity = capacity;
         Ok(())
@@ -49,7 +61,12 @@ impl GpuBackend {
         q: &GpuAct,
         c: &GpuAct,
     ) -> Result<GpuAct> {
-        ensure!(cache.dims == *d, "mla_attend: cache was made for {:?}, called with {:?}", cache.dims, d);
+        ensure!(
+            cache.dims == *d,
+            "mla_attend: cache was made for {:?}, called with {:?}",
+            cache.dims,
+            d
+        );
         let (h, r, nope, kv) = (d.heads, d.rope, d.nope, d.kv_lora);
         let qw = nope + r;
         ensure!(
@@ -113,16 +130,24 @@ impl GpuBackend {
         });
         // Scores: the cache is the matrix of an f32 matvec, one "token" per (t, head).
         let scores = self.ctx.buffer((rows * total * 4) as u64, "mla scores");
-        let tok = Self::tile_tokens(rows);
         let rpw = self.ctx.wg / OUTV_LANES;
         let rpg = self.rows_per_group();
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecF32,
             entry: "dense",
-            consts: &self.mv_consts(tok),
-            params: &[total as u32, (cs / 4) as u32, rows as u32, 0, total as u32, (cs / 4) as u32, 0, 0],
+            consts: &self.mv_consts(),
+            params: &[
+                total as u32,
+                (cs / 4) as u32,
+                rows as u32,
+                0,
+                total as u32,
+                (cs / 4) as u32,
+                0,
+                0,
+            ],
             buffers: &[&x, &scores, &cache.buf],
-            groups: ((total as u32).div_ceil(rpg), (rows as u32).div_ceil(tok), 1),
+            groups: (rows as u32, (total as u32).div_ceil(rpg), 1),
         });
         let probs = self.ctx.buffer((rows * total * 4) as u64, "mla probs");
         self.ctx.dispatch(&Dispatch {
@@ -140,7 +165,11 @@ impl GpuBackend {
             consts: &[],
             params: &pr,
             buffers: &[&probs, &ctxv, &cache.buf],
-            groups: ((kv as u32).div_ceil(self.ctx.wg), (h as u32).div_ceil(HEAD_TILE), n as u32),
+            groups: (
+                (kv as u32).div_ceil(self.ctx.wg),
+                (h as u32).div_ceil(HEAD_TILE),
+                n as u32,
+            ),
         });
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MlaAttend,

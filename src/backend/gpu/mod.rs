@@ -22,8 +22,8 @@ pub use context::{GpuContext, GpuOptions, MatvecShape};
 pub use matmul::{GpuFormat, GpuMat};
 
 use super::{
-    Backend, ExpertAssignment, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, Route,
-    RouterParams,
+    Backend, ExpertAssignment, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights,
+    MlaDims, Route, RouterParams,
 };
 use crate::quant::DenseMatrix;
 use anyhow::{ensure, Result};
@@ -37,12 +37,18 @@ pub struct GpuBackend {
 impl GpuBackend {
     /// Opens the adapter `opts` selects.
     pub fn new(opts: &GpuOptions) -> Result<Self> {
-        Ok(Self { ctx: GpuContext::new(opts)? })
+        Ok(Self {
+            ctx: GpuContext::new(opts)?,
+        })
     }
 
     /// A new zero-filled `[rows, cols]` activation.
     pub fn alloc(&self, rows: usize, cols: usize) -> GpuAct {
-        GpuAct { buf: self.ctx.buffer((rows * cols * 4) as u64, "activation"), rows, cols }
+        GpuAct {
+            buf: self.ctx.buffer((rows * cols * 4) as u64, "activation"),
+            rows,
+            cols,
+        }
     }
 
     fn check_same(a: &GpuAct, b: &GpuAct, op: &str) -> Result<()> {
@@ -80,7 +86,13 @@ impl Backend for GpuBackend {
             rows * cols,
             data.len()
         );
-        Ok(GpuAct { buf: self.ctx.buffer_init(bytemuck::cast_slice(data), "activation"), rows, cols })
+        Ok(GpuAct {
+            buf: self
+                .ctx
+                .buffer_init(bytemuck::cast_slice(data), "activation"),
+            rows,
+            cols,
+        })
     }
 
     fn download(&self, x: &GpuAct) -> Result<Vec<f32>> {
@@ -101,7 +113,8 @@ impl Backend for GpuBackend {
         );
         let out = self.alloc(count, x.cols);
         let row = (x.cols * 4) as u64;
-        self.ctx.copy(&x.buf, start as u64 * row, &out.buf, 0, count as u64 * row);
+        self.ctx
+            .copy(&x.buf, start as u64 * row, &out.buf, 0, count as u64 * row);
         Ok(out)
     }
 
@@ -162,11 +175,22 @@ impl Backend for GpuBackend {
         self.mla_attend_op(dims, w, cache, q, c)
     }
 
-    fn router_topk(&self, logits: &GpuAct, bias: &[f32], params: RouterParams) -> Result<Vec<Route>> {
+    fn router_topk(
+        &self,
+        logits: &GpuAct,
+        bias: &[f32],
+        params: RouterParams,
+    ) -> Result<Vec<Route>> {
         self.router_topk_op(logits, bias, params)
     }
 
-    fn moe_accumulate(&self, acc: &mut GpuAct, z: &GpuAct, experts: &[ExpertAssignment<'_>], glu: Glu) -> Result<()> {
+    fn moe_accumulate(
+        &self,
+        acc: &mut GpuAct,
+        z: &GpuAct,
+        experts: &[ExpertAssignment<'_>],
+        glu: Glu,
+    ) -> Result<()> {
         self.moe_accumulate_op(acc, z, experts, glu)
     }
 

@@ -21,7 +21,8 @@ struct Arena {
     scales: wgpu::Buffer,
 }
 
-/// Routing of one call: work items (slot, first pair, count), gather tables, scatter CSR.
+/// Routing of one call: work items (slot, pair, 1), one per pair and grouped by expert,
+/// gather tables, scatter CSR.
 struct Routing {
     /// `[items × 3] | token of pair | pair | csr offsets (rows + 1) | pair ids | weight bits`.
     words: Vec<u32>,
@@ -35,7 +36,11 @@ struct Routing {
     batch_items: Vec<(u32, u32)>,
 }
 
-fn build_routing(experts: &[ExpertAssignment<'_>], rows: usize, batches: &[std::ops::Range<usize>], tok: usize) -> Result<Routing> {
+fn build_routing(
+    experts: &[ExpertAssignment<'_>],
+    rows: usize,
+    batches: &[std::ops::Range<usize>],
+) -> Result<Routing> {
     let mut items = Vec::new();
     let mut tok_of_pair = Vec::new();
     let mut per_token: Vec<Vec<(u32, f32)>> = vec![Vec::new(); rows];
@@ -43,7 +48,7 @@ fn build_routing(experts: &[ExpertAssignment<'_>], rows: usize, batches: &[std::
     for b in batches {
         let first_item = items.len() / 3;
         for (slot, e) in experts[b.clone()].iter().enumerate() {
-            for chunk in e.tokens.chunks(tok) {
+            for chunk in e.tokens.chunks(1) {
                 items.extend([slot as u32, tok_of_pair.len() as u32, chunk.len() as u32]);
                 for &(t, w) in chunk {
                     ensure!(t < rows, "moe: token row {t} out of range ({rows} rows)");
@@ -71,7 +76,16 @@ fn build_routing(experts: &[ExpertAssignment<'_>], rows: usize, batches: &[std::
     words.extend(per_token.iter().flatten().map(|&(p, _)| p));
     let csr_weights = words.len() as u32;
     words.extend(per_token.iter().flatten().map(|&(_, w)| w.to_bits()));
-    Ok(Routing { words, tok_map, id_map, csr, csr_pairs, csr_weights, pairs, batch_items })
+    Ok(Routing {
+        words,
+        tok_map,
+        id_map,
+        csr,
+        csr_pairs,
+        csr_weights,
+        pairs,
+        batch_items,
+    })
 }
 
 impl GpuBackend {
@@ -94,14 +108,25 @@ impl GpuBackend {
 
     /// One batched MXFP4 matvec: `rows` output rows per expert slot, `cols` inputs.
     #[allow(clippy::too_many_arguments)]
-    fn mxfp4_batched(&self, a: &Arena, x: &wgpu::Buffer, y: &wgpu::Buffer, rt: &wgpu::Buffer, rows: usize, cols: usize, map_off: u32, items: (u32, u32), tok: u32) {
+    fn mxfp4_batched(
+        &self,
+        a: &Arena,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        rt: &wgpu::Buffer,
+        rows: usize,
+        cols: usize,
+        map_off: u32,
+        items: (u32, u32),
+    ) {
         if items.1 == 0 {
             return;
         }
+        debug_assert!(items.1 <= self.ctx.limits.max_compute_workgroups_per_dimension);
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecMxfp4,
             entry: "moe",
-            consts: &self.mv_consts(tok),
+            consts: &self.mv_consts(),
             params: &[
                 rows as u32,
                 (cols / BLOCK) as u32,
@@ -114,7 +139,7 @@ impl GpuBackend {
                 items.0,
             ],
             buffers: &[x, y, &a.packed, &a.scales, rt],
-            groups: ((rows as u32).div_ceil(self.rows_per_group()), items.1, 1),
+            groups: (items.1, (rows as u32).div_ceil(self.rows_per_group()), 1),
         });
     }
 
@@ -137,19 +162,39 @@ impl GpuBackend {
             return Ok(y);
         }
         let tokens: Vec<(usize, f32)> = (0..x.rows).map(|t| (t, 1.0)).collect();
-        let tok = Self::tile_tokens(x.rows);
         let single = [ExpertAssignment {
-            weights: crate::backend::ExpertWeights { w1: w, w2: w, w3: w },
+            weights: crate::backend::ExpertWeights {
+                w1: w,
+                w2: w,
+                w3: w,
+            },
             tokens,
         }];
-        let rt = build_routing(&single, x.rows, &[0..1], tok as usize)?;
-        let rtb = self.ctx.buffer_init(bytemuck::cast_slice(&rt.words), "routing");
+        let rt = build_routing(&single, x.rows, &[0..1])?;
+        let rtb = self
+            .ctx
+            .buffer_init(bytemuck::cast_slice(&rt.words), "routing");
         let arena = self.arena(&[vec![w]])?;
-        self.mxfp4_batched(&arena, &x.buf, &y.buf, &rtb, w.rows, w.cols, rt.tok_map, rt.batch_items[0], tok);
+        self.mxfp4_batched(
+            &arena,
+            &x.buf,
+            &y.buf,
+            &rtb,
+            w.rows,
+            w.cols,
+            rt.tok_map,
+            rt.batch_items[0],
+        );
         Ok(y)
     }
 
-    pub(super) fn moe_accumulate_op(&self, out: &mut GpuAct, z: &GpuAct, experts: &[ExpertAssignment<'_>], glu: Glu) -> Result<()> {
+    pub(super) fn moe_accumulate_op(
+        &self,
+        out: &mut GpuAct,
+        z: &GpuAct,
+        experts: &[ExpertAssignment<'_>],
+        glu: Glu,
+    ) -> Result<()> {
         let d = z.cols;
         ensure!(
             out.rows == z.rows && out.cols == d,
@@ -176,7 +221,9 @@ impl GpuBackend {
             );
             for m in [w.w1, w.w2, w.w3] {
                 ensure!(
-                    m.cols % BLOCK == 0 && m.packed.len() == m.rows * m.cols / 2 && m.scales.len() == m.rows * m.cols / BLOCK,
+                    m.cols % BLOCK == 0
+                        && m.packed.len() == m.rows * m.cols / 2
+                        && m.scales.len() == m.rows * m.cols / BLOCK,
                     "moe: an expert matrix {}x{} has {} packed / {} scale bytes",
                     m.rows,
                     m.cols,
@@ -191,35 +238,63 @@ impl GpuBackend {
         if per_batch == 0 {
             bail!("moe: one expert's gate+up ({per_expert} B) exceeds the adapter's binding limit of {} B", self.ctx.max_binding);
         }
-        let batches: Vec<std::ops::Range<usize>> =
-            (0..experts.len()).step_by(per_batch).map(|s| s..(s + per_batch).min(experts.len())).collect();
-        let max_tokens = experts.iter().map(|e| e.tokens.len()).max().unwrap_or(1);
-        let tok = Self::tile_tokens(max_tokens);
-        let rt = build_routing(experts, z.rows, &batches, tok as usize)?;
+        let batches: Vec<std::ops::Range<usize>> = (0..experts.len())
+            .step_by(per_batch)
+            .map(|s| s..(s + per_batch).min(experts.len()))
+            .collect();
+        let pairs: usize = experts.iter().map(|e| e.tokens.len()).sum();
+        ensure!(
+            pairs <= self.ctx.limits.max_compute_workgroups_per_dimension as usize,
+            "moe: {pairs} (token, expert) pairs in one call exceed the adapter's {} workgroups per dimension; use a smaller --chunk",
+            self.ctx.limits.max_compute_workgroups_per_dimension
+        );
+        let rt = build_routing(experts, z.rows, &batches)?;
         if rt.pairs == 0 {
             return Ok(());
         }
-        let rtb = self.ctx.buffer_init(bytemuck::cast_slice(&rt.words), "routing");
-        let h = self.ctx.buffer((rt.pairs * 2 * i * 4) as u64, "moe gate|up");
+        let rtb = self
+            .ctx
+            .buffer_init(bytemuck::cast_slice(&rt.words), "routing");
+        let h = self
+            .ctx
+            .buffer((rt.pairs * 2 * i * 4) as u64, "moe gate|up");
         let act = self.alloc(rt.pairs, i);
         let ypair = self.ctx.buffer((rt.pairs * d * 4) as u64, "moe expert out");
         let mut down = Vec::with_capacity(batches.len());
         for (b, &items) in batches.iter().zip(&rt.batch_items) {
-            let up = self.arena(&experts[b.clone()].iter().map(|e| vec![e.weights.w1, e.weights.w3]).collect::<Vec<_>>())?;
-            self.mxfp4_batched(&up, &z.buf, &h, &rtb, 2 * i, d, rt.tok_map, items, tok);
-            down.push(self.arena(&experts[b.clone()].iter().map(|e| vec![e.weights.w2]).collect::<Vec<_>>())?);
+            let up = self.arena(
+                &experts[b.clone()]
+                    .iter()
+                    .map(|e| vec![e.weights.w1, e.weights.w3])
+                    .collect::<Vec<_>>(),
+            )?;
+            self.mxfp4_batched(&up, &z.buf, &h, &rtb, 2 * i, d, rt.tok_map, items);
+            down.push(
+                self.arena(
+                    &experts[b.clone()]
+                        .iter()
+                        .map(|e| vec![e.weights.w2])
+                        .collect::<Vec<_>>(),
+                )?,
+            );
         }
         let iu = i as u32;
         self.glu_strided(&h, &h, &act, glu, (2 * iu, 2 * iu, iu));
         for (arena, &items) in down.iter().zip(&rt.batch_items) {
-            self.mxfp4_batched(arena, &act.buf, &ypair, &rtb, d, i, rt.id_map, items, tok);
+            self.mxfp4_batched(arena, &act.buf, &ypair, &rtb, d, i, rt.id_map, items);
         }
         if !out.is_empty() {
             self.ctx.dispatch(&Dispatch {
                 shader: Shader::Moe,
                 entry: "scatter",
                 consts: &[],
-                params: &[out.len() as u32, d as u32, rt.csr, rt.csr_pairs, rt.csr_weights],
+                params: &[
+                    out.len() as u32,
+                    d as u32,
+                    rt.csr,
+                    rt.csr_pairs,
+                    rt.csr_weights,
+                ],
                 buffers: &[&ypair, &rtb, &out.buf],
                 groups: self.ctx.grid((out.len() as u32).div_ceil(self.ctx.wg)),
             });

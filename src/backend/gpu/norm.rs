@@ -10,7 +10,13 @@ use anyhow::{ensure, Result};
 pub const MAX_MIX_ENTRIES: usize = 64;
 
 impl GpuBackend {
-    pub(super) fn rmsnorm_op(&self, x: &GpuAct, w: &GpuAct, group: usize, eps: f32) -> Result<GpuAct> {
+    pub(super) fn rmsnorm_op(
+        &self,
+        x: &GpuAct,
+        w: &GpuAct,
+        group: usize,
+        eps: f32,
+    ) -> Result<GpuAct> {
         ensure!(
             group > 0 && x.cols % group == 0 && w.len() == group,
             "rmsnorm: row width {} is not a multiple of group {group}, or weight has {} values",
@@ -32,7 +38,13 @@ impl GpuBackend {
         Ok(out)
     }
 
-    pub(super) fn attn_res_mix_op(&self, bank: &[&GpuAct], cur: &GpuAct, w: &GpuAct, eps: f32) -> Result<GpuAct> {
+    pub(super) fn attn_res_mix_op(
+        &self,
+        bank: &[&GpuAct],
+        cur: &GpuAct,
+        w: &GpuAct,
+        eps: f32,
+    ) -> Result<GpuAct> {
         ensure!(
             w.len() == cur.cols,
             "attn_res_mix: weight has {} values for rows of {}",
@@ -52,15 +64,23 @@ impl GpuBackend {
             return Ok(out);
         }
         // The entries are packed [entries, rows, cols] with device copies: one binding.
-        let packed = self.ctx.buffer(cur.bytes() * entries as u64, "attn_res entries");
+        let packed = self
+            .ctx
+            .buffer(cur.bytes() * entries as u64, "attn_res entries");
         for (i, e) in bank.iter().copied().chain([cur]).enumerate() {
-            self.ctx.copy(&e.buf, 0, &packed, cur.bytes() * i as u64, cur.bytes());
+            self.ctx
+                .copy(&e.buf, 0, &packed, cur.bytes() * i as u64, cur.bytes());
         }
         self.ctx.dispatch(&Dispatch {
             shader: Shader::AttnResMix,
             entry: "mix",
             consts: &[],
-            params: &[entries as u32, cur.rows as u32, cur.cols as u32, eps.to_bits()],
+            params: &[
+                entries as u32,
+                cur.rows as u32,
+                cur.cols as u32,
+                eps.to_bits(),
+            ],
             buffers: &[&packed, &w.buf, &out.buf],
             groups: self.ctx.grid(cur.rows as u32),
         });

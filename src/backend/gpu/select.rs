@@ -32,7 +32,12 @@ pub const GPU_VARIABLES: [&str; 3] = ["K3_GPU", "K3_METAL", "K3_VK"];
 /// The first GPU variable set to a true value (`1`, `true`, `yes`, `on`).
 pub fn gpu_variable() -> Option<&'static str> {
     GPU_VARIABLES.into_iter().find(|v| {
-        std::env::var(v).is_ok_and(|s| matches!(s.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+        std::env::var(v).is_ok_and(|s| {
+            matches!(
+                s.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            )
+        })
     })
 }
 
@@ -58,7 +63,9 @@ pub fn select(kind: BackendKind, adapter: Option<&str>) -> Result<Selected> {
             .map_err(|e| anyhow!("--backend gpu: the GPU could not start: {e:#}")),
         BackendKind::Auto => match GpuBackend::new(&opts(explicit)) {
             Ok(g) => Ok(Selected::Gpu(Box::new(g))),
-            Err(e) => Ok(Selected::Cpu { fallback: Some(failed_line(&format!("{e:#}"))) }),
+            Err(e) => Ok(Selected::Cpu {
+                fallback: Some(failed_line(&format!("{e:#}"))),
+            }),
         },
     }
 }

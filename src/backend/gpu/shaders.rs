@@ -116,7 +116,11 @@ impl Shader {
     fn is_matvec(self) -> bool {
         matches!(
             self,
-            Shader::MatvecF32 | Shader::MatvecBf16 | Shader::MatvecInt8 | Shader::MatvecInt4 | Shader::MatvecMxfp4
+            Shader::MatvecF32
+                | Shader::MatvecBf16
+                | Shader::MatvecInt8
+                | Shader::MatvecInt4
+                | Shader::MatvecMxfp4
         )
     }
 
@@ -124,7 +128,11 @@ impl Shader {
     pub fn source(self, subgroups: bool) -> String {
         let mut s = String::new();
         if self.reduces() {
-            s.push_str(if subgroups { REDUCE_SUBGROUP } else { REDUCE_SHARED });
+            s.push_str(if subgroups {
+                REDUCE_SUBGROUP
+            } else {
+                REDUCE_SHARED
+            });
             s.push('\n');
         }
         if self.is_matvec() {
@@ -139,26 +147,46 @@ impl Shader {
 #[cfg(test)]
 mod tests {
     use super::Shader;
-    use naga::valid::{Capabilities, SubgroupOperationSet, ShaderStages, ValidationFlags, Validator};
+    use naga::valid::{
+        Capabilities, ShaderStages, SubgroupOperationSet, ValidationFlags, Validator,
+    };
 
     fn validate(sh: Shader, subgroups: bool) {
         let src = sh.source(subgroups);
-        let module = naga::front::wgsl::parse_str(&src)
-            .unwrap_or_else(|e| panic!("{} (subgroups={subgroups}):\n{}", sh.file(), e.emit_to_string(&src)));
+        let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| {
+            panic!(
+                "{} (subgroups={subgroups}):\n{}",
+                sh.file(),
+                e.emit_to_string(&src)
+            )
+        });
         // unpack2x16float (the MXFP4 decode) needs f16-in-f32, which the context checks for.
         let caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32
-            | if subgroups { Capabilities::SUBGROUP } else { Capabilities::empty() };
+            | if subgroups {
+                Capabilities::SUBGROUP
+            } else {
+                Capabilities::empty()
+            };
         let mut v = Validator::new(ValidationFlags::all(), caps);
         if subgroups {
             v.subgroup_stages(ShaderStages::COMPUTE);
             v.subgroup_operations(SubgroupOperationSet::all());
         }
-        let info = v
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{} (subgroups={subgroups}):\n{}", sh.file(), e.emit_to_string(&src)));
+        let info = v.validate(&module).unwrap_or_else(|e| {
+            panic!(
+                "{} (subgroups={subgroups}):\n{}",
+                sh.file(),
+                e.emit_to_string(&src)
+            )
+        });
         // Overrides must resolve with their defaults, as wgpu resolves them at pipeline time.
-        naga::back::pipeline_constants::process_overrides(&module, &info, None, &Default::default())
-            .unwrap_or_else(|e| panic!("{} (subgroups={subgroups}): overrides: {e}", sh.file()));
+        naga::back::pipeline_constants::process_overrides(
+            &module,
+            &info,
+            None,
+            &Default::default(),
+        )
+        .unwrap_or_else(|e| panic!("{} (subgroups={subgroups}): overrides: {e}", sh.file()));
     }
 
     #[test]

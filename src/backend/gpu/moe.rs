@@ -170,7 +170,7 @@ impl GpuBackend {
             },
             tokens,
         }];
-        let rt = build_routing(&single, x.rows, &[0..1])?;
+        let rt = build_routing(&single, x.rows, std::slice::from_ref(&(0..1)))?;
         let rtb = self
             .ctx
             .buffer_init(bytemuck::cast_slice(&rt.words), "routing");

@@ -59,7 +59,15 @@ impl<'m, B: Backend> Session<'m, B> {
         if ids.is_empty() {
             return Ok(());
         }
-        self.last_logits = prefill(self.model, &mut self.state, ids, self.chunk, false, &mut self.stats, None)?;
+        self.last_logits = prefill(
+            self.model,
+            &mut self.state,
+            ids,
+            self.chunk,
+            false,
+            &mut self.stats,
+            None,
+        )?;
         self.tokens.extend_from_slice(ids);
         Ok(())
     }
@@ -92,7 +100,8 @@ impl<'m, B: Backend> Session<'m, B> {
             out.push(id);
             let flow = on_token(id)?;
             self.last_logits =
-                self.model.forward(&mut self.state, &[id], Logits::Last, &mut self.stats, None)?;
+                self.model
+                    .forward(&mut self.state, &[id], Logits::Last, &mut self.stats, None)?;
             self.tokens.push(id);
             if flow == Flow::Stop {
                 break;

@@ -39,14 +39,25 @@ fn run_prints_ids_and_the_stats_lines_users_parse() {
     let ids: Vec<u32> = out.trim().split(',').map(|t| t.parse().unwrap()).collect();
     assert_eq!(ids.len(), 5);
     assert!(ids.iter().all(|&i| i < 1024));
-    let line = |prefix: &str| err.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix} in {err}"));
-    assert_eq!(line("[K3] prompt:"), "[K3] prompt: 4 tokens | ngen 5 | temp 0.00");
+    let line = |prefix: &str| {
+        err.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in {err}"))
+    };
+    assert_eq!(
+        line("[K3] prompt:"),
+        "[K3] prompt: 4 tokens | ngen 5 | temp 0.00"
+    );
     assert!(line("[K3] prefill done in ").ends_with(" tok/s)"));
     assert!(line("[K3] decode 5 tokens in ").contains("| expert hit "));
     assert!(line("[K3] time: attn ").contains(" | RSS "));
     assert!(line("[K3][RAM_GB=").contains("GB for experts; cache "));
     assert!(line("[K3] disk: ").ends_with(" GB/s)"));
-    assert_eq!(std::fs::metadata(logits.path()).unwrap().len(), 4 * 1024 * 4, "[positions x vocab] f32");
+    assert_eq!(
+        std::fs::metadata(logits.path()).unwrap().len(),
+        4 * 1024 * 4,
+        "[positions x vocab] f32"
+    );
 }
 
 #[test]
@@ -55,25 +66,59 @@ fn bad_inputs_exit_nonzero_with_a_message_that_names_the_cause() {
     let d = dir.to_str().unwrap();
     let o = k3(&["run", d, "--ids", "1,2000", "--ngen", "1", "--quiet"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("token id 2000 is out of range"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("token id 2000 is out of range"),
+        "{}",
+        stderr(&o)
+    );
     let o = k3(&["run", d, "--ids", "1,x", "--quiet"]);
-    assert!(!o.status.success() && stderr(&o).contains("\"x\" is not a token id"), "{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains("\"x\" is not a token id"),
+        "{}",
+        stderr(&o)
+    );
     let o = k3(&["run", d, "--ids", "1", "--quiet", "--chunk", "0"]);
-    assert!(!o.status.success() && stderr(&o).contains("K3_CHUNK"), "{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains("K3_CHUNK"),
+        "{}",
+        stderr(&o)
+    );
     let o = k3(&["run", d, "--ids", "1", "--quiet", "--bits", "5"]);
-    assert!(!o.status.success() && stderr(&o).contains("K3_BITS"), "{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains("K3_BITS"),
+        "{}",
+        stderr(&o)
+    );
     let o = k3(&["run", "/nonexistent/k3-model", "--ids", "1"]);
-    assert!(!o.status.success() && stderr(&o).contains("/nonexistent/k3-model"), "{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains("/nonexistent/k3-model"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn too_small_ram_budget_exits_2_unless_overcommitted() {
     let dir = common::tiny(0);
     let d = dir.to_str().unwrap();
-    let o = k3(&["run", d, "--ids", "1", "--ngen", "1", "--quiet", "--ram-gb", "1"]);
+    let o = k3(&[
+        "run", d, "--ids", "1", "--ngen", "1", "--quiet", "--ram-gb", "1",
+    ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("K3_RAM_OVERCOMMIT=1"), "{}", stderr(&o));
-    let o = k3(&["run", d, "--ids", "1", "--ngen", "1", "--quiet", "--ram-gb", "1", "--ram-overcommit", "1"]);
+    let o = k3(&[
+        "run",
+        d,
+        "--ids",
+        "1",
+        "--ngen",
+        "1",
+        "--quiet",
+        "--ram-gb",
+        "1",
+        "--ram-overcommit",
+        "1",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
@@ -95,7 +140,10 @@ fn inspect_passes_a_good_snapshot_and_lists_what_a_bad_one_lacks() {
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let shard = bad.join(json["weight_map"][name].as_str().unwrap());
     let bytes = std::fs::read(&shard).unwrap();
-    let at = bytes.windows(name.len()).position(|w| w == name.as_bytes()).unwrap();
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name.as_bytes())
+        .unwrap();
     let mut patched = bytes.clone();
     patched[at..at + name.len()].copy_from_slice(renamed.as_bytes());
     std::fs::write(&shard, patched).unwrap();
@@ -103,7 +151,12 @@ fn inspect_passes_a_good_snapshot_and_lists_what_a_bad_one_lacks() {
     let o = k3(&["inspect", bad.to_str().unwrap()]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(!o.status.success(), "{out}");
-    assert!(out.contains("model.layers.3.post_attention_layernorm.weight") || stderr(&o).contains("layers.3.post_attention_layernorm"), "{out}{}", stderr(&o));
+    assert!(
+        out.contains("model.layers.3.post_attention_layernorm.weight")
+            || stderr(&o).contains("layers.3.post_attention_layernorm"),
+        "{out}{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -114,9 +167,15 @@ fn text_prompt_chat_and_tokenize_round_trip() {
     assert!(o.status.success(), "{}", stderr(&o));
     let ids = String::from_utf8_lossy(&o.stdout).trim().to_string();
     let o = k3(&["detokenize", d, "--ids", &ids]);
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim_end_matches('\n'), "Hello, world");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim_end_matches('\n'),
+        "Hello, world"
+    );
     let o = k3(&["run", d, "--chat", "Hi", "--ngen", "4", "--quiet"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.starts_with("[think] "), "chat output starts in the think channel: {out:?}");
+    assert!(
+        out.starts_with("[think] "),
+        "chat output starts in the think channel: {out:?}"
+    );
 }

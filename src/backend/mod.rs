@@ -6,6 +6,7 @@
 //! the chunk being processed. Only routing decisions and final logits come back to the host.
 
 pub mod cpu;
+pub mod gpu;
 
 use crate::quant::{DenseMatrix, Mxfp4View};
 use anyhow::Result;

@@ -194,44 +194,75 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let gbs: Vec<f64> = a
         .expert_gb_list
         .split(',')
-        .map(|t| t.trim().parse::<f64>().with_context(|| format!("--expert-gb-list: {t:?} is not a number")))
+        .map(|t| {
+            t.trim()
+                .parse::<f64>()
+                .with_context(|| format!("--expert-gb-list: {t:?} is not a number"))
+        })
         .collect::<Result<_>>()?;
     if let Some(o) = &a.out {
         std::fs::create_dir_all(o).with_context(|| format!("creating {}", o.display()))?;
     }
-    a.load.with_model(&a.model, |model| {
-        println!("| K3_EXPERT_GB | pipe | run | s/token | hit % | GB read/token | eload s/token | disk busy s/token |");
-        println!("|---|---|---|---|---|---|---|---|");
-        for &gb in &gbs {
-            for pipe in [1u8, 0] {
-                for run in 0..a.runs {
-                    let mut sa = a.load.stream.clone();
-                    sa.expert_gb = gb;
-                    sa.pipe = pipe;
-                    sa.configure(model)?;
-                    let opts = GenerateOptions { ngen: a.ngen, chunk: a.load.chunk, all_logits: false, stop_ids: &[], trace: None };
-                    let mut greedy = |l: &[f32], _: &[u32]| k3::sampling::argmax_lowest(l);
-                    let g = generate(model, &ids, &opts, &mut greedy, &mut |_| Ok(()))?;
-                    let steps = g.tokens.len().saturating_sub(1).max(1) as f64;
-                    let d = &g.decode_stats;
-                    println!(
-                        "| {gb} | {pipe} | {run} | {:.3} | {:.1} | {:.2} | {:.3} | {:.3} |",
-                        g.decode_secs / steps,
-                        d.hit_percent(),
-                        d.bytes_streamed as f64 / 1e9 / steps,
-                        d.eload.as_secs_f64() / steps,
-                        d.disk_busy.as_secs_f64() / steps
-                    );
-                    if let Some(o) = &a.out {
-                        let total = g.prefill_stats.plus(&g.decode_stats);
-                        let json = stats::run_json(ids.len(), &g, &total);
-                        let path = o.join(format!("run-{gb}-{pipe}-{run}.json"));
-                        std::fs::write(&path, serde_json::to_string_pretty(&json)?)
-                            .with_context(|| format!("writing {}", path.display()))?;
+    a.load.with_model(
+        &a.model,
+        DecodeJob {
+            a: &a,
+            ids: &ids,
+            gbs: &gbs,
+        },
+    )
+}
+
+struct DecodeJob<'a> {
+    a: &'a DecodeArgs,
+    ids: &'a [u32],
+    gbs: &'a [f64],
+}
+
+impl super::run_cmd::ModelJob for DecodeJob<'_> {
+    type Out = ();
+    fn run<B: k3::backend::Backend>(self, model: &mut k3::model::K3Model<B>) -> Result<()> {
+        let DecodeJob { a, ids, gbs } = self;
+        {
+            println!("| K3_EXPERT_GB | pipe | run | s/token | hit % | GB read/token | eload s/token | disk busy s/token |");
+            println!("|---|---|---|---|---|---|---|---|");
+            for &gb in gbs {
+                for pipe in [1u8, 0] {
+                    for run in 0..a.runs {
+                        let mut sa = a.load.stream.clone();
+                        sa.expert_gb = gb;
+                        sa.pipe = pipe;
+                        sa.configure(model)?;
+                        let opts = GenerateOptions {
+                            ngen: a.ngen,
+                            chunk: a.load.chunk,
+                            all_logits: false,
+                            stop_ids: &[],
+                            trace: None,
+                        };
+                        let mut greedy = |l: &[f32], _: &[u32]| k3::sampling::argmax_lowest(l);
+                        let g = generate(model, ids, &opts, &mut greedy, &mut |_| Ok(()))?;
+                        let steps = g.tokens.len().saturating_sub(1).max(1) as f64;
+                        let d = &g.decode_stats;
+                        println!(
+                            "| {gb} | {pipe} | {run} | {:.3} | {:.1} | {:.2} | {:.3} | {:.3} |",
+                            g.decode_secs / steps,
+                            d.hit_percent(),
+                            d.bytes_streamed as f64 / 1e9 / steps,
+                            d.eload.as_secs_f64() / steps,
+                            d.disk_busy.as_secs_f64() / steps
+                        );
+                        if let Some(o) = &a.out {
+                            let total = g.prefill_stats.plus(&g.decode_stats);
+                            let json = stats::run_json(ids.len(), &g, &total);
+                            let path = o.join(format!("run-{gb}-{pipe}-{run}.json"));
+                            std::fs::write(&path, serde_json::to_string_pretty(&json)?)
+                                .with_context(|| format!("writing {}", path.display()))?;
+                        }
                     }
                 }
             }
+            Ok(())
         }
-        Ok(())
-    })
+    }
 }

@@ -1,7 +1,7 @@
 //! `k3 chat`: an interactive conversation that keeps the model state between turns and
 //! feeds only each new turn's tokens.
 
-use super::run_cmd::ModelArgs;
+use super::run_cmd::{ModelArgs, ModelJob};
 use super::sampling_args::SamplingArgs;
 use super::threads;
 use super::token_output::TokenOutput;
@@ -52,11 +52,37 @@ pub fn run(a: ChatArgs) -> Result<()> {
     };
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
-    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
-    a.load.with_model(&dir, |m| chat_loop(m, &a, &dir, &stop))
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        .context("installing the Ctrl-C handler")?;
+    a.load.with_model(
+        &dir,
+        ChatJob {
+            a: &a,
+            dir: &dir,
+            stop: &stop,
+        },
+    )
 }
 
-fn chat_loop<B: Backend>(model: &K3Model<B>, a: &ChatArgs, dir: &Path, stop: &AtomicBool) -> Result<()> {
+struct ChatJob<'a> {
+    a: &'a ChatArgs,
+    dir: &'a Path,
+    stop: &'a AtomicBool,
+}
+
+impl ModelJob for ChatJob<'_> {
+    type Out = ();
+    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+        chat_loop(model, self.a, self.dir, self.stop)
+    }
+}
+
+fn chat_loop<B: Backend>(
+    model: &K3Model<B>,
+    a: &ChatArgs,
+    dir: &Path,
+    stop: &AtomicBool,
+) -> Result<()> {
     let tok = Tokenizer::from_dir(dir)?;
     let mut session = Session::new(model, a.load.chunk)?;
     let mut sampler = Sampler::new(a.sampling.config())?;
@@ -118,7 +144,11 @@ fn chat_loop<B: Backend>(model: &K3Model<B>, a: &ChatArgs, dir: &Path, stop: &At
         session.generate(a.max_answer, &mut sampler, &mut |id| {
             answer_ids.push(id);
             let ended = out.push(id)?;
-            Ok(if ended || stop.load(Ordering::SeqCst) { Flow::Stop } else { Flow::Continue })
+            Ok(if ended || stop.load(Ordering::SeqCst) {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            })
         })?;
         out.finish()?;
         if stop.swap(false, Ordering::SeqCst) {

@@ -2,14 +2,15 @@
 
 mod bench_cmd;
 mod chat_cmd;
+mod devices_cmd;
 mod inspect_cmd;
 mod run_cmd;
 mod sampling_args;
 mod stream_args;
 mod synth_cmd;
 mod threads;
-mod tokenize_cmd;
 mod token_output;
+mod tokenize_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -37,6 +38,8 @@ enum Command {
     Inspect(inspect_cmd::InspectArgs),
     /// Benchmarks that compare the engine with a plain baseline in the same run.
     Bench(bench_cmd::BenchArgs),
+    /// List GPU adapters: backend, type, driver, limits, features.
+    Devices(devices_cmd::DevicesArgs),
 }
 
 /// Runs the chosen subcommand.
@@ -49,6 +52,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Synth(a) => synth_cmd::run(a),
         Command::Inspect(a) => inspect_cmd::run(a),
         Command::Bench(a) => bench_cmd::run(a),
+        Command::Devices(a) => devices_cmd::run(a),
     }
 }
 

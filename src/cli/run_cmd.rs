@@ -7,6 +7,7 @@ use super::token_output::TokenOutput;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use k3::backend::cpu::CpuBackend;
+use k3::backend::gpu::select::{select, BackendKind, Selected};
 use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
 use k3::generate::{generate, GenerateOptions};
@@ -19,16 +20,31 @@ use std::path::{Path, PathBuf};
 /// Which backend runs the ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
+    /// The GPU when a non-CPU adapter exists (or K3_GPU/K3_METAL/K3_VK=1), else the CPU.
+    Auto,
+    /// The GPU; exit with the reason when it cannot start.
+    Gpu,
     /// The CPU oracle.
     Cpu,
+}
+
+/// Work to run on a loaded model, whatever backend was chosen.
+pub trait ModelJob {
+    /// What the job returns.
+    type Out;
+    /// Runs the job on `model`.
+    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<Self::Out>;
 }
 
 /// Flags that load a model, shared by `run` and `chat`.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
     /// Backend that runs the ops.
-    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
+    /// GPU adapter to use: a substring of its name (see `k3 devices`).
+    #[arg(long, value_name = "NAME")]
+    pub adapter: Option<String>,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -111,7 +127,10 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .split(',')
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .map(|t| t.parse::<u32>().with_context(|| format!("--ids: {t:?} is not a token id")))
+        .map(|t| {
+            t.parse::<u32>()
+                .with_context(|| format!("--ids: {t:?} is not a token id"))
+        })
         .collect::<Result<Vec<_>>>()?;
     if ids.is_empty() {
         bail!("--ids is empty: give at least one token id, e.g. --ids \"1,2,3\"");
@@ -125,14 +144,18 @@ fn demo_dir() -> PathBuf {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
-    base.join("k3").join(format!("demo-tiny-v{}", env!("CARGO_PKG_VERSION")))
+    base.join("k3")
+        .join(format!("demo-tiny-v{}", env!("CARGO_PKG_VERSION")))
 }
 
 /// The demo model, synthesized on first use.
 pub fn ensure_demo() -> Result<PathBuf> {
     let dir = demo_dir();
     if !dir.join("tiktoken.model").exists() {
-        eprintln!("[K3] demo: synthesizing the tiny model into {}", dir.display());
+        eprintln!(
+            "[K3] demo: synthesizing the tiny model into {}",
+            dir.display()
+        );
         let opts = k3::synth::SynthOptions {
             preset: k3::synth::Preset::Tiny,
             layers: None,
@@ -146,20 +169,46 @@ pub fn ensure_demo() -> Result<PathBuf> {
 }
 
 impl ModelArgs {
-    /// Opens the checkpoint at `dir` and loads it onto the chosen backend, then calls `f`.
-    pub fn with_model<R>(&self, dir: &Path, f: impl FnOnce(&mut K3Model<CpuBackend>) -> Result<R>) -> Result<R> {
+    /// Opens the checkpoint at `dir`, loads it onto the chosen backend, sizes the expert
+    /// cache, then runs `job` on it.
+    pub fn with_model<J: ModelJob>(&self, dir: &Path, job: J) -> Result<J::Out> {
         let policy = FormatPolicy::from_bits(self.bits, self.mla_bits, self.head_bits)?;
         if self.chunk == 0 || self.chunk > k3::generate::MAX_CHUNK {
-            bail!("--chunk / K3_CHUNK must be between 1 and {}, got {}", k3::generate::MAX_CHUNK, self.chunk);
+            bail!(
+                "--chunk / K3_CHUNK must be between 1 and {}, got {}",
+                k3::generate::MAX_CHUNK,
+                self.chunk
+            );
         }
-        let extra = self.dirs.as_deref().map(super::split_dirs).unwrap_or_default();
+        let extra = self
+            .dirs
+            .as_deref()
+            .map(super::split_dirs)
+            .unwrap_or_default();
         let ckpt = Checkpoint::open(dir, &extra)?;
-        match self.backend {
-            BackendChoice::Cpu => {
-                eprintln!("[K3] backend: cpu ({} threads)", rayon::current_num_threads());
+        let kind = match self.backend {
+            BackendChoice::Auto => BackendKind::Auto,
+            BackendChoice::Gpu => BackendKind::Gpu,
+            BackendChoice::Cpu => BackendKind::Cpu,
+        };
+        match select(kind, self.adapter.as_deref())? {
+            Selected::Gpu(g) => {
+                eprintln!("[K3] backend: {}", g.name());
+                let mut model = K3Model::load(ckpt, *g, policy, !self.quiet)?;
+                self.stream.configure(&mut model)?;
+                job.run(&mut model)
+            }
+            Selected::Cpu { fallback } => {
+                if let Some(line) = fallback {
+                    eprintln!("{line}");
+                }
+                eprintln!(
+                    "[K3] backend: cpu ({} threads)",
+                    rayon::current_num_threads()
+                );
                 let mut model = K3Model::load(ckpt, CpuBackend::new(), policy, !self.quiet)?;
                 self.stream.configure(&mut model)?;
-                f(&mut model)
+                job.run(&mut model)
             }
         }
     }
@@ -172,13 +221,29 @@ pub fn run(a: RunArgs) -> Result<()> {
         Some(d) => d.clone(),
         None => ensure_demo()?,
     };
-    a.load.with_model(&dir, |m| run_model(m, &a, &dir))
+    a.load.with_model(&dir, RunJob { a: &a, dir: &dir })
+}
+
+struct RunJob<'a> {
+    a: &'a RunArgs,
+    dir: &'a Path,
+}
+
+impl ModelJob for RunJob<'_> {
+    type Out = ();
+    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+        run_model(model, self.a, self.dir)
+    }
 }
 
 fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<()> {
     let cfg = &model.ckpt.config;
     let text = a.prompt.clone().or_else(|| a.prompt_flag.clone());
-    let tok = if a.ids.is_some() { None } else { Some(Tokenizer::from_dir(dir)?) };
+    let tok = if a.ids.is_some() {
+        None
+    } else {
+        Some(Tokenizer::from_dir(dir)?)
+    };
     let thinking = a.think == 1 && !a.no_think;
     let ids = match (&a.ids, &text, &tok) {
         (Some(s), _, _) => parse_ids(s)?,
@@ -196,10 +261,17 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
     };
     let mut output = match &tok {
         None => TokenOutput::Ids { first: true },
-        Some(tk) if a.chat => TokenOutput::Chat { splitter: ChatSplitter::new(tk, thinking, &cfg.eos_token_ids)?, shown: None },
+        Some(tk) if a.chat => TokenOutput::Chat {
+            splitter: ChatSplitter::new(tk, thinking, &cfg.eos_token_ids)?,
+            shown: None,
+        },
         Some(tk) => TokenOutput::Text(StreamDecoder::new(tk, false)),
     };
-    let mut stop: Vec<u32> = if a.ignore_eos { Vec::new() } else { cfg.eos_token_ids.clone() };
+    let mut stop: Vec<u32> = if a.ignore_eos {
+        Vec::new()
+    } else {
+        cfg.eos_token_ids.clone()
+    };
     if let (Some(tk), false) = (&tok, a.ignore_eos) {
         stop.extend(tk.special_id("<|end_of_msg|>"));
     }
@@ -225,7 +297,10 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
     let g = generate(model, &ids, &opts, &mut pick, &mut on_token)?;
     output.finish()?;
     eprintln!("{}", stats::prefill_line(ids.len(), g.prefill_secs));
-    eprintln!("{}", stats::decode_line(g.tokens.len(), g.decode_secs, &g.decode_stats));
+    eprintln!(
+        "{}",
+        stats::decode_line(g.tokens.len(), g.decode_secs, &g.decode_stats)
+    );
     let total = g.prefill_stats.plus(&g.decode_stats);
     eprintln!("{}", stats::time_line(&total, stats::rss_gb()));
     eprintln!("{}", stats::disk_line(&total));
@@ -236,7 +311,12 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
     }
     if let Some(path) = &a.dump_logits {
         write_logits(path, &g.prompt_logits)?;
-        eprintln!("[K3] logits: {} positions x {} -> {}", ids.len(), model.vocab_size(), path.display());
+        eprintln!(
+            "[K3] logits: {} positions x {} -> {}",
+            ids.len(),
+            model.vocab_size(),
+            path.display()
+        );
     }
     Ok(())
 }

@@ -12,7 +12,10 @@ pub enum TokenOutput<'t> {
     /// Decoded text, streamed (unfinished UTF-8 held back).
     Text(StreamDecoder<'t>),
     /// `[think] ` and `[response] ` streams.
-    Chat { splitter: ChatSplitter<'t>, shown: Option<Channel> },
+    Chat {
+        splitter: ChatSplitter<'t>,
+        shown: Option<Channel>,
+    },
 }
 
 impl TokenOutput<'_> {

@@ -41,12 +41,18 @@ pub fn tokenize(a: TokenizeArgs) -> Result<()> {
     let text = match a.text.as_deref() {
         Some("-") | None => {
             let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("reading standard input")?;
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading standard input")?;
             s
         }
         Some(t) => t.to_string(),
     };
-    let ids = if a.special { tok.encode_with_special(&text) } else { tok.encode(&text) };
+    let ids = if a.special {
+        tok.encode_with_special(&text)
+    } else {
+        tok.encode(&text)
+    };
     if a.json {
         let items: Vec<serde_json::Value> = ids
             .iter()

@@ -166,9 +166,16 @@ pub fn synthesize(opts: &SynthOptions, out: &Path) -> Result<SynthSummary> {
     )?;
     // Every synthetic checkpoint carries a small real tokenizer, so text prompts and the
     // chat format work on it like on the release.
-    let bos = cfg.bos_token_id.context("synthesized config has no bos_token_id")?;
-    let eos = *cfg.eos_token_ids.first().context("synthesized config has no eos_token_id")?;
-    let pad = cfg.pad_token_id.context("synthesized config has no pad_token_id")?;
+    let bos = cfg
+        .bos_token_id
+        .context("synthesized config has no bos_token_id")?;
+    let eos = *cfg
+        .eos_token_ids
+        .first()
+        .context("synthesized config has no eos_token_id")?;
+    let pad = cfg
+        .pad_token_id
+        .context("synthesized config has no pad_token_id")?;
     crate::tokenizer::synthetic::write_synthetic_tokenizer(out, cfg.vocab_size, bos, eos, pad)?;
     Ok(summary)
 }

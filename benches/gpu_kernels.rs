@@ -1,0 +1,382 @@
+//! GPU kernel bandwidth at K3 shapes, each against a plain read kernel over a buffer of the
+//! same size in the same run (the roofline the matvecs are judged by).
+//!
+//! `cargo bench --bench gpu_kernels [-- quick]` — `quick` uses small shapes (lavapipe).
+//! Times come from timestamp queries around the recorded passes when the adapter has them
+//! (`TIMESTAMP_QUERY_INSIDE_ENCODERS`), else from the wall clock around a full sync.
+//! `K3_ADAPTER=NAME` picks the adapter.
+
+use k3::backend::gpu::context::Dispatch;
+use k3::backend::gpu::shaders::Shader;
+use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
+use k3::backend::{
+    Backend, ExpertAssignment, ExpertWeights, Glu, KdaDims, KdaStepInputs, KdaStepWeights,
+    MlaAttnWeights, MlaDims,
+};
+use k3::quant::{DenseData, DenseMatrix, Mxfp4View};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::time::Instant;
+
+/// Timed repetitions per kernel (after one warm-up).
+const REPS: usize = 8;
+
+struct Timer<'a> {
+    g: &'a GpuBackend,
+    qs: Option<wgpu::QuerySet>,
+}
+
+impl<'a> Timer<'a> {
+    fn new(g: &'a GpuBackend) -> Self {
+        let qs = g.ctx.has_timestamps().then(|| {
+            g.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("bench"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * REPS as u32,
+            })
+        });
+        Self { g, qs }
+    }
+
+    /// Median seconds of `f` (its recorded GPU work), over REPS runs after a warm-up.
+    fn time(&self, mut f: impl FnMut()) -> f64 {
+        f();
+        self.g.sync().unwrap();
+        let mut secs = Vec::with_capacity(REPS);
+        match &self.qs {
+            Some(qs) => {
+                for r in 0..REPS as u32 {
+                    self.g.ctx.record(|e| e.write_timestamp(qs, 2 * r));
+                    f();
+                    self.g.ctx.record(|e| e.write_timestamp(qs, 2 * r + 1));
+                }
+                let resolve = self.g.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("timestamps"),
+                    size: (16 * REPS) as u64,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                });
+                self.g
+                    .ctx
+                    .record(|e| e.resolve_query_set(qs, 0..2 * REPS as u32, &resolve, 0));
+                let bytes = self.g.ctx.read(&resolve, 0, (16 * REPS) as u64).unwrap();
+                let ticks: &[u64] = bytemuck::cast_slice(&bytes);
+                let period = f64::from(self.g.ctx.queue.get_timestamp_period()) * 1e-9;
+                for r in 0..REPS {
+                    secs.push(ticks[2 * r + 1].saturating_sub(ticks[2 * r]) as f64 * period);
+                }
+            }
+            None => {
+                for _ in 0..REPS {
+                    let t = Instant::now();
+                    f();
+                    self.g.sync().unwrap();
+                    secs.push(t.elapsed().as_secs_f64());
+                }
+            }
+        }
+        secs.sort_by(f64::total_cmp);
+        secs[REPS / 2]
+    }
+
+    /// Median seconds of the plain read kernel over `bytes`.
+    fn read(&self, bytes: u64) -> f64 {
+        let ctx = &self.g.ctx;
+        let bytes = bytes.min(ctx.max_binding) / 16 * 16;
+        let src = ctx.buffer(bytes, "read src");
+        let sink = ctx.buffer(4 << 20, "read sink");
+        let groups = (ctx.limits.max_compute_workgroups_per_dimension).min(4 * 132 * 8);
+        let threads = groups * ctx.wg;
+        self.time(|| {
+            ctx.dispatch(&Dispatch {
+                shader: Shader::ReadBench,
+                entry: "stream_read",
+                consts: &[],
+                params: &[(bytes / 16) as u32, threads],
+                buffers: &[&src, &sink],
+                groups: (groups, 1, 1),
+            })
+        })
+    }
+}
+
+fn report(t: &Timer<'_>, name: &str, bytes: u64, secs: f64) {
+    let read = t.read(bytes);
+    let bw = bytes as f64 / secs / 1e9;
+    let rbw = bytes.min(t.g.ctx.max_binding) as f64 / read / 1e9;
+    println!(
+        "{name:<44} {:>9.1} MB {:>9.1} us {:>8.1} GB/s   read {:>8.1} GB/s   {:>5.1} %",
+        bytes as f64 / 1e6,
+        secs * 1e6,
+        bw,
+        rbw,
+        100.0 * bw / rbw
+    );
+}
+
+fn rand_bytes(rng: &mut StdRng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.random()).collect()
+}
+
+fn mxfp4(rng: &mut StdRng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    (
+        rand_bytes(rng, rows * cols / 2),
+        (0..rows * cols / 32)
+            .map(|_| rng.random_range(118u8..126))
+            .collect(),
+    )
+}
+
+fn dense(rng: &mut StdRng, rows: usize, cols: usize, bits: u32) -> DenseMatrix {
+    let data = match bits {
+        4 => DenseData::Int4 {
+            q: rand_bytes(rng, rows * cols / 2),
+            scale: vec![0.01; rows * cols.div_ceil(64)],
+        },
+        _ => DenseData::Int8 {
+            q: rand_bytes(rng, rows * cols)
+                .into_iter()
+                .map(|b| b as i8)
+                .collect(),
+            scale: vec![0.01; rows],
+        },
+    };
+    DenseMatrix { rows, cols, data }
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "quick");
+    // The default matvec geometry runs every kernel; the others only the matvecs they change.
+    let shapes = [(32, 4), (32, 1), (32, 2), (16, 2), (8, 4)];
+    for (i, &(lanes_per_row, rows_per_lane)) in shapes.iter().enumerate() {
+        let opts = GpuOptions {
+            adapter: std::env::var("K3_ADAPTER").ok(),
+            allow_cpu_adapter: true,
+            matvec: Some(MatvecShape {
+                lanes_per_row,
+                rows_per_lane,
+            }),
+            ..Default::default()
+        };
+        let g = match GpuBackend::new(&opts) {
+            Ok(g) => g,
+            Err(e) => {
+                println!("no GPU adapter: {e:#}");
+                return;
+            }
+        };
+        println!(
+            "\n== matvec geometry: {lanes_per_row} lanes per row, {rows_per_lane} rows per lane =="
+        );
+        run(&g, quick, i == 0);
+    }
+}
+
+fn run(g: &GpuBackend, quick: bool, all: bool) {
+    let ctx = &g.ctx;
+    println!(
+        "adapter: {} ({:?}, {:?}), subgroups {}, workgroup {}, binding limit {} B, timing: {}",
+        ctx.info.name,
+        ctx.info.backend,
+        ctx.info.device_type,
+        ctx.subgroups,
+        ctx.wg,
+        ctx.max_binding,
+        if ctx.has_timestamps() {
+            "timestamp queries"
+        } else {
+            "wall clock"
+        }
+    );
+    let t = Timer::new(g);
+    let mut rng = StdRng::seed_from_u64(1);
+    let s = |full: usize, small: usize| if quick { small } else { full };
+    let (i, d) = (s(3072, 256), s(3584, 384));
+
+    // MXFP4: one expert's w1, then 16 experts x 1 token through the whole batched MoE.
+    let (p1, s1) = mxfp4(&mut rng, i, d);
+    let w1 = Mxfp4View::new(i, d, &p1, &s1).unwrap();
+    for n in [1usize, 8] {
+        let x = g.upload(&vec![0.5; n * d], n, d).unwrap();
+        let secs = t.time(|| {
+            g.matmul_mxfp4(w1, &x).unwrap();
+        });
+        report(
+            &t,
+            &format!("mxfp4 matvec {i}x{d}, {n} token(s)"),
+            (p1.len() + s1.len()) as u64,
+            secs,
+        );
+    }
+    let experts_bytes: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..16)
+        .map(|_| {
+            [
+                mxfp4(&mut rng, i, d),
+                mxfp4(&mut rng, d, i),
+                mxfp4(&mut rng, i, d),
+            ]
+        })
+        .collect();
+    let moe_cases: &[(usize, usize)] = if all {
+        &[(1, 1), (16, 1), (16, 8)]
+    } else {
+        &[(16, 1)]
+    };
+    for &(ne, tokens) in moe_cases {
+        let z = g.upload(&vec![0.25; tokens * d], tokens, d).unwrap();
+        let assign: Vec<ExpertAssignment<'_>> = experts_bytes[..ne]
+            .iter()
+            .map(|m| ExpertAssignment {
+                weights: ExpertWeights {
+                    w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
+                    w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
+                    w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
+                },
+                tokens: (0..tokens).map(|r| (r, 0.1)).collect(),
+            })
+            .collect();
+        let bytes: u64 = experts_bytes[..ne]
+            .iter()
+            .flatten()
+            .map(|(p, s)| (p.len() + s.len()) as u64)
+            .sum();
+        let mut acc = g.zeros(tokens, d).unwrap();
+        let secs = t.time(|| {
+            g.moe_accumulate(
+                &mut acc,
+                &z,
+                &assign,
+                Glu::Situ {
+                    beta: 10.0,
+                    linear_beta: 10.0,
+                },
+            )
+            .unwrap();
+        });
+        report(
+            &t,
+            &format!("moe batched: {ne} experts x {tokens} token(s)"),
+            bytes,
+            secs,
+        );
+    }
+
+    // Dense int4 / int8 matvecs: a 12288x7168 projection and the 163840x7168 head.
+    let mats: &[(usize, usize)] = if all {
+        &[(12288, 7168), (163840, 7168)]
+    } else {
+        &[(12288, 7168)]
+    };
+    for &(rows, cols) in mats {
+        let (rows, cols) = (s(rows, rows / 16), s(cols, 512));
+        for bits in [4u32, 8] {
+            let m = g.load_matrix(dense(&mut rng, rows, cols, bits)).unwrap();
+            for n in [1usize, 32] {
+                let x = g.upload(&vec![0.5; n * cols], n, cols).unwrap();
+                let secs = t.time(|| {
+                    g.matmul(&m, &x).unwrap();
+                });
+                report(
+                    &t,
+                    &format!(
+                        "int{bits} matvec {rows}x{cols}, {n} token(s), {} chunk(s)",
+                        m.chunks.len()
+                    ),
+                    m.byte_size(),
+                    secs,
+                );
+            }
+        }
+    }
+
+    if !all {
+        return;
+    }
+    // KDA step: 96 heads x 128 x 128 state, one token.
+    let (heads, hd) = (s(96, 8), 128);
+    let kd = KdaDims {
+        heads,
+        head_dim: hd,
+        conv_k: 4,
+        lower_bound: Some(-5.0),
+        norm_eps: 1e-6,
+    };
+    let p = kd.width();
+    let up = |n: usize, c: usize| g.upload(&vec![0.1; n * c], n, c).unwrap();
+    let kw = KdaStepWeights {
+        conv_q: up(1, p * 4),
+        conv_k: up(1, p * 4),
+        conv_v: up(1, p * 4),
+        a_log: up(1, heads),
+        dt_bias: up(1, p),
+        o_norm: up(1, hd),
+    };
+    let mut st = g.kda_state(&kd).unwrap();
+    let (q, k, v, f, beta, gate) = (
+        up(1, p),
+        up(1, p),
+        up(1, p),
+        up(1, p),
+        up(1, heads),
+        up(1, p),
+    );
+    let secs = t.time(|| {
+        g.kda_step(
+            &kd,
+            &kw,
+            &mut st,
+            KdaStepInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                f: &f,
+                beta: &beta,
+                gate: &gate,
+            },
+        )
+        .unwrap();
+    });
+    // The state is read and written once per token.
+    report(
+        &t,
+        &format!("kda step {heads} heads x {hd}x{hd}, 1 token"),
+        (2 * heads * hd * hd * 4) as u64,
+        secs,
+    );
+
+    // MLA decode over 4096 cached positions.
+    let md = MlaDims {
+        heads: s(96, 8),
+        kv_lora: 512,
+        nope: 128,
+        rope: 64,
+        v: 128,
+        norm_eps: 1e-6,
+    };
+    let positions = s(4096, 512);
+    let mw = MlaAttnWeights {
+        kv_norm: up(1, 512),
+        wk: up(md.heads * 128, 512),
+        wv: up(md.heads * 128, 512),
+    };
+    let mut cache = g.mla_cache(&md).unwrap();
+    let chunk = 256;
+    for start in (0..positions - 1).step_by(chunk) {
+        let n = chunk.min(positions - 1 - start);
+        g.mla_attend(&md, &mw, &mut cache, &up(n, md.heads * 192), &up(n, 576))
+            .unwrap();
+    }
+    g.sync().unwrap();
+    let (q1, c1) = (up(1, md.heads * 192), up(1, 576));
+    let base_len = cache.len;
+    let secs = t.time(|| {
+        cache.len = base_len;
+        g.mla_attend(&md, &mw, &mut cache, &q1, &c1).unwrap();
+    });
+    report(
+        &t,
+        &format!("mla attend {} heads over {positions} positions", md.heads),
+        (positions * 576 * 4) as u64,
+        secs,
+    );
+}

@@ -1,0 +1,152 @@
+// Absorbed MLA attention over the latent cache (which never leaves the GPU). The cache is
+// [capacity, cs] rows of (normalized latent | rope | zero pad), cs a multiple of 4, so the
+// scores are an f32 matvec with the cache as the matrix (matvec_f32.wgsl), and:
+//   append  — normalize each new latent and write it (and its rope part) at pos0 + t;
+//   qabs    — X[t·h + hh] = (q_nope·W_k[hh] | q_rope | 0): the query in cache space;
+//   softmax — causal softmax of scale·scores over positions ≤ pos0 + t;
+//   ctx     — ctx[t·h + hh] = Σ_p prob · latent[p], for 8 heads per workgroup;
+//   outv    — out[t, hh·v + j] = W_v[hh, j] · ctx[t·h + hh].
+
+const HT: u32 = 8u;
+override LPR: u32 = 32u;
+
+struct MlaParams {
+    n: u32,
+    heads: u32,
+    kv: u32,
+    rope: u32,
+    nope: u32,
+    v: u32,
+    cs: u32,
+    pos0: u32,
+    total: u32,
+    eps: f32,
+    scale: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: MlaParams;
+// Bindings: a (first input), o (output), b (second input, absent from softmax).
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read_write> o: array<f32>;
+@group(0) @binding(3) var<storage, read> b: array<f32>;
+
+// a = c ([n, kv + rope]), b = kv_norm, o = cache.
+@compute @workgroup_size(WG)
+fn append(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    lanes_init(lanes);
+    let t = wg.x;
+    let cw = p.kv + p.rope;
+    var ss = 0.0;
+    for (var c = lanes.lid; c < p.kv; c += WG) {
+        let x = a[t * cw + c];
+        ss += x * x;
+    }
+    let s = 1.0 / sqrt(wg_sum(ss) / f32(p.kv) + p.eps);
+    let dst = (p.pos0 + t) * p.cs;
+    for (var c = lanes.lid; c < p.cs; c += WG) {
+        var val = 0.0;
+        if (c < p.kv) {
+            val = a[t * cw + c] * s * b[c];
+        } else if (c < cw) {
+            val = a[t * cw + c];
+        }
+        o[dst + c] = val;
+    }
+}
+
+// a = q ([n, heads·(nope+rope)]), b = W_k ([heads·nope, kv]), o = X ([n·heads, cs]).
+@compute @workgroup_size(WG)
+fn qabs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
+    let row = wg.x + wg.y * nwg.x;
+    if (row >= p.n * p.heads) {
+        return;
+    }
+    let t = row / p.heads;
+    let hh = row % p.heads;
+    let qw = p.nope + p.rope;
+    let qb = t * p.heads * qw + hh * qw;
+    for (var c = lanes.lid; c < p.cs; c += WG) {
+        var val = 0.0;
+        if (c < p.kv) {
+            for (var i = 0u; i < p.nope; i++) {
+                val += a[qb + i] * b[(hh * p.nope + i) * p.kv + c];
+            }
+        } else if (c < p.kv + p.rope) {
+            val = a[qb + p.nope + c - p.kv];
+        }
+        o[row * p.cs + c] = val;
+    }
+}
+
+// a = scores ([n·heads, total]), o = probabilities (same shape; masked ones are 0).
+@compute @workgroup_size(WG)
+fn softmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
+    lanes_init(lanes);
+    let ri = wg.x + wg.y * nwg.x;
+    let row = min(ri, p.n * p.heads - 1u);
+    let t = row / p.heads;
+    let len = p.pos0 + t + 1u;
+    let base = row * p.total;
+    var m = -3.4e38;
+    for (var i = lanes.lid; i < len; i += WG) {
+        m = max(m, a[base + i] * p.scale);
+    }
+    let mx = wg_max(m);
+    var tot = 0.0;
+    for (var i = lanes.lid; i < len; i += WG) {
+        tot += exp(a[base + i] * p.scale - mx);
+    }
+    let sum = wg_sum(tot);
+    for (var i = lanes.lid; i < p.total && ri == row; i += WG) {
+        var pr = 0.0;
+        if (i < len) {
+            pr = exp(a[base + i] * p.scale - mx) / sum;
+        }
+        o[base + i] = pr;
+    }
+}
+
+// a = probabilities, b = cache, o = ctx ([n·heads, kv]). wg = (column block, head tile, t).
+@compute @workgroup_size(WG)
+fn ctx(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = wg.x * WG + lid;
+    let h0 = wg.y * HT;
+    let t = wg.z;
+    let len = p.pos0 + t + 1u;
+    let cc = min(c, p.kv - 1u);
+    var acc: array<f32, HT>;
+    for (var pos = 0u; pos < len; pos++) {
+        let l = b[pos * p.cs + cc];
+        for (var j = 0u; j < HT; j++) {
+            let hh = min(h0 + j, p.heads - 1u);
+            acc[j] += a[(t * p.heads + hh) * p.total + pos] * l;
+        }
+    }
+    if (c < p.kv) {
+        for (var j = 0u; j < HT; j++) {
+            if (h0 + j < p.heads) {
+                o[(t * p.heads + h0 + j) * p.kv + c] = acc[j];
+            }
+        }
+    }
+}
+
+// a = ctx, b = W_v ([heads·v, kv]), o = out ([n, heads·v]). wg = (row tile, t·heads + hh).
+@compute @workgroup_size(WG)
+fn outv(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    lanes_init(lanes);
+    let lane = lanes.lid % LPR;
+    let j = wg.x * (WG / LPR) + lanes.lid / LPR;
+    let jj = min(j, p.v - 1u);
+    let row = wg.y;
+    let hh = row % p.heads;
+    var acc = 0.0;
+    for (var c = lane; c < p.kv; c += LPR) {
+        acc += b[(hh * p.v + jj) * p.kv + c] * a[row * p.kv + c];
+    }
+    let s = seg_sum(acc, LPR);
+    if (lane == 0u && j < p.v) {
+        o[row * p.v + jj] = s;
+    }
+}

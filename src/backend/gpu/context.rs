@@ -1,0 +1,457 @@
+//! The wgpu context: device and queue on the chosen adapter with the adapter's own limits,
+//! the pipeline cache, and the pending command encoder every op records into. The encoder
+//! is submitted only when the host must read something (a download, the router's
+//! choices) or before a queue write into a reused buffer.
+
+use super::adapters;
+use super::shaders::Shader;
+use anyhow::{anyhow, bail, Context as _, Result};
+use std::collections::HashMap;
+use std::sync::{mpsc, Mutex};
+use wgpu::util::DeviceExt;
+
+/// Largest workgroup any kernel uses; the reduction scratch arrays are sized for it.
+pub const MAX_WG: u32 = 256;
+
+/// u32 words of every uniform parameter block (the largest kernel struct has 12).
+const PARAM_WORDS: usize = 16;
+
+/// Recorded passes after which the pending encoder is submitted anyway, bounding the
+/// memory a long chain of ops (a big prefill with no readback) keeps alive.
+const MAX_PENDING_PASSES: usize = 4096;
+
+/// How a [`GpuContext`] is made.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Substring of the adapter name to use (`--adapter`).
+    pub adapter: Option<String>,
+    /// Accept CPU-type adapters such as lavapipe (explicit `--backend gpu`, tests).
+    pub allow_cpu_adapter: bool,
+    /// Use the workgroup-memory reductions even when subgroups exist (tests both paths).
+    pub no_subgroups: bool,
+    /// Cap on the bytes of one binding, below the adapter's limit (tests the row split).
+    pub max_binding: Option<u64>,
+    /// Matvec geometry; `None` = the default (benchmarks compare variants).
+    pub matvec: Option<MatvecShape>,
+}
+
+/// How a matvec workgroup is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatvecShape {
+    /// Lanes that share one output row (a power of two ≤ 32).
+    pub lanes_per_row: u32,
+    /// Rows each lane group computes together, sharing its loads of x (1..=4).
+    pub rows_per_lane: u32,
+}
+
+impl Default for MatvecShape {
+    fn default() -> Self {
+        Self {
+            lanes_per_row: 32,
+            rows_per_lane: 4,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PipeKey {
+    shader: Shader,
+    entry: &'static str,
+    consts: Vec<(&'static str, u32)>,
+}
+
+/// One dispatch: pipeline entry, overrides, the uniform parameters and the storage buffers.
+pub struct Dispatch<'a> {
+    /// Module family.
+    pub shader: Shader,
+    /// Entry point.
+    pub entry: &'static str,
+    /// Pipeline-overridable constants (`WG` defaults to the context's workgroup size).
+    pub consts: &'a [(&'static str, u32)],
+    /// Uniform block at binding 0 (u32 words; f32 as bits), zero-padded here.
+    pub params: &'a [u32],
+    /// Storage buffers at bindings 1, 2, ...
+    pub buffers: &'a [&'a wgpu::Buffer],
+    /// Workgroup counts.
+    pub groups: (u32, u32, u32),
+}
+
+/// Device, queue, limits, pipelines and the pending encoder.
+pub struct GpuContext {
+    /// The logical device.
+    pub device: wgpu::Device,
+    /// Its queue.
+    pub queue: wgpu::Queue,
+    /// Adapter identity.
+    pub info: wgpu::AdapterInfo,
+    /// The limits the device was created with (the adapter's own).
+    pub limits: wgpu::Limits,
+    /// Features enabled on the device.
+    pub features: wgpu::Features,
+    /// Whether kernels use subgroup reductions.
+    pub subgroups: bool,
+    /// Workgroup size of every kernel: the largest power of two ≤ 256 the adapter allows.
+    pub wg: u32,
+    /// Bytes one storage binding may span.
+    pub max_binding: u64,
+    /// Matvec geometry.
+    pub matvec: MatvecShape,
+    modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
+    pipelines: Mutex<HashMap<PipeKey, wgpu::ComputePipeline>>,
+    pending: Mutex<Option<(wgpu::CommandEncoder, usize)>>,
+}
+
+impl GpuContext {
+    /// Opens the adapter `opts` selects, with its own limits and the features we use.
+    pub fn new(opts: &GpuOptions) -> Result<Self> {
+        let inst = adapters::instance();
+        let adapter = adapters::choose(
+            adapters::enumerate(&inst),
+            opts.adapter.as_deref(),
+            opts.allow_cpu_adapter,
+        )?;
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        if !adapter
+            .get_downlevel_capabilities()
+            .flags
+            .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32)
+        {
+            bail!("{} ({:?}) lacks f16 packing in shaders (SHADER_F16_IN_F32), which the MXFP4 decode uses", info.name, info.backend);
+        }
+        let wanted = wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+        let features = adapter.features() & wanted;
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("k3"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .with_context(|| format!("opening a device on {} ({:?})", info.name, info.backend))?;
+        let wg = workgroup_size(&limits)?;
+        if limits.max_storage_buffers_per_shader_stage < 5 {
+            bail!(
+                "{}: {} storage buffers per shader stage, the kernels need 5",
+                info.name,
+                limits.max_storage_buffers_per_shader_stage
+            );
+        }
+        if limits.max_compute_workgroup_storage_size < 8192 {
+            bail!(
+                "{}: {} B of workgroup storage, the kernels need 8 KiB",
+                info.name,
+                limits.max_compute_workgroup_storage_size
+            );
+        }
+        // Bindings stay below 2 GiB whatever the adapter claims (wgpu on Metal miscomputes
+        // bindings of 4 GiB and more), and 4-byte aligned.
+        let mut max_binding = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size)
+            .min((2u64 << 30) - 4);
+        if let Some(cap) = opts.max_binding {
+            max_binding = max_binding.min(cap);
+        }
+        max_binding &= !15;
+        let subgroups = features.contains(wgpu::Features::SUBGROUP) && !opts.no_subgroups;
+        let matvec = opts.matvec.unwrap_or_default();
+        if !matvec.lanes_per_row.is_power_of_two()
+            || matvec.lanes_per_row > 32
+            || !(1..=4).contains(&matvec.rows_per_lane)
+        {
+            bail!("matvec shape {matvec:?}: lanes per row must be a power of two ≤ 32, rows per lane 1..=4");
+        }
+        Ok(Self {
+            device,
+            queue,
+            info,
+            limits,
+            features,
+            subgroups,
+            wg,
+            max_binding,
+            matvec,
+            modules: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new(HashMap::new()),
+            pending: Mutex::new(None),
+        })
+    }
+
+    /// Whether timestamp queries can be written between passes of an encoder.
+    pub fn has_timestamps(&self) -> bool {
+        self.features.contains(
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS,
+        )
+    }
+
+    /// The compiled pipeline for `shader`'s `entry` with these overrides (cached).
+    pub fn pipeline(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        consts: &[(&'static str, u32)],
+    ) -> wgpu::ComputePipeline {
+        let key = PipeKey {
+            shader,
+            entry,
+            consts: consts.to_vec(),
+        };
+        let mut pipes = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = pipes.get(&key) {
+            return p.clone();
+        }
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let module = modules
+            .entry(shader)
+            .or_insert_with(|| {
+                self.device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(shader.file()),
+                        source: wgpu::ShaderSource::Wgsl(shader.source(self.subgroups).into()),
+                    })
+            })
+            .clone();
+        let mut all: Vec<(&str, f64)> = consts.iter().map(|&(k, v)| (k, f64::from(v))).collect();
+        if !consts.iter().any(|&(k, _)| k == "WG") {
+            all.push(("WG", f64::from(self.wg)));
+        }
+        let p = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &all,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        pipes.insert(key, p.clone());
+        p
+    }
+
+    /// A new storage buffer of at least `bytes` (rounded up to 16, never empty).
+    pub fn buffer(&self, bytes: u64, label: &str) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.max(16).div_ceil(16) * 16,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A new storage buffer holding `data` (written at creation, so it needs no ordering
+    /// against pending work).
+    pub fn buffer_init(&self, data: &[u8], label: &str) -> wgpu::Buffer {
+        let padded = data.len().max(16).div_ceil(16) * 16;
+        if padded == data.len() {
+            return self
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(label),
+                    contents: data,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                });
+        }
+        let mut v = data.to_vec();
+        v.resize(padded, 0);
+        self.buffer_init(&v, label)
+    }
+
+    /// A new storage buffer filled from several host slices at the given byte offsets.
+    pub fn buffer_from_parts(
+        &self,
+        bytes: u64,
+        parts: &[(u64, &[u8])],
+        label: &str,
+    ) -> Result<wgpu::Buffer> {
+        let size = bytes.max(16).div_ceil(16) * 16;
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = buf
+                .get_mapped_range_mut(..)
+                .map_err(|e| anyhow!("mapping {label}: {e:?}"))?;
+            let mut w = view.slice(..);
+            for &(off, data) in parts {
+                let (o, e) = (off as usize, off as usize + data.len());
+                if e as u64 > size {
+                    bail!("{label}: part at {o}..{e} is past the buffer's {size} bytes");
+                }
+                w.slice(o..e).copy_from_slice(data);
+            }
+        }
+        buf.unmap();
+        Ok(buf)
+    }
+
+    /// Runs `f` on the pending encoder (created on demand).
+    pub fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
+        let mut guard = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let (enc, passes) = guard.get_or_insert_with(|| {
+            (
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("k3 ops"),
+                    }),
+                0,
+            )
+        });
+        let r = f(enc);
+        *passes += 1;
+        let full = *passes >= MAX_PENDING_PASSES;
+        drop(guard);
+        if full {
+            self.flush();
+        }
+        r
+    }
+
+    /// Records one compute dispatch.
+    pub fn dispatch(&self, d: &Dispatch<'_>) {
+        let pipe = self.pipeline(d.shader, d.entry, d.consts);
+        // Every parameter block is padded to one size, at least as large as any kernel's.
+        let mut words = d.params.to_vec();
+        words.resize(words.len().max(PARAM_WORDS).div_ceil(4) * 4, 0);
+        let ubuf = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        }];
+        for (i, b) in d.buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
+        }
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(d.entry),
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        self.record(|enc| {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(d.entry),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&pipe);
+            pass.set_bind_group(0, &bg, &[]);
+            pass.dispatch_workgroups(d.groups.0, d.groups.1, d.groups.2);
+        });
+    }
+
+    /// Records a buffer-to-buffer copy.
+    pub fn copy(
+        &self,
+        src: &wgpu::Buffer,
+        src_off: u64,
+        dst: &wgpu::Buffer,
+        dst_off: u64,
+        bytes: u64,
+    ) {
+        if bytes > 0 {
+            self.record(|enc| enc.copy_buffer_to_buffer(src, src_off, dst, dst_off, bytes));
+        }
+    }
+
+    /// Submits the pending encoder, if any.
+    pub fn flush(&self) {
+        let taken = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((enc, _)) = taken {
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    /// Writes host bytes into an existing buffer, after everything recorded so far.
+    pub fn write(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        // A queue write lands before the next submission's commands: submit first.
+        self.flush();
+        self.queue.write_buffer(buf, offset, data);
+    }
+
+    /// Copies `bytes` from `buf` at `offset` to the host, after all recorded work.
+    pub fn read(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let size = bytes.div_ceil(4) * 4;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.record(|enc| enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size));
+        self.flush();
+        let (tx, rx) = mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow!("waiting for the GPU on {}: {e}", self.info.name))?;
+        rx.recv()
+            .map_err(|_| anyhow!("GPU readback was dropped"))?
+            .map_err(|e| anyhow!("mapping the readback buffer: {e}"))?;
+        let out = staging
+            .get_mapped_range(..)
+            .map_err(|e| anyhow!("reading back: {e:?}"))?[..bytes as usize]
+            .to_vec();
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// Waits until every submitted command has finished.
+    pub fn finish(&self) -> Result<()> {
+        self.flush();
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow!("waiting for the GPU on {}: {e}", self.info.name))?;
+        Ok(())
+    }
+
+    /// Splits `groups` workgroups into an (x, y) grid within the per-dimension limit.
+    pub fn grid(&self, groups: u32) -> (u32, u32, u32) {
+        let maxd = self.limits.max_compute_workgroups_per_dimension.max(1);
+        let x = groups.clamp(1, maxd);
+        (x, groups.div_ceil(x).max(1), 1)
+    }
+}
+
+/// The largest power of two ≤ [`MAX_WG`] that the adapter's workgroup limits allow.
+fn workgroup_size(l: &wgpu::Limits) -> Result<u32> {
+    let cap = l
+        .max_compute_invocations_per_workgroup
+        .min(l.max_compute_workgroup_size_x)
+        .min(MAX_WG);
+    if cap < 32 {
+        bail!("the adapter allows only {cap} invocations per workgroup; the kernels need 32");
+    }
+    Ok(1 << (31 - cap.leading_zeros()))
+}

@@ -1,0 +1,119 @@
+//! The fused KDA step on the device: one dispatch per chunk, the state updated in place.
+
+use super::buffers::{GpuAct, GpuKdaState};
+use super::context::Dispatch;
+use super::shaders::Shader;
+use super::GpuBackend;
+use crate::backend::{KdaDims, KdaStepInputs, KdaStepWeights};
+use anyhow::{ensure, Result};
+
+/// Epsilon of the per-head l2 normalization of q and k (model doc §4.2 step 3); the same
+/// value as the CPU oracle's `KDA_L2_EPS`.
+const KDA_L2_EPS: f32 = 1e-6;
+
+/// Widest head the kernel's workgroup arrays hold.
+pub const MAX_HEAD_DIM: usize = 256;
+
+impl GpuBackend {
+    pub(super) fn kda_state_op(&self, d: &KdaDims) -> Result<GpuKdaState> {
+        ensure!(d.conv_k >= 1, "kda: conv kernel width must be at least 1");
+        ensure!(
+            d.head_dim <= MAX_HEAD_DIM,
+            "kda: head_dim {} exceeds the GPU kernel's {MAX_HEAD_DIM}",
+            d.head_dim
+        );
+        let bytes = (GpuKdaState::values(d) * 4) as u64;
+        let buf = self.ctx.buffer(bytes, "kda state");
+        // Fresh buffers are zeroed by wgpu, which is exactly the initial state.
+        Ok(GpuKdaState { buf, dims: *d })
+    }
+
+    pub(super) fn kda_step_op(
+        &self,
+        d: &KdaDims,
+        w: &KdaStepWeights<GpuAct>,
+        st: &mut GpuKdaState,
+        inp: KdaStepInputs<'_, GpuAct>,
+    ) -> Result<GpuAct> {
+        ensure!(
+            st.dims == *d,
+            "kda_step: state was made for {:?}, called with {:?}",
+            st.dims,
+            d
+        );
+        let (p, k, h) = (d.width(), d.conv_k, d.heads);
+        let n = inp.q.rows;
+        for (name, a, cols) in [
+            ("q", inp.q, p),
+            ("k", inp.k, p),
+            ("v", inp.v, p),
+            ("f", inp.f, p),
+            ("beta", inp.beta, h),
+            ("gate", inp.gate, p),
+        ] {
+            ensure!(
+                a.rows == n && a.cols == cols,
+                "kda_step: input {name} is {}x{}, expected {n}x{cols}",
+                a.rows,
+                a.cols
+            );
+        }
+        ensure!(
+            w.conv_q.len() == p * k
+                && w.conv_k.len() == p * k
+                && w.conv_v.len() == p * k
+                && w.a_log.len() >= h
+                && w.dt_bias.len() == p
+                && w.o_norm.len() == d.head_dim,
+            "kda_step: conv/A_log/dt_bias/o_norm sizes do not match {h} heads x {}",
+            d.head_dim
+        );
+        let out = self.alloc(n, p);
+        if n == 0 {
+            return Ok(out);
+        }
+        // Pack inputs and weights into one binding each (a kernel may have only a few).
+        let np = (n * p * 4) as u64;
+        let inbuf = self.ctx.buffer(5 * np + (n * h * 4) as u64, "kda inputs");
+        for (i, a) in [inp.q, inp.k, inp.v, inp.f, inp.gate]
+            .into_iter()
+            .enumerate()
+        {
+            self.ctx.copy(&a.buf, 0, &inbuf, np * i as u64, np);
+        }
+        self.ctx
+            .copy(&inp.beta.buf, 0, &inbuf, 5 * np, (n * h * 4) as u64);
+        let pk = (p * k * 4) as u64;
+        let (hb, pb, db) = ((h * 4) as u64, (p * 4) as u64, (d.head_dim * 4) as u64);
+        let wbuf = self.ctx.buffer(3 * pk + hb + pb + db, "kda weights");
+        self.ctx.copy(&w.conv_q.buf, 0, &wbuf, 0, pk);
+        self.ctx.copy(&w.conv_k.buf, 0, &wbuf, pk, pk);
+        self.ctx.copy(&w.conv_v.buf, 0, &wbuf, 2 * pk, pk);
+        self.ctx.copy(&w.a_log.buf, 0, &wbuf, 3 * pk, hb);
+        self.ctx.copy(&w.dt_bias.buf, 0, &wbuf, 3 * pk + hb, pb);
+        self.ctx.copy(&w.o_norm.buf, 0, &wbuf, 3 * pk + hb + pb, db);
+        // One lane per state column: a wider workgroup would idle.
+        let wg = self
+            .ctx
+            .wg
+            .min((d.head_dim as u32).next_power_of_two().max(32));
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::KdaStep,
+            entry: "kda",
+            consts: &[("WG", wg)],
+            params: &[
+                n as u32,
+                h as u32,
+                d.head_dim as u32,
+                k as u32,
+                u32::from(d.lower_bound.is_some()),
+                d.lower_bound.unwrap_or(0.0).to_bits(),
+                d.norm_eps.to_bits(),
+                KDA_L2_EPS.to_bits(),
+            ],
+            buffers: &[&inbuf, &wbuf, &st.buf, &out.buf],
+            groups: (h as u32, 1, 1),
+        });
+        Ok(out)
+    }
+}

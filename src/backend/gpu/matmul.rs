@@ -1,0 +1,250 @@
+//! Dense weights on the device and the matvec/matmul kernels over them. A matrix is
+//! uploaded once, its rows padded to whole 16-byte units and split into row chunks whose
+//! bindings stay under the adapter's limit; one dispatch per chunk writes its rows of y.
+
+use super::buffers::{f32_bytes, GpuAct};
+use super::context::Dispatch;
+use super::shaders::Shader;
+use super::GpuBackend;
+use crate::quant::{DenseData, DenseMatrix};
+use anyhow::{bail, ensure, Result};
+
+/// Format of a device matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuFormat {
+    /// f32.
+    F32,
+    /// bf16.
+    Bf16,
+    /// int8 per row.
+    Int8,
+    /// int4 groups of 64.
+    Int4,
+}
+
+impl GpuFormat {
+    /// Columns in one 16-byte unit.
+    pub fn unit_cols(self) -> usize {
+        match self {
+            GpuFormat::F32 => 4,
+            GpuFormat::Bf16 => 8,
+            GpuFormat::Int8 => 16,
+            GpuFormat::Int4 => 32,
+        }
+    }
+
+    fn shader(self) -> Shader {
+        match self {
+            GpuFormat::F32 => Shader::MatvecF32,
+            GpuFormat::Bf16 => Shader::MatvecBf16,
+            GpuFormat::Int8 => Shader::MatvecInt8,
+            GpuFormat::Int4 => Shader::MatvecInt4,
+        }
+    }
+}
+
+/// One row chunk of a device matrix.
+#[derive(Debug)]
+pub struct MatChunk {
+    /// First row.
+    pub row0: usize,
+    /// Rows in the chunk.
+    pub rows: usize,
+    /// Weight units.
+    pub w: wgpu::Buffer,
+    /// Per-row (int8) or per-group (int4) scales.
+    pub scale: Option<wgpu::Buffer>,
+}
+
+/// A dense matrix resident on the device.
+#[derive(Debug)]
+pub struct GpuMat {
+    /// Output dimension.
+    pub rows: usize,
+    /// Input dimension.
+    pub cols: usize,
+    /// Row width after padding to whole units.
+    pub cols_padded: usize,
+    /// Encoding.
+    pub format: GpuFormat,
+    /// Row chunks, in order.
+    pub chunks: Vec<MatChunk>,
+}
+
+impl GpuMat {
+    /// Weight bytes on the device (units and scales).
+    pub fn byte_size(&self) -> u64 {
+        self.chunks
+            .iter()
+            .map(|c| c.w.size() + c.scale.as_ref().map_or(0, |s| s.size()))
+            .sum()
+    }
+}
+
+/// Copies `rows` rows of `src_row` bytes into rows of `dst_row` bytes, zero padded.
+fn pad_rows(src: &[u8], rows: usize, src_row: usize, dst_row: usize) -> Vec<u8> {
+    if src_row == dst_row {
+        return src.to_vec();
+    }
+    let mut out = vec![0u8; rows * dst_row];
+    for r in 0..rows {
+        out[r * dst_row..r * dst_row + src_row]
+            .copy_from_slice(&src[r * src_row..(r + 1) * src_row]);
+    }
+    out
+}
+
+impl GpuBackend {
+    pub(super) fn load_matrix_op(&self, m: DenseMatrix) -> Result<GpuMat> {
+        let (rows, cols) = (m.rows, m.cols);
+        let (format, unit_bytes_per_col, raw_row, payload, scales, scales_per_row): (
+            GpuFormat,
+            f64,
+            usize,
+            Vec<u8>,
+            Option<Vec<f32>>,
+            usize,
+        ) = match m.data {
+            DenseData::F32(v) => (
+                GpuFormat::F32,
+                4.0,
+                cols * 4,
+                bytemuck::cast_slice(&v).to_vec(),
+                None,
+                0,
+            ),
+            DenseData::Bf16(v) => (
+                GpuFormat::Bf16,
+                2.0,
+                cols * 2,
+                bytemuck::cast_slice(&v).to_vec(),
+                None,
+                0,
+            ),
+            DenseData::Int8 { q, scale } => (
+                GpuFormat::Int8,
+                1.0,
+                cols,
+                bytemuck::cast_slice(&q).to_vec(),
+                Some(scale),
+                1,
+            ),
+            DenseData::Int4 { q, scale } => (
+                GpuFormat::Int4,
+                0.5,
+                cols.div_ceil(2),
+                q,
+                Some(scale),
+                cols.div_ceil(64),
+            ),
+        };
+        ensure!(
+            payload.len() == rows * raw_row,
+            "load_matrix: {rows}x{cols} {format:?} payload has {} bytes, expected {}",
+            payload.len(),
+            rows * raw_row
+        );
+        if let Some(s) = &scales {
+            ensure!(
+                s.len() == rows * scales_per_row,
+                "load_matrix: {rows}x{cols} {format:?} has {} scales, expected {}",
+                s.len(),
+                rows * scales_per_row
+            );
+        }
+        let uc = format.unit_cols();
+        let cols_padded = cols.div_ceil(uc).max(1) * uc;
+        let row_bytes = (cols_padded as f64 * unit_bytes_per_col) as usize;
+        let padded = pad_rows(&payload, rows, raw_row, row_bytes);
+        drop(payload);
+        let max_rows_binding = (self.ctx.max_binding / row_bytes.max(1) as u64) as usize;
+        let max_rows_dispatch = self.ctx.limits.max_compute_workgroups_per_dimension as usize
+            * self.rows_per_group() as usize;
+        let chunk_rows = max_rows_binding.min(max_rows_dispatch);
+        if chunk_rows == 0 {
+            bail!(
+                "load_matrix: one {cols}-column row ({row_bytes} B) exceeds the adapter's storage binding limit of {} B",
+                self.ctx.max_binding
+            );
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0;
+        while row0 < rows {
+            let n = chunk_rows.min(rows - row0);
+            let w = self
+                .ctx
+                .buffer_init(&padded[row0 * row_bytes..(row0 + n) * row_bytes], "weights");
+            let scale = scales.as_ref().map(|s| {
+                self.ctx.buffer_init(
+                    f32_bytes(&s[row0 * scales_per_row..(row0 + n) * scales_per_row]),
+                    "scales",
+                )
+            });
+            chunks.push(MatChunk {
+                row0,
+                rows: n,
+                w,
+                scale,
+            });
+            row0 += n;
+        }
+        Ok(GpuMat {
+            rows,
+            cols,
+            cols_padded,
+            format,
+            chunks,
+        })
+    }
+
+    /// Output rows one matvec workgroup computes.
+    pub(super) fn rows_per_group(&self) -> u32 {
+        self.ctx.wg / self.ctx.matvec.lanes_per_row * self.ctx.matvec.rows_per_lane
+    }
+
+    /// The matvec pipeline overrides.
+    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 2] {
+        let m = self.ctx.matvec;
+        [("LPR", m.lanes_per_row), ("RPL", m.rows_per_lane)]
+    }
+
+    pub(super) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
+        ensure!(
+            x.cols == w.cols,
+            "matmul: input width {} does not match the matrix's {} columns",
+            x.cols,
+            w.cols
+        );
+        let y = self.alloc(x.rows, w.rows);
+        if x.rows == 0 || w.rows == 0 {
+            return Ok(y);
+        }
+        let xp = self.padded(x, w.cols_padded);
+        let uc = w.format.unit_cols();
+        let rpg = self.rows_per_group();
+        for c in &w.chunks {
+            let mut bufs: Vec<&wgpu::Buffer> = vec![&xp.buf, &y.buf, &c.w];
+            if let Some(s) = &c.scale {
+                bufs.push(s);
+            }
+            self.ctx.dispatch(&Dispatch {
+                shader: w.format.shader(),
+                entry: "dense",
+                consts: &self.mv_consts(),
+                params: &[
+                    c.rows as u32,
+                    (w.cols_padded / uc) as u32,
+                    x.rows as u32,
+                    c.row0 as u32,
+                    w.rows as u32,
+                    (w.cols_padded / 4) as u32,
+                    w.cols.div_ceil(64) as u32,
+                    0,
+                ],
+                buffers: &bufs,
+                groups: (x.rows as u32, (c.rows as u32).div_ceil(rpg), 1),
+            });
+        }
+        Ok(y)
+    }
+}

@@ -1,0 +1,201 @@
+//! The GPU backend: every op of the [`Backend`] trait as WGSL kernels through wgpu.
+//!
+//! Weights are uploaded once; activations, KDA state, conv history and the MLA cache stay
+//! on the device. Ops are recorded into one pending command encoder that is submitted
+//! only when the host must read: a download (logits, traces) or the router's choices.
+
+pub mod adapters;
+pub mod buffers;
+pub mod context;
+mod elementwise;
+mod kda;
+mod matmul;
+mod mla;
+mod moe;
+mod norm;
+mod router;
+pub mod select;
+pub mod shaders;
+
+pub use buffers::{GpuAct, GpuKdaState, GpuMlaCache};
+pub use context::{GpuContext, GpuOptions, MatvecShape};
+pub use matmul::{GpuFormat, GpuMat};
+
+use super::{
+    Backend, ExpertAssignment, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights,
+    MlaDims, Route, RouterParams,
+};
+use crate::quant::DenseMatrix;
+use anyhow::{ensure, Result};
+
+/// The wgpu backend.
+pub struct GpuBackend {
+    /// Device, pipelines, pending encoder.
+    pub ctx: GpuContext,
+}
+
+impl GpuBackend {
+    /// Opens the adapter `opts` selects.
+    pub fn new(opts: &GpuOptions) -> Result<Self> {
+        Ok(Self {
+            ctx: GpuContext::new(opts)?,
+        })
+    }
+
+    /// A new zero-filled `[rows, cols]` activation.
+    pub fn alloc(&self, rows: usize, cols: usize) -> GpuAct {
+        GpuAct {
+            buf: self.ctx.buffer((rows * cols * 4) as u64, "activation"),
+            rows,
+            cols,
+        }
+    }
+
+    fn check_same(a: &GpuAct, b: &GpuAct, op: &str) -> Result<()> {
+        ensure!(
+            a.rows == b.rows && a.cols == b.cols,
+            "{op}: shapes differ ({}x{} vs {}x{})",
+            a.rows,
+            a.cols,
+            b.rows,
+            b.cols
+        );
+        Ok(())
+    }
+
+    /// Waits for all recorded work (benchmarks time with it).
+    pub fn sync(&self) -> Result<()> {
+        self.ctx.finish()
+    }
+}
+
+impl Backend for GpuBackend {
+    type Act = GpuAct;
+    type Mat = GpuMat;
+    type KdaState = GpuKdaState;
+    type MlaCache = GpuMlaCache;
+
+    fn name(&self) -> String {
+        format!("gpu: {} ({:?})", self.ctx.info.name, self.ctx.info.backend)
+    }
+
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<GpuAct> {
+        ensure!(
+            data.len() == rows * cols,
+            "activation of {rows}x{cols} needs {} values, got {}",
+            rows * cols,
+            data.len()
+        );
+        Ok(GpuAct {
+            buf: self
+                .ctx
+                .buffer_init(bytemuck::cast_slice(data), "activation"),
+            rows,
+            cols,
+        })
+    }
+
+    fn download(&self, x: &GpuAct) -> Result<Vec<f32>> {
+        let bytes = self.ctx.read(&x.buf, 0, x.bytes())?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    fn shape(&self, x: &GpuAct) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn slice_rows(&self, x: &GpuAct, start: usize, count: usize) -> Result<GpuAct> {
+        ensure!(
+            start + count <= x.rows,
+            "slice_rows: rows {start}..{} of a {}-row activation",
+            start + count,
+            x.rows
+        );
+        let out = self.alloc(count, x.cols);
+        let row = (x.cols * 4) as u64;
+        self.ctx
+            .copy(&x.buf, start as u64 * row, &out.buf, 0, count as u64 * row);
+        Ok(out)
+    }
+
+    fn load_matrix(&self, m: DenseMatrix) -> Result<GpuMat> {
+        self.load_matrix_op(m)
+    }
+
+    fn kda_state(&self, dims: &KdaDims) -> Result<GpuKdaState> {
+        self.kda_state_op(dims)
+    }
+
+    fn mla_cache(&self, dims: &MlaDims) -> Result<GpuMlaCache> {
+        self.mla_cache_op(dims)
+    }
+
+    fn matmul(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
+        self.matmul_op(w, x)
+    }
+
+    fn rmsnorm(&self, x: &GpuAct, w: &GpuAct, group: usize, eps: f32) -> Result<GpuAct> {
+        self.rmsnorm_op(x, w, group, eps)
+    }
+
+    fn add(&self, a: &GpuAct, b: &GpuAct) -> Result<GpuAct> {
+        self.add_op(a, b)
+    }
+
+    fn sigmoid_gate(&self, x: &GpuAct, gate: &GpuAct) -> Result<GpuAct> {
+        self.sigmoid_gate_op(x, gate)
+    }
+
+    fn glu(&self, g: &GpuAct, u: &GpuAct, glu: Glu) -> Result<GpuAct> {
+        self.glu_op(g, u, glu)
+    }
+
+    fn attn_res_mix(&self, bank: &[&GpuAct], cur: &GpuAct, w: &GpuAct, eps: f32) -> Result<GpuAct> {
+        self.attn_res_mix_op(bank, cur, w, eps)
+    }
+
+    fn kda_step(
+        &self,
+        dims: &KdaDims,
+        w: &KdaStepWeights<GpuAct>,
+        state: &mut GpuKdaState,
+        inp: KdaStepInputs<'_, GpuAct>,
+    ) -> Result<GpuAct> {
+        self.kda_step_op(dims, w, state, inp)
+    }
+
+    fn mla_attend(
+        &self,
+        dims: &MlaDims,
+        w: &MlaAttnWeights<GpuAct>,
+        cache: &mut GpuMlaCache,
+        q: &GpuAct,
+        c: &GpuAct,
+    ) -> Result<GpuAct> {
+        self.mla_attend_op(dims, w, cache, q, c)
+    }
+
+    fn router_topk(
+        &self,
+        logits: &GpuAct,
+        bias: &[f32],
+        params: RouterParams,
+    ) -> Result<Vec<Route>> {
+        self.router_topk_op(logits, bias, params)
+    }
+
+    fn moe_accumulate(
+        &self,
+        acc: &mut GpuAct,
+        z: &GpuAct,
+        experts: &[ExpertAssignment<'_>],
+        glu: Glu,
+    ) -> Result<()> {
+        self.moe_accumulate_op(acc, z, experts, glu)
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> Result<GpuAct> {
+        // wgpu zero-fills new buffers.
+        Ok(self.alloc(rows, cols))
+    }
+}

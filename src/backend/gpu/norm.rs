@@ -1,0 +1,89 @@
+//! RMSNorm (grouped) and the block attention-residual mix.
+
+use super::buffers::GpuAct;
+use super::context::Dispatch;
+use super::shaders::Shader;
+use super::GpuBackend;
+use anyhow::{ensure, Result};
+
+/// Entries (bank + current) the mix kernel's workgroup array holds.
+pub const MAX_MIX_ENTRIES: usize = 64;
+
+impl GpuBackend {
+    pub(super) fn rmsnorm_op(
+        &self,
+        x: &GpuAct,
+        w: &GpuAct,
+        group: usize,
+        eps: f32,
+    ) -> Result<GpuAct> {
+        ensure!(
+            group > 0 && x.cols % group == 0 && w.len() == group,
+            "rmsnorm: row width {} is not a multiple of group {group}, or weight has {} values",
+            x.cols,
+            w.len()
+        );
+        let out = self.alloc(x.rows, x.cols);
+        let groups = x.len() / group;
+        if groups > 0 {
+            self.ctx.dispatch(&Dispatch {
+                shader: Shader::RmsNorm,
+                entry: "rmsnorm",
+                consts: &[],
+                params: &[groups as u32, group as u32, eps.to_bits()],
+                buffers: &[&x.buf, &w.buf, &out.buf],
+                groups: self.ctx.grid(groups as u32),
+            });
+        }
+        Ok(out)
+    }
+
+    pub(super) fn attn_res_mix_op(
+        &self,
+        bank: &[&GpuAct],
+        cur: &GpuAct,
+        w: &GpuAct,
+        eps: f32,
+    ) -> Result<GpuAct> {
+        ensure!(
+            w.len() == cur.cols,
+            "attn_res_mix: weight has {} values for rows of {}",
+            w.len(),
+            cur.cols
+        );
+        for b in bank {
+            Self::check_same(b, cur, "attn_res_mix")?;
+        }
+        let entries = bank.len() + 1;
+        ensure!(
+            entries <= MAX_MIX_ENTRIES,
+            "attn_res_mix: {entries} entries, the GPU kernel holds at most {MAX_MIX_ENTRIES}"
+        );
+        let out = self.alloc(cur.rows, cur.cols);
+        if cur.is_empty() {
+            return Ok(out);
+        }
+        // The entries are packed [entries, rows, cols] with device copies: one binding.
+        let packed = self
+            .ctx
+            .buffer(cur.bytes() * entries as u64, "attn_res entries");
+        for (i, e) in bank.iter().copied().chain([cur]).enumerate() {
+            self.ctx
+                .copy(&e.buf, 0, &packed, cur.bytes() * i as u64, cur.bytes());
+        }
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::AttnResMix,
+            entry: "mix",
+            consts: &[],
+            params: &[
+                entries as u32,
+                cur.rows as u32,
+                cur.cols as u32,
+                eps.to_bits(),
+            ],
+            buffers: &[&packed, &w.buf, &out.buf],
+            groups: self.ctx.grid(cur.rows as u32),
+        });
+        Ok(out)
+    }
+}

@@ -1,0 +1,65 @@
+//! The router on the device: only the chosen ids and weights come back to the host.
+
+use super::buffers::GpuAct;
+use super::context::Dispatch;
+use super::shaders::Shader;
+use super::GpuBackend;
+use crate::backend::{Route, RouterParams};
+use anyhow::{ensure, Result};
+
+/// Most experts per token the kernel's selection list holds.
+pub const MAX_TOP_K: usize = 64;
+
+impl GpuBackend {
+    pub(super) fn router_topk_op(
+        &self,
+        logits: &GpuAct,
+        bias: &[f32],
+        p: RouterParams,
+    ) -> Result<Vec<Route>> {
+        let e = logits.cols;
+        ensure!(
+            bias.len() == e && p.top_k >= 1 && p.top_k <= e,
+            "router: {e} experts, {} bias values, top-k {}",
+            bias.len(),
+            p.top_k
+        );
+        ensure!(
+            p.top_k <= MAX_TOP_K,
+            "router: top-k {} exceeds the GPU kernel's {MAX_TOP_K}",
+            p.top_k
+        );
+        if logits.rows == 0 {
+            return Ok(Vec::new());
+        }
+        let bias_buf = self
+            .ctx
+            .buffer_init(bytemuck::cast_slice(bias), "router bias");
+        let k = p.top_k;
+        let out = self.ctx.buffer((logits.rows * k * 8) as u64, "routes");
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::Router,
+            entry: "topk",
+            consts: &[],
+            params: &[
+                logits.rows as u32,
+                e as u32,
+                k as u32,
+                u32::from(p.renormalize),
+                p.scaling.to_bits(),
+            ],
+            buffers: &[&logits.buf, &bias_buf, &out],
+            groups: self.ctx.grid(logits.rows as u32),
+        });
+        let bytes = self.ctx.read(&out, 0, (logits.rows * k * 8) as u64)?;
+        let words: &[u32] = bytemuck::cast_slice(&bytes);
+        Ok(words
+            .chunks_exact(2 * k)
+            .map(|row| {
+                row.chunks_exact(2)
+                    .map(|pw| (pw[0], f32::from_bits(pw[1])))
+                    .collect()
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,656 @@
+//! Every GPU op against the CPU oracle on random inputs (llama.cpp's test-backend-ops
+//! habit), on shapes that are and are not multiples of the workgroup size, through both
+//! reduction paths (subgroups and workgroup memory). Without an adapter the tests skip,
+//! except under CI=true where they fail.
+
+use k3::backend::cpu::CpuBackend;
+use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
+use k3::backend::{
+    Backend, ExpertAssignment, ExpertWeights, Glu, KdaDims, KdaStepInputs, KdaStepWeights,
+    MlaAttnWeights, MlaDims, RouterParams,
+};
+use k3::quant::{DenseFormat, DenseMatrix, Mxfp4View};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const F32_TOL: f64 = 1e-5;
+const MXFP4_TOL: f64 = 1e-6;
+
+/// The GPU backends to test: the subgroup path (when the adapter has it) and the fallback.
+fn gpus(max_binding: Option<u64>) -> Vec<GpuBackend> {
+    let mut out = Vec::new();
+    for no_subgroups in [false, true] {
+        let opts = GpuOptions {
+            allow_cpu_adapter: true,
+            no_subgroups,
+            max_binding,
+            ..Default::default()
+        };
+        match GpuBackend::new(&opts) {
+            Ok(b) => {
+                let has = b.ctx.subgroups;
+                out.push(b);
+                if !has && !no_subgroups {
+                    eprintln!("adapter has no subgroups: only the workgroup-memory path is tested");
+                    break;
+                }
+            }
+            Err(e) => {
+                if std::env::var("CI").as_deref() == Ok("true") {
+                    panic!("CI=true but no usable GPU adapter: {e:#}");
+                }
+                eprintln!("skipping GPU test: no usable adapter: {e:#}");
+                return Vec::new();
+            }
+        }
+    }
+    out
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        num += (f64::from(g) - f64::from(w)).powi(2);
+        den += f64::from(w).powi(2);
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+fn check(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    assert!(
+        got.iter().all(|v| v.is_finite()),
+        "{what}: GPU produced non-finite values"
+    );
+    let e = rel_l2(got, want);
+    assert!(e <= tol, "{what}: rel L2 {e:e} > {tol:e}");
+}
+
+fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+        .collect()
+}
+
+struct Pair<'a> {
+    g: &'a GpuBackend,
+    c: CpuBackend,
+}
+
+impl Pair<'_> {
+    fn up(
+        &self,
+        v: &[f32],
+        r: usize,
+        c: usize,
+    ) -> (k3::backend::gpu::GpuAct, k3::backend::cpu::CpuAct) {
+        (
+            self.g.upload(v, r, c).unwrap(),
+            self.c.upload(v, r, c).unwrap(),
+        )
+    }
+}
+
+#[test]
+fn elementwise_ops_match_cpu() {
+    let mut rng = StdRng::seed_from_u64(1);
+    for g in gpus(None) {
+        let p = Pair {
+            g: &g,
+            c: CpuBackend::new(),
+        };
+        for (r, c) in [(1, 1), (3, 257), (17, 1000)] {
+            let (ga, ca) = p.up(&rand_vec(&mut rng, r * c, 4.0), r, c);
+            let (gb, cb) = p.up(&rand_vec(&mut rng, r * c, 4.0), r, c);
+            let add = g.download(&g.add(&ga, &gb).unwrap()).unwrap();
+            check("add", &add, &p.c.add(&ca, &cb).unwrap().data, F32_TOL);
+            let sg = g.download(&g.sigmoid_gate(&ga, &gb).unwrap()).unwrap();
+            check(
+                "sigmoid_gate",
+                &sg,
+                &p.c.sigmoid_gate(&ca, &cb).unwrap().data,
+                F32_TOL,
+            );
+            for glu in [
+                Glu::Silu,
+                Glu::Situ {
+                    beta: 3.0,
+                    linear_beta: 2.5,
+                },
+            ] {
+                let got = g.download(&g.glu(&ga, &gb, glu).unwrap()).unwrap();
+                check(
+                    &format!("{glu:?}"),
+                    &got,
+                    &p.c.glu(&ca, &cb, glu).unwrap().data,
+                    F32_TOL,
+                );
+            }
+            if r > 2 {
+                let got = g.download(&g.slice_rows(&ga, 1, r - 2).unwrap()).unwrap();
+                assert_eq!(
+                    got,
+                    p.c.slice_rows(&ca, 1, r - 2).unwrap().data,
+                    "slice_rows"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rmsnorm_and_attn_res_mix_match_cpu() {
+    let mut rng = StdRng::seed_from_u64(2);
+    for g in gpus(None) {
+        let p = Pair {
+            g: &g,
+            c: CpuBackend::new(),
+        };
+        for (r, c, group) in [
+            (1, 32, 32),
+            (3, 96, 32),
+            (5, 300, 300),
+            (2, 1000, 1000),
+            (4, 390, 13),
+        ] {
+            let (gx, cx) = p.up(&rand_vec(&mut rng, r * c, 3.0), r, c);
+            let (gw, cw) = p.up(&rand_vec(&mut rng, group, 1.0), 1, group);
+            let got = g
+                .download(&g.rmsnorm(&gx, &gw, group, 1e-6).unwrap())
+                .unwrap();
+            check(
+                "rmsnorm",
+                &got,
+                &p.c.rmsnorm(&cx, &cw, group, 1e-6).unwrap().data,
+                F32_TOL,
+            );
+        }
+        for (r, c, banked) in [(1, 64, 0), (3, 300, 1), (2, 1000, 4)] {
+            let (gcur, ccur) = p.up(&rand_vec(&mut rng, r * c, 2.0), r, c);
+            let (gw, cw) = p.up(&rand_vec(&mut rng, c, 1.0), 1, c);
+            let bank: Vec<_> = (0..banked)
+                .map(|_| p.up(&rand_vec(&mut rng, r * c, 2.0), r, c))
+                .collect();
+            let gb: Vec<_> = bank.iter().map(|b| &b.0).collect();
+            let cb: Vec<_> = bank.iter().map(|b| &b.1).collect();
+            let got = g
+                .download(&g.attn_res_mix(&gb, &gcur, &gw, 1e-6).unwrap())
+                .unwrap();
+            check(
+                "attn_res_mix",
+                &got,
+                &p.c.attn_res_mix(&cb, &ccur, &cw, 1e-6).unwrap().data,
+                F32_TOL,
+            );
+        }
+    }
+}
+
+fn matmul_case(
+    g: &GpuBackend,
+    rng: &mut StdRng,
+    fmt: DenseFormat,
+    n: usize,
+    rows: usize,
+    cols: usize,
+) {
+    let c = CpuBackend::new();
+    let w = DenseMatrix::from_f32(rows, cols, rand_vec(rng, rows * cols, 0.5), fmt).unwrap();
+    let x = rand_vec(rng, n * cols, 1.0);
+    let gm = g.load_matrix(w.clone()).unwrap();
+    let got = g
+        .download(&g.matmul(&gm, &g.upload(&x, n, cols).unwrap()).unwrap())
+        .unwrap();
+    let want = c.matmul(&w, &c.upload(&x, n, cols).unwrap()).unwrap().data;
+    check(
+        &format!("matmul {fmt:?} n={n} {rows}x{cols}"),
+        &got,
+        &want,
+        F32_TOL,
+    );
+}
+
+#[test]
+fn dense_matmul_matches_cpu_in_every_format() {
+    let mut rng = StdRng::seed_from_u64(3);
+    for g in gpus(None) {
+        for fmt in [
+            DenseFormat::F32,
+            DenseFormat::Bf16,
+            DenseFormat::Int8,
+            DenseFormat::Int4,
+        ] {
+            for (n, rows, cols) in [
+                (1, 5, 7),
+                (1, 64, 128),
+                (3, 33, 70),
+                (9, 257, 200),
+                (20, 9, 64),
+            ] {
+                matmul_case(&g, &mut rng, fmt, n, rows, cols);
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_geometries_other_than_the_default_agree() {
+    let mut rng = StdRng::seed_from_u64(10);
+    for (lanes_per_row, rows_per_lane) in [(8, 3), (32, 1), (16, 4)] {
+        let opts = GpuOptions {
+            allow_cpu_adapter: true,
+            matvec: Some(MatvecShape {
+                lanes_per_row,
+                rows_per_lane,
+            }),
+            ..Default::default()
+        };
+        let Ok(g) = GpuBackend::new(&opts) else {
+            assert!(
+                gpus(None).is_empty(),
+                "the adapter opens but not with {opts:?}"
+            );
+            return;
+        };
+        for fmt in [DenseFormat::F32, DenseFormat::Int4] {
+            for (n, rows, cols) in [(1, 37, 96), (5, 70, 200)] {
+                matmul_case(&g, &mut rng, fmt, n, rows, cols);
+            }
+        }
+        let (packed, scales) = rand_mxfp4(&mut rng, 45, 128);
+        let view = Mxfp4View::new(45, 128, &packed, &scales).unwrap();
+        let x = rand_vec(&mut rng, 3 * 128, 1.0);
+        let got = g
+            .download(
+                &g.matmul_mxfp4(view, &g.upload(&x, 3, 128).unwrap())
+                    .unwrap(),
+            )
+            .unwrap();
+        let c = CpuBackend::new();
+        let deq = DenseMatrix::from_f32(45, 128, view.dequantize(), DenseFormat::F32).unwrap();
+        check(
+            "mxfp4 geometry",
+            &got,
+            &c.matmul(&deq, &c.upload(&x, 3, 128).unwrap()).unwrap().data,
+            MXFP4_TOL,
+        );
+    }
+}
+
+#[test]
+fn dense_matmul_splits_rows_below_the_binding_limit() {
+    let mut rng = StdRng::seed_from_u64(4);
+    // A 4 KiB binding cap forces many row chunks even on these small matrices.
+    for g in gpus(Some(4096)) {
+        for fmt in [DenseFormat::F32, DenseFormat::Int4, DenseFormat::Int8] {
+            let m = g
+                .load_matrix(DenseMatrix::from_f32(300, 160, vec![0.5; 300 * 160], fmt).unwrap())
+                .unwrap();
+            assert!(
+                m.chunks.len() > 1,
+                "{fmt:?}: expected a split, got one chunk"
+            );
+            matmul_case(&g, &mut rng, fmt, 3, 300, 160);
+        }
+    }
+}
+
+/// Random MXFP4 bytes with scales around 2^0 (and the zero scale).
+fn rand_mxfp4(rng: &mut StdRng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    let packed = (0..rows * cols / 2).map(|_| rng.random::<u8>()).collect();
+    let scales = (0..rows * cols / 32)
+        .map(|i| {
+            if i % 17 == 5 {
+                0
+            } else {
+                rng.random_range(120u8..134)
+            }
+        })
+        .collect();
+    (packed, scales)
+}
+
+#[test]
+fn mxfp4_matvec_matches_cpu_dequantized() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let c = CpuBackend::new();
+    for g in gpus(None) {
+        for (n, rows, cols) in [(1, 64, 96), (5, 33, 256), (12, 100, 64)] {
+            let (packed, scales) = rand_mxfp4(&mut rng, rows, cols);
+            let view = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();
+            let x = rand_vec(&mut rng, n * cols, 1.0);
+            let got = g
+                .download(
+                    &g.matmul_mxfp4(view, &g.upload(&x, n, cols).unwrap())
+                        .unwrap(),
+                )
+                .unwrap();
+            let deq =
+                DenseMatrix::from_f32(rows, cols, view.dequantize(), DenseFormat::F32).unwrap();
+            let want = c
+                .matmul(&deq, &c.upload(&x, n, cols).unwrap())
+                .unwrap()
+                .data;
+            check(
+                &format!("mxfp4 n={n} {rows}x{cols}"),
+                &got,
+                &want,
+                MXFP4_TOL,
+            );
+        }
+    }
+}
+
+#[test]
+fn mxfp4_special_scales_decode_as_on_the_cpu() {
+    let (rows, cols) = (4, 64);
+    let mut packed = vec![0x21u8; rows * cols / 2];
+    packed[0] = 0x00;
+    // Row 0: scale 255 (+inf) on a block with a zero nibble -> NaN; row 1: scale 0 -> 0.
+    let mut scales = vec![127u8; rows * cols / 32];
+    scales[0] = 255;
+    scales[2] = 0;
+    scales[3] = 0;
+    let view = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();
+    let x = vec![1.0f32; cols];
+    let c = CpuBackend::new();
+    let deq = DenseMatrix::from_f32(rows, cols, view.dequantize(), DenseFormat::F32).unwrap();
+    let want = c
+        .matmul(&deq, &c.upload(&x, 1, cols).unwrap())
+        .unwrap()
+        .data;
+    for g in gpus(None) {
+        let got = g
+            .download(
+                &g.matmul_mxfp4(view, &g.upload(&x, 1, cols).unwrap())
+                    .unwrap(),
+            )
+            .unwrap();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                a == b || (a.is_nan() && b.is_nan()),
+                "row {i}: GPU {a} vs CPU {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn router_matches_cpu_including_ties() {
+    let mut rng = StdRng::seed_from_u64(6);
+    let c = CpuBackend::new();
+    for g in gpus(None) {
+        for (rows, experts, k, renormalize) in
+            [(1, 8, 2, true), (5, 40, 6, true), (3, 300, 8, false)]
+        {
+            let logits = rand_vec(&mut rng, rows * experts, 3.0);
+            let bias = rand_vec(&mut rng, experts, 0.1);
+            let params = RouterParams {
+                top_k: k,
+                renormalize,
+                scaling: 2.5,
+            };
+            let got = g
+                .router_topk(&g.upload(&logits, rows, experts).unwrap(), &bias, params)
+                .unwrap();
+            let want = c
+                .router_topk(&c.upload(&logits, rows, experts).unwrap(), &bias, params)
+                .unwrap();
+            for (gr, cr) in got.iter().zip(&want) {
+                let gi: Vec<u32> = gr.iter().map(|r| r.0).collect();
+                let ci: Vec<u32> = cr.iter().map(|r| r.0).collect();
+                assert_eq!(gi, ci, "router ids");
+                let gw: Vec<f32> = gr.iter().map(|r| r.1).collect();
+                let cw: Vec<f32> = cr.iter().map(|r| r.1).collect();
+                check("router weights", &gw, &cw, F32_TOL);
+            }
+        }
+        // All scores equal: ties go to the lower ids.
+        let got = g
+            .router_topk(
+                &g.upload(&[0.5; 12], 1, 12).unwrap(),
+                &[0.0; 12],
+                RouterParams {
+                    top_k: 3,
+                    renormalize: true,
+                    scaling: 1.0,
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            got[0].iter().map(|r| r.0).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+    }
+}
+
+fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n_experts: usize) {
+    let c = CpuBackend::new();
+    let mats: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..n_experts)
+        .map(|_| {
+            [
+                rand_mxfp4(rng, i, d),
+                rand_mxfp4(rng, d, i),
+                rand_mxfp4(rng, i, d),
+            ]
+        })
+        .collect();
+    let experts: Vec<ExpertAssignment<'_>> = mats
+        .iter()
+        .enumerate()
+        .map(|(e, m)| {
+            let tokens: Vec<(usize, f32)> = (0..rows)
+                .filter(|t| (t + e) % 3 != 1)
+                .map(|t| (t, rng.random_range(0.05f32..0.5)))
+                .collect();
+            ExpertAssignment {
+                weights: ExpertWeights {
+                    w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
+                    w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
+                    w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
+                },
+                tokens,
+            }
+        })
+        .collect();
+    let z = rand_vec(rng, rows * d, 0.5);
+    let glu = Glu::Situ {
+        beta: 4.0,
+        linear_beta: 3.0,
+    };
+    // Start from a non-zero accumulator and feed the experts in two calls, as the model does.
+    let acc0 = rand_vec(rng, rows * d, 0.5);
+    let (first, rest) = experts.split_at(experts.len() / 2);
+    let gz = g.upload(&z, rows, d).unwrap();
+    let mut gacc = g.upload(&acc0, rows, d).unwrap();
+    g.moe_accumulate(&mut gacc, &gz, first, glu).unwrap();
+    g.moe_accumulate(&mut gacc, &gz, rest, glu).unwrap();
+    let got = g.download(&gacc).unwrap();
+    let cz = c.upload(&z, rows, d).unwrap();
+    let mut cacc = c.upload(&acc0, rows, d).unwrap();
+    c.moe_accumulate(&mut cacc, &cz, first, glu).unwrap();
+    c.moe_accumulate(&mut cacc, &cz, rest, glu).unwrap();
+    let want = cacc.data;
+    check(
+        &format!("moe rows={rows} d={d} i={i} experts={n_experts}"),
+        &got,
+        &want,
+        F32_TOL,
+    );
+}
+
+#[test]
+fn batched_moe_matches_cpu() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for g in gpus(None) {
+        moe_case(&g, &mut rng, 1, 64, 32, 1);
+        moe_case(&g, &mut rng, 5, 96, 64, 3);
+        moe_case(&g, &mut rng, 11, 64, 96, 4);
+    }
+    // A small binding cap splits the experts into several batches.
+    for g in gpus(Some(8192)) {
+        moe_case(&g, &mut rng, 4, 64, 64, 5);
+    }
+}
+
+#[test]
+fn kda_step_matches_cpu_across_chunks() {
+    let mut rng = StdRng::seed_from_u64(8);
+    let c = CpuBackend::new();
+    for g in gpus(None) {
+        for (heads, hd, k, lb) in [
+            (2, 16, 4, Some(-5.0f32)),
+            (3, 40, 3, None),
+            (1, 128, 1, Some(-3.0)),
+        ] {
+            let d = KdaDims {
+                heads,
+                head_dim: hd,
+                conv_k: k,
+                lower_bound: lb,
+                norm_eps: 1e-6,
+            };
+            let p = d.width();
+            let wv = [
+                rand_vec(&mut rng, p * k, 0.5),
+                rand_vec(&mut rng, p * k, 0.5),
+                rand_vec(&mut rng, p * k, 0.5),
+                rand_vec(&mut rng, heads, 1.0),
+                rand_vec(&mut rng, p, 1.0),
+                rand_vec(&mut rng, hd, 1.0),
+            ];
+            let gw = KdaStepWeights {
+                conv_q: g.upload(&wv[0], 1, p * k).unwrap(),
+                conv_k: g.upload(&wv[1], 1, p * k).unwrap(),
+                conv_v: g.upload(&wv[2], 1, p * k).unwrap(),
+                a_log: g.upload(&wv[3], 1, heads).unwrap(),
+                dt_bias: g.upload(&wv[4], 1, p).unwrap(),
+                o_norm: g.upload(&wv[5], 1, hd).unwrap(),
+            };
+            let cw = KdaStepWeights {
+                conv_q: c.upload(&wv[0], 1, p * k).unwrap(),
+                conv_k: c.upload(&wv[1], 1, p * k).unwrap(),
+                conv_v: c.upload(&wv[2], 1, p * k).unwrap(),
+                a_log: c.upload(&wv[3], 1, heads).unwrap(),
+                dt_bias: c.upload(&wv[4], 1, p).unwrap(),
+                o_norm: c.upload(&wv[5], 1, hd).unwrap(),
+            };
+            let mut gs = g.kda_state(&d).unwrap();
+            let mut cs = c.kda_state(&d).unwrap();
+            for n in [3, 1, 5] {
+                let v: Vec<Vec<f32>> = [p, p, p, p, heads, p]
+                    .iter()
+                    .map(|&w| rand_vec(&mut rng, n * w, 2.0))
+                    .collect();
+                let ga: Vec<_> = v
+                    .iter()
+                    .zip([p, p, p, p, heads, p])
+                    .map(|(x, w)| g.upload(x, n, w).unwrap())
+                    .collect();
+                let ca: Vec<_> = v
+                    .iter()
+                    .zip([p, p, p, p, heads, p])
+                    .map(|(x, w)| c.upload(x, n, w).unwrap())
+                    .collect();
+                let gi = KdaStepInputs {
+                    q: &ga[0],
+                    k: &ga[1],
+                    v: &ga[2],
+                    f: &ga[3],
+                    beta: &ga[4],
+                    gate: &ga[5],
+                };
+                let ci = KdaStepInputs {
+                    q: &ca[0],
+                    k: &ca[1],
+                    v: &ca[2],
+                    f: &ca[3],
+                    beta: &ca[4],
+                    gate: &ca[5],
+                };
+                let got = g
+                    .download(&g.kda_step(&d, &gw, &mut gs, gi).unwrap())
+                    .unwrap();
+                let want = c.kda_step(&d, &cw, &mut cs, ci).unwrap().data;
+                check(
+                    &format!("kda heads={heads} dk={hd} K={k} n={n}"),
+                    &got,
+                    &want,
+                    F32_TOL,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn mla_attend_matches_cpu_as_the_cache_grows() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let c = CpuBackend::new();
+    for g in gpus(None) {
+        for (heads, kv, nope, rope, v) in [(3, 40, 8, 4, 12), (9, 64, 16, 6, 16)] {
+            let d = MlaDims {
+                heads,
+                kv_lora: kv,
+                nope,
+                rope,
+                v,
+                norm_eps: 1e-6,
+            };
+            let (nw, wk, wv) = (
+                rand_vec(&mut rng, kv, 1.0),
+                rand_vec(&mut rng, heads * nope * kv, 0.3),
+                rand_vec(&mut rng, heads * v * kv, 0.3),
+            );
+            let gw = MlaAttnWeights {
+                kv_norm: g.upload(&nw, 1, kv).unwrap(),
+                wk: g.upload(&wk, heads * nope, kv).unwrap(),
+                wv: g.upload(&wv, heads * v, kv).unwrap(),
+            };
+            let cw = MlaAttnWeights {
+                kv_norm: c.upload(&nw, 1, kv).unwrap(),
+                wk: c.upload(&wk, heads * nope, kv).unwrap(),
+                wv: c.upload(&wv, heads * v, kv).unwrap(),
+            };
+            let mut gc = g.mla_cache(&d).unwrap();
+            let mut cc = c.mla_cache(&d).unwrap();
+            // 3 + 1 + 70 positions: the last call grows the cache past its first capacity.
+            for n in [3, 1, 70] {
+                let q = rand_vec(&mut rng, n * heads * (nope + rope), 1.0);
+                let cv = rand_vec(&mut rng, n * (kv + rope), 1.0);
+                let got = g
+                    .download(
+                        &g.mla_attend(
+                            &d,
+                            &gw,
+                            &mut gc,
+                            &g.upload(&q, n, heads * (nope + rope)).unwrap(),
+                            &g.upload(&cv, n, kv + rope).unwrap(),
+                        )
+                        .unwrap(),
+                    )
+                    .unwrap();
+                let want = c
+                    .mla_attend(
+                        &d,
+                        &cw,
+                        &mut cc,
+                        &c.upload(&q, n, heads * (nope + rope)).unwrap(),
+                        &c.upload(&cv, n, kv + rope).unwrap(),
+                    )
+                    .unwrap()
+                    .data;
+                check(
+                    &format!("mla heads={heads} kv={kv} n={n}"),
+                    &got,
+                    &want,
+                    F32_TOL,
+                );
+            }
+        }
+    }
+}

@@ -1,34 +1,31 @@
 #!/usr/bin/env python3
-"""Turns the --stats-json files of tools/bench_sweep.sh into the docs/tuning.md table and an
-SVG plot. Each point is the minimum of its runs (decode seconds per token).
+"""Turns the table printed by `k3 bench decode` (one row per run) into the docs/tuning.md
+summary (each point the minimum of its runs) and an SVG plot of s/token against
+K3_EXPERT_GB, pipe on and off.
 
-Usage: tools/sweep_report.py OUT_DIR [PLOT.svg]
+Usage: tools/sweep_report.py DECODE_TABLE.md [PLOT.svg]
 """
-import glob
-import json
 import os
 import sys
 from collections import defaultdict
 
 
 def main():
-    out = sys.argv[1]
-    plot = sys.argv[2] if len(sys.argv) > 2 else os.path.join(out, "sweep.svg")
+    table = sys.argv[1]
+    plot = sys.argv[2] if len(sys.argv) > 2 else os.path.splitext(table)[0] + ".svg"
     runs = defaultdict(list)
-    for path in glob.glob(os.path.join(out, "run-*.json")):
-        gb, pipe, _ = os.path.basename(path)[4:-5].split("-")
-        j = json.load(open(path))
-        d = j["decode"]
-        steps = max(j["generated_tokens"] - 1, 1)  # the first token comes from prefill
-        wall = j["decode_s"] / steps
-        busy = d["disk_busy_s"] / steps
-        compute = (j["decode_s"] - d["eload_s"]) / steps
-        runs[(float(gb), int(pipe))].append(
-            dict(wall=wall, hit=d["hit_percent"], gb=d["bytes_streamed"] / 1e9 / steps,
-                 eload=d["eload_s"] / steps, busy=busy, compute=compute,
-                 overlap=wall / max(busy, compute, 1e-9)))
+    for line in open(table):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 8 or not cells[0].replace(".", "").isdigit():
+            continue
+        gb, pipe, _run, wall, hit, gbt, eload, busy = cells
+        wall, eload, busy = float(wall), float(eload), float(busy)
+        compute = wall - eload
+        runs[(float(gb), int(pipe))].append(dict(wall=wall, hit=float(hit), gb=float(gbt), eload=eload,
+                                                 busy=busy, compute=compute,
+                                                 overlap=wall / max(busy, compute, 1e-9)))
     rows = []
-    print("| K3_EXPERT_GB | pipe | s/token (min of %d) | hit %% | GB read/token | eload s/token | disk busy s/token | compute s/token | wall / max(disk, compute) |" % max(len(v) for v in runs.values()))
+    print("| K3_EXPERT_GB | K3_PIPE | s/token (min of %d) | hit %% | GB read/token | eload s/token | disk busy s/token | compute s/token | wall / max(disk, compute) |" % max(len(v) for v in runs.values()))
     print("|---|---|---|---|---|---|---|---|---|")
     for key in sorted(runs):
         best = min(runs[key], key=lambda r: r["wall"])

@@ -7,6 +7,7 @@
 
 pub mod cpu;
 pub mod gpu;
+pub mod shape_checks;
 
 use crate::quant::{DenseMatrix, Mxfp4View};
 use anyhow::Result;

@@ -34,16 +34,7 @@ pub fn mla_attend(
 ) -> Result<CpuAct> {
     let (h, r, nope, kv) = (d.heads, d.rope, d.nope, d.kv_lora);
     let qw = nope + r;
-    ensure!(
-        q.cols == h * qw && c.cols == kv + r && q.rows == c.rows,
-        "mla_attend: q is {}x{}, c is {}x{}; expected n x {} and n x {}",
-        q.rows,
-        q.cols,
-        c.rows,
-        c.cols,
-        h * qw,
-        kv + r
-    );
+    crate::backend::shape_checks::mla_inputs(d, (q.rows, q.cols), (c.rows, c.cols))?;
     ensure!(
         w.wk.data.len() == h * nope * kv && w.wv.data.len() == h * d.v * kv,
         "mla_attend: kv_b_proj blocks do not match {h} heads"

@@ -77,21 +77,10 @@ pub fn kda_step(
 ) -> Result<CpuAct> {
     let (p, dk, k) = (d.width(), d.head_dim, d.conv_k);
     let n = inp.q.rows;
-    for (name, a, cols) in [
-        ("q", inp.q, p),
-        ("k", inp.k, p),
-        ("v", inp.v, p),
-        ("f", inp.f, p),
-        ("beta", inp.beta, d.heads),
-        ("gate", inp.gate, p),
-    ] {
-        ensure!(
-            a.rows == n && a.cols == cols,
-            "kda_step: input {name} is {}x{}, expected {n}x{cols}",
-            a.rows,
-            a.cols
-        );
-    }
+    crate::backend::shape_checks::kda_inputs(
+        d,
+        [inp.q, inp.k, inp.v, inp.f, inp.beta, inp.gate].map(|a| (a.rows, a.cols)),
+    )?;
     ensure!(
         w.conv_q.data.len() == p * k && w.a_log.data.len() >= d.heads && w.dt_bias.data.len() == p,
         "kda_step: conv/A_log/dt_bias sizes do not match {} heads x {dk}",

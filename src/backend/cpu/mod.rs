@@ -59,15 +59,7 @@ impl CpuBackend {
 }
 
 fn same_shape(a: &CpuAct, b: &CpuAct, op: &str) -> Result<()> {
-    ensure!(
-        a.rows == b.rows && a.cols == b.cols,
-        "{op}: shapes differ ({}x{} vs {}x{})",
-        a.rows,
-        a.cols,
-        b.rows,
-        b.cols
-    );
-    Ok(())
+    super::shape_checks::same_shape(op, (a.rows, a.cols), (b.rows, b.cols))
 }
 
 impl Backend for CpuBackend {

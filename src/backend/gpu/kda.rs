@@ -43,21 +43,10 @@ impl GpuBackend {
         );
         let (p, k, h) = (d.width(), d.conv_k, d.heads);
         let n = inp.q.rows;
-        for (name, a, cols) in [
-            ("q", inp.q, p),
-            ("k", inp.k, p),
-            ("v", inp.v, p),
-            ("f", inp.f, p),
-            ("beta", inp.beta, h),
-            ("gate", inp.gate, p),
-        ] {
-            ensure!(
-                a.rows == n && a.cols == cols,
-                "kda_step: input {name} is {}x{}, expected {n}x{cols}",
-                a.rows,
-                a.cols
-            );
-        }
+        crate::backend::shape_checks::kda_inputs(
+            d,
+            [inp.q, inp.k, inp.v, inp.f, inp.beta, inp.gate].map(|a| (a.rows, a.cols)),
+        )?;
         ensure!(
             w.conv_q.len() == p * k
                 && w.conv_k.len() == p * k

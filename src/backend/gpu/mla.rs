@@ -69,16 +69,7 @@ impl GpuBackend {
         );
         let (h, r, nope, kv) = (d.heads, d.rope, d.nope, d.kv_lora);
         let qw = nope + r;
-        ensure!(
-            q.cols == h * qw && c.cols == kv + r && q.rows == c.rows,
-            "mla_attend: q is {}x{}, c is {}x{}; expected n x {} and n x {}",
-            q.rows,
-            q.cols,
-            c.rows,
-            c.cols,
-            h * qw,
-            kv + r
-        );
+        crate::backend::shape_checks::mla_inputs(d, (q.rows, q.cols), (c.rows, c.cols))?;
         ensure!(
             w.wk.len() == h * nope * kv && w.wv.len() == h * d.v * kv && w.kv_norm.len() == kv,
             "mla_attend: kv_b_proj blocks do not match {h} heads"

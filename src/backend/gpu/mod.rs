@@ -52,15 +52,7 @@ impl GpuBackend {
     }
 
     fn check_same(a: &GpuAct, b: &GpuAct, op: &str) -> Result<()> {
-        ensure!(
-            a.rows == b.rows && a.cols == b.cols,
-            "{op}: shapes differ ({}x{} vs {}x{})",
-            a.rows,
-            a.cols,
-            b.rows,
-            b.cols
-        );
-        Ok(())
+        super::shape_checks::same_shape(op, (a.rows, a.cols), (b.rows, b.cols))
     }
 
     /// Waits for all recorded work (benchmarks time with it).

@@ -1,0 +1,50 @@
+//! Shape checks every backend runs before an op, written once so the messages agree.
+
+use super::{KdaDims, MlaDims};
+use anyhow::{ensure, Result};
+
+/// `(rows, cols)` of an activation.
+pub type Shape = (usize, usize);
+
+/// Two operands of an elementwise op must have the same shape.
+pub fn same_shape(op: &str, a: Shape, b: Shape) -> Result<()> {
+    ensure!(
+        a == b,
+        "{op}: shapes differ ({}x{} vs {}x{})",
+        a.0,
+        a.1,
+        b.0,
+        b.1
+    );
+    Ok(())
+}
+
+/// The six per-token inputs of the KDA step, in the order q, k, v, f, beta, gate.
+/// Returns the number of rows.
+pub fn kda_inputs(d: &KdaDims, inputs: [Shape; 6]) -> Result<usize> {
+    let (p, n) = (d.width(), inputs[0].0);
+    let names = ["q", "k", "v", "f", "beta", "gate"];
+    let widths = [p, p, p, p, d.heads, p];
+    for ((name, (rows, cols)), want) in names.iter().zip(inputs).zip(widths) {
+        ensure!(
+            rows == n && cols == want,
+            "kda_step: input {name} is {rows}x{cols}, expected {n}x{want}"
+        );
+    }
+    Ok(n)
+}
+
+/// The query `[n, heads·(nope+rope)]` and latent `[n, kv_lora+rope]` of MLA attention.
+pub fn mla_inputs(d: &MlaDims, q: Shape, c: Shape) -> Result<()> {
+    let qw = d.heads * (d.nope + d.rope);
+    let cw = d.kv_lora + d.rope;
+    ensure!(
+        q.1 == qw && c.1 == cw && q.0 == c.0,
+        "mla_attend: q is {}x{}, c is {}x{}; expected n x {qw} and n x {cw}",
+        q.0,
+        q.1,
+        c.0,
+        c.1
+    );
+    Ok(())
+}

@@ -240,29 +240,3 @@ proptest! {
         prop_assert_eq!(streamed, whole);
     }
 }
-
-/// Encode throughput on ~2 MB of mixed prose, code and CJK; run with
-/// `cargo test --release --test tokenizer -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn encode_throughput() {
-    let t = tok();
-    let unit = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("src/tokenizer/synthetic_corpus.txt"),
-    )
-    .unwrap();
-    let text = unit.repeat((2 << 20) / unit.len() + 1);
-    let start = std::time::Instant::now();
-    let ids = t.encode(&text);
-    let secs = start.elapsed().as_secs_f64();
-    let mb = text.len() as f64 / 1e6;
-    println!(
-        "encode: {mb:.2} MB -> {} ids in {secs:.3} s = {:.2} MB/s",
-        ids.len(),
-        mb / secs
-    );
-    let start = std::time::Instant::now();
-    let back = t.decode(&ids, false).unwrap();
-    println!("decode: {:.3} s", start.elapsed().as_secs_f64());
-    assert_eq!(back, text);
-}

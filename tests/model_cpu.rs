@@ -156,3 +156,19 @@ fn shard_truncated_after_start_up_names_file_and_offset() {
         "{msg}"
     );
 }
+
+#[test]
+fn shard_deleted_after_start_up_names_the_file() {
+    let dir = common::copy_dir(&common::tiny(0));
+    let m = common::cpu_model(&dir, FormatPolicy::default(), serial());
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+    let mut st = m.new_state().unwrap();
+    let e = prefill(&m, &mut st, &PROMPT, 32, false, &mut Stats::default(), None).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(msg.contains(".safetensors"), "{msg}");
+}

@@ -72,3 +72,29 @@ impl LayerCache {
         v.into_iter().map(|(_, id)| id).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experts::expert_reader::tests_support::fake_expert;
+
+    #[test]
+    fn evicts_the_least_recently_used() {
+        let mut c = LayerCache::new(2);
+        c.insert(fake_expert(1));
+        c.insert(fake_expert(2));
+        assert!(c.get(1).is_some(), "touching 1 makes 2 the oldest");
+        c.insert(fake_expert(3));
+        assert_eq!(c.lru_order(), vec![1, 3]);
+        assert!(c.get(2).is_none());
+        c.insert(fake_expert(3));
+        assert_eq!(c.len(), 2, "re-inserting a held expert evicts nothing");
+    }
+
+    #[test]
+    fn zero_capacity_caches_nothing() {
+        let mut c = LayerCache::new(0);
+        c.insert(fake_expert(7));
+        assert!(c.is_empty() && c.get(7).is_none());
+    }
+}

@@ -113,3 +113,13 @@ impl ExpertReader {
         Ok(LoadedExpert { id, buf, parts })
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    /// An expert with no bytes, for cache-policy tests.
+    pub fn fake_expert(id: u32) -> std::sync::Arc<LoadedExpert> {
+        std::sync::Arc::new(LoadedExpert { id, buf: AlignedBuf::new(0), parts: Default::default() })
+    }
+}

@@ -238,3 +238,41 @@ fn truncated(path: &Path, range: &Range<u64>, ends_at: u64) -> anyhow::Error {
         range.end
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn pattern_file(len: usize) -> (tempfile::NamedTempFile, Vec<u8>) {
+        let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&data).unwrap();
+        f.flush().unwrap();
+        (f, data)
+    }
+
+    #[test]
+    fn direct_and_buffered_reads_return_the_same_bytes_at_unaligned_ranges() {
+        let (f, data) = pattern_file(3 * IO_ALIGN + 123);
+        for mode in [IoMode::Direct, IoMode::Buffered] {
+            let io = ShardIo::new(mode);
+            for r in [0..10u64, 4090..4200, 5000..8192, (3 * IO_ALIGN as u64)..(3 * IO_ALIGN as u64 + 123), 1..12411] {
+                let (buf, off) = io.read(f.path(), &r).unwrap();
+                let len = (r.end - r.start) as usize;
+                assert_eq!(&buf[off..off + len], &data[r.start as usize..r.end as usize], "{mode:?} {r:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn reading_past_the_end_names_file_and_offset() {
+        let (f, _) = pattern_file(5000);
+        for mode in [IoMode::Direct, IoMode::Buffered] {
+            let e = ShardIo::new(mode).read(f.path(), &(4000..9000)).unwrap_err();
+            let msg = format!("{e:#}");
+            assert!(msg.contains(&f.path().display().to_string()), "{msg}");
+            assert!(msg.contains("ends at offset 5000"), "{mode:?}: {msg}");
+        }
+    }
+}

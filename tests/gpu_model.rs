@@ -264,7 +264,7 @@ fn cli_prints_the_tier_on_the_gpu_and_the_cpu_ignores_it() {
     let (ok, err) = run_k3(&["--backend", "cpu"], &[("K3_GPU_GB", "1")]);
     assert!(ok, "{err}");
     assert!(!err.contains("expert tier"), "the CPU has no tier: {err}");
-    let (ok, err) = run_k3(&["--backend", "gpu", "--gpu-expert-gb", "-1"], &[]);
+    let (ok, err) = run_k3(&["--backend", "gpu", "--gpu-expert-gb=-1"], &[]);
     assert!(!ok && err.contains("--gpu-expert-gb"), "{err}");
 }
 

@@ -400,7 +400,10 @@ impl GpuBackend {
                     sets.len() - 1
                 });
                 if sets[g].is_none() {
-                    sets[g] = tier.pools.get(s / per_pool).cloned();
+                    let pool = tier.pools.get(s / per_pool).cloned().ok_or_else(|| {
+                        anyhow!("internal: GPU expert tier slot {s} has no device pool")
+                    })?;
+                    sets[g] = Some(pool);
                 }
                 place.push((g, (s % per_pool) as u32));
                 continue;

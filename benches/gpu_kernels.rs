@@ -227,11 +227,12 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
         let assign: Vec<ExpertAssignment<'_>> = experts_bytes[..ne]
             .iter()
             .map(|m| ExpertAssignment {
-                weights: ExpertWeights {
+                key: None,
+                weights: Some(ExpertWeights {
                     w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
                     w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
                     w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
-                },
+                }),
                 tokens: (0..tokens).map(|r| (r, 0.1)).collect(),
             })
             .collect();

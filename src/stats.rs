@@ -15,6 +15,8 @@ pub struct Stats {
     pub head: Duration,
     /// Unique experts found in a cache (per layer per chunk).
     pub expert_hits: u64,
+    /// Of the hits, experts the backend already held resident (GPU tier): no read, no upload.
+    pub gpu_expert_hits: u64,
     /// Unique experts needed (per layer per chunk).
     pub expert_lookups: u64,
     /// Expert bytes read from disk.
@@ -41,6 +43,7 @@ impl Stats {
             eload: self.eload + o.eload,
             head: self.head + o.head,
             expert_hits: self.expert_hits + o.expert_hits,
+            gpu_expert_hits: self.gpu_expert_hits + o.gpu_expert_hits,
             expert_lookups: self.expert_lookups + o.expert_lookups,
             bytes_streamed: self.bytes_streamed + o.bytes_streamed,
             disk_busy: self.disk_busy + o.disk_busy,
@@ -55,6 +58,7 @@ impl Stats {
             eload: self.eload.saturating_sub(earlier.eload),
             head: self.head.saturating_sub(earlier.head),
             expert_hits: self.expert_hits - earlier.expert_hits,
+            gpu_expert_hits: self.gpu_expert_hits - earlier.gpu_expert_hits,
             expert_lookups: self.expert_lookups - earlier.expert_lookups,
             bytes_streamed: self.bytes_streamed - earlier.bytes_streamed,
             disk_busy: self.disk_busy.saturating_sub(earlier.disk_busy),
@@ -130,6 +134,7 @@ pub fn run_json(
             "eload_s": s.eload.as_secs_f64(),
             "head_s": s.head.as_secs_f64(),
             "expert_hits": s.expert_hits,
+            "gpu_hits": s.gpu_expert_hits,
             "expert_lookups": s.expert_lookups,
             "hit_percent": s.hit_percent(),
             "bytes_streamed": s.bytes_streamed,

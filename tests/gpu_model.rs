@@ -76,6 +76,11 @@ fn argmax(v: &[f32]) -> u32 {
 
 /// Greedy continuation: prefill, then one token at a time.
 fn greedy<B: Backend>(m: &K3Model<B>) -> Vec<u32> {
+    greedy_stats(m).0
+}
+
+/// Greedy continuation and the run's counters.
+fn greedy_stats<B: Backend>(m: &K3Model<B>) -> (Vec<u32>, Stats) {
     let mut st = m.new_state().unwrap();
     let mut stats = Stats::default();
     let mut logits = prefill(m, &mut st, &PROMPT, 4, false, &mut stats, None).unwrap();
@@ -87,7 +92,7 @@ fn greedy<B: Backend>(m: &K3Model<B>) -> Vec<u32> {
             .forward(&mut st, &[t], Logits::Last, &mut stats, None)
             .unwrap();
     }
-    out
+    (out, stats)
 }
 
 #[test]
@@ -173,6 +178,43 @@ fn gpu_chunked_prefill_matches_token_by_token() {
     }
 }
 
+#[test]
+fn gpu_expert_tier_keeps_the_tokens_and_skips_the_disk_on_hits() {
+    let Some(gm) = gpu_model() else { return };
+    let cfg = gm.ckpt.config.clone();
+    let cm = common::cpu_model(&common::tiny(0), FormatPolicy::default(), serial());
+    let want = greedy(&cm);
+    let (off, s_off) = greedy_stats(&gm);
+    assert_eq!(off, want, "GPU without the tier vs CPU");
+    assert_eq!(s_off.gpu_expert_hits, 0, "no tier, no GPU hits");
+    let (i, d) = (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size);
+    let all = cfg.num_experts * cfg.moe_layer_count();
+    let slots = gm
+        .backend
+        .configure_expert_tier((all * cfg.expert_bytes()) as u64, all, i, d)
+        .unwrap();
+    assert_eq!(slots, Some(all));
+    let (first, s1) = greedy_stats(&gm);
+    assert_eq!(first, want, "GPU with a tier holding every expert vs CPU");
+    assert!(s1.bytes_streamed > 0, "a cold tier reads from disk");
+    let (second, s2) = greedy_stats(&gm);
+    assert_eq!(second, want, "second pass over the same prompt");
+    assert_eq!(s2.bytes_streamed, 0, "every expert should be a GPU hit");
+    assert!(s2.expert_lookups > 0);
+    assert_eq!(s2.gpu_expert_hits, s2.expert_lookups);
+    assert_eq!(s2.expert_hits, s2.expert_lookups);
+    // One slot: most experts run transient, the one slot churns; tokens unchanged.
+    let one = gm
+        .backend
+        .configure_expert_tier(cfg.expert_bytes() as u64, all, i, d)
+        .unwrap();
+    assert_eq!(one, Some(1));
+    let (tokens, s1) = greedy_stats(&gm);
+    assert_eq!(tokens, want, "GPU with a one-slot tier vs CPU");
+    assert!(s1.gpu_expert_hits < s1.expert_lookups);
+    assert_eq!(gm.backend.resident_experts().unwrap(), 1);
+}
+
 fn run_k3(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let dir = common::tiny(0);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_k3"));
@@ -191,6 +233,39 @@ fn run_k3(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+#[test]
+fn cli_prints_the_tier_on_the_gpu_and_the_cpu_ignores_it() {
+    if gpu_model().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("stats.json");
+    let j = json.to_str().unwrap();
+    let (ok, err) = run_k3(
+        &[
+            "--backend",
+            "gpu",
+            "--gpu-expert-gb",
+            "1",
+            "--stats-json",
+            j,
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(err.contains("[K3-GPU] expert tier: "), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(v["total"]["gpu_hits"].is_u64(), "{v}");
+    let (ok, err) = run_k3(&["--backend", "gpu"], &[("K3_VK_GB", "0")]);
+    assert!(ok, "{err}");
+    assert!(err.contains("[K3-GPU] expert tier: 0 slots"), "{err}");
+    let (ok, err) = run_k3(&["--backend", "cpu"], &[("K3_GPU_GB", "1")]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("expert tier"), "the CPU has no tier: {err}");
+    let (ok, err) = run_k3(&["--backend", "gpu", "--gpu-expert-gb=-1"], &[]);
+    assert!(!ok && err.contains("--gpu-expert-gb"), "{err}");
 }
 
 #[test]

@@ -6,8 +6,8 @@
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
 use k3::backend::{
-    Backend, ExpertAssignment, ExpertWeights, Glu, KdaDims, KdaStepInputs, KdaStepWeights,
-    MlaAttnWeights, MlaDims, RouterParams,
+    Backend, ExpertAssignment, ExpertKey, ExpertWeights, Glu, KdaDims, KdaStepInputs,
+    KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
 };
 use k3::quant::{DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
@@ -448,11 +448,12 @@ fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n
                 .map(|t| (t, rng.random_range(0.05f32..0.5)))
                 .collect();
             ExpertAssignment {
-                weights: ExpertWeights {
+                key: None,
+                weights: Some(ExpertWeights {
                     w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
                     w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
                     w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
-                },
+                }),
                 tokens,
             }
         })
@@ -495,6 +496,98 @@ fn batched_moe_matches_cpu() {
     for g in gpus(Some(8192)) {
         moe_case(&g, &mut rng, 4, 64, 64, 5);
     }
+}
+
+/// Experts kept in the VRAM tier (some resident, passed without host weights; some
+/// uploaded into slots; some transient when every slot is pinned or busy) give the CPU's sums.
+#[test]
+fn moe_through_the_expert_tier_matches_cpu() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let c = CpuBackend::new();
+    let (rows, d, i, n) = (6, 64, 64, 5);
+    let mats: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..n)
+        .map(|_| {
+            [
+                rand_mxfp4(&mut rng, i, d),
+                rand_mxfp4(&mut rng, d, i),
+                rand_mxfp4(&mut rng, i, d),
+            ]
+        })
+        .collect();
+    let tokens: Vec<Vec<(usize, f32)>> = (0..n)
+        .map(|e| {
+            (0..rows)
+                .filter(|t| (t + e) % 3 != 1)
+                .map(|t| (t, rng.random_range(0.05f32..0.5)))
+                .collect()
+        })
+        .collect();
+    let assign = |e: usize, host: bool| ExpertAssignment {
+        key: Some(ExpertKey {
+            layer: 2,
+            id: e as u32,
+        }),
+        weights: host.then(|| ExpertWeights {
+            w1: Mxfp4View::new(i, d, &mats[e][0].0, &mats[e][0].1).unwrap(),
+            w2: Mxfp4View::new(d, i, &mats[e][1].0, &mats[e][1].1).unwrap(),
+            w3: Mxfp4View::new(i, d, &mats[e][2].0, &mats[e][2].1).unwrap(),
+        }),
+        tokens: tokens[e].clone(),
+    };
+    let all: Vec<ExpertAssignment<'_>> = (0..n).map(|e| assign(e, true)).collect();
+    let z = rand_vec(&mut rng, rows * d, 0.5);
+    let glu = Glu::Silu;
+    let cz = c.upload(&z, rows, d).unwrap();
+    let mut cacc = c.zeros(rows, d).unwrap();
+    c.moe_accumulate(&mut cacc, &cz, &all, glu).unwrap();
+    c.moe_accumulate(&mut cacc, &cz, &all, glu).unwrap();
+    let expert_bytes = (3 * (i * d / 2 + i * d / 32)) as u64;
+    // A binding cap of two experts' gate+up puts the 3 slots in two device pools.
+    for g in gpus(Some((2 * i * d) as u64)) {
+        assert_eq!(
+            g.configure_expert_tier(3 * expert_bytes + 1, n, i, d)
+                .unwrap(),
+            Some(3)
+        );
+        let gz = g.upload(&z, rows, d).unwrap();
+        let mut gacc = g.zeros(rows, d).unwrap();
+        // First pass: 3 experts land in slots, 2 run from transient arenas.
+        g.moe_accumulate(&mut gacc, &gz, &all, glu).unwrap();
+        assert_eq!(g.resident_experts().unwrap(), 3);
+        let ids: Vec<u32> = (0..n as u32).collect();
+        let resident = g.pin_resident_experts(2, &ids).unwrap();
+        assert_eq!(resident.iter().filter(|&&r| r).count(), 3);
+        assert!(
+            !g.pin_resident_experts(3, &ids).unwrap().contains(&true),
+            "another layer's experts are not resident"
+        );
+        let resident = g.pin_resident_experts(2, &ids).unwrap();
+        // Second pass: resident experts come without host weights.
+        let second: Vec<ExpertAssignment<'_>> = (0..n).map(|e| assign(e, !resident[e])).collect();
+        g.moe_accumulate(&mut gacc, &gz, &second, glu).unwrap();
+        check(
+            "moe through the expert tier",
+            &g.download(&gacc).unwrap(),
+            &cacc.data,
+            F32_TOL,
+        );
+        // An expert that is neither resident nor given weights is an error naming it.
+        let missing = resident.iter().position(|&r| !r).unwrap();
+        let err = g
+            .moe_accumulate(&mut gacc, &gz, &[assign(missing, false)], glu)
+            .unwrap_err();
+        assert!(
+            format!("{err:#}").contains(&format!("expert {missing} of layer 2")),
+            "{err:#}"
+        );
+    }
+    // The CPU has no tier and refuses experts without host weights.
+    assert_eq!(c.configure_expert_tier(1 << 30, n, i, d).unwrap(), None);
+    assert_eq!(c.pin_resident_experts(2, &[0, 1]).unwrap(), vec![false; 2]);
+    let mut cacc = c.zeros(rows, d).unwrap();
+    assert!(c
+        .moe_accumulate(&mut cacc, &cz, &[assign(0, false)], glu)
+        .is_err());
 }
 
 #[test]

@@ -104,11 +104,23 @@ pub struct ExpertWeights<'a> {
     pub w3: Mxfp4View<'a>,
 }
 
+/// Names one routed expert of the model: its MoE layer and its id within the layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ExpertKey {
+    /// Layer index.
+    pub layer: usize,
+    /// Expert id within the layer.
+    pub id: u32,
+}
+
 /// One routed expert and the tokens of the chunk that chose it.
 #[derive(Clone, Debug)]
 pub struct ExpertAssignment<'a> {
-    /// The expert's weights.
-    pub weights: ExpertWeights<'a>,
+    /// Which expert this is; `None` for anonymous weights a backend must not keep.
+    pub key: Option<ExpertKey>,
+    /// The expert's host weights; `None` when the backend holds the expert resident
+    /// (reported by [`Backend::pin_resident_experts`]).
+    pub weights: Option<ExpertWeights<'a>>,
     /// `(token row, routing weight)` pairs, rows in increasing order.
     pub tokens: Vec<(usize, f32)>,
 }
@@ -226,6 +238,20 @@ pub trait Backend {
         experts: &[ExpertAssignment<'_>],
         glu: Glu,
     ) -> Result<()>;
+    /// Sizes the backend's resident expert tier to `bytes`, at most `experts` slots (the
+    /// model's routed experts), for experts of shape `[I, D]` (`intermediate`, `hidden`);
+    /// drops what it held. Returns its slots, or `None` for a backend without one.
+    fn configure_expert_tier(
+        &self,
+        bytes: u64,
+        experts: usize,
+        intermediate: usize,
+        hidden: usize,
+    ) -> Result<Option<usize>>;
+    /// Which of `ids` (experts of `layer`) the backend holds resident, one flag per id. The
+    /// resident ones are pinned until the next call, so they stay resident while the layer
+    /// runs and may be passed to [`Backend::moe_accumulate`] without host weights.
+    fn pin_resident_experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>>;
     /// A `[rows, cols]` activation of zeros.
     fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Act>;
 }

@@ -118,10 +118,17 @@ fn reader(a: ReaderArgs) -> Result<()> {
         let t = Instant::now();
         let mut stats = Stats::default();
         let mut seen = 0usize;
-        src.stream(&ck, layer, &ids, &mut stats, &mut |batch| {
-            seen += batch.len();
-            Ok(())
-        })?;
+        src.stream(
+            &ck,
+            layer,
+            &ids,
+            &vec![false; ids.len()],
+            &mut stats,
+            &mut |batch| {
+                seen += batch.len();
+                Ok(())
+            },
+        )?;
         let engine = t.elapsed().as_secs_f64();
         if seen != ids.len() {
             bail!("engine delivered {seen} of {} experts", ids.len());

@@ -30,6 +30,10 @@ pub struct StreamArgs {
     /// 1: keep one expert slot per layer even when the budget says it does not fit.
     #[arg(long, env = "K3_RAM_OVERCOMMIT", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub ram_overcommit: u8,
+    /// VRAM expert tier in GB (1e9 bytes) on the GPU backend; 0 (the default) keeps it off.
+    /// `K3_VK_GB` is read when `K3_GPU_GB` is unset. The CPU backend ignores it.
+    #[arg(long = "gpu-expert-gb", env = "K3_GPU_GB")]
+    pub gpu_expert_gb: Option<f64>,
     /// Longest context the MLA cache is budgeted for, in tokens.
     #[arg(long = "max-tokens", env = "K3_MAXT", default_value_t = 4096)]
     pub max_tokens: usize,
@@ -87,6 +91,49 @@ impl StreamArgs {
             slots_per_layer: plan.slots,
         };
         model.set_streaming(sc)?;
+        self.configure_gpu_tier(model)?;
         Ok(sc)
+    }
+
+    /// The tier request in GB: the flag / `K3_GPU_GB`, else `K3_VK_GB`, else 0.
+    fn gpu_tier_gb(&self) -> Result<f64> {
+        let gb = match self.gpu_expert_gb {
+            Some(gb) => gb,
+            None => match std::env::var("K3_VK_GB") {
+                Ok(v) => v.trim().parse().map_err(|_| {
+                    anyhow::anyhow!("K3_VK_GB must be a number of GB >= 0, got {v:?}")
+                })?,
+                Err(_) => 0.0,
+            },
+        };
+        if !(gb.is_finite() && gb >= 0.0) {
+            bail!("K3_GPU_GB / K3_VK_GB / --gpu-expert-gb must be a number of GB >= 0, got {gb}");
+        }
+        Ok(gb)
+    }
+
+    /// Sizes the backend's VRAM expert tier and prints `[K3-GPU] expert tier: ...` when
+    /// the backend has one. wgpu cannot report free VRAM, so the tier is only what is asked.
+    fn configure_gpu_tier<B: Backend>(&self, model: &K3Model<B>) -> Result<()> {
+        let gb = self.gpu_tier_gb()?;
+        let cfg = &model.ckpt.config;
+        let slots = model.backend.configure_expert_tier(
+            (gb * 1e9) as u64,
+            cfg.num_experts * cfg.moe_layer_count(),
+            cfg.moe_intermediate_size,
+            cfg.routed_expert_hidden_size,
+        )?;
+        if let Some(n) = slots {
+            eprintln!(
+                "[K3-GPU] expert tier: {n} slots ({:.1} GB){}",
+                n as f64 * cfg.expert_bytes() as f64 / 1e9,
+                if n == 0 {
+                    " — set K3_GPU_GB to keep experts in VRAM"
+                } else {
+                    ""
+                }
+            );
+        }
+        Ok(())
     }
 }

@@ -11,4 +11,4 @@ pub mod source;
 
 pub use expert_reader::{ExpertReader, LoadedExpert};
 pub use shard_io::IoMode;
-pub use source::{ExpertSource, StreamConfig};
+pub use source::{ExpertSource, StreamConfig, Supplied};

@@ -50,7 +50,46 @@ pub struct ExpertSource {
 enum Item {
     Ready(Arc<LoadedExpert>),
     Miss(u32),
+    Resident(u32),
 }
+
+/// One expert handed to the consumer: its bytes in host memory, or only its id when the
+/// backend already holds it resident (the GPU tier).
+#[derive(Clone, Copy)]
+pub enum Supplied<'a> {
+    /// Host bytes, from the cache or just read.
+    Host(&'a LoadedExpert),
+    /// Held by the backend; nothing was read.
+    Resident(u32),
+}
+
+impl Supplied<'_> {
+    /// The expert's id within its layer.
+    pub fn id(&self) -> u32 {
+        match self {
+            Supplied::Host(e) => e.id,
+            Supplied::Resident(id) => *id,
+        }
+    }
+}
+
+/// Owned form of [`Supplied`] while a batch is collected.
+enum Held {
+    Host(Arc<LoadedExpert>),
+    Resident(u32),
+}
+
+impl Held {
+    fn supplied(&self) -> Supplied<'_> {
+        match self {
+            Held::Host(e) => Supplied::Host(e),
+            Held::Resident(id) => Supplied::Resident(*id),
+        }
+    }
+}
+
+/// The consumer of a layer's experts, called with batches in canonical order.
+pub type Consume<'c> = dyn FnMut(&[Supplied<'_>]) -> Result<()> + 'c;
 
 impl ExpertSource {
     /// A source with `cfg`; starts the loader threads when piping.
@@ -106,7 +145,7 @@ impl ExpertSource {
         Ok(())
     }
 
-    fn classify(&self, layer: usize, ids: &[u32]) -> Result<Vec<Item>> {
+    fn classify(&self, layer: usize, ids: &[u32], resident: &[bool]) -> Result<Vec<Item>> {
         let mut caches = self
             .caches
             .lock()
@@ -116,7 +155,14 @@ impl ExpertSource {
             .or_insert_with(|| LayerCache::new(self.cfg.slots_per_layer));
         Ok(ids
             .iter()
-            .map(|&id| lc.get(id).map_or(Item::Miss(id), Item::Ready))
+            .zip(resident)
+            .map(|(&id, &r)| {
+                if r {
+                    Item::Resident(id)
+                } else {
+                    lc.get(id).map_or(Item::Miss(id), Item::Ready)
+                }
+            })
             .collect())
     }
 
@@ -133,15 +179,26 @@ impl ExpertSource {
 
     /// Loads the experts `ids` (already in canonical order) of `layer` and hands them to
     /// `consume` in that order, in one or more batches; counts hits, misses and waits.
+    /// `resident[k]` says the backend holds `ids[k]` already: it is neither read nor looked
+    /// up in the host cache, and counts as a (GPU) hit.
     pub fn stream(
         &self,
         ck: &Checkpoint,
         layer: usize,
         ids: &[u32],
+        resident: &[bool],
         stats: &mut Stats,
-        consume: &mut dyn FnMut(&[&LoadedExpert]) -> Result<()>,
+        consume: &mut Consume<'_>,
     ) -> Result<()> {
-        let items = self.classify(layer, ids)?;
+        if resident.len() != ids.len() {
+            return Err(anyhow!(
+                "internal: {} residency flags for {} experts of layer {layer}",
+                resident.len(),
+                ids.len()
+            ));
+        }
+        let items = self.classify(layer, ids, resident)?;
+        stats.gpu_expert_hits += resident.iter().filter(|&&r| r).count() as u64;
         let misses: Vec<u32> = items
             .iter()
             .filter_map(|i| {
@@ -176,13 +233,14 @@ impl ExpertSource {
         layer: usize,
         items: Vec<Item>,
         stats: &mut Stats,
-        consume: &mut dyn FnMut(&[&LoadedExpert]) -> Result<()>,
+        consume: &mut Consume<'_>,
     ) -> Result<()> {
         let t0 = Instant::now();
         let mut all = Vec::with_capacity(items.len());
         for item in items {
             all.push(match item {
-                Item::Ready(e) => e,
+                Item::Ready(e) => Held::Host(e),
+                Item::Resident(id) => Held::Resident(id),
                 Item::Miss(id) => {
                     self.meter.begin();
                     let r = self.reader.read(ck, layer, id);
@@ -190,12 +248,12 @@ impl ExpertSource {
                         .end(r.as_ref().map(|e| e.len() as u64).unwrap_or(0));
                     let e = Arc::new(r?);
                     self.remember(layer, &e)?;
-                    e
+                    Held::Host(e)
                 }
             });
         }
         stats.eload += t0.elapsed();
-        let refs: Vec<&LoadedExpert> = all.iter().map(|e| e.as_ref()).collect();
+        let refs: Vec<Supplied<'_>> = all.iter().map(Held::supplied).collect();
         consume(&refs)
     }
 
@@ -208,7 +266,7 @@ impl ExpertSource {
         items: Vec<Item>,
         misses: &[u32],
         stats: &mut Stats,
-        consume: &mut dyn FnMut(&[&LoadedExpert]) -> Result<()>,
+        consume: &mut Consume<'_>,
     ) -> Result<()> {
         // Reads in flight at once: enough to keep every loader busy and the disk queue full,
         // few enough that memory stays bounded whatever the chunk routes to.
@@ -233,20 +291,20 @@ impl ExpertSource {
         for _ in 0..window {
             submit_next(&mut queued)?;
         }
-        let mut batch: Vec<Arc<LoadedExpert>> = Vec::new();
-        let flush = |batch: &mut Vec<Arc<LoadedExpert>>,
-                     consume: &mut dyn FnMut(&[&LoadedExpert]) -> Result<()>| {
+        let mut batch: Vec<Held> = Vec::new();
+        let flush = |batch: &mut Vec<Held>, consume: &mut Consume<'_>| {
             if batch.is_empty() {
                 return Ok(());
             }
-            let refs: Vec<&LoadedExpert> = batch.iter().map(|e| e.as_ref()).collect();
+            let refs: Vec<Supplied<'_>> = batch.iter().map(Held::supplied).collect();
             let r = consume(&refs);
             batch.clear();
             r
         };
         for item in items {
             let e = match item {
-                Item::Ready(e) => e,
+                Item::Ready(e) => Held::Host(e),
+                Item::Resident(id) => Held::Resident(id),
                 Item::Miss(id) => {
                     let rx = queued
                         .pop_front()
@@ -273,7 +331,7 @@ impl ExpertSource {
                             e.context(format!("loading expert {id} of layer {layer}"))
                         })?);
                     self.remember(layer, &e)?;
-                    e
+                    Held::Host(e)
                 }
             };
             batch.push(e);

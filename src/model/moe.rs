@@ -4,9 +4,9 @@
 use super::format_policy::FormatPolicy;
 use super::glu_mlp::GluMlp;
 use super::loader::Loader;
-use crate::backend::{Backend, ExpertAssignment, Glu, RouterParams};
+use crate::backend::{Backend, ExpertAssignment, ExpertKey, Glu, RouterParams};
 use crate::checkpoint::Checkpoint;
-use crate::experts::ExpertSource;
+use crate::experts::{ExpertSource, Supplied};
 use crate::quant::DenseFormat;
 use crate::stats::Stats;
 use anyhow::Result;
@@ -84,13 +84,22 @@ impl<B: Backend> Moe<B> {
         let z = b.matmul(&self.down, x)?;
         let (rows, _) = b.shape(&z);
         let mut u = b.zeros(rows, self.latent)?;
-        source.stream(ck, self.layer, &ids, stats, &mut |batch| {
+        // Pinned now, the resident experts stay on the backend until this layer is done.
+        let resident = b.pin_resident_experts(self.layer, &ids)?;
+        source.stream(ck, self.layer, &ids, &resident, stats, &mut |batch| {
             let assignments: Vec<ExpertAssignment<'_>> = batch
                 .iter()
-                .map(|l| {
+                .map(|s| {
                     Ok(ExpertAssignment {
-                        weights: l.weights(&ck.config)?,
-                        tokens: by_expert.get(&l.id).cloned().unwrap_or_default(),
+                        key: Some(ExpertKey {
+                            layer: self.layer,
+                            id: s.id(),
+                        }),
+                        weights: match s {
+                            Supplied::Host(l) => Some(l.weights(&ck.config)?),
+                            Supplied::Resident(_) => None,
+                        },
+                        tokens: by_expert.get(&s.id()).cloned().unwrap_or_default(),
                     })
                 })
                 .collect::<Result<_>>()?;

@@ -3,7 +3,7 @@
 use super::elementwise::glu;
 use super::CpuAct;
 use crate::backend::{ExpertAssignment, Glu};
-use anyhow::{ensure, Result};
+use anyhow::{anyhow, ensure, Result};
 
 /// `acc[t] += w · W2_e · glu(W1_e·z[t], W3_e·z[t])`, experts accumulated in list order.
 pub fn moe_accumulate(
@@ -22,7 +22,14 @@ pub fn moe_accumulate(
     );
     let out = &mut acc.data;
     for ex in experts {
-        let w = &ex.weights;
+        let w = ex.weights.as_ref().ok_or_else(|| {
+            let name = ex.key.map_or("an expert".to_string(), |k| {
+                format!("expert {} of layer {}", k.id, k.layer)
+            });
+            anyhow!(
+                "moe: {name} came without host weights; the CPU backend keeps no experts resident"
+            )
+        })?;
         let i = w.w1.rows;
         ensure!(
             w.w1.cols == d && w.w3.cols == d && w.w3.rows == i && w.w2.rows == d && w.w2.cols == i,

@@ -8,6 +8,7 @@ pub mod adapters;
 pub mod buffers;
 pub mod context;
 mod elementwise;
+pub mod expert_tier;
 mod kda;
 mod matmul;
 mod mla;
@@ -26,12 +27,15 @@ use super::{
     MlaDims, Route, RouterParams,
 };
 use crate::quant::DenseMatrix;
-use anyhow::{ensure, Result};
+use anyhow::{anyhow, ensure, Result};
+use std::sync::{Mutex, MutexGuard};
 
 /// The wgpu backend.
 pub struct GpuBackend {
     /// Device, pipelines, pending encoder.
     pub ctx: GpuContext,
+    /// The VRAM expert tier (off until [`Backend::configure_expert_tier`]).
+    tier: Mutex<moe::TierState>,
 }
 
 impl GpuBackend {
@@ -39,7 +43,19 @@ impl GpuBackend {
     pub fn new(opts: &GpuOptions) -> Result<Self> {
         Ok(Self {
             ctx: GpuContext::new(opts)?,
+            tier: Mutex::new(moe::TierState::default()),
         })
+    }
+
+    fn tier(&self) -> Result<MutexGuard<'_, moe::TierState>> {
+        self.tier
+            .lock()
+            .map_err(|_| anyhow!("GPU expert tier poisoned by an earlier panic"))
+    }
+
+    /// Experts the VRAM tier holds now.
+    pub fn resident_experts(&self) -> Result<usize> {
+        Ok(self.tier()?.book.len())
     }
 
     /// A new zero-filled `[rows, cols]` activation.
@@ -184,6 +200,21 @@ impl Backend for GpuBackend {
         glu: Glu,
     ) -> Result<()> {
         self.moe_accumulate_op(acc, z, experts, glu)
+    }
+
+    fn configure_expert_tier(
+        &self,
+        bytes: u64,
+        experts: usize,
+        intermediate: usize,
+        hidden: usize,
+    ) -> Result<Option<usize>> {
+        self.configure_tier_op(bytes, experts, intermediate, hidden)
+            .map(Some)
+    }
+
+    fn pin_resident_experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>> {
+        Ok(self.tier()?.book.pin(layer, ids))
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<GpuAct> {

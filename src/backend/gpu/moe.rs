@@ -5,23 +5,26 @@
 
 use super::buffers::GpuAct;
 use super::context::Dispatch;
+use super::expert_tier::ExpertTier;
 use super::shaders::Shader;
 use super::GpuBackend;
-use crate::backend::{ExpertAssignment, Glu};
+use crate::backend::{ExpertAssignment, ExpertWeights, Glu};
 use crate::quant::Mxfp4View;
-use anyhow::{bail, ensure, Result};
+use anyhow::{anyhow, bail, ensure, Result};
+use std::collections::{HashMap, HashSet};
 
 /// Columns per MXFP4 scale block (one kernel unit).
 const BLOCK: usize = 32;
 
 /// The device copy of a run of experts' matrices: packed nibbles and scale bytes, expert
 /// after expert, each expert's matrices stacked row-wise.
+#[derive(Clone)]
 struct Arena {
     packed: wgpu::Buffer,
     scales: wgpu::Buffer,
 }
 
-/// Routing of one call: work items (slot, pair, 1), one per pair and grouped by expert,
+/// Routing of one call: work items (slot, pair, 1), one per pair and grouped by arena set,
 /// gather tables, scatter CSR.
 struct Routing {
     /// `[items × 3] | token of pair | pair | csr offsets (rows + 1) | pair ids | weight bits`.
@@ -32,32 +35,44 @@ struct Routing {
     csr_pairs: u32,
     csr_weights: u32,
     pairs: usize,
-    /// Items per batch of experts, as (first item, count).
-    batch_items: Vec<(u32, u32)>,
+    /// Items per group (arena set), as (first item, count).
+    group_items: Vec<(u32, u32)>,
 }
 
+/// Builds the routing tables; `place[e]` is expert e's (group, slot). Items are grouped by
+/// group, but each token's pairs are listed in expert list order, so the scatter sums a
+/// row's experts in the same order whatever arenas they sit in.
 fn build_routing(
     experts: &[ExpertAssignment<'_>],
     rows: usize,
-    batches: &[std::ops::Range<usize>],
+    place: &[(usize, u32)],
+    groups: usize,
 ) -> Result<Routing> {
     let mut items = Vec::new();
     let mut tok_of_pair = Vec::new();
-    let mut per_token: Vec<Vec<(u32, f32)>> = vec![Vec::new(); rows];
-    let mut batch_items = Vec::new();
-    for b in batches {
+    let mut first_pair = vec![0u32; experts.len()];
+    let mut group_items = Vec::with_capacity(groups);
+    for g in 0..groups {
         let first_item = items.len() / 3;
-        for (slot, e) in experts[b.clone()].iter().enumerate() {
-            for chunk in e.tokens.chunks(1) {
-                items.extend([slot as u32, tok_of_pair.len() as u32, chunk.len() as u32]);
-                for &(t, w) in chunk {
-                    ensure!(t < rows, "moe: token row {t} out of range ({rows} rows)");
-                    per_token[t].push((tok_of_pair.len() as u32, w));
-                    tok_of_pair.push(t as u32);
-                }
+        for (e, ex) in experts.iter().enumerate() {
+            let (eg, slot) = place[e];
+            if eg != g {
+                continue;
+            }
+            first_pair[e] = tok_of_pair.len() as u32;
+            for &(t, _) in &ex.tokens {
+                ensure!(t < rows, "moe: token row {t} out of range ({rows} rows)");
+                items.extend([slot, tok_of_pair.len() as u32, 1]);
+                tok_of_pair.push(t as u32);
             }
         }
-        batch_items.push((first_item as u32, (items.len() / 3 - first_item) as u32));
+        group_items.push((first_item as u32, (items.len() / 3 - first_item) as u32));
+    }
+    let mut per_token: Vec<Vec<(u32, f32)>> = vec![Vec::new(); rows];
+    for (e, ex) in experts.iter().enumerate() {
+        for (j, &(t, w)) in ex.tokens.iter().enumerate() {
+            per_token[t].push((first_pair[e] + j as u32, w));
+        }
     }
     let pairs = tok_of_pair.len();
     let mut words = items;
@@ -84,26 +99,46 @@ fn build_routing(
         csr_pairs,
         csr_weights,
         pairs,
-        batch_items,
+        group_items,
     })
 }
 
+/// One set of expert arenas: gate+up rows and down rows, slot-indexed alike.
+#[derive(Clone)]
+struct ArenaSet {
+    up: Arena,
+    down: Arena,
+}
+
+/// The VRAM expert tier: bookkeeping plus its device pools (allocated as slots fill).
+#[derive(Default)]
+pub(super) struct TierState {
+    /// Which expert sits in which slot.
+    pub book: ExpertTier,
+    pools: Vec<ArenaSet>,
+}
+
+/// Device bytes of one `[I, D]` expert's six tensors.
+fn expert_bytes(i: usize, d: usize) -> u64 {
+    let m = (i * d) as u64;
+    3 * m / 2 + 3 * m / BLOCK as u64
+}
+
 impl GpuBackend {
-    /// Uploads the given matrices of each expert (stacked per expert) as one arena.
-    fn arena(&self, mats: &[Vec<Mxfp4View<'_>>]) -> Result<Arena> {
-        let mut parts = Vec::new();
-        let mut scales = Vec::new();
-        let mut off = 0u64;
-        for e in mats {
-            for m in e {
-                parts.push((off, m.packed));
-                off += m.packed.len() as u64;
-                scales.extend_from_slice(m.scales);
-            }
+    /// Uploads matrices stacked row-wise as one arena, straight from their host views.
+    fn arena(&self, mats: &[Mxfp4View<'_>]) -> Result<Arena> {
+        let (mut packed, mut scales) = (Vec::new(), Vec::new());
+        let (mut po, mut so) = (0u64, 0u64);
+        for m in mats {
+            packed.push((po, m.packed));
+            po += m.packed.len() as u64;
+            scales.push((so, m.scales));
+            so += m.scales.len() as u64;
         }
-        let packed = self.ctx.buffer_from_parts(off, &parts, "expert packed")?;
-        let scales = self.ctx.buffer_init(&scales, "expert scales");
-        Ok(Arena { packed, scales })
+        Ok(Arena {
+            packed: self.ctx.buffer_from_parts(po, &packed, "expert packed")?,
+            scales: self.ctx.buffer_from_parts(so, &scales, "expert scales")?,
+        })
     }
 
     /// One batched MXFP4 matvec: `rows` output rows per expert slot, `cols` inputs.
@@ -163,18 +198,19 @@ impl GpuBackend {
         }
         let tokens: Vec<(usize, f32)> = (0..x.rows).map(|t| (t, 1.0)).collect();
         let single = [ExpertAssignment {
-            weights: crate::backend::ExpertWeights {
+            key: None,
+            weights: Some(ExpertWeights {
                 w1: w,
                 w2: w,
                 w3: w,
-            },
+            }),
             tokens,
         }];
-        let rt = build_routing(&single, x.rows, std::slice::from_ref(&(0..1)))?;
+        let rt = build_routing(&single, x.rows, &[(0, 0)], 1)?;
         let rtb = self
             .ctx
             .buffer_init(bytemuck::cast_slice(&rt.words), "routing");
-        let arena = self.arena(&[vec![w]])?;
+        let arena = self.arena(&[w])?;
         self.mxfp4_batched(
             &arena,
             &x.buf,
@@ -183,9 +219,80 @@ impl GpuBackend {
             w.rows,
             w.cols,
             rt.tok_map,
-            rt.batch_items[0],
+            rt.group_items[0],
         );
         Ok(y)
+    }
+
+    /// Sizes the VRAM expert tier: `bytes / expert bytes` slots, at most `experts`, for
+    /// `[I, D]` experts. Drops whatever the tier held.
+    pub(super) fn configure_tier_op(
+        &self,
+        bytes: u64,
+        experts: usize,
+        i: usize,
+        d: usize,
+    ) -> Result<usize> {
+        let per_expert = expert_bytes(i, d);
+        if bytes < per_expert.max(1) || experts == 0 {
+            *self.tier()? = TierState::default();
+            return Ok(0);
+        }
+        ensure!(
+            per_expert > 0 && d % BLOCK == 0 && i % BLOCK == 0 && (i * d) % (4 * BLOCK) == 0,
+            "GPU expert tier: expert shape [{i}, {d}] does not give 4-byte aligned MXFP4 tensors"
+        );
+        let per_pool = (self.ctx.max_binding / (i * d) as u64) as usize;
+        ensure!(
+            per_pool > 0,
+            "GPU expert tier: one expert's gate+up ({} B) exceeds the adapter's binding limit of {} B",
+            i * d,
+            self.ctx.max_binding
+        );
+        let capacity = ((bytes / per_expert) as usize).min(experts);
+        *self.tier()? = TierState {
+            book: ExpertTier::new(capacity, per_pool, (i, d)),
+            pools: Vec::new(),
+        };
+        Ok(capacity)
+    }
+
+    /// Writes expert `w` into slot `slot` of the tier, straight from its host views.
+    fn upload_to_slot(&self, t: &mut TierState, slot: usize, w: &ExpertWeights<'_>) -> Result<()> {
+        let (i, d) = t.book.dims();
+        let per_pool = t.book.per_pool();
+        let (p, ls) = (slot / per_pool, (slot % per_pool) as u64);
+        while t.pools.len() <= p {
+            let n = t.book.pool_slots(t.pools.len()) as u64;
+            let m = (i * d) as u64;
+            let blk = BLOCK as u64;
+            let arena = |packed: u64, scales: u64, what: &str| Arena {
+                packed: self
+                    .ctx
+                    .buffer(n * packed, &format!("expert tier {what} packed")),
+                scales: self
+                    .ctx
+                    .buffer(n * scales, &format!("expert tier {what} scales")),
+            };
+            t.pools.push(ArenaSet {
+                up: arena(m, 2 * m / blk, "gate|up"),
+                down: arena(m / 2, m / blk, "down"),
+            });
+        }
+        let pool = &t.pools[p];
+        let m = (i * d) as u64;
+        let (hp, hs) = (m / 2, m / BLOCK as u64);
+        // Queue writes are ordered after everything recorded so far (`write` submits first),
+        // so work already recorded against an evicted slot still sees its old expert.
+        self.ctx.write(&pool.up.packed, ls * 2 * hp, w.w1.packed);
+        self.ctx
+            .write(&pool.up.packed, ls * 2 * hp + hp, w.w3.packed);
+        self.ctx.write(&pool.up.scales, ls * 2 * hs, w.w1.scales);
+        self.ctx
+            .write(&pool.up.scales, ls * 2 * hs + hs, w.w3.scales);
+        self.ctx.write(&pool.down.packed, ls * hp, w.w2.packed);
+        self.ctx.write(&pool.down.scales, ls * hs, w.w2.scales);
+        Ok(())
     }
 
     pub(super) fn moe_accumulate_op(
@@ -203,12 +310,30 @@ impl GpuBackend {
             out.cols,
             z.rows
         );
-        let Some(first) = experts.first() else {
+        if experts.is_empty() {
             return Ok(());
+        }
+        let mut tier = self.tier()?;
+        let name = |e: &ExpertAssignment<'_>| {
+            e.key.map_or("an unnamed expert".to_string(), |k| {
+                format!("expert {} of layer {}", k.id, k.layer)
+            })
         };
-        let i = first.weights.w1.rows;
+        let i = match experts.iter().find_map(|e| e.weights) {
+            Some(w) => w.w1.rows,
+            None => tier.book.dims().0,
+        };
         for ex in experts {
-            let w = &ex.weights;
+            let Some(w) = &ex.weights else {
+                ensure!(
+                    tier.book.dims() == (i, d),
+                    "moe: {} is resident as [{}, {}] but the call needs [{i}, {d}]",
+                    name(ex),
+                    tier.book.dims().0,
+                    tier.book.dims().1
+                );
+                continue;
+            };
             ensure!(
                 w.w1.cols == d && w.w3.cols == d && w.w3.rows == i && w.w1.rows == i && w.w2.rows == d && w.w2.cols == i,
                 "moe: expert shapes w1 {}x{}, w3 {}x{}, w2 {}x{} do not fit latent width {d} and one intermediate width {i}",
@@ -232,23 +357,94 @@ impl GpuBackend {
                 );
             }
         }
-        // Experts per batch: each batch's gate+up arena must fit one binding.
+        // Experts per transient batch: each batch's gate+up arena must fit one binding.
         let per_expert = (i * d) as u64;
         let per_batch = (self.ctx.max_binding / per_expert.max(1)) as usize;
         if per_batch == 0 {
             bail!("moe: one expert's gate+up ({per_expert} B) exceeds the adapter's binding limit of {} B", self.ctx.max_binding);
         }
-        let batches: Vec<std::ops::Range<usize>> = (0..experts.len())
-            .step_by(per_batch)
-            .map(|s| s..(s + per_batch).min(experts.len()))
-            .collect();
         let pairs: usize = experts.iter().map(|e| e.tokens.len()).sum();
         ensure!(
             pairs <= self.ctx.limits.max_compute_workgroups_per_dimension as usize,
             "moe: {pairs} (token, expert) pairs in one call exceed the adapter's {} workgroups per dimension; use a smaller --chunk",
             self.ctx.limits.max_compute_workgroups_per_dimension
         );
-        let rt = build_routing(experts, z.rows, &batches)?;
+        // Place every expert: in a tier slot (resident, or uploaded there now), else in a
+        // transient arena for this call only.
+        let tier_fits = tier.book.dims() == (i, d);
+        let mut place = Vec::with_capacity(experts.len());
+        let mut group_of_pool: HashMap<usize, usize> = HashMap::new();
+        let mut sets: Vec<Option<ArenaSet>> = Vec::new();
+        let mut busy = HashSet::new();
+        let mut transient: Vec<Vec<Mxfp4View<'_>>> = Vec::new();
+        let mut transient_down: Vec<Vec<Mxfp4View<'_>>> = Vec::new();
+        let mut transient_group = None;
+        for ex in experts {
+            let mut slot = None;
+            if let (Some(key), true) = (ex.key, tier_fits) {
+                slot = tier.book.lookup(key);
+                if slot.is_none() {
+                    if let Some(w) = &ex.weights {
+                        if let Some(s) = tier.book.reserve(key, &busy) {
+                            self.upload_to_slot(&mut tier, s, w)?;
+                            slot = Some(s);
+                        }
+                    }
+                }
+            }
+            if let Some(s) = slot {
+                busy.insert(s);
+                let per_pool = tier.book.per_pool();
+                let g = *group_of_pool.entry(s / per_pool).or_insert_with(|| {
+                    sets.push(None);
+                    sets.len() - 1
+                });
+                if sets[g].is_none() {
+                    let pool = tier.pools.get(s / per_pool).cloned().ok_or_else(|| {
+                        anyhow!("internal: GPU expert tier slot {s} has no device pool")
+                    })?;
+                    sets[g] = Some(pool);
+                }
+                place.push((g, (s % per_pool) as u32));
+                continue;
+            }
+            let w = ex.weights.as_ref().ok_or_else(|| {
+                anyhow!(
+                    "moe: {} has no host weights and is not resident in the GPU expert tier; pin it with pin_resident_experts before the layer runs",
+                    name(ex)
+                )
+            })?;
+            let g = match transient_group {
+                Some(g) if transient.last().is_some_and(|b| b.len() / 2 < per_batch) => g,
+                _ => {
+                    sets.push(None);
+                    transient.push(Vec::new());
+                    transient_down.push(Vec::new());
+                    transient_group = Some(sets.len() - 1);
+                    sets.len() - 1
+                }
+            };
+            let (Some(up), Some(down)) = (transient.last_mut(), transient_down.last_mut()) else {
+                bail!("internal: no transient arena open");
+            };
+            place.push((g, down.len() as u32));
+            up.extend([w.w1, w.w3]);
+            down.push(w.w2);
+        }
+        drop(tier);
+        // Transient arenas fill the groups left empty, in the order they were opened.
+        let mut tb = transient.iter().zip(&transient_down);
+        for set in sets.iter_mut().filter(|s| s.is_none()) {
+            let Some((up, down)) = tb.next() else {
+                bail!("internal: a MoE arena group has no buffers");
+            };
+            *set = Some(ArenaSet {
+                up: self.arena(up)?,
+                down: self.arena(down)?,
+            });
+        }
+        let sets: Vec<ArenaSet> = sets.into_iter().flatten().collect();
+        let rt = build_routing(experts, z.rows, &place, sets.len())?;
         if rt.pairs == 0 {
             return Ok(());
         }
@@ -260,28 +456,13 @@ impl GpuBackend {
             .buffer((rt.pairs * 2 * i * 4) as u64, "moe gate|up");
         let act = self.alloc(rt.pairs, i);
         let ypair = self.ctx.buffer((rt.pairs * d * 4) as u64, "moe expert out");
-        let mut down = Vec::with_capacity(batches.len());
-        for (b, &items) in batches.iter().zip(&rt.batch_items) {
-            let up = self.arena(
-                &experts[b.clone()]
-                    .iter()
-                    .map(|e| vec![e.weights.w1, e.weights.w3])
-                    .collect::<Vec<_>>(),
-            )?;
-            self.mxfp4_batched(&up, &z.buf, &h, &rtb, 2 * i, d, rt.tok_map, items);
-            down.push(
-                self.arena(
-                    &experts[b.clone()]
-                        .iter()
-                        .map(|e| vec![e.weights.w2])
-                        .collect::<Vec<_>>(),
-                )?,
-            );
+        for (set, &items) in sets.iter().zip(&rt.group_items) {
+            self.mxfp4_batched(&set.up, &z.buf, &h, &rtb, 2 * i, d, rt.tok_map, items);
         }
         let iu = i as u32;
         self.glu_strided(&h, &h, &act, glu, (2 * iu, 2 * iu, iu));
-        for (arena, &items) in down.iter().zip(&rt.batch_items) {
-            self.mxfp4_batched(arena, &act.buf, &ypair, &rtb, d, i, rt.id_map, items);
+        for (set, &items) in sets.iter().zip(&rt.group_items) {
+            self.mxfp4_batched(&set.down, &act.buf, &ypair, &rtb, d, i, rt.id_map, items);
         }
         if !out.is_empty() {
             self.ctx.dispatch(&Dispatch {

@@ -104,7 +104,10 @@ const TEXTS: &[&str] = &[
 #[test]
 fn loads_and_round_trips_like_the_tokenizers_crate() {
     let (_dir, ours, theirs) = load();
-    assert_eq!(ours.num_base_tokens() as usize, theirs.get_vocab_size(false));
+    assert_eq!(
+        ours.num_base_tokens() as usize,
+        theirs.get_vocab_size(false)
+    );
     assert_eq!(ours.vocab_size(), theirs.get_vocab_size(true));
     for text in TEXTS {
         let ids = ours.encode(text);
@@ -116,7 +119,10 @@ fn loads_and_round_trips_like_the_tokenizers_crate() {
     // The learned merges are in use: "hello" is one token, not five bytes.
     assert_eq!(ours.encode("hello").len(), 1);
     assert_eq!(ours.encode(" 你好").len(), 1);
-    assert_eq!(ours.token_bytes(ours.encode("😀")[0]).unwrap(), "😀".as_bytes());
+    assert_eq!(
+        ours.token_bytes(ours.encode("😀")[0]).unwrap(),
+        "😀".as_bytes()
+    );
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 pub mod bpe;
 pub mod chat;
+pub mod hf_json;
 pub mod special;
 pub mod stream_decode;
 pub mod synthetic;
@@ -19,30 +20,38 @@ pub use chat::{
 pub use stream_decode::StreamDecoder;
 
 /// A snapshot's tokenizer: rank BPE from `tiktoken.model` plus the added tokens of
-/// `tokenizer_config.json`. Ids `0..n_base` are BPE ranks; the rest are special.
+/// `tokenizer_config.json` (ids `0..n_base` are BPE ranks, the rest special), or a
+/// byte-level BPE `tokenizer.json` whose added tokens are the specials.
 pub struct Tokenizer {
-    bpe: bpe::RankBpe,
-    /// Bytes of every id: the rank bytes, then the special names.
+    encoder: Encoder,
+    /// Bytes of every id: BPE token bytes, or the name of a special token.
     tokens: Vec<Vec<u8>>,
+    /// Which ids are special (added) tokens.
+    special: Vec<bool>,
     n_base: u32,
     special_ids: HashMap<String, u32>,
 }
 
+/// Where encoding runs; decoding always goes through `Tokenizer::tokens`.
+enum Encoder {
+    Tiktoken(bpe::RankBpe),
+    HfJson(Box<hf_json::HfTokenizer>),
+}
+
 impl Tokenizer {
-    /// Loads `tiktoken.model` and `tokenizer_config.json` from a snapshot directory.
+    /// Loads a snapshot directory's tokenizer: `tiktoken.model` with
+    /// `tokenizer_config.json` when present, else a byte-level BPE `tokenizer.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let model = dir.join("tiktoken.model");
         let config = dir.join("tokenizer_config.json");
         if !model.is_file() {
-            if dir.join("tokenizer.json").is_file() {
-                bail!(
-                    "{} has a tokenizer.json but no tiktoken.model; only Kimi's tiktoken \
-                     format is supported (tokenizer.json loading is not built in)",
-                    dir.display()
-                );
+            let json = dir.join("tokenizer.json");
+            if json.is_file() {
+                return Self::from_hf_json(&json);
             }
             bail!(
-                "{} has no tiktoken.model; point at a Kimi snapshot directory",
+                "{} has no tiktoken.model and no tokenizer.json; point at a model snapshot \
+                 directory that ships one of them",
                 dir.display()
             );
         }
@@ -82,22 +91,66 @@ impl Tokenizer {
             .collect();
         let mut tokens = ranks;
         tokens.extend(names.into_iter().map(String::into_bytes));
+        let special = (0..tokens.len()).map(|i| i >= n_base as usize).collect();
         Ok(Self {
-            bpe,
+            encoder: Encoder::Tiktoken(bpe),
             tokens,
+            special,
             n_base,
             special_ids,
         })
     }
 
+    /// Loads a byte-level BPE `tokenizer.json`; its added tokens are the special tokens.
+    pub fn from_hf_json(path: &Path) -> Result<Self> {
+        let parts = hf_json::from_file(path)?;
+        Ok(Self {
+            encoder: Encoder::HfJson(Box::new(parts.encoder)),
+            tokens: parts.tokens,
+            special: parts.special,
+            n_base: parts.n_base,
+            special_ids: parts.special_ids,
+        })
+    }
+
     /// Encodes ordinary text; special-token strings in it stay ordinary text.
+    ///
+    /// # Panics
+    /// With a `tokenizer.json` tokenizer, if the `tokenizers` pipeline itself fails
+    /// (e.g. a pre-tokenizer regex exceeds its backtrack limit); use [`Self::try_encode`]
+    /// to get that as an error. tiktoken encoding cannot fail.
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        self.bpe.encode_ordinary(text)
+        match self.try_encode(text) {
+            Ok(ids) => ids,
+            Err(e) => panic!("{e:#}"),
+        }
     }
 
     /// Encodes text in which special-token strings (`<|open|>`, `[BOS]`, ...) become their ids.
+    ///
+    /// # Panics
+    /// As [`Self::encode`]; [`Self::try_encode_with_special`] returns the error instead.
     pub fn encode_with_special(&self, text: &str) -> Vec<u32> {
-        self.bpe.encode_with_special(text)
+        match self.try_encode_with_special(text) {
+            Ok(ids) => ids,
+            Err(e) => panic!("{e:#}"),
+        }
+    }
+
+    /// [`Self::encode`] that reports a failing `tokenizer.json` pipeline as an error.
+    pub fn try_encode(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.encoder {
+            Encoder::Tiktoken(bpe) => Ok(bpe.encode_ordinary(text)),
+            Encoder::HfJson(hf) => hf.encode_ordinary(text),
+        }
+    }
+
+    /// [`Self::encode_with_special`] that reports a failing `tokenizer.json` pipeline as an error.
+    pub fn try_encode_with_special(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.encoder {
+            Encoder::Tiktoken(bpe) => Ok(bpe.encode_with_special(text)),
+            Encoder::HfJson(hf) => hf.encode_with_special(text),
+        }
     }
 
     /// Decodes ids to text; special tokens appear as their names only when `show_special`.
@@ -141,12 +194,13 @@ impl Tokenizer {
         self.special_ids.get(name).copied()
     }
 
-    /// Whether id is an added token (every id from the end of the BPE ranks on).
+    /// Whether id is an added token (with tiktoken: every id from the end of the BPE ranks on).
     pub fn is_special(&self, id: u32) -> bool {
-        id >= self.n_base && (id as usize) < self.tokens.len()
+        self.special.get(id as usize).copied().unwrap_or(false)
     }
 
-    /// Number of BPE ranks, i.e. the first special id.
+    /// Number of BPE tokens of the model's own vocabulary; with tiktoken also the first
+    /// special id (a `tokenizer.json` may put added tokens anywhere).
     pub fn num_base_tokens(&self) -> u32 {
         self.n_base
     }

@@ -128,7 +128,7 @@ fn chat_loop<B: Backend>(
         history.push(Message::user(line.to_string()));
         let mut msgs: Vec<Message> = system.iter().map(|s| Message::system(s.clone())).collect();
         msgs.extend(history.iter().cloned());
-        let ids = tok.encode_with_special(&render_chat(&msgs, true, thinking));
+        let ids = tok.try_encode_with_special(&render_chat(&msgs, true, thinking))?;
         let before = session.tokens().len();
         let fed = session.sync_to(&ids)?;
         if before > 0 && fed == ids.len() {

@@ -253,10 +253,10 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
                 msgs.push(Message::system(s.clone()));
             }
             msgs.push(Message::user(t.clone()));
-            tk.encode_with_special(&render_chat(&msgs, true, thinking))
+            tk.try_encode_with_special(&render_chat(&msgs, true, thinking))?
         }
-        (None, Some(t), Some(tk)) => tk.encode(t),
-        (None, None, Some(tk)) if a.demo => tk.encode("Once upon a time"),
+        (None, Some(t), Some(tk)) => tk.try_encode(t)?,
+        (None, None, Some(tk)) if a.demo => tk.try_encode("Once upon a time")?,
         _ => bail!("give a prompt: text (k3 run MODEL \"text\") or token ids (--ids \"1,2,3\")"),
     };
     let mut output = match &tok {

@@ -49,9 +49,9 @@ pub fn tokenize(a: TokenizeArgs) -> Result<()> {
         Some(t) => t.to_string(),
     };
     let ids = if a.special {
-        tok.encode_with_special(&text)
+        tok.try_encode_with_special(&text)?
     } else {
-        tok.encode(&text)
+        tok.try_encode(&text)?
     };
     if a.json {
         let items: Vec<serde_json::Value> = ids

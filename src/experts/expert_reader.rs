@@ -120,6 +120,10 @@ pub(crate) mod tests_support {
 
     /// An expert with no bytes, for cache-policy tests.
     pub fn fake_expert(id: u32) -> std::sync::Arc<LoadedExpert> {
-        std::sync::Arc::new(LoadedExpert { id, buf: AlignedBuf::new(0), parts: Default::default() })
+        std::sync::Arc::new(LoadedExpert {
+            id,
+            buf: AlignedBuf::new(0),
+            parts: Default::default(),
+        })
     }
 }

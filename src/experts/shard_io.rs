@@ -257,10 +257,20 @@ mod tests {
         let (f, data) = pattern_file(3 * IO_ALIGN + 123);
         for mode in [IoMode::Direct, IoMode::Buffered] {
             let io = ShardIo::new(mode);
-            for r in [0..10u64, 4090..4200, 5000..8192, (3 * IO_ALIGN as u64)..(3 * IO_ALIGN as u64 + 123), 1..12411] {
+            for r in [
+                0..10u64,
+                4090..4200,
+                5000..8192,
+                (3 * IO_ALIGN as u64)..(3 * IO_ALIGN as u64 + 123),
+                1..12411,
+            ] {
                 let (buf, off) = io.read(f.path(), &r).unwrap();
                 let len = (r.end - r.start) as usize;
-                assert_eq!(&buf[off..off + len], &data[r.start as usize..r.end as usize], "{mode:?} {r:?}");
+                assert_eq!(
+                    &buf[off..off + len],
+                    &data[r.start as usize..r.end as usize],
+                    "{mode:?} {r:?}"
+                );
             }
         }
     }
@@ -269,7 +279,9 @@ mod tests {
     fn reading_past_the_end_names_file_and_offset() {
         let (f, _) = pattern_file(5000);
         for mode in [IoMode::Direct, IoMode::Buffered] {
-            let e = ShardIo::new(mode).read(f.path(), &(4000..9000)).unwrap_err();
+            let e = ShardIo::new(mode)
+                .read(f.path(), &(4000..9000))
+                .unwrap_err();
             let msg = format!("{e:#}");
             assert!(msg.contains(&f.path().display().to_string()), "{msg}");
             assert!(msg.contains("ends at offset 5000"), "{mode:?}: {msg}");

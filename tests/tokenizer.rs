@@ -240,3 +240,14 @@ proptest! {
         prop_assert_eq!(streamed, whole);
     }
 }
+
+#[test]
+fn synthetic_writer_fills_a_release_sized_vocabulary() {
+    let dir = tempfile::tempdir().unwrap();
+    write_synthetic_tokenizer(dir.path(), 163840, 163584, 163586, 163839).unwrap();
+    let t = Tokenizer::from_dir(dir.path()).unwrap();
+    assert_eq!(t.vocab_size(), 163840);
+    assert_eq!(t.special_id("<|end_of_msg|>"), Some(163586));
+    let text = "Kimi K3 streams experts: 你好 🙂";
+    assert_eq!(t.decode(&t.encode(text), false).unwrap(), text);
+}

@@ -210,7 +210,13 @@ fn learn_ranks(n_ranks: usize) -> Result<Vec<Vec<u8>>> {
     let spaces = (2..=16).map(|n| " ".repeat(n));
     let ascii_pairs = (0x20u8..0x7f)
         .flat_map(|a| (0x20u8..0x7f).map(move |b| String::from_utf8_lossy(&[a, b]).into_owned()));
-    for filler in digits.chain(spaces).chain(ascii_pairs) {
+    // Triples give the release-sized vocabulary (163,584 BPE ranks) of `k3-slice`.
+    let ascii_triples = (0x20u8..0x7f).flat_map(|a| {
+        (0x20u8..0x7f).flat_map(move |b| {
+            (0x20u8..0x7f).map(move |c| String::from_utf8_lossy(&[a, b, c]).into_owned())
+        })
+    });
+    for filler in digits.chain(spaces).chain(ascii_pairs).chain(ascii_triples) {
         if vocab.len() >= n_ranks {
             break;
         }

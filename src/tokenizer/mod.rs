@@ -34,7 +34,7 @@ pub struct Tokenizer {
 
 /// Where encoding runs; decoding always goes through `Tokenizer::tokens`.
 enum Encoder {
-    Tiktoken(bpe::RankBpe),
+    Tiktoken(Box<bpe::RankBpe>),
     HfJson(Box<hf_json::HfTokenizer>),
 }
 
@@ -93,7 +93,7 @@ impl Tokenizer {
         tokens.extend(names.into_iter().map(String::into_bytes));
         let special = (0..tokens.len()).map(|i| i >= n_base as usize).collect();
         Ok(Self {
-            encoder: Encoder::Tiktoken(bpe),
+            encoder: Encoder::Tiktoken(Box::new(bpe)),
             tokens,
             special,
             n_base,

@@ -48,3 +48,16 @@ pub fn mla_inputs(d: &MlaDims, q: Shape, c: Shape) -> Result<()> {
     );
     Ok(())
 }
+
+/// The MoE accumulator must have the latent's shape.
+pub fn moe_accumulator(acc: Shape, z: Shape) -> Result<()> {
+    ensure!(
+        acc == z,
+        "moe: accumulator is {}x{}, latent is {}x{}",
+        acc.0,
+        acc.1,
+        z.0,
+        z.1
+    );
+    Ok(())
+}

@@ -13,13 +13,7 @@ pub fn moe_accumulate(
     g: Glu,
 ) -> Result<()> {
     let d = z.cols;
-    ensure!(
-        acc.rows == z.rows && acc.cols == d,
-        "moe: accumulator is {}x{}, latent is {}x{d}",
-        acc.rows,
-        acc.cols,
-        z.rows
-    );
+    crate::backend::shape_checks::moe_accumulator((acc.rows, acc.cols), (z.rows, z.cols))?;
     let out = &mut acc.data;
     for ex in experts {
         let w = ex.weights.as_ref().ok_or_else(|| {

@@ -303,13 +303,7 @@ impl GpuBackend {
         glu: Glu,
     ) -> Result<()> {
         let d = z.cols;
-        ensure!(
-            out.rows == z.rows && out.cols == d,
-            "moe: accumulator is {}x{}, latent is {}x{d}",
-            out.rows,
-            out.cols,
-            z.rows
-        );
+        crate::backend::shape_checks::moe_accumulator((out.rows, out.cols), (z.rows, z.cols))?;
         if experts.is_empty() {
             return Ok(());
         }

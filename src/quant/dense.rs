@@ -165,13 +165,7 @@ impl DenseMatrix {
 
     /// The whole matrix as row-major f32.
     pub fn dequantize(&self) -> Vec<f32> {
-        let mut out = vec![0f32; self.rows * self.cols];
-        if self.cols > 0 {
-            for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
-                self.dequantize_row(r, row);
-            }
-        }
-        out
+        with_rows!(self, src => kernel::dequantize(&src))
     }
 
     /// `y = x · Wᵀ` for `x: [n, cols]`, `y: [n, rows]` (row-major, y overwritten); each

@@ -12,6 +12,18 @@ const BLOCK_ROWS: usize = 8;
 const LANES: usize = 16;
 
 /// A matrix whose rows can be produced as f32, one at a time.
+/// The whole matrix of a row source as row-major f32.
+pub(crate) fn dequantize(src: &impl RowSource) -> Vec<f32> {
+    let cols = src.cols();
+    let mut out = vec![0f32; src.rows() * cols];
+    if cols > 0 {
+        for (r, row) in out.chunks_exact_mut(cols).enumerate() {
+            src.decode(r, row);
+        }
+    }
+    out
+}
+
 pub(crate) trait RowSource: Sync {
     /// Output dimension.
     fn rows(&self) -> usize;

@@ -91,13 +91,7 @@ impl<'a> Mxfp4View<'a> {
 
     /// The whole matrix as row-major f32.
     pub fn dequantize(&self) -> Vec<f32> {
-        let mut out = vec![0f32; self.rows * self.cols];
-        if self.cols > 0 {
-            for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
-                self.dequantize_row(r, row);
-            }
-        }
-        out
+        kernel::dequantize(self)
     }
 
     /// x: [n, cols] row-major, y: [n, rows] row-major (overwritten). Decodes each weight row

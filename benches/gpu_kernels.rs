@@ -10,7 +10,7 @@ use k3::backend::gpu::context::Dispatch;
 use k3::backend::gpu::shaders::Shader;
 use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
 use k3::backend::{
-    Backend, ExpertAssignment, ExpertWeights, Glu, KdaDims, KdaStepInputs, KdaStepWeights,
+    Backend, ExpertAssignment, ExpertKey, ExpertWeights, Glu, KdaDims, KdaStepInputs, KdaStepWeights,
     MlaAttnWeights, MlaDims,
 };
 use k3::quant::{DenseData, DenseMatrix, Mxfp4View};
@@ -146,15 +146,31 @@ fn dense(rng: &mut StdRng, rows: usize, cols: usize, bits: u32) -> DenseMatrix {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "quick");
-    // The default matvec geometry runs every kernel; the others only the matvecs they change.
-    let shapes = [(32, 4), (32, 1), (32, 2), (16, 2), (8, 4)];
-    for (i, &(lanes_per_row, rows_per_lane)) in shapes.iter().enumerate() {
+    // The default matvec geometry and decode run every kernel; the others only the matvecs
+    // they change. (lanes per row, rows per lane, decode variant; None = the default.)
+    // (lanes per row, rows per lane, decode variant (None = default), pipelined, unchecked)
+    let shapes: &[(u32, u32, Option<u32>, bool, bool)] = &[
+        (32, 4, None, true, false),
+        (32, 4, Some(0), true, false),
+        (32, 4, Some(2), true, false),
+        (32, 4, None, false, false),
+        (32, 4, None, true, true),
+        (16, 4, None, true, false),
+        (32, 8, None, true, false),
+        (32, 2, None, true, false),
+    ];
+    for (i, &(lanes_per_row, rows_per_lane, decode, pipelined, unchecked)) in
+        shapes.iter().enumerate()
+    {
         let opts = GpuOptions {
             adapter: std::env::var("K3_ADAPTER").ok(),
             allow_cpu_adapter: true,
             matvec: Some(MatvecShape {
                 lanes_per_row,
                 rows_per_lane,
+                decode,
+                pipelined,
+                unchecked,
             }),
             ..Default::default()
         };
@@ -166,7 +182,8 @@ fn main() {
             }
         };
         println!(
-            "\n== matvec geometry: {lanes_per_row} lanes per row, {rows_per_lane} rows per lane =="
+            "\n== matvec geometry: {lanes_per_row} lanes per row, {rows_per_lane} rows per lane, decode {}, pipelined {pipelined}, unchecked {unchecked} ==",
+            decode.map_or("default".to_string(), |d| d.to_string())
         );
         run(&g, quick, i == 0);
     }
@@ -196,7 +213,7 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
     // MXFP4: one expert's w1, then 16 experts x 1 token through the whole batched MoE.
     let (p1, s1) = mxfp4(&mut rng, i, d);
     let w1 = Mxfp4View::new(i, d, &p1, &s1).unwrap();
-    for n in [1usize, 8] {
+    for &n in if all { &[1usize, 8][..] } else { &[1usize][..] } {
         let x = g.upload(&vec![0.5; n * d], n, d).unwrap();
         let secs = t.time(|| {
             g.matmul_mxfp4(w1, &x).unwrap();
@@ -208,6 +225,20 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
             secs,
         );
     }
+    // The batched kernel alone at the size of 16 experts' gate and up matrices (one
+    // dispatch over 16 × 2 × 3072 rows): what the MoE's largest pass costs.
+    let (pb, sb) = mxfp4(&mut rng, 32 * i, d);
+    let wb = Mxfp4View::new(32 * i, d, &pb, &sb).unwrap();
+    let x1 = g.upload(&vec![0.5; d], 1, d).unwrap();
+    let secs = t.time(|| {
+        g.matmul_mxfp4(wb, &x1).unwrap();
+    });
+    report(
+        &t,
+        &format!("mxfp4 matvec {}x{d} (16 experts' w1|w3), 1 token", 32 * i),
+        (pb.len() + sb.len()) as u64,
+        secs,
+    );
     let experts_bytes: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..16)
         .map(|_| {
             [
@@ -222,41 +253,72 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
     } else {
         &[(16, 1)]
     };
+    fn views(m: &[(Vec<u8>, Vec<u8>); 3], i: usize, d: usize) -> ExpertWeights<'_> {
+        ExpertWeights {
+            w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
+            w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
+            w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
+        }
+    }
+    let glu = Glu::Situ {
+        beta: 10.0,
+        linear_beta: 10.0,
+    };
     for &(ne, tokens) in moe_cases {
         let z = g.upload(&vec![0.25; tokens * d], tokens, d).unwrap();
-        let assign: Vec<ExpertAssignment<'_>> = experts_bytes[..ne]
-            .iter()
-            .map(|m| ExpertAssignment {
-                key: None,
-                weights: Some(ExpertWeights {
-                    w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
-                    w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
-                    w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
-                }),
-                tokens: (0..tokens).map(|r| (r, 0.1)).collect(),
-            })
-            .collect();
         let bytes: u64 = experts_bytes[..ne]
             .iter()
             .flatten()
             .map(|(p, s)| (p.len() + s.len()) as u64)
             .sum();
+        // Resident in the VRAM tier (the decode case that matters): the first call uploads,
+        // the timed ones only compute.
+        g.configure_expert_tier(bytes, ne, i, d).unwrap();
+        let assign = |resident: bool| -> Vec<ExpertAssignment<'_>> {
+            experts_bytes[..ne]
+                .iter()
+                .enumerate()
+                .map(|(e, m)| ExpertAssignment {
+                    key: Some(ExpertKey {
+                        layer: 1,
+                        id: e as u32,
+                    }),
+                    weights: (!resident).then(|| views(m, i, d)),
+                    tokens: (0..tokens).map(|r| (r, 0.1)).collect(),
+                })
+                .collect()
+        };
         let mut acc = g.zeros(tokens, d).unwrap();
+        g.moe_accumulate(&mut acc, &z, &assign(false), glu).unwrap();
+        let resident = assign(true);
         let secs = t.time(|| {
-            g.moe_accumulate(
-                &mut acc,
-                &z,
-                &assign,
-                Glu::Situ {
-                    beta: 10.0,
-                    linear_beta: 10.0,
-                },
-            )
-            .unwrap();
+            g.moe_accumulate(&mut acc, &z, &resident, glu).unwrap();
         });
         report(
             &t,
-            &format!("moe batched: {ne} experts x {tokens} token(s)"),
+            &format!("moe resident: {ne} experts x {tokens} token(s)"),
+            bytes,
+            secs,
+        );
+        if !all {
+            continue;
+        }
+        // Uploaded from host memory on every call (experts not in the tier).
+        g.configure_expert_tier(0, 0, i, d).unwrap();
+        let transient: Vec<ExpertAssignment<'_>> = experts_bytes[..ne]
+            .iter()
+            .map(|m| ExpertAssignment {
+                key: None,
+                weights: Some(views(m, i, d)),
+                tokens: (0..tokens).map(|r| (r, 0.1)).collect(),
+            })
+            .collect();
+        let secs = t.time(|| {
+            g.moe_accumulate(&mut acc, &z, &transient, glu).unwrap();
+        });
+        report(
+            &t,
+            &format!("moe uploaded: {ne} experts x {tokens} token(s)"),
             bytes,
             secs,
         );
@@ -272,7 +334,7 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
         let (rows, cols) = (s(rows, rows / 16), s(cols, 512));
         for bits in [4u32, 8] {
             let m = g.load_matrix(dense(&mut rng, rows, cols, bits)).unwrap();
-            for n in [1usize, 32] {
+            for &n in if all { &[1usize, 32][..] } else { &[1usize][..] } {
                 let x = g.upload(&vec![0.5; n * cols], n, cols).unwrap();
                 let secs = t.time(|| {
                     g.matmul(&m, &x).unwrap();

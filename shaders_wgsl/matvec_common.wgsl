@@ -1,12 +1,20 @@
 // The matvec/matmul driver every weight format shares. A workgroup owns WG/LPR lane groups
 // of RPL consecutive output rows each, for one token: each lane walks its rows in 16-byte
-// weight units (LPR lanes side by side, so a row is read in coalesced strips) and
-// `unit_dot` (from the format file) decodes a unit straight into the dot product; then
-// the lanes of a group reduce. The format file defines UV (vec4s per unit), `unit_dot`,
-// and `Unit`/`load_unit` where a scalar path needs whole units.
+// weight units (LPR lanes side by side, so a row is read in coalesced strips). Per unit the
+// lane loads its slice of x once (`load_x`, from the format file) and `unit_dot` decodes
+// each of the RPL rows' unit straight into a dot product with it; then the lanes of a group
+// reduce. On the H200 every format runs at about the same number of columns per clock
+// whatever its decode (docs/perf.md), so the kernels are bound by per-column work, not bytes.
+// The format file defines `WU` (a unit of one row, with its scale) and `load_w`, `XU` and
+// `load_x`, and `unit_dot(WU, XU)`.
 
 override LPR: u32 = 32u;
-override RPL: u32 = 2u;
+override RPL: u32 = 4u;
+// Decode variant: 0 = convert through the hardware's int/half-to-float instructions,
+// 1 = the default (int formats: bit placement, no conversions), 2 = a format's alternative.
+override DEC: u32 = 1u;
+// 1: software-pipelined loop (next unit's weights loaded before this one is used).
+override PIPE: u32 = 1u;
 
 struct MvParams {
     rows: u32,
@@ -27,27 +35,108 @@ struct MvParams {
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 
-// Each lane keeps RPL scalar sums, with no arrays that a driver might leave in memory
-// (measured: a TOK × RPL accumulator array ran 10-50x slower on the H200).
+// A lane's RPL row sums live in two vec4s, and its RPL weight units in named fields: no
+// dynamically indexed arrays, which a driver might leave in memory (measured: a TOK × RPL
+// accumulator array ran 10-50x slower on the H200).
+struct Acc {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+struct W8 {
+    w0: WU,
+    w1: WU,
+    w2: WU,
+    w3: WU,
+    w4: WU,
+    w5: WU,
+    w6: WU,
+    w7: WU,
+}
+
+// Unit u of rows wrow .. wrow + RPL - 1 (rows past `last` repeat the last one).
+fn load_w8(wrow: u32, last: u32, u: u32) -> W8 {
+    var r: W8;
+    r.w0 = load_w(wrow, u);
+    if (RPL > 1u) {
+        r.w1 = load_w(wrow + min(1u, last), u);
+    }
+    if (RPL > 2u) {
+        r.w2 = load_w(wrow + min(2u, last), u);
+    }
+    if (RPL > 3u) {
+        r.w3 = load_w(wrow + min(3u, last), u);
+    }
+    if (RPL > 4u) {
+        r.w4 = load_w(wrow + min(4u, last), u);
+    }
+    if (RPL > 5u) {
+        r.w5 = load_w(wrow + min(5u, last), u);
+    }
+    if (RPL > 6u) {
+        r.w6 = load_w(wrow + min(6u, last), u);
+    }
+    if (RPL > 7u) {
+        r.w7 = load_w(wrow + min(7u, last), u);
+    }
+    return r;
+}
+
+fn step(acc: Acc, w: W8, xv: XU) -> Acc {
+    var r = acc;
+    r.a.x += unit_dot(w.w0, xv);
+    if (RPL > 1u) {
+        r.a.y += unit_dot(w.w1, xv);
+    }
+    if (RPL > 2u) {
+        r.a.z += unit_dot(w.w2, xv);
+    }
+    if (RPL > 3u) {
+        r.a.w += unit_dot(w.w3, xv);
+    }
+    if (RPL > 4u) {
+        r.b.x += unit_dot(w.w4, xv);
+    }
+    if (RPL > 5u) {
+        r.b.y += unit_dot(w.w5, xv);
+    }
+    if (RPL > 6u) {
+        r.b.z += unit_dot(w.w6, xv);
+    }
+    if (RPL > 7u) {
+        r.b.w += unit_dot(w.w7, xv);
+    }
+    return r;
+}
+
+// x is read straight from global memory (it stays in L1/L2: every row of the workgroup
+// reads the same slice). Staging it in workgroup memory with a bank skew was measured on the
+// H200 and did not help (docs/perf.md).
+fn xv4(i: u32) -> vec4<f32> {
+    return x[i];
+}
+
 fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {
-    var a0 = 0.0;
-    var a1 = 0.0;
-    var a2 = 0.0;
-    var a3 = 0.0;
+    var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
     let last = nrows - 1u;
-    for (var u = lane; u < p.units; u += LPR) {
-        a0 += unit_dot(wrow, u, xb);
-        if (RPL > 1u) {
-            a1 += unit_dot(wrow + min(1u, last), u, xb);
+    if (PIPE == 0u) {
+        for (var u = lane; u < p.units; u += LPR) {
+            acc = step(acc, load_w8(wrow, last, u), load_x(xb + u * UV));
         }
-        if (RPL > 2u) {
-            a2 += unit_dot(wrow + min(2u, last), u, xb);
-        }
-        if (RPL > 3u) {
-            a3 += unit_dot(wrow + min(3u, last), u, xb);
+    } else {
+        // The next unit's weights are requested before this unit is computed, so every
+        // lane keeps two units of loads in flight instead of waiting on each in turn.
+        var u = lane;
+        var cur = load_w8(wrow, last, min(u, p.units - 1u));
+        while (u < p.units) {
+            let un = u + LPR;
+            let nxt = load_w8(wrow, last, min(un, p.units - 1u));
+            acc = step(acc, cur, load_x(xb + u * UV));
+            cur = nxt;
+            u = un;
         }
     }
-    let sums = array<f32, 4>(a0, a1, a2, a3);
+    let sums = array<f32, 8>(acc.a.x, acc.a.y, acc.a.z, acc.a.w, acc.b.x, acc.b.y, acc.b.z, acc.b.w);
     for (var r = 0u; r < RPL; r++) {
         let s = seg_sum(sums[r], LPR);
         if (lane == 0u && r < valid) {

@@ -2,17 +2,24 @@
 
 @group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
 
+struct XU {
+    x0: vec4<f32>,
+}
+
 const UV: u32 = 1u;
 
-struct Unit {
-    v: array<vec4<f32>, UV>,
-    s: f32,
+fn load_x(b: u32) -> XU {
+    return XU(xv4(b));
 }
 
-fn load_unit(wrow: u32, u: u32) -> Unit {
-    return Unit(array<vec4<f32>, UV>(w[wrow * p.units + u]), 1.0);
+struct WU {
+    q: vec4<f32>,
 }
 
-fn unit_dot(wrow: u32, u: u32, xb: u32) -> f32 {
-    return dot(w[wrow * p.units + u], x[xb + u]);
+fn load_w(wrow: u32, u: u32) -> WU {
+    return WU(w[wrow * p.units + u]);
+}
+
+fn unit_dot(wu: WU, xv: XU) -> f32 {
+    return dot(wu.q, xv.x0);
 }

@@ -2,82 +2,111 @@
 // 32 columns, decoded here and never on the host. A unit is one scale block: 32 columns in
 // one vec4<u32>. E8M0 is the f32 with bit pattern s << 23 (s = 0 gives 0, s = 255 gives
 // +inf), exactly as the CPU decodes it.
+//
+// Two exact decodes (DEC; measured on the H200 in docs/perf.md, a workgroup-memory table
+// lost to both):
+// 0, 1 (default): two nibbles become one f16 pair by bit placement, widened by
+//    `unpack2x16float`;
+// 2: the magnitude bits placed across the f32 exponent/mantissa boundary give
+//    B = 2^(e-3)(1 + m/2); value/4 = min(B, 2B - 1/4) covers the subnormal code e = 0, and
+//    the sign is ORed in (no conversion instructions, more integer ops).
 
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> scales: array<u32>;
 @group(0) @binding(5) var<storage, read> rt: array<u32>;
 
-const UV: u32 = 8u;
-
-struct Unit {
-    v: array<vec4<f32>, UV>,
-    s: f32,
+struct XU {
+    x0: vec4<f32>,
+    x1: vec4<f32>,
+    x2: vec4<f32>,
+    x3: vec4<f32>,
+    x4: vec4<f32>,
+    x5: vec4<f32>,
+    x6: vec4<f32>,
+    x7: vec4<f32>,
 }
 
-// Two nibbles become one f16 pair by moving the magnitude bits to the f16 exponent and
-// mantissa (and the sign to bit 15): the f16 value is the E2M1 value times 2^-14, exactly,
-// code 1 landing on the f16 subnormal 2^-15. Nibbles j and j + 4 of the word share a pair.
+const E2M1: array<f32, 16> = array<f32, 16>(
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+    -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+);
+
+const UV: u32 = 8u;
+
+fn load_x(b: u32) -> XU {
+    return XU(xv4(b), xv4(b + 1u), xv4(b + 2u), xv4(b + 3u), xv4(b + 4u), xv4(b + 5u), xv4(b + 6u), xv4(b + 7u));
+}
+
+// DEC 0/1. The f16 value is the E2M1 value times 2^-14, exactly (code 1 lands on the f16
+// subnormal 2^-15). Nibbles j and j + 4 of the word share a pair.
 fn pair(q: u32, j: u32) -> vec2<f32> {
     let n = q >> (4u * j);
     return unpack2x16float(((n & 0x00070007u) << 9u) | ((n & 0x00080008u) << 12u));
 }
 
-// Columns 0..3 (first vec4) and 4..7 (second) of one word.
-fn word(q: u32) -> array<vec4<f32>, 2> {
+fn word_f16(q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
     let a = pair(q, 0u);
-    let b = pair(q, 1u);
-    let c = pair(q, 2u);
-    let d = pair(q, 3u);
-    return array<vec4<f32>, 2>(vec4<f32>(a.x, b.x, c.x, d.x), vec4<f32>(a.y, b.y, c.y, d.y));
+    let c = pair(q, 1u);
+    let e = pair(q, 2u);
+    let g = pair(q, 3u);
+    return dot(vec4<f32>(a.x, c.x, e.x, g.x), xa) + dot(vec4<f32>(a.y, c.y, e.y, g.y), xb);
+}
+
+// DEC 2: value/4 of four nibbles whose magnitude bits `t` already sit at bits 22..24 and
+// whose sign bits `s` sit at bit 31.
+fn quarter4(t: vec4<u32>, s: vec4<u32>) -> vec4<f32> {
+    let b = bitcast<vec4<f32>>((t & vec4<u32>(0x01C00000u)) | vec4<u32>(0x3E000000u));
+    let v = min(b, fma(b, vec4<f32>(2.0), vec4<f32>(-0.25)));
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) | (s & vec4<u32>(0x80000000u)));
+}
+
+fn word_exp(q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let v = vec4<u32>(q);
+    let lo = quarter4(v << vec4<u32>(22u, 18u, 14u, 10u), v << vec4<u32>(28u, 24u, 20u, 16u));
+    let hi = quarter4(vec4<u32>(q << 6u, q << 2u, q >> 2u, q >> 6u), v << vec4<u32>(12u, 8u, 4u, 0u));
+    return dot(lo, xa) + dot(hi, xb);
 }
 
 // 2^14, undoing the f16 placement.
 const F16_BIAS: f32 = 16384.0;
 
-fn load_unit(wrow: u32, u: u32) -> Unit {
-    let q = w[wrow * p.units + u];
+// Columns 4k..4k+3 of a unit as plain E2M1 values.
+fn plain4(q: u32, k: u32) -> vec4<f32> {
+    let n = q >> (16u * k);
+    return vec4<f32>(E2M1[n & 15u], E2M1[(n >> 4u) & 15u], E2M1[(n >> 8u) & 15u], E2M1[(n >> 12u) & 15u]);
+}
+
+struct WU {
+    q: vec4<u32>,
+    s: u32,
+}
+
+// The unit and its scale byte.
+fn load_w(wrow: u32, u: u32) -> WU {
     let si = wrow * p.groups + u;
-    let s = (scales[si >> 2u] >> ((si & 3u) * 8u)) & 0xFFu;
+    return WU(w[wrow * p.units + u], (scales[si >> 2u] >> ((si & 3u) * 8u)) & 0xFFu);
+}
+
+fn unit_dot(wu: WU, xv: XU) -> f32 {
+    let s = wu.s;
+    let q = wu.q;
     let sc = bitcast<f32>(s << 23u);
-    let a = word(q.x);
-    let b = word(q.y);
-    let c = word(q.z);
-    let d = word(q.w);
-    var v = array<vec4<f32>, UV>(a[0], a[1], b[0], b[1], c[0], c[1], d[0], d[1]);
     if (s > 240u) {
-        // Where sc · 2^14 would overflow, and for the +inf scale (a zero nibble then gives
-        // NaN as on the CPU), the scale is applied per element.
-        for (var k = 0u; k < UV; k++) {
-            v[k] = (v[k] * F16_BIAS) * sc;
-        }
-        return Unit(v, 1.0);
+        // Where the scale is huge, and for the +inf scale (a zero nibble then gives NaN as
+        // on the CPU), the scale is applied per element, as the CPU dequantizes.
+        return dot(plain4(q.x, 0u) * sc, xv.x0) + dot(plain4(q.x, 1u) * sc, xv.x1)
+            + dot(plain4(q.y, 0u) * sc, xv.x2) + dot(plain4(q.y, 1u) * sc, xv.x3)
+            + dot(plain4(q.z, 0u) * sc, xv.x4) + dot(plain4(q.z, 1u) * sc, xv.x5)
+            + dot(plain4(q.w, 0u) * sc, xv.x6) + dot(plain4(q.w, 1u) * sc, xv.x7);
     }
-    return Unit(v, sc * F16_BIAS);
-}
-
-fn word_dot(q: u32, b: u32) -> f32 {
-    let a = pair(q, 0u);
-    let c = pair(q, 1u);
-    let e = pair(q, 2u);
-    let g = pair(q, 3u);
-    return dot(vec4<f32>(a.x, c.x, e.x, g.x), x[b]) + dot(vec4<f32>(a.y, c.y, e.y, g.y), x[b + 1u]);
-}
-
-fn unit_dot(wrow: u32, u: u32, xb: u32) -> f32 {
-    let si = wrow * p.groups + u;
-    let s = (scales[si >> 2u] >> ((si & 3u) * 8u)) & 0xFFu;
-    let b = xb + 8u * u;
-    if (s > 240u) {
-        let un = load_unit(wrow, u);
-        var d = 0.0;
-        for (var k = 0u; k < UV; k++) {
-            d += dot(un.v[k], x[b + k]);
-        }
-        return d * un.s;
+    if (DEC != 2u) {
+        let d = word_f16(q.x, xv.x0, xv.x1) + word_f16(q.y, xv.x2, xv.x3) + word_f16(q.z, xv.x4, xv.x5)
+            + word_f16(q.w, xv.x6, xv.x7);
+        return d * (sc * F16_BIAS);
     }
-    let q = w[wrow * p.units + u];
-    let d = word_dot(q.x, b) + word_dot(q.y, b + 2u) + word_dot(q.z, b + 4u) + word_dot(q.w, b + 6u);
-    return d * (bitcast<f32>(s << 23u) * F16_BIAS);
+    let d = word_exp(q.x, xv.x0, xv.x1) + word_exp(q.y, xv.x2, xv.x3) + word_exp(q.z, xv.x4, xv.x5)
+        + word_exp(q.w, xv.x6, xv.x7);
+    return d * (sc * 4.0);
 }
 
 // Batched experts: work item item0 + wg.x = (expert slot, pair, 1) from `rt`, wg.y the row

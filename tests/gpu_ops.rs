@@ -240,12 +240,25 @@ fn dense_matmul_matches_cpu_in_every_format() {
 #[test]
 fn matvec_geometries_other_than_the_default_agree() {
     let mut rng = StdRng::seed_from_u64(10);
-    for (lanes_per_row, rows_per_lane) in [(8, 3), (32, 1), (16, 4)] {
+    // Every decode variant of the quantized formats, under several geometries (rows per
+    // lane up to 8, including counts that leave partial row groups).
+    for (i, (lanes_per_row, rows_per_lane, decode)) in [
+        (8, 3, None),
+        (32, 1, Some(0)),
+        (16, 5, Some(2)),
+        (32, 8, Some(1)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let opts = GpuOptions {
             allow_cpu_adapter: true,
             matvec: Some(MatvecShape {
                 lanes_per_row,
                 rows_per_lane,
+                decode,
+                pipelined: i % 2 == 0,
+                unchecked: i == 1,
             }),
             ..Default::default()
         };
@@ -256,12 +269,21 @@ fn matvec_geometries_other_than_the_default_agree() {
             );
             return;
         };
-        for fmt in [DenseFormat::F32, DenseFormat::Int4] {
+        for fmt in [
+            DenseFormat::F32,
+            DenseFormat::Bf16,
+            DenseFormat::Int8,
+            DenseFormat::Int4,
+        ] {
             for (n, rows, cols) in [(1, 37, 96), (5, 70, 200)] {
                 matmul_case(&g, &mut rng, fmt, n, rows, cols);
             }
         }
-        let (packed, scales) = rand_mxfp4(&mut rng, 45, 128);
+        let (packed, mut scales) = rand_mxfp4(&mut rng, 45, 128);
+        // Some blocks take the per-element path for huge scales in every decode variant.
+        for s in scales.iter_mut().skip(3).step_by(7) {
+            *s = 245;
+        }
         let view = Mxfp4View::new(45, 128, &packed, &scales).unwrap();
         let x = rand_vec(&mut rng, 3 * 128, 1.0);
         let got = g

@@ -40,8 +40,16 @@ pub struct GpuOptions {
 pub struct MatvecShape {
     /// Lanes that share one output row (a power of two ≤ 32).
     pub lanes_per_row: u32,
-    /// Rows each lane group computes together, sharing its loads of x (1..=4).
+    /// Rows each lane group computes together, sharing its loads of x (1..=8).
     pub rows_per_lane: u32,
+    /// Decode variant of the quantized formats (the `DEC` override of the matvec shaders);
+    /// `None` = each shader's default. Benchmarks and tests compare the variants.
+    pub decode: Option<u32>,
+    /// Load the next unit's weights before computing this one (the `PIPE` override).
+    pub pipelined: bool,
+    /// Build the matvec shaders without wgpu's injected bounds checks and loop bounding
+    /// (the driver's robust buffer access still applies); benchmarks measure what it buys.
+    pub unchecked: bool,
 }
 
 impl Default for MatvecShape {
@@ -49,6 +57,9 @@ impl Default for MatvecShape {
         Self {
             lanes_per_row: 32,
             rows_per_lane: 4,
+            decode: None,
+            pipelined: true,
+            unchecked: false,
         }
     }
 }
@@ -161,9 +172,10 @@ impl GpuContext {
         let matvec = opts.matvec.unwrap_or_default();
         if !matvec.lanes_per_row.is_power_of_two()
             || matvec.lanes_per_row > 32
-            || !(1..=4).contains(&matvec.rows_per_lane)
+            || !(1..=8).contains(&matvec.rows_per_lane)
+            || matvec.decode.is_some_and(|d| d > 2)
         {
-            bail!("matvec shape {matvec:?}: lanes per row must be a power of two ≤ 32, rows per lane 1..=4");
+            bail!("matvec shape {matvec:?}: lanes per row must be a power of two ≤ 32, rows per lane 1..=8, decode 0..=2");
         }
         Ok(Self {
             device,
@@ -208,11 +220,23 @@ impl GpuContext {
         let module = modules
             .entry(shader)
             .or_insert_with(|| {
-                self.device
-                    .create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(shader.file()),
-                        source: wgpu::ShaderSource::Wgsl(shader.source(self.subgroups).into()),
-                    })
+                let desc = wgpu::ShaderModuleDescriptor {
+                    label: Some(shader.file()),
+                    source: wgpu::ShaderSource::Wgsl(shader.source(self.subgroups).into()),
+                };
+                if self.matvec.unchecked && shader.is_matvec() {
+                    // SAFETY: the matvec kernels clamp every row index to the matrix and
+                    // every unit index to the row (see matvec_common.wgsl), their loops end
+                    // at uniform bounds, and the buffers are sized from the same shapes.
+                    unsafe {
+                        self.device.create_shader_module_trusted(
+                            desc,
+                            wgpu::ShaderRuntimeChecks::unchecked(),
+                        )
+                    }
+                } else {
+                    self.device.create_shader_module(desc)
+                }
             })
             .clone();
         let mut all: Vec<(&str, f64)> = consts.iter().map(|&(k, v)| (k, f64::from(v))).collect();

@@ -203,9 +203,17 @@ impl GpuBackend {
     }
 
     /// The matvec pipeline overrides.
-    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 2] {
+    pub(super) fn mv_consts(&self) -> Vec<(&'static str, u32)> {
         let m = self.ctx.matvec;
-        [("LPR", m.lanes_per_row), ("RPL", m.rows_per_lane)]
+        let mut c = vec![
+            ("LPR", m.lanes_per_row),
+            ("RPL", m.rows_per_lane),
+            ("PIPE", u32::from(m.pipelined)),
+        ];
+        if let Some(d) = m.decode {
+            c.push(("DEC", d));
+        }
+        c
     }
 
     pub(super) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {

@@ -113,7 +113,8 @@ impl Shader {
         )
     }
 
-    fn is_matvec(self) -> bool {
+    /// Whether the module is one of the matvec family (shares matvec_common.wgsl).
+    pub fn is_matvec(self) -> bool {
         matches!(
             self,
             Shader::MatvecF32
@@ -179,14 +180,30 @@ mod tests {
                 e.emit_to_string(&src)
             )
         });
-        // Overrides must resolve with their defaults, as wgpu resolves them at pipeline time.
-        naga::back::pipeline_constants::process_overrides(
-            &module,
-            &info,
-            None,
-            &Default::default(),
-        )
-        .unwrap_or_else(|e| panic!("{} (subgroups={subgroups}): overrides: {e}", sh.file()));
+        // Overrides must resolve with their defaults, as wgpu resolves them at pipeline time,
+        // and the matvecs with every decode variant and the widest row group.
+        let mut sets = vec![naga::back::PipelineConstants::default()];
+        if sh.is_matvec() {
+            for dec in 0..=2 {
+                sets.push(
+                    [
+                        ("DEC", f64::from(dec)),
+                        ("RPL", 8.0),
+                        ("LPR", 16.0),
+                        ("PIPE", f64::from(dec % 2)),
+                    ]
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), v))
+                        .collect(),
+                );
+            }
+        }
+        for consts in &sets {
+            naga::back::pipeline_constants::process_overrides(&module, &info, None, consts)
+                .unwrap_or_else(|e| {
+                    panic!("{} (subgroups={subgroups}) {consts:?}: overrides: {e}", sh.file())
+                });
+        }
     }
 
     #[test]

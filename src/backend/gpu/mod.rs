@@ -17,6 +17,7 @@ mod norm;
 mod router;
 pub mod select;
 pub mod shaders;
+pub mod vram_budget;
 
 pub use buffers::{GpuAct, GpuKdaState, GpuMlaCache};
 pub use context::{GpuContext, GpuOptions, MatvecShape};

@@ -222,7 +222,14 @@ fn run_k3(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
         .arg(&dir)
         .args(["--ids", "1,2,3", "--ngen", "2", "--quiet"])
         .args(args);
-    for v in ["K3_GPU", "K3_METAL", "K3_VK", "WGPU_BACKEND"] {
+    for v in [
+        "K3_GPU",
+        "K3_METAL",
+        "K3_VK",
+        "WGPU_BACKEND",
+        "K3_GPU_GB",
+        "K3_VK_GB",
+    ] {
         cmd.env_remove(v);
     }
     for (k, v) in env {
@@ -261,6 +268,13 @@ fn cli_prints_the_tier_on_the_gpu_and_the_cpu_ignores_it() {
     let (ok, err) = run_k3(&["--backend", "gpu"], &[("K3_VK_GB", "0")]);
     assert!(ok, "{err}");
     assert!(err.contains("[K3-GPU] expert tier: 0 slots"), "{err}");
+    // No size asked: the line says how the default was decided (free VRAM, or why not).
+    let (ok, err) = run_k3(&["--backend", "gpu"], &[]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("expert tier: ") && err.contains("default"),
+        "{err}"
+    );
     let (ok, err) = run_k3(&["--backend", "cpu"], &[("K3_GPU_GB", "1")]);
     assert!(ok, "{err}");
     assert!(!err.contains("expert tier"), "the CPU has no tier: {err}");

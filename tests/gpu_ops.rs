@@ -4,10 +4,10 @@
 //! except under CI=true where they fail.
 
 use k3::backend::cpu::CpuBackend;
-use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
+use k3::backend::gpu::{vram_budget, GpuBackend, GpuOptions, MatvecShape};
 use k3::backend::{
-    Backend, ExpertAssignment, ExpertKey, ExpertWeights, Glu, KdaDims, KdaStepInputs,
-    KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
+    Backend, ExpertAssignment, ExpertKey, ExpertWeights, FreeDeviceMemory, Glu, KdaDims,
+    KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
 };
 use k3::quant::{DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
@@ -767,5 +767,29 @@ fn mla_attend_matches_cpu_as_the_cache_grows() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn free_vram_query_answers_on_every_adapter() {
+    // Lavapipe has no VRAM of its own: the tier default must report "unknown", not panic;
+    // a real GPU may answer either way (Vulkan with or without VK_EXT_memory_budget).
+    let Some(g) = gpus(None).into_iter().next() else {
+        return;
+    };
+    let info = &g.ctx.info;
+    let raw = vram_budget::reported_free_bytes(&g.ctx.adapter);
+    let free = g.free_device_memory().unwrap();
+    eprintln!(
+        "{} ({:?}, {:?}): driver reports {raw:?} B free device-local, tier default sees {free:?}",
+        info.name, info.backend, info.device_type
+    );
+    match free {
+        // The same query answered a moment ago, without the CPU-type filter.
+        FreeDeviceMemory::Bytes(_) => assert!(raw.is_some()),
+        FreeDeviceMemory::Unknown(why) => assert!(!why.is_empty()),
+    }
+    if info.device_type == wgpu::DeviceType::Cpu {
+        assert!(matches!(free, FreeDeviceMemory::Unknown(_)), "{free:?}");
     }
 }

@@ -12,6 +12,15 @@ pub mod shape_checks;
 use crate::quant::{DenseMatrix, Mxfp4View};
 use anyhow::Result;
 
+/// What a backend can say about its free device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeDeviceMemory {
+    /// Bytes free now.
+    Bytes(u64),
+    /// The backend cannot measure it, and why (for the start-up line).
+    Unknown(&'static str),
+}
+
 /// Shape parameters of one KDA layer, shared by every backend.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KdaDims {
@@ -252,6 +261,13 @@ pub trait Backend {
     /// resident ones are pinned until the next call, so they stay resident while the layer
     /// runs and may be passed to [`Backend::moe_accumulate`] without host weights.
     fn pin_resident_experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>>;
+    /// Device memory free now, after everything allocated so far; it sizes the expert tier
+    /// when no size is asked for. A backend without device memory keeps the default.
+    fn free_device_memory(&self) -> Result<FreeDeviceMemory> {
+        Ok(FreeDeviceMemory::Unknown(
+            "the backend has no device memory",
+        ))
+    }
     /// A `[rows, cols]` activation of zeros.
     fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Act>;
 }

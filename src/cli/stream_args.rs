@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use k3::backend::Backend;
+use k3::backend::{Backend, FreeDeviceMemory};
 use k3::config::{AttnKind, Config};
 use k3::experts::ram_budget::{self, BudgetInputs};
 use k3::experts::{IoMode, StreamConfig};
@@ -30,8 +30,10 @@ pub struct StreamArgs {
     /// 1: keep one expert slot per layer even when the budget says it does not fit.
     #[arg(long, env = "K3_RAM_OVERCOMMIT", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub ram_overcommit: u8,
-    /// VRAM expert tier in GB (1e9 bytes) on the GPU backend; 0 (the default) keeps it off.
-    /// `K3_VK_GB` is read when `K3_GPU_GB` is unset. The CPU backend ignores it.
+    /// VRAM expert tier in GB (1e9 bytes) on the GPU backend; 0 turns it off. Default: the
+    /// free VRAM after loading minus max(2 GB, 10%), or off where the adapter cannot report
+    /// free VRAM (DX12, CPU-type, Vulkan without VK_EXT_memory_budget). `K3_VK_GB` is read
+    /// when `K3_GPU_GB` is unset. The CPU backend ignores it.
     #[arg(long = "gpu-expert-gb", env = "K3_GPU_GB")]
     pub gpu_expert_gb: Option<f64>,
     /// Longest context the MLA cache is budgeted for, in tokens.
@@ -95,45 +97,153 @@ impl StreamArgs {
         Ok(sc)
     }
 
-    /// The tier request in GB: the flag / `K3_GPU_GB`, else `K3_VK_GB`, else 0.
-    fn gpu_tier_gb(&self) -> Result<f64> {
+    /// The tier request in GB: the flag / `K3_GPU_GB`, else `K3_VK_GB`, else `None` (the
+    /// default: sized from free VRAM).
+    fn gpu_tier_gb(&self) -> Result<Option<f64>> {
         let gb = match self.gpu_expert_gb {
             Some(gb) => gb,
             None => match std::env::var("K3_VK_GB") {
                 Ok(v) => v.trim().parse().map_err(|_| {
                     anyhow::anyhow!("K3_VK_GB must be a number of GB >= 0, got {v:?}")
                 })?,
-                Err(_) => 0.0,
+                Err(_) => return Ok(None),
             },
         };
         if !(gb.is_finite() && gb >= 0.0) {
             bail!("K3_GPU_GB / K3_VK_GB / --gpu-expert-gb must be a number of GB >= 0, got {gb}");
         }
-        Ok(gb)
+        Ok(Some(gb))
     }
 
-    /// Sizes the backend's VRAM expert tier and prints `[K3-GPU] expert tier: ...` when
-    /// the backend has one. wgpu cannot report free VRAM, so the tier is only what is asked.
+    /// Sizes the backend's VRAM expert tier (see [`tier_size`]) and prints `[K3-GPU] expert
+    /// tier: ...` when the backend has one.
     fn configure_gpu_tier<B: Backend>(&self, model: &K3Model<B>) -> Result<()> {
-        let gb = self.gpu_tier_gb()?;
+        let asked = self.gpu_tier_gb()?;
         let cfg = &model.ckpt.config;
-        let slots = model.backend.configure_expert_tier(
-            (gb * 1e9) as u64,
-            cfg.num_experts * cfg.moe_layer_count(),
-            cfg.moe_intermediate_size,
-            cfg.routed_expert_hidden_size,
-        )?;
-        if let Some(n) = slots {
-            eprintln!(
-                "[K3-GPU] expert tier: {n} slots ({:.1} GB){}",
-                n as f64 * cfg.expert_bytes() as f64 / 1e9,
-                if n == 0 {
-                    " — set K3_GPU_GB to keep experts in VRAM"
-                } else {
-                    ""
-                }
-            );
+        let tier = |bytes: u64| {
+            model.backend.configure_expert_tier(
+                bytes,
+                cfg.num_experts * cfg.moe_layer_count(),
+                cfg.moe_intermediate_size,
+                cfg.routed_expert_hidden_size,
+            )
+        };
+        // Emptying the tier first tells whether the backend has one, and hands an earlier
+        // tier's VRAM back before free memory is measured (bench reconfigures a loaded model).
+        if tier(0)?.is_none() {
+            return Ok(());
         }
+        let size = tier_size(asked, || model.backend.free_device_memory())?;
+        let n = tier(size.bytes)?.unwrap_or(0);
+        eprintln!(
+            "[K3-GPU] expert tier: {n} slots ({:.1} GB; {})",
+            n as f64 * cfg.expert_bytes() as f64 / 1e9,
+            size.why
+        );
         Ok(())
+    }
+}
+
+/// Free VRAM the default tier leaves to everything else, at least: activations, the MLA
+/// cache and KDA state allocated after the measurement, and other programs on the GPU.
+const TIER_MARGIN_MIN_BYTES: u64 = 2_000_000_000;
+
+/// The VRAM expert tier's size and how it was decided.
+#[derive(Clone, Debug, PartialEq)]
+struct TierSize {
+    /// Bytes for the tier (0 = off).
+    bytes: u64,
+    /// The decision, for the start-up line.
+    why: String,
+}
+
+/// The tier policy: a size asked for always wins (0 turns the tier off); otherwise
+/// `free - margin`, margin = max(2 GB, 10% of free), with free measured by `measure` after
+/// the dense weights are loaded; no measurement keeps the tier off.
+fn tier_size(
+    asked_gb: Option<f64>,
+    measure: impl FnOnce() -> Result<FreeDeviceMemory>,
+) -> Result<TierSize> {
+    let gb = |b: u64| b as f64 / 1e9;
+    if let Some(a) = asked_gb {
+        return Ok(TierSize {
+            bytes: (a * 1e9) as u64,
+            why: if a == 0.0 {
+                "asked 0 = off".into()
+            } else {
+                format!("asked {a} GB")
+            },
+        });
+    }
+    Ok(match measure()? {
+        FreeDeviceMemory::Bytes(free) => {
+            let margin = TIER_MARGIN_MIN_BYTES.max(free / 10);
+            let bytes = free.saturating_sub(margin);
+            TierSize {
+                bytes,
+                why: format!(
+                    "default = free VRAM {:.1} GB - margin {:.1} GB{}",
+                    gb(free),
+                    gb(margin),
+                    if bytes == 0 { ": nothing left" } else { "" }
+                ),
+            }
+        }
+        FreeDeviceMemory::Unknown(reason) => TierSize {
+            bytes: 0,
+            why: format!("default off: {reason}; set K3_GPU_GB to keep experts in VRAM"),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 1_000_000_000;
+
+    fn free(bytes: u64) -> impl FnOnce() -> Result<FreeDeviceMemory> {
+        move || Ok(FreeDeviceMemory::Bytes(bytes))
+    }
+
+    #[test]
+    fn vram_default_is_free_minus_the_larger_margin() {
+        // Large: 10% of 100 GB beats 2 GB.
+        let s = tier_size(None, free(100 * G)).unwrap();
+        assert_eq!(s.bytes, 90 * G);
+        assert!(
+            s.why.contains("free VRAM 100.0 GB - margin 10.0 GB"),
+            "{}",
+            s.why
+        );
+        // Small: the 2 GB floor beats 10% of 8 GB.
+        assert_eq!(tier_size(None, free(8 * G)).unwrap().bytes, 6 * G);
+        // Below the margin: off, and the line says so.
+        let s = tier_size(None, free(G)).unwrap();
+        assert_eq!(s.bytes, 0);
+        assert!(s.why.contains("nothing left"), "{}", s.why);
+    }
+
+    #[test]
+    fn vram_unknown_keeps_the_tier_off_and_says_why() {
+        let s = tier_size(None, || Ok(FreeDeviceMemory::Unknown("no budget ext"))).unwrap();
+        assert_eq!(s.bytes, 0);
+        assert!(
+            s.why.contains("no budget ext") && s.why.contains("K3_GPU_GB"),
+            "{}",
+            s.why
+        );
+        // A failing measurement is an error, not a silent 0.
+        assert!(tier_size(None, || anyhow::bail!("device lost")).is_err());
+    }
+
+    #[test]
+    fn vram_asked_size_wins_and_zero_turns_the_tier_off() {
+        let never = || -> Result<FreeDeviceMemory> { panic!("an asked size must not measure") };
+        let s = tier_size(Some(1.5), never).unwrap();
+        assert_eq!(s.bytes, 1_500_000_000);
+        let s = tier_size(Some(0.0), never).unwrap();
+        assert_eq!(s.bytes, 0);
+        assert!(s.why.contains("off"), "{}", s.why);
     }
 }

@@ -89,6 +89,8 @@ pub struct Dispatch<'a> {
 
 /// Device, queue, limits, pipelines and the pending encoder.
 pub struct GpuContext {
+    /// The adapter the device was opened on (native queries such as free VRAM go through it).
+    pub adapter: wgpu::Adapter,
     /// The logical device.
     pub device: wgpu::Device,
     /// Its queue.
@@ -178,6 +180,7 @@ impl GpuContext {
             bail!("matvec shape {matvec:?}: lanes per row must be a power of two ≤ 32, rows per lane 1..=8, decode 0..=2");
         }
         Ok(Self {
+            adapter,
             device,
             queue,
             info,

@@ -17,14 +17,15 @@ mod norm;
 mod router;
 pub mod select;
 pub mod shaders;
+pub mod vram_budget;
 
 pub use buffers::{GpuAct, GpuKdaState, GpuMlaCache};
 pub use context::{GpuContext, GpuOptions, MatvecShape};
 pub use matmul::{GpuFormat, GpuMat};
 
 use super::{
-    Backend, ExpertAssignment, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights,
-    MlaDims, Route, RouterParams,
+    Backend, ExpertAssignment, FreeDeviceMemory, Glu, KdaDims, KdaStepInputs, KdaStepWeights,
+    MlaAttnWeights, MlaDims, Route, RouterParams,
 };
 use crate::quant::DenseMatrix;
 use anyhow::{anyhow, ensure, Result};
@@ -215,6 +216,18 @@ impl Backend for GpuBackend {
 
     fn pin_resident_experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>> {
         Ok(self.tier()?.book.pin(layer, ids))
+    }
+
+    fn free_device_memory(&self) -> Result<FreeDeviceMemory> {
+        // Dropped buffers (an earlier tier, staging) go back to the driver only once the
+        // device has been polled past the work that used them.
+        self.ctx.finish()?;
+        Ok(
+            match vram_budget::free_device_local_bytes(&self.ctx.adapter) {
+                Some(bytes) => FreeDeviceMemory::Bytes(bytes),
+                None => FreeDeviceMemory::Unknown(vram_budget::why_unknown(&self.ctx.info)),
+            },
+        )
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<GpuAct> {

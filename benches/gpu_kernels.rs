@@ -10,8 +10,8 @@ use k3::backend::gpu::context::Dispatch;
 use k3::backend::gpu::shaders::Shader;
 use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
 use k3::backend::{
-    Backend, ExpertAssignment, ExpertKey, ExpertWeights, Glu, KdaDims, KdaStepInputs, KdaStepWeights,
-    MlaAttnWeights, MlaDims,
+    Backend, ExpertAssignment, ExpertKey, ExpertWeights, Glu, KdaDims, KdaStepInputs,
+    KdaStepWeights, MlaAttnWeights, MlaDims,
 };
 use k3::quant::{DenseData, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
@@ -334,7 +334,11 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
         let (rows, cols) = (s(rows, rows / 16), s(cols, 512));
         for bits in [4u32, 8] {
             let m = g.load_matrix(dense(&mut rng, rows, cols, bits)).unwrap();
-            for &n in if all { &[1usize, 32][..] } else { &[1usize][..] } {
+            for &n in if all {
+                &[1usize, 32][..]
+            } else {
+                &[1usize][..]
+            } {
                 let x = g.upload(&vec![0.5; n * cols], n, cols).unwrap();
                 let secs = t.time(|| {
                     g.matmul(&m, &x).unwrap();

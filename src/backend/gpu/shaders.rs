@@ -192,16 +192,19 @@ mod tests {
                         ("LPR", 16.0),
                         ("PIPE", f64::from(dec % 2)),
                     ]
-                        .into_iter()
-                        .map(|(k, v)| (k.to_string(), v))
-                        .collect(),
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
                 );
             }
         }
         for consts in &sets {
             naga::back::pipeline_constants::process_overrides(&module, &info, None, consts)
                 .unwrap_or_else(|e| {
-                    panic!("{} (subgroups={subgroups}) {consts:?}: overrides: {e}", sh.file())
+                    panic!(
+                        "{} (subgroups={subgroups}) {consts:?}: overrides: {e}",
+                        sh.file()
+                    )
                 });
         }
     }

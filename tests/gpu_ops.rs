@@ -242,14 +242,10 @@ fn matvec_geometries_other_than_the_default_agree() {
     let mut rng = StdRng::seed_from_u64(10);
     // Every decode variant of the quantized formats, under several geometries (rows per
     // lane up to 8, including counts that leave partial row groups).
-    for (i, (lanes_per_row, rows_per_lane, decode)) in [
-        (8, 3, None),
-        (32, 1, Some(0)),
-        (16, 5, Some(2)),
-        (32, 8, Some(1)),
-    ]
-    .into_iter()
-    .enumerate()
+    for (i, (lanes_per_row, rows_per_lane, decode)) in
+        [(8, 3, None), (32, 1, Some(0)), (16, 8, Some(2))]
+            .into_iter()
+            .enumerate()
     {
         let opts = GpuOptions {
             allow_cpu_adapter: true,
@@ -257,7 +253,7 @@ fn matvec_geometries_other_than_the_default_agree() {
                 lanes_per_row,
                 rows_per_lane,
                 decode,
-                pipelined: i % 2 == 0,
+                pipelined: i != 1,
                 unchecked: i == 1,
             }),
             ..Default::default()
@@ -269,12 +265,7 @@ fn matvec_geometries_other_than_the_default_agree() {
             );
             return;
         };
-        for fmt in [
-            DenseFormat::F32,
-            DenseFormat::Bf16,
-            DenseFormat::Int8,
-            DenseFormat::Int4,
-        ] {
+        for fmt in [DenseFormat::F32, DenseFormat::Int8, DenseFormat::Int4] {
             for (n, rows, cols) in [(1, 37, 96), (5, 70, 200)] {
                 matmul_case(&g, &mut rng, fmt, n, rows, cols);
             }

@@ -15,7 +15,7 @@ fn widen2(a: u32, b: u32) -> vec4<f32> {
 const UV: u32 = 2u;
 
 fn load_x(b: u32) -> XU {
-    return XU(xv4(b), xv4(b + 1u));
+    return XU(x[b], x[b + 1u]);
 }
 
 struct WU {

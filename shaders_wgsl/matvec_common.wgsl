@@ -109,11 +109,23 @@ fn step(acc: Acc, w: W8, xv: XU) -> Acc {
     return r;
 }
 
-// x is read straight from global memory (it stays in L1/L2: every row of the workgroup
-// reads the same slice). Staging it in workgroup memory with a bank skew was measured on the
+// Eight consecutive vec4s of x: one unit's inputs for the 32-column formats (int4, MXFP4).
+// x is read straight from global memory (every row of the workgroup reads the same slice, so
+// it stays in L1/L2); staging it in workgroup memory with a bank skew was measured on the
 // H200 and did not help (docs/perf.md).
-fn xv4(i: u32) -> vec4<f32> {
-    return x[i];
+struct X8 {
+    x0: vec4<f32>,
+    x1: vec4<f32>,
+    x2: vec4<f32>,
+    x3: vec4<f32>,
+    x4: vec4<f32>,
+    x5: vec4<f32>,
+    x6: vec4<f32>,
+    x7: vec4<f32>,
+}
+
+fn load_x8(b: u32) -> X8 {
+    return X8(x[b], x[b + 1u], x[b + 2u], x[b + 3u], x[b + 4u], x[b + 5u], x[b + 6u], x[b + 7u]);
 }
 
 fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {

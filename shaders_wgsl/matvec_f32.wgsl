@@ -9,7 +9,7 @@ struct XU {
 const UV: u32 = 1u;
 
 fn load_x(b: u32) -> XU {
-    return XU(xv4(b));
+    return XU(x[b]);
 }
 
 struct WU {

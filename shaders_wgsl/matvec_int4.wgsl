@@ -10,16 +10,7 @@
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> scale: array<f32>;
 
-struct XU {
-    x0: vec4<f32>,
-    x1: vec4<f32>,
-    x2: vec4<f32>,
-    x3: vec4<f32>,
-    x4: vec4<f32>,
-    x5: vec4<f32>,
-    x6: vec4<f32>,
-    x7: vec4<f32>,
-}
+alias XU = X8;
 
 const MAGIC: u32 = 0x4B000000u;
 const M4: vec4<u32> = vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u);
@@ -30,13 +21,11 @@ const XS4: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
 const UV: u32 = 8u;
 
 fn load_x(b: u32) -> XU {
+    let v = load_x8(b);
     if (DEC == 0u) {
-        return XU(xv4(b), xv4(b + 1u), xv4(b + 2u), xv4(b + 3u), xv4(b + 4u), xv4(b + 5u), xv4(b + 6u), xv4(b + 7u));
+        return v;
     }
-    return XU(
-        xv4(b) * XS4, xv4(b + 1u) * XS4, xv4(b + 2u) * XS4, xv4(b + 3u) * XS4,
-        xv4(b + 4u) * XS4, xv4(b + 5u) * XS4, xv4(b + 6u) * XS4, xv4(b + 7u) * XS4,
-    );
+    return XU(v.x0 * XS4, v.x1 * XS4, v.x2 * XS4, v.x3 * XS4, v.x4 * XS4, v.x5 * XS4, v.x6 * XS4, v.x7 * XS4);
 }
 
 // The four nibbles of the low half-word of `o` (already in offset binary), lane k × 16^k.

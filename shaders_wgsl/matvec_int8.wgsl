@@ -25,9 +25,9 @@ const UV: u32 = 4u;
 
 fn load_x(b: u32) -> XU {
     if (DEC == 0u) {
-        return XU(xv4(b), xv4(b + 1u), xv4(b + 2u), xv4(b + 3u));
+        return XU(x[b], x[b + 1u], x[b + 2u], x[b + 3u]);
     }
-    return XU(xv4(b) * XS8, xv4(b + 1u) * XS8, xv4(b + 2u) * XS8, xv4(b + 3u) * XS8);
+    return XU(x[b] * XS8, x[b + 1u] * XS8, x[b + 2u] * XS8, x[b + 3u] * XS8);
 }
 
 // Four signed bytes of `q`, bytes 1 and 3 times 256.

@@ -15,16 +15,7 @@
 @group(0) @binding(4) var<storage, read> scales: array<u32>;
 @group(0) @binding(5) var<storage, read> rt: array<u32>;
 
-struct XU {
-    x0: vec4<f32>,
-    x1: vec4<f32>,
-    x2: vec4<f32>,
-    x3: vec4<f32>,
-    x4: vec4<f32>,
-    x5: vec4<f32>,
-    x6: vec4<f32>,
-    x7: vec4<f32>,
-}
+alias XU = X8;
 
 const E2M1: array<f32, 16> = array<f32, 16>(
     0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
@@ -34,7 +25,7 @@ const E2M1: array<f32, 16> = array<f32, 16>(
 const UV: u32 = 8u;
 
 fn load_x(b: u32) -> XU {
-    return XU(xv4(b), xv4(b + 1u), xv4(b + 2u), xv4(b + 3u), xv4(b + 4u), xv4(b + 5u), xv4(b + 6u), xv4(b + 7u));
+    return load_x8(b);
 }
 
 // DEC 0/1. The f16 value is the E2M1 value times 2^-14, exactly (code 1 lands on the f16

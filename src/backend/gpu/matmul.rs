@@ -203,17 +203,15 @@ impl GpuBackend {
     }
 
     /// The matvec pipeline overrides.
-    pub(super) fn mv_consts(&self) -> Vec<(&'static str, u32)> {
+    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 4] {
         let m = self.ctx.matvec;
-        let mut c = vec![
+        [
             ("LPR", m.lanes_per_row),
             ("RPL", m.rows_per_lane),
             ("PIPE", u32::from(m.pipelined)),
-        ];
-        if let Some(d) = m.decode {
-            c.push(("DEC", d));
-        }
-        c
+            // 1 is every matvec shader's default decode (`DEC` in matvec_common.wgsl).
+            ("DEC", m.decode.unwrap_or(1)),
+        ]
     }
 
     pub(super) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {

@@ -146,32 +146,26 @@ fn dense(rng: &mut StdRng, rows: usize, cols: usize, bits: u32) -> DenseMatrix {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "quick");
-    // The default matvec geometry and decode run every kernel; the others only the matvecs
-    // they change. (lanes per row, rows per lane, decode variant; None = the default.)
-    // (lanes per row, rows per lane, decode variant (None = default), pipelined, unchecked)
-    let shapes: &[(u32, u32, Option<u32>, bool, bool)] = &[
-        (32, 4, None, true, false),
-        (32, 4, Some(0), true, false),
-        (32, 4, Some(2), true, false),
-        (32, 4, None, false, false),
-        (32, 4, None, true, true),
-        (16, 4, None, true, false),
-        (32, 8, None, true, false),
-        (32, 2, None, true, false),
+    // The first run takes each kernel's default geometry and runs every kernel; the others
+    // apply one shape to the dense and the expert matvecs alike and run only the matvecs.
+    let shapes = [
+        shape(32, 32, 4, None, true, false),
+        shape(32, 4, 4, None, true, false),
+        shape(8, 4, 4, None, true, false),
+        shape(8, 8, 4, None, true, false),
+        shape(8, 4, 8, None, true, false),
+        shape(4, 4, 4, None, true, false),
+        shape(8, 4, 4, None, false, false),
+        shape(8, 4, 4, None, true, true),
+        shape(8, 4, 4, Some(2), true, false),
     ];
-    for (i, &(lanes_per_row, rows_per_lane, decode, pipelined, unchecked)) in
-        shapes.iter().enumerate()
-    {
+    let variants = std::iter::once(None).chain(shapes.into_iter().map(Some));
+    for (i, shape) in variants.enumerate() {
         let opts = GpuOptions {
             adapter: std::env::var("K3_ADAPTER").ok(),
             allow_cpu_adapter: true,
-            matvec: Some(MatvecShape {
-                lanes_per_row,
-                rows_per_lane,
-                decode,
-                pipelined,
-                unchecked,
-            }),
+            matvec: shape,
+            expert_matvec: shape,
             ..Default::default()
         };
         let g = match GpuBackend::new(&opts) {
@@ -181,12 +175,47 @@ fn main() {
                 return;
             }
         };
+        let (m, e) = (g.ctx.matvec, g.ctx.expert_matvec);
         println!(
-            "\n== matvec geometry: {lanes_per_row} lanes per row, {rows_per_lane} rows per lane, decode {}, pipelined {pipelined}, unchecked {unchecked} ==",
-            decode.map_or("default".to_string(), |d| d.to_string())
+            "\n== matvec geometry: dense {}, experts {} ==",
+            describe(m),
+            describe(e)
         );
         run(&g, quick, i == 0);
     }
+}
+
+/// A matvec geometry: lanes per row, lanes per block, rows per lane, decode variant (None =
+/// default), pipelined, unchecked.
+fn shape(
+    lanes_per_row: u32,
+    lanes_per_block: u32,
+    rows_per_lane: u32,
+    decode: Option<u32>,
+    pipelined: bool,
+    unchecked: bool,
+) -> MatvecShape {
+    MatvecShape {
+        lanes_per_row,
+        lanes_per_block,
+        rows_per_lane,
+        decode,
+        pipelined,
+        unchecked,
+    }
+}
+
+/// One geometry in words, as the report prints it.
+fn describe(m: MatvecShape) -> String {
+    format!(
+        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}",
+        m.lanes_per_row,
+        m.lanes_per_block,
+        m.rows_per_lane,
+        m.decode.map_or("default".to_string(), |d| d.to_string()),
+        m.pipelined,
+        m.unchecked
+    )
 }
 
 fn run(g: &GpuBackend, quick: bool, all: bool) {

@@ -41,7 +41,12 @@ fn parse_spec(s: &str) -> Result<Spec> {
         .find(|sh| sh.file().trim_end_matches(".wgsl") == stem)
         .ok_or_else(|| anyhow!("{s}: no shader file {stem}.wgsl"))?;
     let mut consts = naga::back::PipelineConstants::default();
-    for kv in parts.next().unwrap_or_default().split(',').filter(|kv| !kv.is_empty()) {
+    for kv in parts
+        .next()
+        .unwrap_or_default()
+        .split(',')
+        .filter(|kv| !kv.is_empty())
+    {
         let (k, v) = kv
             .split_once('=')
             .ok_or_else(|| anyhow!("{s}: override {kv} is not NAME=VALUE"))?;
@@ -59,10 +64,15 @@ fn parse_spec(s: &str) -> Result<Spec> {
 }
 
 /// The SPIR-V of one entry point with overrides resolved, and its bindings (group 0).
-fn compile(spec: &Spec, unchecked: bool) -> Result<(Vec<u32>, Vec<(u32, vk::DescriptorType)>)> {
+/// Binding number and descriptor type of each resource of group 0.
+type Bindings = Vec<(u32, vk::DescriptorType)>;
+
+fn compile(spec: &Spec, unchecked: bool) -> Result<(Vec<u32>, Bindings)> {
     use naga::back::spv;
     use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
-    use naga::valid::{Capabilities, ShaderStages, SubgroupOperationSet, ValidationFlags, Validator};
+    use naga::valid::{
+        Capabilities, ShaderStages, SubgroupOperationSet, ValidationFlags, Validator,
+    };
     let src = spec.shader.source(true);
     let module = naga::front::wgsl::parse_str(&src)
         .map_err(|e| anyhow!("{}: {}", spec.label, e.emit_to_string(&src)))?;
@@ -110,7 +120,11 @@ fn compile(spec: &Spec, unchecked: bool) -> Result<(Vec<u32>, Vec<(u32, vk::Desc
     for (_, g) in module.global_variables.iter() {
         let Some(b) = &g.binding else { continue };
         if b.group != 0 {
-            bail!("{}: binding group {} (only group 0 is set up)", spec.label, b.group);
+            bail!(
+                "{}: binding group {} (only group 0 is set up)",
+                spec.label,
+                b.group
+            );
         }
         let ty = match g.space {
             naga::AddressSpace::Uniform => vk::DescriptorType::UNIFORM_BUFFER,
@@ -163,7 +177,11 @@ impl Vk {
             // A real GPU wins over a CPU implementation (lavapipe), which is still useful
             // to check the tool itself.
             let cpu = props.device_type == vk::PhysicalDeviceType::CPU;
-            if has && chosen.as_ref().is_none_or(|(_, _, was_cpu)| *was_cpu && !cpu) {
+            if has
+                && chosen
+                    .as_ref()
+                    .is_none_or(|(_, _, was_cpu)| *was_cpu && !cpu)
+            {
                 chosen = Some((pd, c_str(&props.device_name), cpu));
             }
         }
@@ -174,8 +192,9 @@ impl Vk {
             .queue_family_index(0)
             .queue_priorities(&[1.0])];
         let ext_names = [want.as_ptr()];
-        let mut exec_features = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
-            .pipeline_executable_info(true);
+        let mut exec_features =
+            vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
+                .pipeline_executable_info(true);
         let dci = vk::DeviceCreateInfo::default()
             .queue_create_infos(&qci)
             .enabled_extension_names(&ext_names)
@@ -223,7 +242,8 @@ impl Vk {
                 &vk::PipelineLayoutCreateInfo::default().set_layouts(&layouts),
                 None,
             )?;
-            let sm = d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(words), None)?;
+            let sm =
+                d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(words), None)?;
             let entry = std::ffi::CString::new(spec.entry.clone())?;
             let stage = vk::PipelineShaderStageCreateInfo::default()
                 .stage(vk::ShaderStageFlags::COMPUTE)
@@ -303,7 +323,8 @@ impl Vk {
             )
         }
         .result()?;
-        let mut reps = vec![vk::PipelineExecutableInternalRepresentationKHR::default(); count as usize];
+        let mut reps =
+            vec![vk::PipelineExecutableInternalRepresentationKHR::default(); count as usize];
         // SAFETY: same call with room for `count` entries and null data pointers: the driver
         // fills in each representation's size.
         unsafe {
@@ -338,7 +359,10 @@ impl Vk {
             .collect();
         for (j, (r, b)) in reps.iter().zip(&bufs).enumerate() {
             let name = c_str(&r.name);
-            let path = dir.join(format!("{stem}.{index}.{j}.{}", if r.is_text != 0 { "txt" } else { "bin" }));
+            let path = dir.join(format!(
+                "{stem}.{index}.{j}.{}",
+                if r.is_text != 0 { "txt" } else { "bin" }
+            ));
             let body = if r.is_text != 0 {
                 let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
                 &b[..end]
@@ -369,7 +393,11 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--dump" => dump = Some(PathBuf::from(args.next().ok_or_else(|| anyhow!("--dump needs a DIR"))?)),
+            "--dump" => {
+                dump = Some(PathBuf::from(
+                    args.next().ok_or_else(|| anyhow!("--dump needs a DIR"))?,
+                ))
+            }
             "--unchecked" => unchecked = true,
             "-h" | "--help" => {
                 println!("usage: shader_stats [--dump DIR] [--unchecked] SHADER:ENTRY[:NAME=VALUE,...] ...");

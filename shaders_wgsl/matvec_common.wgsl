@@ -9,11 +9,20 @@
 // `load_x`, and `unit_dot(WU, XU)`.
 
 override LPR: u32 = 32u;
+// Of a row's LPR lanes, LW sit side by side in each 32-lane block and the rest in the next
+// LPR/LW blocks (LW = LPR: all in one block). A lane reads 128 contiguous bytes of x per
+// unit, so a block whose 32 lanes work on 32 different units touches 32 cache lines per x
+// load; with LW = 4 the block holds 8 row groups over the same 4 units and touches 4
+// (measured on the H200: x loads, not the decode, were what bound the one-block layout).
+override LW: u32 = 32u;
+// Blocks per row (1 when LW >= LPR).
+override PARTS: u32 = max(LPR / LW, 1u);
 override RPL: u32 = 4u;
 // Decode variant: 0 = convert through the hardware's int/half-to-float instructions,
 // 1 = the default (int formats: bit placement, no conversions), 2 = a format's alternative.
 override DEC: u32 = 1u;
-// 1: software-pipelined loop (next unit's weights loaded before this one is used).
+// 1: software-pipelined loop (next unit's weights loaded before this one is used; loading
+// its x too was measured and did not help).
 override PIPE: u32 = 1u;
 
 struct MvParams {
@@ -149,12 +158,48 @@ fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {
         }
     }
     let sums = array<f32, 8>(acc.a.x, acc.a.y, acc.a.z, acc.a.w, acc.b.x, acc.b.y, acc.b.z, acc.b.w);
+    if (LW >= LPR) {
+        for (var r = 0u; r < RPL; r++) {
+            let s = seg_sum(sums[r], LPR);
+            if (lane == 0u && r < valid) {
+                y[yb + r] = s;
+            }
+        }
+        return;
+    }
+    // Each block's LW lanes reduce first, then the row's LPR / LW blocks meet in workgroup
+    // memory: slot (row group, block part, row).
+    let part = lane / LW;
+    let slot = (r_lid % 32u / LW + r_lid / 32u / PARTS * (32u / LW)) * PARTS + part;
     for (var r = 0u; r < RPL; r++) {
-        let s = seg_sum(sums[r], LPR);
-        if (lane == 0u && r < valid) {
-            y[yb + r] = s;
+        let s = seg_sum(sums[r], LW);
+        if (lane % LW == 0u) {
+            mv_part[slot * RPL + r] = s;
         }
     }
+    workgroupBarrier();
+    if (lane == 0u) {
+        for (var r = 0u; r < valid; r++) {
+            var t = 0.0;
+            for (var k = 0u; k < PARTS; k++) {
+                t += mv_part[(slot + k) * RPL + r];
+            }
+            y[yb + r] = t;
+        }
+    }
+}
+
+// Partial row sums of the split layout (LW < LPR): WG / LW slots of RPL rows.
+var<workgroup> mv_part: array<f32, 512>;
+
+// A lane's place: (lane within its row's LPR lanes, row group within the workgroup).
+fn lane_place(lid: u32) -> vec2<u32> {
+    if (LW >= LPR) {
+        return vec2<u32>(lid % LPR, lid / LPR);
+    }
+    let block = lid / 32u;
+    let v = lid % 32u;
+    return vec2<u32>((block % PARTS) * LW + v % LW, (block / PARTS) * (32u / LW) + v / LW);
 }
 
 // y[t, row0 + r] = W[r] · x[t]; wg.x is the token, wg.y the row group, so the workgroups
@@ -162,9 +207,10 @@ fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {
 @compute @workgroup_size(WG)
 fn dense(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
-    let lane = lanes.lid % LPR;
+    let place = lane_place(lanes.lid);
+    let lane = place.x;
     let t = wg.x;
-    let row = (wg.y * (WG / LPR) + lanes.lid / LPR) * RPL;
+    let row = (wg.y * (WG / LPR) + place.y) * RPL;
     let rr = min(row, p.rows - 1u);
     let nrows = min(RPL, p.rows - rr);
     gemv_rows(rr, nrows, t * p.x_stride4, lane, t * p.y_stride + p.row0 + rr, select(0u, nrows, row < p.rows));

@@ -17,11 +17,6 @@
 
 alias XU = X8;
 
-const E2M1: array<f32, 16> = array<f32, 16>(
-    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-    -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
-);
-
 const UV: u32 = 8u;
 
 fn load_x(b: u32) -> XU {
@@ -61,10 +56,15 @@ fn word_exp(q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
 // 2^14, undoing the f16 placement.
 const F16_BIAS: f32 = 16384.0;
 
-// Columns 4k..4k+3 of a unit as plain E2M1 values.
-fn plain4(q: u32, k: u32) -> vec4<f32> {
-    let n = q >> (16u * k);
-    return vec4<f32>(E2M1[n & 15u], E2M1[(n >> 4u) & 15u], E2M1[(n >> 8u) & 15u], E2M1[(n >> 12u) & 15u]);
+// The s > 240 path: each of a word's eight E2M1 values (exact in f32) times the scale, then
+// times x, as the CPU dequantizes. Built from the f16 pairs rather than a table, which a
+// shader compiler keeps in memory (lavapipe took minutes to compile the table version).
+fn word_plain(q: u32, sc: f32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let a = pair(q, 0u) * F16_BIAS;
+    let c = pair(q, 1u) * F16_BIAS;
+    let e = pair(q, 2u) * F16_BIAS;
+    let g = pair(q, 3u) * F16_BIAS;
+    return dot(vec4<f32>(a.x, c.x, e.x, g.x) * sc, xa) + dot(vec4<f32>(a.y, c.y, e.y, g.y) * sc, xb);
 }
 
 struct WU {
@@ -85,10 +85,8 @@ fn unit_dot(wu: WU, xv: XU) -> f32 {
     if (s > 240u) {
         // Where the scale is huge, and for the +inf scale (a zero nibble then gives NaN as
         // on the CPU), the scale is applied per element, as the CPU dequantizes.
-        return dot(plain4(q.x, 0u) * sc, xv.x0) + dot(plain4(q.x, 1u) * sc, xv.x1)
-            + dot(plain4(q.y, 0u) * sc, xv.x2) + dot(plain4(q.y, 1u) * sc, xv.x3)
-            + dot(plain4(q.z, 0u) * sc, xv.x4) + dot(plain4(q.z, 1u) * sc, xv.x5)
-            + dot(plain4(q.w, 0u) * sc, xv.x6) + dot(plain4(q.w, 1u) * sc, xv.x7);
+        return word_plain(q.x, sc, xv.x0, xv.x1) + word_plain(q.y, sc, xv.x2, xv.x3)
+            + word_plain(q.z, sc, xv.x4, xv.x5) + word_plain(q.w, sc, xv.x6, xv.x7);
     }
     if (DEC != 2u) {
         let d = word_f16(q.x, xv.x0, xv.x1) + word_f16(q.y, xv.x2, xv.x3) + word_f16(q.z, xv.x4, xv.x5)
@@ -107,8 +105,9 @@ fn unit_dot(wu: WU, xv: XU) -> f32 {
 @compute @workgroup_size(WG)
 fn moe(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
-    let lane = lanes.lid % LPR;
-    let row = (wg.y * (WG / LPR) + lanes.lid / LPR) * RPL;
+    let place = lane_place(lanes.lid);
+    let lane = place.x;
+    let row = (wg.y * (WG / LPR) + place.y) * RPL;
     let rr = min(row, p.rows - 1u);
     let nrows = min(RPL, p.rows - rr);
     let item = p.item0 + wg.x;

@@ -241,21 +241,25 @@ fn dense_matmul_matches_cpu_in_every_format() {
 fn matvec_geometries_other_than_the_default_agree() {
     let mut rng = StdRng::seed_from_u64(10);
     // Every decode variant of the quantized formats, under several geometries (rows per
-    // lane up to 8, including counts that leave partial row groups).
-    for (i, (lanes_per_row, rows_per_lane, decode)) in
-        [(8, 3, None), (32, 1, Some(0)), (16, 8, Some(2))]
+    // lane up to 8, including counts that leave partial row groups; rows split over 32-lane
+    // blocks and not).
+    for (i, (lanes_per_row, lanes_per_block, rows_per_lane, decode)) in
+        [(8, 4, 3, None), (32, 32, 1, Some(0)), (16, 4, 8, Some(2))]
             .into_iter()
             .enumerate()
     {
+        let shape = Some(MatvecShape {
+            lanes_per_row,
+            lanes_per_block,
+            rows_per_lane,
+            decode,
+            pipelined: i != 1,
+            unchecked: i == 1,
+        });
         let opts = GpuOptions {
             allow_cpu_adapter: true,
-            matvec: Some(MatvecShape {
-                lanes_per_row,
-                rows_per_lane,
-                decode,
-                pipelined: i != 1,
-                unchecked: i == 1,
-            }),
+            matvec: shape,
+            expert_matvec: shape,
             ..Default::default()
         };
         let Ok(g) = GpuBackend::new(&opts) else {

@@ -31,8 +31,11 @@ pub struct GpuOptions {
     pub no_subgroups: bool,
     /// Cap on the bytes of one binding, below the adapter's limit (tests the row split).
     pub max_binding: Option<u64>,
-    /// Matvec geometry; `None` = the default (benchmarks compare variants).
+    /// Matvec geometry of the dense formats; `None` = the default (benchmarks compare
+    /// variants).
     pub matvec: Option<MatvecShape>,
+    /// Geometry of the batched MXFP4 expert kernel; `None` = [`MatvecShape::experts`].
+    pub expert_matvec: Option<MatvecShape>,
 }
 
 /// How a matvec workgroup is laid out.
@@ -40,6 +43,10 @@ pub struct GpuOptions {
 pub struct MatvecShape {
     /// Lanes that share one output row (a power of two ≤ 32).
     pub lanes_per_row: u32,
+    /// Of a row's lanes, how many sit side by side in one 32-lane block (the `LW` override; a
+    /// power of two, 4..=lanes_per_row); fewer means a block's x loads touch fewer lines and
+    /// the row's partial sums meet in workgroup memory. Capped to fit the workgroup.
+    pub lanes_per_block: u32,
     /// Rows each lane group computes together, sharing its loads of x (1..=8).
     pub rows_per_lane: u32,
     /// Decode variant of the quantized formats (the `DEC` override of the matvec shaders);
@@ -56,11 +63,40 @@ impl Default for MatvecShape {
     fn default() -> Self {
         Self {
             lanes_per_row: 32,
+            lanes_per_block: 32,
             rows_per_lane: 4,
             decode: None,
             pipelined: true,
             unchecked: false,
         }
+    }
+}
+
+impl MatvecShape {
+    /// The expert kernel's default: its rows are short (3072 or 3584 columns), so fewer lanes
+    /// per row give each lane a longer run, and rows split over blocks share their x lines
+    /// (measured on the H200, docs/perf.md).
+    pub fn experts() -> Self {
+        Self {
+            lanes_per_row: 8,
+            lanes_per_block: 4,
+            ..Self::default()
+        }
+    }
+
+    /// Checks the shape and fits its split to a workgroup of `wg` lanes.
+    fn fitted(mut self, wg: u32) -> Result<Self> {
+        if !self.lanes_per_row.is_power_of_two()
+            || self.lanes_per_row > 32
+            || !self.lanes_per_block.is_power_of_two()
+            || self.lanes_per_block < 4
+            || !(1..=8).contains(&self.rows_per_lane)
+            || self.decode.is_some_and(|d| d > 2)
+        {
+            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=2");
+        }
+        self.lanes_per_block = split_lanes(self.lanes_per_row, self.lanes_per_block, wg);
+        Ok(self)
     }
 }
 
@@ -107,8 +143,10 @@ pub struct GpuContext {
     pub wg: u32,
     /// Bytes one storage binding may span.
     pub max_binding: u64,
-    /// Matvec geometry.
+    /// Matvec geometry of the dense formats.
     pub matvec: MatvecShape,
+    /// The batched MXFP4 expert kernel's geometry.
+    pub expert_matvec: MatvecShape,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipeKey, wgpu::ComputePipeline>>,
     pending: Mutex<Option<(wgpu::CommandEncoder, usize)>>,
@@ -171,14 +209,11 @@ impl GpuContext {
         }
         max_binding &= !15;
         let subgroups = features.contains(wgpu::Features::SUBGROUP) && !opts.no_subgroups;
-        let matvec = opts.matvec.unwrap_or_default();
-        if !matvec.lanes_per_row.is_power_of_two()
-            || matvec.lanes_per_row > 32
-            || !(1..=8).contains(&matvec.rows_per_lane)
-            || matvec.decode.is_some_and(|d| d > 2)
-        {
-            bail!("matvec shape {matvec:?}: lanes per row must be a power of two ≤ 32, rows per lane 1..=8, decode 0..=2");
-        }
+        let matvec = opts.matvec.unwrap_or_default().fitted(wg)?;
+        let expert_matvec = opts
+            .expert_matvec
+            .unwrap_or_else(MatvecShape::experts)
+            .fitted(wg)?;
         Ok(Self {
             adapter,
             device,
@@ -190,6 +225,7 @@ impl GpuContext {
             wg,
             max_binding,
             matvec,
+            expert_matvec,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
@@ -227,7 +263,12 @@ impl GpuContext {
                     label: Some(shader.file()),
                     source: wgpu::ShaderSource::Wgsl(shader.source(self.subgroups).into()),
                 };
-                if self.matvec.unchecked && shader.is_matvec() {
+                let unchecked = if shader == Shader::MatvecMxfp4 {
+                    self.expert_matvec.unchecked
+                } else {
+                    self.matvec.unchecked
+                };
+                if unchecked && shader.is_matvec() {
                     // SAFETY: the matvec kernels clamp every row index to the matrix and
                     // every unit index to the row (see matvec_common.wgsl), their loops end
                     // at uniform bounds, and the buffers are sized from the same shapes.
@@ -481,4 +522,32 @@ fn workgroup_size(l: &wgpu::Limits) -> Result<u32> {
         bail!("the adapter allows only {cap} invocations per workgroup; the kernels need 32");
     }
     Ok(1 << (31 - cap.leading_zeros()))
+}
+
+/// The `LW` a workgroup of `wg` lanes can hold: a row split over `lpr / lw` 32-lane blocks
+/// needs whole blocks, as many per workgroup as the split; otherwise the row's lanes stay
+/// side by side (`lw = lpr`).
+fn split_lanes(lpr: u32, lw: u32, wg: u32) -> u32 {
+    let lw = lw.min(lpr);
+    if lw == lpr || (wg % 32 == 0 && (wg / 32) % (lpr / lw) == 0) {
+        lw
+    } else {
+        lpr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_lanes;
+
+    #[test]
+    fn a_row_is_split_over_blocks_only_when_the_workgroup_holds_them() {
+        assert_eq!(split_lanes(32, 4, 256), 4);
+        assert_eq!(split_lanes(32, 32, 256), 32);
+        // 8 blocks of 32 per row need a workgroup of at least 256 lanes.
+        assert_eq!(split_lanes(32, 4, 128), 32);
+        assert_eq!(split_lanes(32, 8, 128), 8);
+        assert_eq!(split_lanes(8, 4, 64), 4);
+        assert_eq!(split_lanes(8, 16, 64), 8);
+    }
 }

@@ -3,7 +3,7 @@
 //! bindings stay under the adapter's limit; one dispatch per chunk writes its rows of y.
 
 use super::buffers::{f32_bytes, GpuAct};
-use super::context::Dispatch;
+use super::context::{Dispatch, MatvecShape};
 use super::shaders::Shader;
 use super::GpuBackend;
 use crate::quant::{DenseData, DenseMatrix};
@@ -199,19 +199,12 @@ impl GpuBackend {
 
     /// Output rows one matvec workgroup computes.
     pub(super) fn rows_per_group(&self) -> u32 {
-        self.ctx.wg / self.ctx.matvec.lanes_per_row * self.ctx.matvec.rows_per_lane
+        rows_per_group_of(self.ctx.wg, self.ctx.matvec)
     }
 
-    /// The matvec pipeline overrides.
-    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 4] {
-        let m = self.ctx.matvec;
-        [
-            ("LPR", m.lanes_per_row),
-            ("RPL", m.rows_per_lane),
-            ("PIPE", u32::from(m.pipelined)),
-            // 1 is every matvec shader's default decode (`DEC` in matvec_common.wgsl).
-            ("DEC", m.decode.unwrap_or(1)),
-        ]
+    /// The dense matvec pipeline overrides.
+    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 5] {
+        mv_consts_of(self.ctx.matvec)
     }
 
     pub(super) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
@@ -253,4 +246,21 @@ impl GpuBackend {
         }
         Ok(y)
     }
+}
+
+/// Output rows one workgroup of `wg` lanes computes under `m`.
+pub(super) fn rows_per_group_of(wg: u32, m: MatvecShape) -> u32 {
+    wg / m.lanes_per_row * m.rows_per_lane
+}
+
+/// The matvec pipeline overrides of `m`.
+pub(super) fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 5] {
+    [
+        ("LPR", m.lanes_per_row),
+        ("LW", m.lanes_per_block),
+        ("RPL", m.rows_per_lane),
+        ("PIPE", u32::from(m.pipelined)),
+        // 1 is every matvec shader's default decode (`DEC` in matvec_common.wgsl).
+        ("DEC", m.decode.unwrap_or(1)),
+    ]
 }

@@ -6,6 +6,7 @@
 use super::buffers::GpuAct;
 use super::context::Dispatch;
 use super::expert_tier::ExpertTier;
+use super::matmul::{mv_consts_of, rows_per_group_of};
 use super::shaders::Shader;
 use super::GpuBackend;
 use crate::backend::{ExpertAssignment, ExpertWeights, Glu};
@@ -161,7 +162,7 @@ impl GpuBackend {
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecMxfp4,
             entry: "moe",
-            consts: &self.mv_consts(),
+            consts: &mv_consts_of(self.ctx.expert_matvec),
             params: &[
                 rows as u32,
                 (cols / BLOCK) as u32,
@@ -174,7 +175,11 @@ impl GpuBackend {
                 items.0,
             ],
             buffers: &[x, y, &a.packed, &a.scales, rt],
-            groups: (items.1, (rows as u32).div_ceil(self.rows_per_group()), 1),
+            groups: (
+                items.1,
+                (rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, self.ctx.expert_matvec)),
+                1,
+            ),
         });
     }
 

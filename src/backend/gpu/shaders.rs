@@ -190,6 +190,7 @@ mod tests {
                         ("DEC", f64::from(dec)),
                         ("RPL", 8.0),
                         ("LPR", 16.0),
+                        ("LW", if dec == 1 { 4.0 } else { 32.0 }),
                         ("PIPE", f64::from(dec % 2)),
                     ]
                     .into_iter()

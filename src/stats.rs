@@ -23,6 +23,12 @@ pub struct Stats {
     pub bytes_streamed: u64,
     /// Time the disk had at least one expert read in flight.
     pub disk_busy: Duration,
+    /// Host time handing experts to the backend (checks, upload copies, recording), part
+    /// of `moe`: what the pipe must hide besides the reads.
+    pub expert_handoff: Duration,
+    /// Time waiting for routing decisions (on the GPU: the readback that ends each layer's
+    /// recorded work), part of `moe`.
+    pub router_wait: Duration,
 }
 
 impl Stats {
@@ -47,6 +53,8 @@ impl Stats {
             expert_lookups: self.expert_lookups + o.expert_lookups,
             bytes_streamed: self.bytes_streamed + o.bytes_streamed,
             disk_busy: self.disk_busy + o.disk_busy,
+            expert_handoff: self.expert_handoff + o.expert_handoff,
+            router_wait: self.router_wait + o.router_wait,
         }
     }
 
@@ -62,6 +70,8 @@ impl Stats {
             expert_lookups: self.expert_lookups - earlier.expert_lookups,
             bytes_streamed: self.bytes_streamed - earlier.bytes_streamed,
             disk_busy: self.disk_busy.saturating_sub(earlier.disk_busy),
+            expert_handoff: self.expert_handoff.saturating_sub(earlier.expert_handoff),
+            router_wait: self.router_wait.saturating_sub(earlier.router_wait),
         }
     }
 }
@@ -139,6 +149,8 @@ pub fn run_json(
             "hit_percent": s.hit_percent(),
             "bytes_streamed": s.bytes_streamed,
             "disk_busy_s": s.disk_busy.as_secs_f64(),
+            "expert_handoff_s": s.expert_handoff.as_secs_f64(),
+            "router_wait_s": s.router_wait.as_secs_f64(),
         })
     };
     serde_json::json!({

@@ -265,6 +265,13 @@ fn cli_prints_the_tier_on_the_gpu_and_the_cpu_ignores_it() {
     assert!(err.contains("[K3-GPU] expert tier: "), "{err}");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert!(v["total"]["gpu_hits"].is_u64(), "{v}");
+    // Experts went through the backend and every MoE layer waited for its routing.
+    for key in ["expert_handoff_s", "router_wait_s"] {
+        assert!(
+            v["total"][key].as_f64().is_some_and(|t| t > 0.0),
+            "{key}: {v}"
+        );
+    }
     let (ok, err) = run_k3(&["--backend", "gpu"], &[("K3_VK_GB", "0")]);
     assert!(ok, "{err}");
     assert!(err.contains("[K3-GPU] expert tier: 0 slots"), "{err}");

@@ -11,6 +11,7 @@ use crate::quant::DenseFormat;
 use crate::stats::Stats;
 use anyhow::Result;
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 /// Weights of one MoE layer (`model.layers.{i}.block_sparse_moe.*`).
 pub struct Moe<B: Backend> {
@@ -72,7 +73,9 @@ impl<B: Backend> Moe<B> {
         glu: Glu,
         stats: &mut Stats,
     ) -> Result<B::Act> {
+        let t = Instant::now();
         let routes = b.router_topk(&b.matmul(&self.gate, x)?, &self.bias, self.router)?;
+        stats.router_wait += t.elapsed();
         let mut by_expert: HashMap<u32, Vec<(usize, f32)>> = HashMap::new();
         for (row, route) in routes.iter().enumerate() {
             for &(e, w) in route {
@@ -86,7 +89,9 @@ impl<B: Backend> Moe<B> {
         let mut u = b.zeros(rows, self.latent)?;
         // Pinned now, the resident experts stay on the backend until this layer is done.
         let resident = b.pin_resident_experts(self.layer, &ids)?;
+        let mut handoff = Duration::ZERO;
         source.stream(ck, self.layer, &ids, &resident, stats, &mut |batch| {
+            let t = Instant::now();
             let assignments: Vec<ExpertAssignment<'_>> = batch
                 .iter()
                 .map(|s| {
@@ -103,8 +108,11 @@ impl<B: Backend> Moe<B> {
                     })
                 })
                 .collect::<Result<_>>()?;
-            b.moe_accumulate(&mut u, &z, &assignments, glu)
+            let r = b.moe_accumulate(&mut u, &z, &assignments, glu);
+            handoff += t.elapsed();
+            r
         })?;
+        stats.expert_handoff += handoff;
         let u = match &self.norm {
             Some(w) => b.rmsnorm(&u, w, self.latent, self.eps)?,
             None => u,

@@ -6,6 +6,7 @@
 use super::adapters;
 use super::shaders::Shader;
 use anyhow::{anyhow, bail, Context as _, Result};
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::{mpsc, Mutex};
 use wgpu::util::DeviceExt;
@@ -362,7 +363,7 @@ impl GpuContext {
                 if e as u64 > size {
                     bail!("{label}: part at {o}..{e} is past the buffer's {size} bytes");
                 }
-                w.slice(o..e).copy_from_slice(data);
+                parallel_copy(w.slice(o..e), data);
             }
         }
         buf.unmap();
@@ -460,7 +461,13 @@ impl GpuContext {
     pub fn write(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
         // A queue write lands before the next submission's commands: submit first.
         self.flush();
-        self.queue.write_buffer(buf, offset, data);
+        let staged = wgpu::BufferSize::new(data.len() as u64)
+            .and_then(|n| self.queue.write_buffer_with(buf, offset, n));
+        match staged {
+            Some(mut view) => parallel_copy(view.slice(..), data),
+            // Empty, or refused by validation: write_buffer reports it as wgpu does.
+            None => self.queue.write_buffer(buf, offset, data),
+        }
     }
 
     /// Copies `bytes` from `buf` at `offset` to the host, after all recorded work.
@@ -523,6 +530,36 @@ fn workgroup_size(l: &wgpu::Limits) -> Result<u32> {
     }
     Ok(1 << (31 - cap.leading_zeros()))
 }
+
+/// Copies `src` into a mapped range on several threads. A streamed expert is 17.5 MB; one
+/// core copies that in a few milliseconds, host time on the path the read pipe must hide.
+fn parallel_copy(dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
+    const CHUNK: usize = 1 << 20;
+    let mut rest = dst;
+    if src.len() < 4 * CHUNK {
+        rest.copy_from_slice(src);
+        return;
+    }
+    let mut parts = Vec::with_capacity(src.len().div_ceil(CHUNK));
+    while rest.len() > CHUNK {
+        let (head, tail) = rest.split_at(CHUNK);
+        parts.push(Chunk(head));
+        rest = tail;
+    }
+    parts.push(Chunk(rest));
+    parts
+        .into_par_iter()
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(mut d, s)| d.0.copy_from_slice(s));
+}
+
+/// A disjoint piece of a mapped range, movable to a copy thread.
+struct Chunk<'a>(wgpu::WriteOnly<'a, [u8]>);
+
+// SAFETY: `WriteOnly<[u8]>` lacks `Send` only because its impl asks `T: Sized`; like a
+// `&mut [u8]`, it is an exclusive pointer, and the chunks come from `split_at`, so no two
+// threads ever touch the same bytes.
+unsafe impl Send for Chunk<'_> {}
 
 /// The `LW` a workgroup of `wg` lanes can hold: a row split over `lpr / lw` 32-lane blocks
 /// needs whole blocks, as many per workgroup as the split; otherwise the row's lanes stay

@@ -37,6 +37,9 @@ pub struct GpuBackend {
     pub ctx: GpuContext,
     /// The VRAM expert tier (off until [`Backend::configure_expert_tier`]).
     tier: Mutex<moe::TierState>,
+    /// Device buffers that streamed experts outside the tier are written into, kept from
+    /// call to call (see `moe::GpuBackend::arena`).
+    transient: Mutex<Vec<Option<moe::Arena>>>,
 }
 
 impl GpuBackend {
@@ -45,6 +48,7 @@ impl GpuBackend {
         Ok(Self {
             ctx: GpuContext::new(opts)?,
             tier: Mutex::new(moe::TierState::default()),
+            transient: Mutex::new(Vec::new()),
         })
     }
 
@@ -200,7 +204,11 @@ impl Backend for GpuBackend {
         experts: &[ExpertAssignment<'_>],
         glu: Glu,
     ) -> Result<()> {
-        self.moe_accumulate_op(acc, z, experts, glu)
+        self.moe_accumulate_op(acc, z, experts, glu)?;
+        // Streaming hands experts over in batches and then waits for the next read: start
+        // the GPU on this batch now rather than at the layer's end.
+        self.ctx.flush();
+        Ok(())
     }
 
     fn configure_expert_tier(

@@ -20,10 +20,16 @@ const BLOCK: usize = 32;
 /// The device copy of a run of experts' matrices: packed nibbles and scale bytes, expert
 /// after expert, each expert's matrices stacked row-wise.
 #[derive(Clone)]
-struct Arena {
+pub(super) struct Arena {
     packed: wgpu::Buffer,
     scales: wgpu::Buffer,
 }
+
+/// Transient arenas kept for reuse: the first few of a call, each up to this many bytes.
+/// A decode step's 16 experts (≈ 180 + 90 MB) fit, so streaming allocates nothing per
+/// layer; a large prefill call's arenas are made for it and dropped after.
+const REUSED_ARENAS: usize = 4;
+const REUSED_ARENA_BYTES: u64 = 256 << 20;
 
 /// Routing of one call: work items (slot, pair, 1), one per pair and grouped by arena set,
 /// gather tables, scatter CSR.
@@ -127,7 +133,11 @@ fn expert_bytes(i: usize, d: usize) -> u64 {
 
 impl GpuBackend {
     /// Uploads matrices stacked row-wise as one arena, straight from their host views.
-    fn arena(&self, mats: &[Mxfp4View<'_>]) -> Result<Arena> {
+    /// The experts `mats` laid end to end in device buffers. Arena `reuse` of a call (when
+    /// below [`REUSED_ARENAS`] and the bytes fit [`REUSED_ARENA_BYTES`]) is written into
+    /// buffers kept from earlier calls; queue writes are ordered after the work already
+    /// submitted against them. Others are made for this call.
+    fn arena(&self, mats: &[Mxfp4View<'_>], reuse: Option<usize>) -> Result<Arena> {
         let (mut packed, mut scales) = (Vec::new(), Vec::new());
         let (mut po, mut so) = (0u64, 0u64);
         for m in mats {
@@ -136,10 +146,51 @@ impl GpuBackend {
             scales.push((so, m.scales));
             so += m.scales.len() as u64;
         }
-        Ok(Arena {
-            packed: self.ctx.buffer_from_parts(po, &packed, "expert packed")?,
-            scales: self.ctx.buffer_from_parts(so, &scales, "expert scales")?,
-        })
+        // Queue writes need 4-byte offsets and sizes.
+        let aligned = mats
+            .iter()
+            .all(|m| m.packed.len() % 4 == 0 && m.scales.len() % 4 == 0);
+        let slot =
+            reuse.filter(|&k| k < REUSED_ARENAS && aligned && po.max(so) <= REUSED_ARENA_BYTES);
+        let Some(k) = slot else {
+            return Ok(Arena {
+                packed: self.ctx.buffer_from_parts(po, &packed, "expert packed")?,
+                scales: self.ctx.buffer_from_parts(so, &scales, "expert scales")?,
+            });
+        };
+        let a = {
+            let mut pool = self
+                .transient
+                .lock()
+                .map_err(|_| anyhow!("GPU transient arenas poisoned by an earlier panic"))?;
+            if pool.len() <= k {
+                pool.resize_with(k + 1, || None);
+            }
+            let fits = pool[k]
+                .as_ref()
+                .is_some_and(|a| a.packed.size() >= po && a.scales.size() >= so);
+            if !fits {
+                pool[k] = Some(Arena {
+                    packed: self.ctx.buffer(
+                        REUSED_ARENA_BYTES.min(po.max(1).next_power_of_two()),
+                        "expert packed (reused)",
+                    ),
+                    scales: self.ctx.buffer(
+                        REUSED_ARENA_BYTES.min(so.max(1).next_power_of_two()),
+                        "expert scales (reused)",
+                    ),
+                });
+            }
+            pool[k]
+                .clone()
+                .ok_or_else(|| anyhow!("internal: transient arena {k} missing"))?
+        };
+        for (buf, parts) in [(&a.packed, &packed), (&a.scales, &scales)] {
+            for &(off, data) in parts {
+                self.ctx.write(buf, off, data);
+            }
+        }
+        Ok(a)
     }
 
     /// One batched MXFP4 matvec: `rows` output rows per expert slot, `cols` inputs.
@@ -215,7 +266,7 @@ impl GpuBackend {
         let rtb = self
             .ctx
             .buffer_init(bytemuck::cast_slice(&rt.words), "routing");
-        let arena = self.arena(&[w])?;
+        let arena = self.arena(&[w], None)?;
         self.mxfp4_batched(
             &arena,
             &x.buf,
@@ -433,13 +484,13 @@ impl GpuBackend {
         drop(tier);
         // Transient arenas fill the groups left empty, in the order they were opened.
         let mut tb = transient.iter().zip(&transient_down);
-        for set in sets.iter_mut().filter(|s| s.is_none()) {
+        for (j, set) in sets.iter_mut().filter(|s| s.is_none()).enumerate() {
             let Some((up, down)) = tb.next() else {
                 bail!("internal: a MoE arena group has no buffers");
             };
             *set = Some(ArenaSet {
-                up: self.arena(up)?,
-                down: self.arena(down)?,
+                up: self.arena(up, Some(2 * j))?,
+                down: self.arena(down, Some(2 * j + 1))?,
             });
         }
         let sets: Vec<ArenaSet> = sets.into_iter().flatten().collect();

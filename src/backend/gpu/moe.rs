@@ -29,6 +29,9 @@ pub(super) struct Arena {
 /// A decode step's 16 experts (≈ 180 + 90 MB) fit, so streaming allocates nothing per
 /// layer; a large prefill call's arenas are made for it and dropped after.
 const REUSED_ARENAS: usize = 4;
+/// Below this many output rows over all its (expert, token) pairs, an MXFP4 dispatch uses
+/// the dense geometry.
+const FEW_ROWS: u64 = 8192;
 const REUSED_ARENA_BYTES: u64 = 256 << 20;
 
 /// Routing of one call: work items (slot, pair, 1), one per pair and grouped by arena set,
@@ -210,10 +213,19 @@ impl GpuBackend {
             return;
         }
         debug_assert!(items.1 <= self.ctx.limits.max_compute_workgroups_per_dimension);
+        // The expert geometry gives each lane a long run but few workgroups per expert; a
+        // dispatch of a few thousand rows in all would leave most of the GPU idle, so it
+        // takes the dense geometry (one expert × 1 token: 58 % against 33 % of the read
+        // kernel on the H200).
+        let shape = if u64::from(items.1) * rows as u64 >= FEW_ROWS {
+            self.ctx.expert_matvec
+        } else {
+            self.ctx.matvec
+        };
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecMxfp4,
             entry: "moe",
-            consts: &mv_consts_of(self.ctx.expert_matvec),
+            consts: &mv_consts_of(shape),
             params: &[
                 rows as u32,
                 (cols / BLOCK) as u32,
@@ -228,7 +240,7 @@ impl GpuBackend {
             buffers: &[x, y, &a.packed, &a.scales, rt],
             groups: (
                 items.1,
-                (rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, self.ctx.expert_matvec)),
+                (rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, shape)),
                 1,
             ),
         });

@@ -736,8 +736,9 @@ fn mla_attend_matches_cpu_as_the_cache_grows() {
             };
             let mut gc = g.mla_cache(&d).unwrap();
             let mut cc = c.mla_cache(&d).unwrap();
-            // 3 + 1 + 70 positions: the last call grows the cache past its first capacity.
-            for n in [3, 1, 70] {
+            // 3 + 1 + 70 positions grow the cache past its first capacity; the 200-token
+            // call and the decode step after it split the positions into chunks of 128.
+            for n in [3, 1, 70, 200, 1] {
                 let q = rand_vec(&mut rng, n * heads * (nope + rope), 1.0);
                 let cv = rand_vec(&mut rng, n * (kv + rope), 1.0);
                 let got = g

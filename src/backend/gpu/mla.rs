@@ -13,6 +13,21 @@ const HEAD_TILE: u32 = 8;
 const OUTV_LANES: u32 = 32;
 /// Positions a fresh cache holds before it first grows.
 const INITIAL_POSITIONS: usize = 64;
+/// Positions one `ctx` workgroup walks, at most (fewer chunks only when memory or the grid
+/// limit asks).
+const CTX_CHUNK: usize = 128;
+/// Bytes the `ctx` partial sums may take.
+const CTX_PARTIAL_BYTES: usize = 64 << 20;
+
+/// Positions per `ctx` chunk for `rows` query rows of `kv` values over `total` positions:
+/// [`CTX_CHUNK`], or longer where the partials would pass [`CTX_PARTIAL_BYTES`] or the
+/// grid's `max_z` (`n` tokens × chunks workgroups).
+fn ctx_chunk_len(total: usize, n: usize, rows: usize, kv: usize, max_z: usize) -> usize {
+    let by_memory = (CTX_PARTIAL_BYTES / (rows * kv * 4).max(1)).max(1);
+    let by_grid = (max_z / n.max(1)).max(1);
+    let chunks = total.div_ceil(CTX_CHUNK).min(by_memory).min(by_grid).max(1);
+    total.div_ceil(chunks).max(1)
+}
 
 impl GpuBackend {
     pub(super) fn mla_cache_op(&self, d: &MlaDims) -> Result<GpuMlaCache> {
@@ -83,6 +98,10 @@ impl GpuBackend {
         self.grow(cache, pos0 + n)?;
         let total = pos0 + n;
         let cs = cache.stride;
+        let rows = n * h;
+        let max_z = self.ctx.limits.max_compute_workgroups_per_dimension as usize;
+        let plen = ctx_chunk_len(total, n, rows, kv, max_z);
+        let chunks = total.div_ceil(plen);
         let params = |total: usize| -> [u32; 12] {
             [
                 n as u32,
@@ -96,7 +115,7 @@ impl GpuBackend {
                 total as u32,
                 d.norm_eps.to_bits(),
                 (1.0 / (qw as f32).sqrt()).to_bits(),
-                0,
+                plen as u32,
             ]
         };
         let pr = params(total);
@@ -109,7 +128,6 @@ impl GpuBackend {
             groups: (n as u32, 1, 1),
         });
         cache.len = total;
-        let rows = n * h;
         let x = self.ctx.buffer((rows * cs * 4) as u64, "mla query");
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MlaAttend,
@@ -150,18 +168,33 @@ impl GpuBackend {
             groups: self.ctx.grid(rows as u32),
         });
         let ctxv = self.ctx.buffer((rows * kv * 4) as u64, "mla ctx");
+        // One chunk writes the ctx itself; more write partial sums that ctx_sum adds up.
+        let partial = (chunks > 1).then(|| {
+            self.ctx
+                .buffer((chunks * rows * kv * 4) as u64, "mla ctx partials")
+        });
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MlaAttend,
             entry: "ctx",
             consts: &[],
             params: &pr,
-            buffers: &[&probs, &ctxv, &cache.buf],
+            buffers: &[&probs, partial.as_ref().unwrap_or(&ctxv), &cache.buf],
             groups: (
                 (kv as u32).div_ceil(self.ctx.wg),
                 (h as u32).div_ceil(HEAD_TILE),
-                n as u32,
+                (n * chunks) as u32,
             ),
         });
+        if let Some(part) = &partial {
+            self.ctx.dispatch(&Dispatch {
+                shader: Shader::MlaAttend,
+                entry: "ctx_sum",
+                consts: &[],
+                params: &pr,
+                buffers: &[part, &ctxv],
+                groups: self.ctx.grid(((rows * kv) as u32).div_ceil(self.ctx.wg)),
+            });
+        }
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MlaAttend,
             entry: "outv",
@@ -171,5 +204,22 @@ impl GpuBackend {
             groups: ((d.v as u32).div_ceil(rpw), rows as u32, 1),
         });
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ctx_chunk_len, CTX_CHUNK};
+
+    #[test]
+    fn ctx_chunks_keep_positions_short_within_memory_and_grid() {
+        // Decode over 4096 positions, 96 heads of 512: 32 chunks of 128.
+        assert_eq!(ctx_chunk_len(4096, 1, 96, 512, 65535), CTX_CHUNK);
+        // Short caches stay one chunk.
+        assert_eq!(ctx_chunk_len(100, 1, 96, 512, 65535), 100);
+        // A 512-token prefill: one chunk's partials would already pass 64 MB, so one chunk.
+        assert_eq!(ctx_chunk_len(4096, 512, 512 * 96, 512, 65535), 4096);
+        // The grid's z limit (tokens × chunks) caps the chunk count: 16 chunks of 256.
+        assert_eq!(ctx_chunk_len(4096, 4000, 4000, 4, 65535), 256);
     }
 }

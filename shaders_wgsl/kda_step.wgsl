@@ -30,6 +30,8 @@ var<workgroup> sq: array<f32, MAX_D>;
 var<workgroup> sk: array<f32, MAX_D>;
 var<workgroup> sv: array<f32, MAX_D>;
 var<workgroup> sa: array<f32, MAX_D>;
+// Partial column sums of the state pass, one per lane.
+var<workgroup> spart: array<f32, 256>;
 
 fn sigmoid(v: f32) -> f32 {
     return 1.0 / (1.0 + exp(-v));
@@ -108,21 +110,54 @@ fn kda(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
         }
         workgroupBarrier();
         let b = sigmoid(inp[5u * p.n * pw + t * p.heads + h]);
+        // The state pass: column j of S takes u = Σ_i S[i][j]·a_i·k_i, then the update and
+        // o_j = Σ_i S'[i][j]·q_i. With dk < WG the rows are split among `parts` lanes per
+        // column (all WG lanes busy, fewer serial loads each) and the partial sums meet in
+        // workgroup memory; with one part the sums are the plain serial ones.
+        let parts = max(WG / dk, 1u);
+        let step = WG / parts;
+        let part = lid / step;
+        let rp = (dk + parts - 1u) / parts;
+        let i0 = min(part * rp, dk);
+        let i1 = min(i0 + rp, dk);
         var oss = 0.0;
-        for (var j = lid; j < dk; j += WG) {
+        for (var jb = 0u; jb < dk; jb += step) {
+            let j = jb + lid % step;
+            let live = j < dk;
+            let jj = min(j, dk - 1u);
             var u = 0.0;
-            for (var i = 0u; i < dk; i++) {
-                u += (st[s_base + i * dk + j] * sa[i]) * sk[i];
+            if (live) {
+                for (var i = i0; i < i1; i++) {
+                    u += (st[s_base + i * dk + jj] * sa[i]) * sk[i];
+                }
             }
-            let delta = b * (sv[j] - u);
+            spart[lid] = u;
+            workgroupBarrier();
+            var ut = 0.0;
+            for (var k = 0u; k < parts; k++) {
+                ut += spart[k * step + lid % step];
+            }
+            workgroupBarrier();
+            let delta = b * (sv[jj] - ut);
             var o = 0.0;
-            for (var i = 0u; i < dk; i++) {
-                let s = st[s_base + i * dk + j] * sa[i] + sk[i] * delta;
-                st[s_base + i * dk + j] = s;
-                o += s * sq[i];
+            if (live) {
+                for (var i = i0; i < i1; i++) {
+                    let s = st[s_base + i * dk + jj] * sa[i] + sk[i] * delta;
+                    st[s_base + i * dk + jj] = s;
+                    o += s * sq[i];
+                }
             }
-            out[t * pw + h * dk + j] = o;
-            oss += o * o;
+            spart[lid] = o;
+            workgroupBarrier();
+            if (live && part == 0u) {
+                var ot = 0.0;
+                for (var k = 0u; k < parts; k++) {
+                    ot += spart[k * step + lid % step];
+                }
+                out[t * pw + h * dk + j] = ot;
+                oss += ot * ot;
+            }
+            workgroupBarrier();
         }
         let r = 1.0 / sqrt(wg_sum(oss) / f32(dk) + p.norm_eps);
         for (var j = lid; j < dk; j += WG) {

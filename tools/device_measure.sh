@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device call that takes every figure docs/perf.md and docs/tuning.md report, in about
+# 8-9 minutes of the 30-minute session budget: the GPU op tests under CI=true, the kernel
+# benchmark, the k3-slice model (synthesized on the device's disk), its greedy tokens on the
+# GPU (to compare with the CPU's), and the GPU streaming sweep with the VRAM tier off and
+# small. Results land under $OUT. Prepare with tools/device_prepare.sh.
+set -u
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+K=./.devbin/k3
+M=/tmp/k3slice
+"$K" devices > "$OUT/devices.txt" 2>&1
+( "$K" synth --preset k3-slice --layers 4 "$M" > "$OUT/synth.txt" 2>&1 ) &
+SYNTH=$!
+CI=true timeout 120 ./.devbin/gpu_ops > "$OUT/gpu_ops.txt" 2>&1
+grep -E "test result|FAILED|panicked" "$OUT/gpu_ops.txt" | head -5
+wait "$SYNTH"
+tail -1 "$OUT/synth.txt"
+# Benchmarks after the synth: it loads the disk and the CPUs.
+timeout 240 ./.devbin/gpu_kernels > "$OUT/kernels.txt" 2>&1
+grep -E "==|mxfp4 matvec|moe resident: 16 experts x 1|int4 matvec 12288x7168, 1 |int8 matvec 12288x7168, 1 |kda|mla" "$OUT/kernels.txt"
+P8="163584,1000,2000,3000,4000,5000,6000,7000"
+"$K" run "$M" --ids "$P8" --ngen 6 --ignore-eos --quiet --backend gpu --expert-gb 60 --gpu-expert-gb 60 \
+    > "$OUT/gpu_ids.txt" 2> "$OUT/gpu_ids.err"
+echo "gpu greedy ids: $(cat "$OUT/gpu_ids.txt") (CPU, session 1-3: 18567,32176,151879,12370,65656,95)"
+for tier in 0 2; do
+    timeout 200 "$K" bench decode "$M" --backend gpu --gpu-expert-gb "$tier" --expert-gb-list 0,16 \
+        --runs 2 --ngen 6 --out "$OUT/sweep_tier$tier" --quiet > "$OUT/decode_tier$tier.md" 2> "$OUT/decode_tier$tier.err"
+    echo "== GPU sweep, VRAM tier $tier GB"
+    cat "$OUT/decode_tier$tier.md"
+done

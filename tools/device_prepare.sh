@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds and strips what tools/device_measure.sh runs on the H200 into .devbin/ (git-excluded;
+# see ../shared/docs/gpu-on-device.md for .gl, the Vulkan loader). Run here, then call the
+# device tool with carry [".devbin", ".gl"] and command `bash tools/device_measure.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .devbin
+cargo build --release
+cargo build --release --example shader_stats
+exe() { # newest test/bench executable of a target name
+    ls -t target/release/deps/"$1"-* | grep -v '\.d$' | head -1
+}
+cargo bench --bench gpu_kernels --no-run
+cargo test --release --test gpu_ops --no-run
+cp target/release/k3 .devbin/k3
+cp target/release/examples/shader_stats .devbin/shader_stats
+cp "$(exe gpu_kernels)" .devbin/gpu_kernels
+cp "$(exe gpu_ops)" .devbin/gpu_ops
+strip .devbin/k3 .devbin/shader_stats .devbin/gpu_kernels .devbin/gpu_ops
+ls -la .devbin

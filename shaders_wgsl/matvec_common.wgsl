@@ -1,10 +1,11 @@
 // The matvec/matmul driver every weight format shares. A workgroup owns WG/LPR lane groups
 // of RPL consecutive output rows each, for one token: each lane walks its rows in 16-byte
-// weight units (LPR lanes side by side, so a row is read in coalesced strips). Per unit the
-// lane loads its slice of x once (`load_x`, from the format file) and `unit_dot` decodes
-// each of the RPL rows' unit straight into a dot product with it; then the lanes of a group
-// reduce. On the H200 every format runs at about the same number of columns per clock
-// whatever its decode (docs/perf.md), so the kernels are bound by per-column work, not bytes.
+// weight units (LPR lanes per row, LW of them side by side in a 32-lane block, so a row is
+// read in coalesced strips). Per unit the lane loads its slice of x once (`load_x`, from the
+// format file) and `unit_dot` decodes each of the RPL rows' unit straight into a dot product
+// with it; then the lanes of a group reduce. On the H200 neither the decode nor the x loads
+// alone bound the int4/MXFP4 kernels; the two together do: without both, int4 runs at the
+// read kernel's bandwidth (docs/perf.md, third pass).
 // The format file defines `WU` (a unit of one row, with its scale) and `load_w`, `XU` and
 // `load_x`, and `unit_dot(WU, XU)`.
 

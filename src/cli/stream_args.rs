@@ -32,7 +32,8 @@ pub struct StreamArgs {
     pub ram_overcommit: u8,
     /// VRAM expert tier in GB (1e9 bytes) on the GPU backend; 0 turns it off. Default: the
     /// free VRAM after loading minus max(2 GB, 10%), or off where the adapter cannot report
-    /// free VRAM (DX12, CPU-type, Vulkan without VK_EXT_memory_budget). `K3_VK_GB` is read
+    /// free VRAM (DX12, Vulkan without VK_EXT_memory_budget) or its memory is host RAM
+    /// (CPU-type, integrated GPUs, Apple Silicon). `K3_VK_GB` is read
     /// when `K3_GPU_GB` is unset. The CPU backend ignores it.
     #[arg(long = "gpu-expert-gb", env = "K3_GPU_GB")]
     pub gpu_expert_gb: Option<f64>,

@@ -8,16 +8,23 @@
 //! - Metal: `recommendedMaxWorkingSetSize - currentAllocatedSize` of the `MTLDevice`.
 //! - DX12 and GL: no figure (DXGI's `QueryVideoMemoryInfo` would need the `windows` crate's
 //!   DXGI bindings enabled for k3; not done).
-//! - CPU-type adapters (lavapipe, WARP): no figure on purpose, their "VRAM" is host RAM,
-//!   which the host expert cache already budgets.
+//! - CPU-type adapters (lavapipe, WARP) and integrated GPUs (Apple Silicon, whose memory
+//!   wgpu reports as unified, and iGPUs): no figure on purpose, their "VRAM" is host RAM,
+//!   which the host expert cache already budgets; a default tier there would hold a second
+//!   copy of the cached experts in the same memory.
 
 /// Bytes of device-local memory free on `adapter` now, or `None` when the backend cannot
-/// tell (see the module doc) or the adapter is CPU-type.
+/// tell (see the module doc) or the adapter's memory is host RAM.
 pub fn free_device_local_bytes(adapter: &wgpu::Adapter) -> Option<u64> {
-    if matches!(adapter.get_info().device_type, wgpu::DeviceType::Cpu) {
+    if memory_is_host_ram(adapter.get_info().device_type) {
         return None;
     }
     reported_free_bytes(adapter)
+}
+
+/// Whether an adapter of this type computes in host RAM (CPU-type, integrated, unified).
+fn memory_is_host_ram(t: wgpu::DeviceType) -> bool {
+    matches!(t, wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu)
 }
 
 /// What the native API reports as free device-local memory, whatever the adapter type
@@ -40,8 +47,12 @@ pub fn reported_free_bytes(adapter: &wgpu::Adapter) -> Option<u64> {
 /// Why [`free_device_local_bytes`] gave no figure for an adapter like `info`, for the
 /// start-up line.
 pub fn why_unknown(info: &wgpu::AdapterInfo) -> &'static str {
-    if matches!(info.device_type, wgpu::DeviceType::Cpu) {
-        return "a CPU-type adapter's memory is host RAM";
+    match info.device_type {
+        wgpu::DeviceType::Cpu => return "a CPU-type adapter's memory is host RAM",
+        wgpu::DeviceType::IntegratedGpu => {
+            return "an integrated GPU's memory is host RAM, which the host expert cache already budgets"
+        }
+        _ => {}
     }
     match info.backend {
         wgpu::Backend::Vulkan => "the Vulkan driver does not offer VK_EXT_memory_budget",
@@ -149,6 +160,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_discrete_and_virtual_gpus_get_a_default_tier() {
+        use wgpu::DeviceType as T;
+        assert!(memory_is_host_ram(T::Cpu));
+        assert!(memory_is_host_ram(T::IntegratedGpu));
+        assert!(!memory_is_host_ram(T::DiscreteGpu));
+        assert!(!memory_is_host_ram(T::VirtualGpu));
+        assert!(!memory_is_host_ram(T::Other));
+    }
+
+    #[test]
     fn vram_sum_counts_only_device_local_heaps_and_clamps_overuse() {
         let g = 1u64 << 30;
         assert_eq!(
@@ -160,10 +181,15 @@ mod tests {
     }
 
     #[test]
-    fn vram_reason_names_cpu_adapters_first() {
+    fn vram_reason_names_host_memory_adapters_first() {
         let mut info = wgpu::AdapterInfo::new(wgpu::DeviceType::Cpu, wgpu::Backend::Vulkan);
         assert!(why_unknown(&info).contains("CPU-type"));
+        info.device_type = wgpu::DeviceType::IntegratedGpu;
+        assert!(why_unknown(&info).contains("integrated GPU"));
+        info.backend = wgpu::Backend::Metal;
+        assert!(why_unknown(&info).contains("integrated GPU"));
         info.device_type = wgpu::DeviceType::DiscreteGpu;
+        info.backend = wgpu::Backend::Vulkan;
         assert!(why_unknown(&info).contains("VK_EXT_memory_budget"));
     }
 }

@@ -25,14 +25,16 @@ pub(super) struct Arena {
     scales: wgpu::Buffer,
 }
 
-/// Transient arenas kept for reuse: the first few of a call, each up to this many bytes.
-/// A decode step's 16 experts (≈ 180 + 90 MB) fit, so streaming allocates nothing per
-/// layer; a large prefill call's arenas are made for it and dropped after.
+/// Transient arenas kept for reuse: the first few of a call, each up to
+/// [`REUSED_ARENA_BYTES`]. A decode step's 16 experts (≈ 180 + 90 MB) fit, so streaming
+/// allocates nothing per layer; a large prefill call's arenas are made for it and dropped
+/// after.
 const REUSED_ARENAS: usize = 4;
+/// The largest packed (or scale) buffer a reused arena keeps.
+const REUSED_ARENA_BYTES: u64 = 256 << 20;
 /// Below this many output rows over all its (expert, token) pairs, an MXFP4 dispatch uses
 /// the dense geometry.
 const FEW_ROWS: u64 = 8192;
-const REUSED_ARENA_BYTES: u64 = 256 << 20;
 
 /// Routing of one call: work items (slot, pair, 1), one per pair and grouped by arena set,
 /// gather tables, scatter CSR.
@@ -136,10 +138,10 @@ fn expert_bytes(i: usize, d: usize) -> u64 {
 
 impl GpuBackend {
     /// Uploads matrices stacked row-wise as one arena, straight from their host views.
-    /// The experts `mats` laid end to end in device buffers. Arena `reuse` of a call (when
-    /// below [`REUSED_ARENAS`] and the bytes fit [`REUSED_ARENA_BYTES`]) is written into
-    /// buffers kept from earlier calls; queue writes are ordered after the work already
-    /// submitted against them. Others are made for this call.
+    /// Arena `reuse` of a call (below [`REUSED_ARENAS`], bytes within
+    /// [`REUSED_ARENA_BYTES`], 4-byte sizes) is written into buffers kept from earlier calls;
+    /// queue writes are ordered after the work already submitted against them. Others are
+    /// made for this call.
     fn arena(&self, mats: &[Mxfp4View<'_>], reuse: Option<usize>) -> Result<Arena> {
         let (mut packed, mut scales) = (Vec::new(), Vec::new());
         let (mut po, mut so) = (0u64, 0u64);

@@ -158,6 +158,10 @@ fn main() {
         shape(8, 4, 4, None, false, false),
         shape(8, 4, 4, None, true, true),
         shape(8, 4, 4, Some(2), true, false),
+        MatvecShape {
+            token_tile: 8,
+            ..MatvecShape::default()
+        },
     ];
     let variants = std::iter::once(None).chain(shapes.into_iter().map(Some));
     for (i, shape) in variants.enumerate() {
@@ -202,19 +206,21 @@ fn shape(
         decode,
         pipelined,
         unchecked,
+        ..MatvecShape::default()
     }
 }
 
 /// One geometry in words, as the report prints it.
 fn describe(m: MatvecShape) -> String {
     format!(
-        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}",
+        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}, token tile {}",
         m.lanes_per_row,
         m.lanes_per_block,
         m.rows_per_lane,
         m.decode.map_or("default".to_string(), |d| d.to_string()),
         m.pipelined,
-        m.unchecked
+        m.unchecked,
+        m.token_tile
     )
 }
 
@@ -356,7 +362,8 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
         let (rows, cols) = (s(rows, rows / 16), s(cols, 512));
         for bits in [4u32, 8] {
             let m = g.load_matrix(dense(&mut rng, rows, cols, bits)).unwrap();
-            for &n in if all {
+            // Chunks of tokens run where every kernel does, and under token tiling.
+            for &n in if all || ctx.matvec.token_tile > 0 {
                 &[1usize, 32][..]
             } else {
                 &[1usize][..]

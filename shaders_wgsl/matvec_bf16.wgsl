@@ -26,7 +26,16 @@ fn load_w(wrow: u32, u: u32) -> WU {
     return WU(w[wrow * p.units + u]);
 }
 
-fn unit_dot(wu: WU, xv: XU) -> f32 {
+struct DU {
+    d0: vec4<f32>,
+    d1: vec4<f32>,
+}
+
+fn decode_unit(wu: WU) -> DU {
     let q = wu.q;
-    return dot(widen2(q.x, q.y), xv.x0) + dot(widen2(q.z, q.w), xv.x1);
+    return DU(widen2(q.x, q.y), widen2(q.z, q.w));
+}
+
+fn decoded_dot(du: DU, xv: XU) -> f32 {
+    return dot(du.d0, xv.x0) + dot(du.d1, xv.x1);
 }

@@ -7,7 +7,9 @@
 // alone bound the int4/MXFP4 kernels; the two together do: without both, int4 runs at the
 // read kernel's bandwidth (docs/perf.md, third pass).
 // The format file defines `WU` (a unit of one row, with its scale) and `load_w`, `XU` and
-// `load_x`, and `unit_dot(WU, XU)`.
+// `load_x`, `DU` (a unit decoded) with `decode_unit(WU)` and `decoded_dot(DU, XU)`. A unit's
+// dot product is always `decoded_dot(decode_unit(w), x)`, so the token-tiled kernel
+// (`dense_tiled`, which decodes a unit once for TT tokens) gives bit-identical sums.
 
 override LPR: u32 = 32u;
 // Of a row's LPR lanes, LW sit side by side in each 32-lane block and the rest in the next
@@ -25,6 +27,8 @@ override DEC: u32 = 1u;
 // 1: software-pipelined loop (next unit's weights loaded before this one is used; loading
 // its x too was measured and did not help).
 override PIPE: u32 = 1u;
+// Tokens one `dense_tiled` workgroup computes (1..=8).
+override TT: u32 = 8u;
 
 struct MvParams {
     rows: u32,
@@ -90,6 +94,10 @@ fn load_w8(wrow: u32, last: u32, u: u32) -> W8 {
         r.w7 = load_w(wrow + min(7u, last), u);
     }
     return r;
+}
+
+fn unit_dot(wu: WU, xv: XU) -> f32 {
+    return decoded_dot(decode_unit(wu), xv);
 }
 
 fn step(acc: Acc, w: W8, xv: XU) -> Acc {
@@ -158,24 +166,30 @@ fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {
             u = un;
         }
     }
+    write_sums(acc, RPL, lane, yb, 1u, valid);
+}
+
+// Reduces the first `count` (RPL or TT, uniform) sums of `acc` over each row's LPR lanes and
+// writes sum i to y[yb + i·ystep] for i < valid.
+fn write_sums(acc: Acc, count: u32, lane: u32, yb: u32, ystep: u32, valid: u32) {
     let sums = array<f32, 8>(acc.a.x, acc.a.y, acc.a.z, acc.a.w, acc.b.x, acc.b.y, acc.b.z, acc.b.w);
     if (LW >= LPR) {
-        for (var r = 0u; r < RPL; r++) {
+        for (var r = 0u; r < count; r++) {
             let s = seg_sum(sums[r], LPR);
             if (lane == 0u && r < valid) {
-                y[yb + r] = s;
+                y[yb + r * ystep] = s;
             }
         }
         return;
     }
     // Each block's LW lanes reduce first, then the row's LPR / LW blocks meet in workgroup
-    // memory: slot (row group, block part, row).
+    // memory: slot (row group, block part), 8 sums each.
     let part = lane / LW;
     let slot = (r_lid % 32u / LW + r_lid / 32u / PARTS * (32u / LW)) * PARTS + part;
-    for (var r = 0u; r < RPL; r++) {
+    for (var r = 0u; r < count; r++) {
         let s = seg_sum(sums[r], LW);
         if (lane % LW == 0u) {
-            mv_part[slot * RPL + r] = s;
+            mv_part[slot * 8u + r] = s;
         }
     }
     workgroupBarrier();
@@ -183,14 +197,14 @@ fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {
         for (var r = 0u; r < valid; r++) {
             var t = 0.0;
             for (var k = 0u; k < PARTS; k++) {
-                t += mv_part[(slot + k) * RPL + r];
+                t += mv_part[(slot + k) * 8u + r];
             }
-            y[yb + r] = t;
+            y[yb + r * ystep] = t;
         }
     }
 }
 
-// Partial row sums of the split layout (LW < LPR): WG / LW slots of RPL rows.
+// Partial row sums of the split layout (LW < LPR): WG / LW slots of up to 8 sums.
 var<workgroup> mv_part: array<f32, 512>;
 
 // A lane's place: (lane within its row's LPR lanes, row group within the workgroup).
@@ -215,4 +229,57 @@ fn dense(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     let rr = min(row, p.rows - 1u);
     let nrows = min(RPL, p.rows - rr);
     gemv_rows(rr, nrows, t * p.x_stride4, lane, t * p.y_stride + p.row0 + rr, select(0u, nrows, row < p.rows));
+}
+
+// Token-tiled matmul for chunks of tokens: y[t0 + i, row0 + row] = W[row] · x[t0 + i] for
+// the TT tokens of tile wg.x, one row per lane group (wg.y the row group). Each weight unit
+// is loaded and decoded once and applied to every token of the tile; the per-token kernel
+// above decodes it again for every token.
+@compute @workgroup_size(WG)
+fn dense_tiled(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    lanes_init(lanes);
+    let place = lane_place(lanes.lid);
+    let lane = place.x;
+    let t0 = wg.x * TT;
+    let row = wg.y * (WG / LPR) + place.y;
+    let rr = min(row, p.rows - 1u);
+    let last = p.n - 1u;
+    // Tokens past the chunk repeat its last one (not written).
+    let x0 = min(t0, last) * p.x_stride4;
+    let x1 = min(t0 + 1u, last) * p.x_stride4;
+    let x2 = min(t0 + 2u, last) * p.x_stride4;
+    let x3 = min(t0 + 3u, last) * p.x_stride4;
+    let x4 = min(t0 + 4u, last) * p.x_stride4;
+    let x5 = min(t0 + 5u, last) * p.x_stride4;
+    let x6 = min(t0 + 6u, last) * p.x_stride4;
+    let x7 = min(t0 + 7u, last) * p.x_stride4;
+    var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var u = lane; u < p.units; u += LPR) {
+        let du = decode_unit(load_w(rr, u));
+        let o = u * UV;
+        acc.a.x += decoded_dot(du, load_x(x0 + o));
+        if (TT > 1u) {
+            acc.a.y += decoded_dot(du, load_x(x1 + o));
+        }
+        if (TT > 2u) {
+            acc.a.z += decoded_dot(du, load_x(x2 + o));
+        }
+        if (TT > 3u) {
+            acc.a.w += decoded_dot(du, load_x(x3 + o));
+        }
+        if (TT > 4u) {
+            acc.b.x += decoded_dot(du, load_x(x4 + o));
+        }
+        if (TT > 5u) {
+            acc.b.y += decoded_dot(du, load_x(x5 + o));
+        }
+        if (TT > 6u) {
+            acc.b.z += decoded_dot(du, load_x(x6 + o));
+        }
+        if (TT > 7u) {
+            acc.b.w += decoded_dot(du, load_x(x7 + o));
+        }
+    }
+    let valid = select(0u, min(TT, p.n - min(t0, p.n)), row < p.rows);
+    write_sums(acc, TT, lane, t0 * p.y_stride + p.row0 + rr, p.y_stride, valid);
 }

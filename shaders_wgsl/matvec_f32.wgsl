@@ -20,6 +20,12 @@ fn load_w(wrow: u32, u: u32) -> WU {
     return WU(w[wrow * p.units + u]);
 }
 
-fn unit_dot(wu: WU, xv: XU) -> f32 {
-    return dot(wu.q, xv.x0);
+alias DU = vec4<f32>;
+
+fn decode_unit(wu: WU) -> DU {
+    return wu.q;
+}
+
+fn decoded_dot(du: DU, xv: XU) -> f32 {
+    return dot(du, xv.x0);
 }

@@ -33,11 +33,6 @@ fn nib4(o: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>((vec4<u32>(o) & M4) | vec4<u32>(MAGIC)) - C4;
 }
 
-fn word_dot(q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
-    let o = q ^ 0x88888888u;
-    return dot(nib4(o), xa) + dot(nib4(o >> 16u), xb);
-}
-
 const SH_LO: vec4<u32> = vec4<u32>(28u, 24u, 20u, 16u);
 const SH_HI: vec4<u32> = vec4<u32>(12u, 8u, 4u, 0u);
 
@@ -58,15 +53,34 @@ fn load_w(wrow: u32, u: u32) -> WU {
     return WU(w[wrow * p.units + u], scale[wrow * p.groups + u / 2u]);
 }
 
-fn unit_dot(wu: WU, xv: XU) -> f32 {
+// A unit's eight vec4 of (DEC 1: lane-scaled) values and its scale.
+struct DU {
+    v: X8,
+    s: f32,
+}
+
+fn decode_unit(wu: WU) -> DU {
     let q = wu.q;
+    if (DEC == 0u) {
+        return DU(X8(lo4(q.x), hi4(q.x), lo4(q.y), hi4(q.y), lo4(q.z), hi4(q.z), lo4(q.w), hi4(q.w)), wu.s);
+    }
+    let o = q ^ vec4<u32>(0x88888888u);
+    return DU(
+        X8(nib4(o.x), nib4(o.x >> 16u), nib4(o.y), nib4(o.y >> 16u), nib4(o.z), nib4(o.z >> 16u), nib4(o.w), nib4(o.w >> 16u)),
+        wu.s,
+    );
+}
+
+fn decoded_dot(du: DU, xv: XU) -> f32 {
+    let v = du.v;
     var d: f32;
     if (DEC == 0u) {
-        d = dot(lo4(q.x), xv.x0) + dot(hi4(q.x), xv.x1) + dot(lo4(q.y), xv.x2) + dot(hi4(q.y), xv.x3)
-            + dot(lo4(q.z), xv.x4) + dot(hi4(q.z), xv.x5) + dot(lo4(q.w), xv.x6) + dot(hi4(q.w), xv.x7);
+        d = dot(v.x0, xv.x0) + dot(v.x1, xv.x1) + dot(v.x2, xv.x2) + dot(v.x3, xv.x3)
+            + dot(v.x4, xv.x4) + dot(v.x5, xv.x5) + dot(v.x6, xv.x6) + dot(v.x7, xv.x7);
     } else {
-        d = word_dot(q.x, xv.x0, xv.x1) + word_dot(q.y, xv.x2, xv.x3) + word_dot(q.z, xv.x4, xv.x5)
-            + word_dot(q.w, xv.x6, xv.x7);
+        // Summed word by word, as the pairs of half-words come from one word.
+        d = (dot(v.x0, xv.x0) + dot(v.x1, xv.x1)) + (dot(v.x2, xv.x2) + dot(v.x3, xv.x3))
+            + (dot(v.x4, xv.x4) + dot(v.x5, xv.x5)) + (dot(v.x6, xv.x6) + dot(v.x7, xv.x7));
     }
-    return d * wu.s;
+    return d * du.s;
 }

@@ -45,15 +45,24 @@ fn load_w(wrow: u32, u: u32) -> WU {
     return WU(w[wrow * p.units + u], scale[wrow]);
 }
 
-fn unit_dot(wu: WU, xv: XU) -> f32 {
+// A unit's four vec4 of (DEC 1: lane-scaled) values and its scale.
+struct DU {
+    d0: vec4<f32>,
+    d1: vec4<f32>,
+    d2: vec4<f32>,
+    d3: vec4<f32>,
+    s: f32,
+}
+
+fn decode_unit(wu: WU) -> DU {
     let q = wu.q;
-    var d: f32;
     if (DEC == 0u) {
-        d = dot(vec4<f32>(unpack4xI8(q.x)), xv.x0) + dot(vec4<f32>(unpack4xI8(q.y)), xv.x1)
-            + dot(vec4<f32>(unpack4xI8(q.z)), xv.x2) + dot(vec4<f32>(unpack4xI8(q.w)), xv.x3);
-    } else {
-        d = dot(bytes4(q.x), xv.x0) + dot(bytes4(q.y), xv.x1) + dot(bytes4(q.z), xv.x2)
-            + dot(bytes4(q.w), xv.x3);
+        return DU(vec4<f32>(unpack4xI8(q.x)), vec4<f32>(unpack4xI8(q.y)), vec4<f32>(unpack4xI8(q.z)), vec4<f32>(unpack4xI8(q.w)), wu.s);
     }
-    return d * wu.s;
+    return DU(bytes4(q.x), bytes4(q.y), bytes4(q.z), bytes4(q.w), wu.s);
+}
+
+fn decoded_dot(du: DU, xv: XU) -> f32 {
+    let d = dot(du.d0, xv.x0) + dot(du.d1, xv.x1) + dot(du.d2, xv.x2) + dot(du.d3, xv.x3);
+    return d * du.s;
 }

@@ -30,12 +30,18 @@ fn pair(q: u32, j: u32) -> vec2<f32> {
     return unpack2x16float(((n & 0x00070007u) << 9u) | ((n & 0x00080008u) << 12u));
 }
 
-fn word_f16(q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+// A word's eight values: columns 0..3 and 4..7.
+struct W2 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn word_f16(q: u32) -> W2 {
     let a = pair(q, 0u);
     let c = pair(q, 1u);
     let e = pair(q, 2u);
     let g = pair(q, 3u);
-    return dot(vec4<f32>(a.x, c.x, e.x, g.x), xa) + dot(vec4<f32>(a.y, c.y, e.y, g.y), xb);
+    return W2(vec4<f32>(a.x, c.x, e.x, g.x), vec4<f32>(a.y, c.y, e.y, g.y));
 }
 
 // DEC 2: value/4 of four nibbles whose magnitude bits `t` already sit at bits 22..24 and
@@ -46,25 +52,22 @@ fn quarter4(t: vec4<u32>, s: vec4<u32>) -> vec4<f32> {
     return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) | (s & vec4<u32>(0x80000000u)));
 }
 
-fn word_exp(q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+fn word_exp(q: u32) -> W2 {
     let v = vec4<u32>(q);
     let lo = quarter4(v << vec4<u32>(22u, 18u, 14u, 10u), v << vec4<u32>(28u, 24u, 20u, 16u));
     let hi = quarter4(vec4<u32>(q << 6u, q << 2u, q >> 2u, q >> 6u), v << vec4<u32>(12u, 8u, 4u, 0u));
-    return dot(lo, xa) + dot(hi, xb);
+    return W2(lo, hi);
 }
 
 // 2^14, undoing the f16 placement.
 const F16_BIAS: f32 = 16384.0;
 
-// The s > 240 path: each of a word's eight E2M1 values (exact in f32) times the scale, then
-// times x, as the CPU dequantizes. Built from the f16 pairs rather than a table, which a
-// shader compiler keeps in memory (lavapipe took minutes to compile the table version).
-fn word_plain(q: u32, sc: f32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
-    let a = pair(q, 0u) * F16_BIAS;
-    let c = pair(q, 1u) * F16_BIAS;
-    let e = pair(q, 2u) * F16_BIAS;
-    let g = pair(q, 3u) * F16_BIAS;
-    return dot(vec4<f32>(a.x, c.x, e.x, g.x) * sc, xa) + dot(vec4<f32>(a.y, c.y, e.y, g.y) * sc, xb);
+// The s > 240 path: each of a word's eight E2M1 values (exact in f32) times the scale, as the
+// CPU dequantizes. Built from the f16 pairs rather than a table, which a shader compiler
+// keeps in memory (lavapipe took minutes to compile the table version).
+fn word_plain(q: u32, sc: f32) -> W2 {
+    let v = word_f16(q);
+    return W2(v.lo * F16_BIAS * sc, v.hi * F16_BIAS * sc);
 }
 
 struct WU {
@@ -78,24 +81,35 @@ fn load_w(wrow: u32, u: u32) -> WU {
     return WU(w[wrow * p.units + u], (scales[si >> 2u] >> ((si & 3u) * 8u)) & 0xFFu);
 }
 
-fn unit_dot(wu: WU, xv: XU) -> f32 {
+// A unit's four words of values and the factor its dot product takes: the scale (times the
+// placement's bias), or 1 where the scale went into every element.
+struct DU {
+    w0: W2,
+    w1: W2,
+    w2: W2,
+    w3: W2,
+    f: f32,
+}
+
+fn decode_unit(wu: WU) -> DU {
     let s = wu.s;
     let q = wu.q;
     let sc = bitcast<f32>(s << 23u);
     if (s > 240u) {
         // Where the scale is huge, and for the +inf scale (a zero nibble then gives NaN as
         // on the CPU), the scale is applied per element, as the CPU dequantizes.
-        return word_plain(q.x, sc, xv.x0, xv.x1) + word_plain(q.y, sc, xv.x2, xv.x3)
-            + word_plain(q.z, sc, xv.x4, xv.x5) + word_plain(q.w, sc, xv.x6, xv.x7);
+        return DU(word_plain(q.x, sc), word_plain(q.y, sc), word_plain(q.z, sc), word_plain(q.w, sc), 1.0);
     }
     if (DEC != 2u) {
-        let d = word_f16(q.x, xv.x0, xv.x1) + word_f16(q.y, xv.x2, xv.x3) + word_f16(q.z, xv.x4, xv.x5)
-            + word_f16(q.w, xv.x6, xv.x7);
-        return d * (sc * F16_BIAS);
+        return DU(word_f16(q.x), word_f16(q.y), word_f16(q.z), word_f16(q.w), sc * F16_BIAS);
     }
-    let d = word_exp(q.x, xv.x0, xv.x1) + word_exp(q.y, xv.x2, xv.x3) + word_exp(q.z, xv.x4, xv.x5)
-        + word_exp(q.w, xv.x6, xv.x7);
-    return d * (sc * 4.0);
+    return DU(word_exp(q.x), word_exp(q.y), word_exp(q.z), word_exp(q.w), sc * 4.0);
+}
+
+fn decoded_dot(du: DU, xv: XU) -> f32 {
+    let d = (dot(du.w0.lo, xv.x0) + dot(du.w0.hi, xv.x1)) + (dot(du.w1.lo, xv.x2) + dot(du.w1.hi, xv.x3))
+        + (dot(du.w2.lo, xv.x4) + dot(du.w2.hi, xv.x5)) + (dot(du.w3.lo, xv.x6) + dot(du.w3.hi, xv.x7));
+    return d * du.f;
 }
 
 // Batched experts: work item item0 + wg.x = (expert slot, pair, 1) from `rt`, wg.y the row

@@ -214,6 +214,58 @@ fn matmul_case(
     );
 }
 
+/// A chunk of tokens goes through the token-tiled kernel (each weight unit decoded once per
+/// tile of 8); its sums are those of the one-token kernel, token by token, including a last
+/// tile that is not full. Both run the same arithmetic in the same order (bit-equal on
+/// lavapipe); the bound leaves room for a driver that contracts multiply-adds differently
+/// in the two kernels.
+#[test]
+fn token_tiles_give_the_one_token_sums() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let opts = GpuOptions {
+        allow_cpu_adapter: true,
+        matvec: Some(MatvecShape {
+            token_tile: 8,
+            ..MatvecShape::default()
+        }),
+        ..Default::default()
+    };
+    let Ok(g) = GpuBackend::new(&opts) else {
+        assert!(
+            gpus(None).is_empty(),
+            "the adapter opens but not with {opts:?}"
+        );
+        return;
+    };
+    for fmt in [
+        DenseFormat::F32,
+        DenseFormat::Bf16,
+        DenseFormat::Int8,
+        DenseFormat::Int4,
+    ] {
+        let (rows, cols, n) = (45, 200, 11);
+        let w =
+            DenseMatrix::from_f32(rows, cols, rand_vec(&mut rng, rows * cols, 0.5), fmt).unwrap();
+        let gm = g.load_matrix(w).unwrap();
+        let x = rand_vec(&mut rng, n * cols, 1.0);
+        let all = g
+            .download(&g.matmul(&gm, &g.upload(&x, n, cols).unwrap()).unwrap())
+            .unwrap();
+        for t in 0..n {
+            let xt = &x[t * cols..(t + 1) * cols];
+            let one = g
+                .download(&g.matmul(&gm, &g.upload(xt, 1, cols).unwrap()).unwrap())
+                .unwrap();
+            check(
+                &format!("tile vs one token, {fmt:?} token {t}"),
+                &all[t * rows..(t + 1) * rows],
+                &one,
+                1e-6,
+            );
+        }
+    }
+}
+
 #[test]
 fn dense_matmul_matches_cpu_in_every_format() {
     let mut rng = StdRng::seed_from_u64(3);
@@ -255,6 +307,8 @@ fn matvec_geometries_other_than_the_default_agree() {
             decode,
             pipelined: i != 1,
             unchecked: i == 1,
+            // Chunks of tokens through the tiled kernel, with tiles of 8 and of 3 tokens.
+            token_tile: [8, 0, 3][i],
         });
         let opts = GpuOptions {
             allow_cpu_adapter: true,

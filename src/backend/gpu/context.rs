@@ -52,6 +52,10 @@ pub struct MatvecShape {
     pub lanes_per_block: u32,
     /// Rows each lane group computes together, sharing its loads of x (1..=8).
     pub rows_per_lane: u32,
+    /// Dense matmuls of several tokens: 0 runs the one-token kernel per token; 1..=8 runs
+    /// `dense_tiled`, which decodes each weight unit once for that many tokens. Off by
+    /// default until measured on a GPU (docs/perf.md).
+    pub token_tile: u32,
     /// Decode variant of the quantized formats (the `DEC` override of the matvec shaders);
     /// `None` = each shader's default. Benchmarks and tests compare the variants.
     pub decode: Option<u32>,
@@ -68,6 +72,7 @@ impl Default for MatvecShape {
             lanes_per_row: 32,
             lanes_per_block: 32,
             rows_per_lane: 4,
+            token_tile: 0,
             decode: None,
             pipelined: true,
             unchecked: false,
@@ -95,8 +100,9 @@ impl MatvecShape {
             || self.lanes_per_block < 4
             || !(1..=8).contains(&self.rows_per_lane)
             || self.decode.is_some_and(|d| d > 2)
+            || self.token_tile > 8
         {
-            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=2");
+            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=2, token tile 0..=8");
         }
         self.lanes_per_block = split_lanes(self.lanes_per_row, self.lanes_per_block, wg);
         Ok(self)

@@ -158,8 +158,9 @@ impl GpuBackend {
         let padded = pad_rows(&payload, rows, raw_row, row_bytes);
         drop(payload);
         let max_rows_binding = (self.ctx.max_binding / row_bytes.max(1) as u64) as usize;
+        // The token-tiled kernel has the fewest rows per workgroup (one per lane group).
         let max_rows_dispatch = self.ctx.limits.max_compute_workgroups_per_dimension as usize
-            * self.rows_per_group() as usize;
+            * self.tiled_rows_per_group() as usize;
         let chunk_rows = max_rows_binding.min(max_rows_dispatch);
         if chunk_rows == 0 {
             bail!(
@@ -207,6 +208,11 @@ impl GpuBackend {
         mv_consts_of(self.ctx.matvec)
     }
 
+    /// Output rows of one `dense_tiled` workgroup: one per lane group.
+    fn tiled_rows_per_group(&self) -> u32 {
+        self.ctx.wg / self.ctx.matvec.lanes_per_row
+    }
+
     pub(super) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
         ensure!(
             x.cols == w.cols,
@@ -226,10 +232,16 @@ impl GpuBackend {
             if let Some(s) = &c.scale {
                 bufs.push(s);
             }
+            // Several tokens, tiling on: each weight unit decoded once per tile.
+            let tile = self.ctx.matvec.token_tile;
+            let tiled = tile > 0 && x.rows >= 2;
+            let consts = self.mv_consts();
+            let mut tiled_consts = consts.to_vec();
+            tiled_consts.push(("TT", tile));
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
-                entry: "dense",
-                consts: &self.mv_consts(),
+                entry: if tiled { "dense_tiled" } else { "dense" },
+                consts: if tiled { &tiled_consts } else { &consts },
                 params: &[
                     c.rows as u32,
                     (w.cols_padded / uc) as u32,
@@ -241,7 +253,15 @@ impl GpuBackend {
                     0,
                 ],
                 buffers: &bufs,
-                groups: (x.rows as u32, (c.rows as u32).div_ceil(rpg), 1),
+                groups: if tiled {
+                    (
+                        (x.rows as u32).div_ceil(tile),
+                        (c.rows as u32).div_ceil(self.tiled_rows_per_group()),
+                        1,
+                    )
+                } else {
+                    (x.rows as u32, (c.rows as u32).div_ceil(rpg), 1)
+                },
             });
         }
         Ok(y)

@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
-# One device call that takes every figure docs/perf.md and docs/tuning.md report, in about
-# 8-9 minutes of the 30-minute session budget: the GPU op tests under CI=true, the kernel
-# benchmark, the k3-slice model (synthesized on the device's disk), its greedy tokens on the
-# GPU (to compare with the CPU's), and the GPU streaming sweep with the VRAM tier off and
-# small. Results land under $OUT. Prepare with tools/device_prepare.sh.
+# The device calls that take every figure docs/perf.md and docs/tuning.md report. With no
+# argument (about 9 minutes, under the 10-minute call limit): the GPU op tests under
+# CI=true, the kernel benchmark, the k3-slice model (synthesized on the device's disk), its
+# greedy tokens on the GPU (to compare with the CPU's), and the GPU streaming sweep with the
+# VRAM tier off and small. With `cpu` (make that call right after, while the machine and its
+# model are still there; it synthesizes the model again otherwise): the CPU backend's sweep.
+# Results land under $OUT. Prepare with tools/device_prepare.sh.
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 K=./.devbin/k3
 M=/tmp/k3slice
+if [ "${1:-}" = cpu ]; then
+    [ -f "$M/config.json" ] || "$K" synth --preset k3-slice --layers 4 "$M" > "$OUT/synth.txt" 2>&1
+    timeout 500 "$K" bench decode "$M" --backend cpu --expert-gb-list 0,16 --runs 2 --ngen 6 \
+        --out "$OUT/sweep_cpu" --quiet > "$OUT/decode_cpu.md" 2> "$OUT/decode_cpu.err"
+    echo "== CPU sweep"
+    cat "$OUT/decode_cpu.md"
+    exit 0
+fi
 "$K" devices > "$OUT/devices.txt" 2>&1
 ( "$K" synth --preset k3-slice --layers 4 "$M" > "$OUT/synth.txt" 2>&1 ) &
 SYNTH=$!

@@ -162,6 +162,10 @@ fn main() {
             token_tile: 8,
             ..MatvecShape::default()
         },
+        MatvecShape {
+            token_tile: 8,
+            ..shape(32, 4, 4, None, true, false)
+        },
     ];
     let variants = std::iter::once(None).chain(shapes.into_iter().map(Some));
     for (i, shape) in variants.enumerate() {

@@ -390,14 +390,14 @@ fn mxfp4_matvec_matches_cpu_dequantized() {
     let mut rng = StdRng::seed_from_u64(5);
     let c = CpuBackend::new();
     for g in gpus(None) {
-        // The last two are large enough (rows × tokens ≥ 8192) for the expert geometry;
+        // The last two are large enough (rows × tokens ≥ 32768) for the expert geometry;
         // the others take the dense one.
         for (n, rows, cols) in [
             (1, 64, 96),
             (5, 33, 256),
             (12, 100, 64),
-            (1, 8200, 64),
-            (3, 3000, 96),
+            (1, 33000, 64),
+            (3, 11000, 96),
         ] {
             let (packed, scales) = rand_mxfp4(&mut rng, rows, cols);
             let view = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();

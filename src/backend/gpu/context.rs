@@ -35,8 +35,8 @@ pub struct GpuOptions {
     /// Matvec geometry of the dense formats; `None` = the default (benchmarks compare
     /// variants).
     pub matvec: Option<MatvecShape>,
-    /// Geometry of the batched MXFP4 expert kernel for dispatches of 8192 output rows or more
-    /// over all their (expert, token) pairs (smaller ones take `matvec`); `None` =
+    /// Geometry of the batched MXFP4 expert kernel for dispatches of 32768 output rows or
+    /// more over all their (expert, token) pairs (smaller ones take `matvec`); `None` =
     /// [`MatvecShape::experts`].
     pub expert_matvec: Option<MatvecShape>,
 }

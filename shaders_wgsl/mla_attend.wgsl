@@ -71,9 +71,24 @@ fn qabs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     for (var c = lanes.lid; c < p.cs; c += WG) {
         var val = 0.0;
         if (c < p.kv) {
-            for (var i = 0u; i < p.nope; i++) {
-                val += a[qb + i] * b[(hh * p.nope + i) * p.kv + c];
+            // Four independent partial sums, so four loads of W_k are in flight per lane
+            // instead of one at a time down the 128 rows.
+            let wb = hh * p.nope * p.kv + c;
+            var s0 = 0.0;
+            var s1 = 0.0;
+            var s2 = 0.0;
+            var s3 = 0.0;
+            var i = 0u;
+            for (; i + 3u < p.nope; i += 4u) {
+                s0 += a[qb + i] * b[wb + i * p.kv];
+                s1 += a[qb + i + 1u] * b[wb + (i + 1u) * p.kv];
+                s2 += a[qb + i + 2u] * b[wb + (i + 2u) * p.kv];
+                s3 += a[qb + i + 3u] * b[wb + (i + 3u) * p.kv];
             }
+            for (; i < p.nope; i++) {
+                s0 += a[qb + i] * b[wb + i * p.kv];
+            }
+            val = (s0 + s1) + (s2 + s3);
         } else if (c < p.kv + p.rope) {
             val = a[qb + p.nope + c - p.kv];
         }

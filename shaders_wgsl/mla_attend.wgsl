@@ -137,13 +137,30 @@ fn ctx(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     let ch = wg.z % chunks;
     let len = min(p.pos0 + t + 1u, (ch + 1u) * p.plen);
     let cc = min(c, p.kv - 1u);
+    // Two positions per step into two sets of sums, so each lane has two positions' loads
+    // in flight.
     var acc: array<f32, HT>;
-    for (var pos = ch * p.plen; pos < len; pos++) {
+    var acc2: array<f32, HT>;
+    var pos = ch * p.plen;
+    for (; pos + 1u < len; pos += 2u) {
+        let l = b[pos * p.cs + cc];
+        let l2 = b[(pos + 1u) * p.cs + cc];
+        for (var j = 0u; j < HT; j++) {
+            let hh = min(h0 + j, p.heads - 1u);
+            let pr = (t * p.heads + hh) * p.total + pos;
+            acc[j] += a[pr] * l;
+            acc2[j] += a[pr + 1u] * l2;
+        }
+    }
+    if (pos < len) {
         let l = b[pos * p.cs + cc];
         for (var j = 0u; j < HT; j++) {
             let hh = min(h0 + j, p.heads - 1u);
             acc[j] += a[(t * p.heads + hh) * p.total + pos] * l;
         }
+    }
+    for (var j = 0u; j < HT; j++) {
+        acc[j] += acc2[j];
     }
     if (c < p.kv) {
         let base = (ch * p.n + t) * p.heads;

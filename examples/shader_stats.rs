@@ -136,12 +136,9 @@ fn compile(spec: &Spec, unchecked: bool) -> Result<(Vec<u32>, Bindings)> {
     Ok((words, bindings))
 }
 
-fn c_str(bytes: &[std::ffi::c_char]) -> String {
-    // SAFETY: c_char and u8 have the same size and alignment; the slice is the driver's
-    // fixed-size, NUL-terminated description array.
-    let b = unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<u8>(), bytes.len()) };
-    CStr::from_bytes_until_nul(b)
-        .map(|c| c.to_string_lossy().into_owned())
+/// A driver-written name as text (empty if the driver left it unterminated).
+fn text(name: Result<&CStr, std::ffi::FromBytesUntilNulError>) -> String {
+    name.map(|c| c.to_string_lossy().into_owned())
         .unwrap_or_default()
 }
 
@@ -182,7 +179,7 @@ impl Vk {
                     .as_ref()
                     .is_none_or(|(_, _, was_cpu)| *was_cpu && !cpu)
             {
-                chosen = Some((pd, c_str(&props.device_name), cpu));
+                chosen = Some((pd, text(props.device_name_as_c_str()), cpu));
             }
         }
         let (pd, name, _) = chosen.ok_or_else(|| {
@@ -281,7 +278,7 @@ impl Vk {
             let mut line = format!(
                 "{}  [{} subgroup {}]",
                 spec.label,
-                c_str(&e.name),
+                text(e.name_as_c_str()),
                 e.subgroup_size
             );
             for s in &stats {
@@ -294,7 +291,7 @@ impl Vk {
                         _ => format!("{:.3}", s.value.f64),
                     }
                 };
-                line.push_str(&format!("  {}={v}", c_str(&s.name)));
+                line.push_str(&format!("  {}={v}", text(s.name_as_c_str())));
             }
             println!("{line}");
             if let Some(dir) = dump {
@@ -312,45 +309,34 @@ impl Vk {
         dir: &PathBuf,
     ) -> Result<()> {
         let fp = self.exec.fp();
+        // The spec's three-call idiom: count, then sizes, then data. Every call passes an
+        // array of `count` entries (or null) whose data pointers are null or point at
+        // buffers of the sizes the driver reported.
+        let query =
+            |count: &mut u32, reps: *mut vk::PipelineExecutableInternalRepresentationKHR| {
+                // SAFETY: `info` names a pipeline of this device created with the capture flags;
+                // `reps` is null or holds `count` entries, as described above.
+                unsafe {
+                    (fp.get_pipeline_executable_internal_representations_khr)(
+                        self.device.handle(),
+                        info,
+                        count,
+                        reps,
+                    )
+                }
+                .result()
+            };
         let mut count = 0u32;
-        // SAFETY: the count query with a null array, per the spec's two-call idiom.
-        unsafe {
-            (fp.get_pipeline_executable_internal_representations_khr)(
-                self.device.handle(),
-                info,
-                &mut count,
-                std::ptr::null_mut(),
-            )
-        }
-        .result()?;
+        query(&mut count, std::ptr::null_mut())?;
         let mut reps =
             vec![vk::PipelineExecutableInternalRepresentationKHR::default(); count as usize];
-        // SAFETY: same call with room for `count` entries and null data pointers: the driver
-        // fills in each representation's size.
-        unsafe {
-            (fp.get_pipeline_executable_internal_representations_khr)(
-                self.device.handle(),
-                info,
-                &mut count,
-                reps.as_mut_ptr(),
-            )
-        }
-        .result()?;
+        query(&mut count, reps.as_mut_ptr())?;
         let mut bufs: Vec<Vec<u8>> = reps.iter().map(|r| vec![0u8; r.data_size]).collect();
         for (r, b) in reps.iter_mut().zip(bufs.iter_mut()) {
             r.p_data = b.as_mut_ptr().cast();
         }
-        // SAFETY: third call with a buffer of the reported size behind every entry; the
-        // buffers outlive the call.
-        unsafe {
-            (fp.get_pipeline_executable_internal_representations_khr)(
-                self.device.handle(),
-                info,
-                &mut count,
-                reps.as_mut_ptr(),
-            )
-        }
-        .result()?;
+        // The buffers outlive this call.
+        query(&mut count, reps.as_mut_ptr())?;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let stem: String = spec
             .label
@@ -358,7 +344,7 @@ impl Vk {
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
         for (j, (r, b)) in reps.iter().zip(&bufs).enumerate() {
-            let name = c_str(&r.name);
+            let name = text(r.name_as_c_str());
             let path = dir.join(format!(
                 "{stem}.{index}.{j}.{}",
                 if r.is_text != 0 { "txt" } else { "bin" }

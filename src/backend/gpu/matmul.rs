@@ -236,8 +236,8 @@ impl GpuBackend {
             let tile = self.ctx.matvec.token_tile;
             let tiled = tile > 0 && x.rows >= 2;
             let consts = self.mv_consts();
-            let mut tiled_consts = consts.to_vec();
-            tiled_consts.push(("TT", tile));
+            let [c0, c1, c2, c3, c4] = consts;
+            let tiled_consts = [c0, c1, c2, c3, c4, ("TT", tile)];
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
                 entry: if tiled { "dense_tiled" } else { "dense" },

@@ -6,6 +6,7 @@
 //! (`TIMESTAMP_QUERY_INSIDE_ENCODERS`), else from the wall clock around a full sync.
 //! `K3_ADAPTER=NAME` picks the adapter.
 
+use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::context::Dispatch;
 use k3::backend::gpu::shaders::Shader;
 use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
@@ -144,36 +145,51 @@ fn dense(rng: &mut StdRng, rows: usize, cols: usize, bits: u32) -> DenseMatrix {
     DenseMatrix { rows, cols, data }
 }
 
+/// What one block of the report runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// Every kernel at its default geometry.
+    All,
+    /// The one-token matvecs only (geometry variants).
+    Matvec,
+    /// Matmuls over chunks of tokens (prefill), against the one-token time.
+    Chunk,
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "quick");
-    // The first run takes each kernel's default geometry and runs every kernel; the others
-    // apply one shape to the dense and the expert matvecs alike and run only the matvecs.
-    let shapes = [
-        shape(32, 32, 4, None, true, false),
-        shape(32, 4, 4, None, true, false),
-        shape(8, 4, 4, None, true, false),
-        shape(8, 8, 4, None, true, false),
-        shape(8, 4, 8, None, true, false),
-        shape(4, 4, 4, None, true, false),
-        shape(8, 4, 4, None, false, false),
-        shape(8, 4, 4, None, true, true),
-        shape(8, 4, 4, Some(2), true, false),
-        MatvecShape {
-            token_tile: 8,
-            ..MatvecShape::default()
-        },
-        MatvecShape {
-            token_tile: 8,
-            ..shape(32, 4, 4, None, true, false)
-        },
+    let chunk = |from_tokens, tile_tokens, split_k, prefetch| {
+        Some(ChunkGemm {
+            from_tokens,
+            tile_tokens,
+            split_k,
+            prefetch,
+        })
+    };
+    // The first block takes every kernel's default; the matvec blocks apply one geometry to
+    // the dense and the expert matvecs alike; the chunk blocks compare the chunk kernel's
+    // tiles, with K split and not, the next step's loads in registers and not, against the
+    // matvec per token (the chunk kernel off).
+    let blocks = [
+        (None, None, Part::All),
+        (None, chunk(0, None, true, true), Part::Chunk),
+        (None, chunk(2, None, true, true), Part::Chunk),
+        (None, chunk(2, None, true, false), Part::Chunk),
+        (None, chunk(2, None, false, true), Part::Chunk),
+        (None, chunk(2, Some(16), true, true), Part::Chunk),
+        (None, chunk(2, Some(32), true, true), Part::Chunk),
+        (None, chunk(2, Some(64), true, true), Part::Chunk),
+        (Some(shape(32, 4, 4, None, true, false)), None, Part::Matvec),
+        (Some(shape(8, 4, 4, None, true, false)), None, Part::Matvec),
+        (Some(shape(8, 4, 4, None, true, true)), None, Part::Matvec),
     ];
-    let variants = std::iter::once(None).chain(shapes.into_iter().map(Some));
-    for (i, shape) in variants.enumerate() {
+    for (shape, chunk_gemm, part) in blocks {
         let opts = GpuOptions {
             adapter: std::env::var("K3_ADAPTER").ok(),
             allow_cpu_adapter: true,
             matvec: shape,
             expert_matvec: shape,
+            chunk_gemm,
             ..Default::default()
         };
         let g = match GpuBackend::new(&opts) {
@@ -183,13 +199,18 @@ fn main() {
                 return;
             }
         };
-        let (m, e) = (g.ctx.matvec, g.ctx.expert_matvec);
+        let (m, e, c) = (g.ctx.matvec, g.ctx.expert_matvec, g.ctx.chunk_gemm);
         println!(
-            "\n== matvec geometry: dense {}, experts {} ==",
+            "\n== matvec geometry: dense {}, experts {}; chunk kernel from {} tokens, tile {}, split K {}, prefetch {} ==",
             describe(m),
-            describe(e)
+            describe(e),
+            c.from_tokens,
+            c.tile_tokens
+                .map_or("by chunk".to_string(), |t| format!("{t} tokens")),
+            c.split_k,
+            c.prefetch
         );
-        run(&g, quick, i == 0);
+        run(&g, quick, part);
     }
 }
 
@@ -210,25 +231,36 @@ fn shape(
         decode,
         pipelined,
         unchecked,
-        ..MatvecShape::default()
     }
 }
 
 /// One geometry in words, as the report prints it.
 fn describe(m: MatvecShape) -> String {
     format!(
-        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}, token tile {}",
+        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}",
         m.lanes_per_row,
         m.lanes_per_block,
         m.rows_per_lane,
         m.decode.map_or("default".to_string(), |d| d.to_string()),
         m.pipelined,
         m.unchecked,
-        m.token_tile
     )
 }
 
-fn run(g: &GpuBackend, quick: bool, all: bool) {
+/// A chunk's line: its time against `one` (the same kernel's one-token time in this block)
+/// and the multiply-adds per second it reaches.
+fn report_chunk(name: &str, n: usize, secs: f64, one: f64, fmas: f64) {
+    println!(
+        "{name:<44} {:>9.1} us   {:>6.2}x one token ({:>5.3} per token)   {:>6.2} TFMA/s",
+        secs * 1e6,
+        secs / one,
+        secs / one / n as f64,
+        fmas / secs / 1e12
+    );
+}
+
+fn run(g: &GpuBackend, quick: bool, part: Part) {
+    let all = part == Part::All;
     let ctx = &g.ctx;
     println!(
         "adapter: {} ({:?}, {:?}), subgroups {}, workgroup {}, binding limit {} B, timing: {}",
@@ -252,16 +284,35 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
     // MXFP4: one expert's w1, then 16 experts x 1 token through the whole batched MoE.
     let (p1, s1) = mxfp4(&mut rng, i, d);
     let w1 = Mxfp4View::new(i, d, &p1, &s1).unwrap();
-    for &n in if all { &[1usize, 8][..] } else { &[1usize][..] } {
+    // Chunk lines are judged against the first (one-token) time of their kernel.
+    let chunked = part == Part::Chunk;
+    let mut one = 0.0;
+    let mut line = |name: &str, n: usize, bytes: u64, secs: f64, fmas: usize| {
+        if n == 1 {
+            one = secs;
+        }
+        if chunked {
+            report_chunk(name, n, secs, one, fmas as f64);
+        } else {
+            report(&t, name, bytes, secs);
+        }
+    };
+    let ns: &[usize] = match part {
+        Part::All => &[1, 8],
+        Part::Matvec => &[1],
+        Part::Chunk => &[1, 8, 32, 128],
+    };
+    for &n in ns {
         let x = g.upload(&vec![0.5; n * d], n, d).unwrap();
         let secs = t.time(|| {
             g.matmul_mxfp4(w1, &x).unwrap();
         });
-        report(
-            &t,
+        line(
             &format!("mxfp4 matvec {i}x{d}, {n} token(s)"),
+            n,
             (p1.len() + s1.len()) as u64,
             secs,
+            n * i * d,
         );
     }
     // The batched kernel alone at the size of 16 experts' gate and up matrices (one
@@ -272,11 +323,12 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
     let secs = t.time(|| {
         g.matmul_mxfp4(wb, &x1).unwrap();
     });
-    report(
-        &t,
+    line(
         &format!("mxfp4 matvec {}x{d} (16 experts' w1|w3), 1 token", 32 * i),
+        1,
         (pb.len() + sb.len()) as u64,
         secs,
+        32 * i * d,
     );
     let experts_bytes: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..16)
         .map(|_| {
@@ -287,10 +339,10 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
             ]
         })
         .collect();
-    let moe_cases: &[(usize, usize)] = if all {
-        &[(1, 1), (16, 1), (16, 8)]
-    } else {
-        &[(16, 1)]
+    let moe_cases: &[(usize, usize)] = match part {
+        Part::All => &[(1, 1), (16, 1), (16, 8)],
+        Part::Matvec => &[(16, 1)],
+        Part::Chunk => &[(16, 1), (16, 8), (16, 32)],
     };
     fn views(m: &[(Vec<u8>, Vec<u8>); 3], i: usize, d: usize) -> ExpertWeights<'_> {
         ExpertWeights {
@@ -333,11 +385,12 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
         let secs = t.time(|| {
             g.moe_accumulate(&mut acc, &z, &resident, glu).unwrap();
         });
-        report(
-            &t,
+        line(
             &format!("moe resident: {ne} experts x {tokens} token(s)"),
+            tokens,
             bytes,
             secs,
+            3 * ne * tokens * i * d,
         );
         if !all {
             continue;
@@ -348,11 +401,12 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
         let secs = t.time(|| {
             g.moe_accumulate(&mut acc, &z, &transient, glu).unwrap();
         });
-        report(
-            &t,
+        line(
             &format!("moe uploaded: {ne} experts x {tokens} token(s)"),
+            tokens,
             bytes,
             secs,
+            3 * ne * tokens * i * d,
         );
     }
 
@@ -366,24 +420,25 @@ fn run(g: &GpuBackend, quick: bool, all: bool) {
         let (rows, cols) = (s(rows, rows / 16), s(cols, 512));
         for bits in [4u32, 8] {
             let m = g.load_matrix(dense(&mut rng, rows, cols, bits)).unwrap();
-            // Chunks of tokens run where every kernel does, and under token tiling.
-            for &n in if all || ctx.matvec.token_tile > 0 {
-                &[1usize, 32][..]
-            } else {
-                &[1usize][..]
-            } {
+            let ns: &[usize] = match part {
+                Part::All => &[1, 32],
+                Part::Matvec => &[1],
+                Part::Chunk => &[1, 2, 4, 8, 16, 32, 128, 512],
+            };
+            for &n in ns {
                 let x = g.upload(&vec![0.5; n * cols], n, cols).unwrap();
                 let secs = t.time(|| {
                     g.matmul(&m, &x).unwrap();
                 });
-                report(
-                    &t,
+                line(
                     &format!(
                         "int{bits} matvec {rows}x{cols}, {n} token(s), {} chunk(s)",
                         m.chunks.len()
                     ),
+                    n,
                     m.byte_size(),
                     secs,
+                    n * rows * cols,
                 );
             }
         }

@@ -39,3 +39,9 @@ fn decode_unit(wu: WU) -> DU {
 fn decoded_dot(du: DU, xv: XU) -> f32 {
     return dot(du.d0, xv.x0) + dot(du.d1, xv.x1);
 }
+
+fn stage_unit(wu: WU, r: u32, c: u32) {
+    let d = decode_unit(wu);
+    stage4(d.d0, r, c);
+    stage4(d.d1, r, c + 4u);
+}

@@ -7,9 +7,9 @@
 // alone bound the int4/MXFP4 kernels; the two together do: without both, int4 runs at the
 // read kernel's bandwidth (docs/perf.md, third pass).
 // The format file defines `WU` (a unit of one row, with its scale) and `load_w`, `XU` and
-// `load_x`, `DU` (a unit decoded) with `decode_unit(WU)` and `decoded_dot(DU, XU)`. A unit's
-// dot product is always `decoded_dot(decode_unit(w), x)`, so the token-tiled kernel
-// (`dense_tiled`, which decodes a unit once for TT tokens) gives bit-identical sums.
+// `load_x`, `DU` (a unit decoded) with `decode_unit(WU)` and `decoded_dot(DU, XU)`, and for
+// the chunk kernel `gemm` below, `stage_unit(WU, r, c)`, which writes the unit's plain values
+// (scale applied) through `stage4`.
 
 override LPR: u32 = 32u;
 // Of a row's LPR lanes, LW sit side by side in each 32-lane block and the rest in the next
@@ -27,8 +27,6 @@ override DEC: u32 = 1u;
 // 1: software-pipelined loop (next unit's weights loaded before this one is used; loading
 // its x too was measured and did not help).
 override PIPE: u32 = 1u;
-// Tokens one `dense_tiled` workgroup computes (1..=8).
-override TT: u32 = 8u;
 
 struct MvParams {
     rows: u32,
@@ -40,8 +38,9 @@ struct MvParams {
     groups: u32,
     map_off: u32,
     item0: u32,
-    _p0: u32,
-    _p1: u32,
+    // The chunk kernel's K steps per segment, and the words between segments' outputs.
+    seg_steps: u32,
+    seg_stride: u32,
     _p2: u32,
 }
 
@@ -169,7 +168,7 @@ fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {
     write_sums(acc, RPL, lane, yb, 1u, valid);
 }
 
-// Reduces the first `count` (RPL or TT, uniform) sums of `acc` over each row's LPR lanes and
+// Reduces the first `count` (uniform) sums of `acc` over each row's LPR lanes and
 // writes sum i to y[yb + i·ystep] for i < valid.
 fn write_sums(acc: Acc, count: u32, lane: u32, yb: u32, ystep: u32, valid: u32) {
     let sums = array<f32, 8>(acc.a.x, acc.a.y, acc.a.z, acc.a.w, acc.b.x, acc.b.y, acc.b.z, acc.b.w);
@@ -231,55 +230,201 @@ fn dense(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     gemv_rows(rr, nrows, t * p.x_stride4, lane, t * p.y_stride + p.row0 + rr, select(0u, nrows, row < p.rows));
 }
 
-// Token-tiled matmul for chunks of tokens: y[t0 + i, row0 + row] = W[row] · x[t0 + i] for
-// the TT tokens of tile wg.x, one row per lane group (wg.y the row group). Each weight unit
-// is loaded and decoded once and applied to every token of the tile; the per-token kernel
-// above decodes it again for every token.
-@compute @workgroup_size(WG)
-fn dense_tiled(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
-    lanes_init(lanes);
-    let place = lane_place(lanes.lid);
-    let lane = place.x;
-    let t0 = wg.x * TT;
-    let row = wg.y * (WG / LPR) + place.y;
-    let rr = min(row, p.rows - 1u);
-    let last = p.n - 1u;
-    // Tokens past the chunk repeat its last one (not written).
-    let x0 = min(t0, last) * p.x_stride4;
-    let x1 = min(t0 + 1u, last) * p.x_stride4;
-    let x2 = min(t0 + 2u, last) * p.x_stride4;
-    let x3 = min(t0 + 3u, last) * p.x_stride4;
-    let x4 = min(t0 + 4u, last) * p.x_stride4;
-    let x5 = min(t0 + 5u, last) * p.x_stride4;
-    let x6 = min(t0 + 6u, last) * p.x_stride4;
-    let x7 = min(t0 + 7u, last) * p.x_stride4;
-    var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
-    for (var u = lane; u < p.units; u += LPR) {
-        let du = decode_unit(load_w(rr, u));
-        let o = u * UV;
-        acc.a.x += decoded_dot(du, load_x(x0 + o));
-        if (TT > 1u) {
-            acc.a.y += decoded_dot(du, load_x(x1 + o));
+// Matmul of a chunk of tokens (prefill): a workgroup computes a tile of 4·GTR rows × 4·GTC
+// tokens of y, each lane 4 rows × 4 tokens. K goes in steps of GK columns: the step's weight
+// units are loaded and decoded once into workgroup memory (`stage_unit`, from the format
+// file), its inputs copied next to them, and every lane's 16 sums take 32 multiply-adds of
+// vec4 per pair of workgroup loads. The one-token kernel above decodes every unit again
+// for every token, which is what made a 32-token chunk cost 40-70 one-token matvecs.
+
+// Lanes along the tile's rows and along its tokens: GTR · GTC = WG.
+override GTR: u32 = 16u;
+override GTC: u32 = 16u;
+// 1: every lane stages at most one weight unit and two vec4 of x per K step (the host sets
+// it where the tile and format allow), so the next step's loads are issued before this
+// step's multiply-adds and their latency hides behind them; 0: a plain loop per step.
+// (Declared here: naga wants an override declared before the functions that use it.)
+override PF: u32 = 0u;
+// Columns of one K step: one unit of the 32-column formats, several of the others.
+const GK: u32 = 32u;
+
+// The step's decoded weights, gw[k · GTR + i] = rows 4i .. 4i + 3 of the tile at column k;
+// its inputs, gx[k · GTC + j] = tokens 4j .. 4j + 3 at column k; and where each token's row
+// of x starts (the entry point fills it: a chunk's rows in order, or gathered by routing).
+var<workgroup> gw: array<vec4<f32>, GK * GTR>;
+var<workgroup> gx: array<vec4<f32>, GK * GTC>;
+var<workgroup> gxrow: array<u32, 4u * GTC>;
+
+// Decoded weight columns c .. c + 3 of tile row r.
+fn stage4(v: vec4<f32>, r: u32, c: u32) {
+    let i = c * GTR + r / 4u;
+    let k = r % 4u;
+    gw[i][k] = v.x;
+    gw[i + GTR][k] = v.y;
+    gw[i + 2u * GTR][k] = v.z;
+    gw[i + 3u * GTR][k] = v.w;
+}
+
+// y over K segment `seg` (K steps seg · seg_steps ..) for tile rows r0 .. (weight rows
+// wbase + r0 ..; rows past p.rows repeat the last and are not written) and tokens t0 ..
+// t0 + 4·GTC - 1 below `tend`; token t's output row is seg · seg_stride + t · y_stride + row0.
+fn gemm_tile(lid: u32, wbase: u32, r0: u32, t0: u32, tend: u32, seg: u32) {
+    let tr = lid % GTR;
+    let tc = lid / GTR;
+    let ups = 8u / UV;
+    let s0 = seg * p.seg_steps;
+    let steps = min((p.units + ups - 1u) / ups, s0 + p.seg_steps);
+    var acc = Acc4(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    if (PF == 1u) {
+        var f = fetch(wbase, r0, s0, lid);
+        for (var s = s0; s < steps; s++) {
+            put(f, lid);
+            workgroupBarrier();
+            if (s + 1u < steps) {
+                f = fetch(wbase, r0, s + 1u, lid);
+            }
+            acc = mac(acc, tr, tc);
+            workgroupBarrier();
         }
-        if (TT > 2u) {
-            acc.a.z += decoded_dot(du, load_x(x2 + o));
-        }
-        if (TT > 3u) {
-            acc.a.w += decoded_dot(du, load_x(x3 + o));
-        }
-        if (TT > 4u) {
-            acc.b.x += decoded_dot(du, load_x(x4 + o));
-        }
-        if (TT > 5u) {
-            acc.b.y += decoded_dot(du, load_x(x5 + o));
-        }
-        if (TT > 6u) {
-            acc.b.z += decoded_dot(du, load_x(x6 + o));
-        }
-        if (TT > 7u) {
-            acc.b.w += decoded_dot(du, load_x(x7 + o));
+    } else {
+        for (var s = s0; s < steps; s++) {
+            for (var j = lid; j < 4u * GTR * ups; j += WG) {
+                let u = s * ups + j % ups;
+                stage_or_zero(wbase, r0, j, u < p.units, u);
+            }
+            for (var j = lid; j < 32u * GTC; j += WG) {
+                x_store(j, x_load(s, j));
+            }
+            workgroupBarrier();
+            acc = mac(acc, tr, tc);
+            workgroupBarrier();
         }
     }
-    let valid = select(0u, min(TT, p.n - min(t0, p.n)), row < p.rows);
-    write_sums(acc, TT, lane, t0 * p.y_stride + p.row0 + rr, p.y_stride, valid);
+    let row = r0 + 4u * tr;
+    let tok = t0 + 4u * tc;
+    let yb = seg * p.seg_stride;
+    put_rows(acc.a0, row, tok, tend, yb);
+    put_rows(acc.a1, row, tok + 1u, tend, yb);
+    put_rows(acc.a2, row, tok + 2u, tend, yb);
+    put_rows(acc.a3, row, tok + 3u, tend, yb);
+}
+
+// A lane's 4 rows × 4 tokens of sums: a_j holds token j's rows.
+struct Acc4 {
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+}
+
+// The staged step's multiply-adds for lane (tr, tc).
+fn mac(acc: Acc4, tr: u32, tc: u32) -> Acc4 {
+    var r = acc;
+    for (var k = 0u; k < GK; k++) {
+        let wv = gw[k * GTR + tr];
+        let xv = gx[k * GTC + tc];
+        r.a0 = fma(wv, vec4<f32>(xv.x), r.a0);
+        r.a1 = fma(wv, vec4<f32>(xv.y), r.a1);
+        r.a2 = fma(wv, vec4<f32>(xv.z), r.a2);
+        r.a3 = fma(wv, vec4<f32>(xv.w), r.a3);
+    }
+    return r;
+}
+
+// A lane's loads for one K step, held in registers until the step is staged.
+struct Fetch {
+    w: WU,
+    wv: bool,
+    x0: vec4<f32>,
+    x1: vec4<f32>,
+}
+
+fn fetch(wbase: u32, r0: u32, s: u32, lid: u32) -> Fetch {
+    var f: Fetch;
+    let ups = 8u / UV;
+    let u = s * ups + lid % ups;
+    f.wv = lid < 4u * GTR * ups && u < p.units;
+    if (f.wv) {
+        f.w = load_w(wbase + min(r0 + lid / ups, p.rows - 1u), u);
+    }
+    f.x0 = x_load(s, lid);
+    f.x1 = x_load(s, lid + WG);
+    return f;
+}
+
+fn put(f: Fetch, lid: u32) {
+    let ups = 8u / UV;
+    if (lid < 4u * GTR * ups) {
+        if (f.wv) {
+            stage_unit(f.w, lid / ups, (lid % ups) * 4u * UV);
+        } else {
+            stage_or_zero(0u, 0u, lid, false, 0u);
+        }
+    }
+    x_store(lid, f.x0);
+    x_store(lid + WG, f.x1);
+}
+
+// Staging slot j of the step's weights (tile row j / ups, unit u of the row): the unit
+// decoded, or zeros past the row's end.
+fn stage_or_zero(wbase: u32, r0: u32, j: u32, valid: bool, u: u32) {
+    let ups = 8u / UV;
+    let r = j / ups;
+    let c = (j % ups) * 4u * UV;
+    if (valid) {
+        stage_unit(load_w(wbase + min(r0 + r, p.rows - 1u), u), r, c);
+        return;
+    }
+    for (var q = 0u; q < UV; q++) {
+        stage4(vec4<f32>(0.0), r, c + 4u * q);
+    }
+}
+
+// Staging slot j of the step's inputs (token j % 4·GTC, vec4 j / 4·GTC of the step), zero
+// past the row's end or the slots.
+fn x_load(s: u32, j: u32) -> vec4<f32> {
+    let c4 = s * 8u + j / (4u * GTC);
+    if (j < 32u * GTC && c4 < p.units * UV) {
+        return x[gxrow[j % (4u * GTC)] + c4];
+    }
+    return vec4<f32>(0.0);
+}
+
+fn x_store(j: u32, xv: vec4<f32>) {
+    if (j >= 32u * GTC) {
+        return;
+    }
+    let t = j % (4u * GTC);
+    let i = 4u * (j / (4u * GTC)) * GTC + t / 4u;
+    let k = t % 4u;
+    gx[i][k] = xv.x;
+    gx[i + GTC][k] = xv.y;
+    gx[i + 2u * GTC][k] = xv.z;
+    gx[i + 3u * GTC][k] = xv.w;
+}
+
+// Rows row .. row + 3 of token `tok`'s output, those that exist.
+fn put_rows(v: vec4<f32>, row: u32, tok: u32, tend: u32, yb: u32) {
+    if (tok >= tend) {
+        return;
+    }
+    let b = yb + tok * p.y_stride + p.row0 + row;
+    let sums = array<f32, 4>(v.x, v.y, v.z, v.w);
+    for (var i = 0u; i < 4u; i++) {
+        if (row + i < p.rows) {
+            y[b + i] = sums[i];
+        }
+    }
+}
+
+// y[t, row0 + r] = W[r] · x[t] for the chunk's p.n tokens: wg.x is the token tile, wg.y the
+// row tile, wg.z the K segment.
+@compute @workgroup_size(WG)
+fn gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t0 = wg.x * 4u * GTC;
+    if (lid < 4u * GTC) {
+        gxrow[lid] = min(t0 + lid, p.n - 1u) * p.x_stride4;
+    }
+    workgroupBarrier();
+    gemm_tile(lid, 0u, wg.y * 4u * GTR, t0, p.n, wg.z);
 }

@@ -29,3 +29,7 @@ fn decode_unit(wu: WU) -> DU {
 fn decoded_dot(du: DU, xv: XU) -> f32 {
     return dot(du, xv.x0);
 }
+
+fn stage_unit(wu: WU, r: u32, c: u32) {
+    stage4(wu.q, r, c);
+}

@@ -84,3 +84,16 @@ fn decoded_dot(du: DU, xv: XU) -> f32 {
     }
     return d * du.s;
 }
+
+// Plain values (the DEC 0 decode): the chunk kernel decodes a unit once for all its tokens.
+fn stage_unit(wu: WU, r: u32, c: u32) {
+    let q = wu.q;
+    stage4(lo4(q.x) * wu.s, r, c);
+    stage4(hi4(q.x) * wu.s, r, c + 4u);
+    stage4(lo4(q.y) * wu.s, r, c + 8u);
+    stage4(hi4(q.y) * wu.s, r, c + 12u);
+    stage4(lo4(q.z) * wu.s, r, c + 16u);
+    stage4(hi4(q.z) * wu.s, r, c + 20u);
+    stage4(lo4(q.w) * wu.s, r, c + 24u);
+    stage4(hi4(q.w) * wu.s, r, c + 28u);
+}

@@ -66,3 +66,13 @@ fn decoded_dot(du: DU, xv: XU) -> f32 {
     let d = dot(du.d0, xv.x0) + dot(du.d1, xv.x1) + dot(du.d2, xv.x2) + dot(du.d3, xv.x3);
     return d * du.s;
 }
+
+// Plain values: the chunk kernel decodes a unit once for all its tokens, so the conversions
+// cost nothing there.
+fn stage_unit(wu: WU, r: u32, c: u32) {
+    let q = wu.q;
+    stage4(vec4<f32>(unpack4xI8(q.x)) * wu.s, r, c);
+    stage4(vec4<f32>(unpack4xI8(q.y)) * wu.s, r, c + 4u);
+    stage4(vec4<f32>(unpack4xI8(q.z)) * wu.s, r, c + 8u);
+    stage4(vec4<f32>(unpack4xI8(q.w)) * wu.s, r, c + 12u);
+}

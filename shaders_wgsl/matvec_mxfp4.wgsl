@@ -130,3 +130,33 @@ fn moe(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     let xb = rt[p.map_off + pr] * p.x_stride4;
     gemv_rows(slot * p.rows + rr, nrows, xb, lane, pr * p.y_stride + rr, select(0u, nrows, row < p.rows));
 }
+
+// Exact values: the f16 placement times its bias and the scale (a power of two that keeps
+// them normal below s = 241), or the per-element path.
+fn stage_unit(wu: WU, r: u32, c: u32) {
+    let d = decode_unit(wu);
+    stage4(d.w0.lo * d.f, r, c);
+    stage4(d.w0.hi * d.f, r, c + 4u);
+    stage4(d.w1.lo * d.f, r, c + 8u);
+    stage4(d.w1.hi * d.f, r, c + 12u);
+    stage4(d.w2.lo * d.f, r, c + 16u);
+    stage4(d.w2.hi * d.f, r, c + 20u);
+    stage4(d.w3.lo * d.f, r, c + 24u);
+    stage4(d.w3.hi * d.f, r, c + 28u);
+}
+
+// Batched experts over chunks of tokens: work item item0 + wg.x = (expert slot, first pair,
+// pairs), up to 4·GTC consecutive pairs of one expert, wg.y the row tile, wg.z the K segment. Each pair's input
+// row is gathered as in `moe`; its output is row `pair` of y.
+@compute @workgroup_size(WG)
+fn moe_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let item = p.item0 + wg.x;
+    let slot = rt[3u * item];
+    let pr0 = rt[3u * item + 1u];
+    let cnt = rt[3u * item + 2u];
+    if (lid < 4u * GTC) {
+        gxrow[lid] = rt[p.map_off + pr0 + min(lid, cnt - 1u)] * p.x_stride4;
+    }
+    workgroupBarrier();
+    gemm_tile(lid, slot * p.rows, wg.y * 4u * GTR, pr0, pr0 + cnt, wg.z);
+}

@@ -4,6 +4,7 @@
 //! except under CI=true where they fail.
 
 use k3::backend::cpu::CpuBackend;
+use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::{vram_budget, GpuBackend, GpuOptions, MatvecShape};
 use k3::backend::{
     Backend, ExpertAssignment, ExpertKey, ExpertWeights, FreeDeviceMemory, Glu, KdaDims,
@@ -30,6 +31,20 @@ fn gpu_with(opts: &GpuOptions) -> Option<GpuBackend> {
             None
         }
     }
+}
+
+/// A backend whose chunk kernel serves chunks from 2 tokens on, so the small shapes here
+/// reach it (none where no adapter exists).
+fn chunked_gpu(max_binding: Option<u64>) -> Option<GpuBackend> {
+    gpu_with(&GpuOptions {
+        allow_cpu_adapter: true,
+        max_binding,
+        chunk_gemm: Some(ChunkGemm {
+            from_tokens: 2,
+            ..ChunkGemm::default()
+        }),
+        ..Default::default()
+    })
 }
 
 fn gpus(max_binding: Option<u64>) -> Vec<GpuBackend> {
@@ -229,50 +244,67 @@ fn matmul_case(
     );
 }
 
-/// A chunk of tokens goes through the token-tiled kernel (each weight unit decoded once per
-/// tile of 8); its sums are those of the one-token kernel, token by token, including a last
-/// tile that is not full. Both run the same arithmetic in the same order (bit-equal on
-/// lavapipe); the bound leaves room for a driver that contracts multiply-adds differently
-/// in the two kernels.
+/// A chunk of tokens goes through the tiled chunk kernel (each weight unit decoded once per
+/// tile); its sums are those of the one-token matvec, token by token, in every format and
+/// tile width, with last tiles (of rows and of tokens) that are not full and rows whose width
+/// is not a whole number of K steps. The two sum in different orders, so they agree to
+/// rounding, not bit for bit.
 #[test]
-fn token_tiles_give_the_one_token_sums() {
+fn the_chunk_kernel_gives_the_one_token_sums() {
     let mut rng = StdRng::seed_from_u64(12);
-    let opts = GpuOptions {
-        allow_cpu_adapter: true,
-        matvec: Some(MatvecShape {
-            token_tile: 8,
-            ..MatvecShape::default()
-        }),
-        ..Default::default()
-    };
-    let Some(g) = gpu_with(&opts) else {
-        return;
-    };
-    for fmt in [
-        DenseFormat::F32,
-        DenseFormat::Bf16,
-        DenseFormat::Int8,
-        DenseFormat::Int4,
+    // K split over segments (the 640-column rows) and not; the next step's loads in
+    // registers (where the tile allows) and not.
+    for (tile_tokens, split_k, prefetch) in [
+        (None, true, true),
+        (Some(16), false, false),
+        (Some(32), true, true),
+        (Some(64), true, false),
     ] {
-        let (rows, cols, n) = (45, 200, 11);
-        let w =
-            DenseMatrix::from_f32(rows, cols, rand_vec(&mut rng, rows * cols, 0.5), fmt).unwrap();
-        let gm = g.load_matrix(w).unwrap();
-        let x = rand_vec(&mut rng, n * cols, 1.0);
-        let all = g
-            .download(&g.matmul(&gm, &g.upload(&x, n, cols).unwrap()).unwrap())
-            .unwrap();
-        for t in 0..n {
-            let xt = &x[t * cols..(t + 1) * cols];
-            let one = g
-                .download(&g.matmul(&gm, &g.upload(xt, 1, cols).unwrap()).unwrap())
-                .unwrap();
-            check(
-                &format!("tile vs one token, {fmt:?} token {t}"),
-                &all[t * rows..(t + 1) * rows],
-                &one,
-                1e-6,
-            );
+        let opts = GpuOptions {
+            allow_cpu_adapter: true,
+            chunk_gemm: Some(ChunkGemm {
+                from_tokens: 2,
+                tile_tokens,
+                split_k,
+                prefetch,
+            }),
+            ..Default::default()
+        };
+        let Some(g) = gpu_with(&opts) else {
+            return;
+        };
+        for fmt in [
+            DenseFormat::F32,
+            DenseFormat::Bf16,
+            DenseFormat::Int8,
+            DenseFormat::Int4,
+        ] {
+            for (rows, cols, n) in [(45, 200, 11), (300, 96, 70), (40, 640, 9)] {
+                let w =
+                    DenseMatrix::from_f32(rows, cols, rand_vec(&mut rng, rows * cols, 0.5), fmt)
+                        .unwrap();
+                let gm = g.load_matrix(w).unwrap();
+                let x = rand_vec(&mut rng, n * cols, 1.0);
+                assert!(
+                    g.ctx.gemm_tile(n).is_some(),
+                    "{n} tokens should take the chunk kernel"
+                );
+                let all = g
+                    .download(&g.matmul(&gm, &g.upload(&x, n, cols).unwrap()).unwrap())
+                    .unwrap();
+                for t in 0..n {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let one = g
+                        .download(&g.matmul(&gm, &g.upload(xt, 1, cols).unwrap()).unwrap())
+                        .unwrap();
+                    check(
+                        &format!("chunk vs one token, {fmt:?} {rows}x{cols} tile {tile_tokens:?} split {split_k} prefetch {prefetch} token {t}"),
+                        &all[t * rows..(t + 1) * rows],
+                        &one,
+                        1e-6,
+                    );
+                }
+            }
         }
     }
 }
@@ -318,13 +350,26 @@ fn matvec_geometries_other_than_the_default_agree() {
             decode,
             pipelined: i != 1,
             unchecked: i == 1,
-            // Chunks of tokens through the tiled kernel, with tiles of 8 and of 3 tokens.
-            token_tile: [8, 0, 3][i],
         });
+        // Chunks of tokens through the matvec too (the chunk kernel off), and with another tile.
+        let chunk_gemm = [
+            Some(ChunkGemm {
+                from_tokens: 0,
+                ..ChunkGemm::default()
+            }),
+            None,
+            Some(ChunkGemm {
+                from_tokens: 2,
+                tile_tokens: Some(32),
+                split_k: false,
+                prefetch: false,
+            }),
+        ][i];
         let opts = GpuOptions {
             allow_cpu_adapter: true,
             matvec: shape,
             expert_matvec: shape,
+            chunk_gemm,
             ..Default::default()
         };
         let Some(g) = gpu_with(&opts) else {
@@ -396,15 +441,17 @@ fn rand_mxfp4(rng: &mut StdRng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) 
 fn mxfp4_matvec_matches_cpu_dequantized() {
     let mut rng = StdRng::seed_from_u64(5);
     let c = CpuBackend::new();
-    for g in gpus(None) {
-        // The last two are large enough (rows × tokens ≥ 32768) for the expert geometry;
-        // the others take the dense one.
+    for g in gpus(None).into_iter().chain(chunked_gpu(None)) {
+        // Two are large enough (rows × tokens ≥ 32768) for the expert geometry; the others
+        // take the dense one, and on the chunked backend those of several tokens the chunk
+        // kernel (split over K for the 640-column rows).
         for (n, rows, cols) in [
             (1, 64, 96),
             (5, 33, 256),
             (12, 100, 64),
             (1, 33000, 64),
             (3, 11000, 96),
+            (12, 100, 640),
         ] {
             let (packed, scales) = rand_mxfp4(&mut rng, rows, cols);
             let view = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();
@@ -573,13 +620,15 @@ fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n
 #[test]
 fn batched_moe_matches_cpu() {
     let mut rng = StdRng::seed_from_u64(7);
-    for g in gpus(None) {
+    for g in gpus(None).into_iter().chain(chunked_gpu(None)) {
         moe_case(&g, &mut rng, 1, 64, 32, 1);
         moe_case(&g, &mut rng, 5, 96, 64, 3);
         moe_case(&g, &mut rng, 11, 64, 96, 4);
+        // Long enough rows (16 K steps) for the chunk kernel to split gate|up's K.
+        moe_case(&g, &mut rng, 6, 512, 64, 3);
     }
     // A small binding cap splits the experts into several batches.
-    for g in gpus(Some(8192)) {
+    for g in gpus(Some(8192)).into_iter().chain(chunked_gpu(Some(8192))) {
         moe_case(&g, &mut rng, 4, 64, 64, 5);
     }
 }
@@ -629,7 +678,8 @@ fn moe_through_the_expert_tier_matches_cpu() {
     c.moe_accumulate(&mut cacc, &cz, &all, glu).unwrap();
     let expert_bytes = (3 * (i * d / 2 + i * d / 32)) as u64;
     // A binding cap of two experts' gate+up puts the 3 slots in two device pools.
-    for g in gpus(Some((2 * i * d) as u64)) {
+    let cap = Some((2 * i * d) as u64);
+    for g in gpus(cap).into_iter().chain(chunked_gpu(cap)) {
         assert_eq!(
             g.configure_expert_tier(3 * expert_bytes + 1, n, i, d)
                 .unwrap(),

@@ -4,6 +4,7 @@
 //! choices) or before a queue write into a reused buffer.
 
 use super::adapters;
+use super::chunk_gemm::{ChunkGemm, GemmTile};
 use super::shaders::Shader;
 use anyhow::{anyhow, bail, Context as _, Result};
 use rayon::prelude::*;
@@ -39,6 +40,8 @@ pub struct GpuOptions {
     /// more over all their (expert, token) pairs (smaller ones take `matvec`); `None` =
     /// [`MatvecShape::experts`].
     pub expert_matvec: Option<MatvecShape>,
+    /// When matmuls over chunks of tokens take the tiled kernels; `None` = the default.
+    pub chunk_gemm: Option<ChunkGemm>,
 }
 
 /// How a matvec workgroup is laid out.
@@ -52,10 +55,6 @@ pub struct MatvecShape {
     pub lanes_per_block: u32,
     /// Rows each lane group computes together, sharing its loads of x (1..=8).
     pub rows_per_lane: u32,
-    /// Dense matmuls of several tokens: 0 runs the one-token kernel per token; 1..=8 runs
-    /// `dense_tiled`, which decodes each weight unit once for that many tokens. Off by
-    /// default until measured on a GPU (docs/perf.md).
-    pub token_tile: u32,
     /// Decode variant of the quantized formats (the `DEC` override of the matvec shaders);
     /// `None` = each shader's default. Benchmarks and tests compare the variants.
     pub decode: Option<u32>,
@@ -72,7 +71,6 @@ impl Default for MatvecShape {
             lanes_per_row: 32,
             lanes_per_block: 32,
             rows_per_lane: 4,
-            token_tile: 0,
             decode: None,
             pipelined: true,
             unchecked: false,
@@ -100,9 +98,8 @@ impl MatvecShape {
             || self.lanes_per_block < 4
             || !(1..=8).contains(&self.rows_per_lane)
             || self.decode.is_some_and(|d| d > 2)
-            || self.token_tile > 8
         {
-            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=2, token tile 0..=8");
+            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=2");
         }
         self.lanes_per_block = split_lanes(self.lanes_per_row, self.lanes_per_block, wg);
         Ok(self)
@@ -156,6 +153,8 @@ pub struct GpuContext {
     pub matvec: MatvecShape,
     /// The batched MXFP4 expert kernel's geometry.
     pub expert_matvec: MatvecShape,
+    /// When chunks of tokens take the tiled matmul kernels.
+    pub chunk_gemm: ChunkGemm,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipeKey, wgpu::ComputePipeline>>,
     pending: Mutex<Option<(wgpu::CommandEncoder, usize)>>,
@@ -223,6 +222,7 @@ impl GpuContext {
             .expert_matvec
             .unwrap_or_else(MatvecShape::experts)
             .fitted(wg)?;
+        let chunk_gemm = opts.chunk_gemm.unwrap_or_default().checked()?;
         Ok(Self {
             adapter,
             device,
@@ -235,6 +235,7 @@ impl GpuContext {
             max_binding,
             matvec,
             expert_matvec,
+            chunk_gemm,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
@@ -517,6 +518,16 @@ impl GpuContext {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| anyhow!("waiting for the GPU on {}: {e}", self.info.name))?;
         Ok(())
+    }
+
+    /// The chunk kernel's tile for a matmul of `n` tokens, or `None` where the one-token
+    /// matvec serves it (too few tokens, or no tile fits the workgroup memory).
+    pub fn gemm_tile(&self, n: usize) -> Option<GemmTile> {
+        if !self.chunk_gemm.applies(n) {
+            return None;
+        }
+        let shared = u64::from(self.limits.max_compute_workgroup_storage_size);
+        self.chunk_gemm.tile(self.wg, n, shared)
     }
 
     /// Splits `groups` workgroups into an (x, y) grid within the per-dimension limit.

@@ -3,6 +3,7 @@
 //! bindings stay under the adapter's limit; one dispatch per chunk writes its rows of y.
 
 use super::buffers::{f32_bytes, GpuAct};
+use super::chunk_gemm::{ChunkGemm, GK};
 use super::context::{Dispatch, MatvecShape};
 use super::shaders::Shader;
 use super::GpuBackend;
@@ -158,9 +159,11 @@ impl GpuBackend {
         let padded = pad_rows(&payload, rows, raw_row, row_bytes);
         drop(payload);
         let max_rows_binding = (self.ctx.max_binding / row_bytes.max(1) as u64) as usize;
-        // The token-tiled kernel has the fewest rows per workgroup (one per lane group).
+        // Row groups of either kernel stay within the grid's y limit.
         let max_rows_dispatch = self.ctx.limits.max_compute_workgroups_per_dimension as usize
-            * self.tiled_rows_per_group() as usize;
+            * self
+                .rows_per_group()
+                .min(ChunkGemm::min_tile_rows(self.ctx.wg)) as usize;
         let chunk_rows = max_rows_binding.min(max_rows_dispatch);
         if chunk_rows == 0 {
             bail!(
@@ -208,9 +211,25 @@ impl GpuBackend {
         mv_consts_of(self.ctx.matvec)
     }
 
-    /// Output rows of one `dense_tiled` workgroup: one per lane group.
-    fn tiled_rows_per_group(&self) -> u32 {
-        self.ctx.wg / self.ctx.matvec.lanes_per_row
+    /// `y[t · stride + row0 + r] = Σ_s part[s][t][r]` for `(tokens, rows) = shape` and
+    /// `(stride, row0) = place`: the split-K chunk kernel's partial sums added up.
+    pub(super) fn sum_segments(
+        &self,
+        part: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        shape: (usize, usize),
+        place: (usize, usize),
+        segs: u32,
+    ) {
+        let n = (shape.0 * shape.1) as u32;
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::SumSegments,
+            entry: "sum_segments",
+            consts: &[],
+            params: &[n, shape.1 as u32, place.0 as u32, place.1 as u32, segs, n],
+            buffers: &[part, y],
+            groups: self.ctx.grid(n.div_ceil(self.ctx.wg)),
+        });
     }
 
     pub(super) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
@@ -227,41 +246,74 @@ impl GpuBackend {
         let xp = self.padded(x, w.cols_padded);
         let uc = w.format.unit_cols();
         let rpg = self.rows_per_group();
+        let params = |c: &MatChunk| {
+            [
+                c.rows as u32,
+                (w.cols_padded / uc) as u32,
+                x.rows as u32,
+                c.row0 as u32,
+                w.rows as u32,
+                (w.cols_padded / 4) as u32,
+                w.cols.div_ceil(64) as u32,
+                0,
+                0,
+                0,
+                0,
+            ]
+        };
+        // A chunk of tokens: the tiled kernel decodes each weight unit once per tile.
+        let tile = self.ctx.gemm_tile(x.rows);
         for c in &w.chunks {
             let mut bufs: Vec<&wgpu::Buffer> = vec![&xp.buf, &y.buf, &c.w];
             if let Some(s) = &c.scale {
                 bufs.push(s);
             }
-            // Several tokens, tiling on: each weight unit decoded once per tile.
-            let tile = self.ctx.matvec.token_tile;
-            let tiled = tile > 0 && x.rows >= 2;
-            let consts = self.mv_consts();
-            let [c0, c1, c2, c3, c4] = consts;
-            let tiled_consts = [c0, c1, c2, c3, c4, ("TT", tile)];
+            let params = params(c);
+            if let Some(t) = tile {
+                let groups = (
+                    (x.rows as u32).div_ceil(t.tokens()),
+                    (c.rows as u32).div_ceil(t.rows()),
+                );
+                let out = x.rows * c.rows;
+                let (segs, seg_steps) = self.ctx.chunk_gemm.segments(
+                    u64::from(groups.0) * u64::from(groups.1),
+                    w.cols_padded.div_ceil(GK as usize) as u64,
+                    out as u64 * 4,
+                    self.ctx.max_binding,
+                );
+                let mut params = params;
+                params[9] = seg_steps;
+                let part = (segs > 1).then(|| {
+                    // Each segment's outputs as [token][chunk row], segment after segment.
+                    params[3] = 0;
+                    params[4] = c.rows as u32;
+                    params[10] = out as u32;
+                    self.ctx
+                        .buffer(u64::from(segs) * out as u64 * 4, "chunk partial sums")
+                });
+                if let Some(pb) = &part {
+                    bufs[1] = pb;
+                }
+                self.ctx.dispatch(&Dispatch {
+                    shader: w.format.shader(),
+                    entry: "gemm",
+                    consts: &t.consts(self.ctx.wg, uc as u32),
+                    params: &params,
+                    buffers: &bufs,
+                    groups: (groups.0, groups.1, segs),
+                });
+                if let Some(pb) = &part {
+                    self.sum_segments(pb, &y.buf, (x.rows, c.rows), (w.rows, c.row0), segs);
+                }
+                continue;
+            }
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
-                entry: if tiled { "dense_tiled" } else { "dense" },
-                consts: if tiled { &tiled_consts } else { &consts },
-                params: &[
-                    c.rows as u32,
-                    (w.cols_padded / uc) as u32,
-                    x.rows as u32,
-                    c.row0 as u32,
-                    w.rows as u32,
-                    (w.cols_padded / 4) as u32,
-                    w.cols.div_ceil(64) as u32,
-                    0,
-                ],
+                entry: "dense",
+                consts: &self.mv_consts(),
+                params: &params,
                 buffers: &bufs,
-                groups: if tiled {
-                    (
-                        (x.rows as u32).div_ceil(tile),
-                        (c.rows as u32).div_ceil(self.tiled_rows_per_group()),
-                        1,
-                    )
-                } else {
-                    (x.rows as u32, (c.rows as u32).div_ceil(rpg), 1)
-                },
+                groups: (x.rows as u32, (c.rows as u32).div_ceil(rpg), 1),
             });
         }
         Ok(y)

@@ -6,6 +6,7 @@
 
 pub mod adapters;
 pub mod buffers;
+pub mod chunk_gemm;
 pub mod context;
 mod elementwise;
 pub mod expert_tier;

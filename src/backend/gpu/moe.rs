@@ -4,6 +4,7 @@
 //! routing tables built on the host.
 
 use super::buffers::GpuAct;
+use super::chunk_gemm::{GemmTile, GK};
 use super::context::Dispatch;
 use super::expert_tier::ExpertTier;
 use super::matmul::{mv_consts_of, rows_per_group_of};
@@ -38,8 +39,8 @@ const REUSED_ARENA_BYTES: u64 = 256 << 20;
 /// 3072 rows ran at 58 % (dense) against 33 % (expert), 16 experts' 98304 at 34 % against 49 %.
 const FEW_ROWS: u64 = 32768;
 
-/// Routing of one call: work items (slot, pair, 1), one per pair and grouped by arena set,
-/// gather tables, scatter CSR.
+/// Routing of one call: work items (slot, first pair, pairs), grouped by arena set, gather
+/// tables, scatter CSR.
 struct Routing {
     /// `[items × 3] | token of pair | pair | csr offsets (rows + 1) | pair ids | weight bits`.
     words: Vec<u32>,
@@ -49,38 +50,74 @@ struct Routing {
     csr_pairs: u32,
     csr_weights: u32,
     pairs: usize,
-    /// Items per group (arena set), as (first item, count).
-    group_items: Vec<(u32, u32)>,
+    /// Pairs 0 .. tiled_pairs go through the chunk kernel.
+    tiled_pairs: usize,
+    /// Per group (arena set): its one-pair items and its tiled items, each as (first item,
+    /// count).
+    group_items: Vec<[(u32, u32); 2]>,
 }
 
-/// Builds the routing tables; `place[e]` is expert e's (group, slot). Items are grouped by
-/// group, but each token's pairs are listed in expert list order, so the scatter sums a
-/// row's experts in the same order whatever arenas they sit in.
+/// Builds the routing tables; `place[e]` is expert e's (group, slot). An expert with at
+/// least `tiled.0` tokens gets items of up to `tiled.1` consecutive pairs (for the chunk
+/// kernel), listed after the group's one-pair items (for the matvec); `tiled.0 == 0` gives
+/// one-pair items only. The tiled experts' pairs are numbered first, so the chunk kernel's
+/// outputs are one block of rows (`tiled_pairs`). Each token's pairs are listed in expert
+/// list order, so the scatter sums a row's experts in the same order whatever arenas or
+/// kernels they go through.
 fn build_routing(
     experts: &[ExpertAssignment<'_>],
     rows: usize,
     place: &[(usize, u32)],
     groups: usize,
+    tiled: (usize, usize),
 ) -> Result<Routing> {
-    let mut items = Vec::new();
-    let mut tok_of_pair = Vec::new();
+    let is_tiled = |n: usize| tiled.0 > 0 && tiled.1 > 0 && n >= tiled.0;
+    // Pair ids: the tiled experts' first, then the others, each in group then list order.
     let mut first_pair = vec![0u32; experts.len()];
+    let mut next = 0u32;
+    let mut tiled_pairs = 0;
+    for want_tiled in [true, false] {
+        for g in 0..groups {
+            for (e, ex) in experts.iter().enumerate() {
+                if place[e].0 == g && is_tiled(ex.tokens.len()) == want_tiled {
+                    first_pair[e] = next;
+                    next += ex.tokens.len() as u32;
+                }
+            }
+        }
+        if want_tiled {
+            tiled_pairs = next as usize;
+        }
+    }
+    let mut tok_of_pair = vec![0u32; next as usize];
+    let mut items = Vec::new();
     let mut group_items = Vec::with_capacity(groups);
     for g in 0..groups {
         let first_item = items.len() / 3;
+        let mut tiles = Vec::new();
         for (e, ex) in experts.iter().enumerate() {
             let (eg, slot) = place[e];
             if eg != g {
                 continue;
             }
-            first_pair[e] = tok_of_pair.len() as u32;
-            for &(t, _) in &ex.tokens {
+            let p0 = first_pair[e];
+            for (k, &(t, _)) in ex.tokens.iter().enumerate() {
                 ensure!(t < rows, "moe: token row {t} out of range ({rows} rows)");
-                items.extend([slot, tok_of_pair.len() as u32, 1]);
-                tok_of_pair.push(t as u32);
+                tok_of_pair[p0 as usize + k] = t as u32;
+            }
+            let n = ex.tokens.len();
+            if is_tiled(n) {
+                for k in (0..n).step_by(tiled.1) {
+                    tiles.extend([slot, p0 + k as u32, tiled.1.min(n - k) as u32]);
+                }
+            } else {
+                items.extend((0..n as u32).flat_map(|k| [slot, p0 + k, 1]));
             }
         }
-        group_items.push((first_item as u32, (items.len() / 3 - first_item) as u32));
+        let one = (first_item as u32, (items.len() / 3 - first_item) as u32);
+        items.extend(tiles);
+        let tiled_first = one.0 + one.1;
+        group_items.push([one, (tiled_first, items.len() as u32 / 3 - tiled_first)]);
     }
     let mut per_token: Vec<Vec<(u32, f32)>> = vec![Vec::new(); rows];
     for (e, ex) in experts.iter().enumerate() {
@@ -113,8 +150,23 @@ fn build_routing(
         csr_pairs,
         csr_weights,
         pairs,
+        tiled_pairs,
         group_items,
     })
+}
+
+/// How one expert pass runs its tiled items through the chunk kernel.
+struct ChunkPass {
+    tile: GemmTile,
+    /// K segments and steps per segment.
+    segs: u32,
+    seg_steps: u32,
+    /// Words between segments' partial outputs (0: one segment, written straight to y).
+    seg_stride: u32,
+    /// The partial sums, `segs × pairs × rows`, when K is split.
+    part: Option<wgpu::Buffer>,
+    pairs: usize,
+    rows: usize,
 }
 
 /// One set of expert arenas: gate+up rows and down rows, slot-indexed alike.
@@ -200,7 +252,8 @@ impl GpuBackend {
         Ok(a)
     }
 
-    /// One batched MXFP4 matvec: `rows` output rows per expert slot, `cols` inputs.
+    /// One batched MXFP4 matmul: `rows` output rows per expert slot, `cols` inputs; the
+    /// one-pair items through the matvec, the tiled ones through the chunk kernel's `tile`.
     #[allow(clippy::too_many_arguments)]
     fn mxfp4_batched(
         &self,
@@ -211,26 +264,12 @@ impl GpuBackend {
         rows: usize,
         cols: usize,
         map_off: u32,
-        items: (u32, u32),
+        items: [(u32, u32); 2],
+        chunk: Option<&ChunkPass>,
     ) {
-        if items.1 == 0 {
-            return;
-        }
-        debug_assert!(items.1 <= self.ctx.limits.max_compute_workgroups_per_dimension);
-        // The expert geometry gives each lane a long run but few workgroups per expert; a
-        // dispatch of a few thousand rows in all would leave most of the GPU idle, so it
-        // takes the dense geometry (one expert × 1 token: 58 % against 33 % of the read
-        // kernel on the H200).
-        let shape = if u64::from(items.1) * rows as u64 >= FEW_ROWS {
-            self.ctx.expert_matvec
-        } else {
-            self.ctx.matvec
-        };
-        self.ctx.dispatch(&Dispatch {
-            shader: Shader::MatvecMxfp4,
-            entry: "moe",
-            consts: &mv_consts_of(shape),
-            params: &[
+        let [one, tiled] = items;
+        let params = |first: u32, seg: (u32, u32)| {
+            [
                 rows as u32,
                 (cols / BLOCK) as u32,
                 0,
@@ -239,15 +278,117 @@ impl GpuBackend {
                 (cols / 4) as u32,
                 (cols / BLOCK) as u32,
                 map_off,
-                items.0,
-            ],
-            buffers: &[x, y, &a.packed, &a.scales, rt],
+                first,
+                seg.0,
+                seg.1,
+            ]
+        };
+        let mut buffers = [x, y, &a.packed, &a.scales, rt];
+        if let (Some(c), true) = (chunk, tiled.1 > 0) {
+            debug_assert!(tiled.1 <= self.ctx.limits.max_compute_workgroups_per_dimension);
+            if let Some(pb) = &c.part {
+                buffers[1] = pb;
+            }
+            self.ctx.dispatch(&Dispatch {
+                shader: Shader::MatvecMxfp4,
+                entry: "moe_gemm",
+                consts: &c.tile.consts(self.ctx.wg, BLOCK as u32),
+                params: &params(tiled.0, (c.seg_steps, c.seg_stride)),
+                buffers: &buffers,
+                groups: (tiled.1, (rows as u32).div_ceil(c.tile.rows()), c.segs),
+            });
+            buffers[1] = y;
+        }
+        if one.1 == 0 {
+            return;
+        }
+        debug_assert!(one.1 <= self.ctx.limits.max_compute_workgroups_per_dimension);
+        // The expert geometry gives each lane a long run but few workgroups per expert; a
+        // dispatch of a few thousand rows in all would leave most of the GPU idle, so it
+        // takes the dense geometry (one expert × 1 token: 58 % against 33 % of the read
+        // kernel on the H200).
+        let shape = if u64::from(one.1) * rows as u64 >= FEW_ROWS {
+            self.ctx.expert_matvec
+        } else {
+            self.ctx.matvec
+        };
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::MatvecMxfp4,
+            entry: "moe",
+            consts: &mv_consts_of(shape),
+            params: &params(one.0, (0, 0)),
+            buffers: &buffers,
             groups: (
-                items.1,
+                one.1,
                 (rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, shape)),
                 1,
             ),
         });
+    }
+
+    /// How one expert pass (`rows` × `cols` per expert) runs the `items` tiled items of
+    /// `rt`: K segments where the tiles alone would not fill the GPU, and their partial sums.
+    fn chunk_pass(
+        &self,
+        tile: Option<GemmTile>,
+        rt: &Routing,
+        rows: usize,
+        cols: usize,
+    ) -> Option<ChunkPass> {
+        let tile = tile?;
+        let items: u64 = rt.group_items.iter().map(|g| u64::from(g[1].1)).sum();
+        if items == 0 {
+            return None;
+        }
+        let out = (rt.tiled_pairs * rows) as u64 * 4;
+        let (segs, seg_steps) = self.ctx.chunk_gemm.segments(
+            items * u64::from((rows as u32).div_ceil(tile.rows())),
+            cols.div_ceil(GK as usize) as u64,
+            out,
+            self.ctx.max_binding,
+        );
+        let part = (segs > 1).then(|| {
+            self.ctx
+                .buffer(u64::from(segs) * out, "expert partial sums")
+        });
+        Some(ChunkPass {
+            tile,
+            segs,
+            seg_steps,
+            seg_stride: if segs > 1 { (out / 4) as u32 } else { 0 },
+            part,
+            pairs: rt.tiled_pairs,
+            rows,
+        })
+    }
+
+    /// Adds up a pass's K segments into `y` (rows = pairs) once all its groups ran.
+    fn finish_chunk_pass(&self, c: Option<&ChunkPass>, y: &wgpu::Buffer) {
+        if let Some(ChunkPass {
+            part: Some(pb),
+            segs,
+            pairs,
+            rows,
+            ..
+        }) = c
+        {
+            self.sum_segments(pb, y, (*pairs, *rows), (*rows, 0), *segs);
+        }
+    }
+
+    /// The chunk kernel's tile for a call whose busiest expert has `most` tokens, and the
+    /// `tiled` argument of [`build_routing`] that goes with it.
+    fn expert_tiling(&self, most: usize) -> (Option<GemmTile>, (usize, usize)) {
+        match self.ctx.gemm_tile(most) {
+            Some(t) => (
+                Some(t),
+                (
+                    self.ctx.chunk_gemm.from_tokens as usize,
+                    t.tokens() as usize,
+                ),
+            ),
+            None => (None, (0, 0)),
+        }
     }
 
     /// `y[t] = W · x[t]` for a native MXFP4 matrix, decoded in the kernel.
@@ -278,11 +419,13 @@ impl GpuBackend {
             }),
             tokens,
         }];
-        let rt = build_routing(&single, x.rows, &[(0, 0)], 1)?;
+        let (tile, tiled) = self.expert_tiling(x.rows);
+        let rt = build_routing(&single, x.rows, &[(0, 0)], 1, tiled)?;
         let rtb = self
             .ctx
             .buffer_init(bytemuck::cast_slice(&rt.words), "routing");
         let arena = self.arena(&[w], None)?;
+        let chunk = self.chunk_pass(tile, &rt, w.rows, w.cols);
         self.mxfp4_batched(
             &arena,
             &x.buf,
@@ -292,7 +435,9 @@ impl GpuBackend {
             w.cols,
             rt.tok_map,
             rt.group_items[0],
+            chunk.as_ref(),
         );
+        self.finish_chunk_pass(chunk.as_ref(), &y.buf);
         Ok(y)
     }
 
@@ -510,7 +655,9 @@ impl GpuBackend {
             });
         }
         let sets: Vec<ArenaSet> = sets.into_iter().flatten().collect();
-        let rt = build_routing(experts, z.rows, &place, sets.len())?;
+        let most = experts.iter().map(|e| e.tokens.len()).max().unwrap_or(0);
+        let (tile, tiled) = self.expert_tiling(most);
+        let rt = build_routing(experts, z.rows, &place, sets.len(), tiled)?;
         if rt.pairs == 0 {
             return Ok(());
         }
@@ -522,14 +669,20 @@ impl GpuBackend {
             .buffer((rt.pairs * 2 * i * 4) as u64, "moe gate|up");
         let act = self.alloc(rt.pairs, i);
         let ypair = self.ctx.buffer((rt.pairs * d * 4) as u64, "moe expert out");
+        let chunk = self.chunk_pass(tile, &rt, 2 * i, d);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
-            self.mxfp4_batched(&set.up, &z.buf, &h, &rtb, 2 * i, d, rt.tok_map, items);
+            let c = chunk.as_ref();
+            self.mxfp4_batched(&set.up, &z.buf, &h, &rtb, 2 * i, d, rt.tok_map, items, c);
         }
+        self.finish_chunk_pass(chunk.as_ref(), &h);
         let iu = i as u32;
         self.glu_strided(&h, &h, &act, glu, (2 * iu, 2 * iu, iu));
+        let chunk = self.chunk_pass(tile, &rt, d, i);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
-            self.mxfp4_batched(&set.down, &act.buf, &ypair, &rtb, d, i, rt.id_map, items);
+            let c = chunk.as_ref();
+            self.mxfp4_batched(&set.down, &act.buf, &ypair, &rtb, d, i, rt.id_map, items, c);
         }
+        self.finish_chunk_pass(chunk.as_ref(), &ypair);
         if !out.is_empty() {
             self.ctx.dispatch(&Dispatch {
                 shader: Shader::Moe,

@@ -40,13 +40,15 @@ pub enum Shader {
     KdaStep,
     /// Absorbed MLA attention pieces.
     MlaAttend,
+    /// The split-K sum of the chunk matmul.
+    SumSegments,
     /// The bandwidth yardstick of the benchmarks.
     ReadBench,
 }
 
 impl Shader {
     /// Every shader, for validation.
-    pub const ALL: [Shader; 15] = [
+    pub const ALL: [Shader; 16] = [
         Shader::Elementwise,
         Shader::PadRows,
         Shader::Glu,
@@ -61,6 +63,7 @@ impl Shader {
         Shader::Router,
         Shader::KdaStep,
         Shader::MlaAttend,
+        Shader::SumSegments,
         Shader::ReadBench,
     ];
 
@@ -81,6 +84,7 @@ impl Shader {
             Shader::Router => "router.wgsl",
             Shader::KdaStep => "kda_step.wgsl",
             Shader::MlaAttend => "mla_attend.wgsl",
+            Shader::SumSegments => "sum_segments.wgsl",
             Shader::ReadBench => "read_bench.wgsl",
         }
     }
@@ -101,6 +105,7 @@ impl Shader {
             Shader::Router => include_str!("../../../shaders_wgsl/router.wgsl"),
             Shader::KdaStep => include_str!("../../../shaders_wgsl/kda_step.wgsl"),
             Shader::MlaAttend => include_str!("../../../shaders_wgsl/mla_attend.wgsl"),
+            Shader::SumSegments => include_str!("../../../shaders_wgsl/sum_segments.wgsl"),
             Shader::ReadBench => include_str!("../../../shaders_wgsl/read_bench.wgsl"),
         }
     }
@@ -109,7 +114,12 @@ impl Shader {
     pub fn reduces(self) -> bool {
         !matches!(
             self,
-            Shader::Elementwise | Shader::PadRows | Shader::Glu | Shader::Moe | Shader::ReadBench
+            Shader::Elementwise
+                | Shader::PadRows
+                | Shader::Glu
+                | Shader::Moe
+                | Shader::SumSegments
+                | Shader::ReadBench
         )
     }
 
@@ -181,7 +191,7 @@ mod tests {
             )
         });
         // Overrides must resolve with their defaults, as wgpu resolves them at pipeline time,
-        // and the matvecs with every decode variant and the widest row group.
+        // and the matvecs with every decode variant, the widest row group and every chunk tile.
         let mut sets = vec![naga::back::PipelineConstants::default()];
         if sh.is_matvec() {
             for dec in 0..=2 {
@@ -192,6 +202,10 @@ mod tests {
                         ("LPR", 16.0),
                         ("LW", if dec == 1 { 4.0 } else { 32.0 }),
                         ("PIPE", f64::from(dec % 2)),
+                        // The chunk kernel's tall and wide tiles.
+                        ("GTR", [64.0, 16.0, 32.0][dec as usize]),
+                        ("GTC", [4.0, 16.0, 8.0][dec as usize]),
+                        ("PF", f64::from(1 - dec % 2)),
                     ]
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v))

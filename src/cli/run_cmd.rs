@@ -7,7 +7,9 @@ use super::token_output::TokenOutput;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use k3::backend::cpu::CpuBackend;
+use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::select::{select, BackendKind, Selected};
+use k3::backend::gpu::GpuOptions;
 use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
 use k3::generate::{generate, GenerateOptions};
@@ -45,6 +47,10 @@ pub struct ModelArgs {
     /// GPU adapter to use: a substring of its name (see `k3 devices`).
     #[arg(long, value_name = "NAME")]
     pub adapter: Option<String>,
+    /// GPU: prefill chunks of at least this many tokens run their matmuls through the tiled
+    /// chunk kernel, smaller ones one matvec per token (0 = always the matvec) [default: 16].
+    #[arg(long, value_name = "TOKENS", env = "K3_GPU_CHUNK_FROM")]
+    pub gpu_chunk_from: Option<u32>,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -191,7 +197,15 @@ impl ModelArgs {
             BackendChoice::Gpu => BackendKind::Gpu,
             BackendChoice::Cpu => BackendKind::Cpu,
         };
-        match select(kind, self.adapter.as_deref())? {
+        let gpu = GpuOptions {
+            adapter: self.adapter.clone(),
+            chunk_gemm: self.gpu_chunk_from.map(|from_tokens| ChunkGemm {
+                from_tokens,
+                ..ChunkGemm::default()
+            }),
+            ..GpuOptions::default()
+        };
+        match select(kind, &gpu)? {
             Selected::Gpu(g) => {
                 eprintln!("[K3] backend: {}", g.name());
                 let mut model = K3Model::load(ckpt, *g, policy, !self.quiet)?;

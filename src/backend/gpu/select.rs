@@ -46,15 +46,14 @@ pub fn failed_line(reason: &str) -> String {
     format!("[K3-GPU] FAILED — CPU only: {reason}")
 }
 
-/// Starts the backend `kind` asks for. Under `Gpu` a failure is an error; under `Auto` it
-/// falls back to the CPU with the FAILED line (a variable or `--adapter` makes `Auto`
-/// accept CPU-type adapters, as an explicit request).
-pub fn select(kind: BackendKind, adapter: Option<&str>) -> Result<Selected> {
-    let explicit = adapter.is_some() || gpu_variable().is_some();
+/// Starts the backend `kind` asks for, a GPU one with `base` (adapter, tuning). Under `Gpu`
+/// a failure is an error; under `Auto` it falls back to the CPU with the FAILED line (a
+/// variable or `--adapter` makes `Auto` accept CPU-type adapters, as an explicit request).
+pub fn select(kind: BackendKind, base: &GpuOptions) -> Result<Selected> {
+    let explicit = base.adapter.is_some() || gpu_variable().is_some();
     let opts = |allow_cpu_adapter| GpuOptions {
-        adapter: adapter.map(str::to_string),
         allow_cpu_adapter,
-        ..Default::default()
+        ..base.clone()
     };
     match kind {
         BackendKind::Cpu => Ok(Selected::Cpu { fallback: None }),

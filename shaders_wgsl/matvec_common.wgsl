@@ -269,8 +269,17 @@ fn stage4(v: vec4<f32>, r: u32, c: u32) {
 // wbase + r0 ..; rows past p.rows repeat the last and are not written) and tokens t0 ..
 // t0 + 4·GTC - 1 below `tend`; token t's output row is seg · seg_stride + t · y_stride + row0.
 fn gemm_tile(lid: u32, wbase: u32, r0: u32, t0: u32, tend: u32, seg: u32) {
-    let tr = lid % GTR;
-    let tc = lid / GTR;
+    // Each 32-lane block covers 8 row groups × 4 token groups, so a column's workgroup
+    // loads touch 8 distinct vec4 of weights and 4 of inputs (128 + 64 bytes) rather than
+    // 32 and 1: as one row of 32 lanes, the weight loads alone took 4 wavefronts per
+    // column, more than the block's 16 multiply-adds.
+    var tr = lid % GTR;
+    var tc = lid / GTR;
+    if (GTR % 8u == 0u && GTC % 4u == 0u) {
+        let b = lid / 32u;
+        tr = (b % (GTR / 8u)) * 8u + lid % 8u;
+        tc = (b / (GTR / 8u)) * 4u + lid % 32u / 8u;
+    }
     let ups = 8u / UV;
     let s0 = seg * p.seg_steps;
     let steps = min((p.units + ups - 1u) / ups, s0 + p.seg_steps);

@@ -85,15 +85,17 @@ fn decoded_dot(du: DU, xv: XU) -> f32 {
     return d * du.s;
 }
 
-// Plain values (the DEC 0 decode): the chunk kernel decodes a unit once for all its tokens.
+// Plain values: the conversion-free decode with its 16^k lane factor undone (exact, a power
+// of two), then the group scale, as the CPU dequantizes.
 fn stage_unit(wu: WU, r: u32, c: u32) {
-    let q = wu.q;
-    stage4(lo4(q.x) * wu.s, r, c);
-    stage4(hi4(q.x) * wu.s, r, c + 4u);
-    stage4(lo4(q.y) * wu.s, r, c + 8u);
-    stage4(hi4(q.y) * wu.s, r, c + 12u);
-    stage4(lo4(q.z) * wu.s, r, c + 16u);
-    stage4(hi4(q.z) * wu.s, r, c + 20u);
-    stage4(lo4(q.w) * wu.s, r, c + 24u);
-    stage4(hi4(q.w) * wu.s, r, c + 28u);
+    let o = wu.q ^ vec4<u32>(0x88888888u);
+    let f = XS4 * wu.s;
+    stage4(nib4(o.x) * f, r, c);
+    stage4(nib4(o.x >> 16u) * f, r, c + 4u);
+    stage4(nib4(o.y) * f, r, c + 8u);
+    stage4(nib4(o.y >> 16u) * f, r, c + 12u);
+    stage4(nib4(o.z) * f, r, c + 16u);
+    stage4(nib4(o.z >> 16u) * f, r, c + 20u);
+    stage4(nib4(o.w) * f, r, c + 24u);
+    stage4(nib4(o.w >> 16u) * f, r, c + 28u);
 }

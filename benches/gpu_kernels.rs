@@ -447,7 +447,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     if !all {
         return;
     }
-    // KDA step: 96 heads x 128 x 128 state, one token.
+    // KDA step: 96 heads x 128 x 128 state.
     let (heads, hd) = (s(96, 8), 128);
     let kd = KdaDims {
         heads,
@@ -467,37 +467,40 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         o_norm: up(1, hd),
     };
     let mut st = g.kda_state(&kd).unwrap();
-    let (q, k, v, f, beta, gate) = (
-        up(1, p),
-        up(1, p),
-        up(1, p),
-        up(1, p),
-        up(1, heads),
-        up(1, p),
-    );
-    let secs = t.time(|| {
-        g.kda_step(
-            &kd,
-            &kw,
-            &mut st,
-            KdaStepInputs {
-                q: &q,
-                k: &k,
-                v: &v,
-                f: &f,
-                beta: &beta,
-                gate: &gate,
-            },
-        )
-        .unwrap();
-    });
-    // The state is read and written once per token.
-    report(
-        &t,
-        &format!("kda step {heads} heads x {hd}x{hd}, 1 token"),
-        (2 * heads * hd * hd * 4) as u64,
-        secs,
-    );
+    // One token (decode) and a 64-token chunk (prefill: the tokens run in order inside).
+    for n in [1usize, 64] {
+        let (q, k, v, f, beta, gate) = (
+            up(n, p),
+            up(n, p),
+            up(n, p),
+            up(n, p),
+            up(n, heads),
+            up(n, p),
+        );
+        let secs = t.time(|| {
+            g.kda_step(
+                &kd,
+                &kw,
+                &mut st,
+                KdaStepInputs {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    f: &f,
+                    beta: &beta,
+                    gate: &gate,
+                },
+            )
+            .unwrap();
+        });
+        // The state is read and written once per token.
+        report(
+            &t,
+            &format!("kda step {heads} heads x {hd}x{hd}, {n} token(s)"),
+            (2 * n * heads * hd * hd * 4) as u64,
+            secs,
+        );
+    }
 
     // MLA decode over 4096 cached positions.
     let md = MlaDims {

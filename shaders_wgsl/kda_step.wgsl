@@ -1,11 +1,17 @@
-// The fused KDA step, one workgroup per head, the chunk's tokens in order inside the
-// kernel: causal conv + SiLU (history advanced in place), l2 norms of q and k, decay gate,
-// delta-rule update of the head's state S[k][v] (in global memory, never leaving the GPU),
-// output q·S, gated RMSNorm.
+// The KDA step over a chunk of tokens, in three passes:
+// 1. `kda_conv`, one lane per channel: causal conv + SiLU of q, k, v for every token in
+//    order (history advanced in place) and the decay gate exp(g), into `mid`;
+// 2. `kda_state`, one workgroup per (head, group of CG state columns), the tokens in order:
+//    l2 norms of q and k, delta-rule update of its columns of S[k][v] (in global memory,
+//    never leaving the GPU) and their outputs q·S, into `out`;
+// 3. `kda_norm`, one workgroup per (token, head): the gated RMSNorm of the output.
+// Splitting the columns is what lets a head use more than one workgroup: one workgroup per
+// head (96 on K3) walked every column's rows in turn, 82 µs a token on the H200.
 //
 // inp   = q | k | v | f | gate (each [n, P]) | beta ([n, heads])
 // wts   = conv_q | conv_k | conv_v (each [P, K]) | A_log [heads] | dt_bias [P] | o_norm [dk]
 // state = hist_q | hist_k | hist_v (each [K-1, P]) | S [heads, dk, dk]
+// mid   = q | k | v (conv + SiLU) | exp(g) (each [n, P])
 
 const MAX_D: u32 = 256u;
 
@@ -25,10 +31,13 @@ struct KdaParams {
 @group(0) @binding(2) var<storage, read> wts: array<f32>;
 @group(0) @binding(3) var<storage, read_write> st: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read_write> mid: array<f32>;
+
+// State columns of one `kda_state` workgroup.
+override CG: u32 = 16u;
 
 var<workgroup> sq: array<f32, MAX_D>;
 var<workgroup> sk: array<f32, MAX_D>;
-var<workgroup> sv: array<f32, MAX_D>;
 var<workgroup> sa: array<f32, MAX_D>;
 // Partial column sums of the state pass, one per lane.
 var<workgroup> spart: array<f32, 256>;
@@ -69,38 +78,68 @@ fn conv(m: u32, c: u32, row: u32, pw: u32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn kda(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+fn kda_conv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let pw = p.heads * p.dk;
+    let i = gid.x + gid.y * nwg.x * WG;
+    if (i >= 4u * pw) {
+        return;
+    }
+    let m = i / pw;
+    let c = i % pw;
+    if (m < 3u) {
+        for (var t = 0u; t < p.n; t++) {
+            mid[m * p.n * pw + t * pw + c] = conv(m, c, t, pw);
+        }
+        return;
+    }
+    let w_alog = 3u * pw * p.conv_k;
+    let w_dt = w_alog + p.heads;
+    let a = exp(wts[w_alog + c / p.dk]);
+    for (var t = 0u; t < p.n; t++) {
+        let z = inp[3u * p.n * pw + t * pw + c] + wts[w_dt + c];
+        var g: f32;
+        if (p.has_lb != 0u) {
+            g = p.lower_bound * sigmoid(a * z);
+        } else {
+            g = -a * softplus(z);
+        }
+        mid[3u * p.n * pw + t * pw + c] = exp(g);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn kda_state(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
     let lid = lanes.lid;
     let h = wg.x;
     let dk = p.dk;
     let pw = p.heads * dk;
-    let w_alog = 3u * pw * p.conv_k;
-    let w_dt = w_alog + p.heads;
-    let w_onorm = w_dt + pw;
     let s_base = 3u * (p.conv_k - 1u) * pw + h * dk * dk;
-    let a = exp(wts[w_alog + h]);
     let q_scale = 1.0 / sqrt(f32(dk));
+    // This workgroup's columns j0 .. j1, each worked by `parts` lanes that split its rows;
+    // their partial sums meet in workgroup memory.
+    let j0 = wg.y * CG;
+    let jc = min(CG, dk - j0);
+    let parts = WG / CG;
+    let part = lid / CG;
+    let rp = (dk + parts - 1u) / parts;
+    let i0 = min(part * rp, dk);
+    let i1 = min(i0 + rp, dk);
+    let jl = lid % CG;
+    let live = jl < jc;
+    let j = j0 + min(jl, jc - 1u);
     for (var t = 0u; t < p.n; t++) {
         var ssq = 0.0;
         var ssk = 0.0;
+        let row = t * pw + h * dk;
         for (var i = lid; i < dk; i += WG) {
-            let c = h * dk + i;
-            let qv = conv(0u, c, t, pw);
-            let kv = conv(1u, c, t, pw);
+            let qv = mid[row + i];
+            let kv = mid[p.n * pw + row + i];
             sq[i] = qv;
             sk[i] = kv;
-            sv[i] = conv(2u, c, t, pw);
+            sa[i] = mid[3u * p.n * pw + row + i];
             ssq += qv * qv;
             ssk += kv * kv;
-            let z = inp[3u * p.n * pw + t * pw + c] + wts[w_dt + c];
-            var g: f32;
-            if (p.has_lb != 0u) {
-                g = p.lower_bound * sigmoid(a * z);
-            } else {
-                g = -a * softplus(z);
-            }
-            sa[i] = exp(g);
         }
         let qn = q_scale / sqrt(wg_sum(ssq) + p.l2_eps);
         let kn = 1.0 / sqrt(wg_sum(ssk) + p.l2_eps);
@@ -110,60 +149,60 @@ fn kda(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
         }
         workgroupBarrier();
         let b = sigmoid(inp[5u * p.n * pw + t * p.heads + h]);
-        // The state pass: column j of S takes u = Σ_i S[i][j]·a_i·k_i, then the update and
-        // o_j = Σ_i S'[i][j]·q_i. With dk < WG the rows are split among `parts` lanes per
-        // column (all WG lanes busy, fewer serial loads each) and the partial sums meet in
-        // workgroup memory; with one part the sums are the plain serial ones.
-        let parts = max(WG / dk, 1u);
-        let step = WG / parts;
-        let part = lid / step;
-        let rp = (dk + parts - 1u) / parts;
-        let i0 = min(part * rp, dk);
-        let i1 = min(i0 + rp, dk);
-        var oss = 0.0;
-        for (var jb = 0u; jb < dk; jb += step) {
-            let j = jb + lid % step;
-            let live = j < dk;
-            let jj = min(j, dk - 1u);
-            var u = 0.0;
-            if (live) {
-                for (var i = i0; i < i1; i++) {
-                    u += (st[s_base + i * dk + jj] * sa[i]) * sk[i];
-                }
+        // Column j takes u = Σ_i S[i][j]·a_i·k_i, then the update, and o_j = Σ_i S'[i][j]·q_i.
+        var u = 0.0;
+        if (live) {
+            for (var i = i0; i < i1; i++) {
+                u += (st[s_base + i * dk + j] * sa[i]) * sk[i];
             }
-            spart[lid] = u;
-            workgroupBarrier();
-            var ut = 0.0;
+        }
+        spart[lid] = u;
+        workgroupBarrier();
+        var ut = 0.0;
+        for (var k = 0u; k < parts; k++) {
+            ut += spart[k * CG + jl];
+        }
+        workgroupBarrier();
+        let delta = b * (mid[2u * p.n * pw + row + j] - ut);
+        var o = 0.0;
+        if (live) {
+            for (var i = i0; i < i1; i++) {
+                let s = st[s_base + i * dk + j] * sa[i] + sk[i] * delta;
+                st[s_base + i * dk + j] = s;
+                o += s * sq[i];
+            }
+        }
+        spart[lid] = o;
+        workgroupBarrier();
+        if (live && part == 0u) {
+            var ot = 0.0;
             for (var k = 0u; k < parts; k++) {
-                ut += spart[k * step + lid % step];
+                ot += spart[k * CG + jl];
             }
-            workgroupBarrier();
-            let delta = b * (sv[jj] - ut);
-            var o = 0.0;
-            if (live) {
-                for (var i = i0; i < i1; i++) {
-                    let s = st[s_base + i * dk + jj] * sa[i] + sk[i] * delta;
-                    st[s_base + i * dk + jj] = s;
-                    o += s * sq[i];
-                }
-            }
-            spart[lid] = o;
-            workgroupBarrier();
-            if (live && part == 0u) {
-                var ot = 0.0;
-                for (var k = 0u; k < parts; k++) {
-                    ot += spart[k * step + lid % step];
-                }
-                out[t * pw + h * dk + j] = ot;
-                oss += ot * ot;
-            }
-            workgroupBarrier();
+            out[row + j] = ot;
         }
-        let r = 1.0 / sqrt(wg_sum(oss) / f32(dk) + p.norm_eps);
-        for (var j = lid; j < dk; j += WG) {
-            let gate = inp[4u * p.n * pw + t * pw + h * dk + j];
-            let o = out[t * pw + h * dk + j];
-            out[t * pw + h * dk + j] = o * r * wts[w_onorm + j] * sigmoid(gate);
-        }
+        workgroupBarrier();
+    }
+}
+
+@compute @workgroup_size(WG)
+fn kda_norm(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    lanes_init(lanes);
+    let lid = lanes.lid;
+    let t = wg.x;
+    let h = wg.y;
+    let dk = p.dk;
+    let pw = p.heads * dk;
+    let w_onorm = 3u * pw * p.conv_k + p.heads + pw;
+    let row = t * pw + h * dk;
+    var oss = 0.0;
+    for (var j = lid; j < dk; j += WG) {
+        let o = out[row + j];
+        oss += o * o;
+    }
+    let r = 1.0 / sqrt(wg_sum(oss) / f32(dk) + p.norm_eps);
+    for (var j = lid; j < dk; j += WG) {
+        let gate = inp[4u * p.n * pw + row + j];
+        out[row + j] = out[row + j] * r * wts[w_onorm + j] * sigmoid(gate);
     }
 }

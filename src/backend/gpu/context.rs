@@ -403,6 +403,13 @@ impl GpuContext {
 
     /// Records one compute dispatch.
     pub fn dispatch(&self, d: &Dispatch<'_>) {
+        self.dispatch_at(d, 1..=d.buffers.len() as u32);
+    }
+
+    /// Records a dispatch whose storage buffers go to the given binding numbers, for entry
+    /// points that use only some of their module's bindings (a pipeline's derived layout
+    /// holds only the bindings its entry point uses).
+    pub fn dispatch_at(&self, d: &Dispatch<'_>, bindings: impl IntoIterator<Item = u32>) {
         let pipe = self.pipeline(d.shader, d.entry, d.consts);
         // Every parameter block is padded to one size, at least as large as any kernel's.
         let mut words = d.params.to_vec();
@@ -418,9 +425,9 @@ impl GpuContext {
             binding: 0,
             resource: ubuf.as_entire_binding(),
         }];
-        for (i, b) in d.buffers.iter().enumerate() {
+        for (b, binding) in d.buffers.iter().zip(bindings) {
             entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
+                binding,
                 resource: b.as_entire_binding(),
             });
         }

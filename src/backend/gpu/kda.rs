@@ -1,4 +1,5 @@
-//! The fused KDA step on the device: one dispatch per chunk, the state updated in place.
+//! The KDA step on the device: three dispatches per chunk (conv and decays, the state
+//! columns of each head over several workgroups, the gated norm), the state updated in place.
 
 use super::buffers::{GpuAct, GpuKdaState};
 use super::context::Dispatch;
@@ -81,28 +82,75 @@ impl GpuBackend {
         self.ctx.copy(&w.a_log.buf, 0, &wbuf, 3 * pk, hb);
         self.ctx.copy(&w.dt_bias.buf, 0, &wbuf, 3 * pk + hb, pb);
         self.ctx.copy(&w.o_norm.buf, 0, &wbuf, 3 * pk + hb + pb, db);
-        // One lane per state column: a wider workgroup would idle.
-        let wg = self
-            .ctx
-            .wg
-            .min((d.head_dim as u32).next_power_of_two().max(32));
-        self.ctx.dispatch(&Dispatch {
-            shader: Shader::KdaStep,
-            entry: "kda",
-            consts: &[("WG", wg)],
-            params: &[
-                n as u32,
-                h as u32,
-                d.head_dim as u32,
-                k as u32,
-                u32::from(d.lower_bound.is_some()),
-                d.lower_bound.unwrap_or(0.0).to_bits(),
-                d.norm_eps.to_bits(),
-                KDA_L2_EPS.to_bits(),
-            ],
-            buffers: &[&inbuf, &wbuf, &st.buf, &out.buf],
-            groups: (h as u32, 1, 1),
-        });
+        let params = [
+            n as u32,
+            h as u32,
+            d.head_dim as u32,
+            k as u32,
+            u32::from(d.lower_bound.is_some()),
+            d.lower_bound.unwrap_or(0.0).to_bits(),
+            d.norm_eps.to_bits(),
+            KDA_L2_EPS.to_bits(),
+        ];
+        let mid = self.ctx.buffer(4 * np, "kda conv outputs and decays");
+        let wg = self.ctx.wg;
+        // Each pass binds what its entry point uses (bindings as in kda_step.wgsl).
+        self.ctx.dispatch_at(
+            &Dispatch {
+                shader: Shader::KdaStep,
+                entry: "kda_conv",
+                consts: &[],
+                params: &params,
+                buffers: &[&inbuf, &wbuf, &st.buf, &mid],
+                groups: self.ctx.grid((4 * p as u32).div_ceil(wg)),
+            },
+            [1, 2, 3, 5],
+        );
+        let cg = state_columns_per_group(d.head_dim, wg);
+        self.ctx.dispatch_at(
+            &Dispatch {
+                shader: Shader::KdaStep,
+                entry: "kda_state",
+                consts: &[("CG", cg)],
+                params: &params,
+                buffers: &[&inbuf, &st.buf, &out.buf, &mid],
+                groups: (h as u32, (d.head_dim as u32).div_ceil(cg), 1),
+            },
+            [1, 3, 4, 5],
+        );
+        // One lane per output column: a wider workgroup would idle.
+        let norm_wg = wg.min((d.head_dim as u32).next_power_of_two().max(32));
+        self.ctx.dispatch_at(
+            &Dispatch {
+                shader: Shader::KdaStep,
+                entry: "kda_norm",
+                consts: &[("WG", norm_wg)],
+                params: &params,
+                buffers: &[&inbuf, &wbuf, &out.buf],
+                groups: (n as u32, h as u32, 1),
+            },
+            [1, 2, 4],
+        );
         Ok(out)
+    }
+}
+
+/// State columns one `kda_state` workgroup of `wg` lanes updates: an eighth of the head (16
+/// of K3's 128, so 8 workgroups a head), a power of two within the workgroup.
+fn state_columns_per_group(head_dim: usize, wg: u32) -> u32 {
+    ((head_dim as u32 / 8).max(1).next_power_of_two()).min(wg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::state_columns_per_group;
+
+    #[test]
+    fn a_head_spreads_over_eight_workgroups() {
+        assert_eq!(state_columns_per_group(128, 256), 16);
+        assert_eq!(state_columns_per_group(16, 256), 2);
+        assert_eq!(state_columns_per_group(100, 256), 16);
+        assert_eq!(state_columns_per_group(4, 64), 1);
+        assert_eq!(state_columns_per_group(4096, 64), 64);
     }
 }

@@ -6,6 +6,7 @@
 //! (`TIMESTAMP_QUERY_INSIDE_ENCODERS`), else from the wall clock around a full sync.
 //! `K3_ADAPTER=NAME` picks the adapter.
 
+use k3::backend::gpu::buffers::GpuAct;
 use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::context::Dispatch;
 use k3::backend::gpu::shaders::Shader;
@@ -501,6 +502,32 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
             secs,
         );
     }
+    // The chunk's baseline in the same run: its 64 tokens as 64 one-token (fused) calls.
+    let one: Vec<GpuAct> = [p, p, p, p, heads, p].iter().map(|&w| up(1, w)).collect();
+    let secs = t.time(|| {
+        for _ in 0..64 {
+            g.kda_step(
+                &kd,
+                &kw,
+                &mut st,
+                KdaStepInputs {
+                    q: &one[0],
+                    k: &one[1],
+                    v: &one[2],
+                    f: &one[3],
+                    beta: &one[4],
+                    gate: &one[5],
+                },
+            )
+            .unwrap();
+        }
+    });
+    report(
+        &t,
+        &format!("kda step {heads} heads x {hd}x{hd}, 64 x 1 token"),
+        (2 * 64 * heads * hd * hd * 4) as u64,
+        secs,
+    );
 
     // MLA decode over 4096 cached positions.
     let md = MlaDims {

@@ -420,6 +420,20 @@ fn dense_matmul_splits_rows_below_the_binding_limit() {
             matmul_case(&g, &mut rng, fmt, 3, 300, 160);
         }
     }
+    // The chunk kernel over row chunks, K split (640 columns) and not.
+    if let Some(g) = chunked_gpu(Some(4096)) {
+        for fmt in [DenseFormat::F32, DenseFormat::Int4, DenseFormat::Int8] {
+            for cols in [160, 640] {
+                let m = g
+                    .load_matrix(
+                        DenseMatrix::from_f32(90, cols, vec![0.5; 90 * cols], fmt).unwrap(),
+                    )
+                    .unwrap();
+                assert!(m.chunks.len() > 1, "{fmt:?} {cols}: expected a split");
+                matmul_case(&g, &mut rng, fmt, 20, 90, cols);
+            }
+        }
+    }
 }
 
 /// Random MXFP4 bytes with scales around 2^0 (and the zero scale).

@@ -3,7 +3,7 @@
 //! bindings stay under the adapter's limit; one dispatch per chunk writes its rows of y.
 
 use super::buffers::{f32_bytes, GpuAct};
-use super::chunk_gemm::{ChunkGemm, GK};
+use super::chunk_gemm::{ChunkGemm, GemmTile, GK};
 use super::context::{Dispatch, MatvecShape};
 use super::shaders::Shader;
 use super::GpuBackend;
@@ -232,6 +232,55 @@ impl GpuBackend {
         });
     }
 
+    /// One row chunk `c` of `w` for `n` tokens through the chunk kernel with tile `t`:
+    /// `bufs` are the dispatch's storage buffers (x, y, weights, scales), `params` the
+    /// matvec parameter block. Where K is split, the segments' partial sums go to a scratch
+    /// buffer and a `sum_segments` pass writes y.
+    fn gemm_chunk(
+        &self,
+        w: &GpuMat,
+        c: &MatChunk,
+        n: usize,
+        (y, mut bufs): (&wgpu::Buffer, Vec<&wgpu::Buffer>),
+        t: GemmTile,
+        mut params: [u32; 11],
+    ) {
+        let groups = (
+            (n as u32).div_ceil(t.tokens()),
+            (c.rows as u32).div_ceil(t.rows()),
+        );
+        let out = n * c.rows;
+        let (segs, seg_steps) = self.ctx.chunk_gemm.segments(
+            u64::from(groups.0) * u64::from(groups.1),
+            w.cols_padded.div_ceil(GK as usize) as u64,
+            out as u64 * 4,
+            self.ctx.max_binding,
+        );
+        params[9] = seg_steps;
+        let part = (segs > 1).then(|| {
+            // Each segment's outputs as [token][chunk row], segment after segment.
+            params[3] = 0;
+            params[4] = c.rows as u32;
+            params[10] = out as u32;
+            self.ctx
+                .buffer(u64::from(segs) * out as u64 * 4, "chunk partial sums")
+        });
+        if let Some(pb) = &part {
+            bufs[1] = pb;
+        }
+        self.ctx.dispatch(&Dispatch {
+            shader: w.format.shader(),
+            entry: "gemm",
+            consts: &t.consts(self.ctx.wg, w.format.unit_cols() as u32),
+            params: &params,
+            buffers: &bufs,
+            groups: (groups.0, groups.1, segs),
+        });
+        if let Some(pb) = &part {
+            self.sum_segments(pb, y, (n, c.rows), (w.rows, c.row0), segs);
+        }
+    }
+
     pub(super) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
         ensure!(
             x.cols == w.cols,
@@ -270,41 +319,7 @@ impl GpuBackend {
             }
             let params = params(c);
             if let Some(t) = tile {
-                let groups = (
-                    (x.rows as u32).div_ceil(t.tokens()),
-                    (c.rows as u32).div_ceil(t.rows()),
-                );
-                let out = x.rows * c.rows;
-                let (segs, seg_steps) = self.ctx.chunk_gemm.segments(
-                    u64::from(groups.0) * u64::from(groups.1),
-                    w.cols_padded.div_ceil(GK as usize) as u64,
-                    out as u64 * 4,
-                    self.ctx.max_binding,
-                );
-                let mut params = params;
-                params[9] = seg_steps;
-                let part = (segs > 1).then(|| {
-                    // Each segment's outputs as [token][chunk row], segment after segment.
-                    params[3] = 0;
-                    params[4] = c.rows as u32;
-                    params[10] = out as u32;
-                    self.ctx
-                        .buffer(u64::from(segs) * out as u64 * 4, "chunk partial sums")
-                });
-                if let Some(pb) = &part {
-                    bufs[1] = pb;
-                }
-                self.ctx.dispatch(&Dispatch {
-                    shader: w.format.shader(),
-                    entry: "gemm",
-                    consts: &t.consts(self.ctx.wg, uc as u32),
-                    params: &params,
-                    buffers: &bufs,
-                    groups: (groups.0, groups.1, segs),
-                });
-                if let Some(pb) = &part {
-                    self.sum_segments(pb, &y.buf, (x.rows, c.rows), (w.rows, c.row0), segs);
-                }
+                self.gemm_chunk(w, c, x.rows, (&y.buf, bufs), t, params);
                 continue;
             }
             self.ctx.dispatch(&Dispatch {

@@ -702,3 +702,65 @@ impl GpuBackend {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::build_routing;
+    use crate::backend::ExpertAssignment;
+
+    fn expert(tokens: &[usize]) -> ExpertAssignment<'static> {
+        ExpertAssignment {
+            key: None,
+            weights: None,
+            tokens: tokens.iter().map(|&t| (t, 0.5)).collect(),
+        }
+    }
+
+    /// Items as (slot, first pair, pairs) triples.
+    fn items(words: &[u32], (first, count): (u32, u32)) -> Vec<[u32; 3]> {
+        (first..first + count)
+            .map(|i| {
+                let b = 3 * i as usize;
+                [words[b], words[b + 1], words[b + 2]]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tiled_experts_take_the_first_pairs_in_runs_of_a_tile() {
+        // Experts 0 and 2 have 5 and 3 tokens (tiled from 3, tiles of 2); expert 1 has 1.
+        let experts = [expert(&[0, 1, 2, 3, 4]), expert(&[2]), expert(&[1, 3, 4])];
+        // Experts 0 and 1 in group 0 (slots 4 and 7), expert 2 in group 1 (slot 0).
+        let place = [(0, 4), (0, 7), (1, 0)];
+        let rt = build_routing(&experts, 5, &place, 2, (3, 2)).unwrap();
+        assert_eq!((rt.pairs, rt.tiled_pairs), (9, 8));
+        let g0 = rt.group_items[0];
+        let g1 = rt.group_items[1];
+        // Tiled pairs: expert 0 → 0..5, expert 2 → 5..8; expert 1's one pair is 8.
+        assert_eq!(items(&rt.words, g0[0]), vec![[7, 8, 1]]);
+        assert_eq!(
+            items(&rt.words, g0[1]),
+            vec![[4, 0, 2], [4, 2, 2], [4, 4, 1]]
+        );
+        assert_eq!(items(&rt.words, g1[0]), Vec::<[u32; 3]>::new());
+        assert_eq!(items(&rt.words, g1[1]), vec![[0, 5, 2], [0, 7, 1]]);
+        // Each pair's token, and each token's pairs in expert list order.
+        let tok = &rt.words[rt.tok_map as usize..][..rt.pairs];
+        assert_eq!(tok, &[0, 1, 2, 3, 4, 1, 3, 4, 2]);
+        let csr = &rt.words[rt.csr as usize..][..6];
+        let pairs = &rt.words[rt.csr_pairs as usize..][..rt.pairs];
+        let of = |t: usize| &pairs[csr[t] as usize..csr[t + 1] as usize];
+        assert_eq!(of(2), &[2, 8]);
+        assert_eq!(of(3), &[3, 6]);
+    }
+
+    #[test]
+    fn without_tiling_every_pair_is_its_own_item() {
+        let experts = [expert(&[0, 1, 2, 3, 4])];
+        let rt = build_routing(&experts, 5, &[(0, 3)], 1, (0, 0)).unwrap();
+        assert_eq!(rt.tiled_pairs, 0);
+        assert_eq!(rt.group_items[0][1].1, 0);
+        assert_eq!(items(&rt.words, rt.group_items[0][0]).len(), 5);
+        assert!(build_routing(&[expert(&[5])], 5, &[(0, 0)], 1, (0, 0)).is_err());
+    }
+}

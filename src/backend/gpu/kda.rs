@@ -64,6 +64,11 @@ impl GpuBackend {
             "kda_step: conv/A_log/dt_bias/o_norm sizes do not match {h} heads x {}",
             d.head_dim
         );
+        ensure!(
+            n <= self.ctx.limits.max_compute_workgroups_per_dimension as usize,
+            "kda_step: a chunk of {n} tokens exceeds the adapter's {} workgroups per dimension; use a smaller --chunk",
+            self.ctx.limits.max_compute_workgroups_per_dimension
+        );
         let out = self.alloc(n, p);
         if n == 0 {
             return Ok(out);

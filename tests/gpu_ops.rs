@@ -924,3 +924,48 @@ fn free_vram_query_answers_on_every_adapter() {
         assert!(matches!(free, FreeDeviceMemory::Unknown(_)), "{free:?}");
     }
 }
+
+/// A KDA chunk longer than the grid's dimension limit is refused with what to do, not a
+/// validation panic.
+#[test]
+fn kda_chunk_past_the_grid_limit_is_a_clear_error() {
+    let Some(g) = gpus(None).into_iter().next() else {
+        return;
+    };
+    let d = KdaDims {
+        heads: 1,
+        head_dim: 4,
+        conv_k: 2,
+        lower_bound: None,
+        norm_eps: 1e-6,
+    };
+    let n = g.ctx.limits.max_compute_workgroups_per_dimension as usize + 1;
+    let up = |rows: usize, cols: usize| g.upload(&vec![0.1; rows * cols], rows, cols).unwrap();
+    let w = KdaStepWeights {
+        conv_q: up(1, 8),
+        conv_k: up(1, 8),
+        conv_v: up(1, 8),
+        a_log: up(1, 1),
+        dt_bias: up(1, 4),
+        o_norm: up(1, 4),
+    };
+    let (q, k, v, f, beta, gate) = (up(n, 4), up(n, 4), up(n, 4), up(n, 4), up(n, 1), up(n, 4));
+    let mut st = g.kda_state(&d).unwrap();
+    let err = g
+        .kda_step(
+            &d,
+            &w,
+            &mut st,
+            KdaStepInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                f: &f,
+                beta: &beta,
+                gate: &gate,
+            },
+        )
+        .err()
+        .expect("a chunk past the limit must fail");
+    assert!(format!("{err:#}").contains("--chunk"), "{err:#}");
+}

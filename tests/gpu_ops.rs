@@ -965,7 +965,6 @@ fn kda_chunk_past_the_grid_limit_is_a_clear_error() {
                 gate: &gate,
             },
         )
-        .err()
-        .expect("a chunk past the limit must fail");
+        .expect_err("a chunk past the limit must fail");
     assert!(format!("{err:#}").contains("--chunk"), "{err:#}");
 }

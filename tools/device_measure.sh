@@ -5,7 +5,8 @@
 # greedy tokens on the GPU (to compare with the CPU's), and the GPU streaming sweep with the
 # VRAM tier off and small. With `cpu` (make that call right after, while the machine and its
 # model are still there; it synthesizes the model again otherwise): the CPU backend's sweep.
-# Results land under $OUT. Prepare with tools/device_prepare.sh.
+# Results land under $OUT. Prepare with tools/device_prepare.sh. Prefill end to end (the
+# chunk kernel on and off) is tools/device_prefill.sh, a separate call.
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
@@ -29,7 +30,7 @@ wait "$SYNTH"
 tail -1 "$OUT/synth.txt"
 # Benchmarks after the synth: it loads the disk and the CPUs.
 timeout 240 ./.devbin/gpu_kernels > "$OUT/kernels.txt" 2>&1
-grep -E "==|mxfp4 matvec|moe resident: 16 experts x 1|int[48] matvec 12288x7168|kda|mla" "$OUT/kernels.txt"
+grep -E "==|mxfp4 matvec|moe resident: 16 experts x (1|32)|int[48] matvec 12288x7168, (1|32|512) |kda|mla" "$OUT/kernels.txt" | cut -c1-130
 P8="163584,1000,2000,3000,4000,5000,6000,7000"
 "$K" run "$M" --ids "$P8" --ngen 6 --ignore-eos --quiet --backend gpu --expert-gb 60 --gpu-expert-gb 60 \
     > "$OUT/gpu_ids.txt" 2> "$OUT/gpu_ids.err"

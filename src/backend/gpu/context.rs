@@ -366,14 +366,16 @@ impl GpuContext {
             let mut view = buf
                 .get_mapped_range_mut(..)
                 .map_err(|e| anyhow!("mapping {label}: {e:?}"))?;
-            let mut w = view.slice(..);
+            let mut end = 0;
             for &(off, data) in parts {
                 let (o, e) = (off as usize, off as usize + data.len());
-                if e as u64 > size {
-                    bail!("{label}: part at {o}..{e} is past the buffer's {size} bytes");
+                if e as u64 > size || o < end {
+                    bail!("{label}: part at {o}..{e} overlaps an earlier one or is past the buffer's {size} bytes");
                 }
-                parallel_copy(w.slice(o..e), data);
+                end = e;
             }
+            let rel: Vec<(usize, &[u8])> = parts.iter().map(|&(o, d)| (o as usize, d)).collect();
+            parallel_copy_parts(view.slice(..), &rel);
         }
         buf.unmap();
         Ok(buf)
@@ -473,6 +475,42 @@ impl GpuContext {
         }
     }
 
+    /// Writes `parts`, `(offset, bytes)` lying back to back from the first offset, through
+    /// one staging copy (one allocation and one submission rather than one per part, the
+    /// copies spread over threads); parts that do not lie back to back are written one by one.
+    pub fn write_parts(&self, buf: &wgpu::Buffer, parts: &[(u64, &[u8])]) {
+        let Some(&(start, _)) = parts.first() else {
+            return;
+        };
+        let mut end = start;
+        for &(off, data) in parts {
+            if off != end {
+                for &(o, d) in parts {
+                    self.write(buf, o, d);
+                }
+                return;
+            }
+            end += data.len() as u64;
+        }
+        self.flush();
+        let staged = wgpu::BufferSize::new(end - start)
+            .and_then(|n| self.queue.write_buffer_with(buf, start, n));
+        match staged {
+            Some(mut view) => {
+                let rel: Vec<(usize, &[u8])> = parts
+                    .iter()
+                    .map(|&(o, d)| ((o - start) as usize, d))
+                    .collect();
+                parallel_copy_parts(view.slice(..), &rel);
+            }
+            None => {
+                for &(o, d) in parts {
+                    self.queue.write_buffer(buf, o, d);
+                }
+            }
+        }
+    }
+
     /// Writes host bytes into an existing buffer, after everything recorded so far.
     pub fn write(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
         // A queue write lands before the next submission's commands: submit first.
@@ -560,22 +598,35 @@ fn workgroup_size(l: &wgpu::Limits) -> Result<u32> {
 /// Copies `src` into a mapped range on several threads. A streamed expert is 17.5 MB; one
 /// core copies that in a few milliseconds, host time on the path the read pipe must hide.
 fn parallel_copy(dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
+    parallel_copy_parts(dst, &[(0, src)]);
+}
+
+/// Copies each `(offset, bytes)` part (increasing, non-overlapping offsets within `dst`)
+/// to its place in `dst`, in 1 MB pieces spread over the rayon pool; on the calling thread
+/// when there is less than 4 MB in all.
+fn parallel_copy_parts(dst: wgpu::WriteOnly<'_, [u8]>, parts: &[(usize, &[u8])]) {
     const CHUNK: usize = 1 << 20;
-    let mut rest = dst;
-    if src.len() < 4 * CHUNK {
-        rest.copy_from_slice(src);
+    let total: usize = parts.iter().map(|p| p.1.len()).sum();
+    let mut pieces = Vec::with_capacity(total.div_ceil(CHUNK) + parts.len());
+    let (mut rest, mut at) = (dst, 0usize);
+    for &(off, src) in parts {
+        let (_, tail) = rest.split_at(off - at);
+        let (mut head, tail) = tail.split_at(src.len());
+        (rest, at) = (tail, off + src.len());
+        for s in src.chunks(CHUNK) {
+            let (piece, more) = head.split_at(s.len());
+            pieces.push((Chunk(piece), s));
+            head = more;
+        }
+    }
+    if total < 4 * CHUNK {
+        for (mut d, s) in pieces {
+            d.0.copy_from_slice(s);
+        }
         return;
     }
-    let mut parts = Vec::with_capacity(src.len().div_ceil(CHUNK));
-    while rest.len() > CHUNK {
-        let (head, tail) = rest.split_at(CHUNK);
-        parts.push(Chunk(head));
-        rest = tail;
-    }
-    parts.push(Chunk(rest));
-    parts
+    pieces
         .into_par_iter()
-        .zip(src.par_chunks(CHUNK))
         .for_each(|(mut d, s)| d.0.copy_from_slice(s));
 }
 

@@ -244,11 +244,9 @@ impl GpuBackend {
                 .clone()
                 .ok_or_else(|| anyhow!("internal: transient arena {k} missing"))?
         };
-        for (buf, parts) in [(&a.packed, &packed), (&a.scales, &scales)] {
-            for &(off, data) in parts {
-                self.ctx.write(buf, off, data);
-            }
-        }
+        // One staging copy per buffer: the parts lie back to back.
+        self.ctx.write_parts(&a.packed, &packed);
+        self.ctx.write_parts(&a.scales, &scales);
         Ok(a)
     }
 
@@ -501,12 +499,14 @@ impl GpuBackend {
         let (hp, hs) = (m / 2, m / BLOCK as u64);
         // Queue writes are ordered after everything recorded so far (`write` submits first),
         // so work already recorded against an evicted slot still sees its old expert.
-        self.ctx.write(&pool.up.packed, ls * 2 * hp, w.w1.packed);
-        self.ctx
-            .write(&pool.up.packed, ls * 2 * hp + hp, w.w3.packed);
-        self.ctx.write(&pool.up.scales, ls * 2 * hs, w.w1.scales);
-        self.ctx
-            .write(&pool.up.scales, ls * 2 * hs + hs, w.w3.scales);
+        self.ctx.write_parts(
+            &pool.up.packed,
+            &[(ls * 2 * hp, w.w1.packed), (ls * 2 * hp + hp, w.w3.packed)],
+        );
+        self.ctx.write_parts(
+            &pool.up.scales,
+            &[(ls * 2 * hs, w.w1.scales), (ls * 2 * hs + hs, w.w3.scales)],
+        );
         self.ctx.write(&pool.down.packed, ls * hp, w.w2.packed);
         self.ctx.write(&pool.down.scales, ls * hs, w.w2.scales);
         Ok(())

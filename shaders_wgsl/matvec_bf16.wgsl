@@ -40,6 +40,10 @@ fn decoded_dot(du: DU, xv: XU) -> f32 {
     return dot(du.d0, xv.x0) + dot(du.d1, xv.x1);
 }
 
+fn unit_dot(wu: WU, xv: XU) -> f32 {
+    return decoded_dot(decode_unit(wu), xv);
+}
+
 fn stage_unit(wu: WU, r: u32, c: u32) {
     let d = decode_unit(wu);
     stage4(d.d0, r, c);

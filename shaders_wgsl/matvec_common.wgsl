@@ -7,9 +7,9 @@
 // alone bound the int4/MXFP4 kernels; the two together do: without both, int4 runs at the
 // read kernel's bandwidth (docs/perf.md, third pass).
 // The format file defines `WU` (a unit of one row, with its scale) and `load_w`, `XU` and
-// `load_x`, `DU` (a unit decoded) with `decode_unit(WU)` and `decoded_dot(DU, XU)`, and for
-// the chunk kernel `gemm` below, `stage_unit(WU, r, c)`, which writes the unit's plain values
-// (scale applied) through `stage4`.
+// `load_x`, `unit_dot(WU, XU)` (a unit's dot product with its slice of x), and for the chunk
+// kernel `gemm` below, `stage_unit(WU, r, c)`, which writes the unit's plain values (scale
+// applied) through `stage4`. Most formats build both from a shared `decode_unit`.
 
 override LPR: u32 = 32u;
 // Of a row's LPR lanes, LW sit side by side in each 32-lane block and the rest in the next
@@ -93,10 +93,6 @@ fn load_w8(wrow: u32, last: u32, u: u32) -> W8 {
         r.w7 = load_w(wrow + min(7u, last), u);
     }
     return r;
-}
-
-fn unit_dot(wu: WU, xv: XU) -> f32 {
-    return decoded_dot(decode_unit(wu), xv);
 }
 
 fn step(acc: Acc, w: W8, xv: XU) -> Acc {

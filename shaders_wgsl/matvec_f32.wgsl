@@ -30,6 +30,10 @@ fn decoded_dot(du: DU, xv: XU) -> f32 {
     return dot(du, xv.x0);
 }
 
+fn unit_dot(wu: WU, xv: XU) -> f32 {
+    return decoded_dot(decode_unit(wu), xv);
+}
+
 fn stage_unit(wu: WU, r: u32, c: u32) {
     stage4(wu.q, r, c);
 }

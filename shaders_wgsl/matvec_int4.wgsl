@@ -85,6 +85,10 @@ fn decoded_dot(du: DU, xv: XU) -> f32 {
     return d * du.s;
 }
 
+fn unit_dot(wu: WU, xv: XU) -> f32 {
+    return decoded_dot(decode_unit(wu), xv);
+}
+
 // Plain values: the conversion-free decode with its 16^k lane factor undone (exact, a power
 // of two), then the group scale, as the CPU dequantizes.
 fn stage_unit(wu: WU, r: u32, c: u32) {

@@ -67,6 +67,10 @@ fn decoded_dot(du: DU, xv: XU) -> f32 {
     return d * du.s;
 }
 
+fn unit_dot(wu: WU, xv: XU) -> f32 {
+    return decoded_dot(decode_unit(wu), xv);
+}
+
 // Plain values: the conversion-free decode with its 256× on bytes 1 and 3 undone (exact),
 // then the row scale.
 fn stage_unit(wu: WU, r: u32, c: u32) {

@@ -79,6 +79,88 @@ fn conv(m: u32, c: u32, row: u32, pw: u32) -> f32 {
     return silu(acc);
 }
 
+// exp(g), the decay of a channel whose gate input (f + dt_bias) is z, a = exp(A_log[head]).
+fn decay(a: f32, z: f32) -> f32 {
+    if (p.has_lb != 0u) {
+        return exp(p.lower_bound * sigmoid(a * z));
+    }
+    return exp(-a * softplus(z));
+}
+
+// l2-normalizes the staged q and k (sum of squares ssq, ssk of this lane's elements); q
+// also takes 1/sqrt(dk).
+fn normalize_qk(lid: u32, ssq: f32, ssk: f32) {
+    let qn = (1.0 / sqrt(f32(p.dk))) / sqrt(wg_sum(ssq) + p.l2_eps);
+    let kn = 1.0 / sqrt(wg_sum(ssk) + p.l2_eps);
+    for (var i = lid; i < p.dk; i += WG) {
+        sq[i] = sq[i] * qn;
+        sk[i] = sk[i] * kn;
+    }
+    workgroupBarrier();
+}
+
+// The state pass over columns j0 .. j0 + jc - 1 of the head's S (at s_base) for one token
+// with gate b: column j takes u = Σ_i S[i][j]·a_i·k_i, then the update, and
+// o_j = Σ_i S'[i][j]·q_i, written to out[row + j]. Each column is worked by `parts` lanes,
+// `step` apart, that split its rows; their partial sums meet in workgroup memory (one part:
+// the plain serial sums). Returns o_j on the lane that wrote it, else 0.
+fn update_columns(lid: u32, s_base: u32, row: u32, j0: u32, jc: u32, step: u32, b: f32) -> f32 {
+    let dk = p.dk;
+    let parts = WG / step;
+    let part = lid / step;
+    let rp = (dk + parts - 1u) / parts;
+    let i0 = min(part * rp, dk);
+    let i1 = min(i0 + rp, dk);
+    let jl = lid % step;
+    let live = jl < jc;
+    let j = j0 + min(jl, jc - 1u);
+    var u = 0.0;
+    if (live) {
+        for (var i = i0; i < i1; i++) {
+            u += (st[s_base + i * dk + j] * sa[i]) * sk[i];
+        }
+    }
+    spart[lid] = u;
+    workgroupBarrier();
+    var ut = 0.0;
+    for (var k = 0u; k < parts; k++) {
+        ut += spart[k * step + jl];
+    }
+    workgroupBarrier();
+    let delta = b * (sv[j] - ut);
+    var o = 0.0;
+    if (live) {
+        for (var i = i0; i < i1; i++) {
+            let s = st[s_base + i * dk + j] * sa[i] + sk[i] * delta;
+            st[s_base + i * dk + j] = s;
+            o += s * sq[i];
+        }
+    }
+    spart[lid] = o;
+    workgroupBarrier();
+    var ot = 0.0;
+    if (live && part == 0u) {
+        for (var k = 0u; k < parts; k++) {
+            ot += spart[k * step + jl];
+        }
+        out[row + j] = ot;
+    }
+    workgroupBarrier();
+    return ot;
+}
+
+// The gated RMSNorm of one (token, head) output row at out[row ..], whose squares this lane
+// has summed into oss.
+fn gated_norm(lid: u32, row: u32, oss: f32) {
+    let pw = p.heads * p.dk;
+    let w_onorm = 3u * pw * p.conv_k + p.heads + pw;
+    let r = 1.0 / sqrt(wg_sum(oss) / f32(p.dk) + p.norm_eps);
+    for (var j = lid; j < p.dk; j += WG) {
+        let gate = inp[4u * p.n * pw + row + j];
+        out[row + j] = out[row + j] * r * wts[w_onorm + j] * sigmoid(gate);
+    }
+}
+
 // Decode (a token or few): every step in one workgroup per head, tokens in order. Cheaper
 // than the three passes below for a single token (82 against 141 µs on the H200, their
 // launches and the `mid` round trip outweigh the column split); slower per token on chunks.
@@ -89,15 +171,15 @@ fn kda_fused(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     let h = wg.x;
     let dk = p.dk;
     let pw = p.heads * dk;
-    let w_alog = 3u * pw * p.conv_k;
-    let w_dt = w_alog + p.heads;
-    let w_onorm = w_dt + pw;
+    let w_dt = 3u * pw * p.conv_k + p.heads;
     let s_base = 3u * (p.conv_k - 1u) * pw + h * dk * dk;
-    let a = exp(wts[w_alog + h]);
-    let q_scale = 1.0 / sqrt(f32(dk));
+    let a = exp(wts[3u * pw * p.conv_k + h]);
+    // With dk < WG each column's rows are split over WG / dk lanes (all lanes busy).
+    let step = WG / max(WG / dk, 1u);
     for (var t = 0u; t < p.n; t++) {
         var ssq = 0.0;
         var ssk = 0.0;
+        let row = t * pw + h * dk;
         for (var i = lid; i < dk; i += WG) {
             let c = h * dk + i;
             let qv = conv(0u, c, t, pw);
@@ -107,78 +189,16 @@ fn kda_fused(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
             sv[i] = conv(2u, c, t, pw);
             ssq += qv * qv;
             ssk += kv * kv;
-            let z = inp[3u * p.n * pw + t * pw + c] + wts[w_dt + c];
-            var g: f32;
-            if (p.has_lb != 0u) {
-                g = p.lower_bound * sigmoid(a * z);
-            } else {
-                g = -a * softplus(z);
-            }
-            sa[i] = exp(g);
+            sa[i] = decay(a, inp[3u * p.n * pw + t * pw + c] + wts[w_dt + c]);
         }
-        let qn = q_scale / sqrt(wg_sum(ssq) + p.l2_eps);
-        let kn = 1.0 / sqrt(wg_sum(ssk) + p.l2_eps);
-        for (var i = lid; i < dk; i += WG) {
-            sq[i] = sq[i] * qn;
-            sk[i] = sk[i] * kn;
-        }
-        workgroupBarrier();
+        normalize_qk(lid, ssq, ssk);
         let b = sigmoid(inp[5u * p.n * pw + t * p.heads + h]);
-        // The state pass: column j of S takes u = Σ_i S[i][j]·a_i·k_i, then the update and
-        // o_j = Σ_i S'[i][j]·q_i. With dk < WG the rows are split among `parts` lanes per
-        // column (all WG lanes busy, fewer serial loads each) and the partial sums meet in
-        // workgroup memory; with one part the sums are the plain serial ones.
-        let parts = max(WG / dk, 1u);
-        let step = WG / parts;
-        let part = lid / step;
-        let rp = (dk + parts - 1u) / parts;
-        let i0 = min(part * rp, dk);
-        let i1 = min(i0 + rp, dk);
         var oss = 0.0;
         for (var jb = 0u; jb < dk; jb += step) {
-            let j = jb + lid % step;
-            let live = j < dk;
-            let jj = min(j, dk - 1u);
-            var u = 0.0;
-            if (live) {
-                for (var i = i0; i < i1; i++) {
-                    u += (st[s_base + i * dk + jj] * sa[i]) * sk[i];
-                }
-            }
-            spart[lid] = u;
-            workgroupBarrier();
-            var ut = 0.0;
-            for (var k = 0u; k < parts; k++) {
-                ut += spart[k * step + lid % step];
-            }
-            workgroupBarrier();
-            let delta = b * (sv[jj] - ut);
-            var o = 0.0;
-            if (live) {
-                for (var i = i0; i < i1; i++) {
-                    let s = st[s_base + i * dk + jj] * sa[i] + sk[i] * delta;
-                    st[s_base + i * dk + jj] = s;
-                    o += s * sq[i];
-                }
-            }
-            spart[lid] = o;
-            workgroupBarrier();
-            if (live && part == 0u) {
-                var ot = 0.0;
-                for (var k = 0u; k < parts; k++) {
-                    ot += spart[k * step + lid % step];
-                }
-                out[t * pw + h * dk + j] = ot;
-                oss += ot * ot;
-            }
-            workgroupBarrier();
+            let o = update_columns(lid, s_base, row, jb, min(step, dk - jb), step, b);
+            oss += o * o;
         }
-        let r = 1.0 / sqrt(wg_sum(oss) / f32(dk) + p.norm_eps);
-        for (var j = lid; j < dk; j += WG) {
-            let gate = inp[4u * p.n * pw + t * pw + h * dk + j];
-            let o = out[t * pw + h * dk + j];
-            out[t * pw + h * dk + j] = o * r * wts[w_onorm + j] * sigmoid(gate);
-        }
+        gated_norm(lid, row, oss);
     }
 }
 
@@ -197,21 +217,14 @@ fn kda_conv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         }
         return;
     }
-    let w_alog = 3u * pw * p.conv_k;
-    let w_dt = w_alog + p.heads;
-    let a = exp(wts[w_alog + c / p.dk]);
+    let w_dt = 3u * pw * p.conv_k + p.heads;
+    let a = exp(wts[3u * pw * p.conv_k + c / p.dk]);
     for (var t = 0u; t < p.n; t++) {
-        let z = inp[3u * p.n * pw + t * pw + c] + wts[w_dt + c];
-        var g: f32;
-        if (p.has_lb != 0u) {
-            g = p.lower_bound * sigmoid(a * z);
-        } else {
-            g = -a * softplus(z);
-        }
-        mid[3u * p.n * pw + t * pw + c] = exp(g);
+        mid[3u * p.n * pw + t * pw + c] = decay(a, inp[3u * p.n * pw + t * pw + c] + wts[w_dt + c]);
     }
 }
 
+// One workgroup per (head, CG state columns), the tokens in order.
 @compute @workgroup_size(WG)
 fn kda_state(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
@@ -220,19 +233,7 @@ fn kda_state(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     let dk = p.dk;
     let pw = p.heads * dk;
     let s_base = 3u * (p.conv_k - 1u) * pw + h * dk * dk;
-    let q_scale = 1.0 / sqrt(f32(dk));
-    // This workgroup's columns j0 .. j1, each worked by `parts` lanes that split its rows;
-    // their partial sums meet in workgroup memory.
     let j0 = wg.y * CG;
-    let jc = min(CG, dk - j0);
-    let parts = WG / CG;
-    let part = lid / CG;
-    let rp = (dk + parts - 1u) / parts;
-    let i0 = min(part * rp, dk);
-    let i1 = min(i0 + rp, dk);
-    let jl = lid % CG;
-    let live = jl < jc;
-    let j = j0 + min(jl, jc - 1u);
     for (var t = 0u; t < p.n; t++) {
         var ssq = 0.0;
         var ssk = 0.0;
@@ -242,51 +243,14 @@ fn kda_state(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
             let kv = mid[p.n * pw + row + i];
             sq[i] = qv;
             sk[i] = kv;
+            sv[i] = mid[2u * p.n * pw + row + i];
             sa[i] = mid[3u * p.n * pw + row + i];
             ssq += qv * qv;
             ssk += kv * kv;
         }
-        let qn = q_scale / sqrt(wg_sum(ssq) + p.l2_eps);
-        let kn = 1.0 / sqrt(wg_sum(ssk) + p.l2_eps);
-        for (var i = lid; i < dk; i += WG) {
-            sq[i] = sq[i] * qn;
-            sk[i] = sk[i] * kn;
-        }
-        workgroupBarrier();
+        normalize_qk(lid, ssq, ssk);
         let b = sigmoid(inp[5u * p.n * pw + t * p.heads + h]);
-        // Column j takes u = Σ_i S[i][j]·a_i·k_i, then the update, and o_j = Σ_i S'[i][j]·q_i.
-        var u = 0.0;
-        if (live) {
-            for (var i = i0; i < i1; i++) {
-                u += (st[s_base + i * dk + j] * sa[i]) * sk[i];
-            }
-        }
-        spart[lid] = u;
-        workgroupBarrier();
-        var ut = 0.0;
-        for (var k = 0u; k < parts; k++) {
-            ut += spart[k * CG + jl];
-        }
-        workgroupBarrier();
-        let delta = b * (mid[2u * p.n * pw + row + j] - ut);
-        var o = 0.0;
-        if (live) {
-            for (var i = i0; i < i1; i++) {
-                let s = st[s_base + i * dk + j] * sa[i] + sk[i] * delta;
-                st[s_base + i * dk + j] = s;
-                o += s * sq[i];
-            }
-        }
-        spart[lid] = o;
-        workgroupBarrier();
-        if (live && part == 0u) {
-            var ot = 0.0;
-            for (var k = 0u; k < parts; k++) {
-                ot += spart[k * CG + jl];
-            }
-            out[row + j] = ot;
-        }
-        workgroupBarrier();
+        update_columns(lid, s_base, row, j0, min(CG, dk - j0), CG, b);
     }
 }
 
@@ -294,20 +258,11 @@ fn kda_state(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
 fn kda_norm(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
     let lid = lanes.lid;
-    let t = wg.x;
-    let h = wg.y;
-    let dk = p.dk;
-    let pw = p.heads * dk;
-    let w_onorm = 3u * pw * p.conv_k + p.heads + pw;
-    let row = t * pw + h * dk;
+    let row = wg.x * p.heads * p.dk + wg.y * p.dk;
     var oss = 0.0;
-    for (var j = lid; j < dk; j += WG) {
+    for (var j = lid; j < p.dk; j += WG) {
         let o = out[row + j];
         oss += o * o;
     }
-    let r = 1.0 / sqrt(wg_sum(oss) / f32(dk) + p.norm_eps);
-    for (var j = lid; j < dk; j += WG) {
-        let gate = inp[4u * p.n * pw + row + j];
-        out[row + j] = out[row + j] * r * wts[w_onorm + j] * sigmoid(gate);
-    }
+    gated_norm(lid, row, oss);
 }

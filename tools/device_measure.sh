@@ -8,9 +8,7 @@
 # Results land under $OUT. Prepare with tools/device_prepare.sh. Prefill end to end (the
 # chunk kernel on and off) is tools/device_prefill.sh, a separate call.
 set -u
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+. "$(dirname "$0")/device_vulkan.sh"
 K=./.devbin/k3
 M=/tmp/k3slice
 if [ "${1:-}" = cpu ]; then

@@ -6,9 +6,7 @@
 # (--chunk 1). Prints prefill seconds from --stats-json and the greedy ids of each run.
 # Prepare with tools/device_prepare.sh; results land under $OUT.
 set -u
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+. "$(dirname "$0")/device_vulkan.sh"
 K=./.devbin/k3
 M=/tmp/k3slice32
 [ -f "$M/config.json" ] || "$K" synth --preset k3-slice --layers 4 --experts 32 "$M" > "$OUT/synth32.txt" 2>&1

@@ -161,12 +161,21 @@ struct ChunkPass {
     /// K segments and steps per segment.
     segs: u32,
     seg_steps: u32,
-    /// Words between segments' partial outputs (0: one segment, written straight to y).
-    seg_stride: u32,
     /// The partial sums, `segs × pairs × rows`, when K is split.
     part: Option<wgpu::Buffer>,
     pairs: usize,
     rows: usize,
+}
+
+impl ChunkPass {
+    /// Words between segments' partial outputs (0: one segment, written straight to y).
+    fn seg_stride(&self) -> u32 {
+        if self.part.is_some() {
+            (self.pairs * self.rows) as u32
+        } else {
+            0
+        }
+    }
 }
 
 /// One set of expert arenas: gate+up rows and down rows, slot-indexed alike.
@@ -291,7 +300,7 @@ impl GpuBackend {
                 shader: Shader::MatvecMxfp4,
                 entry: "moe_gemm",
                 consts: &c.tile.consts(self.ctx.wg, BLOCK as u32),
-                params: &params(tiled.0, (c.seg_steps, c.seg_stride)),
+                params: &params(tiled.0, (c.seg_steps, c.seg_stride())),
                 buffers: &buffers,
                 groups: (tiled.1, (rows as u32).div_ceil(c.tile.rows()), c.segs),
             });
@@ -353,7 +362,6 @@ impl GpuBackend {
             tile,
             segs,
             seg_steps,
-            seg_stride: if segs > 1 { (out / 4) as u32 } else { 0 },
             part,
             pairs: rt.tiled_pairs,
             rows,

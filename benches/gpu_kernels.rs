@@ -10,6 +10,7 @@ use k3::backend::gpu::buffers::GpuAct;
 use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::context::Dispatch;
 use k3::backend::gpu::shaders::Shader;
+use k3::backend::gpu::stationary::Stationary;
 use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
 use k3::backend::{
     Backend, ExpertAssignment, ExpertKey, ExpertWeights, Glu, KdaDims, KdaStepInputs,
@@ -171,26 +172,46 @@ fn main() {
     // the dense and the expert matvecs alike; the chunk blocks compare the chunk kernel's
     // tiles, with K split and not, the next step's loads in registers and not, against the
     // matvec per token (the chunk kernel off).
+    // The column-stationary kernel: off (every one-token matvec row-split, the baseline),
+    // then rows per lane and the workgroups a dispatch aims at.
+    let cs = |enabled, rows_per_lane, target_groups| {
+        Some(Stationary {
+            enabled,
+            rows_per_lane,
+            target_groups,
+            below_groups: u64::MAX,
+        })
+    };
     let blocks = [
-        (None, None, Part::All),
-        (None, chunk(0, None, true, true), Part::Chunk),
-        (None, chunk(2, None, true, true), Part::Chunk),
-        (None, chunk(2, None, true, false), Part::Chunk),
-        (None, chunk(2, None, false, true), Part::Chunk),
-        (None, chunk(2, Some(16), true, true), Part::Chunk),
-        (None, chunk(2, Some(32), true, true), Part::Chunk),
-        (None, chunk(2, Some(64), true, true), Part::Chunk),
-        (Some(shape(32, 4, 4, None, true, false)), None, Part::Matvec),
-        (Some(shape(8, 4, 4, None, true, false)), None, Part::Matvec),
-        (Some(shape(8, 4, 4, None, true, true)), None, Part::Matvec),
+        (None, None, None, Part::All),
+        (None, None, cs(false, 4, 2048), Part::Matvec),
+        (None, None, cs(true, 4, 2048), Part::Matvec),
+        (None, None, cs(true, 4, 512), Part::Matvec),
+        (None, None, None, Part::Matvec),
+        (None, chunk(0, None, true, true), None, Part::Chunk),
+        (None, chunk(2, None, true, true), None, Part::Chunk),
+        (None, chunk(2, Some(32), true, true), None, Part::Chunk),
+        (
+            Some(shape(32, 4, 4, None, true, false)),
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+        ),
+        (
+            Some(shape(8, 4, 4, None, true, true)),
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+        ),
     ];
-    for (shape, chunk_gemm, part) in blocks {
+    for (shape, chunk_gemm, stationary, part) in blocks {
         let opts = GpuOptions {
             adapter: std::env::var("K3_ADAPTER").ok(),
             allow_cpu_adapter: true,
             matvec: shape,
             expert_matvec: shape,
             chunk_gemm,
+            stationary,
             ..Default::default()
         };
         let g = match GpuBackend::new(&opts) {
@@ -200,11 +221,20 @@ fn main() {
                 return;
             }
         };
-        let (m, e, c) = (g.ctx.matvec, g.ctx.expert_matvec, g.ctx.chunk_gemm);
+        let (m, e, c, st) = (
+            g.ctx.matvec,
+            g.ctx.expert_matvec,
+            g.ctx.chunk_gemm,
+            g.ctx.stationary,
+        );
         println!(
-            "\n== matvec geometry: dense {}, experts {}; chunk kernel from {} tokens, tile {}, split K {}, prefetch {} ==",
+            "\n== matvec geometry: dense {}, experts {}; column-stationary {} ({} rows per lane, {} workgroups aimed at, below {} row-split workgroups); chunk kernel from {} tokens, tile {}, split K {}, prefetch {} ==",
             describe(m),
             describe(e),
+            if st.enabled { "on" } else { "off" },
+            st.rows_per_lane,
+            st.target_groups,
+            st.below_groups,
             c.from_tokens,
             c.tile_tokens
                 .map_or("by chunk".to_string(), |t| format!("{t} tokens")),
@@ -342,7 +372,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         .collect();
     let moe_cases: &[(usize, usize)] = match part {
         Part::All => &[(1, 1), (16, 1), (16, 8)],
-        Part::Matvec => &[(16, 1)],
+        Part::Matvec => &[(1, 1), (16, 1)],
         Part::Chunk => &[(16, 1), (16, 8), (16, 32)],
     };
     fn views(m: &[(Vec<u8>, Vec<u8>); 3], i: usize, d: usize) -> ExpertWeights<'_> {
@@ -412,10 +442,10 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     }
 
     // Dense int4 / int8 matvecs: a 12288x7168 projection and the 163840x7168 head.
-    let mats: &[(usize, usize)] = if all {
-        &[(12288, 7168), (163840, 7168)]
-    } else {
-        &[(12288, 7168)]
+    let mats: &[(usize, usize)] = match part {
+        Part::All => &[(12288, 7168), (163840, 7168)],
+        Part::Matvec => &[(12288, 7168), (3072, 7168), (1536, 7168)],
+        Part::Chunk => &[(12288, 7168)],
     };
     for &(rows, cols) in mats {
         let (rows, cols) = (s(rows, rows / 16), s(cols, 512));

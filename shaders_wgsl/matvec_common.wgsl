@@ -41,7 +41,8 @@ struct MvParams {
     // The chunk kernel's K steps per segment, and the words between segments' outputs.
     seg_steps: u32,
     seg_stride: u32,
-    _p2: u32,
+    // The column-stationary kernels' rows per workgroup.
+    row_block: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: MvParams;
@@ -224,6 +225,99 @@ fn dense(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     let rr = min(row, p.rows - 1u);
     let nrows = min(RPL, p.rows - rr);
     gemv_rows(rr, nrows, t * p.x_stride4, lane, t * p.y_stride + p.row0 + rr, select(0u, nrows, row < p.rows));
+}
+
+// The column-stationary matvec (`dense_cs`, `moe_cs`; rows of at most SPAN units). Lane c of
+// a span of SPAN lanes owns unit c of every row: its slice of x is loaded once, into
+// registers, and the span reads each row whole, 16 bytes a lane in order, RPL rows at a time
+// with the next RPL rows requested before these are used. The row-split kernel above walks
+// units along a row instead, so it reloads x for every unit and each x load touches as many
+// cache lines as the block has units (measured on the H200: without the decode and the x
+// traffic, int4 ran at the read kernel's bandwidth). Per row, the lanes' sums meet through
+// the subgroup, then across the span's subgroups in `cs_part` once the workgroup's rows
+// are done: the host keeps row_block × SPAN / (smallest subgroup) within it.
+override SPAN: u32 = 256u;
+override NSPAN: u32 = max(WG / SPAN, 1u);
+var<workgroup> cs_part: array<f32, 1024>;
+
+// Rows r0 .. r1 - 1 of the matrix whose row 0 is weight row wbase, against the x row at
+// xb; row r's result goes to y[yb + r - r0].
+fn cs_rows(wbase: u32, r0: u32, r1: u32, xb: u32, yb: u32) {
+    let c = r_lid % SPAN;
+    let h = r_lid / SPAN;
+    let cu = min(c, p.units - 1u);
+    let xv = load_x(xb + cu * UV);
+    let per_row = SPAN / sub_size();
+    let sgi = c / sub_size();
+    let n = r1 - r0;
+    let stride = NSPAN * RPL;
+    let rounds = (n + stride - 1u) / stride;
+    // Rows past r1 (a span's last round) repeat the last row and are not written.
+    var g = h * RPL;
+    var gr = min(g, n - 1u);
+    var cur = load_w8(wbase + r0 + gr, min(RPL, n - gr) - 1u, cu);
+    for (var k = 0u; k < rounds; k++) {
+        let gn = g + stride;
+        let nr = min(gn, n - 1u);
+        let nxt = load_w8(wbase + r0 + nr, min(RPL, n - nr) - 1u, cu);
+        var acc = step(Acc(vec4<f32>(0.0), vec4<f32>(0.0)), cur, xv);
+        if (c >= p.units) {
+            acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
+        }
+        cs_put(acc.a.x, g, n, per_row, sgi);
+        if (RPL > 1u) {
+            cs_put(acc.a.y, g + 1u, n, per_row, sgi);
+        }
+        if (RPL > 2u) {
+            cs_put(acc.a.z, g + 2u, n, per_row, sgi);
+        }
+        if (RPL > 3u) {
+            cs_put(acc.a.w, g + 3u, n, per_row, sgi);
+        }
+        if (RPL > 4u) {
+            cs_put(acc.b.x, g + 4u, n, per_row, sgi);
+        }
+        if (RPL > 5u) {
+            cs_put(acc.b.y, g + 5u, n, per_row, sgi);
+        }
+        if (RPL > 6u) {
+            cs_put(acc.b.z, g + 6u, n, per_row, sgi);
+        }
+        if (RPL > 7u) {
+            cs_put(acc.b.w, g + 7u, n, per_row, sgi);
+        }
+        cur = nxt;
+        g = gn;
+    }
+    workgroupBarrier();
+    for (var j = r_lid; j < n; j += WG) {
+        var t = 0.0;
+        for (var i = 0u; i < per_row; i++) {
+            t += cs_part[j * per_row + i];
+        }
+        y[yb + j] = t;
+    }
+}
+
+// The subgroup's sum of one row (g, relative to the block), kept for the final sum.
+fn cs_put(v: f32, g: u32, n: u32, per_row: u32, sgi: u32) {
+    let s = sub_sum(v);
+    if (sub_lane() == 0u && g < n) {
+        cs_part[g * per_row + sgi] = s;
+    }
+}
+
+// y[t, row0 + r] = W[r] · x[t], column-stationary: wg.x is the token, wg.y the block of
+// row_block rows.
+@compute @workgroup_size(WG)
+fn dense_cs(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    lanes_init(lanes);
+    let r0 = wg.y * p.row_block;
+    if (r0 >= p.rows) {
+        return;
+    }
+    let t = wg.x;
+    cs_rows(0u, r0, min(r0 + p.row_block, p.rows), t * p.x_stride4, t * p.y_stride + p.row0 + r0);
 }
 
 // Matmul of a chunk of tokens (prefill): a workgroup computes a tile of 4·GTR rows × 4·GTC

@@ -157,6 +157,22 @@ fn moe(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     gemv_rows(slot * p.rows + rr, nrows, xb, lane, pr * p.y_stride + rr, select(0u, nrows, row < p.rows));
 }
 
+// Batched experts, column-stationary (`cs_rows`): work item item0 + wg.x as in `moe`, wg.y
+// the block of row_block rows.
+@compute @workgroup_size(WG)
+fn moe_cs(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    lanes_init(lanes);
+    let r0 = wg.y * p.row_block;
+    if (r0 >= p.rows) {
+        return;
+    }
+    let item = p.item0 + wg.x;
+    let slot = rt[3u * item];
+    let pr = rt[3u * item + 1u];
+    let xb = rt[p.map_off + pr] * p.x_stride4;
+    cs_rows(slot * p.rows, r0, min(r0 + p.row_block, p.rows), xb, pr * p.y_stride + r0);
+}
+
 // Exact values: the f16 placement times its bias and the scale (a power of two that keeps
 // them normal below s = 241), or the per-element path.
 fn stage_unit(wu: WU, r: u32, c: u32) {

@@ -29,6 +29,20 @@ fn seg_sum(v: f32, seg: u32) -> f32 {
     return red_buf[r_lid - (r_lid % seg)];
 }
 
+// Without subgroups each lane is its own "subgroup" of one: callers that sum per subgroup
+// and then across subgroups in workgroup memory work unchanged.
+fn sub_sum(v: f32) -> f32 {
+    return v;
+}
+
+fn sub_size() -> u32 {
+    return 1u;
+}
+
+fn sub_lane() -> u32 {
+    return 0u;
+}
+
 // Maximum over the whole workgroup, returned to every lane.
 fn wg_max(v: f32) -> f32 {
     workgroupBarrier();

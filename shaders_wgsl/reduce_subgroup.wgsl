@@ -46,6 +46,24 @@ fn seg_sum(v: f32, seg: u32) -> f32 {
     return t;
 }
 
+// Sum over the lane's subgroup, to every lane, with no workgroup barrier (callable per row
+// inside a loop); `sub_size` and `sub_lane` place the lane.
+fn sub_sum(v: f32) -> f32 {
+    var s = v;
+    for (var o = r_sg_size >> 1u; o > 0u; o = o >> 1u) {
+        s += subgroupShuffleXor(s, o);
+    }
+    return s;
+}
+
+fn sub_size() -> u32 {
+    return r_sg_size;
+}
+
+fn sub_lane() -> u32 {
+    return r_sg_lane;
+}
+
 // Maximum over the whole workgroup, returned to every lane.
 fn wg_max(v: f32) -> f32 {
     var s = v;

@@ -5,6 +5,7 @@
 
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::chunk_gemm::ChunkGemm;
+use k3::backend::gpu::stationary::Stationary;
 use k3::backend::gpu::{vram_budget, GpuBackend, GpuOptions, MatvecShape};
 use k3::backend::{
     Backend, ExpertAssignment, ExpertKey, ExpertWeights, FreeDeviceMemory, Glu, KdaDims,
@@ -365,11 +366,16 @@ fn matvec_geometries_other_than_the_default_agree() {
                 prefetch: false,
             }),
         ][i];
+        // The row-split kernel even where the column-stationary one would take these shapes.
         let opts = GpuOptions {
             allow_cpu_adapter: true,
             matvec: shape,
             expert_matvec: shape,
             chunk_gemm,
+            stationary: Some(Stationary {
+                enabled: false,
+                ..Stationary::default()
+            }),
             ..Default::default()
         };
         let Some(g) = gpu_with(&opts) else {
@@ -401,6 +407,63 @@ fn matvec_geometries_other_than_the_default_agree() {
             &c.matmul(&deq, &c.upload(&x, 3, 128).unwrap()).unwrap().data,
             MXFP4_TOL,
         );
+    }
+}
+
+/// The column-stationary kernel on every dispatch it applies to: rows per lane 1, 3 and 8,
+/// blocks of the fewest and the most rows, on the subgroup path and the fallback; rows of
+/// 1 to 256 units (one span of the workgroup, or several), counts that leave partial blocks.
+#[test]
+fn column_stationary_matvec_matches_cpu() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let c = CpuBackend::new();
+    for (rows_per_lane, target_groups) in [(1, 1_000_000), (3, 7), (8, 1)] {
+        for no_subgroups in [false, true] {
+            let opts = GpuOptions {
+                allow_cpu_adapter: true,
+                no_subgroups,
+                stationary: Some(Stationary {
+                    enabled: true,
+                    rows_per_lane,
+                    target_groups,
+                    below_groups: u64::MAX,
+                }),
+                ..Default::default()
+            };
+            let Some(g) = gpu_with(&opts) else {
+                return;
+            };
+            for fmt in [DenseFormat::F32, DenseFormat::Int8, DenseFormat::Int4] {
+                for (n, rows, cols) in [(1, 37, 96), (2, 70, 8192), (1, 301, 40)] {
+                    matmul_case(&g, &mut rng, fmt, n, rows, cols);
+                }
+            }
+            for (n, rows, cols) in [(1, 45, 128), (2, 97, 3584), (1, 5, 32)] {
+                let (packed, mut scales) = rand_mxfp4(&mut rng, rows, cols);
+                for s in scales.iter_mut().skip(3).step_by(7) {
+                    *s = 245;
+                }
+                let view = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();
+                let x = rand_vec(&mut rng, n * cols, 1.0);
+                let got = g
+                    .download(
+                        &g.matmul_mxfp4(view, &g.upload(&x, n, cols).unwrap())
+                            .unwrap(),
+                    )
+                    .unwrap();
+                let deq =
+                    DenseMatrix::from_f32(rows, cols, view.dequantize(), DenseFormat::F32).unwrap();
+                check(
+                    &format!("column-stationary mxfp4 {n}x{rows}x{cols} rpl {rows_per_lane}"),
+                    &got,
+                    &c.matmul(&deq, &c.upload(&x, n, cols).unwrap())
+                        .unwrap()
+                        .data,
+                    MXFP4_TOL,
+                );
+            }
+            moe_case(&g, &mut rng, 3, 96, 64, 3);
+        }
     }
 }
 

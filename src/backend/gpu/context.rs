@@ -6,6 +6,7 @@
 use super::adapters;
 use super::chunk_gemm::{ChunkGemm, GemmTile};
 use super::shaders::Shader;
+use super::stationary::{CsPlan, Stationary};
 use anyhow::{anyhow, bail, Context as _, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -42,6 +43,8 @@ pub struct GpuOptions {
     pub expert_matvec: Option<MatvecShape>,
     /// When matmuls over chunks of tokens take the tiled kernels; `None` = the default.
     pub chunk_gemm: Option<ChunkGemm>,
+    /// When one-token matvecs take the column-stationary kernel; `None` = the default.
+    pub stationary: Option<Stationary>,
 }
 
 /// How a matvec workgroup is laid out.
@@ -155,6 +158,8 @@ pub struct GpuContext {
     pub expert_matvec: MatvecShape,
     /// When chunks of tokens take the tiled matmul kernels.
     pub chunk_gemm: ChunkGemm,
+    /// When one-token matvecs take the column-stationary kernel.
+    pub stationary: Stationary,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipeKey, wgpu::ComputePipeline>>,
     pending: Mutex<Option<(wgpu::CommandEncoder, usize)>>,
@@ -223,6 +228,7 @@ impl GpuContext {
             .unwrap_or_else(MatvecShape::experts)
             .fitted(wg)?;
         let chunk_gemm = opts.chunk_gemm.unwrap_or_default().checked()?;
+        let stationary = opts.stationary.unwrap_or_default().checked()?;
         Ok(Self {
             adapter,
             device,
@@ -236,10 +242,22 @@ impl GpuContext {
             matvec,
             expert_matvec,
             chunk_gemm,
+            stationary,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
         })
+    }
+
+    /// The column-stationary plan for a one-token matvec over rows of `units` units, `rows`
+    /// rows per item and `items` items, or `None` where the row-split kernel runs.
+    pub fn stationary_plan(&self, units: usize, rows: usize, items: usize) -> Option<CsPlan> {
+        let sub = if self.subgroups {
+            (self.info.subgroup_min_size, self.info.subgroup_max_size)
+        } else {
+            (1, 1)
+        };
+        self.stationary.plan(units, rows, items, self.wg, sub)
     }
 
     /// Whether timestamp queries can be written between passes of an encoder.

@@ -322,13 +322,32 @@ impl GpuBackend {
                 self.gemm_chunk(w, c, x.rows, (&y.buf, bufs), t, params);
                 continue;
             }
+            let split_groups = (c.rows as u32).div_ceil(rpg);
+            let plan = (self.ctx.stationary)
+                .wants(u64::from(split_groups) * x.rows as u64)
+                .then(|| self.ctx.stationary_plan(w.cols_padded / uc, c.rows, x.rows))
+                .flatten();
+            if let Some(plan) = plan {
+                let mut cs = [0u32; 12];
+                cs[..11].copy_from_slice(&params);
+                cs[11] = plan.row_block;
+                self.ctx.dispatch(&Dispatch {
+                    shader: w.format.shader(),
+                    entry: "dense_cs",
+                    consts: &plan.consts(),
+                    params: &cs,
+                    buffers: &bufs,
+                    groups: (x.rows as u32, plan.groups(c.rows), 1),
+                });
+                continue;
+            }
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
                 entry: "dense",
                 consts: &self.mv_consts(),
                 params: &params,
                 buffers: &bufs,
-                groups: (x.rows as u32, (c.rows as u32).div_ceil(rpg), 1),
+                groups: (x.rows as u32, split_groups, 1),
             });
         }
         Ok(y)

@@ -18,6 +18,7 @@ mod norm;
 mod router;
 pub mod select;
 pub mod shaders;
+pub mod stationary;
 pub mod vram_budget;
 
 pub use buffers::{GpuAct, GpuKdaState, GpuMlaCache};

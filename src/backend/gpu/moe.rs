@@ -275,7 +275,7 @@ impl GpuBackend {
         chunk: Option<&ChunkPass>,
     ) {
         let [one, tiled] = items;
-        let params = |first: u32, seg: (u32, u32)| {
+        let params = |first: u32, seg: (u32, u32), row_block: u32| {
             [
                 rows as u32,
                 (cols / BLOCK) as u32,
@@ -288,6 +288,7 @@ impl GpuBackend {
                 first,
                 seg.0,
                 seg.1,
+                row_block,
             ]
         };
         let mut buffers = [x, y, &a.packed, &a.scales, rt];
@@ -300,7 +301,7 @@ impl GpuBackend {
                 shader: Shader::MatvecMxfp4,
                 entry: "moe_gemm",
                 consts: &c.tile.consts(self.ctx.wg, BLOCK as u32),
-                params: &params(tiled.0, (c.seg_steps, c.seg_stride())),
+                params: &params(tiled.0, (c.seg_steps, c.seg_stride()), 0),
                 buffers: &buffers,
                 groups: (tiled.1, (rows as u32).div_ceil(c.tile.rows()), c.segs),
             });
@@ -313,23 +314,40 @@ impl GpuBackend {
         // The expert geometry gives each lane a long run but few workgroups per expert; a
         // dispatch of a few thousand rows in all would leave most of the GPU idle, so it
         // takes the dense geometry (one expert × 1 token: 58 % against 33 % of the read
-        // kernel on the H200).
-        let shape = if u64::from(one.1) * rows as u64 >= FEW_ROWS {
+        // kernel on the H200), or where even that runs few workgroups, the column-stationary
+        // kernel (68 % against 58 %).
+        let total = u64::from(one.1) * rows as u64;
+        let shape = if total >= FEW_ROWS {
             self.ctx.expert_matvec
         } else {
             self.ctx.matvec
         };
+        let split_groups = (rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, shape));
+        let plan = (total < FEW_ROWS
+            && self
+                .ctx
+                .stationary
+                .wants(u64::from(split_groups) * u64::from(one.1)))
+        .then(|| self.ctx.stationary_plan(cols / BLOCK, rows, one.1 as usize))
+        .flatten();
+        if let Some(plan) = plan {
+            self.ctx.dispatch(&Dispatch {
+                shader: Shader::MatvecMxfp4,
+                entry: "moe_cs",
+                consts: &plan.consts(),
+                params: &params(one.0, (0, 0), plan.row_block),
+                buffers: &buffers,
+                groups: (one.1, plan.groups(rows), 1),
+            });
+            return;
+        }
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecMxfp4,
             entry: "moe",
             consts: &mv_consts_of(shape),
-            params: &params(one.0, (0, 0)),
+            params: &params(one.0, (0, 0), 0),
             buffers: &buffers,
-            groups: (
-                one.1,
-                (rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, shape)),
-                1,
-            ),
+            groups: (one.1, split_groups, 1),
         });
     }
 

@@ -51,6 +51,15 @@ pub struct ModelArgs {
     /// chunk kernel, smaller ones one matvec per token (0 = always the matvec) [default: 16].
     #[arg(long, value_name = "TOKENS", env = "K3_GPU_CHUNK_FROM")]
     pub gpu_chunk_from: Option<u32>,
+    /// GPU: 1 = time every kernel on the GPU (timestamp queries) and print the time per
+    /// kernel at the end. Each submission then waits for the GPU, so the run itself is slower.
+    #[arg(long, env = "K3_GPU_PROFILE", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub gpu_profile: u8,
+    /// GPU: submit recorded work to the GPU after this many passes, so the GPU runs while
+    /// the host records the rest (otherwise work waits for the next readback)
+    /// [default: 4096].
+    #[arg(long, value_name = "PASSES", env = "K3_GPU_SUBMIT_EVERY", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub gpu_submit_every: Option<u32>,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -203,6 +212,8 @@ impl ModelArgs {
                 from_tokens,
                 ..ChunkGemm::default()
             }),
+            profile: self.gpu_profile == 1,
+            submit_every: self.gpu_submit_every.map(|n| n as usize),
             ..GpuOptions::default()
         };
         match select(kind, &gpu)? {

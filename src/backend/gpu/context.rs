@@ -5,6 +5,7 @@
 
 use super::adapters;
 use super::chunk_gemm::{ChunkGemm, GemmTile};
+use super::profiler::Profiler;
 use super::shaders::Shader;
 use super::stationary::{CsPlan, Stationary};
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -22,6 +23,9 @@ const PARAM_WORDS: usize = 16;
 /// Recorded passes after which the pending encoder is submitted anyway, bounding the
 /// memory a long chain of ops (a big prefill with no readback) keeps alive.
 const MAX_PENDING_PASSES: usize = 4096;
+
+/// Default for [`GpuOptions::submit_every`].
+pub const SUBMIT_EVERY: usize = MAX_PENDING_PASSES;
 
 /// How a [`GpuContext`] is made.
 #[derive(Clone, Debug, Default)]
@@ -45,6 +49,13 @@ pub struct GpuOptions {
     pub chunk_gemm: Option<ChunkGemm>,
     /// When one-token matvecs take the column-stationary kernel; `None` = the default.
     pub stationary: Option<Stationary>,
+    /// Time every compute pass on the GPU and print the totals per kernel at the end
+    /// (`--gpu-profile`); needs timestamp queries.
+    pub profile: bool,
+    /// Recorded passes after which the host submits them without waiting for a readback
+    /// (`--gpu-submit-every`), so the GPU starts on them while the host records the rest;
+    /// `None` = [`SUBMIT_EVERY`].
+    pub submit_every: Option<usize>,
 }
 
 /// How a matvec workgroup is laid out.
@@ -160,6 +171,10 @@ pub struct GpuContext {
     pub chunk_gemm: ChunkGemm,
     /// When one-token matvecs take the column-stationary kernel.
     pub stationary: Stationary,
+    /// Per-kernel GPU times, when profiling.
+    profiler: Option<Mutex<Profiler>>,
+    /// Passes recorded before the host submits them.
+    submit_every: usize,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipeKey, wgpu::ComputePipeline>>,
     pending: Mutex<Option<(wgpu::CommandEncoder, usize)>>,
@@ -229,6 +244,16 @@ impl GpuContext {
             .fitted(wg)?;
         let chunk_gemm = opts.chunk_gemm.unwrap_or_default().checked()?;
         let stationary = opts.stationary.unwrap_or_default().checked()?;
+        if opts.profile && !features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            bail!(
+                "--gpu-profile / K3_GPU_PROFILE: {} ({:?}) has no timestamp queries; run without it",
+                info.name,
+                info.backend
+            );
+        }
+        let profiler = opts
+            .profile
+            .then(|| Mutex::new(Profiler::new(&device, &queue)));
         Ok(Self {
             adapter,
             device,
@@ -243,6 +268,11 @@ impl GpuContext {
             expert_matvec,
             chunk_gemm,
             stationary,
+            profiler,
+            submit_every: opts
+                .submit_every
+                .unwrap_or(SUBMIT_EVERY)
+                .clamp(1, MAX_PENDING_PASSES),
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
@@ -413,7 +443,7 @@ impl GpuContext {
         });
         let r = f(enc);
         *passes += 1;
-        let full = *passes >= MAX_PENDING_PASSES;
+        let full = *passes >= self.submit_every;
         drop(guard);
         if full {
             self.flush();
@@ -456,10 +486,18 @@ impl GpuContext {
             layout: &pipe.get_bind_group_layout(0),
             entries: &entries,
         });
+        let timed = self.profile_slot(d.entry, d.groups);
         self.record(|enc| {
+            let timestamp_writes = timed
+                .as_ref()
+                .map(|(qs, k)| wgpu::ComputePassTimestampWrites {
+                    query_set: qs,
+                    beginning_of_pass_write_index: Some(*k),
+                    end_of_pass_write_index: Some(k + 1),
+                });
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(d.entry),
-                timestamp_writes: None,
+                timestamp_writes,
             });
             pass.set_pipeline(&pipe);
             pass.set_bind_group(0, &bg, &[]);
@@ -481,15 +519,46 @@ impl GpuContext {
         }
     }
 
-    /// Submits the pending encoder, if any.
+    /// When profiling, the query set and first index of the next pass's timestamps (the
+    /// pending work submitted first when every query is taken).
+    fn profile_slot(
+        &self,
+        entry: &'static str,
+        groups: (u32, u32, u32),
+    ) -> Option<(wgpu::QuerySet, u32)> {
+        let prof = self.profiler.as_ref()?;
+        loop {
+            let next = prof
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .next_pass(entry, groups);
+            if next.is_some() {
+                return next;
+            }
+            self.flush();
+        }
+    }
+
+    /// Submits the pending encoder, if any (when profiling, with its passes' timestamps,
+    /// which it then waits for).
     pub fn flush(&self) {
         let taken = self
             .pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        if let Some((enc, _)) = taken {
+        let Some((mut enc, _)) = taken else {
+            return;
+        };
+        let Some(prof) = &self.profiler else {
             self.queue.submit([enc.finish()]);
+            return;
+        };
+        let mut prof = prof.lock().unwrap_or_else(|e| e.into_inner());
+        let n = prof.resolve(&mut enc);
+        self.queue.submit([enc.finish()]);
+        if let Err(e) = prof.collect(&self.device, n) {
+            eprintln!("[K3-GPU] {e:#}");
         }
     }
 

@@ -15,6 +15,7 @@ mod matmul;
 mod mla;
 mod moe;
 mod norm;
+pub mod profiler;
 mod router;
 pub mod select;
 pub mod shaders;

@@ -26,7 +26,7 @@ enum BenchKind {
     Reader(ReaderArgs),
     /// Decode with K3_EXPERT_GB swept and K3_PIPE on/off, the model loaded once: hit %,
     /// GB read, eload, disk busy and s/token per run, as a table and as JSON files.
-    Decode(DecodeArgs),
+    Decode(Box<DecodeArgs>),
 }
 
 #[derive(Args, Debug)]
@@ -74,7 +74,7 @@ struct ReaderArgs {
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.what {
         BenchKind::Reader(r) => reader(r),
-        BenchKind::Decode(d) => decode(d),
+        BenchKind::Decode(d) => decode(*d),
     }
 }
 

@@ -467,6 +467,43 @@ fn column_stationary_matvec_matches_cpu() {
     }
 }
 
+/// Submitting after every pass, and profiling (timestamps around every pass, each
+/// submission waited for), change when work runs, not what it computes; the profile names
+/// the kernels that ran. An adapter without timestamp queries refuses the profile by name.
+#[test]
+fn early_submits_and_the_profiler_keep_the_sums() {
+    let mut rng = StdRng::seed_from_u64(13);
+    for (submit_every, profile) in [(Some(1), false), (None, true)] {
+        let opts = GpuOptions {
+            allow_cpu_adapter: true,
+            submit_every,
+            profile,
+            ..Default::default()
+        };
+        let g = match GpuBackend::new(&opts) {
+            Ok(g) => g,
+            Err(e) => {
+                if gpus(None).is_empty() {
+                    return;
+                }
+                let msg = format!("{e:#}");
+                assert!(profile && msg.contains("--gpu-profile"), "{msg}");
+                continue;
+            }
+        };
+        for fmt in [DenseFormat::F32, DenseFormat::Int4] {
+            matmul_case(&g, &mut rng, fmt, 1, 37, 96);
+            matmul_case(&g, &mut rng, fmt, 3, 70, 300);
+        }
+        moe_case(&g, &mut rng, 2, 64, 32, 2);
+        let report = g.ctx.profile_report();
+        assert_eq!(report.is_some(), profile);
+        if let Some(r) = report {
+            assert!(r.contains("dense") && r.contains("scatter"), "{r}");
+        }
+    }
+}
+
 #[test]
 fn dense_matmul_splits_rows_below_the_binding_limit() {
     let mut rng = StdRng::seed_from_u64(4);

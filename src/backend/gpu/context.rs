@@ -24,8 +24,12 @@ const PARAM_WORDS: usize = 16;
 /// memory a long chain of ops (a big prefill with no readback) keeps alive.
 const MAX_PENDING_PASSES: usize = 4096;
 
-/// Default for [`GpuOptions::submit_every`].
-pub const SUBMIT_EVERY: usize = MAX_PENDING_PASSES;
+/// Default for [`GpuOptions::submit_every`]. The host records a decode step's layer far
+/// slower than the GPU runs it, and before this the work waited for the layer's router
+/// readback: on the H200, k3-slice decode with every expert resident ran at 92.4–94.6 tok/s
+/// submitting at readbacks only, 87–103 every 64 passes, 94–98 every 16 and 104.5–109.6
+/// every 4 (docs/perf.md, "Where a decode step's time goes").
+pub const SUBMIT_EVERY: usize = 4;
 
 /// How a [`GpuContext`] is made.
 #[derive(Clone, Debug, Default)]
@@ -517,6 +521,13 @@ impl GpuContext {
         if bytes > 0 {
             self.record(|enc| enc.copy_buffer_to_buffer(src, src_off, dst, dst_off, bytes));
         }
+    }
+
+    /// The per-kernel GPU times so far (work submitted and waited for), when profiling.
+    pub fn profile_report(&self) -> Option<String> {
+        self.flush();
+        let prof = self.profiler.as_ref()?;
+        Some(prof.lock().unwrap_or_else(|e| e.into_inner()).report())
     }
 
     /// When profiling, the query set and first index of the next pass's timestamps (the

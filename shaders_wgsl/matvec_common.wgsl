@@ -264,27 +264,9 @@ fn cs_rows(wbase: u32, r0: u32, r1: u32, xb: u32, yb: u32) {
         if (c >= p.units) {
             acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
         }
-        cs_put(acc.a.x, g, n, per_row, sgi);
-        if (RPL > 1u) {
-            cs_put(acc.a.y, g + 1u, n, per_row, sgi);
-        }
-        if (RPL > 2u) {
-            cs_put(acc.a.z, g + 2u, n, per_row, sgi);
-        }
-        if (RPL > 3u) {
-            cs_put(acc.a.w, g + 3u, n, per_row, sgi);
-        }
+        cs_put4(acc.a, min(RPL, 4u), g, n, per_row, sgi);
         if (RPL > 4u) {
-            cs_put(acc.b.x, g + 4u, n, per_row, sgi);
-        }
-        if (RPL > 5u) {
-            cs_put(acc.b.y, g + 5u, n, per_row, sgi);
-        }
-        if (RPL > 6u) {
-            cs_put(acc.b.z, g + 6u, n, per_row, sgi);
-        }
-        if (RPL > 7u) {
-            cs_put(acc.b.w, g + 7u, n, per_row, sgi);
+            cs_put4(acc.b, RPL - 4u, g + 4u, n, per_row, sgi);
         }
         cur = nxt;
         g = gn;
@@ -296,6 +278,20 @@ fn cs_rows(wbase: u32, r0: u32, r1: u32, xb: u32, yb: u32) {
             t += cs_part[j * per_row + i];
         }
         y[yb + j] = t;
+    }
+}
+
+// The first `k` (uniform) of four consecutive rows' sums, from row g on.
+fn cs_put4(v: vec4<f32>, k: u32, g: u32, n: u32, per_row: u32, sgi: u32) {
+    cs_put(v.x, g, n, per_row, sgi);
+    if (k > 1u) {
+        cs_put(v.y, g + 1u, n, per_row, sgi);
+    }
+    if (k > 2u) {
+        cs_put(v.z, g + 2u, n, per_row, sgi);
+    }
+    if (k > 3u) {
+        cs_put(v.w, g + 3u, n, per_row, sgi);
     }
 }
 

@@ -386,27 +386,8 @@ fn matvec_geometries_other_than_the_default_agree() {
                 matmul_case(&g, &mut rng, fmt, n, rows, cols);
             }
         }
-        let (packed, mut scales) = rand_mxfp4(&mut rng, 45, 128);
         // Some blocks take the per-element path for huge scales in every decode variant.
-        for s in scales.iter_mut().skip(3).step_by(7) {
-            *s = 245;
-        }
-        let view = Mxfp4View::new(45, 128, &packed, &scales).unwrap();
-        let x = rand_vec(&mut rng, 3 * 128, 1.0);
-        let got = g
-            .download(
-                &g.matmul_mxfp4(view, &g.upload(&x, 3, 128).unwrap())
-                    .unwrap(),
-            )
-            .unwrap();
-        let c = CpuBackend::new();
-        let deq = DenseMatrix::from_f32(45, 128, view.dequantize(), DenseFormat::F32).unwrap();
-        check(
-            "mxfp4 geometry",
-            &got,
-            &c.matmul(&deq, &c.upload(&x, 3, 128).unwrap()).unwrap().data,
-            MXFP4_TOL,
-        );
+        mxfp4_case(&g, &mut rng, 3, 45, 128, true);
     }
 }
 
@@ -416,7 +397,6 @@ fn matvec_geometries_other_than_the_default_agree() {
 #[test]
 fn column_stationary_matvec_matches_cpu() {
     let mut rng = StdRng::seed_from_u64(12);
-    let c = CpuBackend::new();
     for (rows_per_lane, target_groups) in [(1, 1_000_000), (3, 7), (8, 1)] {
         for no_subgroups in [false, true] {
             let opts = GpuOptions {
@@ -439,28 +419,7 @@ fn column_stationary_matvec_matches_cpu() {
                 }
             }
             for (n, rows, cols) in [(1, 45, 128), (2, 97, 3584), (1, 5, 32)] {
-                let (packed, mut scales) = rand_mxfp4(&mut rng, rows, cols);
-                for s in scales.iter_mut().skip(3).step_by(7) {
-                    *s = 245;
-                }
-                let view = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();
-                let x = rand_vec(&mut rng, n * cols, 1.0);
-                let got = g
-                    .download(
-                        &g.matmul_mxfp4(view, &g.upload(&x, n, cols).unwrap())
-                            .unwrap(),
-                    )
-                    .unwrap();
-                let deq =
-                    DenseMatrix::from_f32(rows, cols, view.dequantize(), DenseFormat::F32).unwrap();
-                check(
-                    &format!("column-stationary mxfp4 {n}x{rows}x{cols} rpl {rows_per_lane}"),
-                    &got,
-                    &c.matmul(&deq, &c.upload(&x, n, cols).unwrap())
-                        .unwrap()
-                        .data,
-                    MXFP4_TOL,
-                );
+                mxfp4_case(&g, &mut rng, n, rows, cols, true);
             }
             moe_case(&g, &mut rng, 3, 96, 64, 3);
         }
@@ -551,10 +510,41 @@ fn rand_mxfp4(rng: &mut StdRng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) 
     (packed, scales)
 }
 
+/// The GPU's MXFP4 matmul of a random `rows × cols` matrix against `n` random tokens, checked
+/// against the CPU's dequantized matmul; with `huge`, every 7th block from the 4th takes the
+/// per-element path for huge scales.
+fn mxfp4_case(g: &GpuBackend, rng: &mut StdRng, n: usize, rows: usize, cols: usize, huge: bool) {
+    let (packed, mut scales) = rand_mxfp4(rng, rows, cols);
+    if huge {
+        for s in scales.iter_mut().skip(3).step_by(7) {
+            *s = 245;
+        }
+    }
+    let view = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();
+    let x = rand_vec(rng, n * cols, 1.0);
+    let got = g
+        .download(
+            &g.matmul_mxfp4(view, &g.upload(&x, n, cols).unwrap())
+                .unwrap(),
+        )
+        .unwrap();
+    let c = CpuBackend::new();
+    let deq = DenseMatrix::from_f32(rows, cols, view.dequantize(), DenseFormat::F32).unwrap();
+    let want = c
+        .matmul(&deq, &c.upload(&x, n, cols).unwrap())
+        .unwrap()
+        .data;
+    check(
+        &format!("mxfp4 n={n} {rows}x{cols} huge {huge}"),
+        &got,
+        &want,
+        MXFP4_TOL,
+    );
+}
+
 #[test]
 fn mxfp4_matvec_matches_cpu_dequantized() {
     let mut rng = StdRng::seed_from_u64(5);
-    let c = CpuBackend::new();
     for g in gpus(None).into_iter().chain(chunked_gpu(None)) {
         // Two are large enough (rows × tokens ≥ 32768) for the expert geometry; the others
         // take the dense one, and on the chunked backend those of several tokens the chunk
@@ -567,27 +557,7 @@ fn mxfp4_matvec_matches_cpu_dequantized() {
             (3, 11000, 96),
             (12, 100, 640),
         ] {
-            let (packed, scales) = rand_mxfp4(&mut rng, rows, cols);
-            let view = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();
-            let x = rand_vec(&mut rng, n * cols, 1.0);
-            let got = g
-                .download(
-                    &g.matmul_mxfp4(view, &g.upload(&x, n, cols).unwrap())
-                        .unwrap(),
-                )
-                .unwrap();
-            let deq =
-                DenseMatrix::from_f32(rows, cols, view.dequantize(), DenseFormat::F32).unwrap();
-            let want = c
-                .matmul(&deq, &c.upload(&x, n, cols).unwrap())
-                .unwrap()
-                .data;
-            check(
-                &format!("mxfp4 n={n} {rows}x{cols}"),
-                &got,
-                &want,
-                MXFP4_TOL,
-            );
+            mxfp4_case(&g, &mut rng, n, rows, cols, false);
         }
     }
 }

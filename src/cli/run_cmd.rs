@@ -56,7 +56,7 @@ pub struct ModelArgs {
     #[arg(long, env = "K3_GPU_PROFILE", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub gpu_profile: u8,
     /// GPU: submit recorded work to the GPU after this many passes, so the GPU runs while
-    /// the host records the rest (4096: only at readbacks) [default: 4].
+    /// the host records the rest (4096: only at readbacks) [default: 4096].
     #[arg(long, value_name = "PASSES", env = "K3_GPU_SUBMIT_EVERY", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub gpu_submit_every: Option<u32>,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].

@@ -24,12 +24,13 @@ const PARAM_WORDS: usize = 16;
 /// memory a long chain of ops (a big prefill with no readback) keeps alive.
 const MAX_PENDING_PASSES: usize = 4096;
 
-/// Default for [`GpuOptions::submit_every`]. The host records a decode step's layer far
-/// slower than the GPU runs it, and before this the work waited for the layer's router
-/// readback: on the H200, k3-slice decode with every expert resident ran at 92.4–94.6 tok/s
-/// submitting at readbacks only, 87–103 every 64 passes, 94–98 every 16 and 104.5–109.6
-/// every 4 (docs/perf.md, "Where a decode step's time goes").
-pub const SUBMIT_EVERY: usize = 4;
+/// Default for [`GpuOptions::submit_every`]: submit at readbacks (and every
+/// [`MAX_PENDING_PASSES`]). Submitting every 4 passes, so the GPU starts while the host
+/// records, was measured on the H200 in four alternated rounds of k3-slice decode with every
+/// expert resident: 109.6, 104.5, 60.9, 92.9 tok/s against 94.6, 92.4, 78.3, 101.8; within
+/// the runs' noise, so the old behaviour stays (docs/perf.md, "Where a decode step's time
+/// goes").
+pub const SUBMIT_EVERY: usize = MAX_PENDING_PASSES;
 
 /// How a [`GpuContext`] is made.
 #[derive(Clone, Debug, Default)]

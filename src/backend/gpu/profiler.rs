@@ -2,7 +2,9 @@
 //! timestamp at its start and its end; each submission resolves the pending ones, waits for
 //! them and adds every pass's time to its entry point's total. The wait makes a profiled run
 //! slower than a plain one (the host no longer records ahead of the GPU), but the times are
-//! the GPU's own. The table goes to stderr when the backend is dropped.
+//! the GPU's own. The table goes to stderr when the backend is dropped. A pass's start
+//! timestamp may be written before the barrier that waits for the previous pass, so a small
+//! kernel after a large one can carry that one's tail: its figure is an upper bound.
 
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;

@@ -89,6 +89,14 @@ fn bad_inputs_exit_nonzero_with_a_message_that_names_the_cause() {
         "{}",
         stderr(&o)
     );
+    for (flag, value) in [("--gpu-submit-every", "0"), ("--gpu-profile", "2")] {
+        let o = k3(&["run", d, "--ids", "1", "--quiet", flag, value]);
+        assert!(
+            !o.status.success() && stderr(&o).contains(flag),
+            "{flag} {value}: {}",
+            stderr(&o)
+        );
+    }
     let o = k3(&["run", "/nonexistent/k3-model", "--ids", "1"]);
     assert!(
         !o.status.success() && stderr(&o).contains("/nonexistent/k3-model"),

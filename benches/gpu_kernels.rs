@@ -361,6 +361,22 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         secs,
         32 * i * d,
     );
+    // The down matrix's shape (d × i, rows of i columns): one expert, and 16 stacked.
+    let xd = g.upload(&vec![0.5; i], 1, i).unwrap();
+    for ne in [1usize, 16] {
+        let (pd, sd) = mxfp4(&mut rng, ne * d, i);
+        let wd = Mxfp4View::new(ne * d, i, &pd, &sd).unwrap();
+        let secs = t.time(|| {
+            g.matmul_mxfp4(wd, &xd).unwrap();
+        });
+        line(
+            &format!("mxfp4 matvec {}x{i} ({ne} experts' w2), 1 token", ne * d),
+            1,
+            (pd.len() + sd.len()) as u64,
+            secs,
+            ne * d * i,
+        );
+    }
     let experts_bytes: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..16)
         .map(|_| {
             [

@@ -29,8 +29,11 @@ fn serial() -> StreamConfig {
 
 /// The GPU model, or None (skip) without an adapter; under CI=true a missing adapter fails.
 fn gpu_model() -> Option<K3Model<GpuBackend>> {
+    // Reused activation buffers come back full of NaN: a kernel that leaves part of its
+    // output unwritten shows in the comparison.
     let opts = GpuOptions {
         allow_cpu_adapter: true,
+        poison_reused: true,
         ..Default::default()
     };
     let g = match GpuBackend::new(&opts) {

@@ -1,6 +1,8 @@
 //! Device-resident tensors: activations, and the recurrent state of KDA and MLA layers.
 
+use super::buffer_pool::Lease;
 use crate::backend::{KdaDims, MlaDims};
+use std::sync::Arc;
 
 /// A `[rows, cols]` row-major f32 activation in a device buffer.
 #[derive(Clone, Debug)]
@@ -11,6 +13,9 @@ pub struct GpuAct {
     pub rows: usize,
     /// Row width.
     pub cols: usize,
+    /// Where the buffer goes back to for reuse once every clone has dropped (`None`: it is
+    /// simply freed).
+    pub lease: Option<Arc<Lease>>,
 }
 
 impl GpuAct {

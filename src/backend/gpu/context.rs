@@ -24,6 +24,12 @@ const PARAM_WORDS: usize = 16;
 /// memory a long chain of ops (a big prefill with no readback) keeps alive.
 const MAX_PENDING_PASSES: usize = 4096;
 
+/// The size [`GpuContext::buffer`] gives a buffer asked for `bytes`: whole 16-byte units,
+/// at least one.
+pub fn storage_size(bytes: u64) -> u64 {
+    bytes.max(16).div_ceil(16) * 16
+}
+
 /// Default for [`GpuOptions::submit_every`]: submit at readbacks (and every
 /// [`MAX_PENDING_PASSES`]). Submitting every 4 passes, so the GPU starts while the host
 /// records, was measured on the H200 in four alternated rounds of k3-slice decode with every
@@ -57,6 +63,12 @@ pub struct GpuOptions {
     /// Time every compute pass on the GPU and print the totals per kernel at the end
     /// (`--gpu-profile`); needs timestamp queries.
     pub profile: bool,
+    /// Give every activation a new buffer instead of reusing those of dropped activations
+    /// (benchmarks compare; reuse spares wgpu's zero-fill of each new buffer).
+    pub no_buffer_reuse: bool,
+    /// Fill a reused activation buffer with NaN before handing it out, so a kernel that
+    /// leaves part of its output unwritten shows up in the results (the tests set it).
+    pub poison_reused: bool,
     /// Recorded passes after which the host submits them without waiting for a readback
     /// (`--gpu-submit-every`), so the GPU starts on them while the host records the rest;
     /// `None` = [`SUBMIT_EVERY`].
@@ -371,7 +383,7 @@ impl GpuContext {
     pub fn buffer(&self, bytes: u64, label: &str) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size: bytes.max(16).div_ceil(16) * 16,
+            size: storage_size(bytes),
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_SRC
                 | wgpu::BufferUsages::COPY_DST,

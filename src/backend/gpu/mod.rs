@@ -5,6 +5,7 @@
 //! only when the host must read: a download (logits, traces) or the router's choices.
 
 pub mod adapters;
+pub mod buffer_pool;
 pub mod buffers;
 pub mod chunk_gemm;
 pub mod context;
@@ -32,7 +33,8 @@ use super::{
 };
 use crate::quant::DenseMatrix;
 use anyhow::{anyhow, ensure, Result};
-use std::sync::{Mutex, MutexGuard};
+use buffer_pool::{BufferPool, Lease};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The wgpu backend.
 pub struct GpuBackend {
@@ -43,6 +45,10 @@ pub struct GpuBackend {
     /// Device buffers that streamed experts outside the tier are written into, kept from
     /// call to call (see `moe::GpuBackend::arena`).
     transient: Mutex<Vec<Option<moe::Arena>>>,
+    /// Activation buffers for reuse (`None`: every activation gets a new buffer).
+    pool: Option<Arc<BufferPool>>,
+    /// [`GpuOptions::poison_reused`].
+    poison_reused: bool,
 }
 
 impl GpuBackend {
@@ -52,6 +58,8 @@ impl GpuBackend {
             ctx: GpuContext::new(opts)?,
             tier: Mutex::new(moe::TierState::default()),
             transient: Mutex::new(Vec::new()),
+            pool: (!opts.no_buffer_reuse).then(|| Arc::new(BufferPool::default())),
+            poison_reused: opts.poison_reused,
         })
     }
 
@@ -61,15 +69,48 @@ impl GpuBackend {
             .map_err(|_| anyhow!("GPU expert tier poisoned by an earlier panic"))
     }
 
+    /// Bytes of activation buffers waiting for reuse.
+    pub fn pooled_bytes(&self) -> u64 {
+        self.pool.as_ref().map_or(0, |p| p.pooled_bytes())
+    }
+
     /// Experts the VRAM tier holds now.
     pub fn resident_experts(&self) -> Result<usize> {
         Ok(self.tier()?.book.len())
     }
 
-    /// A new zero-filled `[rows, cols]` activation.
+    /// A `[rows, cols]` activation for a kernel to write every element of: a buffer handed
+    /// back by an earlier activation of the same size when there is one (its old values
+    /// still in it), else a new one.
     pub fn alloc(&self, rows: usize, cols: usize) -> GpuAct {
+        let size = (rows * cols * 4) as u64;
+        let Some(pool) = &self.pool else {
+            return GpuAct {
+                buf: self.ctx.buffer(size, "activation"),
+                rows,
+                cols,
+                lease: None,
+            };
+        };
+        let buf = match pool.take(context::storage_size(size)) {
+            Some(b) => {
+                if self.poison_reused {
+                    let nan = f32::NAN.to_le_bytes();
+                    let bytes: Vec<u8> = nan
+                        .iter()
+                        .copied()
+                        .cycle()
+                        .take(b.size() as usize)
+                        .collect();
+                    self.ctx.write(&b, 0, &bytes);
+                }
+                b
+            }
+            None => self.ctx.buffer(size, "activation"),
+        };
         GpuAct {
-            buf: self.ctx.buffer((rows * cols * 4) as u64, "activation"),
+            lease: Some(Lease::new(buf.clone(), pool)),
+            buf,
             rows,
             cols,
         }
@@ -108,6 +149,7 @@ impl Backend for GpuBackend {
                 .buffer_init(bytemuck::cast_slice(data), "activation"),
             rows,
             cols,
+            lease: None,
         })
     }
 
@@ -242,7 +284,9 @@ impl Backend for GpuBackend {
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<GpuAct> {
-        // wgpu zero-fills new buffers.
-        Ok(self.alloc(rows, cols))
+        let a = self.alloc(rows, cols);
+        // A reused buffer holds old values (a new one wgpu would zero-fill anyway).
+        self.ctx.record(|enc| enc.clear_buffer(&a.buf, 0, None));
+        Ok(a)
     }
 }

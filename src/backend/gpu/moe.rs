@@ -690,25 +690,25 @@ impl GpuBackend {
         let rtb = self
             .ctx
             .buffer_init(bytemuck::cast_slice(&rt.words), "routing");
-        let h = self
-            .ctx
-            .buffer((rt.pairs * 2 * i * 4) as u64, "moe gate|up");
+        // Activations, so their buffers come back for the next call (no zero-fill each time).
+        let h = self.alloc(rt.pairs, 2 * i);
         let act = self.alloc(rt.pairs, i);
-        let ypair = self.ctx.buffer((rt.pairs * d * 4) as u64, "moe expert out");
+        let ypair = self.alloc(rt.pairs, d);
+        let (h, ypair) = (&h.buf, &ypair.buf);
         let chunk = self.chunk_pass(tile, &rt, 2 * i, d);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
             let c = chunk.as_ref();
-            self.mxfp4_batched(&set.up, &z.buf, &h, &rtb, 2 * i, d, rt.tok_map, items, c);
+            self.mxfp4_batched(&set.up, &z.buf, h, &rtb, 2 * i, d, rt.tok_map, items, c);
         }
-        self.finish_chunk_pass(chunk.as_ref(), &h);
+        self.finish_chunk_pass(chunk.as_ref(), h);
         let iu = i as u32;
-        self.glu_strided(&h, &h, &act, glu, (2 * iu, 2 * iu, iu));
+        self.glu_strided(h, h, &act, glu, (2 * iu, 2 * iu, iu));
         let chunk = self.chunk_pass(tile, &rt, d, i);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
             let c = chunk.as_ref();
-            self.mxfp4_batched(&set.down, &act.buf, &ypair, &rtb, d, i, rt.id_map, items, c);
+            self.mxfp4_batched(&set.down, &act.buf, ypair, &rtb, d, i, rt.id_map, items, c);
         }
-        self.finish_chunk_pass(chunk.as_ref(), &ypair);
+        self.finish_chunk_pass(chunk.as_ref(), ypair);
         if !out.is_empty() {
             self.ctx.dispatch(&Dispatch {
                 shader: Shader::Moe,
@@ -721,7 +721,7 @@ impl GpuBackend {
                     rt.csr_pairs,
                     rt.csr_weights,
                 ],
-                buffers: &[&ypair, &rtb, &out.buf],
+                buffers: &[ypair, &rtb, &out.buf],
                 groups: self.ctx.grid((out.len() as u32).div_ceil(self.ctx.wg)),
             });
         }

@@ -182,29 +182,40 @@ fn main() {
             below_groups: u64::MAX,
         })
     };
+    // The last block makes every activation a new buffer (wgpu then zero-fills each before
+    // its first pass), against the block before it, which reuses them.
     let blocks = [
-        (None, None, None, Part::All),
-        (None, None, cs(false, 4, 2048), Part::Matvec),
-        (None, None, cs(true, 4, 2048), Part::Matvec),
-        (None, None, cs(true, 4, 512), Part::Matvec),
-        (None, None, None, Part::Matvec),
-        (None, chunk(0, None, true, true), None, Part::Chunk),
-        (None, chunk(2, None, true, true), None, Part::Chunk),
-        (None, chunk(2, Some(32), true, true), None, Part::Chunk),
+        (None, None, None, Part::All, true),
+        (None, None, cs(false, 4, 2048), Part::Matvec, true),
+        (None, None, cs(true, 4, 2048), Part::Matvec, true),
+        (None, None, cs(true, 4, 512), Part::Matvec, true),
+        (None, chunk(0, None, true, true), None, Part::Chunk, true),
+        (None, chunk(2, None, true, true), None, Part::Chunk, true),
+        (
+            None,
+            chunk(2, Some(32), true, true),
+            None,
+            Part::Chunk,
+            true,
+        ),
         (
             Some(shape(32, 4, 4, None, true, false)),
             None,
             cs(false, 4, 2048),
             Part::Matvec,
+            true,
         ),
         (
             Some(shape(8, 4, 4, None, true, true)),
             None,
             cs(false, 4, 2048),
             Part::Matvec,
+            true,
         ),
+        (None, None, None, Part::Matvec, true),
+        (None, None, None, Part::Matvec, false),
     ];
-    for (shape, chunk_gemm, stationary, part) in blocks {
+    for (shape, chunk_gemm, stationary, part, reuse) in blocks {
         let opts = GpuOptions {
             adapter: std::env::var("K3_ADAPTER").ok(),
             allow_cpu_adapter: true,
@@ -212,6 +223,7 @@ fn main() {
             expert_matvec: shape,
             chunk_gemm,
             stationary,
+            no_buffer_reuse: !reuse,
             ..Default::default()
         };
         let g = match GpuBackend::new(&opts) {
@@ -228,7 +240,7 @@ fn main() {
             g.ctx.stationary,
         );
         println!(
-            "\n== matvec geometry: dense {}, experts {}; column-stationary {} ({} rows per lane, {} workgroups aimed at, below {} row-split workgroups); chunk kernel from {} tokens, tile {}, split K {}, prefetch {} ==",
+            "\n== buffer reuse {reuse}; matvec geometry: dense {}, experts {}; column-stationary {} ({} rows per lane, {} workgroups aimed at, below {} row-split workgroups); chunk kernel from {} tokens, tile {}, split K {}, prefetch {} ==",
             describe(m),
             describe(e),
             if st.enabled { "on" } else { "off" },

@@ -503,6 +503,24 @@ fn activation_buffers_are_reused_and_the_sums_stay() {
     }
 }
 
+/// A call the device refuses (here a buffer past the adapter's size limit, as an
+/// out-of-memory would be) no longer panics inside wgpu: the next wait returns an error that
+/// names it and says what to do.
+#[test]
+fn a_device_error_is_returned_not_panicked() {
+    for g in gpus(None).into_iter().take(1) {
+        let too_big = g.ctx.limits.max_buffer_size.saturating_add(1 << 20);
+        let _b = g.ctx.buffer(too_big, "oversized test buffer");
+        let err = format!("{:#}", g.ctx.finish().unwrap_err());
+        assert!(
+            err.contains("reported an error") && err.contains("--backend cpu"),
+            "{err}"
+        );
+        let x = g.upload(&[1.0; 4], 1, 4).unwrap();
+        assert!(g.download(&x).is_err());
+    }
+}
+
 #[test]
 fn dense_matmul_splits_rows_below_the_binding_limit() {
     let mut rng = StdRng::seed_from_u64(4);

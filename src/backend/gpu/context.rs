@@ -5,6 +5,7 @@
 
 use super::adapters;
 use super::chunk_gemm::{ChunkGemm, GemmTile};
+use super::device_errors::DeviceErrors;
 use super::profiler::Profiler;
 use super::shaders::Shader;
 use super::stationary::{CsPlan, Stationary};
@@ -190,6 +191,8 @@ pub struct GpuContext {
     pub stationary: Stationary,
     /// Per-kernel GPU times, when profiling.
     profiler: Option<Mutex<Profiler>>,
+    /// The first error the device reported (instead of wgpu's panic).
+    errors: DeviceErrors,
     /// Passes recorded before the host submits them.
     submit_every: usize,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
@@ -228,6 +231,7 @@ impl GpuContext {
             trace: wgpu::Trace::Off,
         }))
         .with_context(|| format!("opening a device on {} ({:?})", info.name, info.backend))?;
+        let errors = DeviceErrors::install(&device);
         let wg = workgroup_size(&limits)?;
         if limits.max_storage_buffers_per_shader_stage < 5 {
             bail!(
@@ -286,6 +290,7 @@ impl GpuContext {
             chunk_gemm,
             stationary,
             profiler,
+            errors,
             submit_every: opts
                 .submit_every
                 .unwrap_or(SUBMIT_EVERY)
@@ -656,9 +661,10 @@ impl GpuContext {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| anyhow!("waiting for the GPU on {}: {e}", self.info.name))?;
-        rx.recv()
-            .map_err(|_| anyhow!("GPU readback was dropped"))?
-            .map_err(|e| anyhow!("mapping the readback buffer: {e}"))?;
+        let mapped = rx.recv().map_err(|_| anyhow!("GPU readback was dropped"))?;
+        // An error the device reported earlier explains a failed map better than the map.
+        self.check_errors()?;
+        mapped.map_err(|e| anyhow!("mapping the readback buffer: {e}"))?;
         let out = staging
             .get_mapped_range(..)
             .map_err(|e| anyhow!("reading back: {e:?}"))?[..bytes as usize]
@@ -673,7 +679,12 @@ impl GpuContext {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| anyhow!("waiting for the GPU on {}: {e}", self.info.name))?;
-        Ok(())
+        self.check_errors()
+    }
+
+    /// `Err` with the first error the device has reported, and what to do about it.
+    pub fn check_errors(&self) -> Result<()> {
+        self.errors.check(&self.info.name)
     }
 
     /// The chunk kernel's tile for a matmul of `n` tokens, or `None` where the one-token

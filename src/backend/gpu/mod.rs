@@ -9,6 +9,7 @@ pub mod buffer_pool;
 pub mod buffers;
 pub mod chunk_gemm;
 pub mod context;
+mod device_errors;
 mod elementwise;
 pub mod expert_tier;
 mod kda;

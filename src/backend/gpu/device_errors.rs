@@ -50,3 +50,15 @@ pub fn hint(oom: bool, msg: &str) -> &'static str {
          `k3 devices`; --backend cpu runs without the GPU."
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::hint;
+
+    #[test]
+    fn out_of_memory_points_at_the_memory_settings() {
+        assert!(hint(true, "anything").contains("K3_GPU_GB"));
+        assert!(hint(false, "Not enough memory left: Out of memory").contains("--bits 4"));
+        assert!(hint(false, "Validation Error").contains("report it"));
+    }
+}

@@ -190,6 +190,23 @@ impl ExpertSource {
         stats: &mut Stats,
         consume: &mut Consume<'_>,
     ) -> Result<()> {
+        self.stream_with(ck, layer, ids, resident, stats, &mut || Ok(()), consume)
+    }
+
+    /// [`Self::stream`], running `prework` once before the first batch: with the pipe, once
+    /// the first reads are in flight, so work that does not need the experts (the layer's
+    /// shared expert, its latent projection) runs while the disk reads.
+    #[allow(clippy::too_many_arguments)]
+    pub fn stream_with(
+        &self,
+        ck: &Checkpoint,
+        layer: usize,
+        ids: &[u32],
+        resident: &[bool],
+        stats: &mut Stats,
+        prework: &mut dyn FnMut() -> Result<()>,
+        consume: &mut Consume<'_>,
+    ) -> Result<()> {
         if resident.len() != ids.len() {
             return Err(anyhow!(
                 "internal: {} residency flags for {} experts of layer {layer}",
@@ -218,8 +235,10 @@ impl ExpertSource {
         }
         let (busy0, bytes0) = self.meter.totals();
         let res = match &self.pool {
-            Some(pool) => self.stream_piped(pool, ck, layer, items, &misses, stats, consume),
-            None => self.stream_serial(ck, layer, items, stats, consume),
+            Some(pool) => {
+                self.stream_piped(pool, ck, layer, items, &misses, stats, prework, consume)
+            }
+            None => prework().and_then(|()| self.stream_serial(ck, layer, items, stats, consume)),
         };
         let (busy1, bytes1) = self.meter.totals();
         stats.disk_busy += busy1.saturating_sub(busy0);
@@ -266,6 +285,7 @@ impl ExpertSource {
         items: Vec<Item>,
         misses: &[u32],
         stats: &mut Stats,
+        prework: &mut dyn FnMut() -> Result<()>,
         consume: &mut Consume<'_>,
     ) -> Result<()> {
         // Reads in flight at once: enough to keep every loader busy and the disk queue full,
@@ -291,6 +311,7 @@ impl ExpertSource {
         for _ in 0..window {
             submit_next(&mut queued)?;
         }
+        prework()?;
         let mut batch: Vec<Held> = Vec::new();
         let flush = |batch: &mut Vec<Held>, consume: &mut Consume<'_>| {
             if batch.is_empty() {

@@ -9,7 +9,8 @@ use crate::checkpoint::Checkpoint;
 use crate::experts::{ExpertSource, Supplied};
 use crate::quant::DenseFormat;
 use crate::stats::Stats;
-use anyhow::Result;
+use anyhow::{anyhow, Result};
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -84,13 +85,29 @@ impl<B: Backend> Moe<B> {
         }
         let mut ids: Vec<u32> = by_expert.keys().copied().collect();
         ExpertSource::canonical_order(ck, self.layer, &mut ids)?;
-        let z = b.matmul(&self.down, x)?;
-        let (rows, _) = b.shape(&z);
+        let (rows, _) = b.shape(x);
         let mut u = b.zeros(rows, self.latent)?;
         // Pinned now, the resident experts stay on the backend until this layer is done.
         let resident = b.pin_resident_experts(self.layer, &ids)?;
         let mut handoff = Duration::ZERO;
-        source.stream(ck, self.layer, &ids, &resident, stats, &mut |batch| {
+        // The latent projection and the shared expert need no routed expert: they run once
+        // the first reads are in flight, not before them.
+        let z = OnceCell::new();
+        let shared = OnceCell::new();
+        let mut prework = || -> Result<()> {
+            let _ = z.set(b.matmul(&self.down, x)?);
+            if let Some(s) = &self.shared {
+                let _ = shared.set(s.forward(b, x, glu)?);
+            }
+            Ok(())
+        };
+        let mut consume = |batch: &[Supplied<'_>]| -> Result<()> {
+            let z = z.get().ok_or_else(|| {
+                anyhow!(
+                    "internal: MoE layer {} consumed experts before its latent projection",
+                    self.layer
+                )
+            })?;
             let t = Instant::now();
             let assignments: Vec<ExpertAssignment<'_>> = batch
                 .iter()
@@ -108,18 +125,27 @@ impl<B: Backend> Moe<B> {
                     })
                 })
                 .collect::<Result<_>>()?;
-            let r = b.moe_accumulate(&mut u, &z, &assignments, glu);
+            let r = b.moe_accumulate(&mut u, z, &assignments, glu);
             handoff += t.elapsed();
             r
-        })?;
+        };
+        source.stream_with(
+            ck,
+            self.layer,
+            &ids,
+            &resident,
+            stats,
+            &mut prework,
+            &mut consume,
+        )?;
         stats.expert_handoff += handoff;
         let u = match &self.norm {
             Some(w) => b.rmsnorm(&u, w, self.latent, self.eps)?,
             None => u,
         };
         let y = b.matmul(&self.up, &u)?;
-        match &self.shared {
-            Some(s) => b.add(&y, &s.forward(b, x, glu)?),
+        match shared.into_inner() {
+            Some(s) => b.add(&y, &s),
             None => Ok(y),
         }
     }

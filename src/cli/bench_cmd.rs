@@ -124,6 +124,7 @@ fn reader(a: ReaderArgs) -> Result<()> {
             &ids,
             &vec![false; ids.len()],
             &mut stats,
+            &mut || Ok(()),
             &mut |batch| {
                 seen += batch.len();
                 Ok(())

@@ -180,24 +180,12 @@ impl ExpertSource {
     /// Loads the experts `ids` (already in canonical order) of `layer` and hands them to
     /// `consume` in that order, in one or more batches; counts hits, misses and waits.
     /// `resident[k]` says the backend holds `ids[k]` already: it is neither read nor looked
-    /// up in the host cache, and counts as a (GPU) hit.
-    pub fn stream(
-        &self,
-        ck: &Checkpoint,
-        layer: usize,
-        ids: &[u32],
-        resident: &[bool],
-        stats: &mut Stats,
-        consume: &mut Consume<'_>,
-    ) -> Result<()> {
-        self.stream_with(ck, layer, ids, resident, stats, &mut || Ok(()), consume)
-    }
-
-    /// [`Self::stream`], running `prework` once before the first batch: with the pipe, once
-    /// the first reads are in flight, so work that does not need the experts (the layer's
-    /// shared expert, its latent projection) runs while the disk reads.
+    /// up in the host cache, and counts as a (GPU) hit. `prework` runs once before the first
+    /// batch: with the pipe, once the first reads are in flight, so work that does not need
+    /// the experts (the layer's shared expert, its latent projection) runs while the disk
+    /// reads.
     #[allow(clippy::too_many_arguments)]
-    pub fn stream_with(
+    pub fn stream(
         &self,
         ck: &Checkpoint,
         layer: usize,

@@ -129,7 +129,7 @@ impl<B: Backend> Moe<B> {
             handoff += t.elapsed();
             r
         };
-        source.stream_with(
+        source.stream(
             ck,
             self.layer,
             &ids,

@@ -528,32 +528,29 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         o_norm: up(1, hd),
     };
     let mut st = g.kda_state(&kd).unwrap();
+    // A step's inputs for n tokens (q, k, v, f, beta, gate), and one step over them.
+    let inputs =
+        |n: usize| -> Vec<GpuAct> { [p, p, p, p, heads, p].iter().map(|&w| up(n, w)).collect() };
+    let step = |st: &mut _, i: &[GpuAct]| {
+        g.kda_step(
+            &kd,
+            &kw,
+            st,
+            KdaStepInputs {
+                q: &i[0],
+                k: &i[1],
+                v: &i[2],
+                f: &i[3],
+                beta: &i[4],
+                gate: &i[5],
+            },
+        )
+        .unwrap();
+    };
     // One token (decode) and a 64-token chunk (prefill: the tokens run in order inside).
     for n in [1usize, 64] {
-        let (q, k, v, f, beta, gate) = (
-            up(n, p),
-            up(n, p),
-            up(n, p),
-            up(n, p),
-            up(n, heads),
-            up(n, p),
-        );
-        let secs = t.time(|| {
-            g.kda_step(
-                &kd,
-                &kw,
-                &mut st,
-                KdaStepInputs {
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    f: &f,
-                    beta: &beta,
-                    gate: &gate,
-                },
-            )
-            .unwrap();
-        });
+        let i = inputs(n);
+        let secs = t.time(|| step(&mut st, &i));
         // The state is read and written once per token.
         report(
             &t,
@@ -563,23 +560,10 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         );
     }
     // The chunk's baseline in the same run: its 64 tokens as 64 one-token (fused) calls.
-    let one: Vec<GpuAct> = [p, p, p, p, heads, p].iter().map(|&w| up(1, w)).collect();
+    let one = inputs(1);
     let secs = t.time(|| {
         for _ in 0..64 {
-            g.kda_step(
-                &kd,
-                &kw,
-                &mut st,
-                KdaStepInputs {
-                    q: &one[0],
-                    k: &one[1],
-                    v: &one[2],
-                    f: &one[3],
-                    beta: &one[4],
-                    gate: &one[5],
-                },
-            )
-            .unwrap();
+            step(&mut st, &one);
         }
     });
     report(

@@ -240,9 +240,16 @@ override SPAN: u32 = 256u;
 override NSPAN: u32 = max(WG / SPAN, 1u);
 var<workgroup> cs_part: array<f32, 1024>;
 
-// Rows r0 .. r1 - 1 of the matrix whose row 0 is weight row wbase, against the x row at
-// xb; row r's result goes to y[yb + r - r0].
-fn cs_rows(wbase: u32, r0: u32, r1: u32, xb: u32, yb: u32) {
+// Block blk (row_block rows from blk · row_block) of the matrix whose row 0 is weight row
+// wbase, against the x row at xb; row r's result goes to y[yb + r]. A block past the last
+// row returns at once (the whole workgroup alike, so before any barrier).
+fn cs_rows(wbase: u32, blk: u32, xb: u32, yb0: u32) {
+    let r0 = blk * p.row_block;
+    if (r0 >= p.rows) {
+        return;
+    }
+    let r1 = min(r0 + p.row_block, p.rows);
+    let yb = yb0 + r0;
     let c = r_lid % SPAN;
     let h = r_lid / SPAN;
     let cu = min(c, p.units - 1u);
@@ -308,12 +315,8 @@ fn cs_put(v: f32, g: u32, n: u32, per_row: u32, sgi: u32) {
 @compute @workgroup_size(WG)
 fn dense_cs(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
-    let r0 = wg.y * p.row_block;
-    if (r0 >= p.rows) {
-        return;
-    }
     let t = wg.x;
-    cs_rows(0u, r0, min(r0 + p.row_block, p.rows), t * p.x_stride4, t * p.y_stride + p.row0 + r0);
+    cs_rows(0u, wg.y, t * p.x_stride4, t * p.y_stride + p.row0);
 }
 
 // Matmul of a chunk of tokens (prefill): a workgroup computes a tile of 4·GTR rows × 4·GTC

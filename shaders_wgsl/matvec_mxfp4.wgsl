@@ -162,15 +162,10 @@ fn moe(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
 @compute @workgroup_size(WG)
 fn moe_cs(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
-    let r0 = wg.y * p.row_block;
-    if (r0 >= p.rows) {
-        return;
-    }
     let item = p.item0 + wg.x;
     let slot = rt[3u * item];
     let pr = rt[3u * item + 1u];
-    let xb = rt[p.map_off + pr] * p.x_stride4;
-    cs_rows(slot * p.rows, r0, min(r0 + p.row_block, p.rows), xb, pr * p.y_stride + r0);
+    cs_rows(slot * p.rows, wg.y, rt[p.map_off + pr] * p.x_stride4, pr * p.y_stride);
 }
 
 // Exact values: the f16 placement times its bias and the scale (a power of two that keeps

@@ -1098,3 +1098,20 @@ fn kda_chunk_past_the_grid_limit_is_a_clear_error() {
         .expect_err("a chunk past the limit must fail");
     assert!(format!("{err:#}").contains("--chunk"), "{err:#}");
 }
+
+#[test]
+fn forty_backends_open_one_after_another_in_one_process() {
+    // NVIDIA's Vulkan driver stopped listing the H200 after 30 wgpu instances in one process,
+    // each dropped before the next (session 6); the backends now share one instance.
+    if gpus(None).is_empty() {
+        return;
+    }
+    for i in 0..40 {
+        if let Err(e) = GpuBackend::new(&GpuOptions {
+            allow_cpu_adapter: true,
+            ..Default::default()
+        }) {
+            panic!("backend {i} of 40 did not open: {e:#}");
+        }
+    }
+}

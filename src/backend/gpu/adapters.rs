@@ -1,14 +1,24 @@
 //! Adapter discovery and choice: which GPUs wgpu sees (honouring `WGPU_BACKEND`), what
 //! they offer, and which one a run uses (`--adapter NAME`, CPU-type adapters only on request).
 
+use super::upload_path::{self, UploadPath};
 use anyhow::{bail, Result};
+use std::sync::OnceLock;
 
-/// The wgpu instance every k3 GPU path uses: the backends come from `WGPU_BACKEND` when set.
+/// The wgpu instance every k3 GPU path uses, one per process; its backends come from
+/// `WGPU_BACKEND` as set when it is first asked for. Shared because NVIDIA's Vulkan driver
+/// stops listing its GPU after 30 instances in one process, even when each was dropped
+/// (measured on the H200: the 31st enumeration came back empty).
 pub fn instance() -> wgpu::Instance {
-    let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = backends;
-    wgpu::Instance::new(desc)
+    static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
+    INSTANCE
+        .get_or_init(|| {
+            let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
+            let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+            desc.backends = backends;
+            wgpu::Instance::new(desc)
+        })
+        .clone()
 }
 
 /// Every adapter the instance can see.
@@ -45,6 +55,8 @@ pub struct AdapterReport {
     pub f16: bool,
     /// Timestamp queries (pass boundaries).
     pub timestamps: bool,
+    /// Where uploads are written.
+    pub uploads: UploadPath,
 }
 
 impl AdapterReport {
@@ -69,6 +81,7 @@ impl AdapterReport {
             subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
             f16: f.contains(wgpu::Features::SHADER_F16),
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+            uploads: upload_path::of(a),
         }
     }
 
@@ -76,7 +89,7 @@ impl AdapterReport {
     pub fn render(&self, index: usize) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(
-            "[{index}] {}\n    backend: {}  type: {}  driver: {}\n    limits: storage binding {:.0} MiB ({} B), buffer {:.0} MiB, workgroup storage {} B, invocations {}, storage buffers/stage {}\n    features: subgroups {} (size {}..{}), f16 {}, timestamps {}",
+            "[{index}] {}\n    backend: {}  type: {}  driver: {}\n    limits: storage binding {:.0} MiB ({} B), buffer {:.0} MiB, workgroup storage {} B, invocations {}, storage buffers/stage {}\n    features: subgroups {} (size {}..{}), f16 {}, timestamps {}\n    uploads: {}",
             self.name,
             self.backend,
             self.device_type,
@@ -92,6 +105,7 @@ impl AdapterReport {
             self.subgroup_sizes.1,
             yes(self.f16),
             yes(self.timestamps),
+            self.uploads.describe(),
         )
     }
 }

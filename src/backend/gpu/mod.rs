@@ -22,6 +22,7 @@ mod router;
 pub mod select;
 pub mod shaders;
 pub mod stationary;
+pub mod upload_path;
 pub mod vram_budget;
 
 pub use buffers::{GpuAct, GpuKdaState, GpuMlaCache};

@@ -332,3 +332,30 @@ fn auto_falls_back_to_the_cpu_with_the_failed_line() {
         "the error names the adapter: {err}"
     );
 }
+
+#[test]
+fn devices_lists_each_adapter_with_its_upload_path() {
+    if gpu_model().is_none() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_k3"))
+        .arg("devices")
+        .env_remove("WGPU_BACKEND")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let adapters = text.lines().filter(|l| l.starts_with('[')).count();
+    assert!(adapters > 0, "{text}");
+    for key in ["backend: ", "limits: ", "features: ", "uploads: "] {
+        assert_eq!(
+            text.matches(key).count(),
+            adapters,
+            "one {key:?} line per adapter: {text}"
+        );
+    }
+    // A CPU-type adapter (lavapipe in CI) computes in host memory.
+    if text.contains("type: Cpu") {
+        assert!(text.contains("uploads: CPU and GPU share memory"), "{text}");
+    }
+}

@@ -434,6 +434,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
                         id: e as u32,
                     }),
                     weights: (!resident).then(|| views(m, i, d)),
+                    staged: None,
                     tokens: (0..tokens).map(|r| (r, 0.1)).collect(),
                 })
                 .collect()

@@ -3,7 +3,7 @@
 
 mod common;
 
-use k3::backend::gpu::{GpuBackend, GpuOptions};
+use k3::backend::gpu::{GpuBackend, GpuOptions, ReadStaging};
 use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
 use k3::experts::{IoMode, StreamConfig};
@@ -29,11 +29,16 @@ fn serial() -> StreamConfig {
 
 /// The GPU model, or None (skip) without an adapter; under CI=true a missing adapter fails.
 fn gpu_model() -> Option<K3Model<GpuBackend>> {
+    gpu_model_with(ReadStaging::Auto)
+}
+
+fn gpu_model_with(read_staging: ReadStaging) -> Option<K3Model<GpuBackend>> {
     // Reused activation buffers come back full of NaN: a kernel that leaves part of its
     // output unwritten shows in the comparison.
     let opts = GpuOptions {
         allow_cpu_adapter: true,
         poison_reused: true,
+        read_staging,
         ..Default::default()
     };
     let g = match GpuBackend::new(&opts) {
@@ -358,4 +363,65 @@ fn devices_lists_each_adapter_with_its_upload_path() {
     if text.contains("type: Cpu") {
         assert!(text.contains("uploads: CPU and GPU share memory"), "{text}");
     }
+}
+
+/// Prompt logits and six greedy tokens' logits, flattened.
+fn logits_run<B: Backend>(m: &K3Model<B>) -> Vec<f32> {
+    let mut st = m.new_state().unwrap();
+    let mut stats = Stats::default();
+    let mut logits = prefill(m, &mut st, &PROMPT, 4, false, &mut stats, None).unwrap();
+    let mut all = logits.clone();
+    for _ in 0..6 {
+        let t = argmax(&logits);
+        logits = m
+            .forward(&mut st, &[t], Logits::Last, &mut stats, None)
+            .unwrap();
+        all.extend_from_slice(&logits);
+    }
+    all
+}
+
+#[test]
+fn experts_read_into_lent_staging_give_the_same_logits() {
+    let (Some(mut on), Some(mut off)) = (
+        gpu_model_with(ReadStaging::On),
+        gpu_model_with(ReadStaging::Off),
+    ) else {
+        return;
+    };
+    let cfg = on.ckpt.config.clone();
+    let (i, d) = (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size);
+    let all = cfg.num_experts * cfg.moe_layer_count();
+    // Pipe on and off; no host cache (each lent buffer goes back and is mapped again) and
+    // a cache of every expert (lent buffers copied to the device again on hits); no VRAM
+    // tier (transient arenas) and a tier of 3 slots (uploads into slots, churning).
+    for (pipe, slots, tier) in [
+        (false, 0, 0),
+        (true, 0, 0),
+        (true, cfg.num_experts, 0),
+        (true, 0, 3),
+        (false, cfg.num_experts, 3),
+    ] {
+        let sc = StreamConfig {
+            mode: IoMode::Direct,
+            pipe,
+            load_threads: 2,
+            slots_per_layer: slots,
+        };
+        let mut got = Vec::new();
+        for m in [&mut on, &mut off] {
+            m.set_streaming(sc).unwrap();
+            m.backend
+                .configure_expert_tier((tier * cfg.expert_bytes()) as u64, all, i, d)
+                .unwrap();
+            got.push(logits_run(m));
+        }
+        assert!(got[0].iter().all(|v| v.is_finite()));
+        assert_eq!(
+            got[0], got[1],
+            "pipe {pipe}, cache {slots}, tier {tier}: lent reads changed the logits"
+        );
+    }
+    assert!(on.backend.lent_buffers_made() > 0, "no read was lent");
+    assert_eq!(off.backend.lent_buffers_made(), 0);
 }

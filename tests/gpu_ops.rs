@@ -729,6 +729,7 @@ fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n
                     w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
                     w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
                 }),
+                staged: None,
                 tokens,
             }
         })
@@ -811,6 +812,7 @@ fn moe_through_the_expert_tier_matches_cpu() {
             w2: Mxfp4View::new(d, i, &mats[e][1].0, &mats[e][1].1).unwrap(),
             w3: Mxfp4View::new(i, d, &mats[e][2].0, &mats[e][2].1).unwrap(),
         }),
+        staged: None,
         tokens: tokens[e].clone(),
     };
     let all: Vec<ExpertAssignment<'_>> = (0..n).map(|e| assign(e, true)).collect();

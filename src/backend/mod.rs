@@ -113,6 +113,20 @@ pub struct ExpertWeights<'a> {
     pub w3: Mxfp4View<'a>,
 }
 
+/// A routed expert read into memory its backend lent for the read (see
+/// [`crate::experts::ReadLender`]), which only that backend can use: the lent region, the
+/// expert's `(I, D)`, and where its six tensors lie in the region (w1 packed, w1 scales, w2
+/// packed, w2 scales, w3 packed, w3 scales).
+#[derive(Clone, Debug)]
+pub struct StagedExpert<'a> {
+    /// The region, for its lender to recognize.
+    pub region: &'a dyn std::any::Any,
+    /// `(I, D)`: intermediate and latent widths.
+    pub dims: (usize, usize),
+    /// Byte ranges of the six tensors in the region.
+    pub parts: [std::ops::Range<u64>; 6],
+}
+
 /// Names one routed expert of the model: its MoE layer and its id within the layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ExpertKey {
@@ -128,8 +142,10 @@ pub struct ExpertAssignment<'a> {
     /// Which expert this is; `None` for anonymous weights a backend must not keep.
     pub key: Option<ExpertKey>,
     /// The expert's host weights; `None` when the backend holds the expert resident
-    /// (reported by [`Backend::pin_resident_experts`]).
+    /// (reported by [`Backend::pin_resident_experts`]) or it was read into lent memory.
     pub weights: Option<ExpertWeights<'a>>,
+    /// The expert in memory this backend lent for its read (then `weights` is `None`).
+    pub staged: Option<StagedExpert<'a>>,
     /// `(token row, routing weight)` pairs, rows in increasing order.
     pub tokens: Vec<(usize, f32)>,
 }
@@ -261,6 +277,11 @@ pub trait Backend {
     /// resident ones are pinned until the next call, so they stay resident while the layer
     /// runs and may be passed to [`Backend::moe_accumulate`] without host weights.
     fn pin_resident_experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>>;
+    /// Memory this backend lends for expert reads, so they land where it uploads from;
+    /// `None` (the default) when reads into host memory serve it as well.
+    fn read_lender(&self) -> Option<std::sync::Arc<dyn crate::experts::ReadLender>> {
+        None
+    }
     /// Device memory free now, after everything allocated so far; it sizes the expert tier
     /// when no size is asked for. A backend without device memory keeps the default.
     fn free_device_memory(&self) -> Result<FreeDeviceMemory> {

@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::select::{select, BackendKind, Selected};
-use k3::backend::gpu::GpuOptions;
+use k3::backend::gpu::{GpuOptions, ReadStaging};
 use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
 use k3::generate::{generate, GenerateOptions};
@@ -28,6 +28,18 @@ pub enum BackendChoice {
     Gpu,
     /// The CPU oracle.
     Cpu,
+}
+
+/// When the GPU backend reads experts straight into its upload staging.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReadStagingChoice {
+    /// Where the staging is host memory (`k3 devices`, "uploads"); where it is VRAM the
+    /// read buffer's one copy already is the transfer.
+    Auto,
+    /// Always (a read that fails into it falls back to host memory, with one message).
+    On,
+    /// Never: read into host memory, then copy into staging.
+    Off,
 }
 
 /// Work to run on a loaded model, whatever backend was chosen.
@@ -59,6 +71,10 @@ pub struct ModelArgs {
     /// the host records the rest (4096: only at readbacks) [default: 4096].
     #[arg(long, value_name = "PASSES", env = "K3_GPU_SUBMIT_EVERY", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub gpu_submit_every: Option<u32>,
+    /// GPU: read streamed experts straight into mapped upload buffers, so they reach the
+    /// device without a second host copy.
+    #[arg(long, value_enum, env = "K3_GPU_READ_STAGING", default_value_t = ReadStagingChoice::Auto)]
+    pub gpu_read_staging: ReadStagingChoice,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -213,6 +229,11 @@ impl ModelArgs {
             }),
             profile: self.gpu_profile == 1,
             submit_every: self.gpu_submit_every.map(|n| n as usize),
+            read_staging: match self.gpu_read_staging {
+                ReadStagingChoice::Auto => ReadStaging::Auto,
+                ReadStagingChoice::On => ReadStaging::On,
+                ReadStagingChoice::Off => ReadStaging::Off,
+            },
             ..GpuOptions::default()
         };
         match select(kind, &gpu)? {

@@ -2,21 +2,31 @@
 //! back, six otherwise.
 
 use super::aligned_buf::AlignedBuf;
-use super::shard_io::{IoMode, ShardIo};
-use crate::backend::ExpertWeights;
+use super::lent_memory::{LentRegion, ReadLender};
+use super::shard_io::{region_len, IoMode, ShardIo};
+use crate::backend::{ExpertWeights, StagedExpert};
 use crate::checkpoint::{Checkpoint, ExpertLocation};
 use crate::config::Config;
 use crate::quant::Mxfp4View;
 use anyhow::{anyhow, Context, Result};
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
-/// One expert's bytes in host memory and where each of its six tensors lies in them.
+/// One expert's bytes and where each of its six tensors lies in them.
 pub struct LoadedExpert {
     /// The expert's id within its layer.
     pub id: u32,
-    buf: AlignedBuf,
+    buf: ExpertBytes,
     parts: [Range<usize>; 6],
+}
+
+/// Where a loaded expert's bytes are.
+enum ExpertBytes {
+    /// Host memory of our own.
+    Host(AlignedBuf),
+    /// A region the backend lent (its upload staging), handed to it as it is.
+    Lent(Box<dyn LentRegion>),
 }
 
 impl LoadedExpert {
@@ -30,10 +40,29 @@ impl LoadedExpert {
         self.len() == 0
     }
 
+    /// The expert as the backend lent it for the read, when it was (then there are no
+    /// host views of it: [`LoadedExpert::weights`] refuses).
+    pub fn staged(&self, cfg: &Config) -> Option<StagedExpert<'_>> {
+        match &self.buf {
+            ExpertBytes::Lent(r) => Some(StagedExpert {
+                region: r.as_any(),
+                dims: (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size),
+                parts: self.parts.clone().map(|p| p.start as u64..p.end as u64),
+            }),
+            ExpertBytes::Host(_) => None,
+        }
+    }
+
     /// Views the bytes as the expert's three MXFP4 matrices (gate w1, down w2, up w3).
     pub fn weights(&self, cfg: &Config) -> Result<ExpertWeights<'_>> {
         let (i, d) = (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size);
-        let p = |k: usize| &self.buf[self.parts[k].clone()];
+        let ExpertBytes::Host(buf) = &self.buf else {
+            return Err(anyhow!(
+                "internal: expert {} was read into memory the backend lent; hand it over with staged()",
+                self.id
+            ));
+        };
+        let p = |k: usize| &buf[self.parts[k].clone()];
         Ok(ExpertWeights {
             w1: Mxfp4View::new(i, d, p(0), p(1))
                 .with_context(|| format!("expert {} w1", self.id))?,
@@ -48,6 +77,7 @@ impl LoadedExpert {
 /// Reads experts through a [`ShardIo`].
 pub struct ExpertReader {
     io: ShardIo,
+    lender: Option<Arc<dyn ReadLender>>,
 }
 
 impl ExpertReader {
@@ -55,7 +85,14 @@ impl ExpertReader {
     pub fn new(mode: IoMode) -> Self {
         Self {
             io: ShardIo::new(mode),
+            lender: None,
         }
+    }
+
+    /// Reads contiguous experts into regions `lender` lends where it can.
+    pub fn with_lender(mut self, lender: Option<Arc<dyn ReadLender>>) -> Self {
+        self.lender = lender;
+        self
     }
 
     /// The I/O mode in force.
@@ -93,11 +130,24 @@ impl ExpertReader {
     ) -> Result<LoadedExpert> {
         if loc.contiguous {
             let span = loc.span();
+            let at = |off: usize| {
+                loc.parts.clone().map(|r| {
+                    off + (r.start - span.start) as usize..off + (r.end - span.start) as usize
+                })
+            };
+            if let Some((buf, off)) = self.read_lent(path, &span, loc)? {
+                return Ok(LoadedExpert {
+                    id,
+                    buf,
+                    parts: at(off),
+                });
+            }
             let (buf, off) = self.io.read(path, &span)?;
-            let parts = loc.parts.clone().map(|r| {
-                off + (r.start - span.start) as usize..off + (r.end - span.start) as usize
+            return Ok(LoadedExpert {
+                id,
+                buf: ExpertBytes::Host(buf),
+                parts: at(off),
             });
-            return Ok(LoadedExpert { id, buf, parts });
         }
         let total: usize = loc.parts.iter().map(|r| (r.end - r.start) as usize).sum();
         let mut buf = AlignedBuf::new(total);
@@ -110,7 +160,47 @@ impl ExpertReader {
             *p = at..at + len;
             at += len;
         }
-        Ok(LoadedExpert { id, buf, parts })
+        Ok(LoadedExpert {
+            id,
+            buf: ExpertBytes::Host(buf),
+            parts,
+        })
+    }
+
+    /// Reads the contiguous expert at `span` into a lent region, when there is a lender with
+    /// a region free and every tensor lies on a 4-byte boundary (devices copy in 4-byte
+    /// units; the offset direct I/O adds is one of whole blocks or the span's own). `None`:
+    /// nothing was read, the caller reads into host memory. A read that fails into the lent
+    /// region is done again into host memory; when that succeeds, the lender stops lending.
+    fn read_lent(
+        &self,
+        path: &Path,
+        span: &Range<u64>,
+        loc: &ExpertLocation,
+    ) -> Result<Option<(ExpertBytes, usize)>> {
+        let Some(lender) = &self.lender else {
+            return Ok(None);
+        };
+        let aligned = loc
+            .parts
+            .iter()
+            .all(|r| r.start % 4 == 0 && (r.end - r.start) % 4 == 0);
+        if !aligned {
+            return Ok(None);
+        }
+        let Some(mut region) = lender.lend(region_len(span)) else {
+            return Ok(None);
+        };
+        match self.io.read_into(path, span, region.bytes_mut()) {
+            Ok(off) => Ok(Some((ExpertBytes::Lent(region), off))),
+            Err(lent_err) => {
+                drop(region);
+                // The same read into host memory tells a bad region from a bad file.
+                let (buf, off) = self.io.read(path, span)?;
+                lender.refuse(&format!("{lent_err:#}"));
+                Ok(Some((ExpertBytes::Host(buf), off)))
+            }
+        }
     }
 }
 
@@ -122,7 +212,7 @@ pub(crate) mod tests_support {
     pub fn fake_expert(id: u32) -> std::sync::Arc<LoadedExpert> {
         std::sync::Arc::new(LoadedExpert {
             id,
-            buf: AlignedBuf::new(0),
+            buf: ExpertBytes::Host(AlignedBuf::new(0)),
             parts: Default::default(),
         })
     }

@@ -4,11 +4,13 @@ pub mod aligned_buf;
 pub mod disk_meter;
 pub mod expert_cache;
 pub mod expert_reader;
+pub mod lent_memory;
 pub mod loader_pool;
 pub mod ram_budget;
 pub mod shard_io;
 pub mod source;
 
 pub use expert_reader::{ExpertReader, LoadedExpert};
+pub use lent_memory::{LentRegion, ReadLender};
 pub use shard_io::IoMode;
 pub use source::{ExpertSource, StreamConfig, Supplied};

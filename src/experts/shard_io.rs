@@ -143,21 +143,44 @@ impl ShardIo {
 
     /// Reads `range` of the shard at `path`. Returns the buffer and where `range.start` lies in it.
     pub fn read(&self, path: &Path, range: &Range<u64>) -> Result<(AlignedBuf, usize)> {
+        let mut buf = AlignedBuf::new(region_len(range));
+        let off = self.read_into(path, range, buf.block_region_mut())?;
+        Ok((buf, off))
+    }
+
+    /// Reads `range` of the shard at `path` into `dst`, which must start on an [`IO_ALIGN`]
+    /// boundary and hold at least [`region_len`] bytes. Returns where `range.start` lies in it.
+    pub fn read_into(&self, path: &Path, range: &Range<u64>, dst: &mut [u8]) -> Result<usize> {
+        let need = region_len(range);
+        if dst.len() < need || dst.as_ptr() as usize % IO_ALIGN != 0 {
+            return Err(anyhow!(
+                "internal: a {}-byte read destination at {:p} for {} bytes (it needs {need}, aligned to {IO_ALIGN})",
+                dst.len(),
+                dst.as_ptr(),
+                range.end - range.start
+            ));
+        }
         let f = self.files(path)?;
         if let Some(direct) = &f.direct {
             if !self.direct_refused.load(Ordering::Relaxed) {
-                match read_direct(direct, path, range) {
-                    Ok(r) => return Ok(r),
+                match read_direct(direct, path, range, dst) {
+                    Ok(off) => return Ok(off),
                     Err(DirectError::Refused(e)) => self.refuse_direct(path, &e.to_string()),
                     Err(DirectError::Other(e)) => return Err(e),
                 }
             }
         }
         let len = (range.end - range.start) as usize;
-        let mut buf = AlignedBuf::new(len);
-        read_full(&f.buffered, &mut buf, range.start, path, len)?;
-        Ok((buf, 0))
+        read_full(&f.buffered, dst, range.start, path, len)?;
+        Ok(0)
     }
+}
+
+/// Bytes a read of `range` needs in its destination: the range widened to whole
+/// [`IO_ALIGN`] blocks, as direct I/O reads it.
+pub fn region_len(range: &Range<u64>) -> usize {
+    let a0 = range.start & !(IO_ALIGN as u64 - 1);
+    round_up(range.end as usize) - a0 as usize
 }
 
 enum DirectError {
@@ -169,12 +192,11 @@ fn read_direct(
     f: &File,
     path: &Path,
     range: &Range<u64>,
-) -> std::result::Result<(AlignedBuf, usize), DirectError> {
+    region: &mut [u8],
+) -> std::result::Result<usize, DirectError> {
     let a0 = range.start & !(IO_ALIGN as u64 - 1);
-    let a1 = round_up(range.end as usize) as u64;
-    let mut buf = AlignedBuf::new((a1 - a0) as usize);
+    let region = &mut region[..region_len(range)];
     let need = (range.end - a0) as usize;
-    let region = buf.block_region_mut();
     let mut got = 0usize;
     while got < need {
         match f.read_at(&mut region[got..], a0 + got as u64) {
@@ -201,7 +223,7 @@ fn read_direct(
     if got < need {
         return Err(DirectError::Other(truncated(path, range, a0 + got as u64)));
     }
-    Ok((buf, (range.start - a0) as usize))
+    Ok((range.start - a0) as usize)
 }
 
 fn read_full(f: &File, buf: &mut [u8], offset: u64, path: &Path, len: usize) -> Result<()> {

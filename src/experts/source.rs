@@ -4,6 +4,7 @@
 use super::disk_meter::DiskMeter;
 use super::expert_cache::LayerCache;
 use super::expert_reader::{ExpertReader, LoadedExpert};
+use super::lent_memory::ReadLender;
 use super::loader_pool::{LoadJob, LoaderPool};
 use super::shard_io::IoMode;
 use crate::checkpoint::Checkpoint;
@@ -94,7 +95,13 @@ pub type Consume<'c> = dyn FnMut(&[Supplied<'_>]) -> Result<()> + 'c;
 impl ExpertSource {
     /// A source with `cfg`; starts the loader threads when piping.
     pub fn new(cfg: StreamConfig) -> Result<Self> {
-        let reader = Arc::new(ExpertReader::new(cfg.mode));
+        Self::with_lender(cfg, None)
+    }
+
+    /// A source with `cfg` that reads experts into memory `lender` lends where it can (the
+    /// backend's upload staging).
+    pub fn with_lender(cfg: StreamConfig, lender: Option<Arc<dyn ReadLender>>) -> Result<Self> {
+        let reader = Arc::new(ExpertReader::new(cfg.mode).with_lender(lender));
         let meter = Arc::new(DiskMeter::default());
         let pool = if cfg.pipe {
             Some(LoaderPool::new(

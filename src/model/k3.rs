@@ -116,6 +116,7 @@ impl<B: Backend> K3Model<B> {
         ld.finish();
         drop(ld);
         ckpt.release_mapped_pages();
+        let experts = ExpertSource::with_lender(StreamConfig::default(), backend.read_lender())?;
         Ok(Self {
             glu: Glu::Situ {
                 beta: cfg.situ_beta,
@@ -127,7 +128,7 @@ impl<B: Backend> K3Model<B> {
             final_norm,
             w_out,
             head,
-            experts: ExpertSource::new(StreamConfig::default())?,
+            experts,
         })
     }
 
@@ -148,7 +149,7 @@ impl<B: Backend> K3Model<B> {
 
     /// Replaces how experts are read and cached (after the RAM clamp has sized the cache).
     pub fn set_streaming(&mut self, cfg: StreamConfig) -> Result<()> {
-        self.experts = ExpertSource::new(cfg)?;
+        self.experts = ExpertSource::with_lender(cfg, self.backend.read_lender())?;
         Ok(())
     }
 

@@ -112,15 +112,20 @@ impl<B: Backend> Moe<B> {
             let assignments: Vec<ExpertAssignment<'_>> = batch
                 .iter()
                 .map(|s| {
+                    let (weights, staged) = match s {
+                        Supplied::Host(l) => match l.staged(&ck.config) {
+                            Some(st) => (None, Some(st)),
+                            None => (Some(l.weights(&ck.config)?), None),
+                        },
+                        Supplied::Resident(_) => (None, None),
+                    };
                     Ok(ExpertAssignment {
                         key: Some(ExpertKey {
                             layer: self.layer,
                             id: s.id(),
                         }),
-                        weights: match s {
-                            Supplied::Host(l) => Some(l.weights(&ck.config)?),
-                            Supplied::Resident(_) => None,
-                        },
+                        weights,
+                        staged,
                         tokens: by_expert.get(&s.id()).cloned().unwrap_or_default(),
                     })
                 })

@@ -74,6 +74,22 @@ pub struct GpuOptions {
     /// (`--gpu-submit-every`), so the GPU starts on them while the host records the rest;
     /// `None` = [`SUBMIT_EVERY`].
     pub submit_every: Option<usize>,
+    /// Whether experts are read straight into upload staging (`--gpu-read-staging`).
+    pub read_staging: ReadStaging,
+}
+
+/// When experts are read straight into mapped upload buffers (see `read_staging.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadStaging {
+    /// Where the upload staging is host memory (`k3 devices`: no resizable BAR, an
+    /// integrated GPU, a CPU-type adapter); where it is VRAM the read buffer's one copy is
+    /// already the transfer.
+    #[default]
+    Auto,
+    /// Always (measurements; a read that fails into it falls back to host memory).
+    On,
+    /// Never: read into host memory, then copy into staging.
+    Off,
 }
 
 /// How a matvec workgroup is laid out.

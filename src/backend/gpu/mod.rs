@@ -11,6 +11,7 @@ pub mod chunk_gemm;
 pub mod context;
 mod device_errors;
 mod elementwise;
+mod expert_bytes;
 pub mod expert_tier;
 mod kda;
 mod matmul;
@@ -18,6 +19,7 @@ mod mla;
 mod moe;
 mod norm;
 pub mod profiler;
+pub mod read_staging;
 mod router;
 pub mod select;
 pub mod shaders;
@@ -26,16 +28,19 @@ pub mod upload_path;
 pub mod vram_budget;
 
 pub use buffers::{GpuAct, GpuKdaState, GpuMlaCache};
-pub use context::{GpuContext, GpuOptions, MatvecShape};
+pub use context::{GpuContext, GpuOptions, MatvecShape, ReadStaging};
 pub use matmul::{GpuFormat, GpuMat};
 
 use super::{
     Backend, ExpertAssignment, FreeDeviceMemory, Glu, KdaDims, KdaStepInputs, KdaStepWeights,
     MlaAttnWeights, MlaDims, Route, RouterParams,
 };
+use crate::experts::ReadLender;
 use crate::quant::DenseMatrix;
 use anyhow::{anyhow, ensure, Result};
 use buffer_pool::{BufferPool, Lease};
+use read_staging::StagingLender;
+use upload_path::UploadPath;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The wgpu backend.
@@ -51,18 +56,36 @@ pub struct GpuBackend {
     pool: Option<Arc<BufferPool>>,
     /// [`GpuOptions::poison_reused`].
     poison_reused: bool,
+    /// Upload staging lent to the expert readers (see [`GpuOptions::read_staging`]).
+    lender: Option<Arc<StagingLender>>,
 }
 
 impl GpuBackend {
     /// Opens the adapter `opts` selects.
     pub fn new(opts: &GpuOptions) -> Result<Self> {
+        let ctx = GpuContext::new(opts)?;
+        let lend = match opts.read_staging {
+            ReadStaging::On => true,
+            ReadStaging::Off => false,
+            ReadStaging::Auto => matches!(
+                upload_path::of(&ctx.adapter),
+                UploadPath::HostMemory | UploadPath::Shared
+            ),
+        };
+        let lender = lend.then(|| Arc::new(StagingLender::new(ctx.device.clone())));
         Ok(Self {
-            ctx: GpuContext::new(opts)?,
+            ctx,
             tier: Mutex::new(moe::TierState::default()),
             transient: Mutex::new(Vec::new()),
             pool: (!opts.no_buffer_reuse).then(|| Arc::new(BufferPool::default())),
             poison_reused: opts.poison_reused,
+            lender,
         })
+    }
+
+    /// Upload buffers lent to expert reads so far (0 when reads are not lent any).
+    pub fn lent_buffers_made(&self) -> usize {
+        self.lender.as_ref().map_or(0, |l| l.buffers_made())
     }
 
     fn tier(&self) -> Result<MutexGuard<'_, moe::TierState>> {
@@ -256,6 +279,12 @@ impl Backend for GpuBackend {
         // the GPU on this batch now rather than at the layer's end.
         self.ctx.flush();
         Ok(())
+    }
+
+    fn read_lender(&self) -> Option<Arc<dyn ReadLender>> {
+        self.lender
+            .clone()
+            .map(|l| -> Arc<dyn ReadLender> { l })
     }
 
     fn configure_expert_tier(

@@ -6,6 +6,7 @@
 use super::buffers::GpuAct;
 use super::chunk_gemm::{GemmTile, GK};
 use super::context::Dispatch;
+use super::expert_bytes::{all_host, ExpertSrc, MatSrc, PartSrc};
 use super::expert_tier::ExpertTier;
 use super::matmul::{mv_consts_of, rows_per_group_of};
 use super::shaders::Shader;
@@ -200,19 +201,19 @@ fn expert_bytes(i: usize, d: usize) -> u64 {
 }
 
 impl GpuBackend {
-    /// Uploads matrices stacked row-wise as one arena, straight from their host views.
+    /// Uploads matrices stacked row-wise as one arena, straight from where their bytes are.
     /// Arena `reuse` of a call (below [`REUSED_ARENAS`], bytes within
     /// [`REUSED_ARENA_BYTES`], 4-byte sizes) is written into buffers kept from earlier calls;
-    /// queue writes are ordered after the work already submitted against them. Others are
-    /// made for this call.
-    fn arena(&self, mats: &[Mxfp4View<'_>], reuse: Option<usize>) -> Result<Arena> {
+    /// queue writes are ordered after the work already submitted against them, device
+    /// copies after the work recorded. Others are made for this call.
+    fn arena(&self, mats: &[MatSrc<'_>], reuse: Option<usize>) -> Result<Arena> {
         let (mut packed, mut scales) = (Vec::new(), Vec::new());
         let (mut po, mut so) = (0u64, 0u64);
         for m in mats {
             packed.push((po, m.packed));
-            po += m.packed.len() as u64;
+            po += m.packed.len();
             scales.push((so, m.scales));
-            so += m.scales.len() as u64;
+            so += m.scales.len();
         }
         // Queue writes need 4-byte offsets and sizes.
         let aligned = mats
@@ -221,9 +222,17 @@ impl GpuBackend {
         let slot =
             reuse.filter(|&k| k < REUSED_ARENAS && aligned && po.max(so) <= REUSED_ARENA_BYTES);
         let Some(k) = slot else {
+            let made = |size: u64, parts: &[(u64, PartSrc<'_>)], label: &str| match all_host(parts) {
+                Some(h) => self.ctx.buffer_from_parts(size, &h, label),
+                None => {
+                    let b = self.ctx.buffer(size.max(4).div_ceil(4) * 4, label);
+                    self.write_srcs(&b, parts);
+                    Ok(b)
+                }
+            };
             return Ok(Arena {
-                packed: self.ctx.buffer_from_parts(po, &packed, "expert packed")?,
-                scales: self.ctx.buffer_from_parts(so, &scales, "expert scales")?,
+                packed: made(po, &packed, "expert packed")?,
+                scales: made(so, &scales, "expert scales")?,
             });
         };
         let a = {
@@ -253,9 +262,9 @@ impl GpuBackend {
                 .clone()
                 .ok_or_else(|| anyhow!("internal: transient arena {k} missing"))?
         };
-        // One staging copy per buffer: the parts lie back to back.
-        self.ctx.write_parts(&a.packed, &packed);
-        self.ctx.write_parts(&a.scales, &scales);
+        // One staging copy per buffer for host bytes: the parts lie back to back.
+        self.write_srcs(&a.packed, &packed);
+        self.write_srcs(&a.scales, &scales);
         Ok(a)
     }
 
@@ -441,6 +450,7 @@ impl GpuBackend {
                 w2: w,
                 w3: w,
             }),
+            staged: None,
             tokens,
         }];
         let (tile, tiled) = self.expert_tiling(x.rows);
@@ -448,7 +458,7 @@ impl GpuBackend {
         let rtb = self
             .ctx
             .buffer_init(bytemuck::cast_slice(&rt.words), "routing");
-        let arena = self.arena(&[w], None)?;
+        let arena = self.arena(&[w.into()], None)?;
         let chunk = self.chunk_pass(tile, &rt, w.rows, w.cols);
         self.mxfp4_batched(
             &arena,
@@ -498,8 +508,8 @@ impl GpuBackend {
         Ok(capacity)
     }
 
-    /// Writes expert `w` into slot `slot` of the tier, straight from its host views.
-    fn upload_to_slot(&self, t: &mut TierState, slot: usize, w: &ExpertWeights<'_>) -> Result<()> {
+    /// Writes expert `w` into slot `slot` of the tier, straight from where its bytes are.
+    fn upload_to_slot(&self, t: &mut TierState, slot: usize, w: &ExpertSrc<'_>) -> Result<()> {
         let (i, d) = t.book.dims();
         let per_pool = t.book.per_pool();
         let (p, ls) = (slot / per_pool, (slot % per_pool) as u64);
@@ -525,16 +535,16 @@ impl GpuBackend {
         let (hp, hs) = (m / 2, m / BLOCK as u64);
         // Queue writes are ordered after everything recorded so far (`write` submits first),
         // so work already recorded against an evicted slot still sees its old expert.
-        self.ctx.write_parts(
+        self.write_srcs(
             &pool.up.packed,
             &[(ls * 2 * hp, w.w1.packed), (ls * 2 * hp + hp, w.w3.packed)],
         );
-        self.ctx.write_parts(
+        self.write_srcs(
             &pool.up.scales,
             &[(ls * 2 * hs, w.w1.scales), (ls * 2 * hs + hs, w.w3.scales)],
         );
-        self.ctx.write(&pool.down.packed, ls * hp, w.w2.packed);
-        self.ctx.write(&pool.down.scales, ls * hs, w.w2.scales);
+        self.write_srcs(&pool.down.packed, &[(ls * hp, w.w2.packed)]);
+        self.write_srcs(&pool.down.scales, &[(ls * hs, w.w2.scales)]);
         Ok(())
     }
 
@@ -556,42 +566,36 @@ impl GpuBackend {
                 format!("expert {} of layer {}", k.id, k.layer)
             })
         };
-        let i = match experts.iter().find_map(|e| e.weights) {
-            Some(w) => w.w1.rows,
+        // Where each expert's bytes are: host views, a lent staging buffer, or nothing (it
+        // is resident in the tier).
+        let srcs: Vec<Option<ExpertSrc<'_>>> = experts
+            .iter()
+            .map(|ex| match (&ex.weights, &ex.staged) {
+                (Some(w), _) => ExpertSrc::host(w, d).map(Some),
+                (None, Some(st)) => ExpertSrc::staged(st, d).map(Some),
+                (None, None) => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        let i = match srcs.iter().flatten().next() {
+            Some(w) => w.dims.0,
             None => tier.book.dims().0,
         };
-        for ex in experts {
-            let Some(w) = &ex.weights else {
-                ensure!(
+        for (ex, src) in experts.iter().zip(&srcs) {
+            match src {
+                Some(w) => ensure!(
+                    w.dims == (i, d),
+                    "moe: {} is [{}, {}] but another expert of the call is [{i}, {d}]",
+                    name(ex),
+                    w.dims.0,
+                    w.dims.1
+                ),
+                None => ensure!(
                     tier.book.dims() == (i, d),
                     "moe: {} is resident as [{}, {}] but the call needs [{i}, {d}]",
                     name(ex),
                     tier.book.dims().0,
                     tier.book.dims().1
-                );
-                continue;
-            };
-            ensure!(
-                w.w1.cols == d && w.w3.cols == d && w.w3.rows == i && w.w1.rows == i && w.w2.rows == d && w.w2.cols == i,
-                "moe: expert shapes w1 {}x{}, w3 {}x{}, w2 {}x{} do not fit latent width {d} and one intermediate width {i}",
-                w.w1.rows,
-                w.w1.cols,
-                w.w3.rows,
-                w.w3.cols,
-                w.w2.rows,
-                w.w2.cols
-            );
-            for m in [w.w1, w.w2, w.w3] {
-                ensure!(
-                    m.cols % BLOCK == 0
-                        && m.packed.len() == m.rows * m.cols / 2
-                        && m.scales.len() == m.rows * m.cols / BLOCK,
-                    "moe: an expert matrix {}x{} has {} packed / {} scale bytes",
-                    m.rows,
-                    m.cols,
-                    m.packed.len(),
-                    m.scales.len()
-                );
+                ),
             }
         }
         // Experts per transient batch: each batch's gate+up arena must fit one binding.
@@ -613,15 +617,15 @@ impl GpuBackend {
         let mut group_of_pool: HashMap<usize, usize> = HashMap::new();
         let mut sets: Vec<Option<ArenaSet>> = Vec::new();
         let mut busy = HashSet::new();
-        let mut transient: Vec<Vec<Mxfp4View<'_>>> = Vec::new();
-        let mut transient_down: Vec<Vec<Mxfp4View<'_>>> = Vec::new();
+        let mut transient: Vec<Vec<MatSrc<'_>>> = Vec::new();
+        let mut transient_down: Vec<Vec<MatSrc<'_>>> = Vec::new();
         let mut transient_group = None;
-        for ex in experts {
+        for (ex, src) in experts.iter().zip(&srcs) {
             let mut slot = None;
             if let (Some(key), true) = (ex.key, tier_fits) {
                 slot = tier.book.lookup(key);
                 if slot.is_none() {
-                    if let Some(w) = &ex.weights {
+                    if let Some(w) = src {
                         if let Some(s) = tier.book.reserve(key, &busy) {
                             self.upload_to_slot(&mut tier, s, w)?;
                             slot = Some(s);
@@ -645,9 +649,9 @@ impl GpuBackend {
                 place.push((g, (s % per_pool) as u32));
                 continue;
             }
-            let w = ex.weights.as_ref().ok_or_else(|| {
+            let w = src.as_ref().ok_or_else(|| {
                 anyhow!(
-                    "moe: {} has no host weights and is not resident in the GPU expert tier; pin it with pin_resident_experts before the layer runs",
+                    "moe: {} has no weights and is not resident in the GPU expert tier; pin it with pin_resident_experts before the layer runs",
                     name(ex)
                 )
             })?;
@@ -738,6 +742,7 @@ mod tests {
         ExpertAssignment {
             key: None,
             weights: None,
+            staged: None,
             tokens: tokens.iter().map(|&t| (t, 0.5)).collect(),
         }
     }

@@ -1,0 +1,177 @@
+//! Where the bytes of an expert the MoE uploads come from: host views (a cache slot or a
+//! read buffer), written through wgpu's staging, or a staging buffer lent to the read
+//! (`read_staging.rs`), copied on the device.
+
+use super::read_staging::LentStaging;
+use super::GpuBackend;
+use crate::backend::{ExpertWeights, StagedExpert};
+use crate::quant::Mxfp4View;
+use anyhow::{anyhow, ensure, Result};
+
+/// Columns per MXFP4 scale block.
+const BLOCK: usize = 32;
+
+/// One tensor's bytes.
+#[derive(Clone, Copy)]
+pub(super) enum PartSrc<'a> {
+    /// In host memory.
+    Host(&'a [u8]),
+    /// `len` bytes at `offset` of a lent staging buffer.
+    Device {
+        buf: &'a wgpu::Buffer,
+        offset: u64,
+        len: u64,
+    },
+}
+
+impl PartSrc<'_> {
+    /// Bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            PartSrc::Host(b) => b.len() as u64,
+            PartSrc::Device { len, .. } => *len,
+        }
+    }
+}
+
+/// One MXFP4 matrix's packed nibbles and scale bytes.
+#[derive(Clone, Copy)]
+pub(super) struct MatSrc<'a> {
+    /// Packed E2M1 nibbles.
+    pub packed: PartSrc<'a>,
+    /// E8M0 scale bytes.
+    pub scales: PartSrc<'a>,
+}
+
+impl<'a> From<Mxfp4View<'a>> for MatSrc<'a> {
+    fn from(m: Mxfp4View<'a>) -> Self {
+        Self {
+            packed: PartSrc::Host(m.packed),
+            scales: PartSrc::Host(m.scales),
+        }
+    }
+}
+
+/// An expert's three matrices and its `(I, D)`.
+#[derive(Clone, Copy)]
+pub(super) struct ExpertSrc<'a> {
+    /// Gate `[I, D]`.
+    pub w1: MatSrc<'a>,
+    /// Down `[D, I]`.
+    pub w2: MatSrc<'a>,
+    /// Up `[I, D]`.
+    pub w3: MatSrc<'a>,
+    /// `(I, D)`.
+    pub dims: (usize, usize),
+}
+
+impl<'a> ExpertSrc<'a> {
+    /// From host views, their shapes checked against one another and a latent width `d`.
+    pub fn host(w: &ExpertWeights<'a>, d: usize) -> Result<Self> {
+        let i = w.w1.rows;
+        ensure!(
+            w.w1.cols == d && w.w3.cols == d && w.w3.rows == i && w.w2.rows == d && w.w2.cols == i,
+            "moe: expert shapes w1 {}x{}, w3 {}x{}, w2 {}x{} do not fit latent width {d} and one intermediate width {i}",
+            w.w1.rows,
+            w.w1.cols,
+            w.w3.rows,
+            w.w3.cols,
+            w.w2.rows,
+            w.w2.cols
+        );
+        for m in [w.w1, w.w2, w.w3] {
+            ensure!(
+                m.cols % BLOCK == 0
+                    && m.packed.len() == m.rows * m.cols / 2
+                    && m.scales.len() == m.rows * m.cols / BLOCK,
+                "moe: an expert matrix {}x{} has {} packed / {} scale bytes",
+                m.rows,
+                m.cols,
+                m.packed.len(),
+                m.scales.len()
+            );
+        }
+        Ok(Self {
+            w1: w.w1.into(),
+            w2: w.w2.into(),
+            w3: w.w3.into(),
+            dims: (i, d),
+        })
+    }
+
+    /// From a staging buffer this backend lent to the read, its part lengths checked
+    /// against its `(I, D)` and the latent width `d`. Takes the buffer for the device: the
+    /// caller must submit the copies it records before the expert is dropped.
+    pub fn staged(s: &StagedExpert<'a>, d: usize) -> Result<Self> {
+        let lent = s.region.downcast_ref::<LentStaging>().ok_or_else(|| {
+            anyhow!("internal: an expert was read into memory another backend lent")
+        })?;
+        let (i, sd) = s.dims;
+        ensure!(
+            sd == d && d % BLOCK == 0 && i % BLOCK == 0,
+            "moe: a staged expert of [{i}, {sd}] does not fit latent width {d}"
+        );
+        let m = (i * d) as u64;
+        let want = [m / 2, m / BLOCK as u64];
+        for (k, r) in s.parts.iter().enumerate() {
+            ensure!(
+                r.end - r.start == want[k % 2],
+                "moe: a staged expert's tensor {k} has {} bytes, [{i}, {d}] needs {}",
+                r.end - r.start,
+                want[k % 2]
+            );
+        }
+        let (buf, lead) = lent.for_device();
+        let part = |k: usize| PartSrc::Device {
+            buf,
+            offset: lead + s.parts[k].start,
+            len: s.parts[k].end - s.parts[k].start,
+        };
+        let mat = |k: usize| MatSrc {
+            packed: part(k),
+            scales: part(k + 1),
+        };
+        Ok(Self {
+            w1: mat(0),
+            w2: mat(2),
+            w3: mat(4),
+            dims: (i, d),
+        })
+    }
+}
+
+/// The parts' host bytes, when every part is in host memory.
+pub(super) fn all_host<'a>(parts: &[(u64, PartSrc<'a>)]) -> Option<Vec<(u64, &'a [u8])>> {
+    parts
+        .iter()
+        .map(|&(o, p)| match p {
+            PartSrc::Host(b) => Some((o, b)),
+            PartSrc::Device { .. } => None,
+        })
+        .collect()
+}
+
+impl GpuBackend {
+    /// Writes `parts` (`(offset in buf, bytes)`) into `buf` in stream order: host bytes
+    /// through one staging copy where they lie back to back, lent staging by device copies.
+    pub(super) fn write_srcs(&self, buf: &wgpu::Buffer, parts: &[(u64, PartSrc<'_>)]) {
+        let host: Vec<(u64, &[u8])> = parts
+            .iter()
+            .filter_map(|&(o, p)| match p {
+                PartSrc::Host(b) => Some((o, b)),
+                PartSrc::Device { .. } => None,
+            })
+            .collect();
+        self.ctx.write_parts(buf, &host);
+        for &(o, p) in parts {
+            if let PartSrc::Device {
+                buf: src,
+                offset,
+                len,
+            } = p
+            {
+                self.ctx.copy(src, offset, buf, o, len);
+            }
+        }
+    }
+}

@@ -422,6 +422,10 @@ fn experts_read_into_lent_staging_give_the_same_logits() {
             "pipe {pipe}, cache {slots}, tier {tier}: lent reads changed the logits"
         );
     }
-    assert!(on.backend.lent_buffers_made() > 0, "no read was lent");
-    assert_eq!(off.backend.lent_buffers_made(), 0);
+    // The last run's cache holds lent buffers; the rest stay within what the lender keeps:
+    // the cached experts, the reads in flight, 8 on their way back and 16 free.
+    let alive = on.backend.lent_buffers();
+    assert!(alive > 0, "no read was lent");
+    assert!(alive <= all + 2 * 2 + 8 + 16, "{alive} lent buffers alive");
+    assert_eq!(off.backend.lent_buffers(), 0);
 }

@@ -83,9 +83,9 @@ impl GpuBackend {
         })
     }
 
-    /// Upload buffers lent to expert reads so far (0 when reads are not lent any).
-    pub fn lent_buffers_made(&self) -> usize {
-        self.lender.as_ref().map_or(0, |l| l.buffers_made())
+    /// Upload buffers alive for lending to expert reads (0 when reads are not lent).
+    pub fn lent_buffers(&self) -> usize {
+        self.lender.as_ref().map_or(0, |l| l.buffers_alive())
     }
 
     fn tier(&self) -> Result<MutexGuard<'_, moe::TierState>> {

@@ -14,6 +14,14 @@ use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+/// Buffers on their way back (unmapped, their map requested) past which `lend` makes no
+/// new one: the read goes to host memory instead, so a GPU slower than the disk cannot make
+/// the lender grow without bound.
+const MAX_REMAPPING: usize = 8;
+/// Free buffers kept for the next reads; more are dropped (a smaller host cache, a new
+/// source, would otherwise leave their memory held here).
+const MAX_FREE: usize = 16;
+
 /// Lends mapped upload buffers to the expert readers.
 pub struct StagingLender {
     device: wgpu::Device,
@@ -28,7 +36,7 @@ struct Pool {
     free: Vec<(wgpu::Buffer, wgpu::BufferViewMut)>,
     /// Given back and waiting for their map to complete.
     remapping: usize,
-    /// Buffers made so far (lent, free or remapping).
+    /// Buffers alive (lent, free or remapping).
     made: usize,
 }
 
@@ -46,8 +54,8 @@ impl StagingLender {
         }
     }
 
-    /// Buffers made so far (every one lent, free, or on its way back).
-    pub fn buffers_made(&self) -> usize {
+    /// Buffers alive now (lent, free, or on their way back).
+    pub fn buffers_alive(&self) -> usize {
         lock(&self.pool).made
     }
 
@@ -83,6 +91,9 @@ impl ReadLender for StagingLender {
             // Let finished maps come back before making another buffer.
             let _ = self.device.poll(wgpu::PollType::Poll);
             got = self.take_free(size);
+            if got.is_none() && lock(&self.pool).remapping >= MAX_REMAPPING {
+                return None;
+            }
         }
         let (buf, mut view) = got.or_else(|| self.make(size))?;
         let lead = view.slice(..).as_raw_element_ptr().as_ptr().align_offset(IO_ALIGN);
@@ -163,7 +174,7 @@ impl Drop for LentStaging {
             .take();
         if let Some(view) = view {
             // Never handed to the device: still mapped, lend it again as it is.
-            lock(&pool).free.push((self.buf.clone(), view));
+            give_back(&pool, self.buf.clone(), view);
             return;
         }
         lock(&pool).remapping += 1;
@@ -173,12 +184,29 @@ impl Drop for LentStaging {
                 return;
             };
             let view = r.ok().and_then(|()| buf.get_mapped_range_mut(..).ok());
-            let mut p = lock(&pool);
-            p.remapping = p.remapping.saturating_sub(1);
-            match view {
-                Some(view) => p.free.push((buf, view)),
-                None => p.made = p.made.saturating_sub(1),
+            {
+                let mut p = lock(&pool);
+                p.remapping = p.remapping.saturating_sub(1);
+                if view.is_none() {
+                    p.made = p.made.saturating_sub(1);
+                }
+            }
+            if let Some(view) = view {
+                give_back(&pool, buf, view);
             }
         });
+    }
+}
+
+/// Puts a mapped buffer on the free list, or drops it when the list is full.
+fn give_back(pool: &Mutex<Pool>, buf: wgpu::Buffer, view: wgpu::BufferViewMut) {
+    let mut p = lock(pool);
+    if p.free.len() < MAX_FREE {
+        p.free.push((buf, view));
+    } else {
+        p.made = p.made.saturating_sub(1);
+        drop(p);
+        drop(view);
+        buf.destroy();
     }
 }

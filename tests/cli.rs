@@ -140,7 +140,8 @@ fn inspect_passes_a_good_snapshot_and_lists_what_a_bad_one_lacks() {
     assert!(out.contains("    2  MLA  MoE    bank"), "{out}");
     // Rename one tensor inside its shard header (same length, so the header stays valid) and
     // in the index: the expected tensor is then missing, and inspect must say which.
-    let bad = common::copy_dir(&dir);
+    let copy = common::copy_dir(&dir);
+    let bad = copy.path();
     let idx = bad.join("model.safetensors.index.json");
     let text = std::fs::read_to_string(&idx).unwrap();
     let name = "language_model.model.layers.3.post_attention_layernorm.weight";

@@ -133,7 +133,8 @@ fn token_id_out_of_range_is_a_clear_error() {
 
 #[test]
 fn shard_truncated_after_start_up_names_file_and_offset() {
-    let dir = common::copy_dir(&common::tiny(0));
+    let copy = common::copy_dir(&common::tiny(0));
+    let dir = copy.path().to_path_buf();
     let m = common::cpu_model(&dir, FormatPolicy::default(), serial());
     // Truncate every shard holding experts to half its size after loading.
     for e in std::fs::read_dir(&dir).unwrap() {
@@ -159,7 +160,8 @@ fn shard_truncated_after_start_up_names_file_and_offset() {
 
 #[test]
 fn shard_deleted_after_start_up_names_the_file() {
-    let dir = common::copy_dir(&common::tiny(0));
+    let copy = common::copy_dir(&common::tiny(0));
+    let dir = copy.path().to_path_buf();
     let m = common::cpu_model(&dir, FormatPolicy::default(), serial());
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();

@@ -45,15 +45,11 @@ pub fn cpu_model(dir: &Path, policy: FormatPolicy, sc: StreamConfig) -> K3Model<
 }
 
 /// Copies a checkpoint directory (so a test may damage its copy).
-pub fn copy_dir(src: &Path) -> PathBuf {
-    let dst = tempfile::Builder::new()
-        .prefix("k3-copy-")
-        .tempdir()
-        .unwrap()
-        .keep();
+pub fn copy_dir(src: &Path) -> tempfile::TempDir {
+    let dst = tempfile::Builder::new().prefix("k3-copy-").tempdir().unwrap();
     for e in std::fs::read_dir(src).unwrap() {
         let p = e.unwrap().path();
-        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+        std::fs::copy(&p, dst.path().join(p.file_name().unwrap())).unwrap();
     }
     dst
 }

@@ -75,7 +75,10 @@ fn lent_reads_hold_the_bytes_a_plain_read_gives() {
             let a = lent.read(&ck, layer, e).unwrap();
             let b = plain.read(&ck, layer, e).unwrap();
             let st = a.staged(&ck.config).expect("read into the lent region");
-            assert!(a.weights(&ck.config).is_err(), "no host views of lent bytes");
+            assert!(
+                a.weights(&ck.config).is_err(),
+                "no host views of lent bytes"
+            );
             let region = st.region.downcast_ref::<TestRegion>().unwrap();
             let w = b.weights(&ck.config).unwrap();
             let want = [
@@ -109,9 +112,15 @@ fn no_region_free_or_a_broken_one_reads_into_host_memory() {
         let r = ExpertReader::new(IoMode::Buffered).with_lender(Some(lender.clone()));
         for e in 0..n {
             let a = r.read(&ck, layer, e).unwrap();
-            assert!(a.staged(&ck.config).is_none(), "expert {e} should be in host memory");
+            assert!(
+                a.staged(&ck.config).is_none(),
+                "expert {e} should be in host memory"
+            );
             let b = plain.read(&ck, layer, e).unwrap();
-            let (wa, wb) = (a.weights(&ck.config).unwrap(), b.weights(&ck.config).unwrap());
+            let (wa, wb) = (
+                a.weights(&ck.config).unwrap(),
+                b.weights(&ck.config).unwrap(),
+            );
             assert_eq!(wa.w2.packed, wb.w2.packed);
             assert_eq!(wa.w3.scales, wb.w3.scales);
         }

@@ -46,7 +46,10 @@ pub fn cpu_model(dir: &Path, policy: FormatPolicy, sc: StreamConfig) -> K3Model<
 
 /// Copies a checkpoint directory (so a test may damage its copy).
 pub fn copy_dir(src: &Path) -> tempfile::TempDir {
-    let dst = tempfile::Builder::new().prefix("k3-copy-").tempdir().unwrap();
+    let dst = tempfile::Builder::new()
+        .prefix("k3-copy-")
+        .tempdir()
+        .unwrap();
     for e in std::fs::read_dir(src).unwrap() {
         let p = e.unwrap().path();
         std::fs::copy(&p, dst.path().join(p.file_name().unwrap())).unwrap();

@@ -40,8 +40,8 @@ use crate::quant::DenseMatrix;
 use anyhow::{anyhow, ensure, Result};
 use buffer_pool::{BufferPool, Lease};
 use read_staging::StagingLender;
-use upload_path::UploadPath;
 use std::sync::{Arc, Mutex, MutexGuard};
+use upload_path::UploadPath;
 
 /// The wgpu backend.
 pub struct GpuBackend {
@@ -282,9 +282,7 @@ impl Backend for GpuBackend {
     }
 
     fn read_lender(&self) -> Option<Arc<dyn ReadLender>> {
-        self.lender
-            .clone()
-            .map(|l| -> Arc<dyn ReadLender> { l })
+        self.lender.clone().map(|l| -> Arc<dyn ReadLender> { l })
     }
 
     fn configure_expert_tier(

@@ -222,7 +222,8 @@ impl GpuBackend {
         let slot =
             reuse.filter(|&k| k < REUSED_ARENAS && aligned && po.max(so) <= REUSED_ARENA_BYTES);
         let Some(k) = slot else {
-            let made = |size: u64, parts: &[(u64, PartSrc<'_>)], label: &str| match all_host(parts) {
+            let made = |size: u64, parts: &[(u64, PartSrc<'_>)], label: &str| match all_host(parts)
+            {
                 Some(h) => self.ctx.buffer_from_parts(size, &h, label),
                 None => {
                     let b = self.ctx.buffer(size.max(4).div_ceil(4) * 4, label);

@@ -96,7 +96,11 @@ impl ReadLender for StagingLender {
             }
         }
         let (buf, mut view) = got.or_else(|| self.make(size))?;
-        let lead = view.slice(..).as_raw_element_ptr().as_ptr().align_offset(IO_ALIGN);
+        let lead = view
+            .slice(..)
+            .as_raw_element_ptr()
+            .as_ptr()
+            .align_offset(IO_ALIGN);
         // Device copies start on 4-byte offsets; a mapping that is not 4-byte aligned
         // cannot give one (no driver we know maps so).
         if lead % 4 != 0 || lead + len > buf.size() as usize {
@@ -146,7 +150,12 @@ impl LentStaging {
 impl LentRegion for LentStaging {
     fn bytes_mut(&mut self) -> &mut [u8] {
         let (lead, len) = (self.lead, self.len);
-        let Some(view) = self.view.get_mut().unwrap_or_else(|e| e.into_inner()).as_mut() else {
+        let Some(view) = self
+            .view
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        else {
             return &mut [];
         };
         let base = view.slice(..).as_raw_element_ptr();

@@ -12,9 +12,12 @@ exe() { # newest test/bench executable of a target name
 }
 cargo bench --bench gpu_kernels --no-run
 cargo test --release --test gpu_ops --no-run
+cargo test --release --test gpu_model --no-run
 cp target/release/k3 .devbin/k3
 cp target/release/examples/shader_stats .devbin/shader_stats
 cp "$(exe gpu_kernels)" .devbin/gpu_kernels
 cp "$(exe gpu_ops)" .devbin/gpu_ops
-strip .devbin/k3 .devbin/shader_stats .devbin/gpu_kernels .devbin/gpu_ops
+# Its CLI tests need the k3 built here; on the device run the others (e.g. `gpu_model lent`).
+cp "$(exe gpu_model)" .devbin/gpu_model
+strip .devbin/k3 .devbin/shader_stats .devbin/gpu_kernels .devbin/gpu_ops .devbin/gpu_model
 ls -la .devbin

@@ -1,6 +1,6 @@
 //! Shape checks every backend runs before an op, written once so the messages agree.
 
-use super::{KdaDims, MlaDims};
+use super::{ExpertWeights, KdaDims, MlaDims};
 use anyhow::{ensure, Result};
 
 /// `(rows, cols)` of an activation.
@@ -60,4 +60,21 @@ pub fn moe_accumulator(acc: Shape, z: Shape) -> Result<()> {
         z.1
     );
     Ok(())
+}
+
+/// An expert's three matrices against one another and the latent width `d`: w1 and w3
+/// `[I, d]`, w2 `[d, I]`. Returns `I`.
+pub fn expert_shapes(w: &ExpertWeights<'_>, d: usize) -> Result<usize> {
+    let i = w.w1.rows;
+    ensure!(
+        w.w1.cols == d && w.w3.cols == d && w.w3.rows == i && w.w2.rows == d && w.w2.cols == i,
+        "moe: expert shapes w1 {}x{}, w3 {}x{}, w2 {}x{} do not fit latent width {d}",
+        w.w1.rows,
+        w.w1.cols,
+        w.w3.rows,
+        w.w3.cols,
+        w.w2.rows,
+        w.w2.cols
+    );
+    Ok(i)
 }

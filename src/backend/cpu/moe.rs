@@ -24,17 +24,7 @@ pub fn moe_accumulate(
                 "moe: {name} came without host weights; the CPU backend keeps no experts resident"
             )
         })?;
-        let i = w.w1.rows;
-        ensure!(
-            w.w1.cols == d && w.w3.cols == d && w.w3.rows == i && w.w2.rows == d && w.w2.cols == i,
-            "moe: expert shapes w1 {}x{}, w3 {}x{}, w2 {}x{} do not fit latent width {d}",
-            w.w1.rows,
-            w.w1.cols,
-            w.w3.rows,
-            w.w3.cols,
-            w.w2.rows,
-            w.w2.cols
-        );
+        let i = crate::backend::shape_checks::expert_shapes(w, d)?;
         let m = ex.tokens.len();
         let mut x = Vec::with_capacity(m * d);
         for &(t, _) in &ex.tokens {

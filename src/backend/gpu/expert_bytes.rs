@@ -68,17 +68,7 @@ pub(super) struct ExpertSrc<'a> {
 impl<'a> ExpertSrc<'a> {
     /// From host views, their shapes checked against one another and a latent width `d`.
     pub fn host(w: &ExpertWeights<'a>, d: usize) -> Result<Self> {
-        let i = w.w1.rows;
-        ensure!(
-            w.w1.cols == d && w.w3.cols == d && w.w3.rows == i && w.w2.rows == d && w.w2.cols == i,
-            "moe: expert shapes w1 {}x{}, w3 {}x{}, w2 {}x{} do not fit latent width {d} and one intermediate width {i}",
-            w.w1.rows,
-            w.w1.cols,
-            w.w3.rows,
-            w.w3.cols,
-            w.w2.rows,
-            w.w2.cols
-        );
+        let i = crate::backend::shape_checks::expert_shapes(w, d)?;
         for m in [w.w1, w.w2, w.w3] {
             ensure!(
                 m.cols % BLOCK == 0

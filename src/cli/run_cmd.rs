@@ -33,8 +33,8 @@ pub enum BackendChoice {
 /// When the GPU backend reads experts straight into its upload staging.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ReadStagingChoice {
-    /// Where the staging is host memory (`k3 devices`, "uploads"); where it is VRAM the
-    /// read buffer's one copy already is the transfer.
+    /// On a discrete GPU whose staging is host memory (`k3 devices`, "uploads"); where it
+    /// is VRAM the read buffer's one copy already is the transfer.
     Auto,
     /// Always (a read that fails into it falls back to host memory, with one message).
     On,

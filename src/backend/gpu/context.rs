@@ -81,9 +81,9 @@ pub struct GpuOptions {
 /// When experts are read straight into mapped upload buffers (see `read_staging.rs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ReadStaging {
-    /// Where the upload staging is host memory (`k3 devices`: no resizable BAR, an
-    /// integrated GPU, a CPU-type adapter); where it is VRAM the read buffer's one copy is
-    /// already the transfer.
+    /// On a discrete GPU whose upload staging is host memory (`k3 devices`: no resizable
+    /// BAR). Where it is VRAM the read buffer's one copy is already the transfer; where CPU
+    /// and GPU share memory (lavapipe measured) reads into lent buffers took longer.
     #[default]
     Auto,
     /// Always (measurements; a read that fails into it falls back to host memory).

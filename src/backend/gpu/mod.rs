@@ -67,10 +67,7 @@ impl GpuBackend {
         let lend = match opts.read_staging {
             ReadStaging::On => true,
             ReadStaging::Off => false,
-            ReadStaging::Auto => matches!(
-                upload_path::of(&ctx.adapter),
-                UploadPath::HostMemory | UploadPath::Shared
-            ),
+            ReadStaging::Auto => upload_path::of(&ctx.adapter) == UploadPath::HostMemory,
         };
         let lender = lend.then(|| Arc::new(StagingLender::new(ctx.device.clone())));
         Ok(Self {

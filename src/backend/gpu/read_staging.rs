@@ -1,7 +1,8 @@
 //! Upload staging lent to the expert readers ([`ReadLender`]). Where a GPU's upload staging
-//! is host memory (no resizable BAR, an integrated GPU, a CPU-type adapter), copying an
-//! expert from its read buffer into wgpu's staging is a second host copy; reading the expert
-//! straight into a mapped staging buffer and copying to the device from there removes it.
+//! is host memory (a discrete GPU without resizable BAR; integrated and CPU-type adapters
+//! share memory), copying an expert from its read buffer into wgpu's staging is a second
+//! host copy; reading the expert straight into a mapped staging buffer and copying to the
+//! device from there removes it.
 //!
 //! A lent buffer stays mapped while the read fills it. The MoE unmaps it when it records the
 //! expert's copies ([`LentStaging::for_device`]), and `moe_accumulate` submits them before it

@@ -22,7 +22,7 @@ const UV: u32 = 8u;
 
 fn load_x(b: u32) -> XU {
     let v = load_x8(b);
-    if (DEC == 0u) {
+    if (DEC == 0u || DEC == 3u) {
         return v;
     }
     return XU(v.x0 * XS4, v.x1 * XS4, v.x2 * XS4, v.x3 * XS4, v.x4 * XS4, v.x5 * XS4, v.x6 * XS4, v.x7 * XS4);
@@ -86,7 +86,100 @@ fn decoded_dot(du: DU, xv: XU) -> f32 {
 }
 
 fn unit_dot(wu: WU, xv: XU) -> f32 {
+    if (DEC == 3u) {
+        return planes_dot(wu, xv);
+    }
     return decoded_dot(decode_unit(wu), xv);
+}
+
+// DEC 3: x arrives as `x_planes` wrote it (the host runs that pass first): per unit, x
+// scaled by 2^-k so its largest entry is below 2^22, rounded to integers X, and X split
+// into three signed byte digits (X = d0 + 256 d1 + 65536 d2). The vec4s of a unit hold d0
+// of the even columns of its four words, d0 of the odd ones, then d1, d2 the same way;
+// the seventh holds 8 ΣX and 2^k. The nibbles in offset binary (n = w + 8) meet the digits
+// in byte dot products; the i32 sum is exact (|Σ n X| < 480 · 2^22 < 2^31), so the only
+// rounding is x's, at most 2^-22 of the unit's largest |x|.
+fn planes_dot(wu: WU, xv: XU) -> f32 {
+    let o = wu.q ^ vec4<u32>(0x88888888u);
+    let lo = o & vec4<u32>(0x0F0F0F0Fu);
+    let hi = (o >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);
+    let s0 = dot4(lo, bitcast<vec4<u32>>(xv.x0)) + dot4(hi, bitcast<vec4<u32>>(xv.x1));
+    let s1 = dot4(lo, bitcast<vec4<u32>>(xv.x2)) + dot4(hi, bitcast<vec4<u32>>(xv.x3));
+    let s2 = dot4(lo, bitcast<vec4<u32>>(xv.x4)) + dot4(hi, bitcast<vec4<u32>>(xv.x5));
+    let t = s0 + (s1 << 8u) + (s2 << 16u) - bitcast<i32>(xv.x6.x);
+    return f32(t) * xv.x6.y * wu.s;
+}
+
+// Σ over the four words of their byte dot products.
+fn dot4(a: vec4<u32>, b: vec4<u32>) -> i32 {
+    return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
+}
+
+// Four signed digits (each in -128..127) as the bytes of one word.
+fn pack_digits(a: i32, b: i32, c: i32, d: i32) -> u32 {
+    return (u32(a) & 0xFFu) | ((u32(b) & 0xFFu) << 8u) | ((u32(c) & 0xFFu) << 16u) | ((u32(d) & 0xFFu) << 24u);
+}
+
+// The low signed byte digit of `v` (in -128..127) and what is left above it.
+fn digit(v: i32) -> vec2<i32> {
+    let d = ((v + 128) & 255) - 128;
+    return vec2<i32>(d, (v - d) >> 8u);
+}
+
+// x in DEC 3's layout: one invocation per (unit, token), written into `y` (bound to the
+// planes buffer, which has x's shape).
+@compute @workgroup_size(WG)
+fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let u = gid.x;
+    let t = gid.y;
+    if (u >= p.units || t >= p.n) {
+        return;
+    }
+    let b = t * p.x_stride4 + u * 8u;
+    var m = 0.0;
+    for (var k = 0u; k < 8u; k++) {
+        let a = abs(x[b + k]);
+        m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+    // m < 2^e; scaled by 2^(22 - e) every |x| is below 2^22 (e held above -100, so the
+    // factors stay finite; smaller units only get more headroom).
+    let e = max(frexp(m).exp, -100);
+    let up = ldexp(1.0, 22 - e);
+    var d0: array<i32, 32>;
+    var d1: array<i32, 32>;
+    var d2: array<i32, 32>;
+    var sum = 0;
+    for (var k = 0u; k < 32u; k++) {
+        var xi = 0;
+        if (m > 0.0) {
+            xi = i32(round(x[b + k / 4u][k % 4u] * up));
+        }
+        sum += xi;
+        let a = digit(xi);
+        let c = digit(a.y);
+        d0[k] = a.x;
+        d1[k] = c.x;
+        d2[k] = c.y;
+    }
+    let ob = b * 4u;
+    for (var j = 0u; j < 4u; j++) {
+        let c = 8u * j;
+        y[ob + j] = bitcast<f32>(pack_digits(d0[c], d0[c + 2u], d0[c + 4u], d0[c + 6u]));
+        y[ob + 4u + j] = bitcast<f32>(pack_digits(d0[c + 1u], d0[c + 3u], d0[c + 5u], d0[c + 7u]));
+        y[ob + 8u + j] = bitcast<f32>(pack_digits(d1[c], d1[c + 2u], d1[c + 4u], d1[c + 6u]));
+        y[ob + 12u + j] = bitcast<f32>(pack_digits(d1[c + 1u], d1[c + 3u], d1[c + 5u], d1[c + 7u]));
+        y[ob + 16u + j] = bitcast<f32>(pack_digits(d2[c], d2[c + 2u], d2[c + 4u], d2[c + 6u]));
+        y[ob + 20u + j] = bitcast<f32>(pack_digits(d2[c + 1u], d2[c + 3u], d2[c + 5u], d2[c + 7u]));
+    }
+    y[ob + 24u] = bitcast<f32>(8 * sum);
+    var down = 0.0;
+    if (m > 0.0) {
+        down = ldexp(1.0, e - 22);
+    }
+    y[ob + 25u] = down;
+    for (var k = 26u; k < 32u; k++) {
+        y[ob + k] = 0.0;
+    }
 }
 
 // Plain values: the conversion-free decode with its 16^k lane factor undone (exact, a power

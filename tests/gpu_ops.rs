@@ -340,10 +340,14 @@ fn matvec_geometries_other_than_the_default_agree() {
     // Every decode variant of the quantized formats, under several geometries (rows per
     // lane up to 8, including counts that leave partial row groups; rows split over 32-lane
     // blocks and not).
-    for (i, (lanes_per_row, lanes_per_block, rows_per_lane, decode)) in
-        [(8, 4, 3, None), (32, 32, 1, Some(0)), (16, 4, 8, Some(2))]
-            .into_iter()
-            .enumerate()
+    for (i, (lanes_per_row, lanes_per_block, rows_per_lane, decode)) in [
+        (8, 4, 3, None),
+        (32, 32, 1, Some(0)),
+        (16, 4, 8, Some(2)),
+        (32, 32, 4, Some(3)),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let shape = Some(MatvecShape {
             lanes_per_row,
@@ -365,6 +369,10 @@ fn matvec_geometries_other_than_the_default_agree() {
                 tile_tokens: Some(32),
                 split_k: false,
                 prefetch: false,
+            }),
+            Some(ChunkGemm {
+                from_tokens: 0,
+                ..ChunkGemm::default()
             }),
         ][i];
         // The row-split kernel even where the column-stationary one would take these shapes.
@@ -1115,5 +1123,67 @@ fn forty_backends_open_one_after_another_in_one_process() {
         }) {
             panic!("backend {i} of 40 did not open: {e:#}");
         }
+    }
+}
+
+/// The int4 matvec's integer-digit decode (`DEC` 3): x rounded per 32-column unit to
+/// integers below 2^22 times a power of two, so it is held to the f32 tolerance on inputs
+/// whose magnitudes spread over many orders within a unit, on units of zeros, and on rows
+/// that are not a whole number of units.
+#[test]
+fn int4_integer_digit_decode_matches_cpu_over_wide_ranges() {
+    let mut rng = StdRng::seed_from_u64(21);
+    let shape = Some(MatvecShape {
+        lanes_per_row: 32,
+        lanes_per_block: 32,
+        rows_per_lane: 4,
+        decode: Some(3),
+        pipelined: true,
+        unchecked: false,
+    });
+    let Some(g) = gpu_with(&GpuOptions {
+        allow_cpu_adapter: true,
+        matvec: shape,
+        chunk_gemm: Some(ChunkGemm {
+            from_tokens: 0,
+            ..ChunkGemm::default()
+        }),
+        stationary: Some(Stationary {
+            enabled: false,
+            ..Stationary::default()
+        }),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let c = CpuBackend::new();
+    for (n, rows, cols) in [(1, 64, 256), (3, 33, 200), (2, 129, 1000)] {
+        let w = DenseMatrix::from_f32(
+            rows,
+            cols,
+            rand_vec(&mut rng, rows * cols, 0.5),
+            DenseFormat::Int4,
+        )
+        .unwrap();
+        let x: Vec<f32> = (0..n * cols)
+            .map(|k| {
+                if (k / 32) % 5 == 3 {
+                    0.0
+                } else {
+                    rng.random_range(-1.0f32..1.0) * 10f32.powi(rng.random_range(-12..12))
+                }
+            })
+            .collect();
+        let gm = g.load_matrix(w.clone()).unwrap();
+        let got = g
+            .download(&g.matmul(&gm, &g.upload(&x, n, cols).unwrap()).unwrap())
+            .unwrap();
+        let want = c.matmul(&w, &c.upload(&x, n, cols).unwrap()).unwrap().data;
+        check(
+            &format!("int4 DEC 3 n={n} {rows}x{cols}"),
+            &got,
+            &want,
+            F32_TOL,
+        );
     }
 }

@@ -104,7 +104,9 @@ pub struct MatvecShape {
     /// Rows each lane group computes together, sharing its loads of x (1..=8).
     pub rows_per_lane: u32,
     /// Decode variant of the quantized formats (the `DEC` override of the matvec shaders);
-    /// `None` = each shader's default. Benchmarks and tests compare the variants.
+    /// `None` = each shader's default. Benchmarks and tests compare the variants. 3 (int4
+    /// only; the others read it as their default): byte dot products against x split into
+    /// exact integer digits by a `x_planes` pass (`matvec_int4.wgsl`).
     pub decode: Option<u32>,
     /// Load the next unit's weights before computing this one (the `PIPE` override).
     pub pipelined: bool,
@@ -145,9 +147,9 @@ impl MatvecShape {
             || !self.lanes_per_block.is_power_of_two()
             || self.lanes_per_block < 4
             || !(1..=8).contains(&self.rows_per_lane)
-            || self.decode.is_some_and(|d| d > 2)
+            || self.decode.is_some_and(|d| d > 3)
         {
-            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=2");
+            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=3");
         }
         self.lanes_per_block = split_lanes(self.lanes_per_row, self.lanes_per_block, wg);
         Ok(self)

@@ -312,6 +312,10 @@ impl GpuBackend {
         };
         // A chunk of tokens: the tiled kernel decodes each weight unit once per tile.
         let tile = self.ctx.gemm_tile(x.rows);
+        // DEC 3 (int4 only): the row-split kernel reads x as exact integer digits.
+        let planes =
+            (w.format == GpuFormat::Int4 && self.ctx.matvec.decode == Some(3) && tile.is_none())
+                .then(|| self.x_planes(&xp, w.cols_padded / uc));
         for c in &w.chunks {
             let mut bufs: Vec<&wgpu::Buffer> = vec![&xp.buf, &y.buf, &c.w];
             if let Some(s) = &c.scale {
@@ -341,6 +345,9 @@ impl GpuBackend {
                 });
                 continue;
             }
+            if let Some(pl) = &planes {
+                bufs[0] = &pl.buf;
+            }
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
                 entry: "dense",
@@ -351,6 +358,29 @@ impl GpuBackend {
             });
         }
         Ok(y)
+    }
+
+    /// x in the layout of the int4 matvec's `DEC` 3 (`x_planes` in matvec_int4.wgsl): per
+    /// 32-column unit, x's exact integer digits, their sum and the power of two; the same
+    /// shape as `xp` (`units` units a row).
+    fn x_planes(&self, xp: &GpuAct, units: usize) -> GpuAct {
+        let out = self.alloc(xp.rows, xp.cols);
+        let mut params = [0u32; 11];
+        params[1] = units as u32;
+        params[2] = xp.rows as u32;
+        params[5] = (xp.cols / 4) as u32;
+        self.ctx.dispatch_at(
+            &Dispatch {
+                shader: Shader::MatvecInt4,
+                entry: "x_planes",
+                consts: &[],
+                params: &params,
+                buffers: &[&xp.buf, &out.buf],
+                groups: ((units as u32).div_ceil(self.ctx.wg), xp.rows as u32, 1),
+            },
+            [1, 2],
+        );
+        out
     }
 }
 

@@ -194,7 +194,7 @@ mod tests {
         // and the matvecs with every decode variant, the widest row group and every chunk tile.
         let mut sets = vec![naga::back::PipelineConstants::default()];
         if sh.is_matvec() {
-            for dec in 0..=2 {
+            for dec in 0..=3 {
                 sets.push(
                     [
                         ("DEC", f64::from(dec)),
@@ -203,8 +203,8 @@ mod tests {
                         ("LW", if dec == 1 { 4.0 } else { 32.0 }),
                         ("PIPE", f64::from(dec % 2)),
                         // The chunk kernel's tall and wide tiles.
-                        ("GTR", [64.0, 16.0, 32.0][dec as usize]),
-                        ("GTC", [4.0, 16.0, 8.0][dec as usize]),
+                        ("GTR", [64.0, 16.0, 32.0, 16.0][dec as usize]),
+                        ("GTC", [4.0, 16.0, 8.0, 16.0][dec as usize]),
                         ("PF", f64::from(1 - dec % 2)),
                     ]
                     .into_iter()

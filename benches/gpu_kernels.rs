@@ -184,9 +184,18 @@ fn main() {
     };
     // The last block makes every activation a new buffer (wgpu then zero-fills each before
     // its first pass), against the block before it, which reuses them.
+    // The int4 matvec's integer-digit decode (DEC 3) follows the row-split block it
+    // competes with; the other formats read DEC 3 as their default.
     let blocks = [
         (None, None, None, Part::All, true),
         (None, None, cs(false, 4, 2048), Part::Matvec, true),
+        (
+            Some(shape(32, 32, 4, Some(3), true, false)),
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+            true,
+        ),
         (None, None, cs(true, 4, 2048), Part::Matvec, true),
         (None, None, cs(true, 4, 512), Part::Matvec, true),
         (None, chunk(0, None, true, true), None, Part::Chunk, true),

@@ -230,20 +230,21 @@ fn matmul_case(
     rows: usize,
     cols: usize,
 ) {
-    let c = CpuBackend::new();
     let w = DenseMatrix::from_f32(rows, cols, rand_vec(rng, rows * cols, 0.5), fmt).unwrap();
     let x = rand_vec(rng, n * cols, 1.0);
+    matmul_against_cpu(g, w, &x, n, &format!("matmul {fmt:?} n={n} {rows}x{cols}"));
+}
+
+/// `w · x` for the `n` rows of `x` on the GPU and the CPU, held to the f32 tolerance.
+fn matmul_against_cpu(g: &GpuBackend, w: DenseMatrix, x: &[f32], n: usize, what: &str) {
+    let c = CpuBackend::new();
+    let cols = x.len() / n;
     let gm = g.load_matrix(w.clone()).unwrap();
     let got = g
-        .download(&g.matmul(&gm, &g.upload(&x, n, cols).unwrap()).unwrap())
+        .download(&g.matmul(&gm, &g.upload(x, n, cols).unwrap()).unwrap())
         .unwrap();
-    let want = c.matmul(&w, &c.upload(&x, n, cols).unwrap()).unwrap().data;
-    check(
-        &format!("matmul {fmt:?} n={n} {rows}x{cols}"),
-        &got,
-        &want,
-        F32_TOL,
-    );
+    let want = c.matmul(&w, &c.upload(x, n, cols).unwrap()).unwrap().data;
+    check(what, &got, &want, F32_TOL);
 }
 
 /// A chunk of tokens goes through the tiled chunk kernel (each weight unit decoded once per
@@ -1156,7 +1157,6 @@ fn int4_integer_digit_decode_matches_cpu_over_wide_ranges() {
     }) else {
         return;
     };
-    let c = CpuBackend::new();
     for (n, rows, cols) in [(1, 64, 256), (3, 33, 200), (2, 129, 1000)] {
         let w = DenseMatrix::from_f32(
             rows,
@@ -1174,16 +1174,6 @@ fn int4_integer_digit_decode_matches_cpu_over_wide_ranges() {
                 }
             })
             .collect();
-        let gm = g.load_matrix(w.clone()).unwrap();
-        let got = g
-            .download(&g.matmul(&gm, &g.upload(&x, n, cols).unwrap()).unwrap())
-            .unwrap();
-        let want = c.matmul(&w, &c.upload(&x, n, cols).unwrap()).unwrap().data;
-        check(
-            &format!("int4 DEC 3 n={n} {rows}x{cols}"),
-            &got,
-            &want,
-            F32_TOL,
-        );
+        matmul_against_cpu(&g, w, &x, n, &format!("int4 DEC 3 n={n} {rows}x{cols}"));
     }
 }

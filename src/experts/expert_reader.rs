@@ -191,7 +191,7 @@ impl ExpertReader {
         let Some(mut region) = lender.lend(region_len(span)) else {
             return Ok(None);
         };
-        match self.io.read_into(path, span, region.bytes_mut()) {
+        match self.io.read_into_lent(path, span, region.bytes_mut()) {
             Ok(off) => Ok(Some((ExpertBytes::Lent(region), off))),
             Err(lent_err) => {
                 drop(region);

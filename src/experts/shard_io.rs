@@ -151,6 +151,23 @@ impl ShardIo {
     /// Reads `range` of the shard at `path` into `dst`, which must start on an [`IO_ALIGN`]
     /// boundary and hold at least [`region_len`] bytes. Returns where `range.start` lies in it.
     pub fn read_into(&self, path: &Path, range: &Range<u64>, dst: &mut [u8]) -> Result<usize> {
+        self.read_into_as(path, range, dst, true)
+    }
+
+    /// [`ShardIo::read_into`] for memory a backend lent: a direct read the kernel refuses is
+    /// an error here, not a switch of every later read to buffered I/O, since the lent
+    /// memory (a device mapping, say) rather than the filesystem may be what it refused.
+    pub fn read_into_lent(&self, path: &Path, range: &Range<u64>, dst: &mut [u8]) -> Result<usize> {
+        self.read_into_as(path, range, dst, false)
+    }
+
+    fn read_into_as(
+        &self,
+        path: &Path,
+        range: &Range<u64>,
+        dst: &mut [u8],
+        may_refuse_direct: bool,
+    ) -> Result<usize> {
         let need = region_len(range);
         if dst.len() < need || dst.as_ptr() as usize % IO_ALIGN != 0 {
             return Err(anyhow!(
@@ -165,7 +182,15 @@ impl ShardIo {
             if !self.direct_refused.load(Ordering::Relaxed) {
                 match read_direct(direct, path, range, dst) {
                     Ok(off) => return Ok(off),
-                    Err(DirectError::Refused(e)) => self.refuse_direct(path, &e.to_string()),
+                    Err(DirectError::Refused(e)) if may_refuse_direct => {
+                        self.refuse_direct(path, &e.to_string())
+                    }
+                    Err(DirectError::Refused(e)) => {
+                        return Err(anyhow::Error::new(e).context(format!(
+                            "direct read of {} into lent memory",
+                            path.display()
+                        )))
+                    }
                     Err(DirectError::Other(e)) => return Err(e),
                 }
             }

@@ -137,9 +137,16 @@ fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let b = t * p.x_stride4 + u * 8u;
     var m = 0.0;
+    // A NaN or infinite x must still reach y as NaN, as it does through the f32 decodes
+    // (max() may drop a NaN; an ordered compare does not pass it).
+    var finite = true;
     for (var k = 0u; k < 8u; k++) {
         let a = abs(x[b + k]);
+        finite = finite && all(a <= vec4<f32>(3.4028235e38));
         m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+    if (!finite) {
+        m = 0.0;
     }
     // m < 2^e; scaled by 2^(22 - e) every |x| is below 2^22 (e held above -100, so the
     // factors stay finite; smaller units only get more headroom).
@@ -175,6 +182,9 @@ fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
     var down = 0.0;
     if (m > 0.0) {
         down = ldexp(1.0, e - 22);
+    }
+    if (!finite) {
+        down = bitcast<f32>(0x7FC00000u);
     }
     y[ob + 25u] = down;
     for (var k = 26u; k < 32u; k++) {

@@ -1176,4 +1176,24 @@ fn int4_integer_digit_decode_matches_cpu_over_wide_ranges() {
             .collect();
         matmul_against_cpu(&g, w, &x, n, &format!("int4 DEC 3 n={n} {rows}x{cols}"));
     }
+    // A NaN or an infinity in x makes every output NaN, as on the CPU; the other token's
+    // outputs stay finite.
+    for bad in [f32::NAN, f32::INFINITY] {
+        let (rows, cols) = (40, 96);
+        let w = DenseMatrix::from_f32(
+            rows,
+            cols,
+            rand_vec(&mut rng, rows * cols, 0.5),
+            DenseFormat::Int4,
+        )
+        .unwrap();
+        let mut x = rand_vec(&mut rng, 2 * cols, 1.0);
+        x[50] = bad;
+        let gm = g.load_matrix(w).unwrap();
+        let y = g
+            .download(&g.matmul(&gm, &g.upload(&x, 2, cols).unwrap()).unwrap())
+            .unwrap();
+        assert!(y[..rows].iter().all(|v| v.is_nan()), "{bad}: {:?}", &y[..4]);
+        assert!(y[rows..].iter().all(|v| v.is_finite()));
+    }
 }

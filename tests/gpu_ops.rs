@@ -1157,14 +1157,17 @@ fn int4_integer_digit_decode_matches_cpu_over_wide_ranges() {
     }) else {
         return;
     };
-    for (n, rows, cols) in [(1, 64, 256), (3, 33, 200), (2, 129, 1000)] {
-        let w = DenseMatrix::from_f32(
+    let int4 = |rng: &mut StdRng, rows: usize, cols: usize| {
+        DenseMatrix::from_f32(
             rows,
             cols,
-            rand_vec(&mut rng, rows * cols, 0.5),
+            rand_vec(rng, rows * cols, 0.5),
             DenseFormat::Int4,
         )
-        .unwrap();
+        .unwrap()
+    };
+    for (n, rows, cols) in [(1, 64, 256), (3, 33, 200), (2, 129, 1000)] {
+        let w = int4(&mut rng, rows, cols);
         let x: Vec<f32> = (0..n * cols)
             .map(|k| {
                 if (k / 32) % 5 == 3 {
@@ -1180,13 +1183,7 @@ fn int4_integer_digit_decode_matches_cpu_over_wide_ranges() {
     // outputs stay finite.
     for bad in [f32::NAN, f32::INFINITY] {
         let (rows, cols) = (40, 96);
-        let w = DenseMatrix::from_f32(
-            rows,
-            cols,
-            rand_vec(&mut rng, rows * cols, 0.5),
-            DenseFormat::Int4,
-        )
-        .unwrap();
+        let w = int4(&mut rng, rows, cols);
         let mut x = rand_vec(&mut rng, 2 * cols, 1.0);
         x[50] = bad;
         let gm = g.load_matrix(w).unwrap();

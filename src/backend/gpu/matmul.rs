@@ -9,6 +9,7 @@ use super::shaders::Shader;
 use super::GpuBackend;
 use crate::quant::{DenseData, DenseMatrix};
 use anyhow::{bail, ensure, Result};
+use std::cell::OnceCell;
 
 /// Format of a device matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -312,10 +313,10 @@ impl GpuBackend {
         };
         // A chunk of tokens: the tiled kernel decodes each weight unit once per tile.
         let tile = self.ctx.gemm_tile(x.rows);
-        // DEC 3 (int4 only): the row-split kernel reads x as exact integer digits.
-        let planes =
-            (w.format == GpuFormat::Int4 && self.ctx.matvec.decode == Some(3) && tile.is_none())
-                .then(|| self.x_planes(&xp, w.cols_padded / uc));
+        // DEC 3 (int4 only): the row-split kernel reads x as exact integer digits, made
+        // once, by the first row chunk that takes that kernel.
+        let digits = w.format == GpuFormat::Int4 && self.ctx.matvec.decode == Some(3);
+        let planes = OnceCell::new();
         for c in &w.chunks {
             let mut bufs: Vec<&wgpu::Buffer> = vec![&xp.buf, &y.buf, &c.w];
             if let Some(s) = &c.scale {
@@ -345,8 +346,10 @@ impl GpuBackend {
                 });
                 continue;
             }
-            if let Some(pl) = &planes {
-                bufs[0] = &pl.buf;
+            if digits {
+                bufs[0] = &planes
+                    .get_or_init(|| self.x_planes(&xp, w.cols_padded / uc))
+                    .buf;
             }
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),

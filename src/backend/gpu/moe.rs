@@ -226,7 +226,7 @@ impl GpuBackend {
             {
                 Some(h) => self.ctx.buffer_from_parts(size, &h, label),
                 None => {
-                    let b = self.ctx.buffer(size.max(4).div_ceil(4) * 4, label);
+                    let b = self.ctx.buffer(size, label);
                     self.write_srcs(&b, parts);
                     Ok(b)
                 }

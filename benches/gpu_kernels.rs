@@ -1,7 +1,9 @@
 //! GPU kernel bandwidth at K3 shapes, each against a plain read kernel over a buffer of the
 //! same size in the same run (the roofline the matvecs are judged by).
 //!
-//! `cargo bench --bench gpu_kernels [-- quick]` — `quick` uses small shapes (lavapipe).
+//! `cargo bench --bench gpu_kernels [-- quick] [matvec] [blocks=2,3]` — `quick` uses small
+//! shapes (lavapipe), `matvec` runs only the one-token matvec blocks, `blocks=` only the
+//! listed blocks (counted from 1, in the order of `blocks` in `main`).
 //! Times come from timestamp queries around the recorded passes when the adapter has them
 //! (`TIMESTAMP_QUERY_INSIDE_ENCODERS`), else from the wall clock around a full sync.
 //! `K3_ADAPTER=NAME` picks the adapter.
@@ -84,9 +86,13 @@ impl<'a> Timer<'a> {
 
     /// Median seconds of the plain read kernel over `bytes`.
     fn read(&self, bytes: u64) -> f64 {
+        let bytes = bytes.min(self.g.ctx.max_binding) / 16 * 16;
+        self.read_in(&self.g.ctx.buffer(bytes, "read src"), bytes)
+    }
+
+    /// Median seconds of the plain read kernel over the first `bytes` of `src`.
+    fn read_in(&self, src: &wgpu::Buffer, bytes: u64) -> f64 {
         let ctx = &self.g.ctx;
-        let bytes = bytes.min(ctx.max_binding) / 16 * 16;
-        let src = ctx.buffer(bytes, "read src");
         let sink = ctx.buffer(4 << 20, "read sink");
         let groups = (ctx.limits.max_compute_workgroups_per_dimension).min(4 * 132 * 8);
         let threads = groups * ctx.wg;
@@ -96,7 +102,7 @@ impl<'a> Timer<'a> {
                 entry: "stream_read",
                 consts: &[],
                 params: &[(bytes / 16) as u32, threads],
-                buffers: &[&src, &sink],
+                buffers: &[src, &sink],
                 groups: (groups, 1, 1),
             })
         })
@@ -156,6 +162,9 @@ enum Part {
     Matvec,
     /// Matmuls over chunks of tokens (prefill), against the one-token time.
     Chunk,
+    /// The read kernel over a buffer of its own against the same bytes at the start of the
+    /// largest buffer a binding allows: whether a large allocation alone reads slower.
+    Read,
 }
 
 fn main() {
@@ -184,18 +193,38 @@ fn main() {
     };
     // The last block makes every activation a new buffer (wgpu then zero-fills each before
     // its first pass), against the block before it, which reuses them.
-    // The int4 matvec's integer-digit decode (DEC 3) follows the row-split block it
-    // competes with; the other formats read DEC 3 as their default.
+    // int4's default row-split decode is the integer-digit one (DEC 3); the block after the
+    // first row-split block takes the f32 decode (DEC 1) it replaced, then DEC 3 at 8 rows
+    // per lane, unchecked, and in the column-stationary kernel (forced on). The other formats
+    // read DEC 3 as their default. The last block reads a large buffer against small ones.
+    let dec = |rows_per_lane, decode, unchecked| {
+        Some(shape(32, 32, rows_per_lane, Some(decode), true, unchecked))
+    };
     let blocks = [
         (None, None, None, Part::All, true),
         (None, None, cs(false, 4, 2048), Part::Matvec, true),
         (
-            Some(shape(32, 32, 4, Some(3), true, false)),
+            dec(4, 1, false),
             None,
             cs(false, 4, 2048),
             Part::Matvec,
             true,
         ),
+        (
+            dec(8, 3, false),
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+            true,
+        ),
+        (
+            dec(4, 3, true),
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+            true,
+        ),
+        (dec(4, 3, false), None, cs(true, 4, 512), Part::Matvec, true),
         (None, None, cs(true, 4, 2048), Part::Matvec, true),
         (None, None, cs(true, 4, 512), Part::Matvec, true),
         (None, chunk(0, None, true, true), None, Part::Chunk, true),
@@ -208,14 +237,14 @@ fn main() {
             true,
         ),
         (
-            Some(shape(32, 4, 4, None, true, false)),
+            Some(shape(32, 4, 4, Some(1), true, false)),
             None,
             cs(false, 4, 2048),
             Part::Matvec,
             true,
         ),
         (
-            Some(shape(8, 4, 4, None, true, true)),
+            Some(shape(8, 4, 4, Some(1), true, true)),
             None,
             cs(false, 4, 2048),
             Part::Matvec,
@@ -223,8 +252,19 @@ fn main() {
         ),
         (None, None, None, Part::Matvec, true),
         (None, None, None, Part::Matvec, false),
+        (None, None, None, Part::Read, true),
     ];
-    for (shape, chunk_gemm, stationary, part, reuse) in blocks {
+    // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
+    // 1), for a shorter device call.
+    let matvec_only = std::env::args().any(|a| a == "matvec");
+    let picked: Option<Vec<usize>> = std::env::args()
+        .find_map(|a| a.strip_prefix("blocks=").map(str::to_string))
+        .map(|l| l.split(',').filter_map(|b| b.trim().parse().ok()).collect());
+    for (b, (shape, chunk_gemm, stationary, part, reuse)) in blocks.into_iter().enumerate() {
+        let skipped = picked.as_ref().is_some_and(|p| !p.contains(&(b + 1)));
+        if skipped || (matvec_only && part != Part::Matvec) {
+            continue;
+        }
         let opts = GpuOptions {
             adapter: std::env::var("K3_ADAPTER").ok(),
             allow_cpu_adapter: true,
@@ -249,7 +289,8 @@ fn main() {
             g.ctx.stationary,
         );
         println!(
-            "\n== buffer reuse {reuse}; matvec geometry: dense {}, experts {}; column-stationary {} ({} rows per lane, {} workgroups aimed at, below {} row-split workgroups); chunk kernel from {} tokens, tile {}, split K {}, prefetch {} ==",
+            "\n== block {}: buffer reuse {reuse}; matvec geometry: dense {}, experts {}; column-stationary {} ({} rows per lane, {} workgroups aimed at, below {} row-split workgroups); chunk kernel from {} tokens, tile {}, split K {}, prefetch {} ==",
+            b + 1,
             describe(m),
             describe(e),
             if st.enabled { "on" } else { "off" },
@@ -331,6 +372,23 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     let t = Timer::new(g);
     let mut rng = StdRng::seed_from_u64(1);
     let s = |full: usize, small: usize| if quick { small } else { full };
+    if part == Part::Read {
+        let big_bytes = ctx.max_binding / 16 * 16;
+        let big = ctx.buffer(big_bytes, "large read src");
+        for mb in [s(12, 1), s(50, 2), s(187, 4), s(660, 8)] {
+            let bytes = (mb as u64) << 20;
+            let own = t.read(bytes);
+            let window = t.read_in(&big, bytes.min(big_bytes));
+            println!(
+                "read {mb:>4} MiB: own buffer {:>8.1} GB/s; first {mb} MiB of a {} MiB buffer {:>8.1} GB/s ({:.2}x the time)",
+                bytes as f64 / own / 1e9,
+                big_bytes >> 20,
+                bytes as f64 / window / 1e9,
+                window / own
+            );
+        }
+        return;
+    }
     let (i, d) = (s(3072, 256), s(3584, 384));
 
     // MXFP4: one expert's w1, then 16 experts x 1 token through the whole batched MoE.
@@ -351,7 +409,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     };
     let ns: &[usize] = match part {
         Part::All => &[1, 8],
-        Part::Matvec => &[1],
+        Part::Matvec | Part::Read => &[1],
         Part::Chunk => &[1, 8, 32, 128],
     };
     for &n in ns {
@@ -409,7 +467,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         .collect();
     let moe_cases: &[(usize, usize)] = match part {
         Part::All => &[(1, 1), (16, 1), (16, 8)],
-        Part::Matvec => &[(1, 1), (16, 1)],
+        Part::Matvec | Part::Read => &[(1, 1), (16, 1)],
         Part::Chunk => &[(16, 1), (16, 8), (16, 32)],
     };
     fn views(m: &[(Vec<u8>, Vec<u8>); 3], i: usize, d: usize) -> ExpertWeights<'_> {
@@ -484,7 +542,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         Part::All => &[(12288, 7168), (163840, 7168)],
         // The head again here: in the first block it runs after the uploads, when the GPU
         // has slowed down (docs/perf.md, "Third pass").
-        Part::Matvec => &[(12288, 7168), (3072, 7168), (1536, 7168), (163840, 7168)],
+        Part::Matvec | Part::Read => &[(12288, 7168), (3072, 7168), (1536, 7168), (163840, 7168)],
         Part::Chunk => &[(12288, 7168)],
     };
     for &(rows, cols) in mats {
@@ -493,7 +551,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
             let m = g.load_matrix(dense(&mut rng, rows, cols, bits)).unwrap();
             let ns: &[usize] = match part {
                 Part::All => &[1, 32],
-                Part::Matvec => &[1],
+                Part::Matvec | Part::Read => &[1],
                 Part::Chunk => &[1, 2, 4, 8, 16, 32, 128, 512],
             };
             for &n in ns {

@@ -21,8 +21,14 @@ const XS4: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
 const UV: u32 = 8u;
 
 fn load_x(b: u32) -> XU {
+    if (DEC == 3u) {
+        let a = plane_at(b);
+        let i = a.x;
+        let s = a.y;
+        return XU(x[i], x[i + s], x[i + 2u * s], x[i + 3u * s], x[i + 4u * s], x[i + 5u * s], x[i + 6u * s], x[i + 7u * s]);
+    }
     let v = load_x8(b);
-    if (DEC == 0u || DEC == 3u) {
+    if (DEC == 0u) {
         return v;
     }
     return XU(v.x0 * XS4, v.x1 * XS4, v.x2 * XS4, v.x3 * XS4, v.x4 * XS4, v.x5 * XS4, v.x6 * XS4, v.x7 * XS4);
@@ -92,6 +98,18 @@ fn unit_dot(wu: WU, xv: XU) -> f32 {
     return decoded_dot(decode_unit(wu), xv);
 }
 
+// DEC 3's planes are stored by blocks of 32 units, vec4 q of the block's units side by
+// side: the 32 lanes of a row walk consecutive units, so each of their x loads reads 512
+// contiguous bytes, where plain x's 128-byte stride per lane touches 32 cache lines. For
+// the unit whose plain x starts at vec4 b (token row start + 8 · unit): the index of its
+// vec4 0, and the step to its vec4 q.
+fn plane_at(b: u32) -> vec2<u32> {
+    let r = b % p.x_stride4;
+    let u = r / 8u;
+    let blk = u / 32u;
+    return vec2<u32>(b - r + blk * 256u + u % 32u, min(32u, p.units - blk * 32u));
+}
+
 // DEC 3: x arrives as `x_planes` wrote it (the host runs that pass first): per unit, x
 // scaled by 2^-k so its largest entry is below 2^22, rounded to integers X, and X split
 // into three signed byte digits (X = d0 + 256 d1 + 65536 d2). The vec4s of a unit hold d0
@@ -115,22 +133,21 @@ fn dot4(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
 }
 
-// Four signed digits (each in -128..127) as the bytes of one word.
-fn pack_digits(a: i32, b: i32, c: i32, d: i32) -> u32 {
-    return (u32(a) & 0xFFu) | ((u32(b) & 0xFFu) << 8u) | ((u32(c) & 0xFFu) << 16u) | ((u32(d) & 0xFFu) << 24u);
-}
-
 // The low signed byte digit of `v` (in -128..127) and what is left above it.
 fn digit(v: i32) -> vec2<i32> {
     let d = ((v + 128) & 255) - 128;
     return vec2<i32>(d, (v - d) >> 8u);
 }
 
-// x in DEC 3's layout: one invocation per (unit, token), written into `y` (bound to the
-// planes buffer, which has x's shape).
+// x in DEC 3's layout, written into `y` (bound to the planes buffer, which has x's shape):
+// one invocation per output word of a unit (32 a unit), per token. Each of a unit's 32
+// invocations finds the unit's largest |x| itself (its 8 loads hit L1); one invocation per
+// unit with the digits in private arrays took about 0.2 ms on the H200, longer than the
+// matvec it feeds.
 @compute @workgroup_size(WG)
 fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let u = gid.x;
+    let u = gid.x / 32u;
+    let j = gid.x % 32u;
     let t = gid.y;
     if (u >= p.units || t >= p.n) {
         return;
@@ -152,44 +169,50 @@ fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
     // factors stay finite; smaller units only get more headroom).
     let e = max(frexp(m).exp, -100);
     let up = ldexp(1.0, 22 - e);
-    var d0: array<i32, 32>;
-    var d1: array<i32, 32>;
-    var d2: array<i32, 32>;
-    var sum = 0;
-    for (var k = 0u; k < 32u; k++) {
-        var xi = 0;
-        if (m > 0.0) {
-            xi = i32(round(x[b + k / 4u][k % 4u] * up));
+    var out = 0u;
+    if (j < 24u) {
+        // Word j holds digit j / 8 of the even (j / 4 even) or odd columns of weight word
+        // j % 4: columns 8 (j % 4) + odd + 2i, i < 4.
+        let plane = j / 8u;
+        let c0 = 8u * (j % 4u) + (j / 4u) % 2u;
+        for (var i = 0u; i < 4u; i++) {
+            let a = digit(scaled(b, c0 + 2u * i, m, up));
+            let c = digit(a.y);
+            var d = a.x;
+            if (plane == 1u) {
+                d = c.x;
+            } else if (plane == 2u) {
+                d = c.y;
+            }
+            out |= (u32(d) & 0xFFu) << (8u * i);
         }
-        sum += xi;
-        let a = digit(xi);
-        let c = digit(a.y);
-        d0[k] = a.x;
-        d1[k] = c.x;
-        d2[k] = c.y;
+    } else if (j == 24u) {
+        var sum = 0;
+        for (var k = 0u; k < 32u; k++) {
+            sum += scaled(b, k, m, up);
+        }
+        out = u32(8 * sum);
+    } else if (j == 25u) {
+        var down = 0.0;
+        if (m > 0.0) {
+            down = ldexp(1.0, e - 22);
+        }
+        if (!finite) {
+            down = bitcast<f32>(0x7FC00000u);
+        }
+        out = bitcast<u32>(down);
     }
-    let ob = b * 4u;
-    for (var j = 0u; j < 4u; j++) {
-        let c = 8u * j;
-        y[ob + j] = bitcast<f32>(pack_digits(d0[c], d0[c + 2u], d0[c + 4u], d0[c + 6u]));
-        y[ob + 4u + j] = bitcast<f32>(pack_digits(d0[c + 1u], d0[c + 3u], d0[c + 5u], d0[c + 7u]));
-        y[ob + 8u + j] = bitcast<f32>(pack_digits(d1[c], d1[c + 2u], d1[c + 4u], d1[c + 6u]));
-        y[ob + 12u + j] = bitcast<f32>(pack_digits(d1[c + 1u], d1[c + 3u], d1[c + 5u], d1[c + 7u]));
-        y[ob + 16u + j] = bitcast<f32>(pack_digits(d2[c], d2[c + 2u], d2[c + 4u], d2[c + 6u]));
-        y[ob + 20u + j] = bitcast<f32>(pack_digits(d2[c + 1u], d2[c + 3u], d2[c + 5u], d2[c + 7u]));
-    }
-    y[ob + 24u] = bitcast<f32>(8 * sum);
-    var down = 0.0;
+    let a = plane_at(b);
+    y[4u * (a.x + j / 4u * a.y) + j % 4u] = bitcast<f32>(out);
+}
+
+// Column k of the unit whose x starts at vec4 b, scaled by `up` and rounded (0 where the
+// unit's largest |x|, m, is 0 or not finite).
+fn scaled(b: u32, k: u32, m: f32, up: f32) -> i32 {
     if (m > 0.0) {
-        down = ldexp(1.0, e - 22);
+        return i32(round(x[b + k / 4u][k % 4u] * up));
     }
-    if (!finite) {
-        down = bitcast<f32>(0x7FC00000u);
-    }
-    y[ob + 25u] = down;
-    for (var k = 26u; k < 32u; k++) {
-        y[ob + k] = 0.0;
-    }
+    return 0;
 }
 
 // Plain values: the conversion-free decode with its 16^k lane factor undone (exact, a power

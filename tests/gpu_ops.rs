@@ -1127,12 +1127,19 @@ fn forty_backends_open_one_after_another_in_one_process() {
     }
 }
 
-/// The int4 matvec's integer-digit decode (`DEC` 3): x rounded per 32-column unit to
-/// integers below 2^22 times a power of two, so it is held to the f32 tolerance on inputs
-/// whose magnitudes spread over many orders within a unit, on units of zeros, and on rows
-/// that are not a whole number of units.
+/// The int4 matvec's integer-digit decode (`DEC` 3), in the row-split and the
+/// column-stationary kernel: x rounded per 32-column unit to integers below 2^22 times a
+/// power of two, so it is held to the f32 tolerance on inputs whose magnitudes spread over
+/// many orders within a unit, on units of zeros, and on rows that are not a whole number of
+/// units.
 #[test]
 fn int4_integer_digit_decode_matches_cpu_over_wide_ranges() {
+    for stationary in [false, true] {
+        int4_integer_digits_against_cpu(stationary);
+    }
+}
+
+fn int4_integer_digits_against_cpu(stationary: bool) {
     let mut rng = StdRng::seed_from_u64(21);
     let shape = Some(MatvecShape {
         lanes_per_row: 32,
@@ -1150,7 +1157,8 @@ fn int4_integer_digit_decode_matches_cpu_over_wide_ranges() {
             ..ChunkGemm::default()
         }),
         stationary: Some(Stationary {
-            enabled: false,
+            enabled: stationary,
+            below_groups: u64::MAX,
             ..Stationary::default()
         }),
         ..Default::default()
@@ -1166,7 +1174,8 @@ fn int4_integer_digit_decode_matches_cpu_over_wide_ranges() {
         )
         .unwrap()
     };
-    for (n, rows, cols) in [(1, 64, 256), (3, 33, 200), (2, 129, 1000)] {
+    // 2100 columns are 66 units: two whole blocks of 32 in the planes' layout and a short one.
+    for (n, rows, cols) in [(1, 64, 256), (3, 33, 200), (2, 129, 1000), (2, 70, 2100)] {
         let w = int4(&mut rng, rows, cols);
         let x: Vec<f32> = (0..n * cols)
             .map(|k| {
@@ -1177,7 +1186,8 @@ fn int4_integer_digit_decode_matches_cpu_over_wide_ranges() {
                 }
             })
             .collect();
-        matmul_against_cpu(&g, w, &x, n, &format!("int4 DEC 3 n={n} {rows}x{cols}"));
+        let what = format!("int4 DEC 3, column-stationary {stationary}, n={n} {rows}x{cols}");
+        matmul_against_cpu(&g, w, &x, n, &what);
     }
     // A NaN or an infinity in x makes every output NaN, as on the CPU; the other token's
     // outputs stay finite.

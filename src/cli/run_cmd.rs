@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::select::{select, BackendKind, Selected};
-use k3::backend::gpu::{GpuOptions, ReadStaging};
+use k3::backend::gpu::{GpuOptions, MatvecShape, ReadStaging};
 use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
 use k3::generate::{generate, GenerateOptions};
@@ -40,6 +40,16 @@ pub enum ReadStagingChoice {
     On,
     /// Never: read into host memory, then copy into staging.
     Off,
+}
+
+/// How the GPU's one-token int4 matvecs meet x.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Int4DecodeChoice {
+    /// x split into exact integer digits once per matvec, met by byte dot products (the
+    /// row-split kernel; rounds x to 2^-22 of each 32-column block's largest value).
+    Digits,
+    /// Every weight decoded to f32 and multiplied with x as it is.
+    Float,
 }
 
 /// Work to run on a loaded model, whatever backend was chosen.
@@ -75,6 +85,10 @@ pub struct ModelArgs {
     /// device without a second host copy.
     #[arg(long, value_enum, env = "K3_GPU_READ_STAGING", default_value_t = ReadStagingChoice::Auto)]
     pub gpu_read_staging: ReadStagingChoice,
+    /// GPU: how one-token int4 matvecs meet x: `digits` (byte dot products against x split
+    /// into exact integer digits) or `float` (weights decoded to f32).
+    #[arg(long, value_enum, env = "K3_GPU_INT4_DECODE", default_value_t = Int4DecodeChoice::Digits)]
+    pub gpu_int4_decode: Int4DecodeChoice,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -234,6 +248,10 @@ impl ModelArgs {
                 ReadStagingChoice::On => ReadStaging::On,
                 ReadStagingChoice::Off => ReadStaging::Off,
             },
+            matvec: (self.gpu_int4_decode == Int4DecodeChoice::Float).then(|| MatvecShape {
+                decode: Some(1),
+                ..MatvecShape::default()
+            }),
             ..GpuOptions::default()
         };
         match select(kind, &gpu)? {

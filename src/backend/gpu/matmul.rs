@@ -313,10 +313,20 @@ impl GpuBackend {
         };
         // A chunk of tokens: the tiled kernel decodes each weight unit once per tile.
         let tile = self.ctx.gemm_tile(x.rows);
-        // DEC 3 (int4 only): the row-split kernel reads x as exact integer digits, made
-        // once, by the first row chunk that takes that kernel.
-        let digits = w.format == GpuFormat::Int4 && self.ctx.matvec.decode == Some(3);
+        // int4's one-token kernels read x as exact integer digits (`DEC` 3), made once, by
+        // the first row chunk that needs them: the row-split kernel by default, the
+        // column-stationary one only when asked (it runs the small matrices, where the
+        // digit pass costs more than it saves; docs/perf.md).
+        let int4 = w.format == GpuFormat::Int4;
+        let decode = self.ctx.matvec.decode;
+        let split_digits = int4 && matches!(decode, None | Some(3));
+        let cs_digits = int4 && decode == Some(3);
         let planes = OnceCell::new();
+        let planes_of = || {
+            &planes
+                .get_or_init(|| self.x_planes(&xp, w.cols_padded / uc))
+                .buf
+        };
         for c in &w.chunks {
             let mut bufs: Vec<&wgpu::Buffer> = vec![&xp.buf, &y.buf, &c.w];
             if let Some(s) = &c.scale {
@@ -336,25 +346,30 @@ impl GpuBackend {
                 let mut cs = [0u32; 12];
                 cs[..11].copy_from_slice(&params);
                 cs[11] = plan.row_block;
+                let mut consts = plan.consts().to_vec();
+                if cs_digits {
+                    bufs[0] = planes_of();
+                    consts.push(("DEC", 3));
+                }
                 self.ctx.dispatch(&Dispatch {
                     shader: w.format.shader(),
                     entry: "dense_cs",
-                    consts: &plan.consts(),
+                    consts: &consts,
                     params: &cs,
                     buffers: &bufs,
                     groups: (x.rows as u32, plan.groups(c.rows), 1),
                 });
                 continue;
             }
-            if digits {
-                bufs[0] = &planes
-                    .get_or_init(|| self.x_planes(&xp, w.cols_padded / uc))
-                    .buf;
+            let mut consts = self.mv_consts();
+            if split_digits {
+                bufs[0] = planes_of();
+                consts[4] = ("DEC", 3);
             }
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
                 entry: "dense",
-                consts: &self.mv_consts(),
+                consts: &consts,
                 params: &params,
                 buffers: &bufs,
                 groups: (x.rows as u32, split_groups, 1),
@@ -379,7 +394,7 @@ impl GpuBackend {
                 consts: &[],
                 params: &params,
                 buffers: &[&xp.buf, &out.buf],
-                groups: ((units as u32).div_ceil(self.ctx.wg), xp.rows as u32, 1),
+                groups: ((32 * units as u32).div_ceil(self.ctx.wg), xp.rows as u32, 1),
             },
             [1, 2],
         );

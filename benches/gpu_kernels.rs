@@ -18,7 +18,7 @@ use k3::backend::{
     Backend, ExpertAssignment, ExpertKey, ExpertWeights, Glu, KdaDims, KdaStepInputs,
     KdaStepWeights, MlaAttnWeights, MlaDims,
 };
-use k3::quant::{DenseData, DenseMatrix, Mxfp4View};
+use k3::quant::{DenseData, DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
@@ -165,6 +165,9 @@ enum Part {
     /// The read kernel over a buffer of its own against the same bytes at the start of the
     /// largest buffer a binding allows: whether a large allocation alone reads slower.
     Read,
+    /// Host time to record small dispatches (parameters in a fresh uniform buffer per
+    /// dispatch when true, else in the reused slots).
+    Host(bool),
 }
 
 fn main() {
@@ -253,6 +256,8 @@ fn main() {
         (None, None, None, Part::Matvec, true),
         (None, None, None, Part::Matvec, false),
         (None, None, None, Part::Read, true),
+        (None, None, None, Part::Host(false), true),
+        (None, None, None, Part::Host(true), true),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -273,6 +278,7 @@ fn main() {
             chunk_gemm,
             stationary,
             no_buffer_reuse: !reuse,
+            fresh_params: part == Part::Host(true),
             ..Default::default()
         };
         let g = match GpuBackend::new(&opts) {
@@ -372,6 +378,32 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     let t = Timer::new(g);
     let mut rng = StdRng::seed_from_u64(1);
     let s = |full: usize, small: usize| if quick { small } else { full };
+    if let Part::Host(fresh) = part {
+        // Wall clock: the loop records (nothing is submitted before the sync), the sync
+        // submits and waits for the GPU.
+        let m = g
+            .load_matrix(
+                DenseMatrix::from_f32(64, 64, vec![0.5; 64 * 64], DenseFormat::F32).unwrap(),
+            )
+            .unwrap();
+        let x = g.upload(&[0.25; 64], 1, 64).unwrap();
+        for round in 0..3 {
+            let n = 2000;
+            let t0 = Instant::now();
+            let ys: Vec<GpuAct> = (0..n).map(|_| g.matmul(&m, &x).unwrap()).collect();
+            let recorded = t0.elapsed().as_secs_f64();
+            g.sync().unwrap();
+            let total = t0.elapsed().as_secs_f64();
+            drop(ys);
+            println!(
+                "host, params {}: round {round}: {n} dispatches recorded in {:.1} us each; with the GPU's run {:.1} us each",
+                if fresh { "in a buffer per dispatch" } else { "in reused slots" },
+                recorded / n as f64 * 1e6,
+                total / n as f64 * 1e6
+            );
+        }
+        return;
+    }
     if part == Part::Read {
         let big_bytes = ctx.max_binding / 16 * 16;
         let big = ctx.buffer(big_bytes, "large read src");
@@ -409,7 +441,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     };
     let ns: &[usize] = match part {
         Part::All => &[1, 8],
-        Part::Matvec | Part::Read => &[1],
+        Part::Matvec | Part::Read | Part::Host(_) => &[1],
         Part::Chunk => &[1, 8, 32, 128],
     };
     for &n in ns {
@@ -467,7 +499,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         .collect();
     let moe_cases: &[(usize, usize)] = match part {
         Part::All => &[(1, 1), (16, 1), (16, 8)],
-        Part::Matvec | Part::Read => &[(1, 1), (16, 1)],
+        Part::Matvec | Part::Read | Part::Host(_) => &[(1, 1), (16, 1)],
         Part::Chunk => &[(16, 1), (16, 8), (16, 32)],
     };
     fn views(m: &[(Vec<u8>, Vec<u8>); 3], i: usize, d: usize) -> ExpertWeights<'_> {
@@ -542,7 +574,9 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         Part::All => &[(12288, 7168), (163840, 7168)],
         // The head again here: in the first block it runs after the uploads, when the GPU
         // has slowed down (docs/perf.md, "Third pass").
-        Part::Matvec | Part::Read => &[(12288, 7168), (3072, 7168), (1536, 7168), (163840, 7168)],
+        Part::Matvec | Part::Read | Part::Host(_) => {
+            &[(12288, 7168), (3072, 7168), (1536, 7168), (163840, 7168)]
+        }
         Part::Chunk => &[(12288, 7168)],
     };
     for &(rows, cols) in mats {
@@ -551,7 +585,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
             let m = g.load_matrix(dense(&mut rng, rows, cols, bits)).unwrap();
             let ns: &[usize] = match part {
                 Part::All => &[1, 32],
-                Part::Matvec | Part::Read => &[1],
+                Part::Matvec | Part::Read | Part::Host(_) => &[1],
                 Part::Chunk => &[1, 2, 4, 8, 16, 32, 128, 512],
             };
             for &n in ns {

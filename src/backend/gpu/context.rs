@@ -6,6 +6,7 @@
 use super::adapters;
 use super::chunk_gemm::{ChunkGemm, GemmTile};
 use super::device_errors::DeviceErrors;
+use super::param_arena::{ParamArena, SLOT_BYTES};
 use super::profiler::Profiler;
 use super::shaders::Shader;
 use super::stationary::{CsPlan, Stationary};
@@ -67,6 +68,9 @@ pub struct GpuOptions {
     /// Give every activation a new buffer instead of reusing those of dropped activations
     /// (benchmarks compare; reuse spares wgpu's zero-fill of each new buffer).
     pub no_buffer_reuse: bool,
+    /// Give every dispatch a uniform buffer of its own for its parameters, instead of a
+    /// slot in the reused ones (`param_arena.rs`; benchmarks compare the host time).
+    pub fresh_params: bool,
     /// Fill a reused activation buffer with NaN before handing it out, so a kernel that
     /// leaves part of its output unwritten shows up in the results (the tests set it).
     pub poison_reused: bool,
@@ -216,7 +220,31 @@ pub struct GpuContext {
     submit_every: usize,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipeKey, wgpu::ComputePipeline>>,
-    pending: Mutex<Option<(wgpu::CommandEncoder, usize)>>,
+    /// Parameters in one uniform buffer per dispatch (`GpuOptions::fresh_params`).
+    fresh_params: bool,
+    pending: Mutex<Pending>,
+}
+
+/// What the host has recorded and not yet submitted.
+struct Pending {
+    /// The encoder and the passes in it.
+    cmd: Option<(wgpu::CommandEncoder, usize)>,
+    /// Its dispatches' parameters, written just before it is submitted.
+    params: ParamArena,
+}
+
+impl Pending {
+    /// The pending encoder and its pass count, created on demand.
+    fn encoder(&mut self, device: &wgpu::Device) -> &mut (wgpu::CommandEncoder, usize) {
+        self.cmd.get_or_insert_with(|| {
+            (
+                device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("k3 ops"),
+                }),
+                0,
+            )
+        })
+    }
 }
 
 impl GpuContext {
@@ -294,6 +322,7 @@ impl GpuContext {
         let profiler = opts
             .profile
             .then(|| Mutex::new(Profiler::new(&device, &queue)));
+        let uniform_align = limits.min_uniform_buffer_offset_alignment;
         Ok(Self {
             adapter,
             device,
@@ -316,7 +345,11 @@ impl GpuContext {
                 .clamp(1, MAX_PENDING_PASSES),
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
-            pending: Mutex::new(None),
+            fresh_params: opts.fresh_params,
+            pending: Mutex::new(Pending {
+                cmd: None,
+                params: ParamArena::new(uniform_align),
+            }),
         })
     }
 
@@ -473,15 +506,7 @@ impl GpuContext {
     /// Runs `f` on the pending encoder (created on demand).
     pub fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
         let mut guard = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let (enc, passes) = guard.get_or_insert_with(|| {
-            (
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                        label: Some("k3 ops"),
-                    }),
-                0,
-            )
-        });
+        let (enc, passes) = guard.encoder(&self.device);
         let r = f(enc);
         *passes += 1;
         let full = *passes >= self.submit_every;
@@ -505,30 +530,27 @@ impl GpuContext {
         // Every parameter block is padded to one size, at least as large as any kernel's.
         let mut words = d.params.to_vec();
         words.resize(words.len().max(PARAM_WORDS).div_ceil(4) * 4, 0);
-        let ubuf = self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: bytemuck::cast_slice(&words),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: ubuf.as_entire_binding(),
-        }];
-        for (b, binding) in d.buffers.iter().zip(bindings) {
-            entries.push(wgpu::BindGroupEntry {
-                binding,
-                resource: b.as_entire_binding(),
-            });
-        }
-        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(d.entry),
-            layout: &pipe.get_bind_group_layout(0),
-            entries: &entries,
-        });
+        let words: &[u8] = bytemuck::cast_slice(&words);
         let timed = self.profile_slot(d.entry, d.groups);
-        self.record(|enc| {
+        let layout = pipe.get_bind_group_layout(0);
+        let bind = |params: wgpu::BindingResource<'_>| {
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: params,
+            }];
+            for (b, binding) in d.buffers.iter().zip(bindings) {
+                entries.push(wgpu::BindGroupEntry {
+                    binding,
+                    resource: b.as_entire_binding(),
+                });
+            }
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(d.entry),
+                layout: &layout,
+                entries: &entries,
+            })
+        };
+        let encode = |enc: &mut wgpu::CommandEncoder, bg: &wgpu::BindGroup| {
             let timestamp_writes = timed
                 .as_ref()
                 .map(|(qs, k)| wgpu::ComputePassTimestampWrites {
@@ -541,9 +563,36 @@ impl GpuContext {
                 timestamp_writes,
             });
             pass.set_pipeline(&pipe);
-            pass.set_bind_group(0, &bg, &[]);
+            pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(d.groups.0, d.groups.1, d.groups.2);
-        });
+        };
+        if self.fresh_params || words.len() > SLOT_BYTES {
+            let ubuf = self
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("params"),
+                    contents: words,
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+            let bg = bind(ubuf.as_entire_binding());
+            self.record(|enc| encode(enc, &bg));
+            return;
+        }
+        // The slot, the bind group and the pass go in under one lock, so the slot belongs
+        // to the submission that carries the pass.
+        let mut guard = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let st = &mut *guard;
+        let bg = bind(wgpu::BindingResource::Buffer(
+            st.params.push(&self.device, words),
+        ));
+        let (enc, passes) = st.encoder(&self.device);
+        encode(enc, &bg);
+        *passes += 1;
+        let full = *passes >= self.submit_every;
+        drop(guard);
+        if full {
+            self.flush();
+        }
     }
 
     /// Records a buffer-to-buffer copy.
@@ -590,14 +639,13 @@ impl GpuContext {
     /// Submits the pending encoder, if any (when profiling, with its passes' timestamps,
     /// which it then waits for).
     pub fn flush(&self) {
-        let taken = self
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        let Some((mut enc, _)) = taken else {
+        // The parameter slots are written and the encoder submitted under the lock, so no
+        // other thread stages the next submission's slots in between.
+        let mut guard = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((mut enc, _)) = guard.cmd.take() else {
             return;
         };
+        guard.params.write(&self.queue);
         let Some(prof) = &self.profiler else {
             self.queue.submit([enc.finish()]);
             return;
@@ -605,6 +653,7 @@ impl GpuContext {
         let mut prof = prof.lock().unwrap_or_else(|e| e.into_inner());
         let n = prof.resolve(&mut enc);
         self.queue.submit([enc.finish()]);
+        drop(guard);
         if let Err(e) = prof.collect(&self.device, n) {
             eprintln!("[K3-GPU] {e:#}");
         }

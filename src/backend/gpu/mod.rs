@@ -18,6 +18,7 @@ mod matmul;
 mod mla;
 mod moe;
 mod norm;
+mod param_arena;
 pub mod profiler;
 pub mod read_staging;
 mod router;

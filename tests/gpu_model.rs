@@ -224,6 +224,12 @@ fn gpu_expert_tier_keeps_the_tokens_and_skips_the_disk_on_hits() {
 }
 
 fn run_k3(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let (ok, _, err) = run_k3_out(args, env);
+    (ok, err)
+}
+
+/// `k3 run` of the tiny model: success, stdout (the tokens) and stderr.
+fn run_k3_out(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let dir = common::tiny(0);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_k3"));
     cmd.arg("run")
@@ -237,6 +243,7 @@ fn run_k3(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
         "WGPU_BACKEND",
         "K3_GPU_GB",
         "K3_VK_GB",
+        "K3_GPU_INT4_DECODE",
     ] {
         cmd.env_remove(v);
     }
@@ -246,8 +253,33 @@ fn run_k3(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let out = cmd.output().unwrap();
     (
         out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// `--gpu-int4-decode` and `K3_GPU_INT4_DECODE` pick how int4 matvecs meet x; every choice
+/// gives the same greedy tokens, and a bad value names the flag.
+#[test]
+fn int4_decode_choices_give_the_same_tokens() {
+    if gpu_model().is_none() {
+        return;
+    }
+    let gpu = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["--backend", "gpu", "--ignore-eos"];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = run_k3_out(&args, env);
+        assert!(ok, "{extra:?} {env:?}: {err}");
+        out
+    };
+    let auto = gpu(&[], &[]);
+    assert!(!auto.trim().is_empty());
+    for choice in ["digits", "float", "auto"] {
+        assert_eq!(gpu(&["--gpu-int4-decode", choice], &[]), auto, "{choice}");
+    }
+    assert_eq!(gpu(&[], &[("K3_GPU_INT4_DECODE", "digits")]), auto);
+    let (ok, _, err) = run_k3_out(&["--backend", "gpu", "--gpu-int4-decode", "half"], &[]);
+    assert!(!ok && err.contains("--gpu-int4-decode"), "{err}");
 }
 
 #[test]

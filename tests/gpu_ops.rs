@@ -6,7 +6,7 @@
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::stationary::Stationary;
-use k3::backend::gpu::{vram_budget, GpuBackend, GpuOptions, MatvecShape};
+use k3::backend::gpu::{vram_budget, GpuBackend, GpuOptions, MatvecShape, DIGITS_FROM_ROWS};
 use k3::backend::{
     Backend, ExpertAssignment, ExpertKey, ExpertWeights, FreeDeviceMemory, Glu, KdaDims,
     KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
@@ -469,6 +469,35 @@ fn early_submits_and_the_profiler_keep_the_sums() {
         assert_eq!(report.is_some(), profile);
         if let Some(r) = report {
             assert!(r.contains("dense") && r.contains("scatter"), "{r}");
+        }
+    }
+}
+
+/// By default int4 takes the integer digits from `DIGITS_FROM_ROWS` rows on and the f32
+/// decode below (the profile shows whether the digit pass ran); both sides match the CPU.
+#[test]
+fn int4_takes_digits_from_the_row_threshold() {
+    let mut rng = StdRng::seed_from_u64(23);
+    for (rows, digits) in [(DIGITS_FROM_ROWS + 5, true), (DIGITS_FROM_ROWS - 40, false)] {
+        let profiled = GpuBackend::new(&GpuOptions {
+            allow_cpu_adapter: true,
+            profile: true,
+            ..Default::default()
+        });
+        // Adapters without timestamp queries still check the sums.
+        let (g, profiled) = match profiled {
+            Ok(g) => (g, true),
+            Err(_) => match gpu_with(&GpuOptions {
+                allow_cpu_adapter: true,
+                ..Default::default()
+            }) {
+                Some(g) => (g, false),
+                None => return,
+            },
+        };
+        matmul_case(&g, &mut rng, DenseFormat::Int4, 1, rows, 64);
+        if let Some(report) = g.ctx.profile_report().filter(|_| profiled) {
+            assert_eq!(report.contains("x_planes"), digits, "{rows} rows: {report}");
         }
     }
 }

@@ -45,8 +45,12 @@ pub enum ReadStagingChoice {
 /// How the GPU's one-token int4 matvecs meet x.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Int4DecodeChoice {
-    /// x split into exact integer digits once per matvec, met by byte dot products (the
-    /// row-split kernel; rounds x to 2^-22 of each 32-column block's largest value).
+    /// Digits for matrices of 32768 rows or more (where they save more than their extra
+    /// pass costs), float below.
+    Auto,
+    /// x split into exact integer digits once per matvec and met by byte dot products, in
+    /// every one-token int4 matvec (x rounded to 2^-22 of each 32-column block's largest
+    /// value).
     Digits,
     /// Every weight decoded to f32 and multiplied with x as it is.
     Float,
@@ -86,8 +90,9 @@ pub struct ModelArgs {
     #[arg(long, value_enum, env = "K3_GPU_READ_STAGING", default_value_t = ReadStagingChoice::Auto)]
     pub gpu_read_staging: ReadStagingChoice,
     /// GPU: how one-token int4 matvecs meet x: `digits` (byte dot products against x split
-    /// into exact integer digits) or `float` (weights decoded to f32).
-    #[arg(long, value_enum, env = "K3_GPU_INT4_DECODE", default_value_t = Int4DecodeChoice::Digits)]
+    /// into exact integer digits), `float` (weights decoded to f32), or `auto` (digits for
+    /// matrices of 32768 rows or more).
+    #[arg(long, value_enum, env = "K3_GPU_INT4_DECODE", default_value_t = Int4DecodeChoice::Auto)]
     pub gpu_int4_decode: Int4DecodeChoice,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
     #[arg(long)]
@@ -248,8 +253,13 @@ impl ModelArgs {
                 ReadStagingChoice::On => ReadStaging::On,
                 ReadStagingChoice::Off => ReadStaging::Off,
             },
-            matvec: (self.gpu_int4_decode == Int4DecodeChoice::Float).then(|| MatvecShape {
-                decode: Some(1),
+            matvec: match self.gpu_int4_decode {
+                Int4DecodeChoice::Auto => None,
+                Int4DecodeChoice::Digits => Some(3),
+                Int4DecodeChoice::Float => Some(1),
+            }
+            .map(|decode| MatvecShape {
+                decode: Some(decode),
                 ..MatvecShape::default()
             }),
             ..GpuOptions::default()

@@ -108,10 +108,11 @@ pub struct MatvecShape {
     /// Rows each lane group computes together, sharing its loads of x (1..=8).
     pub rows_per_lane: u32,
     /// Decode variant of the quantized formats (the `DEC` override of the matvec shaders);
-    /// `None` = each shader's default, and for int4 3 in the row-split kernel. 3 (int4
-    /// only; the others read it as their default): byte dot products against x split into
-    /// exact integer digits by a `x_planes` pass (`matvec_int4.wgsl`); `Some(3)` also puts
-    /// it in the column-stationary kernel. Benchmarks and tests compare the variants.
+    /// `None` = each shader's default, and for int4 matrices of `DIGITS_FROM_ROWS` rows or
+    /// more 3 in the row-split kernel. 3 (int4 only; the others read it as their default):
+    /// byte dot products against x split into exact integer digits by a `x_planes` pass
+    /// (`matvec_int4.wgsl`); `Some(3)` puts it in every one-token int4 kernel. Benchmarks
+    /// and tests compare the variants.
     pub decode: Option<u32>,
     /// Load the next unit's weights before computing this one (the `PIPE` override).
     pub pipelined: bool,

@@ -314,12 +314,12 @@ impl GpuBackend {
         // A chunk of tokens: the tiled kernel decodes each weight unit once per tile.
         let tile = self.ctx.gemm_tile(x.rows);
         // int4's one-token kernels read x as exact integer digits (`DEC` 3), made once, by
-        // the first row chunk that needs them: the row-split kernel by default, the
-        // column-stationary one only when asked (it runs the small matrices, where the
-        // digit pass costs more than it saves; docs/perf.md).
+        // the first row chunk that needs them: by default the row-split kernel of matrices
+        // of DIGITS_FROM_ROWS rows or more; every one-token kernel when asked.
         let int4 = w.format == GpuFormat::Int4;
         let decode = self.ctx.matvec.decode;
-        let split_digits = int4 && matches!(decode, None | Some(3));
+        let split_digits =
+            int4 && (decode == Some(3) || (decode.is_none() && w.rows >= DIGITS_FROM_ROWS));
         let cs_digits = int4 && decode == Some(3);
         let planes = OnceCell::new();
         let planes_of = || {
@@ -401,6 +401,13 @@ impl GpuBackend {
         out
     }
 }
+
+/// int4 matrices of at least this many rows take the integer-digit decode by default. On
+/// the H200 (docs/perf.md, "int4 digits") the digit pass costs about 23 µs of GPU time and a
+/// pass of host time; the digits save about 6 µs a call at 12288 rows but 70 µs at 33792
+/// and 1.1 ms at 163840, and k3-slice decode with digits on every row-split int4 matvec ran
+/// 6-7 % slower in wall time than without.
+pub const DIGITS_FROM_ROWS: usize = 32768;
 
 /// Output rows one workgroup of `wg` lanes computes under `m`.
 pub(super) fn rows_per_group_of(wg: u32, m: MatvecShape) -> u32 {

@@ -30,7 +30,7 @@ pub mod vram_budget;
 
 pub use buffers::{GpuAct, GpuKdaState, GpuMlaCache};
 pub use context::{GpuContext, GpuOptions, MatvecShape, ReadStaging};
-pub use matmul::{GpuFormat, GpuMat};
+pub use matmul::{GpuFormat, GpuMat, DIGITS_FROM_ROWS};
 
 use super::{
     Backend, ExpertAssignment, FreeDeviceMemory, Glu, KdaDims, KdaStepInputs, KdaStepWeights,

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# What the kernel-parameter slots (param_arena.rs) buy on the H200 (one call, about 3
+# minutes): the GPU op tests, host time per dispatch (reused slots against a uniform buffer
+# per dispatch), and k3slice32 decode with the binary from before the slots
+# (.devbin/k3_prev: a buffer per dispatch, f32 int4 decode) against this one with int4
+# auto (the default), float and digits, alternated. Results under $OUT.
+# Prepare: tools/device_prepare.sh, then build the old binary into .devbin/k3_prev:
+#   git worktree add /tmp/k3prev 22410ae && (cd /tmp/k3prev && cargo build --release) \
+#     && cp /tmp/k3prev/target/release/k3 .devbin/k3_prev && strip .devbin/k3_prev
+set -u
+. "$(dirname "$0")/device_vulkan.sh"
+D=./.devbin
+M=/tmp/k3slice32
+( [ -f "$M/config.json" ] || $D/k3 synth --preset k3-slice --layers 4 --experts 32 "$M" > /dev/null 2>&1 ) &
+SYNTH=$!
+S0=$(date +%s)
+CI=true timeout 60 $D/gpu_ops --test-threads 4 > "$OUT/gpu_ops.txt" 2>&1
+echo "gpu_ops rc $?: $(grep -E 'test result|FAILED|panicked' "$OUT/gpu_ops.txt" | head -3)"
+timeout 40 $D/gpu_kernels blocks=17,18 2>&1 | grep host | tee "$OUT/host.txt"
+wait "$SYNTH"
+echo "synth done after $(( $(date +%s) - S0 )) s"
+IDS=$(seq -s, 1000 97 2000)
+for rep in 1 2; do
+    for v in prev auto float digits; do
+        K=$D/k3; F="--gpu-int4-decode $v"
+        [ "$v" = prev ] && K=$D/k3_prev && F=""
+        echo "round $rep, $v: $(timeout 40 $K run "$M" --ids "$IDS" --ngen 97 --ignore-eos --quiet --backend gpu \
+            --expert-gb 60 --gpu-expert-gb 60 $F 2>&1 >/dev/null | grep -o 'decode 97 tokens.*tok/s)')"
+    done
+done | tee "$OUT/rounds.txt"

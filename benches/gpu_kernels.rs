@@ -4,6 +4,7 @@
 //! `cargo bench --bench gpu_kernels [-- quick] [matvec] [blocks=2,3]` — `quick` uses small
 //! shapes (lavapipe), `matvec` runs only the one-token matvec blocks, `blocks=` only the
 //! listed blocks (counted from 1, in the order of `blocks` in `main`).
+//! Each kernel's runs alternate with the read kernel's, so both see the GPU in the same state.
 //! Times come from timestamp queries around the recorded passes when the adapter has them
 //! (`TIMESTAMP_QUERY_INSIDE_ENCODERS`), else from the wall clock around a full sync.
 //! `K3_ADAPTER=NAME` picks the adapter.
@@ -37,7 +38,7 @@ impl<'a> Timer<'a> {
             g.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("bench"),
                 ty: wgpu::QueryType::Timestamp,
-                count: 2 * REPS as u32,
+                count: 4 * REPS as u32,
             })
         });
         Self { g, qs }
@@ -45,43 +46,76 @@ impl<'a> Timer<'a> {
 
     /// Median seconds of `f` (its recorded GPU work), over REPS runs after a warm-up.
     fn time(&self, mut f: impl FnMut()) -> f64 {
-        f();
+        self.medians(&mut [&mut f])[0]
+    }
+
+    /// Median seconds of `f` and of the plain read kernel over `bytes`, their runs
+    /// interleaved: the H200 switches between a fast and a slow state within one call
+    /// (docs/perf.md, session 7), and a ratio is only fair when both see the same one.
+    fn time_vs_read(&self, bytes: u64, f: &mut dyn FnMut()) -> (f64, f64) {
+        let bytes = bytes.min(self.g.ctx.max_binding) / 16 * 16;
+        let src = self.g.ctx.buffer(bytes, "read src");
+        let sink = self.g.ctx.buffer(4 << 20, "read sink");
+        let m = self.medians(&mut [f, &mut || self.dispatch_read(&src, &sink, bytes)]);
+        (m[0], m[1])
+    }
+
+    /// Median seconds of each of `fs` (at most 2), run in turn REPS times after a warm-up.
+    fn medians(&self, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+        let k = fs.len();
+        assert!(k <= 2);
+        for f in fs.iter_mut() {
+            f();
+        }
         self.g.sync().unwrap();
-        let mut secs = Vec::with_capacity(REPS);
+        let mut secs = vec![Vec::with_capacity(REPS); k];
         match &self.qs {
             Some(qs) => {
-                for r in 0..REPS as u32 {
-                    self.g.ctx.record(|e| e.write_timestamp(qs, 2 * r));
-                    f();
-                    self.g.ctx.record(|e| e.write_timestamp(qs, 2 * r + 1));
+                let n = (2 * REPS * k) as u32;
+                for r in 0..REPS {
+                    for (i, f) in fs.iter_mut().enumerate() {
+                        let q = (2 * (r * k + i)) as u32;
+                        self.g.ctx.record(|e| e.write_timestamp(qs, q));
+                        f();
+                        self.g.ctx.record(|e| e.write_timestamp(qs, q + 1));
+                    }
                 }
                 let resolve = self.g.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("timestamps"),
-                    size: (16 * REPS) as u64,
+                    size: 8 * u64::from(n),
                     usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
                     mapped_at_creation: false,
                 });
                 self.g
                     .ctx
-                    .record(|e| e.resolve_query_set(qs, 0..2 * REPS as u32, &resolve, 0));
-                let bytes = self.g.ctx.read(&resolve, 0, (16 * REPS) as u64).unwrap();
+                    .record(|e| e.resolve_query_set(qs, 0..n, &resolve, 0));
+                let bytes = self.g.ctx.read(&resolve, 0, 8 * u64::from(n)).unwrap();
                 let ticks: &[u64] = bytemuck::cast_slice(&bytes);
                 let period = f64::from(self.g.ctx.queue.get_timestamp_period()) * 1e-9;
                 for r in 0..REPS {
-                    secs.push(ticks[2 * r + 1].saturating_sub(ticks[2 * r]) as f64 * period);
+                    for (i, s) in secs.iter_mut().enumerate() {
+                        let q = 2 * (r * k + i);
+                        s.push(ticks[q + 1].saturating_sub(ticks[q]) as f64 * period);
+                    }
                 }
             }
             None => {
                 for _ in 0..REPS {
-                    let t = Instant::now();
-                    f();
-                    self.g.sync().unwrap();
-                    secs.push(t.elapsed().as_secs_f64());
+                    for (f, s) in fs.iter_mut().zip(&mut secs) {
+                        let t = Instant::now();
+                        f();
+                        self.g.sync().unwrap();
+                        s.push(t.elapsed().as_secs_f64());
+                    }
                 }
             }
         }
-        secs.sort_by(f64::total_cmp);
-        secs[REPS / 2]
+        secs.into_iter()
+            .map(|mut s| {
+                s.sort_by(f64::total_cmp);
+                s[REPS / 2]
+            })
+            .collect()
     }
 
     /// Median seconds of the plain read kernel over `bytes`.
@@ -92,25 +126,29 @@ impl<'a> Timer<'a> {
 
     /// Median seconds of the plain read kernel over the first `bytes` of `src`.
     fn read_in(&self, src: &wgpu::Buffer, bytes: u64) -> f64 {
+        let sink = self.g.ctx.buffer(4 << 20, "read sink");
+        self.time(|| self.dispatch_read(src, &sink, bytes))
+    }
+
+    /// Records the plain read kernel over the first `bytes` of `src`.
+    fn dispatch_read(&self, src: &wgpu::Buffer, sink: &wgpu::Buffer, bytes: u64) {
         let ctx = &self.g.ctx;
-        let sink = ctx.buffer(4 << 20, "read sink");
         let groups = (ctx.limits.max_compute_workgroups_per_dimension).min(4 * 132 * 8);
         let threads = groups * ctx.wg;
-        self.time(|| {
-            ctx.dispatch(&Dispatch {
-                shader: Shader::ReadBench,
-                entry: "stream_read",
-                consts: &[],
-                params: &[(bytes / 16) as u32, threads],
-                buffers: &[src, &sink],
-                groups: (groups, 1, 1),
-            })
+        ctx.dispatch(&Dispatch {
+            shader: Shader::ReadBench,
+            entry: "stream_read",
+            consts: &[],
+            params: &[(bytes / 16) as u32, threads],
+            buffers: &[src, sink],
+            groups: (groups, 1, 1),
         })
     }
 }
 
-fn report(t: &Timer<'_>, name: &str, bytes: u64, secs: f64) {
-    let read = t.read(bytes);
+/// A kernel's line: its bandwidth against the read kernel's (`read` seconds over the same
+/// bytes, or the binding limit's worth where they are more).
+fn report(t: &Timer<'_>, name: &str, bytes: u64, secs: f64, read: f64) {
     let bw = bytes as f64 / secs / 1e9;
     let rbw = bytes.min(t.g.ctx.max_binding) as f64 / read / 1e9;
     println!(
@@ -429,14 +467,18 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     // Chunk lines are judged against the first (one-token) time of their kernel.
     let chunked = part == Part::Chunk;
     let mut one = 0.0;
-    let mut line = |name: &str, n: usize, bytes: u64, secs: f64, fmas: usize| {
-        if n == 1 {
-            one = secs;
-        }
+    // Times `f`; a one-token line also times the read kernel over its bytes, the two
+    // interleaved rep by rep so both see the GPU in the same state.
+    let mut line = |name: &str, n: usize, bytes: u64, fmas: usize, f: &mut dyn FnMut()| {
         if chunked {
+            let secs = t.time(f);
+            if n == 1 {
+                one = secs;
+            }
             report_chunk(name, n, secs, one, fmas as f64);
         } else {
-            report(&t, name, bytes, secs);
+            let (secs, read) = t.time_vs_read(bytes, f);
+            report(&t, name, bytes, secs, read);
         }
     };
     let ns: &[usize] = match part {
@@ -446,15 +488,14 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     };
     for &n in ns {
         let x = g.upload(&vec![0.5; n * d], n, d).unwrap();
-        let secs = t.time(|| {
-            g.matmul_mxfp4(w1, &x).unwrap();
-        });
         line(
             &format!("mxfp4 matvec {i}x{d}, {n} token(s)"),
             n,
             (p1.len() + s1.len()) as u64,
-            secs,
             n * i * d,
+            &mut || {
+                g.matmul_mxfp4(w1, &x).unwrap();
+            },
         );
     }
     // The batched kernel alone at the size of 16 experts' gate and up matrices (one
@@ -462,30 +503,28 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     let (pb, sb) = mxfp4(&mut rng, 32 * i, d);
     let wb = Mxfp4View::new(32 * i, d, &pb, &sb).unwrap();
     let x1 = g.upload(&vec![0.5; d], 1, d).unwrap();
-    let secs = t.time(|| {
-        g.matmul_mxfp4(wb, &x1).unwrap();
-    });
     line(
         &format!("mxfp4 matvec {}x{d} (16 experts' w1|w3), 1 token", 32 * i),
         1,
         (pb.len() + sb.len()) as u64,
-        secs,
         32 * i * d,
+        &mut || {
+            g.matmul_mxfp4(wb, &x1).unwrap();
+        },
     );
     // The down matrix's shape (d × i, rows of i columns): one expert, and 16 stacked.
     let xd = g.upload(&vec![0.5; i], 1, i).unwrap();
     for ne in [1usize, 16] {
         let (pd, sd) = mxfp4(&mut rng, ne * d, i);
         let wd = Mxfp4View::new(ne * d, i, &pd, &sd).unwrap();
-        let secs = t.time(|| {
-            g.matmul_mxfp4(wd, &xd).unwrap();
-        });
         line(
             &format!("mxfp4 matvec {}x{i} ({ne} experts' w2), 1 token", ne * d),
             1,
             (pd.len() + sd.len()) as u64,
-            secs,
             ne * d * i,
+            &mut || {
+                g.matmul_mxfp4(wd, &xd).unwrap();
+            },
         );
     }
     let experts_bytes: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..16)
@@ -541,15 +580,14 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         let mut acc = g.zeros(tokens, d).unwrap();
         g.moe_accumulate(&mut acc, &z, &assign(false), glu).unwrap();
         let resident = assign(true);
-        let secs = t.time(|| {
-            g.moe_accumulate(&mut acc, &z, &resident, glu).unwrap();
-        });
         line(
             &format!("moe resident: {ne} experts x {tokens} token(s)"),
             tokens,
             bytes,
-            secs,
             3 * ne * tokens * i * d,
+            &mut || {
+                g.moe_accumulate(&mut acc, &z, &resident, glu).unwrap();
+            },
         );
         if !all {
             continue;
@@ -557,15 +595,14 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         // Uploaded from host memory on every call (the tier off, so nothing stays resident).
         g.configure_expert_tier(0, 0, i, d).unwrap();
         let transient = assign(false);
-        let secs = t.time(|| {
-            g.moe_accumulate(&mut acc, &z, &transient, glu).unwrap();
-        });
         line(
             &format!("moe uploaded: {ne} experts x {tokens} token(s)"),
             tokens,
             bytes,
-            secs,
             3 * ne * tokens * i * d,
+            &mut || {
+                g.moe_accumulate(&mut acc, &z, &transient, glu).unwrap();
+            },
         );
     }
 
@@ -590,9 +627,6 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
             };
             for &n in ns {
                 let x = g.upload(&vec![0.5; n * cols], n, cols).unwrap();
-                let secs = t.time(|| {
-                    g.matmul(&m, &x).unwrap();
-                });
                 line(
                     &format!(
                         "int{bits} matvec {rows}x{cols}, {n} token(s), {} chunk(s)",
@@ -600,8 +634,10 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
                     ),
                     n,
                     m.byte_size(),
-                    secs,
                     n * rows * cols,
+                    &mut || {
+                        g.matmul(&m, &x).unwrap();
+                    },
                 );
             }
         }
@@ -652,28 +688,22 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     // One token (decode) and a 64-token chunk (prefill: the tokens run in order inside).
     for n in [1usize, 64] {
         let i = inputs(n);
-        let secs = t.time(|| step(&mut st, &i));
         // The state is read and written once per token.
-        report(
-            &t,
-            &format!("kda step {heads} heads x {hd}x{hd}, {n} token(s)"),
-            (2 * n * heads * hd * hd * 4) as u64,
-            secs,
-        );
+        let bytes = (2 * n * heads * hd * hd * 4) as u64;
+        let (secs, read) = t.time_vs_read(bytes, &mut || step(&mut st, &i));
+        let name = format!("kda step {heads} heads x {hd}x{hd}, {n} token(s)");
+        report(&t, &name, bytes, secs, read);
     }
     // The chunk's baseline in the same run: its 64 tokens as 64 one-token (fused) calls.
     let one = inputs(1);
-    let secs = t.time(|| {
+    let bytes = (2 * 64 * heads * hd * hd * 4) as u64;
+    let (secs, read) = t.time_vs_read(bytes, &mut || {
         for _ in 0..64 {
             step(&mut st, &one);
         }
     });
-    report(
-        &t,
-        &format!("kda step {heads} heads x {hd}x{hd}, 64 x 1 token"),
-        (2 * 64 * heads * hd * hd * 4) as u64,
-        secs,
-    );
+    let name = format!("kda step {heads} heads x {hd}x{hd}, 64 x 1 token");
+    report(&t, &name, bytes, secs, read);
 
     // MLA decode over 4096 cached positions.
     let md = MlaDims {
@@ -700,14 +730,11 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     g.sync().unwrap();
     let (q1, c1) = (up(1, md.heads * 192), up(1, 576));
     let base_len = cache.len;
-    let secs = t.time(|| {
+    let bytes = (positions * 576 * 4) as u64;
+    let (secs, read) = t.time_vs_read(bytes, &mut || {
         cache.len = base_len;
         g.mla_attend(&md, &mw, &mut cache, &q1, &c1).unwrap();
     });
-    report(
-        &t,
-        &format!("mla attend {} heads over {positions} positions", md.heads),
-        (positions * 576 * 4) as u64,
-        secs,
-    );
+    let name = format!("mla attend {} heads over {positions} positions", md.heads);
+    report(&t, &name, bytes, secs, read);
 }

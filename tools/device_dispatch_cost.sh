@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the kernel-parameter slots (param_arena.rs) buy on the H200 (one call, about 3
+# What the kernel-parameter slots (param_arena.rs) buy on the H200 (one call, about 5
 # minutes): the GPU op tests, host time per dispatch (reused slots against a uniform buffer
 # per dispatch), and k3slice32 decode with the binary from before the slots
 # (.devbin/k3_prev: a buffer per dispatch, f32 int4 decode) against this one with int4
@@ -17,6 +17,9 @@ S0=$(date +%s)
 CI=true timeout 60 $D/gpu_ops --test-threads 4 > "$OUT/gpu_ops.txt" 2>&1
 echo "gpu_ops rc $?: $(grep -E 'test result|FAILED|panicked' "$OUT/gpu_ops.txt" | head -3)"
 timeout 40 $D/gpu_kernels blocks=17,18 2>&1 | grep host | tee "$OUT/host.txt"
+# The int4 lines with the read kernel interleaved: default, f32 decode, digits unchecked.
+timeout 120 $D/gpu_kernels blocks=2,3,5 > "$OUT/kernels.txt" 2>&1
+grep -E "^==|int4 matvec|16 experts' w1" "$OUT/kernels.txt" | cut -c1-150
 wait "$SYNTH"
 echo "synth done after $(( $(date +%s) - S0 )) s"
 IDS=$(seq -s, 1000 97 2000)

@@ -54,10 +54,12 @@ impl ParamArena {
         let start = self.staged.len();
         self.staged.extend_from_slice(words);
         self.staged.resize(start + self.stride, 0);
+        // The binding spans the whole slot: D3D12 rounds constant buffer views up to 256
+        // bytes, which a slot always holds.
         wgpu::BufferBinding {
             buffer: &self.buffers[buf],
             offset: (within * self.stride) as u64,
-            size: NonZeroU64::new(words.len() as u64),
+            size: NonZeroU64::new(self.stride as u64),
         }
     }
 

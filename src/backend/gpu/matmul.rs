@@ -364,7 +364,9 @@ impl GpuBackend {
             let mut consts = self.mv_consts();
             if split_digits {
                 bufs[0] = planes_of();
-                consts[4] = ("DEC", 3);
+                for c in consts.iter_mut().filter(|c| c.0 == "DEC") {
+                    c.1 = 3;
+                }
             }
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),

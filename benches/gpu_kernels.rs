@@ -237,35 +237,49 @@ fn main() {
     // int4's default row-split decode is the integer-digit one (DEC 3); the block after the
     // first row-split block takes the f32 decode (DEC 1) it replaced, then DEC 3 at 8 rows
     // per lane, unchecked, and in the column-stationary kernel (forced on). The other formats
-    // read DEC 3 as their default. The last block reads a large buffer against small ones.
-    let dec = |rows_per_lane, decode, unchecked| {
-        Some(shape(32, 32, rows_per_lane, Some(decode), true, unchecked))
+    // read DEC 3 as their default. Block 16 reads a large buffer against small ones, 17
+    // and 18 time the host's recording, 19 and 20 prefetch two units ahead (digits, f32).
+    let dec = |rows_per_lane, decode, prefetch, unchecked| {
+        Some(shape(
+            32,
+            32,
+            rows_per_lane,
+            Some(decode),
+            prefetch,
+            unchecked,
+        ))
     };
     let blocks = [
         (None, None, None, Part::All, true),
         (None, None, cs(false, 4, 2048), Part::Matvec, true),
         (
-            dec(4, 1, false),
+            dec(4, 1, 1, false),
             None,
             cs(false, 4, 2048),
             Part::Matvec,
             true,
         ),
         (
-            dec(8, 3, false),
+            dec(8, 3, 1, false),
             None,
             cs(false, 4, 2048),
             Part::Matvec,
             true,
         ),
         (
-            dec(4, 3, true),
+            dec(4, 3, 1, true),
             None,
             cs(false, 4, 2048),
             Part::Matvec,
             true,
         ),
-        (dec(4, 3, false), None, cs(true, 4, 512), Part::Matvec, true),
+        (
+            dec(4, 3, 1, false),
+            None,
+            cs(true, 4, 512),
+            Part::Matvec,
+            true,
+        ),
         (None, None, cs(true, 4, 2048), Part::Matvec, true),
         (None, None, cs(true, 4, 512), Part::Matvec, true),
         (None, chunk(0, None, true, true), None, Part::Chunk, true),
@@ -278,14 +292,14 @@ fn main() {
             true,
         ),
         (
-            Some(shape(32, 4, 4, Some(1), true, false)),
+            Some(shape(32, 4, 4, Some(1), 1, false)),
             None,
             cs(false, 4, 2048),
             Part::Matvec,
             true,
         ),
         (
-            Some(shape(8, 4, 4, Some(1), true, true)),
+            Some(shape(8, 4, 4, Some(1), 1, true)),
             None,
             cs(false, 4, 2048),
             Part::Matvec,
@@ -296,6 +310,20 @@ fn main() {
         (None, None, None, Part::Read, true),
         (None, None, None, Part::Host(false), true),
         (None, None, None, Part::Host(true), true),
+        (
+            dec(4, 3, 2, false),
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+            true,
+        ),
+        (
+            dec(4, 1, 2, false),
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+            true,
+        ),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -352,13 +380,13 @@ fn main() {
 }
 
 /// A matvec geometry: lanes per row, lanes per block, rows per lane, decode variant (None =
-/// default), pipelined, unchecked.
+/// default), units prefetched, unchecked.
 fn shape(
     lanes_per_row: u32,
     lanes_per_block: u32,
     rows_per_lane: u32,
     decode: Option<u32>,
-    pipelined: bool,
+    prefetch_units: u32,
     unchecked: bool,
 ) -> MatvecShape {
     MatvecShape {
@@ -366,7 +394,7 @@ fn shape(
         lanes_per_block,
         rows_per_lane,
         decode,
-        pipelined,
+        prefetch_units,
         unchecked,
     }
 }
@@ -374,12 +402,12 @@ fn shape(
 /// One geometry in words, as the report prints it.
 fn describe(m: MatvecShape) -> String {
     format!(
-        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}",
+        "{} lanes per row ({} per block), {} rows per lane, decode {}, prefetch {} units, unchecked {}",
         m.lanes_per_row,
         m.lanes_per_block,
         m.rows_per_lane,
         m.decode.map_or("default".to_string(), |d| d.to_string()),
-        m.pipelined,
+        m.prefetch_units,
         m.unchecked,
     )
 }

@@ -25,7 +25,9 @@ override RPL: u32 = 4u;
 // 1 = the default (int formats: bit placement, no conversions), 2 = a format's alternative.
 override DEC: u32 = 1u;
 // 1: software-pipelined loop (next unit's weights loaded before this one is used; loading
-// its x too was measured and did not help).
+// its x too was measured and did not help); 2: the next two units' weights in flight (a
+// 12288-row matvec is one wave of workgroups whose lanes walk 7 units each, so what one
+// lane keeps in flight may bound it).
 override PIPE: u32 = 1u;
 
 struct MvParams {
@@ -148,6 +150,17 @@ fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {
     if (PIPE == 0u) {
         for (var u = lane; u < p.units; u += LPR) {
             acc = step(acc, load_w8(wrow, last, u), load_x(xb + u * UV));
+        }
+    } else if (PIPE == 2u) {
+        var u = lane;
+        var cur = load_w8(wrow, last, min(u, p.units - 1u));
+        var nxt = load_w8(wrow, last, min(u + LPR, p.units - 1u));
+        while (u < p.units) {
+            let far = load_w8(wrow, last, min(u + 2u * LPR, p.units - 1u));
+            acc = step(acc, cur, load_x(xb + u * UV));
+            cur = nxt;
+            nxt = far;
+            u += LPR;
         }
     } else {
         // The next unit's weights are requested before this unit is computed, so every

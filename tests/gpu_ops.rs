@@ -355,7 +355,8 @@ fn matvec_geometries_other_than_the_default_agree() {
             lanes_per_block,
             rows_per_lane,
             decode,
-            pipelined: i != 1,
+            // Two units ahead, none, one, two.
+            prefetch_units: [2, 0, 1, 2][i],
             unchecked: i == 1,
         });
         // Chunks of tokens through the matvec too (the chunk kernel off), and with another tile.
@@ -1226,7 +1227,7 @@ fn int4_integer_digits_against_cpu(stationary: bool) {
         lanes_per_block: 32,
         rows_per_lane: 4,
         decode: Some(3),
-        pipelined: true,
+        prefetch_units: 1,
         unchecked: false,
     });
     let Some(g) = gpu_with(&GpuOptions {

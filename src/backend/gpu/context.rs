@@ -114,8 +114,10 @@ pub struct MatvecShape {
     /// (`matvec_int4.wgsl`); `Some(3)` puts it in every one-token int4 kernel. Benchmarks
     /// and tests compare the variants.
     pub decode: Option<u32>,
-    /// Load the next unit's weights before computing this one (the `PIPE` override).
-    pub pipelined: bool,
+    /// Units whose weights are requested before the current one is computed: 0, 1 (the
+    /// next unit; the default) or 2 (the next two, for more loads in flight per lane); the
+    /// `PIPE` override.
+    pub prefetch_units: u32,
     /// Build the matvec shaders without wgpu's injected bounds checks and loop bounding
     /// (the driver's robust buffer access still applies); benchmarks measure what it buys.
     pub unchecked: bool,
@@ -128,7 +130,7 @@ impl Default for MatvecShape {
             lanes_per_block: 32,
             rows_per_lane: 4,
             decode: None,
-            pipelined: true,
+            prefetch_units: 1,
             unchecked: false,
         }
     }
@@ -154,8 +156,9 @@ impl MatvecShape {
             || self.lanes_per_block < 4
             || !(1..=8).contains(&self.rows_per_lane)
             || self.decode.is_some_and(|d| d > 3)
+            || self.prefetch_units > 2
         {
-            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=3");
+            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=3, prefetch 0..=2 units");
         }
         self.lanes_per_block = split_lanes(self.lanes_per_row, self.lanes_per_block, wg);
         Ok(self)

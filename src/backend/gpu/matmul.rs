@@ -422,7 +422,7 @@ pub(super) fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 5] {
         ("LPR", m.lanes_per_row),
         ("LW", m.lanes_per_block),
         ("RPL", m.rows_per_lane),
-        ("PIPE", u32::from(m.pipelined)),
+        ("PIPE", m.prefetch_units),
         // 1 is every matvec shader's default decode (`DEC` in matvec_common.wgsl).
         ("DEC", m.decode.unwrap_or(1)),
     ]

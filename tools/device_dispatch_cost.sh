@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the kernel-parameter slots (param_arena.rs) buy on the H200 (one call, about 5
 # minutes): the GPU op tests, host time per dispatch (reused slots against a uniform buffer
-# per dispatch), and k3slice32 decode with the binary from before the slots
+# per dispatch), the int4 kernel lines (prefetching two units too), and k3slice32 decode with the binary from before the slots
 # (.devbin/k3_prev: a buffer per dispatch, f32 int4 decode) against this one with int4
 # auto (the default), float and digits, alternated. Results under $OUT.
 # Prepare: tools/device_prepare.sh, then build the old binary into .devbin/k3_prev:
@@ -17,9 +17,13 @@ S0=$(date +%s)
 CI=true timeout 60 $D/gpu_ops --test-threads 4 > "$OUT/gpu_ops.txt" 2>&1
 echo "gpu_ops rc $?: $(grep -E 'test result|FAILED|panicked' "$OUT/gpu_ops.txt" | head -3)"
 timeout 40 $D/gpu_kernels blocks=17,18 2>&1 | grep host | tee "$OUT/host.txt"
-# The int4 lines with the read kernel interleaved: default, f32 decode, digits unchecked.
-timeout 120 $D/gpu_kernels blocks=2,3,5 > "$OUT/kernels.txt" 2>&1
+# The int4 lines with the read kernel interleaved: default, f32 decode, digits unchecked,
+# then two units prefetched (digits, f32), and the registers that costs.
+timeout 150 $D/gpu_kernels blocks=2,3,5,19,20 > "$OUT/kernels.txt" 2>&1
 grep -E "^==|int4 matvec|16 experts' w1" "$OUT/kernels.txt" | cut -c1-150
+for s in "DEC=3,PIPE=1" "DEC=3,PIPE=2" "DEC=1,PIPE=2"; do
+    timeout 30 $D/shader_stats "matvec_int4:dense:LPR=32,RPL=4,$s" 2>&1 | grep -v "^device" | cut -c1-110
+done
 wait "$SYNTH"
 echo "synth done after $(( $(date +%s) - S0 )) s"
 IDS=$(seq -s, 1000 97 2000)

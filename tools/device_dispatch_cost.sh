@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What the kernel-parameter slots (param_arena.rs) buy on the H200 (one call, about 5
-# minutes): the GPU op tests, host time per dispatch (reused slots against a uniform buffer
-# per dispatch), the int4 kernel lines (prefetching two units too), and k3slice32 decode with the binary from before the slots
-# (.devbin/k3_prev: a buffer per dispatch, f32 int4 decode) against this one with int4
-# auto (the default), float and digits, alternated. Results under $OUT.
+# minutes): the GPU op tests; host time per dispatch (reused slots against a uniform buffer
+# per dispatch); the int4 kernel lines, two-unit prefetch included; and k3slice32 decode
+# with the binary from before the slots (.devbin/k3_prev: a buffer per dispatch, f32 int4
+# decode) against this one with int4 auto (the default), float and digits, alternated.
+# Results under $OUT.
 # Prepare: tools/device_prepare.sh, then build the old binary into .devbin/k3_prev:
 #   git worktree add /tmp/k3prev 22410ae && (cd /tmp/k3prev && cargo build --release) \
 #     && cp /tmp/k3prev/target/release/k3 .devbin/k3_prev && strip .devbin/k3_prev

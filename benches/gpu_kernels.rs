@@ -238,7 +238,8 @@ fn main() {
     // first row-split block takes the f32 decode (DEC 1) it replaced, then DEC 3 at 8 rows
     // per lane, unchecked, and in the column-stationary kernel (forced on). The other formats
     // read DEC 3 as their default. Block 16 reads a large buffer against small ones, 17
-    // and 18 time the host's recording, 19 and 20 prefetch two units ahead (digits, f32).
+    // and 18 time the host's recording, 19 and 20 prefetch two units ahead (digits, f32),
+    // 21 the same in the expert kernel's geometry (its MXFP4 lines against block 2's).
     let dec = |rows_per_lane, decode, prefetch, unchecked| {
         Some(shape(
             32,
@@ -319,6 +320,13 @@ fn main() {
         ),
         (
             dec(4, 1, 2, false),
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+            true,
+        ),
+        (
+            Some(shape(8, 4, 4, None, 2, false)),
             None,
             cs(false, 4, 2048),
             Part::Matvec,

@@ -239,7 +239,8 @@ fn main() {
     // per lane, unchecked, and in the column-stationary kernel (forced on). The other formats
     // read DEC 3 as their default. Block 16 reads a large buffer against small ones, 17
     // and 18 time the host's recording, 19 and 20 prefetch two units ahead (digits, f32),
-    // 21 the same in the expert kernel's geometry (its MXFP4 lines against block 2's).
+    // 21 the same in the expert kernel's geometry (its MXFP4 lines against block 2's), 22
+    // and 23 split each row's units over two 32-lane blocks (digits, f32).
     let dec = |rows_per_lane, decode, prefetch, unchecked| {
         Some(shape(
             32,
@@ -327,6 +328,20 @@ fn main() {
         ),
         (
             Some(shape(8, 4, 4, None, 2, false)),
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+            true,
+        ),
+        (
+            Some(shape(64, 32, 4, Some(3), 1, false)),
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+            true,
+        ),
+        (
+            Some(shape(64, 32, 4, Some(1), 1, false)),
             None,
             cs(false, 4, 2048),
             Part::Matvec,

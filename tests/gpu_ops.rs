@@ -340,12 +340,14 @@ fn matvec_geometries_other_than_the_default_agree() {
     let mut rng = StdRng::seed_from_u64(10);
     // Every decode variant of the quantized formats, under several geometries (rows per
     // lane up to 8, including counts that leave partial row groups; rows split over 32-lane
-    // blocks and not).
+    // blocks and not; a row over two blocks of 32, and over 64 lanes in one reduction).
     for (i, (lanes_per_row, lanes_per_block, rows_per_lane, decode)) in [
         (8, 4, 3, None),
         (32, 32, 1, Some(0)),
         (16, 4, 8, Some(2)),
         (32, 32, 4, Some(3)),
+        (64, 32, 4, Some(3)),
+        (64, 64, 2, None),
     ]
     .into_iter()
     .enumerate()
@@ -355,8 +357,7 @@ fn matvec_geometries_other_than_the_default_agree() {
             lanes_per_block,
             rows_per_lane,
             decode,
-            // Two units ahead, none, one, two.
-            prefetch_units: [2, 0, 1, 2][i],
+            prefetch_units: [2, 0, 1, 2, 1, 2][i],
             unchecked: i == 1,
         });
         // Chunks of tokens through the matvec too (the chunk kernel off), and with another tile.
@@ -376,6 +377,11 @@ fn matvec_geometries_other_than_the_default_agree() {
                 from_tokens: 0,
                 ..ChunkGemm::default()
             }),
+            Some(ChunkGemm {
+                from_tokens: 0,
+                ..ChunkGemm::default()
+            }),
+            None,
         ][i];
         // The row-split kernel even where the column-stationary one would take these shapes.
         let opts = GpuOptions {

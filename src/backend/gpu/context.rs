@@ -99,7 +99,8 @@ pub enum ReadStaging {
 /// How a matvec workgroup is laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatvecShape {
-    /// Lanes that share one output row (a power of two ≤ 32).
+    /// Lanes that share one output row (a power of two ≤ 64 and the workgroup size; 64
+    /// splits each row's units over two 32-lane blocks).
     pub lanes_per_row: u32,
     /// Of a row's lanes, how many sit side by side in one 32-lane block (the `LW` override; a
     /// power of two, 4..=lanes_per_row); fewer means a block's x loads touch fewer lines and
@@ -151,14 +152,14 @@ impl MatvecShape {
     /// Checks the shape and fits its split to a workgroup of `wg` lanes.
     fn fitted(mut self, wg: u32) -> Result<Self> {
         if !self.lanes_per_row.is_power_of_two()
-            || self.lanes_per_row > 32
+            || self.lanes_per_row > 64.min(wg)
             || !self.lanes_per_block.is_power_of_two()
             || self.lanes_per_block < 4
             || !(1..=8).contains(&self.rows_per_lane)
             || self.decode.is_some_and(|d| d > 3)
             || self.prefetch_units > 2
         {
-            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=3, prefetch 0..=2 units");
+            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 64 and the workgroup size ({wg}), lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=3, prefetch 0..=2 units");
         }
         self.lanes_per_block = split_lanes(self.lanes_per_row, self.lanes_per_block, wg);
         Ok(self)

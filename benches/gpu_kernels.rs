@@ -240,7 +240,9 @@ fn main() {
     // read DEC 3 as their default. Block 16 reads a large buffer against small ones, 17
     // and 18 time the host's recording, 19 and 20 prefetch two units ahead (digits, f32),
     // 21 the same in the expert kernel's geometry (its MXFP4 lines against block 2's), 22
-    // and 23 split each row's units over two 32-lane blocks (digits, f32).
+    // and 23 split each row's units over two 32-lane blocks (digits, f32), 24 takes the f32
+    // decode against x moved into the digits' coalesced layout (DEC 4: the coalescing
+    // alone, against blocks 2 and 3).
     let dec = |rows_per_lane, decode, prefetch, unchecked| {
         Some(shape(
             32,
@@ -342,6 +344,13 @@ fn main() {
         ),
         (
             Some(shape(64, 32, 4, Some(1), 1, false)),
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+            true,
+        ),
+        (
+            dec(4, 4, 1, false),
             None,
             cs(false, 4, 2048),
             Part::Matvec,

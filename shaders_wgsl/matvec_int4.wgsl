@@ -20,15 +20,19 @@ const XS4: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
 
 const UV: u32 = 8u;
 
+// DEC 4: DEC 1's decode against x moved into the planes' layout by `x_perm` (the same
+// values, coalesced loads): what the coalescing alone is worth, next to DEC 3's digits.
 fn load_x(b: u32) -> XU {
-    if (DEC == 3u) {
+    var v: X8;
+    if (DEC == 3u || DEC == 4u) {
         let a = plane_at(b);
         let i = a.x;
         let s = a.y;
-        return XU(x[i], x[i + s], x[i + 2u * s], x[i + 3u * s], x[i + 4u * s], x[i + 5u * s], x[i + 6u * s], x[i + 7u * s]);
+        v = X8(x[i], x[i + s], x[i + 2u * s], x[i + 3u * s], x[i + 4u * s], x[i + 5u * s], x[i + 6u * s], x[i + 7u * s]);
+    } else {
+        v = load_x8(b);
     }
-    let v = load_x8(b);
-    if (DEC == 0u) {
+    if (DEC == 0u || DEC == 3u) {
         return v;
     }
     return XU(v.x0 * XS4, v.x1 * XS4, v.x2 * XS4, v.x3 * XS4, v.x4 * XS4, v.x5 * XS4, v.x6 * XS4, v.x7 * XS4);
@@ -204,6 +208,26 @@ fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let a = plane_at(b);
     y[4u * (a.x + j / 4u * a.y) + j % 4u] = bitcast<f32>(out);
+}
+
+// x in DEC 4's layout (the planes' layout, plain values), written into `y`: one invocation
+// per vec4 of x, per token.
+@compute @workgroup_size(WG)
+fn x_perm(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let u = gid.x / 8u;
+    let q = gid.x % 8u;
+    let t = gid.y;
+    if (u >= p.units || t >= p.n) {
+        return;
+    }
+    let b = t * p.x_stride4 + u * 8u;
+    let a = plane_at(b);
+    let v = x[b + q];
+    let o = 4u * (a.x + q * a.y);
+    y[o] = v.x;
+    y[o + 1u] = v.y;
+    y[o + 2u] = v.z;
+    y[o + 3u] = v.w;
 }
 
 // Column k of the unit whose x starts at vec4 b, scaled by `up` and rounded (0 where the

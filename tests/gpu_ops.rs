@@ -347,7 +347,7 @@ fn matvec_geometries_other_than_the_default_agree() {
         (16, 4, 8, Some(2)),
         (32, 32, 4, Some(3)),
         (64, 32, 4, Some(3)),
-        (64, 64, 2, None),
+        (64, 64, 2, Some(4)),
     ]
     .into_iter()
     .enumerate()

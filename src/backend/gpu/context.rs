@@ -112,8 +112,9 @@ pub struct MatvecShape {
     /// `None` = each shader's default, and for int4 matrices of `DIGITS_FROM_ROWS` rows or
     /// more 3 in the row-split kernel. 3 (int4 only; the others read it as their default):
     /// byte dot products against x split into exact integer digits by a `x_planes` pass
-    /// (`matvec_int4.wgsl`); `Some(3)` puts it in every one-token int4 kernel. Benchmarks
-    /// and tests compare the variants.
+    /// (`matvec_int4.wgsl`); `Some(3)` puts it in every one-token int4 kernel. 4 (int4,
+    /// row-split): `DEC` 1's decode against x moved into the digits' coalesced layout.
+    /// Benchmarks and tests compare the variants.
     pub decode: Option<u32>,
     /// Units whose weights are requested before the current one is computed: 0, 1 (the
     /// next unit; the default) or 2 (the next two, for more loads in flight per lane); the
@@ -156,10 +157,10 @@ impl MatvecShape {
             || !self.lanes_per_block.is_power_of_two()
             || self.lanes_per_block < 4
             || !(1..=8).contains(&self.rows_per_lane)
-            || self.decode.is_some_and(|d| d > 3)
+            || self.decode.is_some_and(|d| d > 4)
             || self.prefetch_units > 2
         {
-            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 64 and the workgroup size ({wg}), lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=3, prefetch 0..=2 units");
+            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 64 and the workgroup size ({wg}), lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=4, prefetch 0..=2 units");
         }
         self.lanes_per_block = split_lanes(self.lanes_per_row, self.lanes_per_block, wg);
         Ok(self)

@@ -321,10 +321,13 @@ impl GpuBackend {
         let split_digits =
             int4 && (decode == Some(3) || (decode.is_none() && w.rows >= DIGITS_FROM_ROWS));
         let cs_digits = int4 && decode == Some(3);
+        // DEC 4 (int4, row-split, asked for only): plain x moved into the planes' layout.
+        let split_moved = int4 && decode == Some(4);
         let planes = OnceCell::new();
         let planes_of = || {
+            let entry = if split_moved { "x_perm" } else { "x_planes" };
             &planes
-                .get_or_init(|| self.x_planes(&xp, w.cols_padded / uc))
+                .get_or_init(|| self.x_layout(&xp, w.cols_padded / uc, entry))
                 .buf
         };
         for c in &w.chunks {
@@ -367,6 +370,8 @@ impl GpuBackend {
                 for c in consts.iter_mut().filter(|c| c.0 == "DEC") {
                     c.1 = 3;
                 }
+            } else if split_moved {
+                bufs[0] = planes_of();
             }
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
@@ -380,10 +385,13 @@ impl GpuBackend {
         Ok(y)
     }
 
-    /// x in the layout of the int4 matvec's `DEC` 3 (`x_planes` in matvec_int4.wgsl): per
-    /// 32-column unit, x's exact integer digits, their sum and the power of two; the same
-    /// shape as `xp` (`units` units a row).
-    fn x_planes(&self, xp: &GpuAct, units: usize) -> GpuAct {
+    /// x in the layout of the int4 matvec's `DEC` 3 (`entry` `x_planes` in
+    /// matvec_int4.wgsl: per 32-column unit, x's exact integer digits, their sum and the
+    /// power of two) or `DEC` 4 (`x_perm`: x's values in the same places); the same shape
+    /// as `xp` (`units` units a row).
+    fn x_layout(&self, xp: &GpuAct, units: usize, entry: &'static str) -> GpuAct {
+        // One invocation per output word (x_planes) or per vec4 (x_perm) of a unit.
+        let per_unit = if entry == "x_perm" { 8 } else { 32 };
         let out = self.alloc(xp.rows, xp.cols);
         let mut params = [0u32; 11];
         params[1] = units as u32;
@@ -392,11 +400,15 @@ impl GpuBackend {
         self.ctx.dispatch_at(
             &Dispatch {
                 shader: Shader::MatvecInt4,
-                entry: "x_planes",
+                entry,
                 consts: &[],
                 params: &params,
                 buffers: &[&xp.buf, &out.buf],
-                groups: ((32 * units as u32).div_ceil(self.ctx.wg), xp.rows as u32, 1),
+                groups: (
+                    (per_unit * units as u32).div_ceil(self.ctx.wg),
+                    xp.rows as u32,
+                    1,
+                ),
             },
             [1, 2],
         );

@@ -17,6 +17,9 @@ SYNTH=$!
 S0=$(date +%s)
 CI=true timeout 60 $D/gpu_ops --test-threads 4 > "$OUT/gpu_ops.txt" 2>&1
 echo "gpu_ops rc $?: $(grep -E 'test result|FAILED|panicked' "$OUT/gpu_ops.txt" | head -3)"
+# The benchmarks after the synth: it loads the disk and the CPUs.
+wait "$SYNTH"
+echo "synth done after $(( $(date +%s) - S0 )) s"
 timeout 40 $D/gpu_kernels blocks=17,18 2>&1 | grep host | tee "$OUT/host.txt"
 # The int4 lines with the read kernel interleaved: default, f32 decode, digits unchecked,
 # two units prefetched (digits, f32, expert geometry), rows over two blocks of 32 lanes
@@ -27,8 +30,6 @@ grep -E "^==|int4 matvec|16 experts' w1" "$OUT/kernels.txt" | cut -c1-150
 for s in "DEC=3,PIPE=1" "DEC=3,PIPE=2" "DEC=1,PIPE=2"; do
     timeout 30 $D/shader_stats "matvec_int4:dense:LPR=32,RPL=4,$s" 2>&1 | grep -v "^device" | cut -c1-110
 done
-wait "$SYNTH"
-echo "synth done after $(( $(date +%s) - S0 )) s"
 IDS=$(seq -s, 1000 97 2000)
 for rep in 1 2; do
     for v in prev auto float digits; do

@@ -243,42 +243,21 @@ fn main() {
     // and 23 split each row's units over two 32-lane blocks (digits, f32), 24 takes the f32
     // decode against x moved into the digits' coalesced layout (DEC 4: the coalescing
     // alone, against blocks 2 and 3).
+    // 32 lanes per row, all in one block, with the given rows per lane, decode, units
+    // prefetched and checks.
     let dec = |rows_per_lane, decode, prefetch, unchecked| {
-        Some(shape(
-            32,
-            32,
-            rows_per_lane,
-            Some(decode),
-            prefetch,
-            unchecked,
-        ))
+        shape(32, 32, rows_per_lane, Some(decode), prefetch, unchecked)
     };
+    // A one-token block of geometry `m` on the row-split kernel.
+    let split = |m| (Some(m), None, cs(false, 4, 2048), Part::Matvec, true);
     let blocks = [
         (None, None, None, Part::All, true),
         (None, None, cs(false, 4, 2048), Part::Matvec, true),
+        split(dec(4, 1, 1, false)),
+        split(dec(8, 3, 1, false)),
+        split(dec(4, 3, 1, true)),
         (
-            dec(4, 1, 1, false),
-            None,
-            cs(false, 4, 2048),
-            Part::Matvec,
-            true,
-        ),
-        (
-            dec(8, 3, 1, false),
-            None,
-            cs(false, 4, 2048),
-            Part::Matvec,
-            true,
-        ),
-        (
-            dec(4, 3, 1, true),
-            None,
-            cs(false, 4, 2048),
-            Part::Matvec,
-            true,
-        ),
-        (
-            dec(4, 3, 1, false),
+            Some(dec(4, 3, 1, false)),
             None,
             cs(true, 4, 512),
             Part::Matvec,
@@ -295,67 +274,19 @@ fn main() {
             Part::Chunk,
             true,
         ),
-        (
-            Some(shape(32, 4, 4, Some(1), 1, false)),
-            None,
-            cs(false, 4, 2048),
-            Part::Matvec,
-            true,
-        ),
-        (
-            Some(shape(8, 4, 4, Some(1), 1, true)),
-            None,
-            cs(false, 4, 2048),
-            Part::Matvec,
-            true,
-        ),
+        split(shape(32, 4, 4, Some(1), 1, false)),
+        split(shape(8, 4, 4, Some(1), 1, true)),
         (None, None, None, Part::Matvec, true),
         (None, None, None, Part::Matvec, false),
         (None, None, None, Part::Read, true),
         (None, None, None, Part::Host(false), true),
         (None, None, None, Part::Host(true), true),
-        (
-            dec(4, 3, 2, false),
-            None,
-            cs(false, 4, 2048),
-            Part::Matvec,
-            true,
-        ),
-        (
-            dec(4, 1, 2, false),
-            None,
-            cs(false, 4, 2048),
-            Part::Matvec,
-            true,
-        ),
-        (
-            Some(shape(8, 4, 4, None, 2, false)),
-            None,
-            cs(false, 4, 2048),
-            Part::Matvec,
-            true,
-        ),
-        (
-            Some(shape(64, 32, 4, Some(3), 1, false)),
-            None,
-            cs(false, 4, 2048),
-            Part::Matvec,
-            true,
-        ),
-        (
-            Some(shape(64, 32, 4, Some(1), 1, false)),
-            None,
-            cs(false, 4, 2048),
-            Part::Matvec,
-            true,
-        ),
-        (
-            dec(4, 4, 1, false),
-            None,
-            cs(false, 4, 2048),
-            Part::Matvec,
-            true,
-        ),
+        split(dec(4, 3, 2, false)),
+        split(dec(4, 1, 2, false)),
+        split(shape(8, 4, 4, None, 2, false)),
+        split(shape(64, 32, 4, Some(3), 1, false)),
+        split(shape(64, 32, 4, Some(1), 1, false)),
+        split(dec(4, 4, 1, false)),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.

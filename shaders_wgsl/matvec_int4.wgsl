@@ -214,13 +214,12 @@ fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
 // per vec4 of x, per token.
 @compute @workgroup_size(WG)
 fn x_perm(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let u = gid.x / 8u;
-    let q = gid.x % 8u;
-    let t = gid.y;
-    if (u >= p.units || t >= p.n) {
+    if (gid.x / 8u >= p.units || gid.y >= p.n) {
         return;
     }
-    let b = t * p.x_stride4 + u * 8u;
+    // Vec4 q of the unit gid.x / 8 of token gid.y.
+    let q = gid.x % 8u;
+    let b = gid.y * p.x_stride4 + gid.x - q;
     let a = plane_at(b);
     let v = x[b + q];
     let o = 4u * (a.x + q * a.y);

@@ -5,9 +5,8 @@
 # with the binary from before the slots (.devbin/k3_prev: a buffer per dispatch, f32 int4
 # decode) against this one with int4 auto (the default), float and digits, alternated.
 # Results under $OUT.
-# Prepare: tools/device_prepare.sh, then build the old binary into .devbin/k3_prev:
-#   git worktree add /tmp/k3prev 22410ae && (cd /tmp/k3prev && cargo build --release) \
-#     && cp /tmp/k3prev/target/release/k3 .devbin/k3_prev && strip .devbin/k3_prev
+# Prepare with `PREV=22410ae bash tools/device_prepare.sh` (22410ae: the last commit
+# before the slots), then run with carry [".devbin", ".gl"].
 set -u
 . "$(dirname "$0")/device_vulkan.sh"
 D=./.devbin

@@ -2,9 +2,20 @@
 # Builds and strips what tools/device_measure.sh runs on the H200 into .devbin/ (git-excluded;
 # see ../shared/docs/gpu-on-device.md for .gl, the Vulkan loader). Run here, then call the
 # device tool with carry [".devbin", ".gl"] and command `bash tools/device_measure.sh`.
+# PREV=<commit> also builds that commit's k3 into .devbin/k3_prev, for A/B runs
+# (tools/device_dispatch_cost.sh); it is built first, as it shares the target directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .devbin
+if [ -n "${PREV:-}" ]; then
+    rm -rf /tmp/k3prev
+    git worktree prune
+    git worktree add -f /tmp/k3prev "$PREV"
+    CARGO_TARGET_DIR="$(pwd)/target" cargo build --release --manifest-path /tmp/k3prev/Cargo.toml
+    cp target/release/k3 .devbin/k3_prev
+    strip .devbin/k3_prev
+    git worktree remove --force /tmp/k3prev
+fi
 cargo build --release
 cargo build --release --example shader_stats
 exe() { # newest test/bench executable of a target name

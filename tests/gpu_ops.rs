@@ -562,6 +562,44 @@ fn parameter_slots_follow_their_dispatch_across_submissions() {
     }
 }
 
+/// Two threads recording into one backend at once, with early submits: each dispatch's
+/// parameter slot is taken with its pass under one lock, so every result is its own.
+#[test]
+fn parameter_slots_hold_with_two_threads_recording() {
+    let mut rng = StdRng::seed_from_u64(24);
+    let Some(g) = gpu_with(&GpuOptions {
+        allow_cpu_adapter: true,
+        submit_every: Some(5),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let c = CpuBackend::new();
+    let cases: Vec<(DenseMatrix, Vec<f32>)> = [(40, 64), (9, 160)]
+        .iter()
+        .map(|&(r, k)| {
+            let w = DenseMatrix::from_f32(r, k, rand_vec(&mut rng, r * k, 0.5), DenseFormat::F32)
+                .unwrap();
+            (w, rand_vec(&mut rng, k, 1.0))
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for (w, x) in &cases {
+            let (g, c) = (&g, &c);
+            s.spawn(move || {
+                let want = c.matmul(w, &c.upload(x, 1, x.len()).unwrap()).unwrap().data;
+                let gm = g.load_matrix(w.clone()).unwrap();
+                let gx = g.upload(x, 1, x.len()).unwrap();
+                let ys: Vec<_> = (0..150).map(|_| g.matmul(&gm, &gx).unwrap()).collect();
+                for (i, y) in ys.iter().enumerate() {
+                    let what = format!("{}x{} matvec {i}", w.rows, w.cols);
+                    check(&what, &g.download(y).unwrap(), &want, F32_TOL);
+                }
+            });
+        }
+    });
+}
+
 /// A dropped activation's buffer goes back to the pool and the next activation of its size
 /// takes it (filled with NaN here, so a kernel that left part of it unwritten would show);
 /// the sums are those of a backend that makes every buffer new.

@@ -242,7 +242,8 @@ fn main() {
     // 21 the same in the expert kernel's geometry (its MXFP4 lines against block 2's), 22
     // and 23 split each row's units over two 32-lane blocks (digits, f32), 24 takes the f32
     // decode against x moved into the digits' coalesced layout (DEC 4: the coalescing
-    // alone, against blocks 2 and 3).
+    // alone, against blocks 2 and 3), 25 the same for MXFP4 in the expert kernel's geometry
+    // (its MXFP4 and MoE lines against block 2's).
     // 32 lanes per row, all in one block, with the given rows per lane, decode, units
     // prefetched and checks.
     let dec = |rows_per_lane, decode, prefetch, unchecked| {
@@ -287,6 +288,7 @@ fn main() {
         split(shape(64, 32, 4, Some(3), 1, false)),
         split(shape(64, 32, 4, Some(1), 1, false)),
         split(dec(4, 4, 1, false)),
+        split(shape(8, 4, 4, Some(4), 1, false)),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.

@@ -20,15 +20,11 @@ const XS4: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
 
 const UV: u32 = 8u;
 
-// DEC 4: DEC 1's decode against x moved into the planes' layout by `x_perm` (the same
-// values, coalesced loads): what the coalescing alone is worth, next to DEC 3's digits.
+// DEC 3 reads its digits, DEC 4 DEC 1's x, from the moved layout (`load_x8_moved`).
 fn load_x(b: u32) -> XU {
     var v: X8;
     if (DEC == 3u || DEC == 4u) {
-        let a = plane_at(b);
-        let i = a.x;
-        let s = a.y;
-        v = X8(x[i], x[i + s], x[i + 2u * s], x[i + 3u * s], x[i + 4u * s], x[i + 5u * s], x[i + 6u * s], x[i + 7u * s]);
+        v = load_x8_moved(b);
     } else {
         v = load_x8(b);
     }
@@ -100,18 +96,6 @@ fn unit_dot(wu: WU, xv: XU) -> f32 {
         return planes_dot(wu, xv);
     }
     return decoded_dot(decode_unit(wu), xv);
-}
-
-// DEC 3's planes are stored by blocks of 32 units, vec4 q of the block's units side by
-// side: the 32 lanes of a row walk consecutive units, so each of their x loads reads 512
-// contiguous bytes, where plain x's 128-byte stride per lane touches 32 cache lines. For
-// the unit whose plain x starts at vec4 b (token row start + 8 · unit): the index of its
-// vec4 0, and the step to its vec4 q.
-fn plane_at(b: u32) -> vec2<u32> {
-    let r = b % p.x_stride4;
-    let u = r / 8u;
-    let blk = u / 32u;
-    return vec2<u32>(b - r + blk * 256u + u % 32u, min(32u, p.units - blk * 32u));
 }
 
 // DEC 3: x arrives as `x_planes` wrote it (the host runs that pass first): per unit, x
@@ -208,25 +192,6 @@ fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let a = plane_at(b);
     y[4u * (a.x + j / 4u * a.y) + j % 4u] = bitcast<f32>(out);
-}
-
-// x in DEC 4's layout (the planes' layout, plain values), written into `y`: one invocation
-// per vec4 of x, per token.
-@compute @workgroup_size(WG)
-fn x_perm(@builtin(global_invocation_id) gid: vec3<u32>) {
-    if (gid.x / 8u >= p.units || gid.y >= p.n) {
-        return;
-    }
-    // Vec4 q of the unit gid.x / 8 of token gid.y.
-    let q = gid.x % 8u;
-    let b = gid.y * p.x_stride4 + gid.x - q;
-    let a = plane_at(b);
-    let v = x[b + q];
-    let o = 4u * (a.x + q * a.y);
-    y[o] = v.x;
-    y[o + 1u] = v.y;
-    y[o + 2u] = v.z;
-    y[o + 3u] = v.w;
 }
 
 // Column k of the unit whose x starts at vec4 b, scaled by `up` and rounded (0 where the

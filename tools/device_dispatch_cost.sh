@@ -22,10 +22,10 @@ echo "synth done after $(( $(date +%s) - S0 )) s"
 timeout 40 $D/gpu_kernels blocks=17,18 2>&1 | grep host | tee "$OUT/host.txt"
 # The int4 lines with the read kernel interleaved: default, f32 decode, digits unchecked,
 # two units prefetched (digits, f32, expert geometry), rows over two blocks of 32 lanes
-# (digits, f32), the f32 decode against coalesced x (DEC 4); then the registers of the
-# prefetch.
-timeout 200 $D/gpu_kernels blocks=2,3,5,19,20,21,22,23,24 > "$OUT/kernels.txt" 2>&1
-grep -E "^==|int4 matvec|16 experts' w1" "$OUT/kernels.txt" | cut -c1-150
+# (digits, f32), coalesced x (DEC 4) for int4 and for MXFP4 in the expert geometry; then
+# the registers of the prefetch.
+timeout 200 $D/gpu_kernels blocks=2,3,5,19,20,21,22,23,24,25 > "$OUT/kernels.txt" 2>&1
+grep -E "^==|int4 matvec|16 experts' w1|moe resident: 16" "$OUT/kernels.txt" | cut -c1-150
 for s in "DEC=3,PIPE=1" "DEC=3,PIPE=2" "DEC=1,PIPE=2"; do
     timeout 30 $D/shader_stats "matvec_int4:dense:LPR=32,RPL=4,$s" 2>&1 | grep -v "^device" | cut -c1-110
 done

@@ -326,8 +326,9 @@ impl GpuBackend {
         let planes = OnceCell::new();
         let planes_of = || {
             let entry = if split_moved { "x_perm" } else { "x_planes" };
+            let size = (xp.rows, w.cols_padded / uc);
             &planes
-                .get_or_init(|| self.x_layout(&xp, w.cols_padded / uc, entry))
+                .get_or_init(|| self.x_moved(Shader::MatvecInt4, &xp.buf, size, entry, 32))
                 .buf
         };
         for c in &w.chunks {
@@ -385,28 +386,36 @@ impl GpuBackend {
         Ok(y)
     }
 
-    /// x in the layout of the int4 matvec's `DEC` 3 (`entry` `x_planes` in
-    /// matvec_int4.wgsl: per 32-column unit, x's exact integer digits, their sum and the
-    /// power of two) or `DEC` 4 (`x_perm`: x's values in the same places); the same shape
-    /// as `xp` (`units` units a row).
-    fn x_layout(&self, xp: &GpuAct, units: usize, entry: &'static str) -> GpuAct {
+    /// x in the moved layout of the matvecs' `DEC` 3 and 4 (`plane_at` in
+    /// matvec_common.wgsl): through `entry` `x_planes` (int4: per 32-column unit, x's exact
+    /// integer digits, their sum and the power of two) or `x_perm` (x's values, moved), with
+    /// blocks of `xb` units. x is `rows` rows of `units` 32-column units, and so is the
+    /// result.
+    pub(super) fn x_moved(
+        &self,
+        shader: Shader,
+        x: &wgpu::Buffer,
+        (rows, units): (usize, usize),
+        entry: &'static str,
+        xb: u32,
+    ) -> GpuAct {
         // One invocation per output word (x_planes) or per vec4 (x_perm) of a unit.
         let per_unit = if entry == "x_perm" { 8 } else { 32 };
-        let out = self.alloc(xp.rows, xp.cols);
+        let out = self.alloc(rows, 32 * units);
         let mut params = [0u32; 11];
         params[1] = units as u32;
-        params[2] = xp.rows as u32;
-        params[5] = (xp.cols / 4) as u32;
+        params[2] = rows as u32;
+        params[5] = (8 * units) as u32;
         self.ctx.dispatch_at(
             &Dispatch {
-                shader: Shader::MatvecInt4,
+                shader,
                 entry,
-                consts: &[],
+                consts: &[("XB", xb)],
                 params: &params,
-                buffers: &[&xp.buf, &out.buf],
+                buffers: &[x, &out.buf],
                 groups: (
                     (per_unit * units as u32).div_ceil(self.ctx.wg),
-                    xp.rows as u32,
+                    rows as u32,
                     1,
                 ),
             },

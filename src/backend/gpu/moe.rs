@@ -269,13 +269,14 @@ impl GpuBackend {
         Ok(a)
     }
 
-    /// One batched MXFP4 matmul: `rows` output rows per expert slot, `cols` inputs; the
-    /// one-pair items through the matvec, the tiled ones through the chunk kernel's `tile`.
+    /// One batched MXFP4 matmul: `rows` output rows per expert slot, `cols` inputs (`x`
+    /// holds `x_rows` rows of them); the one-pair items through the matvec, the tiled ones
+    /// through the chunk kernel's `tile`.
     #[allow(clippy::too_many_arguments)]
     fn mxfp4_batched(
         &self,
         a: &Arena,
-        x: &wgpu::Buffer,
+        (x, x_rows): (&wgpu::Buffer, usize),
         y: &wgpu::Buffer,
         rt: &wgpu::Buffer,
         rows: usize,
@@ -351,10 +352,20 @@ impl GpuBackend {
             });
             return;
         }
+        // DEC 4 (asked for only): x moved into blocks of the units one 32-lane block walks.
+        let mut consts = mv_consts_of(shape).to_vec();
+        let moved;
+        if shape.decode == Some(4) {
+            let xb = shape.lanes_per_block.min(shape.lanes_per_row).min(32);
+            let size = (x_rows, cols / BLOCK);
+            moved = self.x_moved(Shader::MatvecMxfp4, x, size, "x_perm", xb);
+            buffers[0] = &moved.buf;
+            consts.push(("XB", xb));
+        }
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecMxfp4,
             entry: "moe",
-            consts: &mv_consts_of(shape),
+            consts: &consts,
             params: &params(one.0, (0, 0), 0),
             buffers: &buffers,
             groups: (one.1, split_groups, 1),
@@ -463,7 +474,7 @@ impl GpuBackend {
         let chunk = self.chunk_pass(tile, &rt, w.rows, w.cols);
         self.mxfp4_batched(
             &arena,
-            &x.buf,
+            (&x.buf, x.rows),
             &y.buf,
             &rtb,
             w.rows,
@@ -703,7 +714,8 @@ impl GpuBackend {
         let chunk = self.chunk_pass(tile, &rt, 2 * i, d);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
             let c = chunk.as_ref();
-            self.mxfp4_batched(&set.up, &z.buf, h, &rtb, 2 * i, d, rt.tok_map, items, c);
+            let x = (&z.buf, z.rows);
+            self.mxfp4_batched(&set.up, x, h, &rtb, 2 * i, d, rt.tok_map, items, c);
         }
         self.finish_chunk_pass(chunk.as_ref(), h);
         let iu = i as u32;
@@ -711,7 +723,8 @@ impl GpuBackend {
         let chunk = self.chunk_pass(tile, &rt, d, i);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
             let c = chunk.as_ref();
-            self.mxfp4_batched(&set.down, &act.buf, ypair, &rtb, d, i, rt.id_map, items, c);
+            let x = (&act.buf, act.rows);
+            self.mxfp4_batched(&set.down, x, ypair, &rtb, d, i, rt.id_map, items, c);
         }
         self.finish_chunk_pass(chunk.as_ref(), ypair);
         if !out.is_empty() {

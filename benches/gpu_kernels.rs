@@ -663,20 +663,8 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     let inputs =
         |n: usize| -> Vec<GpuAct> { [p, p, p, p, heads, p].iter().map(|&w| up(n, w)).collect() };
     let step = |st: &mut _, i: &[GpuAct]| {
-        g.kda_step(
-            &kd,
-            &kw,
-            st,
-            KdaStepInputs {
-                q: &i[0],
-                k: &i[1],
-                v: &i[2],
-                f: &i[3],
-                beta: &i[4],
-                gate: &i[5],
-            },
-        )
-        .unwrap();
+        g.kda_step(&kd, &kw, st, KdaStepInputs::from_slice(i).unwrap())
+            .unwrap();
     };
     // One token (decode) and a 64-token chunk (prefill: the tokens run in order inside).
     for n in [1usize, 64] {

@@ -1072,22 +1072,8 @@ fn kda_step_matches_cpu_across_chunks() {
                     .zip([p, p, p, p, heads, p])
                     .map(|(x, w)| c.upload(x, n, w).unwrap())
                     .collect();
-                let gi = KdaStepInputs {
-                    q: &ga[0],
-                    k: &ga[1],
-                    v: &ga[2],
-                    f: &ga[3],
-                    beta: &ga[4],
-                    gate: &ga[5],
-                };
-                let ci = KdaStepInputs {
-                    q: &ca[0],
-                    k: &ca[1],
-                    v: &ca[2],
-                    f: &ca[3],
-                    beta: &ca[4],
-                    gate: &ca[5],
-                };
+                let gi = KdaStepInputs::from_slice(&ga).unwrap();
+                let ci = KdaStepInputs::from_slice(&ca).unwrap();
                 let got = g
                     .download(&g.kda_step(&d, &gw, &mut gs, gi).unwrap())
                     .unwrap();

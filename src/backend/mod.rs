@@ -75,6 +75,24 @@ pub struct KdaStepInputs<'a, A> {
     pub gate: &'a A,
 }
 
+impl<'a, A> KdaStepInputs<'a, A> {
+    /// The inputs from six activations in field order (q, k, v, f, beta, gate); `None` for
+    /// any other count.
+    pub fn from_slice(i: &'a [A]) -> Option<Self> {
+        let [q, k, v, f, beta, gate] = i else {
+            return None;
+        };
+        Some(Self {
+            q,
+            k,
+            v,
+            f,
+            beta,
+            gate,
+        })
+    }
+}
+
 /// Shape parameters of one gated-MLA layer.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MlaDims {
@@ -291,4 +309,17 @@ pub trait Backend {
     }
     /// A `[rows, cols]` activation of zeros.
     fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Act>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KdaStepInputs;
+
+    #[test]
+    fn kda_inputs_come_from_exactly_six_activations_in_field_order() {
+        let six = [1, 2, 3, 4, 5, 6];
+        let i = KdaStepInputs::from_slice(&six).unwrap();
+        assert_eq!([*i.q, *i.k, *i.v, *i.f, *i.beta, *i.gate], six);
+        assert!(KdaStepInputs::from_slice(&six[..5]).is_none());
+    }
 }

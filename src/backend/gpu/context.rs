@@ -112,8 +112,8 @@ pub struct MatvecShape {
     /// `None` = each shader's default, and for int4 matrices of `DIGITS_FROM_ROWS` rows or
     /// more 3 in the row-split kernel. 3 (int4 only; the others read it as their default):
     /// byte dot products against x split into exact integer digits by a `x_planes` pass
-    /// (`matvec_int4.wgsl`); `Some(3)` puts it in every one-token int4 kernel. 4 (int4,
-    /// row-split): `DEC` 1's decode against x moved into the digits' coalesced layout.
+    /// (`matvec_int4.wgsl`); `Some(3)` puts it in every one-token int4 kernel. 4 (int4 and
+    /// MXFP4, row-split): the default decode against x moved into a coalesced layout.
     /// Benchmarks and tests compare the variants.
     pub decode: Option<u32>,
     /// Units whose weights are requested before the current one is computed: 0, 1 (the
@@ -511,9 +511,15 @@ impl GpuContext {
 
     /// Runs `f` on the pending encoder (created on demand).
     pub fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
+        self.record_pending(|st| f(&mut st.encoder(&self.device).0))
+    }
+
+    /// Runs `f` on what is pending under one lock, counts the pass it records, and submits
+    /// once `submit_every` passes are pending.
+    fn record_pending<R>(&self, f: impl FnOnce(&mut Pending) -> R) -> R {
         let mut guard = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let (enc, passes) = guard.encoder(&self.device);
-        let r = f(enc);
+        let r = f(&mut guard);
+        let (_, passes) = guard.encoder(&self.device);
         *passes += 1;
         let full = *passes >= self.submit_every;
         drop(guard);
@@ -586,19 +592,12 @@ impl GpuContext {
         }
         // The slot, the bind group and the pass go in under one lock, so the slot belongs
         // to the submission that carries the pass.
-        let mut guard = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let st = &mut *guard;
-        let bg = bind(wgpu::BindingResource::Buffer(
-            st.params.push(&self.device, words),
-        ));
-        let (enc, passes) = st.encoder(&self.device);
-        encode(enc, &bg);
-        *passes += 1;
-        let full = *passes >= self.submit_every;
-        drop(guard);
-        if full {
-            self.flush();
-        }
+        self.record_pending(|st| {
+            let bg = bind(wgpu::BindingResource::Buffer(
+                st.params.push(&self.device, words),
+            ));
+            encode(&mut st.encoder(&self.device).0, &bg);
+        });
     }
 
     /// Records a buffer-to-buffer copy.

@@ -7,6 +7,8 @@
 # blocks of the variants. Results under $OUT.
 # The decode rounds (what matters most) come before the kernel blocks, which take the rest
 # of the 10-minute call.
+# ROUNDS_ONLY=1 runs only the synth and the decode rounds; VARIANTS picks them, ROUNDS
+# says how many.
 # Prepare with `PREV=22410ae bash tools/device_prepare.sh` (22410ae: the last commit
 # before the slots), then run with carry [".devbin", ".gl"].
 set -u
@@ -16,21 +18,29 @@ M=/tmp/k3slice32
 ( [ -f "$M/config.json" ] || $D/k3 synth --preset k3-slice --layers 4 --experts 32 "$M" > /dev/null 2>&1 ) &
 SYNTH=$!
 S0=$(date +%s)
-CI=true timeout 60 $D/gpu_ops --test-threads 4 > "$OUT/gpu_ops.txt" 2>&1
-echo "gpu_ops rc $?: $(grep -E 'test result|FAILED|panicked' "$OUT/gpu_ops.txt" | head -3)"
+if [ "${ROUNDS_ONLY:-}" != 1 ]; then
+    CI=true timeout 60 $D/gpu_ops --test-threads 4 > "$OUT/gpu_ops.txt" 2>&1
+    echo "gpu_ops rc $?: $(grep -E 'test result|FAILED|panicked' "$OUT/gpu_ops.txt" | head -3)"
+fi
 # The benchmarks after the synth: it loads the disk and the CPUs.
 wait "$SYNTH"
 echo "synth done after $(( $(date +%s) - S0 )) s"
-timeout 40 $D/gpu_kernels blocks=17,18 2>&1 | grep host | tee "$OUT/host.txt"
+[ "${ROUNDS_ONLY:-}" = 1 ] || timeout 40 $D/gpu_kernels blocks=17,18 2>&1 | grep host | tee "$OUT/host.txt"
 IDS=$(seq -s, 1000 97 2000)
-for rep in 1 2; do
-    for v in prev auto float digits; do
+for rep in $(seq "${ROUNDS:-2}"); do
+    for v in ${VARIANTS:-prev auto float digits}; do
         K=$D/k3; F="--gpu-int4-decode $v"
         [ "$v" = prev ] && K=$D/k3_prev && F=""
-        echo "round $rep, $v: $(timeout 40 $K run "$M" --ids "$IDS" --ngen 97 --ignore-eos --quiet --backend gpu \
-            --expert-gb 60 --gpu-expert-gb 60 $F 2>&1 >/dev/null | grep -o 'decode 97 tokens.*tok/s)')"
+        T0=$(date +%s)
+        # 100 s: a run loads the model first (a 40 s limit killed every run in one call).
+        timeout 100 $K run "$M" --ids "$IDS" --ngen 97 --ignore-eos --quiet --backend gpu \
+            --expert-gb 60 --gpu-expert-gb 60 $F > /dev/null 2> "$OUT/run_$v.txt"
+        RC=$?
+        L=$(grep -o 'decode 97 tokens.*tok/s)' "$OUT/run_$v.txt")
+        echo "round $rep, $v: rc $RC, $(( $(date +%s) - T0 )) s: ${L:-$(tail -2 "$OUT/run_$v.txt" | tr '\n' ' ')}"
     done
 done | tee "$OUT/rounds.txt"
+[ "${ROUNDS_ONLY:-}" = 1 ] && exit 0
 # The int4 lines with the read kernel interleaved: default, f32 decode, digits unchecked,
 # two units prefetched (digits, f32, expert geometry), rows over two blocks of 32 lanes
 # (digits, f32), coalesced x (DEC 4) for int4 and for MXFP4 in the expert geometry; then

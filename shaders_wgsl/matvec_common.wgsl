@@ -25,13 +25,8 @@ override RPL: u32 = 4u;
 // 1 = the default (int formats: bit placement, no conversions), 2 = a format's alternative.
 override DEC: u32 = 1u;
 // 1: software-pipelined loop (next unit's weights loaded before this one is used; loading
-// its x too was measured and did not help); 2: the next two units' weights in flight (a
-// 12288-row matvec is one wave of workgroups whose lanes walk 7 units each, so what one
-// lane keeps in flight may bound it).
+// its x too, or the next two units' weights, was measured and did not help).
 override PIPE: u32 = 1u;
-// Units per block of the moved x layout (`plane_at`): the consecutive units one 32-lane
-// block walks together (32 for 32 lanes a row in one block, LW where rows are split).
-override XB: u32 = 32u;
 
 struct MvParams {
     rows: u32,
@@ -147,63 +142,12 @@ fn load_x8(b: u32) -> X8 {
     return X8(x[b], x[b + 1u], x[b + 2u], x[b + 3u], x[b + 4u], x[b + 5u], x[b + 6u], x[b + 7u]);
 }
 
-// The moved x layout (int4 `DEC` 3 and 4, MXFP4 `DEC` 4; `x_perm` and int4's
-// `x_planes` write it): x stored by blocks of XB units, vec4 q of the block's units side
-// by side. The lanes of a block walk consecutive units, so each of their x loads reads
-// contiguous bytes, where plain x's 128-byte stride per lane touches a cache line per
-// unit. For the unit whose plain x starts at vec4 b (token row start + 8 · unit): the index
-// of its vec4 0, and the step to its vec4 q.
-fn plane_at(b: u32) -> vec2<u32> {
-    let r = b % p.x_stride4;
-    let u = r / 8u;
-    let blk = u / XB;
-    return vec2<u32>(b - r + blk * XB * 8u + u % XB, min(XB, p.units - blk * XB));
-}
-
-// A unit's eight vec4 from the moved layout.
-fn load_x8_moved(b: u32) -> X8 {
-    let a = plane_at(b);
-    let i = a.x;
-    let s = a.y;
-    return X8(x[i], x[i + s], x[i + 2u * s], x[i + 3u * s], x[i + 4u * s], x[i + 5u * s], x[i + 6u * s], x[i + 7u * s]);
-}
-
-// x in the moved layout (plain values), written into `y`: one invocation per vec4 of x
-// (units of 8 vec4), per token.
-@compute @workgroup_size(WG)
-fn x_perm(@builtin(global_invocation_id) gid: vec3<u32>) {
-    if (gid.x / 8u >= p.units || gid.y >= p.n) {
-        return;
-    }
-    // Vec4 q of the unit gid.x / 8 of token gid.y.
-    let q = gid.x % 8u;
-    let b = gid.y * p.x_stride4 + gid.x - q;
-    let a = plane_at(b);
-    let v = x[b + q];
-    let o = 4u * (a.x + q * a.y);
-    y[o] = v.x;
-    y[o + 1u] = v.y;
-    y[o + 2u] = v.z;
-    y[o + 3u] = v.w;
-}
-
 fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {
     var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
     let last = nrows - 1u;
     if (PIPE == 0u) {
         for (var u = lane; u < p.units; u += LPR) {
             acc = step(acc, load_w8(wrow, last, u), load_x(xb + u * UV));
-        }
-    } else if (PIPE == 2u) {
-        var u = lane;
-        var cur = load_w8(wrow, last, min(u, p.units - 1u));
-        var nxt = load_w8(wrow, last, min(u + LPR, p.units - 1u));
-        while (u < p.units) {
-            let far = load_w8(wrow, last, min(u + 2u * LPR, p.units - 1u));
-            acc = step(acc, cur, load_x(xb + u * UV));
-            cur = nxt;
-            nxt = far;
-            u += LPR;
         }
     } else {
         // The next unit's weights are requested before this unit is computed, so every

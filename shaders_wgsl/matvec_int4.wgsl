@@ -20,15 +20,16 @@ const XS4: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
 
 const UV: u32 = 8u;
 
-// DEC 3 reads its digits, DEC 4 DEC 1's x, from the moved layout (`load_x8_moved`).
+// DEC 3 reads its digits from their layout (`plane_at`).
 fn load_x(b: u32) -> XU {
-    var v: X8;
-    if (DEC == 3u || DEC == 4u) {
-        v = load_x8_moved(b);
-    } else {
-        v = load_x8(b);
+    if (DEC == 3u) {
+        let a = plane_at(b);
+        let i = a.x;
+        let s = a.y;
+        return X8(x[i], x[i + s], x[i + 2u * s], x[i + 3u * s], x[i + 4u * s], x[i + 5u * s], x[i + 6u * s], x[i + 7u * s]);
     }
-    if (DEC == 0u || DEC == 3u) {
+    let v = load_x8(b);
+    if (DEC == 0u) {
         return v;
     }
     return XU(v.x0 * XS4, v.x1 * XS4, v.x2 * XS4, v.x3 * XS4, v.x4 * XS4, v.x5 * XS4, v.x6 * XS4, v.x7 * XS4);
@@ -96,6 +97,18 @@ fn unit_dot(wu: WU, xv: XU) -> f32 {
         return planes_dot(wu, xv);
     }
     return decoded_dot(decode_unit(wu), xv);
+}
+
+// DEC 3's planes are stored by blocks of 32 units, vec4 q of the block's units side by
+// side: the 32 lanes of a row walk consecutive units, so each of their x loads reads 512
+// contiguous bytes, where plain x's 128-byte stride per lane touches 32 cache lines. For
+// the unit whose plain x starts at vec4 b (token row start + 8 · unit): the index of its
+// vec4 0, and the step to its vec4 q.
+fn plane_at(b: u32) -> vec2<u32> {
+    let r = b % p.x_stride4;
+    let u = r / 8u;
+    let blk = u / 32u;
+    return vec2<u32>(b - r + blk * 256u + u % 32u, min(32u, p.units - blk * 32u));
 }
 
 // DEC 3: x arrives as `x_planes` wrote it (the host runs that pass first): per unit, x

@@ -10,7 +10,6 @@
 // 2: the magnitude bits placed across the f32 exponent/mantissa boundary give
 //    B = 2^(e-3)(1 + m/2); value/4 = min(B, 2B - 1/4) covers the subnormal code e = 0, and
 //    the sign is ORed in (no conversion instructions, more integer ops).
-// 4: the default decode against x in the moved layout (`load_x`).
 
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> scales: array<u32>;
@@ -20,11 +19,7 @@ alias XU = X8;
 
 const UV: u32 = 8u;
 
-// DEC 4: x from the moved layout (`x_perm`; coalesced loads), decoded as by default.
 fn load_x(b: u32) -> XU {
-    if (DEC == 4u) {
-        return load_x8_moved(b);
-    }
     return load_x8(b);
 }
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# What the kernel-parameter slots (param_arena.rs) buy on the H200, and the matvec variants
-# built in session 7 (one call, up to 10 minutes): the GPU op tests; host time per dispatch
+# What the kernel-parameter slots (param_arena.rs) buy on the H200, and the matvec kernels
+# (one call, up to 10 minutes): the GPU op tests; host time per dispatch
 # (reused slots against a uniform buffer per dispatch); k3slice32 decode with the binary
 # from before the slots (.devbin/k3_prev: a buffer per dispatch, f32 int4 decode) against
 # this one with int4 auto (the default), float and digits, alternated; then the kernel
-# blocks of the variants. Results under $OUT.
+# blocks. Results under $OUT.
 # The decode rounds (what matters most) come before the kernel blocks, which take the rest
 # of the 10-minute call.
 # ROUNDS_ONLY=1 runs only the synth and the decode rounds; VARIANTS picks them, ROUNDS
@@ -41,12 +41,7 @@ for rep in $(seq "${ROUNDS:-2}"); do
     done
 done | tee "$OUT/rounds.txt"
 [ "${ROUNDS_ONLY:-}" = 1 ] && exit 0
-# The int4 lines with the read kernel interleaved: default, f32 decode, digits unchecked,
-# two units prefetched (digits, f32, expert geometry), rows over two blocks of 32 lanes
-# (digits, f32), coalesced x (DEC 4) for int4 and for MXFP4 in the expert geometry; then
-# the registers of the prefetch.
-timeout 240 $D/gpu_kernels blocks=2,3,5,19,20,21,22,23,24,25 > "$OUT/kernels.txt" 2>&1
+# The int4 lines with the read kernel interleaved: default, f32 decode, digits unchecked.
+# (Session 8 also ran blocks 19-25 here, the variants that lost and were then removed.)
+timeout 240 $D/gpu_kernels blocks=2,3,5 > "$OUT/kernels.txt" 2>&1
 grep -E "^==|int4 matvec|16 experts' w1|moe resident: 16" "$OUT/kernels.txt" | cut -c1-150
-for s in "DEC=3,PIPE=1" "DEC=3,PIPE=2" "DEC=1,PIPE=2"; do
-    timeout 30 $D/shader_stats "matvec_int4:dense:LPR=32,RPL=4,$s" 2>&1 | grep -v "^device" | cut -c1-110
-done

@@ -99,8 +99,8 @@ pub enum ReadStaging {
 /// How a matvec workgroup is laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatvecShape {
-    /// Lanes that share one output row (a power of two ≤ 64 and the workgroup size; 64
-    /// splits each row's units over two 32-lane blocks).
+    /// Lanes that share one output row (a power of two ≤ 32; 64, a row over two 32-lane
+    /// blocks, lost on the H200: docs/perf.md, session 8).
     pub lanes_per_row: u32,
     /// Of a row's lanes, how many sit side by side in one 32-lane block (the `LW` override; a
     /// power of two, 4..=lanes_per_row); fewer means a block's x loads touch fewer lines and
@@ -112,13 +112,12 @@ pub struct MatvecShape {
     /// `None` = each shader's default, and for int4 matrices of `DIGITS_FROM_ROWS` rows or
     /// more 3 in the row-split kernel. 3 (int4 only; the others read it as their default):
     /// byte dot products against x split into exact integer digits by a `x_planes` pass
-    /// (`matvec_int4.wgsl`); `Some(3)` puts it in every one-token int4 kernel. 4 (int4 and
-    /// MXFP4, row-split): the default decode against x moved into a coalesced layout.
-    /// Benchmarks and tests compare the variants.
+    /// (`matvec_int4.wgsl`); `Some(3)` puts it in every one-token int4 kernel. Benchmarks
+    /// and tests compare the variants.
     pub decode: Option<u32>,
-    /// Units whose weights are requested before the current one is computed: 0, 1 (the
-    /// next unit; the default) or 2 (the next two, for more loads in flight per lane); the
-    /// `PIPE` override.
+    /// Units whose weights are requested before the current one is computed: 0 or 1 (the
+    /// next unit; the default); the `PIPE` override. Two lost on the H200 (docs/perf.md,
+    /// session 8: 24 more registers a lane).
     pub prefetch_units: u32,
     /// Build the matvec shaders without wgpu's injected bounds checks and loop bounding
     /// (the driver's robust buffer access still applies); benchmarks measure what it buys.
@@ -153,14 +152,14 @@ impl MatvecShape {
     /// Checks the shape and fits its split to a workgroup of `wg` lanes.
     fn fitted(mut self, wg: u32) -> Result<Self> {
         if !self.lanes_per_row.is_power_of_two()
-            || self.lanes_per_row > 64.min(wg)
+            || self.lanes_per_row > 32
             || !self.lanes_per_block.is_power_of_two()
             || self.lanes_per_block < 4
             || !(1..=8).contains(&self.rows_per_lane)
-            || self.decode.is_some_and(|d| d > 4)
-            || self.prefetch_units > 2
+            || self.decode.is_some_and(|d| d > 3)
+            || self.prefetch_units > 1
         {
-            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 64 and the workgroup size ({wg}), lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=4, prefetch 0..=2 units");
+            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=3, prefetch 0..=1 units");
         }
         self.lanes_per_block = split_lanes(self.lanes_per_row, self.lanes_per_block, wg);
         Ok(self)

@@ -321,14 +321,10 @@ impl GpuBackend {
         let split_digits =
             int4 && (decode == Some(3) || (decode.is_none() && w.rows >= DIGITS_FROM_ROWS));
         let cs_digits = int4 && decode == Some(3);
-        // DEC 4 (int4, row-split, asked for only): plain x moved into the planes' layout.
-        let split_moved = int4 && decode == Some(4);
         let planes = OnceCell::new();
         let planes_of = || {
-            let entry = if split_moved { "x_perm" } else { "x_planes" };
-            let size = (xp.rows, w.cols_padded / uc);
             &planes
-                .get_or_init(|| self.x_moved(Shader::MatvecInt4, &xp.buf, size, entry, 32))
+                .get_or_init(|| self.x_planes(&xp.buf, (xp.rows, w.cols_padded / uc)))
                 .buf
         };
         for c in &w.chunks {
@@ -371,8 +367,6 @@ impl GpuBackend {
                 for c in consts.iter_mut().filter(|c| c.0 == "DEC") {
                     c.1 = 3;
                 }
-            } else if split_moved {
-                bufs[0] = planes_of();
             }
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
@@ -386,21 +380,10 @@ impl GpuBackend {
         Ok(y)
     }
 
-    /// x in the moved layout of the matvecs' `DEC` 3 and 4 (`plane_at` in
-    /// matvec_common.wgsl): through `entry` `x_planes` (int4: per 32-column unit, x's exact
-    /// integer digits, their sum and the power of two) or `x_perm` (x's values, moved), with
-    /// blocks of `xb` units. x is `rows` rows of `units` 32-column units, and so is the
-    /// result.
-    pub(super) fn x_moved(
-        &self,
-        shader: Shader,
-        x: &wgpu::Buffer,
-        (rows, units): (usize, usize),
-        entry: &'static str,
-        xb: u32,
-    ) -> GpuAct {
-        // One invocation per output word (x_planes) or per vec4 (x_perm) of a unit.
-        let per_unit = if entry == "x_perm" { 8 } else { 32 };
+    /// x in the layout of the int4 matvec's `DEC` 3 (`x_planes` in matvec_int4.wgsl: per
+    /// 32-column unit, x's exact integer digits, their sum and the power of two, stored by
+    /// blocks of 32 units). x is `rows` rows of `units` units, and so is the result.
+    fn x_planes(&self, x: &wgpu::Buffer, (rows, units): (usize, usize)) -> GpuAct {
         let out = self.alloc(rows, 32 * units);
         let mut params = [0u32; 11];
         params[1] = units as u32;
@@ -408,13 +391,14 @@ impl GpuBackend {
         params[5] = (8 * units) as u32;
         self.ctx.dispatch_at(
             &Dispatch {
-                shader,
-                entry,
-                consts: &[("XB", xb)],
+                shader: Shader::MatvecInt4,
+                entry: "x_planes",
+                consts: &[],
                 params: &params,
                 buffers: &[x, &out.buf],
                 groups: (
-                    (per_unit * units as u32).div_ceil(self.ctx.wg),
+                    // One invocation per output word of a unit.
+                    (32 * units as u32).div_ceil(self.ctx.wg),
                     rows as u32,
                     1,
                 ),

@@ -14,7 +14,6 @@ use super::GpuBackend;
 use crate::backend::{ExpertAssignment, ExpertWeights, Glu};
 use crate::quant::Mxfp4View;
 use anyhow::{anyhow, bail, ensure, Result};
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
 /// Columns per MXFP4 scale block (one kernel unit).
@@ -270,14 +269,13 @@ impl GpuBackend {
         Ok(a)
     }
 
-    /// One batched MXFP4 matmul: `rows` output rows per expert slot, `cols` inputs (`x`);
-    /// the one-pair items through the matvec, the tiled ones through the chunk kernel's
-    /// `tile`.
+    /// One batched MXFP4 matmul: `rows` output rows per expert slot, `cols` inputs; the
+    /// one-pair items through the matvec, the tiled ones through the chunk kernel's `tile`.
     #[allow(clippy::too_many_arguments)]
     fn mxfp4_batched(
         &self,
         a: &Arena,
-        x: &BatchInput<'_>,
+        x: &wgpu::Buffer,
         y: &wgpu::Buffer,
         rt: &wgpu::Buffer,
         rows: usize,
@@ -303,7 +301,7 @@ impl GpuBackend {
                 row_block,
             ]
         };
-        let mut buffers = [&x.act.buf, y, &a.packed, &a.scales, rt];
+        let mut buffers = [x, y, &a.packed, &a.scales, rt];
         if let (Some(c), true) = (chunk, tiled.1 > 0) {
             debug_assert!(tiled.1 <= self.ctx.limits.max_compute_workgroups_per_dimension);
             if let Some(pb) = &c.part {
@@ -353,19 +351,10 @@ impl GpuBackend {
             });
             return;
         }
-        // DEC 4 (asked for only): x moved into blocks of the units one 32-lane block walks.
-        let mut consts = mv_consts_of(shape).to_vec();
-        let moved;
-        if shape.decode == Some(4) {
-            let xb = shape.lanes_per_block.min(shape.lanes_per_row).min(32);
-            moved = x.moved(self, cols / BLOCK, xb);
-            buffers[0] = &moved;
-            consts.push(("XB", xb));
-        }
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecMxfp4,
             entry: "moe",
-            consts: &consts,
+            consts: &mv_consts_of(shape),
             params: &params(one.0, (0, 0), 0),
             buffers: &buffers,
             groups: (one.1, split_groups, 1),
@@ -474,7 +463,7 @@ impl GpuBackend {
         let chunk = self.chunk_pass(tile, &rt, w.rows, w.cols);
         self.mxfp4_batched(
             &arena,
-            &BatchInput::new(x),
+            &x.buf,
             &y.buf,
             &rtb,
             w.rows,
@@ -712,19 +701,17 @@ impl GpuBackend {
         let ypair = self.alloc(rt.pairs, d);
         let (h, ypair) = (&h.buf, &ypair.buf);
         let chunk = self.chunk_pass(tile, &rt, 2 * i, d);
-        let x = BatchInput::new(z);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
             let c = chunk.as_ref();
-            self.mxfp4_batched(&set.up, &x, h, &rtb, 2 * i, d, rt.tok_map, items, c);
+            self.mxfp4_batched(&set.up, &z.buf, h, &rtb, 2 * i, d, rt.tok_map, items, c);
         }
         self.finish_chunk_pass(chunk.as_ref(), h);
         let iu = i as u32;
         self.glu_strided(h, h, &act, glu, (2 * iu, 2 * iu, iu));
         let chunk = self.chunk_pass(tile, &rt, d, i);
-        let x = BatchInput::new(&act);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
             let c = chunk.as_ref();
-            self.mxfp4_batched(&set.down, &x, ypair, &rtb, d, i, rt.id_map, items, c);
+            self.mxfp4_batched(&set.down, &act.buf, ypair, &rtb, d, i, rt.id_map, items, c);
         }
         self.finish_chunk_pass(chunk.as_ref(), ypair);
         if !out.is_empty() {
@@ -744,35 +731,6 @@ impl GpuBackend {
             });
         }
         Ok(())
-    }
-}
-
-/// The input of one batched matmul over every arena set, with the copies `DEC` 4 moves it
-/// into, made once per block size however many sets read them.
-struct BatchInput<'a> {
-    act: &'a GpuAct,
-    moved: RefCell<Vec<(u32, GpuAct)>>,
-}
-
-impl<'a> BatchInput<'a> {
-    fn new(act: &'a GpuAct) -> Self {
-        Self {
-            act,
-            moved: RefCell::new(Vec::new()),
-        }
-    }
-
-    /// The input moved into blocks of `xb` units (rows of `units` units), made on first use.
-    fn moved(&self, g: &GpuBackend, units: usize, xb: u32) -> wgpu::Buffer {
-        let mut moved = self.moved.borrow_mut();
-        if let Some((_, m)) = moved.iter().find(|(b, _)| *b == xb) {
-            return m.buf.clone();
-        }
-        let size = (self.act.rows, units);
-        let m = g.x_moved(Shader::MatvecMxfp4, &self.act.buf, size, "x_perm", xb);
-        let buf = m.buf.clone();
-        moved.push((xb, m));
-        buf
     }
 }
 

@@ -146,6 +146,59 @@ impl<'a> Timer<'a> {
     }
 }
 
+/// Per-pass GPU time of small kernels (`Part::Passes`): each timed span holds `n` passes,
+/// so a chain's figure per pass is its span over `n`.
+fn passes(g: &GpuBackend, t: &Timer<'_>) {
+    let d = 7168;
+    let x = g.upload(&vec![0.5; d], 1, d).unwrap();
+    let w = g.upload(&vec![1.0; d], 1, d).unwrap();
+    let m = g
+        .load_matrix(dense(&mut StdRng::seed_from_u64(3), 12288, d, 4))
+        .unwrap();
+    let chain = |n: usize, norm: bool| {
+        let mut y = x.clone();
+        for _ in 0..n {
+            y = if norm {
+                g.rmsnorm(&y, &w, d, 1e-6).unwrap()
+            } else {
+                g.add(&y, &x).unwrap()
+            };
+        }
+    };
+    for (name, norm) in [
+        ("add over 7168", false),
+        ("rmsnorm of 7168 (one workgroup)", true),
+    ] {
+        let one = t.time(|| chain(1, norm));
+        let many = t.time(|| chain(64, norm));
+        println!(
+            "passes: {name}: one pass alone {:.1} us; 64 chained {:.1} us a pass",
+            one * 1e6,
+            many / 64.0 * 1e6
+        );
+    }
+    let mv = t.time(|| {
+        g.matmul(&m, &x).unwrap();
+    });
+    let mv_norm = t.time(|| {
+        let y = g.matmul(&m, &x).unwrap();
+        let y = g.slice_rows(&y, 0, 1).unwrap();
+        g.rmsnorm(
+            &g.add(&y, &y).unwrap(),
+            &g.upload(&vec![1.0; 12288], 1, 12288).unwrap(),
+            12288,
+            1e-6,
+        )
+        .unwrap();
+    });
+    println!(
+        "passes: int4 matvec 12288x7168 {:.1} us; with an add and an rmsnorm behind it {:.1} us (+{:.1} us)",
+        mv * 1e6,
+        mv_norm * 1e6,
+        (mv_norm - mv) * 1e6
+    );
+}
+
 /// A kernel's line: its bandwidth against the read kernel's (`read` seconds over the same
 /// bytes, or the binding limit's worth where they are more).
 fn report(t: &Timer<'_>, name: &str, bytes: u64, secs: f64, read: f64) {
@@ -206,6 +259,9 @@ enum Part {
     /// Host time to record small dispatches (parameters in a fresh uniform buffer per
     /// dispatch when true, else in the reused slots).
     Host(bool),
+    /// What one pass of a small kernel costs on the GPU: chains of element-wise adds and
+    /// of single-workgroup RMSNorms, against one pass alone and one behind a large matvec.
+    Passes,
 }
 
 fn main() {
@@ -239,7 +295,9 @@ fn main() {
     // per lane, unchecked, and in the column-stationary kernel (forced on). The other formats
     // read DEC 3 as their default. Block 16 reads a large buffer against small ones, 17
     // and 18 time the host's recording. (Blocks 19 to 25 measured variants that lost and
-    // were removed: docs/perf.md, session 8.)
+    // were removed: docs/perf.md, session 8.) 19 is the per-pass cost of small kernels;
+    // 20 to 22 take fewer rows per lane (more workgroups a SM) for int4 digits, 23 and 24
+    // for the expert kernel (their MXFP4 lines against block 2's).
     // 32 lanes per row, all in one block, with the given rows per lane, decode and checks.
     let dec =
         |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), 1, unchecked);
@@ -276,6 +334,12 @@ fn main() {
         (None, None, None, Part::Read, true),
         (None, None, None, Part::Host(false), true),
         (None, None, None, Part::Host(true), true),
+        (None, None, None, Part::Passes, true),
+        split(dec(2, 3, false)),
+        split(dec(1, 3, false)),
+        split(shape(16, 16, 2, Some(3), 1, false)),
+        split(shape(8, 4, 2, None, 1, false)),
+        split(shape(16, 4, 2, None, 1, false)),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -422,6 +486,10 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         }
         return;
     }
+    if part == Part::Passes {
+        passes(g, &t);
+        return;
+    }
     if part == Part::Read {
         let big_bytes = ctx.max_binding / 16 * 16;
         let big = ctx.buffer(big_bytes, "large read src");
@@ -463,7 +531,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     };
     let ns: &[usize] = match part {
         Part::All => &[1, 8],
-        Part::Matvec | Part::Read | Part::Host(_) => &[1],
+        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes => &[1],
         Part::Chunk => &[1, 8, 32, 128],
     };
     for &n in ns {
@@ -518,7 +586,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         .collect();
     let moe_cases: &[(usize, usize)] = match part {
         Part::All => &[(1, 1), (16, 1), (16, 8)],
-        Part::Matvec | Part::Read | Part::Host(_) => &[(1, 1), (16, 1)],
+        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes => &[(1, 1), (16, 1)],
         Part::Chunk => &[(16, 1), (16, 8), (16, 32)],
     };
     fn views(m: &[(Vec<u8>, Vec<u8>); 3], i: usize, d: usize) -> ExpertWeights<'_> {
@@ -591,7 +659,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         Part::All => &[(12288, 7168), (163840, 7168)],
         // The head again here: in the first block it runs after the uploads, when the GPU
         // has slowed down (docs/perf.md, "Third pass").
-        Part::Matvec | Part::Read | Part::Host(_) => {
+        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes => {
             &[(12288, 7168), (3072, 7168), (1536, 7168), (163840, 7168)]
         }
         Part::Chunk => &[(12288, 7168)],
@@ -602,7 +670,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
             let m = g.load_matrix(dense(&mut rng, rows, cols, bits)).unwrap();
             let ns: &[usize] = match part {
                 Part::All => &[1, 32],
-                Part::Matvec | Part::Read | Part::Host(_) => &[1],
+                Part::Matvec | Part::Read | Part::Host(_) | Part::Passes => &[1],
                 Part::Chunk => &[1, 2, 4, 8, 16, 32, 128, 512],
             };
             for &n in ns {

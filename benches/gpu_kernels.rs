@@ -177,6 +177,16 @@ fn passes(g: &GpuBackend, t: &Timer<'_>) {
             many / 64.0 * 1e6
         );
     }
+    // The AttnRes mix of a decode step: one row, eight bank entries and the current one.
+    let bank: Vec<GpuAct> = (0..8).map(|_| x.clone()).collect();
+    let refs: Vec<&GpuAct> = bank.iter().collect();
+    let mix = t.time(|| {
+        g.attn_res_mix(&refs, &x, &w, 1e-6).unwrap();
+    });
+    println!(
+        "passes: attn-res mix of 9 entries x 7168 (one workgroup): {:.1} us",
+        mix * 1e6
+    );
     let mv = t.time(|| {
         g.matmul(&m, &x).unwrap();
     });

@@ -1,6 +1,12 @@
-// Block attention-residual mix, one workgroup per row: the entries (bank rows, then cur)
-// are packed as [entries, rows, cols]; score_e = (E_e·inv_rms(E_e))·w, softmax over e,
+// Block attention-residual mix: the entries (bank rows, then cur) are packed as
+// [entries, rows, cols]; score_e = (E_e·inv_rms(E_e))·w, softmax over e,
 // output = Σ_e p_e · E_e.
+//
+// Two passes: `scores`, one workgroup per (entry, row), then `mix`, the row's columns
+// spread over workgroups that each take the softmax of the row's scores. In decode there
+// is one row, and one workgroup doing all of it (every entry's sums one after another,
+// then every column) took 149 µs a call for 9 entries × 7168 on the H200, against 7 µs
+// for an element-wise pass (docs/perf.md, session 8).
 
 const MAX_ENTRIES: u32 = 64u;
 
@@ -15,38 +21,62 @@ struct MixParams {
 @group(0) @binding(1) var<storage, read> e: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> o: array<f32>;
+// [rows, entries] scores, written by `scores`, read by `mix`.
+@group(0) @binding(4) var<storage, read_write> sc: array<f32>;
 
 var<workgroup> probs: array<f32, MAX_ENTRIES>;
 
+// Columns c, c + WG, c + 2 WG and c + 3 WG of the entry row at `base`, 0 past the row's
+// end: four loads a lane requested before any is used.
+fn e4(base: u32, c: u32) -> vec4<f32> {
+    let cs = vec4<u32>(c, c + WG, c + 2u * WG, c + 3u * WG);
+    let last = p.cols - 1u;
+    let v = vec4<f32>(e[base + min(cs.x, last)], e[base + min(cs.y, last)], e[base + min(cs.z, last)], e[base + min(cs.w, last)]);
+    return select(vec4<f32>(0.0), v, cs < vec4<u32>(p.cols));
+}
+
+fn w4(c: u32) -> vec4<f32> {
+    let cs = vec4<u32>(c, c + WG, c + 2u * WG, c + 3u * WG);
+    let last = p.cols - 1u;
+    let v = vec4<f32>(w[min(cs.x, last)], w[min(cs.y, last)], w[min(cs.z, last)], w[min(cs.w, last)]);
+    return select(vec4<f32>(0.0), v, cs < vec4<u32>(p.cols));
+}
+
+// Workgroup (entry k, row r): the entry's score for the row.
 @compute @workgroup_size(WG)
-fn mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
+fn scores(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
-    let ri = wg.x + wg.y * nwg.x;
-    let r = min(ri, p.rows - 1u);
-    for (var k = 0u; k < p.entries; k++) {
-        let base = (k * p.rows + r) * p.cols;
-        var ss = 0.0;
-        var dw = 0.0;
-        for (var c = lanes.lid; c < p.cols; c += WG) {
-            let v = e[base + c];
-            ss += v * v;
-            dw += v * w[c];
-        }
-        let tss = wg_sum(ss);
-        let tdw = wg_sum(dw);
-        if (lanes.lid == 0u) {
-            probs[k] = tdw / sqrt(tss / f32(p.cols) + p.eps);
-        }
+    let k = wg.x;
+    let r = wg.y;
+    let base = (k * p.rows + r) * p.cols;
+    var ss = vec4<f32>(0.0);
+    var dw = vec4<f32>(0.0);
+    for (var c = lanes.lid; c < p.cols; c += 4u * WG) {
+        let v = e4(base, c);
+        ss += v * v;
+        dw += v * w4(c);
     }
-    workgroupBarrier();
+    let tss = wg_sum((ss.x + ss.y) + (ss.z + ss.w));
+    let tdw = wg_sum((dw.x + dw.y) + (dw.z + dw.w));
     if (lanes.lid == 0u) {
-        var m = probs[0];
+        sc[r * p.entries + k] = tdw / sqrt(tss / f32(p.cols) + p.eps);
+    }
+}
+
+// Workgroup (column block, row r): the softmax of the row's scores, then one output
+// column a lane.
+@compute @workgroup_size(WG)
+fn mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = wg.y;
+    if (lid == 0u) {
+        let s0 = r * p.entries;
+        var m = sc[s0];
         for (var k = 1u; k < p.entries; k++) {
-            m = max(m, probs[k]);
+            m = max(m, sc[s0 + k]);
         }
         var tot = 0.0;
         for (var k = 0u; k < p.entries; k++) {
-            let ex = exp(probs[k] - m);
+            let ex = exp(sc[s0 + k] - m);
             probs[k] = ex;
             tot += ex;
         }
@@ -55,13 +85,12 @@ fn mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
         }
     }
     workgroupBarrier();
-    if (ri < p.rows) {
-        for (var c = lanes.lid; c < p.cols; c += WG) {
-            var acc = 0.0;
-            for (var k = 0u; k < p.entries; k++) {
-                acc += probs[k] * e[(k * p.rows + r) * p.cols + c];
-            }
-            o[r * p.cols + c] = acc;
+    let c = wg.x * WG + lid;
+    if (c < p.cols) {
+        var acc = 0.0;
+        for (var k = 0u; k < p.entries; k++) {
+            acc += probs[k] * e[(k * p.rows + r) * p.cols + c];
         }
+        o[r * p.cols + c] = acc;
     }
 }

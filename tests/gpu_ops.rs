@@ -188,6 +188,10 @@ fn rmsnorm_and_attn_res_mix_match_cpu() {
             (5, 300, 300),
             (2, 1000, 1000),
             (4, 390, 13),
+            // K3's width, and one whose last stride is short: several unrolled strides
+            // (rmsnorm.wgsl) per lane.
+            (1, 7168, 7168),
+            (2, 4500, 4500),
         ] {
             let (gx, cx) = p.up(&rand_vec(&mut rng, r * c, 3.0), r, c);
             let (gw, cw) = p.up(&rand_vec(&mut rng, group, 1.0), 1, group);
@@ -201,7 +205,13 @@ fn rmsnorm_and_attn_res_mix_match_cpu() {
                 F32_TOL,
             );
         }
-        for (r, c, banked) in [(1, 64, 0), (3, 300, 1), (2, 1000, 4)] {
+        for (r, c, banked) in [
+            (1, 64, 0),
+            (3, 300, 1),
+            (2, 1000, 4),
+            (1, 7168, 3),
+            (2, 4500, 2),
+        ] {
             let (gcur, ccur) = p.up(&rand_vec(&mut rng, r * c, 2.0), r, c);
             let (gw, cw) = p.up(&rand_vec(&mut rng, c, 1.0), 1, c);
             let bank: Vec<_> = (0..banked)
@@ -653,6 +663,23 @@ fn a_device_error_is_returned_not_panicked() {
         );
         let x = g.upload(&[1.0; 4], 1, 4).unwrap();
         assert!(g.download(&x).is_err());
+    }
+}
+
+/// The mix runs one workgroup row per input row: more rows than the adapter's grid allows
+/// is an error that says what to do, not a panic inside wgpu.
+#[test]
+fn attn_res_mix_refuses_more_rows_than_the_grid_holds() {
+    for g in gpus(None).into_iter().take(1) {
+        let rows = g.ctx.limits.max_compute_workgroups_per_dimension as usize + 1;
+        let cur = g.upload(&vec![1.0; rows], rows, 1).unwrap();
+        let w = g.upload(&[1.0], 1, 1).unwrap();
+        let err = format!("{:#}", g.attn_res_mix(&[], &cur, &w, 1e-6).unwrap_err());
+        assert!(
+            err.contains("rows in one call") && err.contains("K3_CHUNK"),
+            "{err}"
+        );
+        g.ctx.finish().unwrap();
     }
 }
 

@@ -59,6 +59,12 @@ impl GpuBackend {
             entries <= MAX_MIX_ENTRIES,
             "attn_res_mix: {entries} entries, the GPU kernel holds at most {MAX_MIX_ENTRIES}"
         );
+        let rows = cur.rows as u32;
+        ensure!(
+            rows <= self.ctx.limits.max_compute_workgroups_per_dimension,
+            "attn_res_mix: {rows} rows in one call; the adapter runs at most {} (a smaller prefill chunk, K3_CHUNK, fits)",
+            self.ctx.limits.max_compute_workgroups_per_dimension
+        );
         let out = self.alloc(cur.rows, cur.cols);
         if cur.is_empty() {
             return Ok(out);
@@ -71,19 +77,33 @@ impl GpuBackend {
             self.ctx
                 .copy(&e.buf, 0, &packed, cur.bytes() * i as u64, cur.bytes());
         }
-        self.ctx.dispatch(&Dispatch {
-            shader: Shader::AttnResMix,
-            entry: "mix",
-            consts: &[],
-            params: &[
-                entries as u32,
-                cur.rows as u32,
-                cur.cols as u32,
-                eps.to_bits(),
-            ],
-            buffers: &[&packed, &w.buf, &out.buf],
-            groups: self.ctx.grid(cur.rows as u32),
-        });
+        let scores = self.alloc(cur.rows, entries);
+        let params = [entries as u32, rows, cur.cols as u32, eps.to_bits()];
+        // One workgroup per (entry, row) for the scores, then the columns over workgroups:
+        // one workgroup for a decode row's whole mix took 20 times an element-wise pass on
+        // the H200.
+        self.ctx.dispatch_at(
+            &Dispatch {
+                shader: Shader::AttnResMix,
+                entry: "scores",
+                consts: &[],
+                params: &params,
+                buffers: &[&packed, &w.buf, &scores.buf],
+                groups: (entries as u32, rows, 1),
+            },
+            [1, 2, 4],
+        );
+        self.ctx.dispatch_at(
+            &Dispatch {
+                shader: Shader::AttnResMix,
+                entry: "mix",
+                consts: &[],
+                params: &params,
+                buffers: &[&packed, &out.buf, &scores.buf],
+                groups: ((cur.cols as u32).div_ceil(self.ctx.wg), rows, 1),
+            },
+            [1, 3, 4],
+        );
         Ok(out)
     }
 }

@@ -305,9 +305,8 @@ fn main() {
     // per lane, unchecked, and in the column-stationary kernel (forced on). The other formats
     // read DEC 3 as their default. Block 16 reads a large buffer against small ones, 17
     // and 18 time the host's recording. (Blocks 19 to 25 measured variants that lost and
-    // were removed: docs/perf.md, session 8.) 19 is the per-pass cost of small kernels;
-    // 20 to 22 take fewer rows per lane (more workgroups a SM) for int4 digits, 23 and 24
-    // for the expert kernel (their MXFP4 lines against block 2's).
+    // were removed: docs/perf.md, session 8, which also has the fewer-rows-per-lane blocks
+    // that followed them.) 19 is the per-pass cost of small kernels.
     // 32 lanes per row, all in one block, with the given rows per lane, decode and checks.
     let dec =
         |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), 1, unchecked);
@@ -345,11 +344,6 @@ fn main() {
         (None, None, None, Part::Host(false), true),
         (None, None, None, Part::Host(true), true),
         (None, None, None, Part::Passes, true),
-        split(dec(2, 3, false)),
-        split(dec(1, 3, false)),
-        split(shape(16, 16, 2, Some(3), 1, false)),
-        split(shape(8, 4, 2, None, 1, false)),
-        split(shape(16, 4, 2, None, 1, false)),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.

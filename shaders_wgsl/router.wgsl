@@ -23,6 +23,12 @@ struct RouterParams {
 var<workgroup> best_v: array<f32, 256>;
 var<workgroup> best_i: array<u32, 256>;
 var<workgroup> sel: array<u32, MAX_K>;
+// The biased scores, computed once: each of the k rounds used to reload the logits and the
+// bias and recompute σ, and one-workgroup kernels that load from memory once per loop
+// iteration ran at 2–20 times an element-wise pass on the H200 (docs/perf.md, session 8).
+// Routers with more experts than this recompute them per round.
+const CACHED: u32 = 1024u;
+var<workgroup> vals: array<f32, CACHED>;
 
 fn sigmoid(v: f32) -> f32 {
     return 1.0 / (1.0 + exp(-v));
@@ -40,6 +46,13 @@ fn topk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let r = min(ri, p.rows - 1u);
     let base = r * p.experts;
     let none = 0xFFFFFFFFu;
+    let cached = p.experts <= CACHED;
+    if (cached) {
+        for (var e = lid; e < p.experts; e += WG) {
+            vals[e] = sigmoid(logits[base + e]) + bias[e];
+        }
+    }
+    workgroupBarrier();
     for (var round = 0u; round < p.k; round++) {
         var bv = -3.4e38;
         var bi = none;
@@ -48,7 +61,12 @@ fn topk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             for (var j = 0u; j < round; j++) {
                 taken = taken || sel[j] == e;
             }
-            let v = sigmoid(logits[base + e]) + bias[e];
+            var v: f32;
+            if (cached) {
+                v = vals[e];
+            } else {
+                v = sigmoid(logits[base + e]) + bias[e];
+            }
             if (!taken && (bi == none || better(v, e, bv, bi))) {
                 bv = v;
                 bi = e;

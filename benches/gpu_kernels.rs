@@ -17,7 +17,7 @@ use k3::backend::gpu::stationary::Stationary;
 use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
 use k3::backend::{
     Backend, ExpertAssignment, ExpertKey, ExpertWeights, Glu, KdaDims, KdaStepInputs,
-    KdaStepWeights, MlaAttnWeights, MlaDims,
+    KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
 };
 use k3::quant::{DenseData, DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
@@ -186,6 +186,27 @@ fn passes(g: &GpuBackend, t: &Timer<'_>) {
     println!(
         "passes: attn-res mix of 9 entries x 7168 (one workgroup): {:.1} us",
         mix * 1e6
+    );
+    // The router of a decode step: one row, top 16 of 896, read back (wall clock: the
+    // readback ends the span, so this is a call's latency, not its GPU time alone).
+    let mut rng = StdRng::seed_from_u64(5);
+    let logits: Vec<f32> = (0..896).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+    let logits = g.upload(&logits, 1, 896).unwrap();
+    let bias = vec![0.01; 896];
+    let params = RouterParams {
+        top_k: 16,
+        renormalize: true,
+        scaling: 2.5,
+    };
+    g.router_topk(&logits, &bias, params).unwrap();
+    let calls = 50;
+    let t0 = Instant::now();
+    for _ in 0..calls {
+        g.router_topk(&logits, &bias, params).unwrap();
+    }
+    println!(
+        "passes: router top-16 of 896 with its readback: {:.1} us a call (wall clock)",
+        t0.elapsed().as_secs_f64() / f64::from(calls) * 1e6
     );
     let mv = t.time(|| {
         g.matmul(&m, &x).unwrap();

@@ -12,28 +12,9 @@
 //   nvcc -O3 -arch=sm_90 -Xptxas -v -o int4_probe tools/cuda_probe/int4_matvec.cu
 //   ./int4_probe            # check against the host, then each variant timed against the read
 //   ./int4_probe profile    # each variant launched once a shape, for ncu
-#include <cuda_runtime.h>
+#include "probe_common.cuh"
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <string>
-#include <vector>
-
-#define CK(call)                                                                    \
-    do {                                                                            \
-        cudaError_t e_ = (call);                                                    \
-        if (e_ != cudaSuccess) {                                                    \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                                \
-        }                                                                           \
-    } while (0)
-
-constexpr int RPL = 4;    // rows a lane
-constexpr int WG = 256;   // threads a block: 8 warps, one row group each
-constexpr int REPS = 20;
+constexpr int RPL = 4;  // rows a lane
 
 // Lane k of the low half-word of `o` (offset binary) times 16^k, exactly: the nibble placed
 // in the mantissa of 2^23, minus 2^23 and the bias.
@@ -42,10 +23,6 @@ __device__ __forceinline__ float4 nib4(uint32_t o) {
                        __uint_as_float((o & 0xF0u) | 0x4B000000u) - 8388736.0f,
                        __uint_as_float((o & 0xF00u) | 0x4B000000u) - 8390656.0f,
                        __uint_as_float((o & 0xF000u) | 0x4B000000u) - 8421376.0f);
-}
-
-__device__ __forceinline__ float dot4(float4 a, float4 b) {
-    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
 template <int MODE>
@@ -123,60 +100,6 @@ __global__ void __launch_bounds__(WG) int4_mv(const uint4* __restrict__ w, const
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
         if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
     }
-}
-
-// The bench's read kernel: every 16-byte word once, grid-stride, folded into a sink.
-__global__ void read_words(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
-    uint32_t a = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint4 v = p[i];
-        a ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (a == 0x9E3779B9u) sink[0] = a;
-}
-
-__global__ void fill_words(uint32_t* p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t s = (uint32_t)i * 2654435761u ^ seed;
-        s ^= s << 13;
-        s ^= s >> 17;
-        s ^= s << 5;
-        p[i] = s;
-    }
-}
-
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-// Median ms of `f` and of the read kernel over `bytes`, their runs interleaved.
-template <class F>
-static void time_vs_read(F f, const uint4* src, size_t bytes, uint32_t* sink, float* ms, float* read_ms) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<float> t1, t2;
-    f();
-    read_words<<<132 * 8 * 4, WG>>>(src, bytes / 16, sink);
-    for (int r = 0; r < REPS; r++) {
-        float t;
-        CK(cudaEventRecord(a));
-        f();
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        CK(cudaEventElapsedTime(&t, a, b));
-        t1.push_back(t);
-        CK(cudaEventRecord(a));
-        read_words<<<132 * 8 * 4, WG>>>(src, bytes / 16, sink);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        CK(cudaEventElapsedTime(&t, a, b));
-        t2.push_back(t);
-    }
-    CK(cudaGetLastError());
-    *ms = median(t1);
-    *read_ms = median(t2);
 }
 
 // The matvec of rows [0, n) on the host, from the same bytes.

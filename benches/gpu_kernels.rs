@@ -148,7 +148,7 @@ impl<'a> Timer<'a> {
 
 /// Per-pass GPU time of small kernels (`Part::Passes`): each timed span holds `n` passes,
 /// so a chain's figure per pass is its span over `n`.
-fn passes(g: &GpuBackend, t: &Timer<'_>) {
+fn passes(g: &GpuBackend, t: &Timer<'_>, quick: bool) {
     let d = 7168;
     let x = g.upload(&vec![0.5; d], 1, d).unwrap();
     let w = g.upload(&vec![1.0; d], 1, d).unwrap();
@@ -228,6 +228,59 @@ fn passes(g: &GpuBackend, t: &Timer<'_>) {
         mv_norm * 1e6,
         (mv_norm - mv) * 1e6
     );
+    // One workgroup per head, a lane walking its state column's rows: the same kind.
+    kda_lines(g, t, quick);
+}
+
+/// The KDA step at 96 heads × 128 × 128 (8 heads when `quick`): one token, a 64-token
+/// chunk, and the chunk's tokens as one-token calls.
+fn kda_lines(g: &GpuBackend, t: &Timer<'_>, quick: bool) {
+    // KDA step: 96 heads x 128 x 128 state.
+    let (heads, hd) = (if quick { 8 } else { 96 }, 128);
+    let kd = KdaDims {
+        heads,
+        head_dim: hd,
+        conv_k: 4,
+        lower_bound: Some(-5.0),
+        norm_eps: 1e-6,
+    };
+    let p = kd.width();
+    let up = |n: usize, c: usize| g.upload(&vec![0.1; n * c], n, c).unwrap();
+    let kw = KdaStepWeights {
+        conv_q: up(1, p * 4),
+        conv_k: up(1, p * 4),
+        conv_v: up(1, p * 4),
+        a_log: up(1, heads),
+        dt_bias: up(1, p),
+        o_norm: up(1, hd),
+    };
+    let mut st = g.kda_state(&kd).unwrap();
+    // A step's inputs for n tokens (q, k, v, f, beta, gate), and one step over them.
+    let inputs =
+        |n: usize| -> Vec<GpuAct> { [p, p, p, p, heads, p].iter().map(|&w| up(n, w)).collect() };
+    let step = |st: &mut _, i: &[GpuAct]| {
+        g.kda_step(&kd, &kw, st, KdaStepInputs::from_slice(i).unwrap())
+            .unwrap();
+    };
+    // One token (decode) and a 64-token chunk (prefill: the tokens run in order inside).
+    for n in [1usize, 64] {
+        let i = inputs(n);
+        // The state is read and written once per token.
+        let bytes = (2 * n * heads * hd * hd * 4) as u64;
+        let (secs, read) = t.time_vs_read(bytes, &mut || step(&mut st, &i));
+        let name = format!("kda step {heads} heads x {hd}x{hd}, {n} token(s)");
+        report(t, &name, bytes, secs, read);
+    }
+    // The chunk's baseline in the same run: its 64 tokens as 64 one-token (fused) calls.
+    let one = inputs(1);
+    let bytes = (2 * 64 * heads * hd * hd * 4) as u64;
+    let (secs, read) = t.time_vs_read(bytes, &mut || {
+        for _ in 0..64 {
+            step(&mut st, &one);
+        }
+    });
+    let name = format!("kda step {heads} heads x {hd}x{hd}, 64 x 1 token");
+    report(t, &name, bytes, secs, read);
 }
 
 /// A kernel's line: its bandwidth against the read kernel's (`read` seconds over the same
@@ -512,7 +565,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         return;
     }
     if part == Part::Passes {
-        passes(g, &t);
+        passes(g, &t, quick);
         return;
     }
     if part == Part::Read {
@@ -719,52 +772,8 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     if !all {
         return;
     }
-    // KDA step: 96 heads x 128 x 128 state.
-    let (heads, hd) = (s(96, 8), 128);
-    let kd = KdaDims {
-        heads,
-        head_dim: hd,
-        conv_k: 4,
-        lower_bound: Some(-5.0),
-        norm_eps: 1e-6,
-    };
-    let p = kd.width();
+    kda_lines(g, &t, quick);
     let up = |n: usize, c: usize| g.upload(&vec![0.1; n * c], n, c).unwrap();
-    let kw = KdaStepWeights {
-        conv_q: up(1, p * 4),
-        conv_k: up(1, p * 4),
-        conv_v: up(1, p * 4),
-        a_log: up(1, heads),
-        dt_bias: up(1, p),
-        o_norm: up(1, hd),
-    };
-    let mut st = g.kda_state(&kd).unwrap();
-    // A step's inputs for n tokens (q, k, v, f, beta, gate), and one step over them.
-    let inputs =
-        |n: usize| -> Vec<GpuAct> { [p, p, p, p, heads, p].iter().map(|&w| up(n, w)).collect() };
-    let step = |st: &mut _, i: &[GpuAct]| {
-        g.kda_step(&kd, &kw, st, KdaStepInputs::from_slice(i).unwrap())
-            .unwrap();
-    };
-    // One token (decode) and a 64-token chunk (prefill: the tokens run in order inside).
-    for n in [1usize, 64] {
-        let i = inputs(n);
-        // The state is read and written once per token.
-        let bytes = (2 * n * heads * hd * hd * 4) as u64;
-        let (secs, read) = t.time_vs_read(bytes, &mut || step(&mut st, &i));
-        let name = format!("kda step {heads} heads x {hd}x{hd}, {n} token(s)");
-        report(&t, &name, bytes, secs, read);
-    }
-    // The chunk's baseline in the same run: its 64 tokens as 64 one-token (fused) calls.
-    let one = inputs(1);
-    let bytes = (2 * 64 * heads * hd * hd * 4) as u64;
-    let (secs, read) = t.time_vs_read(bytes, &mut || {
-        for _ in 0..64 {
-            step(&mut st, &one);
-        }
-    });
-    let name = format!("kda step {heads} heads x {hd}x{hd}, 64 x 1 token");
-    report(&t, &name, bytes, secs, read);
 
     // MLA decode over 4096 cached positions.
     let md = MlaDims {

@@ -99,11 +99,55 @@ fn normalize_qk(lid: u32, ssq: f32, ssk: f32) {
     workgroupBarrier();
 }
 
+// Rows i .. i + 3 of state column j (head at s_base), and whether each is below `end`; rows
+// at or past `end` read row end - 1 (end > i).
+struct Rows4 {
+    v: vec4<f32>,
+    live: vec4<bool>,
+}
+
+fn st4(s_base: u32, i: u32, j: u32, end: u32) -> Rows4 {
+    let is = vec4<u32>(i, i + 1u, i + 2u, i + 3u);
+    let r = min(is, vec4<u32>(end - 1u)) * p.dk + vec4<u32>(s_base + j);
+    return Rows4(vec4<f32>(st[r.x], st[r.y], st[r.z], st[r.w]), is < vec4<u32>(end));
+}
+
+// Entries i .. i + 3 of a staged vector (indices kept inside the array).
+fn sa4(i: u32) -> vec4<f32> {
+    let is = min(vec4<u32>(i, i + 1u, i + 2u, i + 3u), vec4<u32>(MAX_D - 1u));
+    return vec4<f32>(sa[is.x], sa[is.y], sa[is.z], sa[is.w]);
+}
+
+fn sk4(i: u32) -> vec4<f32> {
+    let is = min(vec4<u32>(i, i + 1u, i + 2u, i + 3u), vec4<u32>(MAX_D - 1u));
+    return vec4<f32>(sk[is.x], sk[is.y], sk[is.z], sk[is.w]);
+}
+
+fn sq4(i: u32) -> vec4<f32> {
+    let is = min(vec4<u32>(i, i + 1u, i + 2u, i + 3u), vec4<u32>(MAX_D - 1u));
+    return vec4<f32>(sq[is.x], sq[is.y], sq[is.z], sq[is.w]);
+}
+
+// Updates rows i .. i + 3 of column j (read as `r`; only the live ones are written) and
+// returns their terms of o_j.
+fn update4(r: Rows4, s_base: u32, i: u32, j: u32, delta: f32) -> vec4<f32> {
+    let s = r.v * sa4(i) + sk4(i) * delta;
+    for (var k = 0u; k < 4u; k++) {
+        if (r.live[k]) {
+            st[s_base + (i + k) * p.dk + j] = s[k];
+        }
+    }
+    return select(vec4<f32>(0.0), s * sq4(i), r.live);
+}
+
 // The state pass over columns j0 .. j0 + jc - 1 of the head's S (at s_base) for one token
 // with gate b: column j takes u = Σ_i S[i][j]·a_i·k_i, then the update, and
 // o_j = Σ_i S'[i][j]·q_i, written to out[row + j]. Each column is worked by `parts` lanes,
 // `step` apart, that split its rows; their partial sums meet in workgroup memory (one part:
 // the plain serial sums). Returns o_j on the lane that wrote it, else 0.
+// A lane reads eight of its rows before using any: one load per iteration waited out the
+// memory latency once per row (64 rows a lane on K3 in decode), the pattern that made
+// one-workgroup kernels run at 2-20 times an element-wise pass (docs/perf.md, session 8).
 fn update_columns(lid: u32, s_base: u32, row: u32, j0: u32, jc: u32, step: u32, b: f32) -> f32 {
     let dk = p.dk;
     let parts = WG / step;
@@ -114,13 +158,16 @@ fn update_columns(lid: u32, s_base: u32, row: u32, j0: u32, jc: u32, step: u32, 
     let jl = lid % step;
     let live = jl < jc;
     let j = j0 + min(jl, jc - 1u);
-    var u = 0.0;
+    var uv = vec4<f32>(0.0);
     if (live) {
-        for (var i = i0; i < i1; i++) {
-            u += (st[s_base + i * dk + j] * sa[i]) * sk[i];
+        for (var i = i0; i < i1; i += 8u) {
+            let r0 = st4(s_base, i, j, i1);
+            let r1 = st4(s_base, i + 4u, j, i1);
+            uv += select(vec4<f32>(0.0), (r0.v * sa4(i)) * sk4(i), r0.live);
+            uv += select(vec4<f32>(0.0), (r1.v * sa4(i + 4u)) * sk4(i + 4u), r1.live);
         }
     }
-    spart[lid] = u;
+    spart[lid] = (uv.x + uv.y) + (uv.z + uv.w);
     workgroupBarrier();
     var ut = 0.0;
     for (var k = 0u; k < parts; k++) {
@@ -128,15 +175,17 @@ fn update_columns(lid: u32, s_base: u32, row: u32, j0: u32, jc: u32, step: u32, 
     }
     workgroupBarrier();
     let delta = b * (sv[j] - ut);
-    var o = 0.0;
+    var ov = vec4<f32>(0.0);
     if (live) {
-        for (var i = i0; i < i1; i++) {
-            let s = st[s_base + i * dk + j] * sa[i] + sk[i] * delta;
-            st[s_base + i * dk + j] = s;
-            o += s * sq[i];
+        for (var i = i0; i < i1; i += 8u) {
+            // Both reads before either write, so all eight are in flight together.
+            let r0 = st4(s_base, i, j, i1);
+            let r1 = st4(s_base, i + 4u, j, i1);
+            ov += update4(r0, s_base, i, j, delta);
+            ov += update4(r1, s_base, i + 4u, j, delta);
         }
     }
-    spart[lid] = o;
+    spart[lid] = (ov.x + ov.y) + (ov.z + ov.w);
     workgroupBarrier();
     var ot = 0.0;
     if (live && part == 0u) {

@@ -16,13 +16,13 @@ for probe in int4_matvec mxfp4_matvec; do
     [ -x "$P" ] || continue
     timeout 120 "$P" 2>&1 | tee -a "$T"
     cuobjdump --dump-sass "$P" > "$OUT/sass_$probe.txt" 2>&1
-    timeout 240 ncu --clock-control none --set full -k regex:"int4_mv|mxfp4_mv" -c 8 -o "$OUT/ncu" "$P" profile \
+    timeout 240 ncu --clock-control none --set full -k regex:matvec -c 8 -o "$OUT/ncu" "$P" profile \
         > "$OUT/ncu_log.txt" 2>&1
     echo "ncu rc $?: $(tail -2 "$OUT/ncu_log.txt" | tr '\n' ' ' | cut -c1-300)"
     rm -f "$OUT/ncu_log.txt"
     if [ -f "$OUT/ncu.ncu-rep" ]; then
         ncu --import "$OUT/ncu.ncu-rep" --page details > "$OUT/ncu_$probe.txt" 2>&1
-        grep -E "_mv<|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Warp Cycles|stall|Scoreboard" \
+        grep -E "matvec<|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Warp Cycles|stall|Scoreboard" \
             "$OUT/ncu_$probe.txt" | cut -c1-160 | head -60
         rm -f "$OUT/ncu.ncu-rep"
     fi

@@ -28,6 +28,69 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
     return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
+constexpr int RPL = 4;  // rows a lane
+
+// Where a lane's x comes from: global memory (as the WGSL kernels read it), shared memory
+// staged once a block, or one address for every lane and unit (session 3's diagnostic).
+enum XFrom { X_GLOBAL = 0, X_SHARED = 1, X_ONE = 2 };
+
+// The row-split driver of shaders_wgsl/matvec_common.wgsl: lane groups of LPR share a row
+// group of RPL rows and walk its 16-byte units LPR apart, the next unit's weights requested
+// before this one is computed; then each group's sums meet through shuffles. The format F
+// gives `Unit` (one row's unit and its scale), `load`, `prep` (x as the decode wants it)
+// and `dot`. Rows past the end repeat the last and are not written, so every lane reaches
+// the shuffles.
+template <class F, int LPR, int XF>
+__global__ void __launch_bounds__(WG) matvec(const uint4* __restrict__ w, const void* __restrict__ sc,
+                                             const float4* __restrict__ x, float* __restrict__ y, int rows,
+                                             int units) {
+    extern __shared__ float4 xs[];
+    if (XF == X_SHARED) {
+        for (int i = threadIdx.x; i < units * 8; i += WG) xs[i] = x[i];
+        __syncthreads();
+    }
+    const float4* xp = XF == X_SHARED ? xs : x;
+    const int lane = threadIdx.x % LPR;
+    const int row0 = (blockIdx.x * (WG / LPR) + threadIdx.x / LPR) * RPL;
+    float acc[RPL];
+    typename F::Unit cur[RPL];
+    auto load = [&](int u, typename F::Unit(&d)[RPL]) {
+#pragma unroll
+        for (int r = 0; r < RPL; r++) d[r] = F::load(w, sc, (size_t)min(row0 + r, rows - 1), u, units);
+    };
+#pragma unroll
+    for (int r = 0; r < RPL; r++) acc[r] = 0.0f;
+    int u = lane;
+    load(min(u, units - 1), cur);
+    while (u < units) {
+        const int un = u + LPR;
+        typename F::Unit nxt[RPL];
+        load(min(un, units - 1), nxt);
+        float4 xv[8];
+        const int xb = XF == X_ONE ? 0 : u * 8;
+#pragma unroll
+        for (int i = 0; i < 8; i++) xv[i] = F::prep(xp[xb + i]);
+#pragma unroll
+        for (int r = 0; r < RPL; r++) {
+            acc[r] += F::dot(cur[r], xv);
+            cur[r] = nxt[r];
+        }
+        u = un;
+    }
+#pragma unroll
+    for (int r = 0; r < RPL; r++) {
+        float s = acc[r];
+        for (int o = LPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+        if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+    }
+}
+
+// Blocks for `rows` rows at LPR lanes a row.
+static inline int blocks_for(int rows, int lpr) {
+    const int per_block = RPL * WG / lpr;
+    return (rows + per_block - 1) / per_block;
+}
+
 // The bench's read kernel: every 16-byte word once, grid-stride, folded into a sink.
 __global__ void read_words(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
     uint32_t a = 0;
@@ -82,3 +145,68 @@ static void time_vs_read(F f, const uint4* src, size_t bytes, uint32_t* sink, fl
     *read_ms = median(t2);
 }
 
+// x in [-1, 1) (multiples of 2^-10), on the host and copied to the device.
+static inline std::vector<float> random_x(float4* x, int cols, unsigned seed) {
+    std::vector<float> hx(cols);
+    srand(seed);
+    for (auto& v : hx) v = (rand() % 2048) / 1024.0f - 1.0f;
+    CK(cudaMemcpy(x, hx.data(), cols * 4, cudaMemcpyHostToDevice));
+    return hx;
+}
+
+// The first `words` 32-bit words of w, read back for the host reference.
+static inline std::vector<uint32_t> head_words(const uint4* w, size_t words) {
+    std::vector<uint32_t> hw(words);
+    CK(cudaMemcpy(hw.data(), w, words * 4, cudaMemcpyDeviceToHost));
+    return hw;
+}
+
+// Prints the relative L2 error of y's first want.size() outputs (after `launch` ran).
+static inline void check_rows(const char* what, const float* y, const std::vector<double>& want) {
+    CK(cudaDeviceSynchronize());
+    std::vector<float> got(want.size());
+    CK(cudaMemcpy(got.data(), y, got.size() * 4, cudaMemcpyDeviceToHost));
+    double err = 0, norm = 0;
+    for (size_t r = 0; r < got.size(); r++) {
+        err += (got[r] - want[r]) * (got[r] - want[r]);
+        norm += want[r] * want[r];
+    }
+    printf("check %s: rel L2 %.2e over %zu rows\n", what, std::sqrt(err / norm), got.size());
+}
+
+// `profile`: launches `run` once (for ncu). Otherwise times it against the read kernel over
+// `bytes` of `src` and prints the line `name`.
+template <class F>
+static void measure(bool profile, const std::string& name, F run, const uint4* src, size_t bytes, uint32_t* sink) {
+    if (profile) {
+        run();
+        CK(cudaDeviceSynchronize());
+        return;
+    }
+    float ms, read_ms;
+    time_vs_read(run, src, bytes, sink, &ms, &read_ms);
+    printf("%-58s %8.1f us %8.1f GB/s   read %8.1f GB/s %6.1f %%\n", name.c_str(), ms * 1e3, bytes / ms / 1e6,
+           bytes / read_ms / 1e6, 100.0 * read_ms / ms);
+}
+
+// A probe's device buffers: weights (random words, with room past them for the read
+// kernel to read weights and scales' worth of bytes), scales, x, y and the read sink.
+struct Buffers {
+    uint4* w;
+    void* sc;
+    float4* x;
+    float* y;
+    uint32_t* sink;
+};
+
+static inline Buffers alloc_buffers(size_t wbytes, size_t sbytes, int cols, size_t rows, uint32_t seed) {
+    Buffers b;
+    CK(cudaMalloc(&b.w, wbytes + sbytes));
+    CK(cudaMalloc(&b.sc, sbytes));
+    CK(cudaMalloc(&b.x, cols * 4));
+    CK(cudaMalloc(&b.y, rows * 4));
+    CK(cudaMalloc(&b.sink, 4));
+    fill_words<<<4096, 256>>>((uint32_t*)b.w, (wbytes + sbytes) / 4, seed);
+    CK(cudaGetLastError());
+    return b;
+}

@@ -205,12 +205,14 @@ fn rmsnorm_and_attn_res_mix_match_cpu() {
                 F32_TOL,
             );
         }
+        // 63 banked entries and the current one: the most the kernel holds.
         for (r, c, banked) in [
             (1, 64, 0),
             (3, 300, 1),
             (2, 1000, 4),
             (1, 7168, 3),
             (2, 4500, 2),
+            (2, 100, 63),
         ] {
             let (gcur, ccur) = p.up(&rand_vec(&mut rng, r * c, 2.0), r, c);
             let (gw, cw) = p.up(&rand_vec(&mut rng, c, 1.0), 1, c);
@@ -666,10 +668,11 @@ fn a_device_error_is_returned_not_panicked() {
     }
 }
 
-/// The mix runs one workgroup row per input row: more rows than the adapter's grid allows
-/// is an error that says what to do, not a panic inside wgpu.
+/// The mix runs one workgroup row per input row and holds at most 64 entries: more rows
+/// than the adapter's grid allows, or more entries, is an error that says so, not a panic
+/// inside wgpu.
 #[test]
-fn attn_res_mix_refuses_more_rows_than_the_grid_holds() {
+fn attn_res_mix_refuses_what_its_kernel_cannot_hold() {
     for g in gpus(None).into_iter().take(1) {
         let rows = g.ctx.limits.max_compute_workgroups_per_dimension as usize + 1;
         let cur = g.upload(&vec![1.0; rows], rows, 1).unwrap();
@@ -677,6 +680,14 @@ fn attn_res_mix_refuses_more_rows_than_the_grid_holds() {
         let err = format!("{:#}", g.attn_res_mix(&[], &cur, &w, 1e-6).unwrap_err());
         assert!(
             err.contains("rows in one call") && err.contains("K3_CHUNK"),
+            "{err}"
+        );
+        let cur = g.upload(&[1.0; 4], 1, 4).unwrap();
+        let w = g.upload(&[1.0; 4], 1, 4).unwrap();
+        let bank = vec![&cur; 64];
+        let err = format!("{:#}", g.attn_res_mix(&bank, &cur, &w, 1e-6).unwrap_err());
+        assert!(
+            err.contains("65 entries") && err.contains("at most 64"),
             "{err}"
         );
         g.ctx.finish().unwrap();

@@ -16,7 +16,7 @@ for probe in int4_matvec mxfp4_matvec; do
     [ -x "$P" ] || continue
     timeout 120 "$P" 2>&1 | tee -a "$T"
     cuobjdump --dump-sass "$P" > "$OUT/sass_$probe.txt" 2>&1
-    timeout 240 ncu --clock-control none --set full -k regex:matvec -c 8 -o "$OUT/ncu" "$P" profile \
+    timeout 240 ncu --clock-control none --set full -k regex:matvec -c 12 -o "$OUT/ncu" "$P" profile \
         > "$OUT/ncu_log.txt" 2>&1
     echo "ncu rc $?: $(tail -2 "$OUT/ncu_log.txt" | tr '\n' ' ' | cut -c1-300)"
     rm -f "$OUT/ncu_log.txt"

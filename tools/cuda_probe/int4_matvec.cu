@@ -6,7 +6,8 @@
 //
 // Variants: the WGSL kernel's structure; the same loads with the decode replaced by a bit
 // cast (session 3's "decode removed"); x staged in shared memory once a block; x read from
-// one address by every lane (session 3's "x from one address").
+// one address by every lane (session 3's "x from one address"); x in shared memory with 2
+// and with 1 row a lane.
 //
 // Build and run on the device (tools/device_cuda_probe.sh does both, and ncu):
 //   nvcc -O3 -arch=sm_90 -Xptxas -v -o int4_probe tools/cuda_probe/int4_matvec.cu
@@ -89,38 +90,50 @@ int main(int argc, char** argv) {
 
     const int smem = units * 8 * 16;
     CK(cudaFuncSetAttribute(matvec<Int4<true>, 32, X_SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CK(cudaFuncSetAttribute(matvec<Int4<true>, 32, X_SHARED, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CK(cudaFuncSetAttribute(matvec<Int4<true>, 32, X_SHARED, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     struct Variant {
         const char* name;
+        int rpl;
         void (*launch)(int, const uint4*, const void*, const float4*, float*, int, int);
     };
-    const Variant variants[4] = {
-        {"WGSL structure",
+    const Variant variants[6] = {
+        {"WGSL structure", RPL,
          [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
              matvec<Int4<true>, 32, X_GLOBAL><<<n, WG>>>(w, s, x, y, r, u);
          }},
-        {"decode removed",
+        {"decode removed", RPL,
          [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
              matvec<Int4<false>, 32, X_GLOBAL><<<n, WG>>>(w, s, x, y, r, u);
          }},
-        {"x in shared memory",
+        {"x in shared memory", RPL,
          [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
              matvec<Int4<true>, 32, X_SHARED><<<n, WG, u * 8 * 16>>>(w, s, x, y, r, u);
          }},
-        {"x from one address",
+        {"x from one address", RPL,
          [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
              matvec<Int4<true>, 32, X_ONE><<<n, WG>>>(w, s, x, y, r, u);
          }},
+        // Fewer rows a lane: fewer registers, more warps a SM to keep loads in flight.
+        {"x in shared, 2 rows a lane", 2,
+         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
+             matvec<Int4<true>, 32, X_SHARED, 2><<<n, WG, u * 8 * 16>>>(w, s, x, y, r, u);
+         }},
+        {"x in shared, 1 row a lane", 1,
+         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
+             matvec<Int4<true>, 32, X_SHARED, 1><<<n, WG, u * 8 * 16>>>(w, s, x, y, r, u);
+         }},
     };
-    for (int v : {0, 2}) {
+    for (int v : {0, 2, 5}) {
         if (profile) break;
-        variants[v].launch(blocks_for(12288, 32), b.w, b.sc, b.x, b.y, 12288, units);
+        variants[v].launch(blocks_for(12288, 32, variants[v].rpl), b.w, b.sc, b.x, b.y, 12288, units);
         check_rows(variants[v].name, b.y, want);
     }
     for (int rows : shapes) {
         const size_t bytes = (size_t)rows * units * 16 + (size_t)rows * (units / 2) * 4;
         for (const Variant& v : variants) {
             measure(profile, "cuda int4 matvec " + std::to_string(rows) + "x" + std::to_string(cols) + ", " + v.name,
-                    [&] { v.launch(blocks_for(rows, 32), b.w, b.sc, b.x, b.y, rows, units); }, b.w, bytes, b.sink);
+                    [&] { v.launch(blocks_for(rows, 32, v.rpl), b.w, b.sc, b.x, b.y, rows, units); }, b.w, bytes, b.sink);
         }
     }
     return 0;

@@ -6,7 +6,8 @@
 // one expert's 3072 rows.
 //
 // Variants: 32 lanes a row (the dense geometry) or 8 (the expert kernel's lanes, here side
-// by side in a warp); at 8 lanes also the decode removed (same loads) and x from one address.
+// by side in a warp); at 8 lanes also the decode removed (same loads), x from one address,
+// and x staged in shared memory.
 // Build, run and profile as int4_matvec.cu (tools/device_cuda_probe.sh).
 #include <cuda_fp16.h>
 
@@ -95,7 +96,7 @@ int main(int argc, char** argv) {
         int lpr;
         void (*launch)(int, const uint4*, const void*, const float4*, float*, int, int);
     };
-    const Variant variants[4] = {
+    const Variant variants[5] = {
         {"32 lanes a row", 32,
          [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
              matvec<Mxfp4<true>, 32, X_GLOBAL><<<n, WG>>>(w, s, x, y, r, u);
@@ -112,8 +113,13 @@ int main(int argc, char** argv) {
          [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
              matvec<Mxfp4<true>, 8, X_ONE><<<n, WG>>>(w, s, x, y, r, u);
          }},
+        {"8, x in shared memory", 8,
+         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
+             matvec<Mxfp4<true>, 8, X_SHARED><<<n, WG, u * 8 * 16>>>(w, s, x, y, r, u);
+         }},
     };
-    for (int v = 0; v < 2 && !profile; v++) {
+    for (int v : {0, 1, 4}) {
+        if (profile) break;
         variants[v].launch(blocks_for(3072, variants[v].lpr), b.w, b.sc, b.x, b.y, 3072, units);
         check_rows(variants[v].name, b.y, want);
     }

@@ -28,19 +28,19 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
     return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
-constexpr int RPL = 4;  // rows a lane
+constexpr int RPL = 4;  // rows a lane, as the WGSL kernels' default
 
 // Where a lane's x comes from: global memory (as the WGSL kernels read it), shared memory
 // staged once a block, or one address for every lane and unit (session 3's diagnostic).
 enum XFrom { X_GLOBAL = 0, X_SHARED = 1, X_ONE = 2 };
 
 // The row-split driver of shaders_wgsl/matvec_common.wgsl: lane groups of LPR share a row
-// group of RPL rows and walk its 16-byte units LPR apart, the next unit's weights requested
+// group of R rows and walk its 16-byte units LPR apart, the next unit's weights requested
 // before this one is computed; then each group's sums meet through shuffles. The format F
 // gives `Unit` (one row's unit and its scale), `load`, `prep` (x as the decode wants it)
 // and `dot`. Rows past the end repeat the last and are not written, so every lane reaches
 // the shuffles.
-template <class F, int LPR, int XF>
+template <class F, int LPR, int XF, int R = RPL>
 __global__ void __launch_bounds__(WG) matvec(const uint4* __restrict__ w, const void* __restrict__ sc,
                                              const float4* __restrict__ x, float* __restrict__ y, int rows,
                                              int units) {
@@ -51,43 +51,43 @@ __global__ void __launch_bounds__(WG) matvec(const uint4* __restrict__ w, const 
     }
     const float4* xp = XF == X_SHARED ? xs : x;
     const int lane = threadIdx.x % LPR;
-    const int row0 = (blockIdx.x * (WG / LPR) + threadIdx.x / LPR) * RPL;
-    float acc[RPL];
-    typename F::Unit cur[RPL];
-    auto load = [&](int u, typename F::Unit(&d)[RPL]) {
+    const int row0 = (blockIdx.x * (WG / LPR) + threadIdx.x / LPR) * R;
+    float acc[R];
+    typename F::Unit cur[R];
+    auto load = [&](int u, typename F::Unit(&d)[R]) {
 #pragma unroll
-        for (int r = 0; r < RPL; r++) d[r] = F::load(w, sc, (size_t)min(row0 + r, rows - 1), u, units);
+        for (int r = 0; r < R; r++) d[r] = F::load(w, sc, (size_t)min(row0 + r, rows - 1), u, units);
     };
 #pragma unroll
-    for (int r = 0; r < RPL; r++) acc[r] = 0.0f;
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
     int u = lane;
     load(min(u, units - 1), cur);
     while (u < units) {
         const int un = u + LPR;
-        typename F::Unit nxt[RPL];
+        typename F::Unit nxt[R];
         load(min(un, units - 1), nxt);
         float4 xv[8];
         const int xb = XF == X_ONE ? 0 : u * 8;
 #pragma unroll
         for (int i = 0; i < 8; i++) xv[i] = F::prep(xp[xb + i]);
 #pragma unroll
-        for (int r = 0; r < RPL; r++) {
+        for (int r = 0; r < R; r++) {
             acc[r] += F::dot(cur[r], xv);
             cur[r] = nxt[r];
         }
         u = un;
     }
 #pragma unroll
-    for (int r = 0; r < RPL; r++) {
+    for (int r = 0; r < R; r++) {
         float s = acc[r];
         for (int o = LPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
         if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
     }
 }
 
-// Blocks for `rows` rows at LPR lanes a row.
-static inline int blocks_for(int rows, int lpr) {
-    const int per_block = RPL * WG / lpr;
+// Blocks for `rows` rows at LPR lanes a row and `rpl` rows a lane.
+static inline int blocks_for(int rows, int lpr, int rpl = RPL) {
+    const int per_block = rpl * WG / lpr;
     return (rows + per_block - 1) / per_block;
 }
 

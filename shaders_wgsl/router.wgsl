@@ -23,6 +23,7 @@ struct RouterParams {
 var<workgroup> best_v: array<f32, 256>;
 var<workgroup> best_i: array<u32, 256>;
 var<workgroup> sel: array<u32, MAX_K>;
+var<workgroup> sig: array<f32, MAX_K>;
 // The biased scores, computed once: each of the k rounds used to reload the logits and the
 // bias and recompute σ, and one-workgroup kernels that load from memory once per loop
 // iteration ran at 2–20 times an element-wise pass on the H200 (docs/perf.md, session 8).
@@ -91,19 +92,24 @@ fn topk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         }
         workgroupBarrier();
     }
-    if (lid == 0u && ri < p.rows) {
+    // The chosen experts' σ loaded by k lanes at once (one lane loading all k, twice, waited
+    // out 2k memory round trips), then every lane sums them in the same order.
+    for (var j = lid; j < p.k; j += WG) {
+        sig[j] = sigmoid(logits[base + sel[j]]);
+    }
+    workgroupBarrier();
+    if (ri < p.rows) {
         var sum = 0.0;
         for (var j = 0u; j < p.k; j++) {
-            sum += sigmoid(logits[base + sel[j]]);
+            sum += sig[j];
         }
         var norm = 1.0;
         if (p.renorm != 0u) {
             norm = 1.0 / (sum + 1e-20);
         }
-        for (var j = 0u; j < p.k; j++) {
-            let s = sigmoid(logits[base + sel[j]]);
+        for (var j = lid; j < p.k; j += WG) {
             out[(r * p.k + j) * 2u] = sel[j];
-            out[(r * p.k + j) * 2u + 1u] = bitcast<u32>(s * norm * p.scaling);
+            out[(r * p.k + j) * 2u + 1u] = bitcast<u32>(sig[j] * norm * p.scaling);
         }
     }
 }

@@ -68,15 +68,20 @@ fn scores(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
 @compute @workgroup_size(WG)
 fn mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r = wg.y;
+    // The row's scores into workgroup memory by many lanes at once: one lane reading them
+    // from memory one after another would wait out a round trip per entry.
+    for (var k = lid; k < p.entries; k += WG) {
+        probs[k] = sc[r * p.entries + k];
+    }
+    workgroupBarrier();
     if (lid == 0u) {
-        let s0 = r * p.entries;
-        var m = sc[s0];
+        var m = probs[0];
         for (var k = 1u; k < p.entries; k++) {
-            m = max(m, sc[s0 + k]);
+            m = max(m, probs[k]);
         }
         var tot = 0.0;
         for (var k = 0u; k < p.entries; k++) {
-            let ex = exp(sc[s0 + k] - m);
+            let ex = exp(probs[k] - m);
             probs[k] = ex;
             tot += ex;
         }

@@ -184,7 +184,7 @@ fn passes(g: &GpuBackend, t: &Timer<'_>, quick: bool) {
         g.attn_res_mix(&refs, &x, &w, 1e-6).unwrap();
     });
     println!(
-        "passes: attn-res mix of 9 entries x 7168 (one workgroup): {:.1} us",
+        "passes: attn-res mix of 9 entries x 7168, one row: {:.1} us",
         mix * 1e6
     );
     // The router of a decode step: one row, top 16 of 896, read back (wall clock: the

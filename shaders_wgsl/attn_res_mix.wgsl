@@ -92,10 +92,17 @@ fn mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li
     workgroupBarrier();
     let c = wg.x * WG + lid;
     if (c < p.cols) {
-        var acc = 0.0;
-        for (var k = 0u; k < p.entries; k++) {
-            acc += probs[k] * e[(k * p.rows + r) * p.cols + c];
+        // Four entries' loads a step, all requested before any is used.
+        var acc = vec4<f32>(0.0);
+        let stride = p.rows * p.cols;
+        let last = p.entries - 1u;
+        for (var k = 0u; k < p.entries; k += 4u) {
+            let ks = min(vec4<u32>(k, k + 1u, k + 2u, k + 3u), vec4<u32>(last));
+            let v = vec4<f32>(e[ks.x * stride + r * p.cols + c], e[ks.y * stride + r * p.cols + c],
+                e[ks.z * stride + r * p.cols + c], e[ks.w * stride + r * p.cols + c]);
+            let pk = vec4<f32>(probs[ks.x], probs[ks.y], probs[ks.z], probs[ks.w]);
+            acc += select(vec4<f32>(0.0), pk * v, vec4<u32>(k, k + 1u, k + 2u, k + 3u) <= vec4<u32>(last));
         }
-        o[r * p.cols + c] = acc;
+        o[r * p.cols + c] = (acc.x + acc.y) + (acc.z + acc.w);
     }
 }

@@ -27,10 +27,20 @@ fn scatter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
         let t = i / p.cols;
         let c = i % p.cols;
         var acc = o[i];
-        for (var j = rt[p.csr_off + t]; j < rt[p.csr_off + t + 1u]; j++) {
-            let pr = rt[p.pairs_off + j];
-            let wgt = bitcast<f32>(rt[p.weights_off + j]);
-            acc += wgt * ypair[pr * p.cols + c];
+        let end = rt[p.csr_off + t + 1u];
+        var j = rt[p.csr_off + t];
+        // Four pairs' outputs requested before any is added (one at a time waited out a
+        // memory round trip per expert), then added in the same order as one at a time.
+        for (; j + 3u < end; j += 4u) {
+            let pr = vec4<u32>(rt[p.pairs_off + j], rt[p.pairs_off + j + 1u], rt[p.pairs_off + j + 2u], rt[p.pairs_off + j + 3u]);
+            let y = vec4<f32>(ypair[pr.x * p.cols + c], ypair[pr.y * p.cols + c], ypair[pr.z * p.cols + c], ypair[pr.w * p.cols + c]);
+            acc += bitcast<f32>(rt[p.weights_off + j]) * y.x;
+            acc += bitcast<f32>(rt[p.weights_off + j + 1u]) * y.y;
+            acc += bitcast<f32>(rt[p.weights_off + j + 2u]) * y.z;
+            acc += bitcast<f32>(rt[p.weights_off + j + 3u]) * y.w;
+        }
+        for (; j < end; j++) {
+            acc += bitcast<f32>(rt[p.weights_off + j]) * ypair[rt[p.pairs_off + j] * p.cols + c];
         }
         o[i] = acc;
     }

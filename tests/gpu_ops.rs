@@ -368,7 +368,7 @@ fn matvec_geometries_other_than_the_default_agree() {
             lanes_per_block,
             rows_per_lane,
             decode,
-            prefetch_units: u32::from(i != 1),
+            pipelined: i != 1,
             unchecked: i == 1,
         });
         // Chunks of tokens through the matvec too (the chunk kernel off), and with another tile.
@@ -1301,7 +1301,7 @@ fn int4_integer_digits_against_cpu(stationary: bool) {
         lanes_per_block: 32,
         rows_per_lane: 4,
         decode: Some(3),
-        prefetch_units: 1,
+        pipelined: true,
         unchecked: false,
     });
     let Some(g) = gpu_with(&GpuOptions {

@@ -75,7 +75,6 @@ static void reference(const std::vector<uint32_t>& w, const std::vector<float>& 
 int main(int argc, char** argv) {
     const bool profile = argc > 1 && std::string(argv[1]) == "profile";
     const int cols = 7168, units = cols / 32;
-    const int shapes[2] = {12288, 163840};
     const size_t max_rows = 163840;
     const size_t wbytes = max_rows * units * 16, sbytes = max_rows * (units / 2) * 4;
     const Buffers b = alloc_buffers(wbytes, sbytes, cols, max_rows, 1u);
@@ -88,53 +87,15 @@ int main(int argc, char** argv) {
     std::vector<double> want;
     reference(head_words(b.w, (size_t)64 * units * 4), hsc, hx, 64, units, want);
 
-    const int smem = units * 8 * 16;
-    CK(cudaFuncSetAttribute(matvec<Int4<true>, 32, X_SHARED>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CK(cudaFuncSetAttribute(matvec<Int4<true>, 32, X_SHARED, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CK(cudaFuncSetAttribute(matvec<Int4<true>, 32, X_SHARED, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    struct Variant {
-        const char* name;
-        int rpl;
-        void (*launch)(int, const uint4*, const void*, const float4*, float*, int, int);
-    };
     const Variant variants[6] = {
-        {"WGSL structure", RPL,
-         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
-             matvec<Int4<true>, 32, X_GLOBAL><<<n, WG>>>(w, s, x, y, r, u);
-         }},
-        {"decode removed", RPL,
-         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
-             matvec<Int4<false>, 32, X_GLOBAL><<<n, WG>>>(w, s, x, y, r, u);
-         }},
-        {"x in shared memory", RPL,
-         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
-             matvec<Int4<true>, 32, X_SHARED><<<n, WG, u * 8 * 16>>>(w, s, x, y, r, u);
-         }},
-        {"x from one address", RPL,
-         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
-             matvec<Int4<true>, 32, X_ONE><<<n, WG>>>(w, s, x, y, r, u);
-         }},
+        {"WGSL structure", 32, RPL, launch<Int4<true>, 32, X_GLOBAL>},
+        {"decode removed", 32, RPL, launch<Int4<false>, 32, X_GLOBAL>},
+        {"x in shared memory", 32, RPL, launch<Int4<true>, 32, X_SHARED>},
+        {"x from one address", 32, RPL, launch<Int4<true>, 32, X_ONE>},
         // Fewer rows a lane: fewer registers, more warps a SM to keep loads in flight.
-        {"x in shared, 2 rows a lane", 2,
-         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
-             matvec<Int4<true>, 32, X_SHARED, 2><<<n, WG, u * 8 * 16>>>(w, s, x, y, r, u);
-         }},
-        {"x in shared, 1 row a lane", 1,
-         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
-             matvec<Int4<true>, 32, X_SHARED, 1><<<n, WG, u * 8 * 16>>>(w, s, x, y, r, u);
-         }},
+        {"x in shared, 2 rows a lane", 32, 2, launch<Int4<true>, 32, X_SHARED, 2>},
+        {"x in shared, 1 row a lane", 32, 1, launch<Int4<true>, 32, X_SHARED, 1>},
     };
-    for (int v : {0, 2, 5}) {
-        if (profile) break;
-        variants[v].launch(blocks_for(12288, 32, variants[v].rpl), b.w, b.sc, b.x, b.y, 12288, units);
-        check_rows(variants[v].name, b.y, want);
-    }
-    for (int rows : shapes) {
-        const size_t bytes = (size_t)rows * units * 16 + (size_t)rows * (units / 2) * 4;
-        for (const Variant& v : variants) {
-            measure(profile, "cuda int4 matvec " + std::to_string(rows) + "x" + std::to_string(cols) + ", " + v.name,
-                    [&] { v.launch(blocks_for(rows, 32, v.rpl), b.w, b.sc, b.x, b.y, rows, units); }, b.w, bytes, b.sink);
-        }
-    }
+    run_variants(profile, "int4 matvec", variants, 6, {0, 2, 5}, 12288, {12288, 163840}, cols, (size_t)units * 16 + (size_t)(units / 2) * 4, b, want);
     return 0;
 }

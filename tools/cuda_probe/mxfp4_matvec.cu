@@ -78,7 +78,6 @@ static void reference(const std::vector<uint32_t>& w, const std::vector<uint8_t>
 int main(int argc, char** argv) {
     const bool profile = argc > 1 && std::string(argv[1]) == "profile";
     const int cols = 3584, units = cols / 32;
-    const int shapes[2] = {98304, 3072};
     const size_t max_rows = 98304;
     const size_t wbytes = max_rows * units * 16, sbytes = max_rows * units;
     const Buffers b = alloc_buffers(wbytes, sbytes, cols, max_rows, 3u);
@@ -91,44 +90,13 @@ int main(int argc, char** argv) {
     std::vector<double> want;
     reference(head_words(b.w, (size_t)64 * units * 4), hsc, hx, 64, units, want);
 
-    struct Variant {
-        const char* name;
-        int lpr;
-        void (*launch)(int, const uint4*, const void*, const float4*, float*, int, int);
-    };
     const Variant variants[5] = {
-        {"32 lanes a row", 32,
-         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
-             matvec<Mxfp4<true>, 32, X_GLOBAL><<<n, WG>>>(w, s, x, y, r, u);
-         }},
-        {"8 lanes a row", 8,
-         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
-             matvec<Mxfp4<true>, 8, X_GLOBAL><<<n, WG>>>(w, s, x, y, r, u);
-         }},
-        {"8, decode removed", 8,
-         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
-             matvec<Mxfp4<false>, 8, X_GLOBAL><<<n, WG>>>(w, s, x, y, r, u);
-         }},
-        {"8, x from one address", 8,
-         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
-             matvec<Mxfp4<true>, 8, X_ONE><<<n, WG>>>(w, s, x, y, r, u);
-         }},
-        {"8, x in shared memory", 8,
-         [](int n, const uint4* w, const void* s, const float4* x, float* y, int r, int u) {
-             matvec<Mxfp4<true>, 8, X_SHARED><<<n, WG, u * 8 * 16>>>(w, s, x, y, r, u);
-         }},
+        {"32 lanes a row", 32, RPL, launch<Mxfp4<true>, 32, X_GLOBAL>},
+        {"8 lanes a row", 8, RPL, launch<Mxfp4<true>, 8, X_GLOBAL>},
+        {"8, decode removed", 8, RPL, launch<Mxfp4<false>, 8, X_GLOBAL>},
+        {"8, x from one address", 8, RPL, launch<Mxfp4<true>, 8, X_ONE>},
+        {"8, x in shared memory", 8, RPL, launch<Mxfp4<true>, 8, X_SHARED>},
     };
-    for (int v : {0, 1, 4}) {
-        if (profile) break;
-        variants[v].launch(blocks_for(3072, variants[v].lpr), b.w, b.sc, b.x, b.y, 3072, units);
-        check_rows(variants[v].name, b.y, want);
-    }
-    for (int rows : shapes) {
-        const size_t bytes = (size_t)rows * units * 17;
-        for (const Variant& v : variants) {
-            measure(profile, "cuda mxfp4 matvec " + std::to_string(rows) + "x" + std::to_string(cols) + ", " + v.name,
-                    [&] { v.launch(blocks_for(rows, v.lpr), b.w, b.sc, b.x, b.y, rows, units); }, b.w, bytes, b.sink);
-        }
-    }
+    run_variants(profile, "mxfp4 matvec", variants, 5, {0, 1, 4}, 3072, {98304, 3072}, cols, (size_t)units * 17, b, want);
     return 0;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,22 @@ __global__ void __launch_bounds__(WG) matvec(const uint4* __restrict__ w, const 
         if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
     }
 }
+
+// Launches `matvec` on `n` blocks, with x's shared-memory copy where XF asks for one (at
+// most 28 KB here, under the 48 KB a block gets without opting in).
+template <class F, int LPR, int XF, int R = RPL>
+static void launch(int n, const uint4* w, const void* sc, const float4* x, float* y, int rows, int units) {
+    const size_t smem = XF == X_SHARED ? (size_t)units * 8 * 16 : 0;
+    matvec<F, LPR, XF, R><<<n, WG, smem>>>(w, sc, x, y, rows, units);
+}
+
+// A variant of a probe: its name, lanes and rows a lane, and its launch.
+struct Variant {
+    const char* name;
+    int lpr;
+    int rpl;
+    void (*run)(int, const uint4*, const void*, const float4*, float*, int, int);
+};
 
 // Blocks for `rows` rows at LPR lanes a row and `rpl` rows a lane.
 static inline int blocks_for(int rows, int lpr, int rpl = RPL) {
@@ -209,4 +226,28 @@ static inline Buffers alloc_buffers(size_t wbytes, size_t sbytes, int cols, size
     fill_words<<<4096, 256>>>((uint32_t*)b.w, (wbytes + sbytes) / 4, seed);
     CK(cudaGetLastError());
     return b;
+}
+
+// A probe's run: the `checked` variants at `check_at` rows against `want` (unless
+// `profile`), then every variant at each of `shapes` rows of `cols` columns (`row_bytes` of
+// weights and scales a row), timed against the read kernel, or launched once for ncu.
+static inline void run_variants(bool profile, const char* what, const Variant* vs, int nv,
+                                std::initializer_list<int> checked, int check_at,
+                                std::initializer_list<int> shapes, int cols, size_t row_bytes, const Buffers& b,
+                                const std::vector<double>& want) {
+    const int units = cols / 32;
+    for (int v : checked) {
+        if (profile) break;
+        vs[v].run(blocks_for(check_at, vs[v].lpr, vs[v].rpl), b.w, b.sc, b.x, b.y, check_at, units);
+        check_rows(vs[v].name, b.y, want);
+    }
+    for (int rows : shapes) {
+        for (int i = 0; i < nv; i++) {
+            const Variant& v = vs[i];
+            measure(profile,
+                    std::string("cuda ") + what + " " + std::to_string(rows) + "x" + std::to_string(cols) + ", " + v.name,
+                    [&] { v.run(blocks_for(rows, v.lpr, v.rpl), b.w, b.sc, b.x, b.y, rows, units); }, b.w,
+                    rows * row_bytes, b.sink);
+        }
+    }
 }

@@ -115,10 +115,9 @@ pub struct MatvecShape {
     /// (`matvec_int4.wgsl`); `Some(3)` puts it in every one-token int4 kernel. Benchmarks
     /// and tests compare the variants.
     pub decode: Option<u32>,
-    /// Units whose weights are requested before the current one is computed: 0 or 1 (the
-    /// next unit; the default); the `PIPE` override. Two lost on the H200 (docs/perf.md,
-    /// session 8: 24 more registers a lane).
-    pub prefetch_units: u32,
+    /// Load the next unit's weights before computing this one (the `PIPE` override; two
+    /// units ahead lost on the H200: docs/perf.md, session 8).
+    pub pipelined: bool,
     /// Build the matvec shaders without wgpu's injected bounds checks and loop bounding
     /// (the driver's robust buffer access still applies); benchmarks measure what it buys.
     pub unchecked: bool,
@@ -131,7 +130,7 @@ impl Default for MatvecShape {
             lanes_per_block: 32,
             rows_per_lane: 4,
             decode: None,
-            prefetch_units: 1,
+            pipelined: true,
             unchecked: false,
         }
     }
@@ -157,9 +156,8 @@ impl MatvecShape {
             || self.lanes_per_block < 4
             || !(1..=8).contains(&self.rows_per_lane)
             || self.decode.is_some_and(|d| d > 3)
-            || self.prefetch_units > 1
         {
-            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=3, prefetch 0..=1 units");
+            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=3");
         }
         self.lanes_per_block = split_lanes(self.lanes_per_row, self.lanes_per_block, wg);
         Ok(self)

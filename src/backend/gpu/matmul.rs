@@ -361,13 +361,12 @@ impl GpuBackend {
                 });
                 continue;
             }
-            let mut consts = self.mv_consts();
+            let mut shape = self.ctx.matvec;
             if split_digits {
                 bufs[0] = planes_of();
-                for c in consts.iter_mut().filter(|c| c.0 == "DEC") {
-                    c.1 = 3;
-                }
+                shape.decode = Some(3);
             }
+            let consts = mv_consts_of(shape);
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
                 entry: "dense",
@@ -427,7 +426,7 @@ pub(super) fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 5] {
         ("LPR", m.lanes_per_row),
         ("LW", m.lanes_per_block),
         ("RPL", m.rows_per_lane),
-        ("PIPE", m.prefetch_units),
+        ("PIPE", u32::from(m.pipelined)),
         // 1 is every matvec shader's default decode (`DEC` in matvec_common.wgsl).
         ("DEC", m.decode.unwrap_or(1)),
     ]

@@ -376,7 +376,9 @@ fn main() {
     // read DEC 3 as their default. Block 16 reads a large buffer against small ones, 17
     // and 18 time the host's recording. (Blocks 19 to 25 measured variants that lost and
     // were removed: docs/perf.md, session 8, which also has the fewer-rows-per-lane blocks
-    // that followed them.) 19 is the per-pass cost of small kernels.
+    // that followed them.) 19 is the per-pass cost of small kernels. 20 is block 3 with x
+    // read from global memory instead of staged in workgroup memory; 21 and 22 the expert
+    // geometry on every matvec, x staged and not.
     // 32 lanes per row, all in one block, with the given rows per lane, decode and checks.
     let dec =
         |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), unchecked);
@@ -414,6 +416,9 @@ fn main() {
         (None, None, None, Part::Host(false), true),
         (None, None, None, Part::Host(true), true),
         (None, None, None, Part::Passes, true),
+        split(unstaged(dec(4, 1, false))),
+        split(MatvecShape::experts()),
+        split(unstaged(MatvecShape::experts())),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -485,19 +490,29 @@ fn shape(
         decode,
         pipelined: true,
         unchecked,
+        stage_x: true,
+    }
+}
+
+/// `m` with x read from global memory in the row-split kernel.
+fn unstaged(m: MatvecShape) -> MatvecShape {
+    MatvecShape {
+        stage_x: false,
+        ..m
     }
 }
 
 /// One geometry in words, as the report prints it.
 fn describe(m: MatvecShape) -> String {
     format!(
-        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}",
+        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}, x staged {}",
         m.lanes_per_row,
         m.lanes_per_block,
         m.rows_per_lane,
         m.decode.map_or("default".to_string(), |d| d.to_string()),
         m.pipelined,
         m.unchecked,
+        m.stage_x,
     )
 }
 

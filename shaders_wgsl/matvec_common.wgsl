@@ -124,9 +124,6 @@ fn step(acc: Acc, w: W8, xv: XU) -> Acc {
 }
 
 // Eight consecutive vec4s of x: one unit's inputs for the 32-column formats (int4, MXFP4).
-// x is read straight from global memory (every row of the workgroup reads the same slice, so
-// it stays in L1/L2); staging it in workgroup memory with a bank skew was measured on the
-// H200 and did not help (docs/perf.md).
 struct X8 {
     x0: vec4<f32>,
     x1: vec4<f32>,
@@ -138,14 +135,63 @@ struct X8 {
     x7: vec4<f32>,
 }
 
+// Units of x the row-split kernel stages in workgroup memory at a time (0: x read straight
+// from global memory; the host sets it for the 32-column formats). A lane reads its unit's
+// 128 bytes of x as eight 16-byte loads, so from global memory each load instruction of a
+// 32-lane block touches one cache line per unit: Nsight Compute on the CUDA twin of this
+// kernel (tools/cuda_probe, docs/perf.md) put the L1 at 88-99 % busy and DRAM at 35-45 %.
+// Staged with one pad vec4 after each unit's eight, neighbouring units start 4 banks apart
+// and a quarter-block's reads meet no bank conflict (without the pad, all of them hit the
+// same four banks, which is why an unpadded staging measured no gain).
+override XT: u32 = 0u;
+// (A named override: naga 30 panics on the anonymous one an expression as the size makes.)
+override XS_LEN: u32 = XT * 9u + 1u;
+var<workgroup> xs: array<vec4<f32>, XS_LEN>;
+// x's vec4 index of the staged tile's first unit.
+var<private> xs_base: u32;
+
 fn load_x8(b: u32) -> X8 {
+    if (XT > 0u) {
+        let k = (b - xs_base) / 8u * 9u;
+        return X8(xs[k], xs[k + 1u], xs[k + 2u], xs[k + 3u], xs[k + 4u], xs[k + 5u], xs[k + 6u], xs[k + 7u]);
+    }
     return X8(x[b], x[b + 1u], x[b + 2u], x[b + 3u], x[b + 4u], x[b + 5u], x[b + 6u], x[b + 7u]);
+}
+
+// The staged loop (XT > 0, 32-column formats): x in tiles of XT units, each copied by the
+// whole workgroup; the lanes walk their units as in `gemv_rows`, the next unit's weights
+// requested before this one is computed, across tile boundaries too. Every lane of the
+// workgroup calls it (rows past the end repeat the last), so the barriers are uniform.
+fn gemv_staged(wrow: u32, last: u32, xb: u32, lane: u32) -> Acc {
+    var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
+    var u = lane;
+    var cur = load_w8(wrow, last, min(u, p.units - 1u));
+    for (var t0 = 0u; t0 < p.units; t0 += XT) {
+        let tn = min(XT, p.units - t0);
+        // The previous tile's reads are done before it is overwritten.
+        workgroupBarrier();
+        for (var j = r_lid; j < tn * 8u; j += WG) {
+            xs[j + j / 8u] = x[xb + t0 * 8u + j];
+        }
+        xs_base = xb + t0 * 8u;
+        workgroupBarrier();
+        while (u < t0 + tn) {
+            let un = u + LPR;
+            let nxt = load_w8(wrow, last, min(un, p.units - 1u));
+            acc = step(acc, cur, load_x(xb + u * UV));
+            cur = nxt;
+            u = un;
+        }
+    }
+    return acc;
 }
 
 fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {
     var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
     let last = nrows - 1u;
-    if (PIPE == 0u) {
+    if (XT > 0u) {
+        acc = gemv_staged(wrow, last, xb, lane);
+    } else if (PIPE == 0u) {
         for (var u = lane; u < p.units; u += LPR) {
             acc = step(acc, load_w8(wrow, last, u), load_x(xb + u * UV));
         }

@@ -370,6 +370,7 @@ fn matvec_geometries_other_than_the_default_agree() {
             decode,
             pipelined: i != 1,
             unchecked: i == 1,
+            stage_x: i != 4,
         });
         // Chunks of tokens through the matvec too (the chunk kernel off), and with another tile.
         let chunk_gemm = [
@@ -1303,6 +1304,7 @@ fn int4_integer_digits_against_cpu(stationary: bool) {
         decode: Some(3),
         pipelined: true,
         unchecked: false,
+        stage_x: true,
     });
     let Some(g) = gpu_with(&GpuOptions {
         allow_cpu_adapter: true,

@@ -6,8 +6,9 @@
 //
 // Variants: the WGSL kernel's structure; the same loads with the decode replaced by a bit
 // cast (session 3's "decode removed"); x staged in shared memory once a block; x read from
-// one address by every lane (session 3's "x from one address"); x in shared memory with 2
-// and with 1 row a lane.
+// one address by every lane (session 3's "x from one address"); x in shared memory padded
+// against bank conflicts (also at 8 rows a lane); x read coalesced from a permuted copy
+// (also with the decode removed).
 //
 // Build and run on the device (tools/device_cuda_probe.sh does both, and ncu):
 //   nvcc -O3 -arch=sm_90 -Xptxas -v -o int4_probe tools/cuda_probe/int4_matvec.cu
@@ -87,15 +88,17 @@ int main(int argc, char** argv) {
     std::vector<double> want;
     reference(head_words(b.w, (size_t)64 * units * 4), hsc, hx, 64, units, want);
 
-    const Variant variants[6] = {
+    const Variant variants[8] = {
         {"WGSL structure", 32, RPL, launch<Int4<true>, 32, X_GLOBAL>},
         {"decode removed", 32, RPL, launch<Int4<false>, 32, X_GLOBAL>},
         {"x in shared memory", 32, RPL, launch<Int4<true>, 32, X_SHARED>},
         {"x from one address", 32, RPL, launch<Int4<true>, 32, X_ONE>},
         // Fewer rows a lane: fewer registers, more warps a SM to keep loads in flight.
-        {"x in shared, 2 rows a lane", 32, 2, launch<Int4<true>, 32, X_SHARED, 2>},
-        {"x in shared, 1 row a lane", 32, 1, launch<Int4<true>, 32, X_SHARED, 1>},
+        {"x in shared, padded", 32, RPL, launch<Int4<true>, 32, X_SHARED_PAD>},
+        {"x coalesced (permuted)", 32, RPL, launch<Int4<true>, 32, X_PERM>},
+        {"x coalesced, decode removed", 32, RPL, launch<Int4<false>, 32, X_PERM>},
+        {"x shared padded, 8 rows a lane", 32, 8, launch<Int4<true>, 32, X_SHARED_PAD, 8>},
     };
-    run_variants(profile, "int4 matvec", variants, 6, {0, 2, 5}, 12288, {12288, 163840}, cols, (size_t)units * 16 + (size_t)(units / 2) * 4, b, want);
+    run_variants(profile, "int4 matvec", variants, 8, {0, 2, 4, 5, 7}, 12288, {12288, 163840}, cols, (size_t)units * 16 + (size_t)(units / 2) * 4, b, want);
     return 0;
 }

@@ -90,13 +90,17 @@ int main(int argc, char** argv) {
     std::vector<double> want;
     reference(head_words(b.w, (size_t)64 * units * 4), hsc, hx, 64, units, want);
 
-    const Variant variants[5] = {
+    const Variant variants[9] = {
         {"32 lanes a row", 32, RPL, launch<Mxfp4<true>, 32, X_GLOBAL>},
         {"8 lanes a row", 8, RPL, launch<Mxfp4<true>, 8, X_GLOBAL>},
         {"8, decode removed", 8, RPL, launch<Mxfp4<false>, 8, X_GLOBAL>},
         {"8, x from one address", 8, RPL, launch<Mxfp4<true>, 8, X_ONE>},
         {"8, x in shared memory", 8, RPL, launch<Mxfp4<true>, 8, X_SHARED>},
+        {"8, x in shared, padded", 8, RPL, launch<Mxfp4<true>, 8, X_SHARED_PAD>},
+        {"8, x coalesced (permuted)", 8, RPL, launch<Mxfp4<true>, 8, X_PERM>},
+        {"32, x coalesced (permuted)", 32, RPL, launch<Mxfp4<true>, 32, X_PERM>},
+        {"32, x in shared, padded", 32, RPL, launch<Mxfp4<true>, 32, X_SHARED_PAD>},
     };
-    run_variants(profile, "mxfp4 matvec", variants, 5, {0, 1, 4}, 3072, {98304, 3072}, cols, (size_t)units * 17, b, want);
+    run_variants(profile, "mxfp4 matvec", variants, 9, {0, 1, 4, 5, 6, 7, 8}, 3072, {98304, 3072}, cols, (size_t)units * 17, b, want);
     return 0;
 }

@@ -32,8 +32,22 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
 constexpr int RPL = 4;  // rows a lane, as the WGSL kernels' default
 
 // Where a lane's x comes from: global memory (as the WGSL kernels read it), shared memory
-// staged once a block, or one address for every lane and unit (session 3's diagnostic).
-enum XFrom { X_GLOBAL = 0, X_SHARED = 1, X_ONE = 2 };
+// staged once a block, or one address for every lane and unit (session 3's diagnostic);
+// shared memory with one pad vec4 after each unit's eight (a lane's 128-byte slice then
+// starts 4 banks after its neighbour's, so a quarter-warp's 16-byte reads meet no bank
+// conflict); or global memory in the coalesced order `perm_x` writes (at load i the LPR
+// lanes of a row read adjacent vec4s).
+enum XFrom { X_GLOBAL = 0, X_SHARED = 1, X_ONE = 2, X_SHARED_PAD = 3, X_PERM = 4 };
+
+// Where `perm_x` puts x's copy in the order of LPR lanes a row (after x, one copy a width).
+__host__ __device__ constexpr int perm_offset(int lpr, int units) { return units * 8 * (lpr == 32 ? 1 : 2); }
+
+// Where vec4 i of unit u sits in that copy: blocks of LPR units (the last may be narrower),
+// their i-th vec4s side by side.
+__host__ __device__ inline int perm_index(int lpr, int units, int u, int i) {
+    const int b = u / lpr * lpr;
+    return b * 8 + i * (units - b < lpr ? units - b : lpr) + u - b;
+}
 
 // The row-split driver of shaders_wgsl/matvec_common.wgsl: lane groups of LPR share a row
 // group of R rows and walk its 16-byte units LPR apart, the next unit's weights requested
@@ -46,11 +60,12 @@ __global__ void __launch_bounds__(WG) matvec(const uint4* __restrict__ w, const 
                                              const float4* __restrict__ x, float* __restrict__ y, int rows,
                                              int units) {
     extern __shared__ float4 xs[];
-    if (XF == X_SHARED) {
-        for (int i = threadIdx.x; i < units * 8; i += WG) xs[i] = x[i];
+    constexpr bool staged = XF == X_SHARED || XF == X_SHARED_PAD;
+    if (staged) {
+        for (int i = threadIdx.x; i < units * 8; i += WG) xs[XF == X_SHARED_PAD ? i / 8 * 9 + i % 8 : i] = x[i];
         __syncthreads();
     }
-    const float4* xp = XF == X_SHARED ? xs : x;
+    const float4* xp = staged ? xs : XF == X_PERM ? x + perm_offset(LPR, units) : x;
     const int lane = threadIdx.x % LPR;
     const int row0 = (blockIdx.x * (WG / LPR) + threadIdx.x / LPR) * R;
     float acc[R];
@@ -68,9 +83,14 @@ __global__ void __launch_bounds__(WG) matvec(const uint4* __restrict__ w, const 
         typename F::Unit nxt[R];
         load(min(un, units - 1), nxt);
         float4 xv[8];
-        const int xb = XF == X_ONE ? 0 : u * 8;
 #pragma unroll
-        for (int i = 0; i < 8; i++) xv[i] = F::prep(xp[xb + i]);
+        for (int i = 0; i < 8; i++) {
+            const int xi = XF == X_ONE          ? i
+                           : XF == X_SHARED_PAD ? u * 9 + i
+                           : XF == X_PERM       ? perm_index(LPR, units, u, i)
+                                                : u * 8 + i;
+            xv[i] = F::prep(xp[xi]);
+        }
 #pragma unroll
         for (int r = 0; r < R; r++) {
             acc[r] += F::dot(cur[r], xv);
@@ -90,7 +110,8 @@ __global__ void __launch_bounds__(WG) matvec(const uint4* __restrict__ w, const 
 // most 28 KB here, under the 48 KB a block gets without opting in).
 template <class F, int LPR, int XF, int R = RPL>
 static void launch(int n, const uint4* w, const void* sc, const float4* x, float* y, int rows, int units) {
-    const size_t smem = XF == X_SHARED ? (size_t)units * 8 * 16 : 0;
+    const size_t smem = XF == X_SHARED ? (size_t)units * 8 * 16 : XF == X_SHARED_PAD ? (size_t)units * 9 * 16 : 0;
+    if (smem > 48 * 1024) CK(cudaFuncSetAttribute(matvec<F, LPR, XF, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     matvec<F, LPR, XF, R><<<n, WG, smem>>>(w, sc, x, y, rows, units);
 }
 
@@ -162,12 +183,22 @@ static void time_vs_read(F f, const uint4* src, size_t bytes, uint32_t* sink, fl
     *read_ms = median(t2);
 }
 
-// x in [-1, 1) (multiples of 2^-10), on the host and copied to the device.
+// x in [-1, 1) (multiples of 2^-10), on the host and copied to the device, followed by its
+// X_PERM copies for 32 and for 8 lanes a row (`perm_index`).
 static inline std::vector<float> random_x(float4* x, int cols, unsigned seed) {
     std::vector<float> hx(cols);
     srand(seed);
     for (auto& v : hx) v = (rand() % 2048) / 1024.0f - 1.0f;
-    CK(cudaMemcpy(x, hx.data(), cols * 4, cudaMemcpyHostToDevice));
+    const int units = cols / 32;
+    std::vector<float> all(hx);
+    all.resize((size_t)cols * 3);
+    for (int lpr : {32, 8}) {
+        float* perm = all.data() + (size_t)perm_offset(lpr, units) * 4;
+        for (int u = 0; u < units; u++)
+            for (int i = 0; i < 8; i++)
+                for (int k = 0; k < 4; k++) perm[(size_t)perm_index(lpr, units, u, i) * 4 + k] = hx[u * 32 + i * 4 + k];
+    }
+    CK(cudaMemcpy(x, all.data(), all.size() * 4, cudaMemcpyHostToDevice));
     return hx;
 }
 
@@ -220,7 +251,7 @@ static inline Buffers alloc_buffers(size_t wbytes, size_t sbytes, int cols, size
     Buffers b;
     CK(cudaMalloc(&b.w, wbytes + sbytes));
     CK(cudaMalloc(&b.sc, sbytes));
-    CK(cudaMalloc(&b.x, cols * 4));
+    CK(cudaMalloc(&b.x, (size_t)cols * 3 * 4));
     CK(cudaMalloc(&b.y, rows * 4));
     CK(cudaMalloc(&b.sink, 4));
     fill_words<<<4096, 256>>>((uint32_t*)b.w, (wbytes + sbytes) / 4, seed);

@@ -121,6 +121,10 @@ pub struct MatvecShape {
     /// Build the matvec shaders without wgpu's injected bounds checks and loop bounding
     /// (the driver's robust buffer access still applies); benchmarks measure what it buys.
     pub unchecked: bool,
+    /// Stage x in workgroup memory, padded against bank conflicts, in the row-split kernel
+    /// of the 32-column formats (int4 outside the digit decode, MXFP4): the `XT` override,
+    /// sized by [`x_tile_units`].
+    pub stage_x: bool,
 }
 
 impl Default for MatvecShape {
@@ -132,6 +136,7 @@ impl Default for MatvecShape {
             decode: None,
             pipelined: true,
             unchecked: false,
+            stage_x: true,
         }
     }
 }
@@ -757,6 +762,11 @@ impl GpuContext {
         self.errors.check(&self.info.name)
     }
 
+    /// Workgroup memory a kernel may use, in bytes.
+    pub fn shared_bytes(&self) -> u32 {
+        self.limits.max_compute_workgroup_storage_size
+    }
+
     /// The chunk kernel's tile for a matmul of `n` tokens, or `None` where the one-token
     /// matvec serves it (too few tokens, or no tile fits the workgroup memory).
     pub fn gemm_tile(&self, n: usize) -> Option<GemmTile> {
@@ -830,6 +840,30 @@ struct Chunk<'a>(wgpu::WriteOnly<'a, [u8]>);
 // threads ever touch the same bytes.
 unsafe impl Send for Chunk<'_> {}
 
+/// Workgroup memory the row-split matvec entries use besides staged x (`mv_part`, the
+/// reduction prelude's `red_buf`), with room to spare.
+const MATVEC_SHARED_BYTES: u32 = 4096;
+
+/// Bytes of workgroup memory one staged unit of x takes: its eight vec4s and a pad vec4.
+const STAGED_UNIT_BYTES: u32 = 9 * 16;
+
+/// The `XT` override of a row-split matvec over rows of `units` 32-column units under `m`,
+/// with `shared` bytes of workgroup memory: all the units where they fit, else the most
+/// that do; 0 (x from global memory) where `m` does not stage x, the decode reads x's
+/// digits instead (`DEC` 3), or fewer than 8 units fit.
+pub fn x_tile_units(m: MatvecShape, units: usize, shared: u32) -> u32 {
+    if !m.stage_x || m.decode == Some(3) {
+        return 0;
+    }
+    let room = shared.saturating_sub(MATVEC_SHARED_BYTES) / STAGED_UNIT_BYTES;
+    let tile = room.min(u32::try_from(units).unwrap_or(u32::MAX));
+    if tile < 8 {
+        0
+    } else {
+        tile
+    }
+}
+
 /// The `LW` a workgroup of `wg` lanes can hold: a row split over `lpr / lw` 32-lane blocks
 /// needs whole blocks, as many per workgroup as the split; otherwise the row's lanes stay
 /// side by side (`lw = lpr`).
@@ -844,7 +878,27 @@ fn split_lanes(lpr: u32, lw: u32, wg: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::split_lanes;
+    use super::{split_lanes, x_tile_units, MatvecShape};
+
+    #[test]
+    fn staged_x_takes_what_fits_and_never_the_digit_decode() {
+        let m = MatvecShape::default();
+        // 224 units (7168 columns) fit NVIDIA's 48 KiB whole, and 199 of them 32 KiB.
+        assert_eq!(x_tile_units(m, 224, 49152), 224);
+        assert_eq!(x_tile_units(m, 224, 32768), 199);
+        assert_eq!(x_tile_units(m, 5, 49152), 0);
+        assert_eq!(x_tile_units(m, 224, 5000), 0);
+        let digits = MatvecShape {
+            decode: Some(3),
+            ..m
+        };
+        assert_eq!(x_tile_units(digits, 224, 49152), 0);
+        let off = MatvecShape {
+            stage_x: false,
+            ..m
+        };
+        assert_eq!(x_tile_units(off, 224, 49152), 0);
+    }
 
     #[test]
     fn a_row_is_split_over_blocks_only_when_the_workgroup_holds_them() {

@@ -4,7 +4,7 @@
 
 use super::buffers::{f32_bytes, GpuAct};
 use super::chunk_gemm::{ChunkGemm, GemmTile, GK};
-use super::context::{Dispatch, MatvecShape};
+use super::context::{x_tile_units, Dispatch, MatvecShape};
 use super::shaders::Shader;
 use super::GpuBackend;
 use crate::quant::{DenseData, DenseMatrix};
@@ -207,9 +207,10 @@ impl GpuBackend {
         rows_per_group_of(self.ctx.wg, self.ctx.matvec)
     }
 
-    /// The dense matvec pipeline overrides.
-    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 5] {
-        mv_consts_of(self.ctx.matvec)
+    /// The dense matvec pipeline overrides, x read from global memory (formats whose unit is
+    /// not 32 columns).
+    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 6] {
+        mv_consts_of(self.ctx.matvec, 0)
     }
 
     /// `y[t · stride + row0 + r] = Σ_s part[s][t][r]` for `(tokens, rows) = shape` and
@@ -366,7 +367,12 @@ impl GpuBackend {
                 bufs[0] = planes_of();
                 shape.decode = Some(3);
             }
-            let consts = mv_consts_of(shape);
+            let xt = if uc == 32 {
+                x_tile_units(shape, w.cols_padded / uc, self.ctx.shared_bytes())
+            } else {
+                0
+            };
+            let consts = mv_consts_of(shape, xt);
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
                 entry: "dense",
@@ -420,9 +426,10 @@ pub(super) fn rows_per_group_of(wg: u32, m: MatvecShape) -> u32 {
     wg / m.lanes_per_row * m.rows_per_lane
 }
 
-/// The matvec pipeline overrides of `m`.
-pub(super) fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 5] {
+/// The matvec pipeline overrides of `m`; `xt` is the staged tile of x (`x_tile_units`).
+pub(super) fn mv_consts_of(m: MatvecShape, xt: u32) -> [(&'static str, u32); 6] {
     [
+        ("XT", xt),
         ("LPR", m.lanes_per_row),
         ("LW", m.lanes_per_block),
         ("RPL", m.rows_per_lane),

@@ -5,7 +5,7 @@
 
 use super::buffers::GpuAct;
 use super::chunk_gemm::{GemmTile, GK};
-use super::context::Dispatch;
+use super::context::{x_tile_units, Dispatch};
 use super::expert_bytes::{all_host, ExpertSrc, MatSrc, PartSrc};
 use super::expert_tier::ExpertTier;
 use super::matmul::{mv_consts_of, rows_per_group_of};
@@ -354,7 +354,10 @@ impl GpuBackend {
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecMxfp4,
             entry: "moe",
-            consts: &mv_consts_of(shape),
+            consts: &mv_consts_of(
+                shape,
+                x_tile_units(shape, cols / BLOCK, self.ctx.shared_bytes()),
+            ),
             params: &params(one.0, (0, 0), 0),
             buffers: &buffers,
             groups: (one.1, split_groups, 1),

@@ -206,6 +206,8 @@ mod tests {
                         ("GTR", [64.0, 16.0, 32.0, 16.0][dec as usize]),
                         ("GTC", [4.0, 16.0, 8.0, 16.0][dec as usize]),
                         ("PF", f64::from(1 - dec % 2)),
+                        // x staged in tiles of 7 units, and not.
+                        ("XT", f64::from(7 * (dec % 2))),
                     ]
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v))

@@ -158,6 +158,30 @@ fn load_x8(b: u32) -> X8 {
     return X8(x[b], x[b + 1u], x[b + 2u], x[b + 3u], x[b + 4u], x[b + 5u], x[b + 6u], x[b + 7u]);
 }
 
+// x[b .. b + n) into xs, padded: each lane requests four vec4s before storing any, so a
+// tile of a 7168-column row is one memory round trip for a workgroup of 256, not four.
+fn stage_x(b: u32, n: u32) {
+    for (var j = r_lid; j < n; j += 4u * WG) {
+        let j1 = j + WG;
+        let j2 = j + 2u * WG;
+        let j3 = j + 3u * WG;
+        let a0 = x[b + j];
+        let a1 = x[b + min(j1, n - 1u)];
+        let a2 = x[b + min(j2, n - 1u)];
+        let a3 = x[b + min(j3, n - 1u)];
+        xs[j + j / 8u] = a0;
+        if (j1 < n) {
+            xs[j1 + j1 / 8u] = a1;
+        }
+        if (j2 < n) {
+            xs[j2 + j2 / 8u] = a2;
+        }
+        if (j3 < n) {
+            xs[j3 + j3 / 8u] = a3;
+        }
+    }
+}
+
 // The staged loop (XT > 0, 32-column formats): x in tiles of XT units, each copied by the
 // whole workgroup; the lanes walk their units as in `gemv_rows`, the next unit's weights
 // requested before this one is computed, across tile boundaries too. Every lane of the
@@ -170,9 +194,7 @@ fn gemv_staged(wrow: u32, last: u32, xb: u32, lane: u32) -> Acc {
         let tn = min(XT, p.units - t0);
         // The previous tile's reads are done before it is overwritten.
         workgroupBarrier();
-        for (var j = r_lid; j < tn * 8u; j += WG) {
-            xs[j + j / 8u] = x[xb + t0 * 8u + j];
-        }
+        stage_x(xb + t0 * 8u, tn * 8u);
         xs_base = xb + t0 * 8u;
         workgroupBarrier();
         while (u < t0 + tn) {

@@ -490,16 +490,13 @@ fn shape(
         decode,
         pipelined: true,
         unchecked,
-        stage_x: true,
+        stage_x: u32::MAX,
     }
 }
 
 /// `m` with x read from global memory in the row-split kernel.
 fn unstaged(m: MatvecShape) -> MatvecShape {
-    MatvecShape {
-        stage_x: false,
-        ..m
-    }
+    MatvecShape { stage_x: 0, ..m }
 }
 
 /// One geometry in words, as the report prints it.
@@ -512,7 +509,13 @@ fn describe(m: MatvecShape) -> String {
         m.decode.map_or("default".to_string(), |d| d.to_string()),
         m.pipelined,
         m.unchecked,
-        m.stage_x,
+        if m.stage_x == 0 {
+            "no".to_string()
+        } else if m.stage_x == u32::MAX {
+            "as it fits".to_string()
+        } else {
+            format!("{} units a tile", m.stage_x)
+        },
     )
 }
 

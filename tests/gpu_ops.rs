@@ -370,7 +370,8 @@ fn matvec_geometries_other_than_the_default_agree() {
             decode,
             pipelined: i != 1,
             unchecked: i == 1,
-            stage_x: i != 4,
+            // x staged in tiles of 5 units (lanes' walks cross tiles), and not staged.
+            stage_x: [u32::MAX, u32::MAX, 5, u32::MAX, 0][i],
         });
         // Chunks of tokens through the matvec too (the chunk kernel off), and with another tile.
         let chunk_gemm = [
@@ -1304,7 +1305,7 @@ fn int4_integer_digits_against_cpu(stationary: bool) {
         decode: Some(3),
         pipelined: true,
         unchecked: false,
-        stage_x: true,
+        stage_x: u32::MAX,
     });
     let Some(g) = gpu_with(&GpuOptions {
         allow_cpu_adapter: true,

@@ -121,10 +121,11 @@ pub struct MatvecShape {
     /// Build the matvec shaders without wgpu's injected bounds checks and loop bounding
     /// (the driver's robust buffer access still applies); benchmarks measure what it buys.
     pub unchecked: bool,
-    /// Stage x in workgroup memory, padded against bank conflicts, in the row-split kernel
-    /// of the 32-column formats (int4 outside the digit decode, MXFP4): the `XT` override,
-    /// sized by [`x_tile_units`].
-    pub stage_x: bool,
+    /// The most 32-column units of x the row-split kernel of the 32-column formats (int4
+    /// outside the digit decode, MXFP4) stages in workgroup memory at a time, padded against
+    /// bank conflicts: the `XT` override, sized by [`x_tile_units`]. 0 reads x from global
+    /// memory; the default, `u32::MAX`, stages as much as the workgroup memory holds.
+    pub stage_x: u32,
 }
 
 impl Default for MatvecShape {
@@ -136,7 +137,7 @@ impl Default for MatvecShape {
             decode: None,
             pipelined: true,
             unchecked: false,
-            stage_x: true,
+            stage_x: u32::MAX,
         }
     }
 }
@@ -849,19 +850,15 @@ const STAGED_UNIT_BYTES: u32 = 9 * 16;
 
 /// The `XT` override of a row-split matvec over rows of `units` 32-column units under `m`,
 /// with `shared` bytes of workgroup memory: all the units where they fit, else the most
-/// that do; 0 (x from global memory) where `m` does not stage x, the decode reads x's
-/// digits instead (`DEC` 3), or fewer than 8 units fit.
+/// that do, at most `m.stage_x`; 0 (x from global memory) where `m.stage_x` is 0, the
+/// decode reads x's digits instead (`DEC` 3), or fewer than 8 units fit.
 pub fn x_tile_units(m: MatvecShape, units: usize, shared: u32) -> u32 {
-    if !m.stage_x || m.decode == Some(3) {
+    let room = shared.saturating_sub(MATVEC_SHARED_BYTES) / STAGED_UNIT_BYTES;
+    if m.stage_x == 0 || m.decode == Some(3) || room < 8 {
         return 0;
     }
-    let room = shared.saturating_sub(MATVEC_SHARED_BYTES) / STAGED_UNIT_BYTES;
-    let tile = room.min(u32::try_from(units).unwrap_or(u32::MAX));
-    if tile < 8 {
-        0
-    } else {
-        tile
-    }
+    room.min(m.stage_x)
+        .min(u32::try_from(units).unwrap_or(u32::MAX))
 }
 
 /// The `LW` a workgroup of `wg` lanes can hold: a row split over `lpr / lw` 32-lane blocks
@@ -893,11 +890,10 @@ mod tests {
             ..m
         };
         assert_eq!(x_tile_units(digits, 224, 49152), 0);
-        let off = MatvecShape {
-            stage_x: false,
-            ..m
-        };
+        let off = MatvecShape { stage_x: 0, ..m };
         assert_eq!(x_tile_units(off, 224, 49152), 0);
+        let small = MatvecShape { stage_x: 5, ..m };
+        assert_eq!(x_tile_units(small, 224, 49152), 5);
     }
 
     #[test]

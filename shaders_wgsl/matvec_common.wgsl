@@ -269,7 +269,8 @@ fn write_sums(acc: Acc, count: u32, lane: u32, yb: u32, ystep: u32, valid: u32) 
 }
 
 // Partial row sums of the split layout (LW < LPR): WG / LW slots of up to 8 sums.
-var<workgroup> mv_part: array<f32, 512>;
+override MV_PART_LEN: u32 = WG / LW * 8u;
+var<workgroup> mv_part: array<f32, MV_PART_LEN>;
 
 // A lane's place: (lane within its row's LPR lanes, row group within the workgroup).
 fn lane_place(lid: u32) -> vec2<u32> {

@@ -378,10 +378,7 @@ fn main() {
     // were removed: docs/perf.md, session 8, which also has the fewer-rows-per-lane blocks
     // that followed them.) 19 is the per-pass cost of small kernels. 20 is block 3 with x
     // read from global memory instead of staged in workgroup memory; 21 and 22 the expert
-    // geometry on every matvec, x staged and not. 23-27 the staged expert geometry with all
-    // of a row's lanes in one block, unchecked, 2 rows per lane, 16 and 4 lanes per row.
-    // 28-31 wider workgroups (the driver then fits the kernel in fewer registers): the
-    // expert geometry at 512 and 1024 lanes, blocks 3 and 4's geometries at 1024.
+    // geometry on every matvec, x staged and not.
     // 32 lanes per row, all in one block, with the given rows per lane, decode and checks.
     let dec =
         |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), unchecked);
@@ -422,15 +419,6 @@ fn main() {
         split(unstaged(dec(4, 1, false))),
         split(MatvecShape::experts()),
         split(unstaged(MatvecShape::experts())),
-        split(shape(8, 8, 4, None, false)),
-        split(shape(8, 4, 4, None, true)),
-        split(shape(8, 4, 2, None, false)),
-        split(shape(16, 4, 4, None, false)),
-        split(shape(4, 4, 4, None, false)),
-        split(wide(MatvecShape::experts(), 512)),
-        split(wide(MatvecShape::experts(), 1024)),
-        split(wide(dec(4, 1, false), 1024)),
-        split(wide(dec(4, 3, false), 1024)),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -503,7 +491,6 @@ fn shape(
         pipelined: true,
         unchecked,
         stage_x: u32::MAX,
-        workgroup: 0,
     }
 }
 
@@ -512,18 +499,10 @@ fn unstaged(m: MatvecShape) -> MatvecShape {
     MatvecShape { stage_x: 0, ..m }
 }
 
-/// `m` in workgroups of `lanes`.
-fn wide(m: MatvecShape, lanes: u32) -> MatvecShape {
-    MatvecShape {
-        workgroup: lanes,
-        ..m
-    }
-}
-
 /// One geometry in words, as the report prints it.
 fn describe(m: MatvecShape) -> String {
     format!(
-        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}, x staged {}, workgroup {}",
+        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}, x staged {}",
         m.lanes_per_row,
         m.lanes_per_block,
         m.rows_per_lane,
@@ -537,7 +516,6 @@ fn describe(m: MatvecShape) -> String {
         } else {
             format!("{} units a tile", m.stage_x)
         },
-        m.workgroup,
     )
 }
 

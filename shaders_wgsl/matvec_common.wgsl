@@ -269,8 +269,7 @@ fn write_sums(acc: Acc, count: u32, lane: u32, yb: u32, ystep: u32, valid: u32) 
 }
 
 // Partial row sums of the split layout (LW < LPR): WG / LW slots of up to 8 sums.
-override MV_PART_LEN: u32 = WG / LW * 8u;
-var<workgroup> mv_part: array<f32, MV_PART_LEN>;
+var<workgroup> mv_part: array<f32, 512>;
 
 // A lane's place: (lane within its row's LPR lanes, row group within the workgroup).
 fn lane_place(lid: u32) -> vec2<u32> {

@@ -7,8 +7,7 @@ struct Lanes {
     @builtin(local_invocation_index) lid: u32,
 }
 
-// One slot a lane (the matvec entries may run wider workgroups than the context's).
-var<workgroup> red_buf: array<f32, WG>;
+var<workgroup> red_buf: array<f32, 256>;
 var<private> r_lid: u32;
 
 fn lanes_init(l: Lanes) {

@@ -10,8 +10,7 @@ struct Lanes {
     @builtin(subgroup_invocation_id) sg_lane: u32,
 }
 
-// One slot a lane (the matvec entries may run wider workgroups than the context's).
-var<workgroup> red_buf: array<f32, WG>;
+var<workgroup> red_buf: array<f32, 256>;
 var<private> r_lid: u32;
 var<private> r_sg_size: u32;
 var<private> r_sg_lane: u32;

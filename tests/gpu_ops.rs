@@ -372,8 +372,6 @@ fn matvec_geometries_other_than_the_default_agree() {
             unchecked: i == 1,
             // x staged in tiles of 5 units (lanes' walks cross tiles), and not staged.
             stage_x: [u32::MAX, u32::MAX, 5, u32::MAX, 0][i],
-            // Workgroups wider and narrower than the context's.
-            workgroup: [0, 512, 64, 0, 1024][i],
         });
         // Chunks of tokens through the matvec too (the chunk kernel off), and with another tile.
         let chunk_gemm = [
@@ -1308,7 +1306,6 @@ fn int4_integer_digits_against_cpu(stationary: bool) {
         pipelined: true,
         unchecked: false,
         stage_x: u32::MAX,
-        workgroup: 0,
     });
     let Some(g) = gpu_with(&GpuOptions {
         allow_cpu_adapter: true,

@@ -126,10 +126,6 @@ pub struct MatvecShape {
     /// bank conflicts: the `XT` override, sized by [`x_tile_units`]. 0 reads x from global
     /// memory; the default, `u32::MAX`, stages as much as the workgroup memory holds.
     pub stage_x: u32,
-    /// Lanes of a row-split matvec workgroup (the `WG` override there; a power of two);
-    /// 0 takes the context's. Wider workgroups make the driver fit a kernel in fewer
-    /// registers (NVIDIA: 64 at 1024 lanes).
-    pub workgroup: u32,
 }
 
 impl Default for MatvecShape {
@@ -142,7 +138,6 @@ impl Default for MatvecShape {
             pipelined: true,
             unchecked: false,
             stage_x: u32::MAX,
-            workgroup: 0,
         }
     }
 }
@@ -159,19 +154,8 @@ impl MatvecShape {
         }
     }
 
-    /// Checks the shape and fits its split to its workgroup: `workgroup` lanes, or where
-    /// that is 0 the context's `wg`; `cap` is the most lanes the adapter allows.
-    fn fitted(mut self, wg: u32, cap: u32) -> Result<Self> {
-        if self.workgroup == 0 {
-            self.workgroup = wg;
-        }
-        if !self.workgroup.is_power_of_two() || !(32..=cap).contains(&self.workgroup) {
-            bail!(
-                "matvec workgroup of {} lanes: it must be a power of two from 32 to the adapter's {cap}",
-                self.workgroup
-            );
-        }
-        let wg = self.workgroup;
+    /// Checks the shape and fits its split to a workgroup of `wg` lanes.
+    fn fitted(mut self, wg: u32) -> Result<Self> {
         if !self.lanes_per_row.is_power_of_two()
             || self.lanes_per_row > 32
             || !self.lanes_per_block.is_power_of_two()
@@ -330,14 +314,11 @@ impl GpuContext {
         }
         max_binding &= !15;
         let subgroups = features.contains(wgpu::Features::SUBGROUP) && !opts.no_subgroups;
-        let cap = limits
-            .max_compute_invocations_per_workgroup
-            .min(limits.max_compute_workgroup_size_x);
-        let matvec = opts.matvec.unwrap_or_default().fitted(wg, cap)?;
+        let matvec = opts.matvec.unwrap_or_default().fitted(wg)?;
         let expert_matvec = opts
             .expert_matvec
             .unwrap_or_else(MatvecShape::experts)
-            .fitted(wg, cap)?;
+            .fitted(wg)?;
         let chunk_gemm = opts.chunk_gemm.unwrap_or_default().checked()?;
         let stationary = opts.stationary.unwrap_or_default().checked()?;
         if opts.profile && !features.contains(wgpu::Features::TIMESTAMP_QUERY) {
@@ -860,11 +841,9 @@ struct Chunk<'a>(wgpu::WriteOnly<'a, [u8]>);
 // threads ever touch the same bytes.
 unsafe impl Send for Chunk<'_> {}
 
-/// Workgroup memory the row-split matvec entries use besides staged x: `red_buf` (a slot a
-/// lane), `mv_part` (8 sums a block part) and room to spare.
-fn matvec_shared_bytes(m: MatvecShape) -> u32 {
-    4 * m.workgroup + 32 * (m.workgroup / m.lanes_per_block.max(1)) + 512
-}
+/// Workgroup memory the row-split matvec entries use besides staged x (`mv_part`, the
+/// reduction prelude's `red_buf`), with room to spare.
+const MATVEC_SHARED_BYTES: u32 = 4096;
 
 /// Bytes of workgroup memory one staged unit of x takes: its eight vec4s and a pad vec4.
 const STAGED_UNIT_BYTES: u32 = 9 * 16;
@@ -874,7 +853,7 @@ const STAGED_UNIT_BYTES: u32 = 9 * 16;
 /// that do, at most `m.stage_x`; 0 (x from global memory) where `m.stage_x` is 0, the
 /// decode reads x's digits instead (`DEC` 3), or fewer than 8 units fit.
 pub fn x_tile_units(m: MatvecShape, units: usize, shared: u32) -> u32 {
-    let room = shared.saturating_sub(matvec_shared_bytes(m)) / STAGED_UNIT_BYTES;
+    let room = shared.saturating_sub(MATVEC_SHARED_BYTES) / STAGED_UNIT_BYTES;
     if m.stage_x == 0 || m.decode == Some(3) || room < 8 {
         return 0;
     }
@@ -900,24 +879,12 @@ mod tests {
 
     #[test]
     fn staged_x_takes_what_fits_and_never_the_digit_decode() {
-        let m = MatvecShape {
-            workgroup: 256,
-            ..MatvecShape::default()
-        };
-        // 224 units (7168 columns) fit NVIDIA's 48 KiB whole, and 215 of them 32 KiB.
+        let m = MatvecShape::default();
+        // 224 units (7168 columns) fit NVIDIA's 48 KiB whole, and 199 of them 32 KiB.
         assert_eq!(x_tile_units(m, 224, 49152), 224);
-        assert_eq!(x_tile_units(m, 224, 32768), 215);
-        assert_eq!(x_tile_units(m, 5, 49152), 5);
-        // Room for fewer than 8 units: not staged.
-        assert_eq!(x_tile_units(m, 224, 2800), 0);
-        // Wider workgroups leave less room.
-        let wide = MatvecShape {
-            workgroup: 1024,
-            lanes_per_block: 4,
-            ..m
-        };
-        assert_eq!(x_tile_units(wide, 224, 49152), 224);
-        assert_eq!(x_tile_units(wide, 224, 32768), 138);
+        assert_eq!(x_tile_units(m, 224, 32768), 199);
+        assert_eq!(x_tile_units(m, 5, 49152), 0);
+        assert_eq!(x_tile_units(m, 224, 5000), 0);
         let digits = MatvecShape {
             decode: Some(3),
             ..m

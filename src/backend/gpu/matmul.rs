@@ -204,12 +204,12 @@ impl GpuBackend {
 
     /// Output rows one matvec workgroup computes.
     pub(super) fn rows_per_group(&self) -> u32 {
-        rows_per_group_of(self.ctx.matvec)
+        rows_per_group_of(self.ctx.wg, self.ctx.matvec)
     }
 
     /// The dense matvec pipeline overrides, x read from global memory (formats whose unit is
     /// not 32 columns).
-    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 7] {
+    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 6] {
         mv_consts_of(self.ctx.matvec, 0)
     }
 
@@ -421,15 +421,14 @@ impl GpuBackend {
 /// 6-7 % slower in wall time than without.
 pub const DIGITS_FROM_ROWS: usize = 32768;
 
-/// Output rows one workgroup computes under the fitted shape `m`.
-pub(super) fn rows_per_group_of(m: MatvecShape) -> u32 {
-    m.workgroup / m.lanes_per_row * m.rows_per_lane
+/// Output rows one workgroup of `wg` lanes computes under `m`.
+pub(super) fn rows_per_group_of(wg: u32, m: MatvecShape) -> u32 {
+    wg / m.lanes_per_row * m.rows_per_lane
 }
 
 /// The matvec pipeline overrides of `m`; `xt` is the staged tile of x (`x_tile_units`).
-pub(super) fn mv_consts_of(m: MatvecShape, xt: u32) -> [(&'static str, u32); 7] {
+pub(super) fn mv_consts_of(m: MatvecShape, xt: u32) -> [(&'static str, u32); 6] {
     [
-        ("WG", m.workgroup),
         ("XT", xt),
         ("LPR", m.lanes_per_row),
         ("LW", m.lanes_per_block),

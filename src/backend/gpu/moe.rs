@@ -332,7 +332,7 @@ impl GpuBackend {
         } else {
             self.ctx.matvec
         };
-        let split_groups = (rows as u32).div_ceil(rows_per_group_of(shape));
+        let split_groups = (rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, shape));
         let plan = (total < FEW_ROWS
             && self
                 .ctx

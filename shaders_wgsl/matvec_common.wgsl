@@ -5,7 +5,8 @@
 // format file) and `unit_dot` decodes each of the RPL rows' unit straight into a dot product
 // with it; then the lanes of a group reduce. On the H200 neither the decode nor the x loads
 // alone bound the int4/MXFP4 kernels; the two together do: without both, int4 runs at the
-// read kernel's bandwidth (docs/perf.md, third pass).
+// read kernel's bandwidth (docs/perf.md, third pass). The 32-column formats read x from a
+// padded copy in workgroup memory (`XT`, below), which takes the x loads off the L1.
 // The format file defines `WU` (a unit of one row, with its scale) and `load_w`, `XU` and
 // `load_x`, `unit_dot(WU, XU)` (a unit's dot product with its slice of x), and for the chunk
 // kernel `gemm` below, `stage_unit(WU, r, c)`, which writes the unit's plain values (scale
@@ -299,9 +300,9 @@ fn dense(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
 // a span of SPAN lanes owns unit c of every row: its slice of x is loaded once, into
 // registers, and the span reads each row whole, 16 bytes a lane in order, RPL rows at a time
 // with the next RPL rows requested before these are used. The row-split kernel above walks
-// units along a row instead, so it reloads x for every unit and each x load touches as many
-// cache lines as the block has units (measured on the H200: without the decode and the x
-// traffic, int4 ran at the read kernel's bandwidth). Per row, the lanes' sums meet through
+// units along a row instead, so it reloads x for every unit, and from global memory each x
+// load touches as many cache lines as the block has units (measured on the H200: without
+// the decode and the x traffic, int4 ran at the read kernel's bandwidth). Per row, the lanes' sums meet through
 // the subgroup, then across the span's subgroups in `cs_part` once the workgroup's rows
 // are done: the host keeps row_block × SPAN / (smallest subgroup) within it.
 override SPAN: u32 = 256u;

@@ -883,7 +883,9 @@ mod tests {
         // 224 units (7168 columns) fit NVIDIA's 48 KiB whole, and 199 of them 32 KiB.
         assert_eq!(x_tile_units(m, 224, 49152), 224);
         assert_eq!(x_tile_units(m, 224, 32768), 199);
-        assert_eq!(x_tile_units(m, 5, 49152), 0);
+        // A short row is staged whole.
+        assert_eq!(x_tile_units(m, 5, 49152), 5);
+        // Room for fewer than 8 units: not staged.
         assert_eq!(x_tile_units(m, 224, 5000), 0);
         let digits = MatvecShape {
             decode: Some(3),

@@ -7,20 +7,22 @@
 //! local memory) before spending device time on benchmarks.
 //!
 //! ```text
-//! cargo run --release --example shader_stats -- [--dump DIR] [--unchecked] \
+//! cargo run --release --example shader_stats -- [--dump DIR] [--unchecked] [--wgsl-dir DIR] \
 //!     SHADER:ENTRY[:NAME=VALUE,...] ...
 //! # e.g. matvec_int4:dense:LPR=32,RPL=4,DEC=1,PIPE=1
 //! ```
 //! SHADER is a file stem under shaders_wgsl/ (matvec_int4, matvec_mxfp4, read_bench, ...).
 //! `--unchecked` writes the SPIR-V without naga's index clamps and loop bounds, as
 //! `MatvecShape::unchecked` does; `--dump DIR` saves every text representation the driver
-//! returns.
+//! returns; `--wgsl-dir DIR` reads the WGSL files from DIR at run time (e.g. `shaders_wgsl`
+//! of the working tree the device tool copies), so a variant's register count needs an
+//! edit here and one device call, no rebuild.
 
 use anyhow::{anyhow, bail, Context, Result};
 use ash::vk;
 use k3::backend::gpu::shaders::Shader;
 use std::ffi::CStr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// One kernel to compile: its module, entry point and override values.
 struct Spec {
@@ -67,13 +69,17 @@ fn parse_spec(s: &str) -> Result<Spec> {
 /// Binding number and descriptor type of each resource of group 0.
 type Bindings = Vec<(u32, vk::DescriptorType)>;
 
-fn compile(spec: &Spec, unchecked: bool) -> Result<(Vec<u32>, Bindings)> {
+/// `wgsl_dir`: compose the module from that directory's files instead of the built-in text.
+fn compile(spec: &Spec, unchecked: bool, wgsl_dir: Option<&Path>) -> Result<(Vec<u32>, Bindings)> {
     use naga::back::spv;
     use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
     use naga::valid::{
         Capabilities, ShaderStages, SubgroupOperationSet, ValidationFlags, Validator,
     };
-    let src = spec.shader.source(true);
+    let src = match wgsl_dir {
+        Some(dir) => spec.shader.source_from(true, dir)?,
+        None => spec.shader.source(true),
+    };
     let module = naga::front::wgsl::parse_str(&src)
         .map_err(|e| anyhow!("{}: {}", spec.label, e.emit_to_string(&src)))?;
     let mut v = Validator::new(
@@ -375,6 +381,7 @@ impl Drop for Vk {
 fn main() -> Result<()> {
     let mut dump = None;
     let mut unchecked = false;
+    let mut wgsl_dir = None;
     let mut specs = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -385,8 +392,14 @@ fn main() -> Result<()> {
                 ))
             }
             "--unchecked" => unchecked = true,
+            "--wgsl-dir" => {
+                wgsl_dir = Some(PathBuf::from(
+                    args.next()
+                        .ok_or_else(|| anyhow!("--wgsl-dir needs a DIR"))?,
+                ))
+            }
             "-h" | "--help" => {
-                println!("usage: shader_stats [--dump DIR] [--unchecked] SHADER:ENTRY[:NAME=VALUE,...] ...");
+                println!("usage: shader_stats [--dump DIR] [--unchecked] [--wgsl-dir DIR] SHADER:ENTRY[:NAME=VALUE,...] ...");
                 return Ok(());
             }
             _ => specs.push(parse_spec(&a)?),
@@ -398,7 +411,7 @@ fn main() -> Result<()> {
     let vk = Vk::new()?;
     println!("device: {} (unchecked {unchecked})", vk.name);
     for s in &specs {
-        let (words, bindings) = compile(s, unchecked)?;
+        let (words, bindings) = compile(s, unchecked, wgsl_dir.as_deref())?;
         vk.report(s, &words, &bindings, dump.as_ref())?;
     }
     Ok(())

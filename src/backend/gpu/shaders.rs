@@ -2,6 +2,9 @@
 //! kernels that reduce across a workgroup get one of two reduction preludes, subgroup
 //! operations when the adapter has them, workgroup memory otherwise.
 
+use anyhow::Context;
+use std::path::Path;
+
 /// Subgroup reductions (subgroup size read at run time).
 const REDUCE_SUBGROUP: &str = include_str!("../../../shaders_wgsl/reduce_subgroup.wgsl");
 /// Workgroup-memory reductions, the fallback.
@@ -137,21 +140,46 @@ impl Shader {
 
     /// The full module text; `subgroups` picks the reduction prelude.
     pub fn source(self, subgroups: bool) -> String {
+        let text = |name: &str| match name {
+            "reduce_subgroup.wgsl" => REDUCE_SUBGROUP,
+            "reduce_shared.wgsl" => REDUCE_SHARED,
+            "matvec_common.wgsl" => MATVEC_COMMON,
+            _ => self.body(),
+        };
+        self.compose(subgroups, &mut |name| Ok(text(name).to_string()))
+            .unwrap_or_default()
+    }
+
+    /// The module composed as [`Shader::source`] does, from the files of `dir` instead of
+    /// the text built in: a tool can then try shader variants without a rebuild.
+    pub fn source_from(self, subgroups: bool, dir: &Path) -> anyhow::Result<String> {
+        self.compose(subgroups, &mut |name| {
+            let path = dir.join(name);
+            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+        })
+    }
+
+    /// The preludes the module takes, then its own file, each through `text` (by file name).
+    fn compose(
+        self,
+        subgroups: bool,
+        text: &mut dyn FnMut(&str) -> anyhow::Result<String>,
+    ) -> anyhow::Result<String> {
         let mut s = String::new();
         if self.reduces() {
-            s.push_str(if subgroups {
-                REDUCE_SUBGROUP
+            s.push_str(&text(if subgroups {
+                "reduce_subgroup.wgsl"
             } else {
-                REDUCE_SHARED
-            });
+                "reduce_shared.wgsl"
+            })?);
             s.push('\n');
         }
         if self.is_matvec() {
-            s.push_str(MATVEC_COMMON);
+            s.push_str(&text("matvec_common.wgsl")?);
             s.push('\n');
         }
-        s.push_str(self.body());
-        s
+        s.push_str(&text(self.file())?);
+        Ok(s)
     }
 }
 
@@ -238,5 +266,23 @@ mod tests {
         for sh in Shader::ALL {
             validate(sh, true);
         }
+    }
+
+    #[test]
+    fn modules_read_from_the_source_tree_equal_the_built_in_ones() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders_wgsl");
+        for sh in Shader::ALL {
+            for subgroups in [false, true] {
+                let from_tree = sh.source_from(subgroups, &dir);
+                assert_eq!(from_tree.ok(), Some(sh.source(subgroups)), "{}", sh.file());
+            }
+        }
+        let missing = Shader::MatvecInt4
+            .source_from(true, std::path::Path::new("/nonexistent-k3-wgsl"))
+            .map_err(|e| format!("{e:#}"));
+        assert!(
+            matches!(&missing, Err(m) if m.contains("/nonexistent-k3-wgsl/reduce_subgroup.wgsl")),
+            "{missing:?}"
+        );
     }
 }

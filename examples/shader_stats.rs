@@ -7,7 +7,7 @@
 //! local memory) before spending device time on benchmarks.
 //!
 //! ```text
-//! cargo run --release --example shader_stats -- [--dump DIR] [--unchecked] [--wgsl-dir DIR] \
+//! cargo run --release --example shader_stats -- [--dump DIR] [--unchecked] [--wgsl-dir DIR] [--spirv-only] \
 //!     SHADER:ENTRY[:NAME=VALUE,...] ...
 //! # e.g. matvec_int4:dense:LPR=32,RPL=4,DEC=1,PIPE=1
 //! ```
@@ -16,7 +16,8 @@
 //! `MatvecShape::unchecked` does; `--dump DIR` saves every text representation the driver
 //! returns; `--wgsl-dir DIR` reads the WGSL files from DIR at run time (e.g. `shaders_wgsl`
 //! of the working tree the device tool copies), so a variant's register count needs an
-//! edit here and one device call, no rebuild.
+//! edit here and one device call, no rebuild; `--spirv-only` stops after naga (no driver
+//! needed), to check such a variant here first.
 
 use anyhow::{anyhow, bail, Context, Result};
 use ash::vk;
@@ -382,6 +383,7 @@ fn main() -> Result<()> {
     let mut dump = None;
     let mut unchecked = false;
     let mut wgsl_dir = None;
+    let mut spirv_only = false;
     let mut specs = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -398,8 +400,9 @@ fn main() -> Result<()> {
                         .ok_or_else(|| anyhow!("--wgsl-dir needs a DIR"))?,
                 ))
             }
+            "--spirv-only" => spirv_only = true,
             "-h" | "--help" => {
-                println!("usage: shader_stats [--dump DIR] [--unchecked] [--wgsl-dir DIR] SHADER:ENTRY[:NAME=VALUE,...] ...");
+                println!("usage: shader_stats [--dump DIR] [--unchecked] [--wgsl-dir DIR] [--spirv-only] SHADER:ENTRY[:NAME=VALUE,...] ...");
                 return Ok(());
             }
             _ => specs.push(parse_spec(&a)?),
@@ -407,6 +410,14 @@ fn main() -> Result<()> {
     }
     if specs.is_empty() {
         bail!("no kernel given (see --help)");
+    }
+    if spirv_only {
+        // No driver: the WGSL composed, validated and written to SPIR-V by naga only.
+        for s in &specs {
+            let (words, _) = compile(s, unchecked, wgsl_dir.as_deref())?;
+            println!("{}  SPIR-V {} words", s.label, words.len());
+        }
+        return Ok(());
     }
     let vk = Vk::new()?;
     println!("device: {} (unchecked {unchecked})", vk.name);

@@ -419,6 +419,8 @@ fn main() {
         split(unstaged(dec(4, 1, false))),
         split(MatvecShape::experts()),
         split(unstaged(MatvecShape::experts())),
+        split(by_word(MatvecShape::experts())),
+        split(by_word(dec(4, 1, false))),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -491,6 +493,7 @@ fn shape(
         pipelined: true,
         unchecked,
         stage_x: u32::MAX,
+        x_by_word: false,
     }
 }
 
@@ -499,10 +502,18 @@ fn unstaged(m: MatvecShape) -> MatvecShape {
     MatvecShape { stage_x: 0, ..m }
 }
 
+/// `m` with staged x read word by word.
+fn by_word(m: MatvecShape) -> MatvecShape {
+    MatvecShape {
+        x_by_word: true,
+        ..m
+    }
+}
+
 /// One geometry in words, as the report prints it.
 fn describe(m: MatvecShape) -> String {
     format!(
-        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}, x staged {}",
+        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}, x staged {}{}",
         m.lanes_per_row,
         m.lanes_per_block,
         m.rows_per_lane,
@@ -516,6 +527,7 @@ fn describe(m: MatvecShape) -> String {
         } else {
             format!("{} units a tile", m.stage_x)
         },
+        if m.x_by_word { ", by word" } else { "" },
     )
 }
 

@@ -5,8 +5,8 @@
 // format file) and `unit_dot` decodes each of the RPL rows' unit straight into a dot product
 // with it; then the lanes of a group reduce. On the H200 neither the decode nor the x loads
 // alone bound the int4/MXFP4 kernels; the two together do: without both, int4 runs at the
-// read kernel's bandwidth (docs/perf.md, third pass). The 32-column formats read x from a
-// padded copy in workgroup memory (`XT`, below), which takes the x loads off the L1.
+// read kernel's bandwidth (docs/perf.md, third pass). The 32-column formats also have entries
+// that read x from a padded copy in workgroup memory (matvec_staged.wgsl).
 // The format file defines `WU` (a unit of one row, with its scale) and `load_w`, `XU` and
 // `load_x`, `unit_dot(WU, XU)` (a unit's dot product with its slice of x), and for the chunk
 // kernel `gemm` below, `stage_unit(WU, r, c)`, which writes the unit's plain values (scale
@@ -136,85 +136,39 @@ struct X8 {
     x7: vec4<f32>,
 }
 
-// Units of x the row-split kernel stages in workgroup memory at a time (0: x read straight
-// from global memory; the host sets it for the 32-column formats). A lane reads its unit's
-// 128 bytes of x as eight 16-byte loads, so from global memory each load instruction of a
-// 32-lane block touches one cache line per unit: Nsight Compute on the CUDA twin of this
-// kernel (tools/cuda_probe, docs/perf.md) put the L1 at 88-99 % busy and DRAM at 35-45 %.
-// Staged with one pad vec4 after each unit's eight, neighbouring units start 4 banks apart
-// and a quarter-block's reads meet no bank conflict (without the pad, all of them hit the
-// same four banks, which is why an unpadded staging measured no gain).
-override XT: u32 = 0u;
-// (A named override: naga 30 panics on the anonymous one an expression as the size makes.)
-override XS_LEN: u32 = XT * 9u + 1u;
-var<workgroup> xs: array<vec4<f32>, XS_LEN>;
-// x's vec4 index of the staged tile's first unit.
-var<private> xs_base: u32;
-
 fn load_x8(b: u32) -> X8 {
-    if (XT > 0u) {
-        let k = (b - xs_base) / 8u * 9u;
-        return X8(xs[k], xs[k + 1u], xs[k + 2u], xs[k + 3u], xs[k + 4u], xs[k + 5u], xs[k + 6u], xs[k + 7u]);
-    }
     return X8(x[b], x[b + 1u], x[b + 2u], x[b + 3u], x[b + 4u], x[b + 5u], x[b + 6u], x[b + 7u]);
 }
 
-// x[b .. b + n) into xs, padded: each lane requests four vec4s before storing any, so a
-// tile of a 7168-column row is one memory round trip for a workgroup of 256, not four.
-fn stage_x(b: u32, n: u32) {
-    for (var j = r_lid; j < n; j += 4u * WG) {
-        let j1 = j + WG;
-        let j2 = j + 2u * WG;
-        let j3 = j + 3u * WG;
-        let a0 = x[b + j];
-        let a1 = x[b + min(j1, n - 1u)];
-        let a2 = x[b + min(j2, n - 1u)];
-        let a3 = x[b + min(j3, n - 1u)];
-        xs[j + j / 8u] = a0;
-        if (j1 < n) {
-            xs[j1 + j1 / 8u] = a1;
-        }
-        if (j2 < n) {
-            xs[j2 + j2 / 8u] = a2;
-        }
-        if (j3 < n) {
-            xs[j3 + j3 / 8u] = a3;
-        }
-    }
+// A row-split lane's work: rows wrow .. wrow + nrows - 1 against the x row at vec4 xb, its
+// place `lane` among the row's LPR lanes, where its sums go (y[yb + r]) and how many of them
+// are real rows (`valid`; rows past the end repeat the last, so every lane reaches the
+// reductions).
+struct RowJob {
+    wrow: u32,
+    nrows: u32,
+    xb: u32,
+    lane: u32,
+    yb: u32,
+    valid: u32,
 }
 
-// The staged loop (XT > 0, 32-column formats): x in tiles of XT units, each copied by the
-// whole workgroup; the lanes walk their units as in `gemv_rows`, the next unit's weights
-// requested before this one is computed, across tile boundaries too. Every lane of the
-// workgroup calls it (rows past the end repeat the last), so the barriers are uniform.
-fn gemv_staged(wrow: u32, last: u32, xb: u32, lane: u32) -> Acc {
-    var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
-    var u = lane;
-    var cur = load_w8(wrow, last, min(u, p.units - 1u));
-    for (var t0 = 0u; t0 < p.units; t0 += XT) {
-        let tn = min(XT, p.units - t0);
-        // The previous tile's reads are done before it is overwritten.
-        workgroupBarrier();
-        stage_x(xb + t0 * 8u, tn * 8u);
-        xs_base = xb + t0 * 8u;
-        workgroupBarrier();
-        while (u < t0 + tn) {
-            let un = u + LPR;
-            let nxt = load_w8(wrow, last, min(un, p.units - 1u));
-            acc = step(acc, cur, load_x(xb + u * UV));
-            cur = nxt;
-            u = un;
-        }
-    }
-    return acc;
+// A lane's rows of row group `group`: weight rows from wbase, sums from y[yb0 + row].
+fn row_job(lid: u32, group: u32, wbase: u32, xb: u32, yb0: u32) -> RowJob {
+    let place = lane_place(lid);
+    let row = (group * (WG / LPR) + place.y) * RPL;
+    let rr = min(row, p.rows - 1u);
+    let nrows = min(RPL, p.rows - rr);
+    return RowJob(wbase + rr, nrows, xb, place.x, yb0 + rr, select(0u, nrows, row < p.rows));
 }
 
-fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {
+fn gemv_rows(j: RowJob) {
     var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
-    let last = nrows - 1u;
-    if (XT > 0u) {
-        acc = gemv_staged(wrow, last, xb, lane);
-    } else if (PIPE == 0u) {
+    let last = j.nrows - 1u;
+    let wrow = j.wrow;
+    let xb = j.xb;
+    let lane = j.lane;
+    if (PIPE == 0u) {
         for (var u = lane; u < p.units; u += LPR) {
             acc = step(acc, load_w8(wrow, last, u), load_x(xb + u * UV));
         }
@@ -231,7 +185,7 @@ fn gemv_rows(wrow: u32, nrows: u32, xb: u32, lane: u32, yb: u32, valid: u32) {
             u = un;
         }
     }
-    write_sums(acc, RPL, lane, yb, 1u, valid);
+    write_sums(acc, RPL, lane, j.yb, 1u, j.valid);
 }
 
 // Reduces the first `count` (uniform) sums of `acc` over each row's LPR lanes and
@@ -287,13 +241,13 @@ fn lane_place(lid: u32) -> vec2<u32> {
 @compute @workgroup_size(WG)
 fn dense(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
-    let place = lane_place(lanes.lid);
-    let lane = place.x;
+    gemv_rows(dense_job(wg, lanes.lid));
+}
+
+// The lane's rows of `dense` (and of `dense_xs`, matvec_staged.wgsl).
+fn dense_job(wg: vec3<u32>, lid: u32) -> RowJob {
     let t = wg.x;
-    let row = (wg.y * (WG / LPR) + place.y) * RPL;
-    let rr = min(row, p.rows - 1u);
-    let nrows = min(RPL, p.rows - rr);
-    gemv_rows(rr, nrows, t * p.x_stride4, lane, t * p.y_stride + p.row0 + rr, select(0u, nrows, row < p.rows));
+    return row_job(lid, wg.y, 0u, t * p.x_stride4, t * p.y_stride + p.row0);
 }
 
 // The column-stationary matvec (`dense_cs`, `moe_cs`; rows of at most SPAN units). Lane c of
@@ -409,9 +363,15 @@ const GK: u32 = 32u;
 // The step's decoded weights, gw[k · GTR + i] = rows 4i .. 4i + 3 of the tile at column k;
 // its inputs, gx[k · GTC + j] = tokens 4j .. 4j + 3 at column k; and where each token's row
 // of x starts (the entry point fills it: a chunk's rows in order, or gathered by routing).
-var<workgroup> gw: array<vec4<f32>, GK * GTR>;
-var<workgroup> gx: array<vec4<f32>, GK * GTC>;
-var<workgroup> gxrow: array<u32, 4u * GTC>;
+// (Sizes through named overrides: naga 30 makes an anonymous one of an expression as an
+// array size, and panics when an override declared later, as in matvec_staged.wgsl, is
+// resolved past it.)
+override GW_LEN: u32 = GK * GTR;
+override GX_LEN: u32 = GK * GTC;
+override GXROW_LEN: u32 = 4u * GTC;
+var<workgroup> gw: array<vec4<f32>, GW_LEN>;
+var<workgroup> gx: array<vec4<f32>, GX_LEN>;
+var<workgroup> gxrow: array<u32, GXROW_LEN>;
 
 // Decoded weight columns c .. c + 3 of tile row r.
 fn stage4(v: vec4<f32>, r: u32, c: u32) {

@@ -29,10 +29,16 @@ fn load_x(b: u32) -> XU {
         return X8(x[i], x[i + s], x[i + 2u * s], x[i + 3u * s], x[i + 4u * s], x[i + 5u * s], x[i + 6u * s], x[i + 7u * s]);
     }
     let v = load_x8(b);
+    return XU(prep_x4(v.x0), prep_x4(v.x1), prep_x4(v.x2), prep_x4(v.x3), prep_x4(v.x4), prep_x4(v.x5), prep_x4(v.x6), prep_x4(v.x7));
+}
+
+// A vec4 of plain x as the decode takes it: DEC 1 lane-scaled by 16^-k (exact); also what
+// staging stores (matvec_staged.wgsl; never under DEC 3, whose x is the digit planes).
+fn prep_x4(v: vec4<f32>) -> vec4<f32> {
     if (DEC == 0u) {
         return v;
     }
-    return XU(v.x0 * XS4, v.x1 * XS4, v.x2 * XS4, v.x3 * XS4, v.x4 * XS4, v.x5 * XS4, v.x6 * XS4, v.x7 * XS4);
+    return v * XS4;
 }
 
 // The four nibbles of the low half-word of `o` (already in offset binary), lane k × 16^k.
@@ -90,6 +96,21 @@ fn decoded_dot(du: DU, xv: XU) -> f32 {
             + (dot(v.x4, xv.x4) + dot(v.x5, xv.x5)) + (dot(v.x6, xv.x6) + dot(v.x7, xv.x7));
     }
     return d * du.s;
+}
+
+// Word j's dot product with its two vec4s of prepared x, before the unit's scale (DEC 1:
+// the terms `decoded_dot` adds, in its order; DEC 0 groups them by word instead).
+fn word_dot_of(wu: WU, j: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let q = wu.q[j];
+    if (DEC == 0u) {
+        return dot(lo4(q), xa) + dot(hi4(q), xb);
+    }
+    let o = q ^ 0x88888888u;
+    return dot(nib4(o), xa) + dot(nib4(o >> 16u), xb);
+}
+
+fn unit_factor(wu: WU) -> f32 {
+    return wu.s;
 }
 
 fn unit_dot(wu: WU, xv: XU) -> f32 {

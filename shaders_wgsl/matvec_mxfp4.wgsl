@@ -128,6 +128,35 @@ fn unit_dot(wu: WU, xv: XU) -> f32 {
     return d * (sc * 4.0);
 }
 
+// Staging (matvec_staged.wgsl) takes x as it is.
+fn prep_x4(v: vec4<f32>) -> vec4<f32> {
+    return v;
+}
+
+// Word j's dot product with its two vec4s of x, before `unit_factor`: the terms `unit_dot`
+// and `decoded_dot` add, in their order.
+fn word_dot_of(wu: WU, j: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let q = wu.q[j];
+    if (wu.s > 240u) {
+        return word_dot(word_plain(q, bitcast<f32>(wu.s << 23u)), xa, xb);
+    }
+    if (DEC != 2u) {
+        return word_dot(word_f16(q), xa, xb);
+    }
+    return word_dot(word_exp(q), xa, xb);
+}
+
+fn unit_factor(wu: WU) -> f32 {
+    if (wu.s > 240u) {
+        return 1.0;
+    }
+    let sc = bitcast<f32>(wu.s << 23u);
+    if (DEC != 2u) {
+        return sc * F16_BIAS;
+    }
+    return sc * 4.0;
+}
+
 fn word_dot(v: W2, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
     return dot(v.lo, xa) + dot(v.hi, xb);
 }
@@ -145,16 +174,21 @@ fn decoded_dot(du: DU, xv: XU) -> f32 {
 @compute @workgroup_size(WG)
 fn moe(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
-    let place = lane_place(lanes.lid);
-    let lane = place.x;
-    let row = (wg.y * (WG / LPR) + place.y) * RPL;
-    let rr = min(row, p.rows - 1u);
-    let nrows = min(RPL, p.rows - rr);
+    gemv_rows(moe_job(wg, lanes.lid));
+}
+
+// `moe` with x staged in workgroup memory (matvec_staged.wgsl).
+@compute @workgroup_size(WG)
+fn moe_xs(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    lanes_init(lanes);
+    gemv_rows_xs(moe_job(wg, lanes.lid));
+}
+
+fn moe_job(wg: vec3<u32>, lid: u32) -> RowJob {
     let item = p.item0 + wg.x;
     let slot = rt[3u * item];
     let pr = rt[3u * item + 1u];
-    let xb = rt[p.map_off + pr] * p.x_stride4;
-    gemv_rows(slot * p.rows + rr, nrows, xb, lane, pr * p.y_stride + rr, select(0u, nrows, row < p.rows));
+    return row_job(lid, wg.y, slot * p.rows, rt[p.map_off + pr] * p.x_stride4, pr * p.y_stride);
 }
 
 // Batched experts, column-stationary (`cs_rows`): work item item0 + wg.x as in `moe`, wg.y

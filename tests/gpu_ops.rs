@@ -372,6 +372,8 @@ fn matvec_geometries_other_than_the_default_agree() {
             unchecked: i == 1,
             // x staged in tiles of 5 units (lanes' walks cross tiles), and not staged.
             stage_x: [u32::MAX, u32::MAX, 5, u32::MAX, 0][i],
+            // Staged x read word by word (tiles of 5 units and whole rows).
+            x_by_word: i % 2 == 0,
         });
         // Chunks of tokens through the matvec too (the chunk kernel off), and with another tile.
         let chunk_gemm = [
@@ -1306,6 +1308,7 @@ fn int4_integer_digits_against_cpu(stationary: bool) {
         pipelined: true,
         unchecked: false,
         stage_x: u32::MAX,
+        x_by_word: false,
     });
     let Some(g) = gpu_with(&GpuOptions {
         allow_cpu_adapter: true,

@@ -126,6 +126,10 @@ pub struct MatvecShape {
     /// bank conflicts: the `XT` override, sized by [`x_tile_units`]. 0 reads x from global
     /// memory; the default, `u32::MAX`, stages as much as the workgroup memory holds.
     pub stage_x: u32,
+    /// With x staged: read each word's two vec4s of it just before that word's dot
+    /// products instead of the unit's eight at once (the `XW` override; fewer live
+    /// registers, not measured yet).
+    pub x_by_word: bool,
 }
 
 impl Default for MatvecShape {
@@ -138,6 +142,7 @@ impl Default for MatvecShape {
             pipelined: true,
             unchecked: false,
             stage_x: u32::MAX,
+            x_by_word: false,
         }
     }
 }

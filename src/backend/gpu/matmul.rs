@@ -209,8 +209,8 @@ impl GpuBackend {
 
     /// The dense matvec pipeline overrides, x read from global memory (formats whose unit is
     /// not 32 columns).
-    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 6] {
-        mv_consts_of(self.ctx.matvec, 0)
+    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 5] {
+        mv_consts_of(self.ctx.matvec)
     }
 
     /// `y[t · stride + row0 + r] = Σ_s part[s][t][r]` for `(tokens, rows) = shape` and
@@ -367,15 +367,15 @@ impl GpuBackend {
                 bufs[0] = planes_of();
                 shape.decode = Some(3);
             }
-            let xt = if uc == 32 {
+            let xt = if w.format.shader().stages_x() {
                 x_tile_units(shape, w.cols_padded / uc, self.ctx.shared_bytes())
             } else {
                 0
             };
-            let consts = mv_consts_of(shape, xt);
+            let (entry, consts) = row_split_of(shape, "dense", xt);
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
-                entry: "dense",
+                entry,
                 consts: &consts,
                 params: &params,
                 buffers: &bufs,
@@ -426,10 +426,9 @@ pub(super) fn rows_per_group_of(wg: u32, m: MatvecShape) -> u32 {
     wg / m.lanes_per_row * m.rows_per_lane
 }
 
-/// The matvec pipeline overrides of `m`; `xt` is the staged tile of x (`x_tile_units`).
-pub(super) fn mv_consts_of(m: MatvecShape, xt: u32) -> [(&'static str, u32); 6] {
+/// The matvec pipeline overrides of `m`.
+pub(super) fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 5] {
     [
-        ("XT", xt),
         ("LPR", m.lanes_per_row),
         ("LW", m.lanes_per_block),
         ("RPL", m.rows_per_lane),
@@ -437,4 +436,22 @@ pub(super) fn mv_consts_of(m: MatvecShape, xt: u32) -> [(&'static str, u32); 6] 
         // 1 is every matvec shader's default decode (`DEC` in matvec_common.wgsl).
         ("DEC", m.decode.unwrap_or(1)),
     ]
+}
+
+/// The row-split kernel's entry and overrides under `m`: `entry` ("dense" or "moe"), or
+/// where `xt` (`x_tile_units`) is not 0 its twin that stages x in tiles of `xt` units
+/// (matvec_staged.wgsl).
+pub(super) fn row_split_of(
+    m: MatvecShape,
+    entry: &'static str,
+    xt: u32,
+) -> (&'static str, Vec<(&'static str, u32)>) {
+    let mut consts = mv_consts_of(m).to_vec();
+    if xt == 0 {
+        return (entry, consts);
+    }
+    consts.push(("XT", xt));
+    consts.push(("XW", u32::from(m.x_by_word)));
+    let staged = if entry == "moe" { "moe_xs" } else { "dense_xs" };
+    (staged, consts)
 }

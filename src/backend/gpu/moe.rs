@@ -8,7 +8,7 @@ use super::chunk_gemm::{GemmTile, GK};
 use super::context::{x_tile_units, Dispatch};
 use super::expert_bytes::{all_host, ExpertSrc, MatSrc, PartSrc};
 use super::expert_tier::ExpertTier;
-use super::matmul::{mv_consts_of, rows_per_group_of};
+use super::matmul::{row_split_of, rows_per_group_of};
 use super::shaders::Shader;
 use super::GpuBackend;
 use crate::backend::{ExpertAssignment, ExpertWeights, Glu};
@@ -351,13 +351,12 @@ impl GpuBackend {
             });
             return;
         }
+        let xt = x_tile_units(shape, cols / BLOCK, self.ctx.shared_bytes());
+        let (entry, consts) = row_split_of(shape, "moe", xt);
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecMxfp4,
-            entry: "moe",
-            consts: &mv_consts_of(
-                shape,
-                x_tile_units(shape, cols / BLOCK, self.ctx.shared_bytes()),
-            ),
+            entry,
+            consts: &consts,
             params: &params(one.0, (0, 0), 0),
             buffers: &buffers,
             groups: (one.1, split_groups, 1),

@@ -11,6 +11,8 @@ const REDUCE_SUBGROUP: &str = include_str!("../../../shaders_wgsl/reduce_subgrou
 const REDUCE_SHARED: &str = include_str!("../../../shaders_wgsl/reduce_shared.wgsl");
 /// The matvec driver shared by every weight format.
 const MATVEC_COMMON: &str = include_str!("../../../shaders_wgsl/matvec_common.wgsl");
+/// The row-split matvec with x staged in workgroup memory (the 32-column formats).
+const MATVEC_STAGED: &str = include_str!("../../../shaders_wgsl/matvec_staged.wgsl");
 
 /// One WGSL module family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -138,12 +140,19 @@ impl Shader {
         )
     }
 
+    /// Whether the module has the row-split entries that stage x in workgroup memory
+    /// (`dense_xs`, and `moe_xs` for MXFP4): the formats whose unit is 32 columns.
+    pub fn stages_x(self) -> bool {
+        matches!(self, Shader::MatvecInt4 | Shader::MatvecMxfp4)
+    }
+
     /// The full module text; `subgroups` picks the reduction prelude.
     pub fn source(self, subgroups: bool) -> String {
         let text = |name: &str| match name {
             "reduce_subgroup.wgsl" => REDUCE_SUBGROUP,
             "reduce_shared.wgsl" => REDUCE_SHARED,
             "matvec_common.wgsl" => MATVEC_COMMON,
+            "matvec_staged.wgsl" => MATVEC_STAGED,
             _ => self.body(),
         };
         self.compose(subgroups, &mut |name| Ok(text(name).to_string()))
@@ -176,6 +185,10 @@ impl Shader {
         }
         if self.is_matvec() {
             s.push_str(&text("matvec_common.wgsl")?);
+            s.push('\n');
+        }
+        if self.stages_x() {
+            s.push_str(&text("matvec_staged.wgsl")?);
             s.push('\n');
         }
         s.push_str(&text(self.file())?);
@@ -234,10 +247,12 @@ mod tests {
                         ("GTR", [64.0, 16.0, 32.0, 16.0][dec as usize]),
                         ("GTC", [4.0, 16.0, 8.0, 16.0][dec as usize]),
                         ("PF", f64::from(1 - dec % 2)),
-                        // x staged in tiles of 7 units, and not.
-                        ("XT", f64::from(7 * (dec % 2))),
+                        // x staged in tiles of 7 units, read unit by unit and word by word.
+                        ("XT", 7.0),
+                        ("XW", f64::from(dec % 2)),
                     ]
                     .into_iter()
+                    .filter(|&(k, _)| sh.stages_x() || !matches!(k, "XT" | "XW"))
                     .map(|(k, v)| (k.to_string(), v))
                     .collect(),
                 );

@@ -93,30 +93,10 @@ fn step_words(acc: Acc, w: W8, k: u32) -> Acc {
     d = words_step(d, w, 1u, xs[k + 2u], xs[k + 3u]);
     d = words_step(d, w, 2u, xs[k + 4u], xs[k + 5u]);
     d = words_step(d, w, 3u, xs[k + 6u], xs[k + 7u]);
-    var r = acc;
-    r.a.x += d.a.x * unit_factor(w.w0);
-    if (RPL > 1u) {
-        r.a.y += d.a.y * unit_factor(w.w1);
-    }
-    if (RPL > 2u) {
-        r.a.z += d.a.z * unit_factor(w.w2);
-    }
-    if (RPL > 3u) {
-        r.a.w += d.a.w * unit_factor(w.w3);
-    }
-    if (RPL > 4u) {
-        r.b.x += d.b.x * unit_factor(w.w4);
-    }
-    if (RPL > 5u) {
-        r.b.y += d.b.y * unit_factor(w.w5);
-    }
-    if (RPL > 6u) {
-        r.b.z += d.b.z * unit_factor(w.w6);
-    }
-    if (RPL > 7u) {
-        r.b.w += d.b.w * unit_factor(w.w7);
-    }
-    return r;
+    // Rows past RPL hold zero units: their sums and factors are 0.
+    let fa = vec4<f32>(unit_factor(w.w0), unit_factor(w.w1), unit_factor(w.w2), unit_factor(w.w3));
+    let fb = vec4<f32>(unit_factor(w.w4), unit_factor(w.w5), unit_factor(w.w6), unit_factor(w.w7));
+    return Acc(acc.a + d.a * fa, acc.b + d.b * fb);
 }
 
 // Word j's dot products of the RPL rows added to their partial sums.

@@ -244,6 +244,7 @@ fn run_k3_out(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
         "K3_GPU_GB",
         "K3_VK_GB",
         "K3_GPU_INT4_DECODE",
+        "K3_GPU_STAGE_X",
     ] {
         cmd.env_remove(v);
     }
@@ -258,8 +259,9 @@ fn run_k3_out(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     )
 }
 
-/// `--gpu-int4-decode` and `K3_GPU_INT4_DECODE` pick how int4 matvecs meet x; every choice
-/// gives the same greedy tokens, and a bad value names the flag.
+/// `--gpu-int4-decode` and `K3_GPU_INT4_DECODE` pick how int4 matvecs meet x, and
+/// `--gpu-stage-x` / `K3_GPU_STAGE_X` whether x is staged; every choice gives the same greedy
+/// tokens, and a bad value names the flag.
 #[test]
 fn int4_decode_choices_give_the_same_tokens() {
     if gpu_model().is_none() {
@@ -280,6 +282,16 @@ fn int4_decode_choices_give_the_same_tokens() {
     assert_eq!(gpu(&[], &[("K3_GPU_INT4_DECODE", "digits")]), auto);
     let (ok, _, err) = run_k3_out(&["--backend", "gpu", "--gpu-int4-decode", "half"], &[]);
     assert!(!ok && err.contains("--gpu-int4-decode"), "{err}");
+    assert_eq!(gpu(&["--gpu-stage-x", "off"], &[]), auto);
+    assert_eq!(
+        gpu(
+            &["--gpu-int4-decode", "float"],
+            &[("K3_GPU_STAGE_X", "off")]
+        ),
+        auto
+    );
+    let (ok, _, err) = run_k3_out(&["--backend", "gpu", "--gpu-stage-x", "maybe"], &[]);
+    assert!(!ok && err.contains("--gpu-stage-x"), "{err}");
 }
 
 #[test]

@@ -56,6 +56,16 @@ pub enum Int4DecodeChoice {
     Float,
 }
 
+/// Whether the GPU's int4 and MXFP4 matvecs stage x in workgroup memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StageXChoice {
+    /// Staged, padded against bank conflicts, where the adapter's workgroup memory holds
+    /// at least 8 units of it.
+    On,
+    /// Read from global memory by every lane.
+    Off,
+}
+
 /// Work to run on a loaded model, whatever backend was chosen.
 pub trait ModelJob {
     /// What the job returns.
@@ -94,6 +104,11 @@ pub struct ModelArgs {
     /// matrices of 32768 rows or more).
     #[arg(long, value_enum, env = "K3_GPU_INT4_DECODE", default_value_t = Int4DecodeChoice::Auto)]
     pub gpu_int4_decode: Int4DecodeChoice,
+    /// GPU: whether the one-token int4 (outside digits) and MXFP4 matvecs copy x into
+    /// workgroup memory first (`on`; on the H200 2-6 points more of the read kernel's
+    /// bandwidth for the expert matvecs) or read it from global memory (`off`).
+    #[arg(long, value_enum, env = "K3_GPU_STAGE_X", default_value_t = StageXChoice::On)]
+    pub gpu_stage_x: StageXChoice,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -240,6 +255,10 @@ impl ModelArgs {
             BackendChoice::Gpu => BackendKind::Gpu,
             BackendChoice::Cpu => BackendKind::Cpu,
         };
+        let stage_x = match self.gpu_stage_x {
+            StageXChoice::On => u32::MAX,
+            StageXChoice::Off => 0,
+        };
         let gpu = GpuOptions {
             adapter: self.adapter.clone(),
             chunk_gemm: self.gpu_chunk_from.map(|from_tokens| ChunkGemm {
@@ -253,14 +272,18 @@ impl ModelArgs {
                 ReadStagingChoice::On => ReadStaging::On,
                 ReadStagingChoice::Off => ReadStaging::Off,
             },
-            matvec: match self.gpu_int4_decode {
-                Int4DecodeChoice::Auto => None,
-                Int4DecodeChoice::Digits => Some(3),
-                Int4DecodeChoice::Float => Some(1),
-            }
-            .map(|decode| MatvecShape {
-                decode: Some(decode),
+            matvec: Some(MatvecShape {
+                decode: match self.gpu_int4_decode {
+                    Int4DecodeChoice::Auto => None,
+                    Int4DecodeChoice::Digits => Some(3),
+                    Int4DecodeChoice::Float => Some(1),
+                },
+                stage_x,
                 ..MatvecShape::default()
+            }),
+            expert_matvec: Some(MatvecShape {
+                stage_x,
+                ..MatvecShape::experts()
             }),
             ..GpuOptions::default()
         };

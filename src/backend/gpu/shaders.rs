@@ -155,8 +155,13 @@ impl Shader {
             "matvec_staged.wgsl" => MATVEC_STAGED,
             _ => self.body(),
         };
-        self.compose(subgroups, &mut |name| Ok(text(name).to_string()))
-            .unwrap_or_default()
+        let built_in = self.compose(subgroups, &mut |name| {
+            Ok::<_, std::convert::Infallible>(text(name).to_string())
+        });
+        match built_in {
+            Ok(s) => s,
+            Err(never) => match never {},
+        }
     }
 
     /// The module composed as [`Shader::source`] does, from the files of `dir` instead of
@@ -169,11 +174,11 @@ impl Shader {
     }
 
     /// The preludes the module takes, then its own file, each through `text` (by file name).
-    fn compose(
+    fn compose<E>(
         self,
         subgroups: bool,
-        text: &mut dyn FnMut(&str) -> anyhow::Result<String>,
-    ) -> anyhow::Result<String> {
+        text: &mut dyn FnMut(&str) -> Result<String, E>,
+    ) -> Result<String, E> {
         let mut s = String::new();
         if self.reduces() {
             s.push_str(&text(if subgroups {

@@ -383,10 +383,22 @@ fn main() {
     let dec =
         |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), unchecked);
     // A one-token block of geometry `m` on the row-split kernel.
-    let split = |m| (Some(m), None, cs(false, 4, 2048), Part::Matvec, true);
+    let split = |m| (Some(m), None, cs(false, 4, 2048), Part::Matvec, true, None);
+    // The one-token matvecs with every matrix in row chunks of at most 64 MiB, each its own
+    // buffer and dispatch (the int4 head then is 11 of them).
+    let capped = |m| {
+        (
+            m,
+            None,
+            cs(false, 4, 2048),
+            Part::Matvec,
+            true,
+            Some(64u64 << 20),
+        )
+    };
     let blocks = [
-        (None, None, None, Part::All, true),
-        (None, None, cs(false, 4, 2048), Part::Matvec, true),
+        (None, None, None, Part::All, true, None),
+        (None, None, cs(false, 4, 2048), Part::Matvec, true, None),
         split(dec(4, 1, false)),
         split(dec(8, 3, false)),
         split(dec(4, 3, true)),
@@ -396,31 +408,49 @@ fn main() {
             cs(true, 4, 512),
             Part::Matvec,
             true,
+            None,
         ),
-        (None, None, cs(true, 4, 2048), Part::Matvec, true),
-        (None, None, cs(true, 4, 512), Part::Matvec, true),
-        (None, chunk(0, None, true, true), None, Part::Chunk, true),
-        (None, chunk(2, None, true, true), None, Part::Chunk, true),
+        (None, None, cs(true, 4, 2048), Part::Matvec, true, None),
+        (None, None, cs(true, 4, 512), Part::Matvec, true, None),
+        (
+            None,
+            chunk(0, None, true, true),
+            None,
+            Part::Chunk,
+            true,
+            None,
+        ),
+        (
+            None,
+            chunk(2, None, true, true),
+            None,
+            Part::Chunk,
+            true,
+            None,
+        ),
         (
             None,
             chunk(2, Some(32), true, true),
             None,
             Part::Chunk,
             true,
+            None,
         ),
         split(shape(32, 4, 4, Some(1), false)),
         split(shape(8, 4, 4, Some(1), true)),
-        (None, None, None, Part::Matvec, true),
-        (None, None, None, Part::Matvec, false),
-        (None, None, None, Part::Read, true),
-        (None, None, None, Part::Host(false), true),
-        (None, None, None, Part::Host(true), true),
-        (None, None, None, Part::Passes, true),
+        (None, None, None, Part::Matvec, true, None),
+        (None, None, None, Part::Matvec, false, None),
+        (None, None, None, Part::Read, true, None),
+        (None, None, None, Part::Host(false), true, None),
+        (None, None, None, Part::Host(true), true, None),
+        (None, None, None, Part::Passes, true, None),
         split(unstaged(dec(4, 1, false))),
         split(MatvecShape::experts()),
         split(unstaged(MatvecShape::experts())),
         split(by_word(MatvecShape::experts())),
         split(by_word(dec(4, 1, false))),
+        capped(None),
+        capped(Some(dec(4, 1, false))),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -428,7 +458,9 @@ fn main() {
     let picked: Option<Vec<usize>> = std::env::args()
         .find_map(|a| a.strip_prefix("blocks=").map(str::to_string))
         .map(|l| l.split(',').filter_map(|b| b.trim().parse().ok()).collect());
-    for (b, (shape, chunk_gemm, stationary, part, reuse)) in blocks.into_iter().enumerate() {
+    for (b, (shape, chunk_gemm, stationary, part, reuse, max_binding)) in
+        blocks.into_iter().enumerate()
+    {
         let skipped = picked.as_ref().is_some_and(|p| !p.contains(&(b + 1)));
         if skipped || (matvec_only && part != Part::Matvec) {
             continue;
@@ -442,6 +474,7 @@ fn main() {
             stationary,
             no_buffer_reuse: !reuse,
             fresh_params: part == Part::Host(true),
+            max_binding,
             ..Default::default()
         };
         let g = match GpuBackend::new(&opts) {

@@ -165,27 +165,24 @@ fn row_job(lid: u32, group: u32, wbase: u32, xb: u32, yb0: u32) -> RowJob {
 fn gemv_rows(j: RowJob) {
     var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
     let last = j.nrows - 1u;
-    let wrow = j.wrow;
-    let xb = j.xb;
-    let lane = j.lane;
     if (PIPE == 0u) {
-        for (var u = lane; u < p.units; u += LPR) {
-            acc = step(acc, load_w8(wrow, last, u), load_x(xb + u * UV));
+        for (var u = j.lane; u < p.units; u += LPR) {
+            acc = step(acc, load_w8(j.wrow, last, u), load_x(j.xb + u * UV));
         }
     } else {
         // The next unit's weights are requested before this unit is computed, so every
         // lane keeps two units of loads in flight instead of waiting on each in turn.
-        var u = lane;
-        var cur = load_w8(wrow, last, min(u, p.units - 1u));
+        var u = j.lane;
+        var cur = load_w8(j.wrow, last, min(u, p.units - 1u));
         while (u < p.units) {
             let un = u + LPR;
-            let nxt = load_w8(wrow, last, min(un, p.units - 1u));
-            acc = step(acc, cur, load_x(xb + u * UV));
+            let nxt = load_w8(j.wrow, last, min(un, p.units - 1u));
+            acc = step(acc, cur, load_x(j.xb + u * UV));
             cur = nxt;
             u = un;
         }
     }
-    write_sums(acc, RPL, lane, j.yb, 1u, j.valid);
+    write_sums(acc, RPL, j.lane, j.yb, 1u, j.valid);
 }
 
 // Reduces the first `count` (uniform) sums of `acc` over each row's LPR lanes and
@@ -256,9 +253,10 @@ fn dense_job(wg: vec3<u32>, lid: u32) -> RowJob {
 // with the next RPL rows requested before these are used. The row-split kernel above walks
 // units along a row instead, so it reloads x for every unit, and from global memory each x
 // load touches as many cache lines as the block has units (measured on the H200: without
-// the decode and the x traffic, int4 ran at the read kernel's bandwidth). Per row, the lanes' sums meet through
-// the subgroup, then across the span's subgroups in `cs_part` once the workgroup's rows
-// are done: the host keeps row_block × SPAN / (smallest subgroup) within it.
+// the decode and the x traffic, int4 ran at the read kernel's bandwidth). Per row, the
+// lanes' sums meet through the subgroup, then across the span's subgroups in `cs_part` once
+// the workgroup's rows are done: the host keeps row_block × SPAN / (smallest subgroup)
+// within it.
 override SPAN: u32 = 256u;
 override NSPAN: u32 = max(WG / SPAN, 1u);
 var<workgroup> cs_part: array<f32, 1024>;

@@ -80,10 +80,9 @@ int main(int argc, char** argv) {
     const size_t wbytes = max_rows * units * 16, sbytes = max_rows * (units / 2) * 4;
     const Buffers b = alloc_buffers(wbytes, sbytes, cols, max_rows, 1u);
     // Scales in [2^-8, 2^-7): positive, exact, and with x in [-1, 1) sums stay small.
-    std::vector<float> hsc(max_rows * (units / 2));
-    srand(7);
-    for (auto& s : hsc) s = (1.0f + (rand() % 1024) / 1024.0f) / 256.0f;
-    CK(cudaMemcpy(b.sc, hsc.data(), sbytes, cudaMemcpyHostToDevice));
+    const std::vector<float> hsc = upload_scales<float>(b.sc, sbytes / 4, 7, [] {
+        return (1.0f + (rand() % 1024) / 1024.0f) / 256.0f;
+    });
     const std::vector<float> hx = random_x(b.x, cols, 9);
     std::vector<double> want;
     reference(head_words(b.w, (size_t)64 * units * 4), hsc, hx, 64, units, want);
@@ -93,10 +92,10 @@ int main(int argc, char** argv) {
         {"decode removed", 32, RPL, launch<Int4<false>, 32, X_GLOBAL>},
         {"x in shared memory", 32, RPL, launch<Int4<true>, 32, X_SHARED>},
         {"x from one address", 32, RPL, launch<Int4<true>, 32, X_ONE>},
-        // Fewer rows a lane: fewer registers, more warps a SM to keep loads in flight.
         {"x in shared, padded", 32, RPL, launch<Int4<true>, 32, X_SHARED_PAD>},
         {"x coalesced (permuted)", 32, RPL, launch<Int4<true>, 32, X_PERM>},
         {"x coalesced, decode removed", 32, RPL, launch<Int4<false>, 32, X_PERM>},
+        // More rows a lane: each staged x load serves eight rows, at more registers.
         {"x shared padded, 8 rows a lane", 32, 8, launch<Int4<true>, 32, X_SHARED_PAD, 8>},
     };
     run_variants(profile, "int4 matvec", variants, 8, {0, 2, 4, 5, 7}, 12288, {12288, 163840}, cols, (size_t)units * 16 + (size_t)(units / 2) * 4, b, want);

@@ -83,10 +83,7 @@ int main(int argc, char** argv) {
     const size_t wbytes = max_rows * units * 16, sbytes = max_rows * units;
     const Buffers b = alloc_buffers(wbytes, sbytes, cols, max_rows, 3u);
     // Scales 2^-7 .. 2^2: the kernel's common path (the engine takes another above 240).
-    std::vector<uint8_t> hsc(sbytes);
-    srand(11);
-    for (auto& s : hsc) s = (uint8_t)(120 + rand() % 10);
-    CK(cudaMemcpy(b.sc, hsc.data(), sbytes, cudaMemcpyHostToDevice));
+    const std::vector<uint8_t> hsc = upload_scales<uint8_t>(b.sc, sbytes, 11, [] { return (uint8_t)(120 + rand() % 10); });
     const std::vector<float> hx = random_x(b.x, cols, 13);
     std::vector<double> want;
     reference(head_words(b.w, (size_t)64 * units * 4), hsc, hx, 64, units, want);

@@ -183,6 +183,16 @@ static void time_vs_read(F f, const uint4* src, size_t bytes, uint32_t* sink, fl
     *read_ms = median(t2);
 }
 
+// `n` scales from `gen()` after srand(seed), copied to the device at `dst`.
+template <class S, class G>
+static std::vector<S> upload_scales(void* dst, size_t n, unsigned seed, G gen) {
+    std::vector<S> h(n);
+    srand(seed);
+    for (auto& s : h) s = gen();
+    CK(cudaMemcpy(dst, h.data(), n * sizeof(S), cudaMemcpyHostToDevice));
+    return h;
+}
+
 // x in [-1, 1) (multiples of 2^-10), on the host and copied to the device, followed by its
 // X_PERM copies for 32 and for 8 lanes a row (`perm_index`).
 static inline std::vector<float> random_x(float4* x, int cols, unsigned seed) {

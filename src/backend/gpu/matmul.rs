@@ -207,6 +207,31 @@ impl GpuBackend {
         rows_per_group_of(self.ctx.wg, self.ctx.matvec)
     }
 
+    /// The row-split kernel's entry and overrides for a `shader` matrix with rows of `units`
+    /// units under `m`: `entries.0`, or `entries.1` (its twin in matvec_staged.wgsl) with x
+    /// staged in tiles of `x_tile_units`, where the shader stages x and a tile fits the
+    /// workgroup memory.
+    pub(super) fn row_split(
+        &self,
+        shader: Shader,
+        m: MatvecShape,
+        units: usize,
+        entries: (&'static str, &'static str),
+    ) -> (&'static str, Vec<(&'static str, u32)>) {
+        let mut consts = mv_consts_of(m).to_vec();
+        let xt = if shader.stages_x() {
+            x_tile_units(m, units, self.ctx.shared_bytes())
+        } else {
+            0
+        };
+        if xt == 0 {
+            return (entries.0, consts);
+        }
+        consts.push(("XT", xt));
+        consts.push(("XW", u32::from(m.x_by_word)));
+        (entries.1, consts)
+    }
+
     /// The dense matvec pipeline overrides, x read from global memory (formats whose unit is
     /// not 32 columns).
     pub(super) fn mv_consts(&self) -> [(&'static str, u32); 5] {
@@ -367,12 +392,12 @@ impl GpuBackend {
                 bufs[0] = planes_of();
                 shape.decode = Some(3);
             }
-            let xt = if w.format.shader().stages_x() {
-                x_tile_units(shape, w.cols_padded / uc, self.ctx.shared_bytes())
-            } else {
-                0
-            };
-            let (entry, consts) = row_split_of(shape, "dense", xt);
+            let (entry, consts) = self.row_split(
+                w.format.shader(),
+                shape,
+                w.cols_padded / uc,
+                ("dense", "dense_xs"),
+            );
             self.ctx.dispatch(&Dispatch {
                 shader: w.format.shader(),
                 entry,
@@ -436,22 +461,4 @@ pub(super) fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 5] {
         // 1 is every matvec shader's default decode (`DEC` in matvec_common.wgsl).
         ("DEC", m.decode.unwrap_or(1)),
     ]
-}
-
-/// The row-split kernel's entry and overrides under `m`: `entry` ("dense" or "moe"), or
-/// where `xt` (`x_tile_units`) is not 0 its twin that stages x in tiles of `xt` units
-/// (matvec_staged.wgsl).
-pub(super) fn row_split_of(
-    m: MatvecShape,
-    entry: &'static str,
-    xt: u32,
-) -> (&'static str, Vec<(&'static str, u32)>) {
-    let mut consts = mv_consts_of(m).to_vec();
-    if xt == 0 {
-        return (entry, consts);
-    }
-    consts.push(("XT", xt));
-    consts.push(("XW", u32::from(m.x_by_word)));
-    let staged = if entry == "moe" { "moe_xs" } else { "dense_xs" };
-    (staged, consts)
 }

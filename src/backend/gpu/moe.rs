@@ -5,10 +5,10 @@
 
 use super::buffers::GpuAct;
 use super::chunk_gemm::{GemmTile, GK};
-use super::context::{x_tile_units, Dispatch};
+use super::context::Dispatch;
 use super::expert_bytes::{all_host, ExpertSrc, MatSrc, PartSrc};
 use super::expert_tier::ExpertTier;
-use super::matmul::{row_split_of, rows_per_group_of};
+use super::matmul::rows_per_group_of;
 use super::shaders::Shader;
 use super::GpuBackend;
 use crate::backend::{ExpertAssignment, ExpertWeights, Glu};
@@ -351,8 +351,8 @@ impl GpuBackend {
             });
             return;
         }
-        let xt = x_tile_units(shape, cols / BLOCK, self.ctx.shared_bytes());
-        let (entry, consts) = row_split_of(shape, "moe", xt);
+        let (entry, consts) =
+            self.row_split(Shader::MatvecMxfp4, shape, cols / BLOCK, ("moe", "moe_xs"));
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecMxfp4,
             entry,

@@ -1365,3 +1365,39 @@ fn int4_integer_digits_against_cpu(stationary: bool) {
         assert!(y[rows..].iter().all(|v| v.is_finite()));
     }
 }
+
+/// `GpuOptions::wgsl_dir` composes the kernels from that directory's files: a copy of
+/// shaders_wgsl/ whose `add` subtracts changes what `add` returns, and a directory without
+/// the files fails when the backend opens, naming the file it could not read.
+#[test]
+fn kernels_compose_from_a_wgsl_dir() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders_wgsl");
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let elementwise = dir.path().join("elementwise.wgsl");
+    let text = std::fs::read_to_string(&elementwise).unwrap();
+    let sum = "o[i] = a[i] + b[i];";
+    assert!(text.contains(sum), "elementwise.wgsl no longer has {sum}");
+    std::fs::write(&elementwise, text.replace(sum, "o[i] = a[i] - b[i];")).unwrap();
+    let opts = |d: &std::path::Path| GpuOptions {
+        allow_cpu_adapter: true,
+        wgsl_dir: Some(d.to_path_buf()),
+        ..Default::default()
+    };
+    let Some(g) = gpu_with(&opts(dir.path())) else {
+        return;
+    };
+    let a = g.upload(&[3.0, 4.0], 1, 2).unwrap();
+    let b = g.upload(&[1.0, 0.5], 1, 2).unwrap();
+    assert_eq!(g.download(&g.add(&a, &b).unwrap()).unwrap(), vec![2.0, 3.5]);
+    let empty = tempfile::tempdir().unwrap();
+    let err = match GpuBackend::new(&opts(empty.path())) {
+        Ok(_) => panic!("a directory without the WGSL files opened"),
+        Err(e) => format!("{e:#}"),
+    };
+    let missing = empty.path().join("elementwise.wgsl");
+    assert!(err.contains(&missing.display().to_string()), "{err}");
+}

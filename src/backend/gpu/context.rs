@@ -13,6 +13,7 @@ use super::stationary::{CsPlan, Stationary};
 use anyhow::{anyhow, bail, Context as _, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{mpsc, Mutex};
 use wgpu::util::DeviceExt;
 
@@ -80,6 +81,9 @@ pub struct GpuOptions {
     pub submit_every: Option<usize>,
     /// Whether experts are read straight into upload staging (`--gpu-read-staging`).
     pub read_staging: ReadStaging,
+    /// Compose every kernel from this directory's WGSL files instead of the text built in
+    /// (shader work: a variant is measured without a rebuild; the benchmarks' `wgsl=DIR`).
+    pub wgsl_dir: Option<PathBuf>,
 }
 
 /// When experts are read straight into mapped upload buffers (see `read_staging.rs`).
@@ -233,6 +237,8 @@ pub struct GpuContext {
     /// Passes recorded before the host submits them.
     submit_every: usize,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
+    /// Every module's text read from `GpuOptions::wgsl_dir` at start, when it is set.
+    wgsl_sources: Option<HashMap<Shader, String>>,
     pipelines: Mutex<HashMap<PipeKey, wgpu::ComputePipeline>>,
     /// Parameters in one uniform buffer per dispatch (`GpuOptions::fresh_params`).
     fresh_params: bool,
@@ -337,6 +343,18 @@ impl GpuContext {
             .profile
             .then(|| Mutex::new(Profiler::new(&device, &queue)));
         let uniform_align = limits.min_uniform_buffer_offset_alignment;
+        // Read at start, so a missing or unreadable file is an error here that names it,
+        // not a failure in the middle of a run.
+        let wgsl_sources = match &opts.wgsl_dir {
+            Some(dir) => Some(
+                Shader::ALL
+                    .into_iter()
+                    .map(|sh| Ok((sh, sh.source_from(subgroups, dir)?)))
+                    .collect::<Result<HashMap<_, _>>>()
+                    .with_context(|| format!("composing the kernels from {}", dir.display()))?,
+            ),
+            None => None,
+        };
         Ok(Self {
             adapter,
             device,
@@ -358,6 +376,7 @@ impl GpuContext {
                 .unwrap_or(SUBMIT_EVERY)
                 .clamp(1, MAX_PENDING_PASSES),
             modules: Mutex::new(HashMap::new()),
+            wgsl_sources,
             pipelines: Mutex::new(HashMap::new()),
             fresh_params: opts.fresh_params,
             pending: Mutex::new(Pending {
@@ -407,7 +426,14 @@ impl GpuContext {
             .or_insert_with(|| {
                 let desc = wgpu::ShaderModuleDescriptor {
                     label: Some(shader.file()),
-                    source: wgpu::ShaderSource::Wgsl(shader.source(self.subgroups).into()),
+                    source: wgpu::ShaderSource::Wgsl(match &self.wgsl_sources {
+                        Some(m) => m
+                            .get(&shader)
+                            .cloned()
+                            .unwrap_or_else(|| shader.source(self.subgroups))
+                            .into(),
+                        None => shader.source(self.subgroups).into(),
+                    }),
                 };
                 let unchecked = if shader == Shader::MatvecMxfp4 {
                     self.expert_matvec.unchecked

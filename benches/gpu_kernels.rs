@@ -27,13 +27,23 @@ use std::time::Instant;
 /// Timed repetitions per kernel (after one warm-up).
 const REPS: usize = 8;
 
+/// Seconds of back-to-back read passes before each timed line, so the line runs at the
+/// GPU's full clock. The H200 under Vulkan drops its SM clock from 1980 to 345 MHz within
+/// a few seconds of light use (the host generating a line's data) and takes 0.1-0.5 s of
+/// sustained work to raise it again; untimed, the int4 head took 954 µs at the low clock
+/// and 224 µs at the high one (docs/perf.md, session 10). `K3_BENCH_HEAT=0` turns it off.
+const HEAT_SECS: f64 = 0.6;
+
 struct Timer<'a> {
     g: &'a GpuBackend,
     qs: Option<wgpu::QuerySet>,
+    /// The heater's source buffer and sink, and its seconds (0: off).
+    heat: (wgpu::Buffer, wgpu::Buffer, f64),
 }
 
 impl<'a> Timer<'a> {
-    fn new(g: &'a GpuBackend) -> Self {
+    /// A timer that heats the GPU for `heat_secs` before each line.
+    fn new(g: &'a GpuBackend, heat_secs: f64) -> Self {
         let qs = g.ctx.has_timestamps().then(|| {
             g.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("bench"),
@@ -41,7 +51,25 @@ impl<'a> Timer<'a> {
                 count: 4 * REPS as u32,
             })
         });
-        Self { g, qs }
+        let bytes = (64u64 << 20).min(g.ctx.max_binding) / 16 * 16;
+        let heat = (
+            g.ctx.buffer(bytes, "heater src"),
+            g.ctx.buffer(4 << 20, "heater sink"),
+            heat_secs,
+        );
+        Self { g, qs, heat }
+    }
+
+    /// Keeps the GPU busy with read passes, 64 at a submission, for the heater's seconds.
+    fn heat(&self) {
+        let (src, sink, secs) = &self.heat;
+        let t0 = Instant::now();
+        while t0.elapsed().as_secs_f64() < *secs {
+            for _ in 0..64 {
+                self.dispatch_read(src, sink, src.size());
+            }
+            self.g.sync().unwrap();
+        }
     }
 
     /// Median seconds of `f` (its recorded GPU work), over REPS runs after a warm-up.
@@ -68,6 +96,7 @@ impl<'a> Timer<'a> {
             f();
         }
         self.g.sync().unwrap();
+        self.heat();
         let mut secs = vec![Vec::with_capacity(REPS); k];
         match &self.qs {
             Some(qs) => {
@@ -342,6 +371,12 @@ enum Part {
     /// What one pass of a small kernel costs on the GPU: chains of element-wise adds and
     /// of single-workgroup RMSNorms, against one pass alone and one behind a large matvec.
     Passes,
+    /// Three large matvecs and the read kernel each timed alone and interleaved rep by rep
+    /// (as every `% of read` line is): whether one slows the other.
+    Order,
+    /// The int4 head timed after the GPU idled, then after stretches of back-to-back work:
+    /// whether load brings the SM clock back up (tools/device_clock_states.sh samples it).
+    Clock,
 }
 
 fn main() {
@@ -378,7 +413,10 @@ fn main() {
     // were removed: docs/perf.md, session 8, which also has the fewer-rows-per-lane blocks
     // that followed them.) 19 is the per-pass cost of small kernels. 20 is block 3 with x
     // read from global memory instead of staged in workgroup memory; 21 and 22 the expert
-    // geometry on every matvec, x staged and not.
+    // geometry on every matvec, x staged and not. 23 and 24 read staged x by word; 25 and 26
+    // are blocks 2 and 3 with every matrix in row chunks of 64 MiB; 27 times three large
+    // matvecs and the read kernel alone and interleaved; 28 is block 21 with MXFP4's
+    // conversion-free decode (DEC 2).
     // 32 lanes per row, all in one block, with the given rows per lane, decode and checks.
     let dec =
         |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), unchecked);
@@ -451,6 +489,12 @@ fn main() {
         split(by_word(dec(4, 1, false))),
         capped(None),
         capped(Some(dec(4, 1, false))),
+        (None, None, None, Part::Order, true, None),
+        split(MatvecShape {
+            decode: Some(2),
+            ..MatvecShape::experts()
+        }),
+        (None, None, None, Part::Clock, true, None),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -458,6 +502,9 @@ fn main() {
     let picked: Option<Vec<usize>> = std::env::args()
         .find_map(|a| a.strip_prefix("blocks=").map(str::to_string))
         .map(|l| l.split(',').filter_map(|b| b.trim().parse().ok()).collect());
+    // `wgsl=DIR`: every kernel composed from DIR's files (a shader variant, no rebuild).
+    let wgsl_dir: Option<std::path::PathBuf> =
+        std::env::args().find_map(|a| a.strip_prefix("wgsl=").map(std::path::PathBuf::from));
     for (b, (shape, chunk_gemm, stationary, part, reuse, max_binding)) in
         blocks.into_iter().enumerate()
     {
@@ -475,6 +522,7 @@ fn main() {
             no_buffer_reuse: !reuse,
             fresh_params: part == Part::Host(true),
             max_binding,
+            wgsl_dir: wgsl_dir.clone(),
             ..Default::default()
         };
         let g = match GpuBackend::new(&opts) {
@@ -507,6 +555,208 @@ fn main() {
         );
         run(&g, quick, part);
     }
+}
+
+/// A line of `Part::Order`: its name, its weight bytes and the kernel's call.
+type OrderCase<'a> = (String, u64, Box<dyn FnMut() + 'a>);
+
+/// `Part::Order`: the int4 12288×7168 matvec, the int4 head and 16 experts' MXFP4 w1|w3,
+/// each timed alone, then the read kernel over a buffer of the same size alone, then the
+/// two interleaved rep by rep.
+fn order_lines(g: &GpuBackend, t: &Timer<'_>, rng: &mut StdRng, quick: bool) {
+    let s = |full: usize, small: usize| if quick { small } else { full };
+    let cols = s(7168, 512);
+    let x = g.upload(&vec![0.5; cols], 1, cols).unwrap();
+    let mut cases: Vec<OrderCase<'_>> = Vec::new();
+    for rows in [s(12288, 768), s(163840, 10240)] {
+        let m = g.load_matrix(dense(rng, rows, cols, 4)).unwrap();
+        let bytes = m.byte_size();
+        let x = &x;
+        cases.push((
+            format!("int4 matvec {rows}x{cols}"),
+            bytes,
+            Box::new(move || {
+                g.matmul(&m, x).unwrap();
+            }),
+        ));
+    }
+    let (rows, d) = (s(98304, 8192), s(3584, 384));
+    let (pb, sb) = mxfp4(rng, rows, d);
+    let xb = g.upload(&vec![0.5; d], 1, d).unwrap();
+    let bytes = (pb.len() + sb.len()) as u64;
+    cases.push((
+        format!("mxfp4 matvec {rows}x{d}"),
+        bytes,
+        Box::new(move || {
+            let wb = Mxfp4View::new(rows, d, &pb, &sb).unwrap();
+            g.matmul_mxfp4(wb, &xb).unwrap();
+        }),
+    ));
+    for (name, bytes, mut f) in cases.drain(..) {
+        let alone = t.time(&mut f);
+        let read_alone = t.read(bytes);
+        let (mv, read) = t.time_vs_read(bytes, &mut f);
+        let gbs = |secs: f64| bytes as f64 / secs / 1e9;
+        println!(
+            "order: [{}] {name:<28} alone {:>8.1} us, interleaved {:>8.1} us; read alone {:>7.1} GB/s, interleaved {:>7.1} GB/s; alone/alone {:>5.1} %, interleaved {:>5.1} %",
+            unix_time(),
+            alone * 1e6,
+            mv * 1e6,
+            gbs(read_alone),
+            gbs(read),
+            read_alone / alone * 100.0,
+            read / mv * 100.0
+        );
+    }
+    state_probes(g, t, rng, quick);
+}
+
+/// The int4 head and the read kernel timed alone after each of a series of steps a bench
+/// block takes before its head line (allocations, a second head loaded and dropped, the
+/// MoE's uploads and resident runs, MXFP4 matvecs that upload per call): which step puts
+/// the GPU into the state where the head and the read kernel run at a third of their speed.
+/// The read kernel runs over a new buffer and over one allocated before the steps, to tell
+/// a slow GPU from slow new allocations.
+fn state_probes(g: &GpuBackend, t: &Timer<'_>, rng: &mut StdRng, quick: bool) {
+    let s = |full: usize, small: usize| if quick { small } else { full };
+    let (rows, cols) = (s(163840, 10240), s(7168, 512));
+    let head = g.load_matrix(dense(rng, rows, cols, 4)).unwrap();
+    let x = g.upload(&vec![0.5; cols], 1, cols).unwrap();
+    let bytes = head.byte_size().min(g.ctx.max_binding) / 16 * 16;
+    let old = g.ctx.buffer(bytes, "read src allocated first");
+    let probe = |step: &str| {
+        let mv = t.time(|| {
+            g.matmul(&head, &x).unwrap();
+        });
+        let fresh = t.read(bytes);
+        let first = t.read_in(&old, bytes);
+        println!(
+            "state: [{}] after {step:<40} head {:>7.1} us; read new buffer {:>7.1} GB/s, first buffer {:>7.1} GB/s",
+            unix_time(),
+            mv * 1e6,
+            bytes as f64 / fresh / 1e9,
+            bytes as f64 / first / 1e9
+        );
+    };
+    probe("nothing");
+    let churn = (256u64 << 20).min(g.ctx.max_binding) / 16 * 16;
+    for _ in 0..8 {
+        t.read_in(&g.ctx.buffer(churn, "churn"), churn);
+    }
+    probe("8 x 256 MiB allocated, read, dropped");
+    drop(g.load_matrix(dense(rng, rows, cols, 8)).unwrap());
+    probe("an int8 head loaded and dropped");
+    let (i, d) = (s(3072, 256), s(3584, 384));
+    let experts: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..16)
+        .map(|_| [mxfp4(rng, i, d), mxfp4(rng, d, i), mxfp4(rng, i, d)])
+        .collect();
+    let assign = |resident: bool| -> Vec<ExpertAssignment<'_>> {
+        experts
+            .iter()
+            .enumerate()
+            .map(|(e, m)| ExpertAssignment {
+                key: Some(ExpertKey {
+                    layer: 1,
+                    id: e as u32,
+                }),
+                weights: (!resident).then(|| ExpertWeights {
+                    w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
+                    w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
+                    w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
+                }),
+                staged: None,
+                tokens: vec![(0, 0.1)],
+            })
+            .collect()
+    };
+    let glu = Glu::Situ {
+        beta: 10.0,
+        linear_beta: 10.0,
+    };
+    let z = g.upload(&vec![0.25; d], 1, d).unwrap();
+    let mut acc = g.zeros(1, d).unwrap();
+    g.configure_expert_tier(0, 0, i, d).unwrap();
+    for _ in 0..4 {
+        g.moe_accumulate(&mut acc, &z, &assign(false), glu).unwrap();
+    }
+    g.sync().unwrap();
+    probe("16 experts uploaded 4 times");
+    let tier: u64 = experts
+        .iter()
+        .flatten()
+        .map(|(p, s)| (p.len() + s.len()) as u64)
+        .sum();
+    g.configure_expert_tier(tier, 16, i, d).unwrap();
+    g.moe_accumulate(&mut acc, &z, &assign(false), glu).unwrap();
+    for _ in 0..8 {
+        g.moe_accumulate(&mut acc, &z, &assign(true), glu).unwrap();
+    }
+    g.sync().unwrap();
+    probe("16 experts resident, 8 runs");
+    let (pb, sb) = mxfp4(rng, s(98304, 8192), d);
+    let wb = Mxfp4View::new(s(98304, 8192), d, &pb, &sb).unwrap();
+    for _ in 0..4 {
+        g.matmul_mxfp4(wb, &z).unwrap();
+    }
+    g.sync().unwrap();
+    probe("4 MXFP4 98304-row matvecs, uploaded");
+    for r in [12288, 3072, 1536] {
+        for bits in [4, 8] {
+            let m = g.load_matrix(dense(rng, s(r, r / 16), cols, bits)).unwrap();
+            for _ in 0..4 {
+                g.matmul(&m, &x).unwrap();
+            }
+        }
+    }
+    g.sync().unwrap();
+    probe("int4/int8 12288, 3072, 1536 loaded, run");
+}
+
+/// `Part::Clock`: the int4 head timed at the start, after 6 s idle, then after 0.1, 0.5 and
+/// 2 s of back-to-back head matvecs in one submission, and after 6 s idle again.
+fn clock_lines(g: &GpuBackend, rng: &mut StdRng, quick: bool) {
+    // Unheated: the heater is what this part tests.
+    let t = &Timer::new(g, 0.0);
+    let s = |full: usize, small: usize| if quick { small } else { full };
+    let (rows, cols) = (s(163840, 10240), s(7168, 512));
+    let head = g.load_matrix(dense(rng, rows, cols, 4)).unwrap();
+    let x = g.upload(&vec![0.5; cols], 1, cols).unwrap();
+    let report = |step: &str| {
+        let secs = t.time(|| {
+            g.matmul(&head, &x).unwrap();
+        });
+        println!(
+            "clock: [{}] head {:>7.1} us {step}",
+            unix_time(),
+            secs * 1e6
+        );
+    };
+    let idle = || std::thread::sleep(std::time::Duration::from_secs(if quick { 1 } else { 6 }));
+    report("at the start");
+    idle();
+    report("after 6 s idle");
+    for load in [0.1, 0.5, 2.0] {
+        // Matvecs recorded back to back until `load` seconds of them have run.
+        let t0 = Instant::now();
+        while t0.elapsed().as_secs_f64() < load {
+            for _ in 0..50 {
+                g.matmul(&head, &x).unwrap();
+            }
+            g.sync().unwrap();
+        }
+        report(&format!("after {load} s of back-to-back head matvecs"));
+    }
+    idle();
+    report("after 6 s idle");
+}
+
+/// Seconds since the Unix epoch, to line a report up with the GPU's clock samples
+/// (nvidia-smi's timestamps, tools/device_clock_states.sh).
+fn unix_time() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:03}", t.as_secs(), t.subsec_millis())
 }
 
 /// A matvec geometry (pipelined): lanes per row, lanes per block, rows per lane, decode
@@ -593,7 +843,11 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
             "wall clock"
         }
     );
-    let t = Timer::new(g);
+    let heat = std::env::var("K3_BENCH_HEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 0.0 } else { HEAT_SECS });
+    let t = Timer::new(g, heat);
     let mut rng = StdRng::seed_from_u64(1);
     let s = |full: usize, small: usize| if quick { small } else { full };
     if let Part::Host(fresh) = part {
@@ -624,6 +878,14 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     }
     if part == Part::Passes {
         passes(g, &t, quick);
+        return;
+    }
+    if part == Part::Order {
+        order_lines(g, &t, &mut rng, quick);
+        return;
+    }
+    if part == Part::Clock {
+        clock_lines(g, &mut rng, quick);
         return;
     }
     if part == Part::Read {
@@ -667,7 +929,9 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     };
     let ns: &[usize] = match part {
         Part::All => &[1, 8],
-        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes => &[1],
+        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes | Part::Order | Part::Clock => {
+            &[1]
+        }
         Part::Chunk => &[1, 8, 32, 128],
     };
     for &n in ns {
@@ -722,7 +986,9 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         .collect();
     let moe_cases: &[(usize, usize)] = match part {
         Part::All => &[(1, 1), (16, 1), (16, 8)],
-        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes => &[(1, 1), (16, 1)],
+        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes | Part::Order | Part::Clock => {
+            &[(1, 1), (16, 1)]
+        }
         Part::Chunk => &[(16, 1), (16, 8), (16, 32)],
     };
     fn views(m: &[(Vec<u8>, Vec<u8>); 3], i: usize, d: usize) -> ExpertWeights<'_> {
@@ -795,7 +1061,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         Part::All => &[(12288, 7168), (163840, 7168)],
         // The head again here: in the first block it runs after the uploads, when the GPU
         // has slowed down (docs/perf.md, "Third pass").
-        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes => {
+        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes | Part::Order | Part::Clock => {
             &[(12288, 7168), (3072, 7168), (1536, 7168), (163840, 7168)]
         }
         Part::Chunk => &[(12288, 7168)],
@@ -806,7 +1072,12 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
             let m = g.load_matrix(dense(&mut rng, rows, cols, bits)).unwrap();
             let ns: &[usize] = match part {
                 Part::All => &[1, 32],
-                Part::Matvec | Part::Read | Part::Host(_) | Part::Passes => &[1],
+                Part::Matvec
+                | Part::Read
+                | Part::Host(_)
+                | Part::Passes
+                | Part::Order
+                | Part::Clock => &[1],
                 Part::Chunk => &[1, 2, 4, 8, 16, 32, 128, 512],
             };
             for &n in ns {

@@ -1,9 +1,11 @@
 //! GPU kernel bandwidth at K3 shapes, each against a plain read kernel over a buffer of the
 //! same size in the same run (the roofline the matvecs are judged by).
 //!
-//! `cargo bench --bench gpu_kernels [-- quick] [matvec] [blocks=2,3]` — `quick` uses small
-//! shapes (lavapipe), `matvec` runs only the one-token matvec blocks, `blocks=` only the
-//! listed blocks (counted from 1, in the order of `blocks` in `main`).
+//! `cargo bench --bench gpu_kernels [-- quick] [matvec] [blocks=2,3] [wgsl=DIR] [down_rpl=N]`
+//! — `quick` uses small shapes (lavapipe), `matvec` runs only the one-token matvec blocks,
+//! `blocks=` only the listed blocks (counted from 1, in the order of `blocks` in `main`),
+//! `wgsl=` composes the kernels from DIR's files, `down_rpl=` sets the rows a lane of the
+//! MoE's down projection in the blocks that take the default geometry.
 //! Each kernel's runs alternate with the read kernel's, so both see the GPU in the same state.
 //! Times come from timestamp queries around the recorded passes when the adapter has them
 //! (`TIMESTAMP_QUERY_INSIDE_ENCODERS`), else from the wall clock around a full sync.
@@ -505,6 +507,8 @@ fn main() {
     // `wgsl=DIR`: every kernel composed from DIR's files (a shader variant, no rebuild).
     let wgsl_dir: Option<std::path::PathBuf> =
         std::env::args().find_map(|a| a.strip_prefix("wgsl=").map(std::path::PathBuf::from));
+    let down_rpl: Option<u32> =
+        std::env::args().find_map(|a| a.strip_prefix("down_rpl=").and_then(|v| v.parse().ok()));
     for (b, (shape, chunk_gemm, stationary, part, reuse, max_binding)) in
         blocks.into_iter().enumerate()
     {
@@ -517,6 +521,12 @@ fn main() {
             allow_cpu_adapter: true,
             matvec: shape,
             expert_matvec: shape,
+            // A block's geometry applies to the down projection too; `down_rpl=N` sets the
+            // default blocks' down geometry to N rows a lane.
+            expert_down_matvec: shape.or(down_rpl.map(|n| MatvecShape {
+                rows_per_lane: n,
+                ..MatvecShape::expert_down()
+            })),
             chunk_gemm,
             stationary,
             no_buffer_reuse: !reuse,
@@ -539,10 +549,11 @@ fn main() {
             g.ctx.stationary,
         );
         println!(
-            "\n== block {}: buffer reuse {reuse}; matvec geometry: dense {}, experts {}; column-stationary {} ({} rows per lane, {} workgroups aimed at, below {} row-split workgroups); chunk kernel from {} tokens, tile {}, split K {}, prefetch {} ==",
+            "\n== block {}: buffer reuse {reuse}; matvec geometry: dense {}, experts {}, experts' down projection {}; column-stationary {} ({} rows per lane, {} workgroups aimed at, below {} row-split workgroups); chunk kernel from {} tokens, tile {}, split K {}, prefetch {} ==",
             b + 1,
             describe(m),
             describe(e),
+            describe(g.ctx.expert_down_matvec),
             if st.enabled { "on" } else { "off" },
             st.rows_per_lane,
             st.target_groups,

@@ -953,6 +953,9 @@ fn batched_moe_matches_cpu() {
         moe_case(&g, &mut rng, 6, 512, 64, 3);
         // Experts of a few MB: their uploads are copied in pieces over several threads.
         moe_case(&g, &mut rng, 2, 2048, 2048, 2);
+        // The second call's 21 (expert, token) pairs of 2048 gate|up rows and 2304 down rows:
+        // both passes take the expert geometry (32768 rows and more), the down one its own.
+        moe_case(&g, &mut rng, 16, 2304, 1024, 3);
     }
     // A small binding cap splits the experts into several batches.
     for g in gpus(Some(8192)).into_iter().chain(chunked_gpu(Some(8192))) {

@@ -285,6 +285,10 @@ impl ModelArgs {
                 stage_x,
                 ..MatvecShape::experts()
             }),
+            expert_down_matvec: Some(MatvecShape {
+                stage_x,
+                ..MatvecShape::expert_down()
+            }),
             ..GpuOptions::default()
         };
         match select(kind, &gpu)? {

@@ -59,6 +59,9 @@ pub struct GpuOptions {
     /// more over all their (expert, token) pairs (smaller ones take `matvec`); `None` =
     /// [`MatvecShape::experts`].
     pub expert_matvec: Option<MatvecShape>,
+    /// The same for the MoE's down projection (w2), whose rows are the model's width and
+    /// whose x is the GLU's output; `None` = [`MatvecShape::expert_down`].
+    pub expert_down_matvec: Option<MatvecShape>,
     /// When matmuls over chunks of tokens take the tiled kernels; `None` = the default.
     pub chunk_gemm: Option<ChunkGemm>,
     /// When one-token matvecs take the column-stationary kernel; `None` = the default.
@@ -163,6 +166,17 @@ impl MatvecShape {
         }
     }
 
+    /// The expert kernel's default in the MoE's down projection: two rows a lane instead of
+    /// four. On the H200, 16 experts' w2 (57344×3072) ran at 50.7 and 52.9 % of the read
+    /// kernel at two rows a lane against 46.1–47.5 % at four, while gate|up tied (session 9;
+    /// docs/perf.md, session 10, has what is still to be measured).
+    pub fn expert_down() -> Self {
+        Self {
+            rows_per_lane: 2,
+            ..Self::experts()
+        }
+    }
+
     /// Checks the shape and fits its split to a workgroup of `wg` lanes.
     fn fitted(mut self, wg: u32) -> Result<Self> {
         if !self.lanes_per_row.is_power_of_two()
@@ -226,6 +240,8 @@ pub struct GpuContext {
     pub matvec: MatvecShape,
     /// The batched MXFP4 expert kernel's geometry.
     pub expert_matvec: MatvecShape,
+    /// Its geometry in the MoE's down projection.
+    pub expert_down_matvec: MatvecShape,
     /// When chunks of tokens take the tiled matmul kernels.
     pub chunk_gemm: ChunkGemm,
     /// When one-token matvecs take the column-stationary kernel.
@@ -330,6 +346,10 @@ impl GpuContext {
             .expert_matvec
             .unwrap_or_else(MatvecShape::experts)
             .fitted(wg)?;
+        let expert_down_matvec = opts
+            .expert_down_matvec
+            .unwrap_or_else(MatvecShape::expert_down)
+            .fitted(wg)?;
         let chunk_gemm = opts.chunk_gemm.unwrap_or_default().checked()?;
         let stationary = opts.stationary.unwrap_or_default().checked()?;
         if opts.profile && !features.contains(wgpu::Features::TIMESTAMP_QUERY) {
@@ -367,6 +387,7 @@ impl GpuContext {
             max_binding,
             matvec,
             expert_matvec,
+            expert_down_matvec,
             chunk_gemm,
             stationary,
             profiler,

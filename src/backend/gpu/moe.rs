@@ -5,7 +5,7 @@
 
 use super::buffers::GpuAct;
 use super::chunk_gemm::{GemmTile, GK};
-use super::context::Dispatch;
+use super::context::{Dispatch, MatvecShape};
 use super::expert_bytes::{all_host, ExpertSrc, MatSrc, PartSrc};
 use super::expert_tier::ExpertTier;
 use super::matmul::rows_per_group_of;
@@ -270,10 +270,12 @@ impl GpuBackend {
     }
 
     /// One batched MXFP4 matmul: `rows` output rows per expert slot, `cols` inputs; the
-    /// one-pair items through the matvec, the tiled ones through the chunk kernel's `tile`.
+    /// one-pair items through the matvec (in geometry `big` where they are many rows), the
+    /// tiled ones through the chunk kernel's `tile`.
     #[allow(clippy::too_many_arguments)]
     fn mxfp4_batched(
         &self,
+        big: MatvecShape,
         a: &Arena,
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
@@ -328,7 +330,7 @@ impl GpuBackend {
         // kernel (68 % against 58 %).
         let total = u64::from(one.1) * rows as u64;
         let shape = if total >= FEW_ROWS {
-            self.ctx.expert_matvec
+            big
         } else {
             self.ctx.matvec
         };
@@ -464,6 +466,7 @@ impl GpuBackend {
         let arena = self.arena(&[w.into()], None)?;
         let chunk = self.chunk_pass(tile, &rt, w.rows, w.cols);
         self.mxfp4_batched(
+            self.ctx.expert_matvec,
             &arena,
             &x.buf,
             &y.buf,
@@ -705,7 +708,19 @@ impl GpuBackend {
         let chunk = self.chunk_pass(tile, &rt, 2 * i, d);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
             let c = chunk.as_ref();
-            self.mxfp4_batched(&set.up, &z.buf, h, &rtb, 2 * i, d, rt.tok_map, items, c);
+            let big = self.ctx.expert_matvec;
+            self.mxfp4_batched(
+                big,
+                &set.up,
+                &z.buf,
+                h,
+                &rtb,
+                2 * i,
+                d,
+                rt.tok_map,
+                items,
+                c,
+            );
         }
         self.finish_chunk_pass(chunk.as_ref(), h);
         let iu = i as u32;
@@ -713,7 +728,10 @@ impl GpuBackend {
         let chunk = self.chunk_pass(tile, &rt, d, i);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
             let c = chunk.as_ref();
-            self.mxfp4_batched(&set.down, &act.buf, ypair, &rtb, d, i, rt.id_map, items, c);
+            let big = self.ctx.expert_down_matvec;
+            self.mxfp4_batched(
+                big, &set.down, &act.buf, ypair, &rtb, d, i, rt.id_map, items, c,
+            );
         }
         self.finish_chunk_pass(chunk.as_ref(), ypair);
         if !out.is_empty() {

@@ -11,6 +11,12 @@
 //    B = 2^(e-3)(1 + m/2); value/4 = min(B, 2B - 1/4) covers the subnormal code e = 0, and
 //    the sign is ORed in (no conversion instructions, more integer ops).
 
+// 0: the host checked that no scale of the dispatch's matrices is above 240, and the
+// matvec's per-element path for those scales is compiled out. Its mere presence costs the
+// batched expert matvec 3-4 points of the read kernel's bandwidth on the H200, in every
+// form tried (docs/perf.md, session 10). 1 (the default): the path is kept.
+override SPECIAL: u32 = 1u;
+
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> scales: array<u32>;
 @group(0) @binding(5) var<storage, read> rt: array<u32>;
@@ -114,7 +120,7 @@ fn decode_unit(wu: WU) -> DU {
 fn unit_dot(wu: WU, xv: XU) -> f32 {
     let s = wu.s;
     let q = wu.q;
-    if (s > 240u) {
+    if (SPECIAL != 0u && s > 240u) {
         return decoded_dot(decode_unit(wu), xv);
     }
     let sc = bitcast<f32>(s << 23u);

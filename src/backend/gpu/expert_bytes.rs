@@ -52,6 +52,24 @@ impl<'a> From<Mxfp4View<'a>> for MatSrc<'a> {
     }
 }
 
+/// The largest E8M0 scale byte the MXFP4 kernel's fast path takes exactly; a matrix with a
+/// larger one needs the per-element path (`SPECIAL` in matvec_mxfp4.wgsl).
+pub(super) const FAST_SCALE_MAX: u8 = 240;
+
+impl MatSrc<'_> {
+    /// Whether the matrix may hold a scale above [`FAST_SCALE_MAX`]: scanned where its scale
+    /// bytes are in host memory (a 17th of the matrix), assumed where they are on the device.
+    pub fn may_have_huge_scales(&self) -> bool {
+        match self.scales {
+            // A maximum per 64 bytes vectorizes; an early exit per byte would not.
+            PartSrc::Host(b) => b
+                .chunks(64)
+                .any(|c| c.iter().fold(0u8, |m, &s| m.max(s)) > FAST_SCALE_MAX),
+            PartSrc::Device { .. } => true,
+        }
+    }
+}
+
 /// An expert's three matrices and its `(I, D)`.
 #[derive(Clone, Copy)]
 pub(super) struct ExpertSrc<'a> {
@@ -128,6 +146,13 @@ impl<'a> ExpertSrc<'a> {
             dims: (i, d),
         })
     }
+
+    /// Whether any of the three matrices may hold a scale above [`FAST_SCALE_MAX`].
+    pub fn may_have_huge_scales(&self) -> bool {
+        [self.w1, self.w2, self.w3]
+            .iter()
+            .any(MatSrc::may_have_huge_scales)
+    }
 }
 
 /// The parts' host bytes, when every part is in host memory.
@@ -163,5 +188,30 @@ impl GpuBackend {
                 self.ctx.copy(src, offset, buf, o, len);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MatSrc, PartSrc, FAST_SCALE_MAX};
+
+    fn scales(b: &[u8]) -> MatSrc<'_> {
+        MatSrc {
+            packed: PartSrc::Host(&[]),
+            scales: PartSrc::Host(b),
+        }
+    }
+
+    /// One scale byte above the limit, anywhere (in a whole chunk or the tail), is found.
+    #[test]
+    fn huge_scales_are_found_anywhere() {
+        let mut b = vec![FAST_SCALE_MAX; 200];
+        assert!(!scales(&b).may_have_huge_scales());
+        for at in [0, 63, 64, 130, 199] {
+            b[at] = FAST_SCALE_MAX + 1;
+            assert!(scales(&b).may_have_huge_scales(), "byte {at}");
+            b[at] = 0;
+        }
+        assert!(!scales(&[]).may_have_huge_scales());
     }
 }

@@ -25,6 +25,11 @@ const BLOCK: usize = 32;
 pub(super) struct Arena {
     packed: wgpu::Buffer,
     scales: wgpu::Buffer,
+    /// Whether a matrix this call reads from it may hold a scale above
+    /// [`FAST_SCALE_MAX`](super::expert_bytes::FAST_SCALE_MAX): its kernels then keep the per-element path (`SPECIAL` 1), which
+    /// costs the batched matvec 3-4 points of the read kernel's bandwidth on the H200
+    /// (docs/perf.md, session 10).
+    huge: bool,
 }
 
 /// Transient arenas kept for reuse: the first few of a call, each up to
@@ -192,6 +197,9 @@ pub(super) struct TierState {
     /// Which expert sits in which slot.
     pub book: ExpertTier,
     pools: Vec<ArenaSet>,
+    /// Slots whose expert may hold a scale above [`FAST_SCALE_MAX`](super::expert_bytes::FAST_SCALE_MAX) (its scale bytes had
+    /// one, or never passed through host memory).
+    huge: HashSet<usize>,
 }
 
 /// Device bytes of one `[I, D]` expert's six tensors.
@@ -207,6 +215,7 @@ impl GpuBackend {
     /// queue writes are ordered after the work already submitted against them, device
     /// copies after the work recorded. Others are made for this call.
     fn arena(&self, mats: &[MatSrc<'_>], reuse: Option<usize>) -> Result<Arena> {
+        let huge = mats.iter().any(MatSrc::may_have_huge_scales);
         let (mut packed, mut scales) = (Vec::new(), Vec::new());
         let (mut po, mut so) = (0u64, 0u64);
         for m in mats {
@@ -234,6 +243,7 @@ impl GpuBackend {
             return Ok(Arena {
                 packed: made(po, &packed, "expert packed")?,
                 scales: made(so, &scales, "expert scales")?,
+                huge,
             });
         };
         let a = {
@@ -257,11 +267,13 @@ impl GpuBackend {
                         REUSED_ARENA_BYTES.min(so.max(1).next_power_of_two()),
                         "expert scales (reused)",
                     ),
+                    huge: true,
                 });
             }
-            pool[k]
+            let kept = pool[k]
                 .clone()
-                .ok_or_else(|| anyhow!("internal: transient arena {k} missing"))?
+                .ok_or_else(|| anyhow!("internal: transient arena {k} missing"))?;
+            Arena { huge, ..kept }
         };
         // One staging copy per buffer for host bytes: the parts lie back to back.
         self.write_srcs(&a.packed, &packed);
@@ -342,19 +354,23 @@ impl GpuBackend {
                 .wants(u64::from(split_groups) * u64::from(one.1)))
         .then(|| self.ctx.stationary_plan(cols / BLOCK, rows, one.1 as usize))
         .flatten();
+        let special = ("SPECIAL", u32::from(a.huge));
         if let Some(plan) = plan {
+            let mut consts = plan.consts().to_vec();
+            consts.push(special);
             self.ctx.dispatch(&Dispatch {
                 shader: Shader::MatvecMxfp4,
                 entry: "moe_cs",
-                consts: &plan.consts(),
+                consts: &consts,
                 params: &params(one.0, (0, 0), plan.row_block),
                 buffers: &buffers,
                 groups: (one.1, plan.groups(rows), 1),
             });
             return;
         }
-        let (entry, consts) =
+        let (entry, mut consts) =
             self.row_split(Shader::MatvecMxfp4, shape, cols / BLOCK, ("moe", "moe_xs"));
+        consts.push(special);
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MatvecMxfp4,
             entry,
@@ -510,6 +526,7 @@ impl GpuBackend {
         *self.tier()? = TierState {
             book: ExpertTier::new(capacity, per_pool, (i, d)),
             pools: Vec::new(),
+            huge: HashSet::new(),
         };
         Ok(capacity)
     }
@@ -530,11 +547,18 @@ impl GpuBackend {
                 scales: self
                     .ctx
                     .buffer(n * scales, &format!("expert tier {what} scales")),
+                // A call's copy of a pool says whether the slots it reads may (`TierState::huge`).
+                huge: true,
             };
             t.pools.push(ArenaSet {
                 up: arena(m, 2 * m / blk, "gate|up"),
                 down: arena(m / 2, m / blk, "down"),
             });
+        }
+        if w.may_have_huge_scales() {
+            t.huge.insert(slot);
+        } else {
+            t.huge.remove(&slot);
         }
         let pool = &t.pools[p];
         let m = (i * d) as u64;
@@ -646,11 +670,27 @@ impl GpuBackend {
                     sets.push(None);
                     sets.len() - 1
                 });
-                if sets[g].is_none() {
-                    let pool = tier.pools.get(s / per_pool).cloned().ok_or_else(|| {
-                        anyhow!("internal: GPU expert tier slot {s} has no device pool")
-                    })?;
-                    sets[g] = Some(pool);
+                let huge = tier.huge.contains(&s);
+                match &mut sets[g] {
+                    Some(set) => {
+                        set.up.huge |= huge;
+                        set.down.huge |= huge;
+                    }
+                    None => {
+                        let pool = tier.pools.get(s / per_pool).ok_or_else(|| {
+                            anyhow!("internal: GPU expert tier slot {s} has no device pool")
+                        })?;
+                        sets[g] = Some(ArenaSet {
+                            up: Arena {
+                                huge,
+                                ..pool.up.clone()
+                            },
+                            down: Arena {
+                                huge,
+                                ..pool.down.clone()
+                            },
+                        });
+                    }
                 }
                 place.push((g, (s % per_pool) as u32));
                 continue;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Session 10's changes that were built after its device time ran out, measured in one call
+# of about 7 minutes (prepare with `PREV=b3db71c bash tools/device_prepare.sh`, which also
+# builds session 9's k3 as .devbin/k3_prev; run with carry [".devbin", ".gl"]):
+# 1. bench block 2 (defaults, heated) with the MoE's down projection at 2 rows a lane
+#    (the new default) and at 4 (`down_rpl=4`), alternated twice: the `moe resident: 16`
+#    and `16 experts' w2` lines. The MXFP4 lines now take `SPECIAL` 0 (random scales
+#    118..125), so they also show the branch's removal against session 10's 48-50 %.
+# 2. blocks 21 and 23 heated: staged x by unit against by word (`XW`), taken unheated before.
+# 3. k3slice32 decode, 400 tokens, this k3 against session 9's, alternated twice, with the
+#    clocks sampled (tools/device_decode_clock.sh's model and flags).
+# Results under $OUT.
+set -u
+. "$(dirname "$0")/device_vulkan.sh"
+D=./.devbin
+keep="^== block|98304|57344|moe resident: 16|int4 matvec 163840"
+for r in 1 2; do
+    for a in down_rpl=2 down_rpl=4; do
+        echo "## round $r, $a"
+        timeout 120 $D/gpu_kernels blocks=2 "$a" > "$OUT/down_${r}_${a#down_rpl=}.txt" 2>&1
+        grep -E "$keep" "$OUT/down_${r}_${a#down_rpl=}.txt" | cut -c1-130
+    done
+done
+timeout 150 $D/gpu_kernels blocks=21,23 > "$OUT/xw.txt" 2>&1
+grep -E "$keep" "$OUT/xw.txt" | cut -c1-130
+M=/tmp/k3slice32
+[ -f "$M/config.json" ] || $D/k3 synth --preset k3-slice --layers 4 --experts 32 "$M" > "$OUT/synth32.txt" 2>&1
+IDS=$(seq -s, 1000 97 2000)
+for r in 1 2; do
+    for k in k3 k3_prev; do
+        echo "decode round $r, $k: $(timeout 120 $D/$k run "$M" --ids "$IDS" --ngen 400 --ignore-eos --quiet \
+            --backend gpu --expert-gb 60 --gpu-expert-gb 60 2>&1 > /dev/null | grep -o 'decode 400 tokens.*tok/s)')"
+    done
+done

@@ -568,6 +568,39 @@ fn main() {
     }
 }
 
+/// Views of one expert's three matrices (`[I, D]` gate and up, `[D, I]` down).
+fn views(m: &[(Vec<u8>, Vec<u8>); 3], i: usize, d: usize) -> ExpertWeights<'_> {
+    ExpertWeights {
+        w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
+        w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
+        w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
+    }
+}
+
+/// Experts 0.. of layer 1, each taking tokens 0..`tokens` at weight 0.1; `resident`: passed
+/// without host weights (they must sit in the VRAM tier).
+fn assignments(
+    experts: &[[(Vec<u8>, Vec<u8>); 3]],
+    i: usize,
+    d: usize,
+    tokens: usize,
+    resident: bool,
+) -> Vec<ExpertAssignment<'_>> {
+    experts
+        .iter()
+        .enumerate()
+        .map(|(e, m)| ExpertAssignment {
+            key: Some(ExpertKey {
+                layer: 1,
+                id: e as u32,
+            }),
+            weights: (!resident).then(|| views(m, i, d)),
+            staged: None,
+            tokens: (0..tokens).map(|r| (r, 0.1)).collect(),
+        })
+        .collect()
+}
+
 /// A line of `Part::Order`: its name, its weight bytes and the kernel's call.
 type OrderCase<'a> = (String, u64, Box<dyn FnMut() + 'a>);
 
@@ -661,25 +694,7 @@ fn state_probes(g: &GpuBackend, t: &Timer<'_>, rng: &mut StdRng, quick: bool) {
     let experts: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..16)
         .map(|_| [mxfp4(rng, i, d), mxfp4(rng, d, i), mxfp4(rng, i, d)])
         .collect();
-    let assign = |resident: bool| -> Vec<ExpertAssignment<'_>> {
-        experts
-            .iter()
-            .enumerate()
-            .map(|(e, m)| ExpertAssignment {
-                key: Some(ExpertKey {
-                    layer: 1,
-                    id: e as u32,
-                }),
-                weights: (!resident).then(|| ExpertWeights {
-                    w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
-                    w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
-                    w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
-                }),
-                staged: None,
-                tokens: vec![(0, 0.1)],
-            })
-            .collect()
-    };
+    let assign = |resident: bool| assignments(&experts, i, d, 1, resident);
     let glu = Glu::Situ {
         beta: 10.0,
         linear_beta: 10.0,
@@ -1002,13 +1017,6 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         }
         Part::Chunk => &[(16, 1), (16, 8), (16, 32)],
     };
-    fn views(m: &[(Vec<u8>, Vec<u8>); 3], i: usize, d: usize) -> ExpertWeights<'_> {
-        ExpertWeights {
-            w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
-            w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
-            w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
-        }
-    }
     let glu = Glu::Situ {
         beta: 10.0,
         linear_beta: 10.0,
@@ -1023,21 +1031,7 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         // Resident in the VRAM tier (the decode case that matters): the first call uploads,
         // the timed ones only compute.
         g.configure_expert_tier(bytes, ne, i, d).unwrap();
-        let assign = |resident: bool| -> Vec<ExpertAssignment<'_>> {
-            experts_bytes[..ne]
-                .iter()
-                .enumerate()
-                .map(|(e, m)| ExpertAssignment {
-                    key: Some(ExpertKey {
-                        layer: 1,
-                        id: e as u32,
-                    }),
-                    weights: (!resident).then(|| views(m, i, d)),
-                    staged: None,
-                    tokens: (0..tokens).map(|r| (r, 0.1)).collect(),
-                })
-                .collect()
-        };
+        let assign = |resident: bool| assignments(&experts_bytes[..ne], i, d, tokens, resident);
         let mut acc = g.zeros(tokens, d).unwrap();
         g.moe_accumulate(&mut acc, &z, &assign(false), glu).unwrap();
         let resident = assign(true);

@@ -7,10 +7,7 @@
 # three rounds. Prepare with tools/device_prepare.sh; results land under $OUT.
 set -u
 . "$(dirname "$0")/device_vulkan.sh"
-K=./.devbin/k3
-M=/tmp/k3slice32
-[ -f "$M/config.json" ] || "$K" synth --preset k3-slice --layers 4 --experts 32 "$M" > "$OUT/synth32.txt" 2>&1
-IDS=$(seq -s, 1000 97 2000)
+. "$(dirname "$0")/device_k3slice32.sh"
 run() { # generated tokens, extra flags...
     local n=$1
     shift

@@ -7,10 +7,7 @@
 # tools/device_prepare.sh, run with carry [".devbin", ".gl"]; results under $OUT.
 set -u
 . "$(dirname "$0")/device_vulkan.sh"
-K=./.devbin/k3
-M=/tmp/k3slice32
-[ -f "$M/config.json" ] || "$K" synth --preset k3-slice --layers 4 --experts 32 "$M" > "$OUT/synth32.txt" 2>&1
-IDS=$(seq -s, 1000 97 2000)
+. "$(dirname "$0")/device_k3slice32.sh"
 nvidia-smi --query-gpu=timestamp,pstate,clocks.sm,clocks.mem,power.draw,utilization.gpu,clocks_event_reasons.active \
     --format=csv,noheader -lms 50 > "$OUT/smi_decode.csv" 2>&1 &
 SMI=$!

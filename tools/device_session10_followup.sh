@@ -23,9 +23,7 @@ for r in 1 2; do
 done
 timeout 150 $D/gpu_kernels blocks=21,23 > "$OUT/xw.txt" 2>&1
 grep -E "$keep" "$OUT/xw.txt" | cut -c1-130
-M=/tmp/k3slice32
-[ -f "$M/config.json" ] || $D/k3 synth --preset k3-slice --layers 4 --experts 32 "$M" > "$OUT/synth32.txt" 2>&1
-IDS=$(seq -s, 1000 97 2000)
+. "$(dirname "$0")/device_k3slice32.sh"
 for r in 1 2; do
     for k in k3 k3_prev; do
         echo "decode round $r, $k: $(timeout 120 $D/$k run "$M" --ids "$IDS" --ngen 400 --ignore-eos --quiet \

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What NVIDIA's Vulkan compiler makes of WGSL variants (tools/wgsl_variants/*.patch, each a
 # diff against shaders_wgsl/): the register counts of the staged MXFP4 expert kernel (x read
-# by unit and by word, XW 0 and 1), the same kernel with x from global memory, and the staged
-# int4 DEC 1 kernel (XW 0 and 1), built in and then with each variant applied to a copy of
-# shaders_wgsl/ (`shader_stats --wgsl-dir`, no rebuild).
+# by unit and by word, XW 0 and 1; by unit also without the huge-scale path, SPECIAL 0), the
+# same kernel with x from global memory, and the staged int4 DEC 1 kernel (XW 0 and 1),
+# built in and then with each variant applied to a copy of shaders_wgsl/
+# (`shader_stats --wgsl-dir`, no rebuild).
 # One call of about 30 s. Prepare with `bash tools/device_prepare.sh`, run with carry
 # [".devbin", ".gl"]; results in $OUT/registers.txt. Check a new variant here first:
 # `shader_stats --spirv-only --wgsl-dir DIR ...`.
@@ -11,7 +12,7 @@ set -u
 . "$(dirname "$0")/device_vulkan.sh"
 D=./.devbin
 E=LPR=8,LW=4,RPL=4
-K="matvec_mxfp4:moe_xs:$E,XT=112,XW=0 matvec_mxfp4:moe_xs:$E,XT=112,XW=1 matvec_mxfp4:moe:$E
+K="matvec_mxfp4:moe_xs:$E,XT=112,XW=0 matvec_mxfp4:moe_xs:$E,XT=112,XW=0,SPECIAL=0 matvec_mxfp4:moe_xs:$E,XT=112,XW=1 matvec_mxfp4:moe:$E
    matvec_int4:dense_xs:LPR=32,RPL=4,DEC=1,XT=224,XW=0 matvec_int4:dense_xs:LPR=32,RPL=4,DEC=1,XT=224,XW=1"
 {
     echo "== built in"

@@ -143,7 +143,7 @@ fn prep_x4(v: vec4<f32>) -> vec4<f32> {
 // and `decoded_dot` add, in their order.
 fn word_dot_of(wu: WU, j: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
     let q = wu.q[j];
-    if (wu.s > 240u) {
+    if (SPECIAL != 0u && wu.s > 240u) {
         return word_dot(word_plain(q, bitcast<f32>(wu.s << 23u)), xa, xb);
     }
     if (DEC != 2u) {
@@ -153,7 +153,7 @@ fn word_dot_of(wu: WU, j: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
 }
 
 fn unit_factor(wu: WU) -> f32 {
-    if (wu.s > 240u) {
+    if (SPECIAL != 0u && wu.s > 240u) {
         return 1.0;
     }
     let sc = bitcast<f32>(wu.s << 23u);

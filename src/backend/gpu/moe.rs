@@ -26,9 +26,9 @@ pub(super) struct Arena {
     packed: wgpu::Buffer,
     scales: wgpu::Buffer,
     /// Whether a matrix this call reads from it may hold a scale above
-    /// [`FAST_SCALE_MAX`](super::expert_bytes::FAST_SCALE_MAX): its kernels then keep the per-element path (`SPECIAL` 1), which
-    /// costs the batched matvec 3-4 points of the read kernel's bandwidth on the H200
-    /// (docs/perf.md, session 10).
+    /// [`FAST_SCALE_MAX`](super::expert_bytes::FAST_SCALE_MAX): its kernels then keep the
+    /// per-element path (`SPECIAL` 1), which costs the batched matvec 3-4 points of the
+    /// read kernel's bandwidth on the H200 (docs/perf.md, session 10).
     huge: bool,
 }
 
@@ -197,8 +197,9 @@ pub(super) struct TierState {
     /// Which expert sits in which slot.
     pub book: ExpertTier,
     pools: Vec<ArenaSet>,
-    /// Slots whose expert may hold a scale above [`FAST_SCALE_MAX`](super::expert_bytes::FAST_SCALE_MAX) (its scale bytes had
-    /// one, or never passed through host memory).
+    /// Slots whose expert may hold a scale above
+    /// [`FAST_SCALE_MAX`](super::expert_bytes::FAST_SCALE_MAX) (its scale bytes had one, or
+    /// never passed through host memory).
     huge: HashSet<usize>,
 }
 
@@ -547,7 +548,8 @@ impl GpuBackend {
                 scales: self
                     .ctx
                     .buffer(n * scales, &format!("expert tier {what} scales")),
-                // A call's copy of a pool says whether the slots it reads may (`TierState::huge`).
+                // A call's copy of a pool says whether the slots it reads may have huge
+                // scales (`TierState::huge`).
                 huge: true,
             };
             t.pools.push(ArenaSet {

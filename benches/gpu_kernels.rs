@@ -1,11 +1,12 @@
 //! GPU kernel bandwidth at K3 shapes, each against a plain read kernel over a buffer of the
 //! same size in the same run (the roofline the matvecs are judged by).
 //!
-//! `cargo bench --bench gpu_kernels [-- quick] [matvec] [blocks=2,3] [wgsl=DIR] [down_rpl=N]`
-//! — `quick` uses small shapes (lavapipe), `matvec` runs only the one-token matvec blocks,
-//! `blocks=` only the listed blocks (counted from 1, in the order of `blocks` in `main`),
-//! `wgsl=` composes the kernels from DIR's files, `down_rpl=` sets the rows a lane of the
-//! MoE's down projection in the blocks that take the default geometry.
+//! `cargo bench --bench gpu_kernels [-- quick] [matvec] [blocks=2,3] [wgsl=DIR] [down_rpl=N]
+//! [nochecks=bounds,loop,div]` — `quick` uses small shapes (lavapipe), `matvec` runs only the
+//! one-token matvec blocks, `blocks=` only the listed blocks (counted from 1, in the order of
+//! `blocks` in `main`), `wgsl=` composes the kernels from DIR's files, `down_rpl=` sets the
+//! rows a lane of the MoE's down projection in the blocks that take the default geometry,
+//! `nochecks=` builds the matvec modules without those of wgpu's runtime checks.
 //! Each kernel's runs alternate with the read kernel's, so both see the GPU in the same state.
 //! Times come from timestamp queries around the recorded passes when the adapter has them
 //! (`TIMESTAMP_QUERY_INSIDE_ENCODERS`), else from the wall clock around a full sync.
@@ -509,6 +510,18 @@ fn main() {
         std::env::args().find_map(|a| a.strip_prefix("wgsl=").map(std::path::PathBuf::from));
     let down_rpl: Option<u32> =
         std::env::args().find_map(|a| a.strip_prefix("down_rpl=").and_then(|v| v.parse().ok()));
+    // `nochecks=bounds,loop,div`: those of wgpu's runtime checks off in the matvec modules.
+    let matvec_checks = std::env::args()
+        .find_map(|a| a.strip_prefix("nochecks=").map(str::to_string))
+        .map(|l| {
+            let off = |name: &str| l.split(',').any(|c| c.trim() == name);
+            wgpu::ShaderRuntimeChecks {
+                bounds_checks: !off("bounds"),
+                force_loop_bounding: !off("loop"),
+                int_div_checks: !off("div"),
+                ..wgpu::ShaderRuntimeChecks::checked()
+            }
+        });
     for (b, (shape, chunk_gemm, stationary, part, reuse, max_binding)) in
         blocks.into_iter().enumerate()
     {
@@ -533,6 +546,7 @@ fn main() {
             fresh_params: part == Part::Host(true),
             max_binding,
             wgsl_dir: wgsl_dir.clone(),
+            matvec_checks,
             ..Default::default()
         };
         let g = match GpuBackend::new(&opts) {

@@ -1416,3 +1416,31 @@ fn kernels_compose_from_a_wgsl_dir() {
     let missing = empty.path().join("elementwise.wgsl");
     assert!(err.contains(&missing.display().to_string()), "{err}");
 }
+
+/// Matvec modules built with one of wgpu's runtime checks off at a time (the benchmarks'
+/// `nochecks=`) give the CPU's sums: the kernels' own clamps and bounded loops stand in.
+#[test]
+fn matvecs_without_single_runtime_checks_match_cpu() {
+    let mut rng = StdRng::seed_from_u64(24);
+    for off in ["bounds", "loop", "div"] {
+        let checks = wgpu::ShaderRuntimeChecks {
+            bounds_checks: off != "bounds",
+            force_loop_bounding: off != "loop",
+            int_div_checks: off != "div",
+            ..wgpu::ShaderRuntimeChecks::checked()
+        };
+        let Some(g) = gpu_with(&GpuOptions {
+            allow_cpu_adapter: true,
+            matvec_checks: Some(checks),
+            ..Default::default()
+        }) else {
+            return;
+        };
+        for fmt in [DenseFormat::F32, DenseFormat::Int8, DenseFormat::Int4] {
+            matmul_case(&g, &mut rng, fmt, 1, 70, 320);
+        }
+        // Past DIGITS_FROM_ROWS: the int4 digit kernel; and MXFP4 with huge scales.
+        matmul_case(&g, &mut rng, DenseFormat::Int4, 1, DIGITS_FROM_ROWS + 3, 64);
+        mxfp4_case(&g, &mut rng, 1, 300, 96, true);
+    }
+}

@@ -87,6 +87,10 @@ pub struct GpuOptions {
     /// Compose every kernel from this directory's WGSL files instead of the text built in
     /// (shader work: a variant is measured without a rebuild; the benchmarks' `wgsl=DIR`).
     pub wgsl_dir: Option<PathBuf>,
+    /// The runtime checks wgpu builds the matvec modules with; `None` = all of them, or none
+    /// where the geometry is `unchecked`. Benchmarks turn single ones off (`nochecks=`) to
+    /// see which of them costs what `unchecked` buys.
+    pub matvec_checks: Option<wgpu::ShaderRuntimeChecks>,
 }
 
 /// When experts are read straight into mapped upload buffers (see `read_staging.rs`).
@@ -255,6 +259,8 @@ pub struct GpuContext {
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     /// Every module's text read from `GpuOptions::wgsl_dir` at start, when it is set.
     wgsl_sources: Option<HashMap<Shader, String>>,
+    /// `GpuOptions::matvec_checks`.
+    matvec_checks: Option<wgpu::ShaderRuntimeChecks>,
     pipelines: Mutex<HashMap<PipeKey, wgpu::ComputePipeline>>,
     /// Parameters in one uniform buffer per dispatch (`GpuOptions::fresh_params`).
     fresh_params: bool,
@@ -398,6 +404,7 @@ impl GpuContext {
                 .clamp(1, MAX_PENDING_PASSES),
             modules: Mutex::new(HashMap::new()),
             wgsl_sources,
+            matvec_checks: opts.matvec_checks,
             pipelines: Mutex::new(HashMap::new()),
             fresh_params: opts.fresh_params,
             pending: Mutex::new(Pending {
@@ -461,16 +468,18 @@ impl GpuContext {
                 } else {
                     self.matvec.unchecked
                 };
-                if unchecked && shader.is_matvec() {
+                let checks = match unchecked {
+                    true => Some(wgpu::ShaderRuntimeChecks::unchecked()),
+                    false => self.matvec_checks,
+                };
+                if let (true, Some(checks)) = (shader.is_matvec(), checks) {
                     // SAFETY: the matvec kernels clamp every row index to the matrix and
-                    // every unit index to the row (see matvec_common.wgsl), their loops end
-                    // at uniform bounds, and the buffers are sized from the same shapes.
-                    unsafe {
-                        self.device.create_shader_module_trusted(
-                            desc,
-                            wgpu::ShaderRuntimeChecks::unchecked(),
-                        )
-                    }
+                    // every unit index to the row (see matvec_common.wgsl), their loops step
+                    // by a positive override towards uniform bounds the host derives from
+                    // the matrix shapes (far below u32::MAX, so no counter wraps), they
+                    // divide only by overrides the host keeps at 1 or more, and the buffers
+                    // are sized from the same shapes.
+                    unsafe { self.device.create_shader_module_trusted(desc, checks) }
                 } else {
                     self.device.create_shader_module(desc)
                 }

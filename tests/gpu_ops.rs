@@ -1444,3 +1444,31 @@ fn matvecs_without_single_runtime_checks_match_cpu() {
         mxfp4_case(&g, &mut rng, 1, 300, 96, true);
     }
 }
+
+/// A matrix of zero columns gives zero sums, as on the CPU, for every dense format and for
+/// MXFP4, even where the output lands in a reused (here NaN-poisoned) buffer.
+#[test]
+fn matmul_over_zero_columns_is_zero() {
+    let mut rng = StdRng::seed_from_u64(25);
+    let c = CpuBackend::new();
+    for g in gpus(None) {
+        for fmt in [DenseFormat::F32, DenseFormat::Int8, DenseFormat::Int4] {
+            // An earlier output of the same size goes back to the pool first.
+            matmul_case(&g, &mut rng, fmt, 2, 5, 64);
+            let w = DenseMatrix::from_f32(5, 0, Vec::new(), fmt).unwrap();
+            let want = c.matmul(&w, &c.upload(&[], 2, 0).unwrap()).unwrap().data;
+            let gw = g.load_matrix(w).unwrap();
+            let got = g
+                .download(&g.matmul(&gw, &g.upload(&[], 2, 0).unwrap()).unwrap())
+                .unwrap();
+            assert_eq!(got, want, "{fmt:?}");
+            assert_eq!(got, vec![0.0; 10], "{fmt:?}");
+        }
+        mxfp4_case(&g, &mut rng, 2, 5, 64, false);
+        let view = Mxfp4View::new(5, 0, &[], &[]).unwrap();
+        let got = g
+            .download(&g.matmul_mxfp4(view, &g.upload(&[], 2, 0).unwrap()).unwrap())
+            .unwrap();
+        assert_eq!(got, vec![0.0; 10], "mxfp4");
+    }
+}

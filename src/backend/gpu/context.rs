@@ -474,11 +474,12 @@ impl GpuContext {
                 };
                 if let (true, Some(checks)) = (shader.is_matvec(), checks) {
                     // SAFETY: the matvec kernels clamp every row index to the matrix and
-                    // every unit index to the row (see matvec_common.wgsl), their loops step
-                    // by a positive override towards uniform bounds the host derives from
-                    // the matrix shapes (far below u32::MAX, so no counter wraps), they
-                    // divide only by overrides the host keeps at 1 or more, and the buffers
-                    // are sized from the same shapes.
+                    // every unit index to the row (see matvec_common.wgsl; the host runs no
+                    // matvec over zero columns), their loops step by a positive override
+                    // towards uniform bounds the host derives from the matrix shapes (far
+                    // below u32::MAX, so no counter wraps), their divisors are overrides of
+                    // 1 or more, the subgroup size and row strides of matrices with columns,
+                    // and the buffers are sized from the same shapes.
                     unsafe { self.device.create_shader_module_trusted(desc, checks) }
                 } else {
                     self.device.create_shader_module(desc)

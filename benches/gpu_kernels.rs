@@ -419,7 +419,8 @@ fn main() {
     // geometry on every matvec, x staged and not. 23 and 24 read staged x by word; 25 and 26
     // are blocks 2 and 3 with every matrix in row chunks of 64 MiB; 27 times three large
     // matvecs and the read kernel alone and interleaved; 28 is block 21 with MXFP4's
-    // conversion-free decode (DEC 2).
+    // conversion-free decode (DEC 2); 29 times the int4 head after idling and after
+    // stretches of back-to-back work (the GPU's clock).
     // 32 lanes per row, all in one block, with the given rows per lane, decode and checks.
     let dec =
         |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), unchecked);

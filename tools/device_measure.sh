@@ -26,8 +26,10 @@ CI=true timeout 120 ./.devbin/gpu_ops > "$OUT/gpu_ops.txt" 2>&1
 grep -E "test result|FAILED|panicked" "$OUT/gpu_ops.txt" | head -5
 wait "$SYNTH"
 tail -1 "$OUT/synth.txt"
-# Benchmarks after the synth: it loads the disk and the CPUs.
-timeout 240 ./.devbin/gpu_kernels > "$OUT/kernels.txt" 2>&1
+# Benchmarks after the synth: it loads the disk and the CPUs. Block 1 (every kernel at its
+# default) and the chunk blocks 9-11: with the heater before each line (session 10) all 29
+# blocks no longer fit the call; the variant blocks have their own scripts.
+timeout 240 ./.devbin/gpu_kernels blocks=1,9,10,11 > "$OUT/kernels.txt" 2>&1
 grep -E "==|mxfp4 matvec|moe resident: 16 experts x (1|32)|int[48] matvec 12288x7168, (1|32|512) |kda|mla" "$OUT/kernels.txt" | cut -c1-130
 P8="163584,1000,2000,3000,4000,5000,6000,7000"
 "$K" run "$M" --ids "$P8" --ngen 6 --ignore-eos --quiet --backend gpu --expert-gb 60 --gpu-expert-gb 60 \

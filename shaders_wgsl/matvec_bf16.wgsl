@@ -14,7 +14,8 @@ fn widen2(a: u32, b: u32) -> vec4<f32> {
 
 const UV: u32 = 2u;
 
-fn load_x(b: u32) -> XU {
+fn load_x(xb: u32, u: u32) -> XU {
+    let b = xb + u * UV;
     return XU(x[b], x[b + 1u]);
 }
 

@@ -8,7 +8,8 @@
 // read kernel's bandwidth (docs/perf.md, third pass). The 32-column formats also have entries
 // that read x from a padded copy in workgroup memory (matvec_staged.wgsl).
 // The format file defines `WU` (a unit of one row, with its scale) and `load_w`, `XU` and
-// `load_x`, `unit_dot(WU, XU)` (a unit's dot product with its slice of x), and for the chunk
+// `load_x(xb, u)` (unit u's slice of the x row that starts at vec4 xb), `unit_dot(WU, XU)`
+// (a unit's dot product with its slice of x), and for the chunk
 // kernel `gemm` below, `stage_unit(WU, r, c)`, which writes the unit's plain values (scale
 // applied) through `stage4`. Most formats build both from a shared `decode_unit`.
 
@@ -167,7 +168,7 @@ fn gemv_rows(j: RowJob) {
     let last = j.nrows - 1u;
     if (PIPE == 0u) {
         for (var u = j.lane; u < p.units; u += LPR) {
-            acc = step(acc, load_w8(j.wrow, last, u), load_x(j.xb + u * UV));
+            acc = step(acc, load_w8(j.wrow, last, u), load_x(j.xb, u));
         }
     } else {
         // The next unit's weights are requested before this unit is computed, so every
@@ -177,7 +178,7 @@ fn gemv_rows(j: RowJob) {
         while (u < p.units) {
             let un = u + LPR;
             let nxt = load_w8(j.wrow, last, min(un, p.units - 1u));
-            acc = step(acc, cur, load_x(j.xb + u * UV));
+            acc = step(acc, cur, load_x(j.xb, u));
             cur = nxt;
             u = un;
         }
@@ -274,7 +275,7 @@ fn cs_rows(wbase: u32, blk: u32, xb: u32, yb0: u32) {
     let c = r_lid % SPAN;
     let h = r_lid / SPAN;
     let cu = min(c, p.units - 1u);
-    let xv = load_x(xb + cu * UV);
+    let xv = load_x(xb, cu);
     let per_row = SPAN / sub_size();
     let sgi = c / sub_size();
     let n = r1 - r0;

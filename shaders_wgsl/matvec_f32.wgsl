@@ -8,7 +8,8 @@ struct XU {
 
 const UV: u32 = 1u;
 
-fn load_x(b: u32) -> XU {
+fn load_x(xb: u32, u: u32) -> XU {
+    let b = xb + u * UV;
     return XU(x[b]);
 }
 

@@ -21,14 +21,14 @@ const XS4: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
 const UV: u32 = 8u;
 
 // DEC 3 reads its digits from their layout (`plane_at`).
-fn load_x(b: u32) -> XU {
+fn load_x(xb: u32, u: u32) -> XU {
     if (DEC == 3u) {
-        let a = plane_at(b);
+        let a = plane_at(xb, u);
         let i = a.x;
         let s = a.y;
         return X8(x[i], x[i + s], x[i + 2u * s], x[i + 3u * s], x[i + 4u * s], x[i + 5u * s], x[i + 6u * s], x[i + 7u * s]);
     }
-    let v = load_x8(b);
+    let v = load_x8(xb + u * UV);
     return XU(prep_x4(v.x0), prep_x4(v.x1), prep_x4(v.x2), prep_x4(v.x3), prep_x4(v.x4), prep_x4(v.x5), prep_x4(v.x6), prep_x4(v.x7));
 }
 
@@ -123,13 +123,12 @@ fn unit_dot(wu: WU, xv: XU) -> f32 {
 // DEC 3's planes are stored by blocks of 32 units, vec4 q of the block's units side by
 // side: the 32 lanes of a row walk consecutive units, so each of their x loads reads 512
 // contiguous bytes, where plain x's 128-byte stride per lane touches 32 cache lines. For
-// the unit whose plain x starts at vec4 b (token row start + 8 · unit): the index of its
-// vec4 0, and the step to its vec4 q.
-fn plane_at(b: u32) -> vec2<u32> {
-    let r = b % p.x_stride4;
-    let u = r / 8u;
+// unit u of the token row whose plain x starts at vec4 xb: the index of its vec4 0, and the
+// step to its vec4 q. (Given the unit rather than its x index, it needs no division by
+// the row stride, a uniform, which took one in every unit step of the matvec.)
+fn plane_at(xb: u32, u: u32) -> vec2<u32> {
     let blk = u / 32u;
-    return vec2<u32>(b - r + blk * 256u + u % 32u, min(32u, p.units - blk * 32u));
+    return vec2<u32>(xb + blk * 256u + u % 32u, min(32u, p.units - blk * 32u));
 }
 
 // DEC 3: x arrives as `x_planes` wrote it (the host runs that pass first): per unit, x
@@ -224,7 +223,7 @@ fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
         out = bitcast<u32>(down);
     }
-    let a = plane_at(b);
+    let a = plane_at(t * p.x_stride4, u);
     y[4u * (a.x + j / 4u * a.y) + j % 4u] = bitcast<f32>(out);
 }
 

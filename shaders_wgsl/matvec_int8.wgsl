@@ -23,7 +23,8 @@ const XS8: vec4<f32> = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
 
 const UV: u32 = 4u;
 
-fn load_x(b: u32) -> XU {
+fn load_x(xb: u32, u: u32) -> XU {
+    let b = xb + u * UV;
     if (DEC == 0u) {
         return XU(x[b], x[b + 1u], x[b + 2u], x[b + 3u]);
     }

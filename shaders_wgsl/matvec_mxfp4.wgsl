@@ -25,8 +25,8 @@ alias XU = X8;
 
 const UV: u32 = 8u;
 
-fn load_x(b: u32) -> XU {
-    return load_x8(b);
+fn load_x(xb: u32, u: u32) -> XU {
+    return load_x8(xb + u * UV);
 }
 
 // DEC 0/1. The f16 value is the E2M1 value times 2^-14, exactly (code 1 lands on the f16

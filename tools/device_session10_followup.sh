@@ -14,6 +14,8 @@
 set -u
 . "$(dirname "$0")/device_vulkan.sh"
 D=./.devbin
+# Whether the driver has robustBufferAccess2 (wgpu then leaves buffer bounds to it).
+(vulkaninfo 2>/dev/null | grep -m2 -iE "robustBufferAccess2|VK_EXT_robustness2") || echo "vulkaninfo: not available"
 keep="^== block|98304|57344|moe resident: 16|int4 matvec 163840"
 for r in 1 2; do
     for a in down_rpl=2 down_rpl=4; do

@@ -173,7 +173,8 @@ fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (u >= p.units || t >= p.n) {
         return;
     }
-    let b = t * p.x_stride4 + u * 8u;
+    let xb = t * p.x_stride4;
+    let b = xb + u * 8u;
     var m = 0.0;
     // A NaN or infinite x must still reach y as NaN, as it does through the f32 decodes
     // (max() may drop a NaN; an ordered compare does not pass it).
@@ -223,7 +224,7 @@ fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
         out = bitcast<u32>(down);
     }
-    let a = plane_at(t * p.x_stride4, u);
+    let a = plane_at(xb, u);
     y[4u * (a.x + j / 4u * a.y) + j % 4u] = bitcast<f32>(out);
 }
 

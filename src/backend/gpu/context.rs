@@ -138,8 +138,9 @@ pub struct MatvecShape {
     /// memory; the default, `u32::MAX`, stages as much as the workgroup memory holds.
     pub stage_x: u32,
     /// With x staged: read each word's two vec4s of it just before that word's dot
-    /// products instead of the unit's eight at once (the `XW` override; fewer live
-    /// registers, not measured yet).
+    /// products instead of the unit's eight at once (the `XW` override: 85 registers
+    /// against 128 for the MXFP4 expert kernel, but slower on the H200 in session 10's
+    /// unheated reading; docs/perf.md).
     pub x_by_word: bool,
 }
 
@@ -454,14 +455,13 @@ impl GpuContext {
             .or_insert_with(|| {
                 let desc = wgpu::ShaderModuleDescriptor {
                     label: Some(shader.file()),
-                    source: wgpu::ShaderSource::Wgsl(match &self.wgsl_sources {
-                        Some(m) => m
-                            .get(&shader)
-                            .cloned()
+                    source: wgpu::ShaderSource::Wgsl(
+                        self.wgsl_sources
+                            .as_ref()
+                            .and_then(|m| m.get(&shader).cloned())
                             .unwrap_or_else(|| shader.source(self.subgroups))
                             .into(),
-                        None => shader.source(self.subgroups).into(),
-                    }),
+                    ),
                 };
                 let unchecked = if shader == Shader::MatvecMxfp4 {
                     self.expert_matvec.unchecked

@@ -191,6 +191,22 @@ struct ArenaSet {
     down: Arena,
 }
 
+impl ArenaSet {
+    /// This set for one call whose experts in it may (`huge`) hold huge scales.
+    fn marked(&self, huge: bool) -> Self {
+        Self {
+            up: Arena {
+                huge,
+                ..self.up.clone()
+            },
+            down: Arena {
+                huge,
+                ..self.down.clone()
+            },
+        }
+    }
+}
+
 /// The VRAM expert tier: bookkeeping plus its device pools (allocated as slots fill).
 #[derive(Default)]
 pub(super) struct TierState {
@@ -686,16 +702,7 @@ impl GpuBackend {
                         let pool = tier.pools.get(s / per_pool).ok_or_else(|| {
                             anyhow!("internal: GPU expert tier slot {s} has no device pool")
                         })?;
-                        sets[g] = Some(ArenaSet {
-                            up: Arena {
-                                huge,
-                                ..pool.up.clone()
-                            },
-                            down: Arena {
-                                huge,
-                                ..pool.down.clone()
-                            },
-                        });
+                        sets[g] = Some(pool.marked(huge));
                     }
                 }
                 place.push((g, (s % per_pool) as u32));
@@ -752,9 +759,9 @@ impl GpuBackend {
         let ypair = self.alloc(rt.pairs, d);
         let (h, ypair) = (&h.buf, &ypair.buf);
         let chunk = self.chunk_pass(tile, &rt, 2 * i, d);
+        let (big, big_down) = (self.ctx.expert_matvec, self.ctx.expert_down_matvec);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
             let c = chunk.as_ref();
-            let big = self.ctx.expert_matvec;
             self.mxfp4_batched(
                 big,
                 &set.up,
@@ -774,9 +781,8 @@ impl GpuBackend {
         let chunk = self.chunk_pass(tile, &rt, d, i);
         for (set, &items) in sets.iter().zip(&rt.group_items) {
             let c = chunk.as_ref();
-            let big = self.ctx.expert_down_matvec;
             self.mxfp4_batched(
-                big, &set.down, &act.buf, ypair, &rtb, d, i, rt.id_map, items, c,
+                big_down, &set.down, &act.buf, ypair, &rtb, d, i, rt.id_map, items, c,
             );
         }
         self.finish_chunk_pass(chunk.as_ref(), ypair);

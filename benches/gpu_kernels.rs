@@ -29,6 +29,8 @@ use std::time::Instant;
 
 #[path = "gpu_kernels/clock_probes.rs"]
 mod clock_probes;
+#[path = "gpu_kernels/mxfp4_twin.rs"]
+mod mxfp4_twin;
 
 /// Timed repetitions per kernel (after one warm-up).
 const REPS: usize = 8;
@@ -383,6 +385,8 @@ enum Part {
     /// The int4 head timed after the GPU idled, then after stretches of back-to-back work:
     /// whether load brings the SM clock back up (tools/device_clock_states.sh samples it).
     Clock,
+    /// The CUDA probe's MXFP4 matvec written again in WGSL (gpu_kernels/mxfp4_twin.rs).
+    Twin,
 }
 
 fn main() {
@@ -423,7 +427,8 @@ fn main() {
     // are blocks 2 and 3 with every matrix in row chunks of 64 MiB; 27 times three large
     // matvecs and the read kernel alone and interleaved; 28 is block 21 with MXFP4's
     // conversion-free decode (DEC 2); 29 times the int4 head after idling and after
-    // stretches of back-to-back work (the GPU's clock).
+    // stretches of back-to-back work (the GPU's clock); 30 is the CUDA probe's MXFP4 matvec
+    // written again in WGSL.
     // 32 lanes per row, all in one block, with the given rows per lane, decode and checks.
     let dec =
         |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), unchecked);
@@ -502,6 +507,7 @@ fn main() {
             ..MatvecShape::experts()
         }),
         (None, None, None, Part::Clock, true, None),
+        (None, None, None, Part::Twin, true, None),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -748,6 +754,10 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         clock_probes::clock_lines(g, &mut rng, quick);
         return;
     }
+    if part == Part::Twin {
+        mxfp4_twin::twin_lines(g, &t, &mut rng, quick);
+        return;
+    }
     if part == Part::Read {
         let big_bytes = ctx.max_binding / 16 * 16;
         let big = ctx.buffer(big_bytes, "large read src");
@@ -789,9 +799,13 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     };
     let ns: &[usize] = match part {
         Part::All => &[1, 8],
-        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes | Part::Order | Part::Clock => {
-            &[1]
-        }
+        Part::Matvec
+        | Part::Read
+        | Part::Host(_)
+        | Part::Passes
+        | Part::Order
+        | Part::Clock
+        | Part::Twin => &[1],
         Part::Chunk => &[1, 8, 32, 128],
     };
     for &n in ns {
@@ -846,9 +860,13 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         .collect();
     let moe_cases: &[(usize, usize)] = match part {
         Part::All => &[(1, 1), (16, 1), (16, 8)],
-        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes | Part::Order | Part::Clock => {
-            &[(1, 1), (16, 1)]
-        }
+        Part::Matvec
+        | Part::Read
+        | Part::Host(_)
+        | Part::Passes
+        | Part::Order
+        | Part::Clock
+        | Part::Twin => &[(1, 1), (16, 1)],
         Part::Chunk => &[(16, 1), (16, 8), (16, 32)],
     };
     let glu = Glu::Situ {
@@ -900,9 +918,13 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         Part::All => &[(12288, 7168), (163840, 7168)],
         // The head again here: in the first block it runs after the uploads, when the GPU
         // has slowed down (docs/perf.md, "Third pass").
-        Part::Matvec | Part::Read | Part::Host(_) | Part::Passes | Part::Order | Part::Clock => {
-            &[(12288, 7168), (3072, 7168), (1536, 7168), (163840, 7168)]
-        }
+        Part::Matvec
+        | Part::Read
+        | Part::Host(_)
+        | Part::Passes
+        | Part::Order
+        | Part::Clock
+        | Part::Twin => &[(12288, 7168), (3072, 7168), (1536, 7168), (163840, 7168)],
         Part::Chunk => &[(12288, 7168)],
     };
     for &(rows, cols) in mats {
@@ -916,7 +938,8 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
                 | Part::Host(_)
                 | Part::Passes
                 | Part::Order
-                | Part::Clock => &[1],
+                | Part::Clock
+                | Part::Twin => &[1],
                 Part::Chunk => &[1, 2, 4, 8, 16, 32, 128, 512],
             };
             for &n in ns {

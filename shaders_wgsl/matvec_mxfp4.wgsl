@@ -30,23 +30,24 @@ fn load_x(xb: u32, u: u32) -> XU {
 }
 
 // DEC 0/1. The f16 value is the E2M1 value times 2^-14, exactly (code 1 lands on the f16
-// subnormal 2^-15). Nibbles j and j + 4 of the word share a pair.
-fn pair(q: u32, j: u32) -> vec2<f32> {
-    let n = q >> (4u * j);
-    return unpack2x16float(((n & 0x00070007u) << 9u) | ((n & 0x00080008u) << 12u));
-}
-
-// A word's eight values: columns 0..3 and 4..7.
+// subnormal 2^-15). Nibbles j and j + 4 of the word share a pair: their magnitude bits, at
+// 4j..4j+2 and 16+4j.., go to 9..11 and 25..27, their sign bits, at 4j+3 and 16+4j+3, to
+// 15 and 31. Masks and multiplies place them (NVIDIA runs an integer multiply on its FMA
+// pipe, a shift on the integer pipe the decode saturates); only pair 3, whose bits move
+// right, takes a shift. Against shift-and-mask placement, the bench's WGSL twin of the CUDA
+// probe read 16 experts' w1|w3 at 59.9 % of the read kernel instead of 55 % on the H200
+// (docs/perf.md, session 11).
 struct W2 {
     lo: vec4<f32>,
     hi: vec4<f32>,
 }
 
+// A word's eight values: columns 0..3 and 4..7.
 fn word_f16(q: u32) -> W2 {
-    let a = pair(q, 0u);
-    let c = pair(q, 1u);
-    let e = pair(q, 2u);
-    let g = pair(q, 3u);
+    let a = unpack2x16float((q & 0x00070007u) * 512u + (q & 0x00080008u) * 4096u);
+    let c = unpack2x16float((q & 0x00700070u) * 32u + (q & 0x00800080u) * 256u);
+    let e = unpack2x16float((q & 0x07000700u) * 2u + (q & 0x08000800u) * 16u);
+    let g = unpack2x16float(((q & 0x70007000u) >> 3u) | (q & 0x80008000u));
     return W2(vec4<f32>(a.x, c.x, e.x, g.x), vec4<f32>(a.y, c.y, e.y, g.y));
 }
 

@@ -10,13 +10,16 @@
 #    then block 2 with each of wgpu's runtime checks off alone (`nochecks=loop|bounds|div`).
 # 3. k3slice32 decode, 400 tokens, this k3 against session 9's, alternated twice, with the
 #    clocks sampled (tools/device_decode_clock.sh's model and flags).
-# Results under $OUT.
+# Results under $OUT. PART=1 runs 1 and 2's XW line, PART=2 the runtime checks and 3 (each
+# fits one device call of 600 s); unset runs all.
 set -u
+P=${PART:-12}
 . "$(dirname "$0")/device_vulkan.sh"
 D=./.devbin
-# Whether the driver has robustBufferAccess2 (wgpu then leaves buffer bounds to it).
-(vulkaninfo 2>/dev/null | grep -m2 -iE "robustBufferAccess2|VK_EXT_robustness2") || echo "vulkaninfo: not available"
 keep="^== block|98304|57344|moe resident: 16|int4 matvec 163840"
+# Whether the driver has robustBufferAccess2 (wgpu then leaves buffer bounds to it).
+if [[ $P == *1* ]]; then
+(vulkaninfo 2>/dev/null | grep -m2 -iE "robustBufferAccess2|VK_EXT_robustness2") || echo "vulkaninfo: not available"
 for r in 1 2; do
     for a in down_rpl=2 down_rpl=4; do
         echo "## round $r, $a"
@@ -26,6 +29,8 @@ for r in 1 2; do
 done
 timeout 150 $D/gpu_kernels blocks=21,23 > "$OUT/xw.txt" 2>&1
 grep -E "$keep" "$OUT/xw.txt" | cut -c1-130
+fi
+[[ $P == *2* ]] || exit 0
 # Which of wgpu's runtime checks costs what `unchecked` buys (the int4 head: 70.5-71.5 %
 # checked, 75.3 % unchecked): each one off alone, block 2.
 for c in loop bounds div; do

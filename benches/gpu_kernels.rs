@@ -6,7 +6,8 @@
 //! one-token matvec blocks, `blocks=` only the listed blocks (counted from 1, in the order of
 //! `blocks` in `main`), `wgsl=` composes the kernels from DIR's files, `down_rpl=` sets the
 //! rows a lane of the MoE's down projection in the blocks that take the default geometry,
-//! `nochecks=` builds the matvec modules without those of wgpu's runtime checks.
+//! `nochecks=` builds the matvec modules without those of wgpu's runtime checks and with the
+//! others (`nochecks=none`: all of them; unset: the engine's `default_matvec_checks`).
 //! Each kernel's runs alternate with the read kernel's, so both see the GPU in the same state.
 //! Times come from timestamp queries around the recorded passes when the adapter has them
 //! (`TIMESTAMP_QUERY_INSIDE_ENCODERS`), else from the wall clock around a full sync.

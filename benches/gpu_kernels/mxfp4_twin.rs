@@ -1,8 +1,10 @@
 //! `Part::Twin`: the CUDA probe's MXFP4 matvec (tools/cuda_probe/mxfp4_matvec.cu, 65 % of
 //! the read kernel on 16 experts' w1|w3 in session 9) written again in WGSL with the same
-//! structure (mxfp4_twin.wgsl), timed against the read kernel at the probe's two shapes.
-//! If the twin runs near the CUDA figure, what the engine's kernel does beyond it is the
-//! gap; if it runs near the engine's 53 %, the gap is in what the Vulkan path compiles.
+//! structure (mxfp4_twin.wgsl), timed against the read kernel at the probe's two shapes,
+//! with variants of its decode. Session 11 (docs/perf.md): the twin ran at the engine's
+//! 53-55 %, so the gap to CUDA is in what the Vulkan path compiles, and 87 % with the decode
+//! removed, so the decode is the bound; placing the f16 pairs by multiplies gained 5 points
+//! and went into the engine.
 
 use super::{mxfp4, report, Timer};
 use k3::backend::gpu::GpuBackend;
@@ -59,14 +61,51 @@ const fn v(
     }
 }
 
-const VARIANTS: [Variant; 8] = [
+const VARIANTS: [Variant; 15] = [
     v("8 lanes, x staged padded", 8, 1, true, Widen::Unpack),
+    v("8 lanes, unchecked", 8, 1, false, Widen::Unpack),
     v("8 lanes, decode removed", 8, 0, true, Widen::Unpack),
+    v(
+        "8 lanes, f16 pairs not widened (wrong values)",
+        8,
+        1,
+        true,
+        Widen::Bits,
+    ),
+    v("8 lanes, conversion-free decode", 8, 2, true, Widen::Unpack),
+    v(
+        "8 lanes, f16 pairs 2 words, conversion-free 2",
+        8,
+        3,
+        true,
+        Widen::Unpack,
+    ),
+    v(
+        "8 lanes, f16 pairs 3 words, conversion-free 1",
+        8,
+        4,
+        true,
+        Widen::Unpack,
+    ),
+    v(
+        "8 lanes, byte dot products (timing only)",
+        8,
+        5,
+        true,
+        Widen::Unpack,
+    ),
     v(
         "8 lanes, f16 pairs by multiplies",
         8,
         6,
         true,
+        Widen::Unpack,
+    ),
+    v(
+        "8 lanes, f16 pairs by multiplies, unchecked",
+        8,
+        6,
+        false,
         Widen::Unpack,
     ),
     v(
@@ -90,20 +129,11 @@ const VARIANTS: [Variant; 8] = [
         true,
         Widen::Unpack,
     ),
-    v(
-        "8 lanes, 1 pair of 4 unconverted, unchecked",
-        8,
-        7,
-        false,
-        Widen::Unpack,
-    ),
-    v(
-        "8 lanes, 2 pairs of 4 unconverted, unchecked",
-        8,
-        8,
-        false,
-        Widen::Unpack,
-    ),
+    Variant {
+        staged: false,
+        ..v("8 lanes, x from global memory", 8, 1, true, Widen::Unpack)
+    },
+    v("32 lanes, x staged padded", 32, 1, true, Widen::Unpack),
 ];
 
 /// Each variant at 16 experts' w1|w3 (98304 × 3584) and one expert's w1 (3072 × 3584),

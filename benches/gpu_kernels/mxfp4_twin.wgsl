@@ -1,16 +1,18 @@
 // Bench only, not an engine kernel: the one-token MXFP4 matvec of tools/cuda_probe's
 // mxfp4_matvec.cu written again in WGSL, line for line, so the Vulkan build of the same
-// algorithm can be timed beside the engine's kernel (which reaches 53 % of the read kernel
-// on 16 experts' w1|w3 where the CUDA build reached 65 %). Lane groups of LPR consecutive
-// lanes share 4 rows and walk the units LPR apart, the next unit's weights requested before
-// this one is computed; x staged once in workgroup memory with a pad vec4 after each unit's
-// eight (XMODE 0) or read from global memory (1). DECODE: 1 the f16 pairs (the engine's
-// default), 0 a bit cast instead (same loads), 2 the conversion-free decode, 3 and 4 the f16
-// pairs for the first two and three words and the conversion-free decode for the rest,
-// 5 the nibbles as bytes met in byte dot products (timing only), 6 the f16 pairs built
-// with multiplies, 7 and 8 those with one or two of a word's four pairs decoded without a
-// conversion instruction. Rows past the end repeat
-// the last and are not written.
+// algorithm can be timed beside the engine's kernel (53 % of the read kernel on 16 experts'
+// w1|w3 where the CUDA build reached 65 %, before session 11). Lane groups of LPR
+// consecutive lanes share 4 rows and walk the units LPR apart, the next unit's weights
+// requested before this one is computed; x staged once in workgroup memory with a pad vec4
+// after each unit's eight (XMODE 0) or read from global memory (1). Rows past the end
+// repeat the last and are not written. DECODE:
+// 0: a bit cast instead of the decode (same loads; timing only);
+// 1: the f16 pairs placed by shifts and masks (the engine's until session 11);
+// 2: the conversion-free decode (the engine's DEC 2);
+// 3, 4: 1 for the first two or three words of a unit, 2 for the rest;
+// 5: the nibbles as bytes met in byte dot products (timing only);
+// 6: the f16 pairs placed by masks and multiplies (the engine's since session 11);
+// 7, 8: 6 with one or two of a word's four pairs decoded without a conversion instruction.
 
 override LPR: u32 = 8u;
 override DECODE: u32 = 1u;

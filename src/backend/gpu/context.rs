@@ -87,10 +87,26 @@ pub struct GpuOptions {
     /// Compose every kernel from this directory's WGSL files instead of the text built in
     /// (shader work: a variant is measured without a rebuild; the benchmarks' `wgsl=DIR`).
     pub wgsl_dir: Option<PathBuf>,
-    /// The runtime checks wgpu builds the matvec modules with; `None` = all of them, or none
-    /// where the geometry is `unchecked`. Benchmarks turn single ones off (`nochecks=`) to
-    /// see which of them costs what `unchecked` buys.
+    /// The runtime checks wgpu builds the matvec modules with; `None` =
+    /// `default_matvec_checks()`, or none where the geometry is `unchecked`. Benchmarks
+    /// set them (`nochecks=`) to see which costs what.
     pub matvec_checks: Option<wgpu::ShaderRuntimeChecks>,
+}
+
+/// The runtime checks the matvec modules keep by default: wgpu's index clamps (and its
+/// buffer checks where the driver has no robust buffer access), which keep a wrong index
+/// inside the buffer. The loop counters and the integer-division guards go: every matvec
+/// loop steps by a positive override towards a bound the host derives from the matrix
+/// shapes, and every divisor is an override of 1 or more or a row stride of a matrix with
+/// columns. Without them the H200 read 16 experts' MXFP4 w1|w3 at 58.5 % of the read kernel
+/// against 57.0 %, and the int4 head at 72.3 % against 71.1 % (docs/perf.md, session 11).
+pub fn default_matvec_checks() -> wgpu::ShaderRuntimeChecks {
+    wgpu::ShaderRuntimeChecks {
+        bounds_checks: true,
+        force_loop_bounding: false,
+        int_div_checks: false,
+        ..wgpu::ShaderRuntimeChecks::checked()
+    }
 }
 
 /// When experts are read straight into mapped upload buffers (see `read_staging.rs`).
@@ -260,8 +276,8 @@ pub struct GpuContext {
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     /// Every module's text read from `GpuOptions::wgsl_dir` at start, when it is set.
     wgsl_sources: Option<HashMap<Shader, String>>,
-    /// `GpuOptions::matvec_checks`.
-    matvec_checks: Option<wgpu::ShaderRuntimeChecks>,
+    /// `GpuOptions::matvec_checks`, or `default_matvec_checks()`.
+    matvec_checks: wgpu::ShaderRuntimeChecks,
     pipelines: Mutex<HashMap<PipeKey, wgpu::ComputePipeline>>,
     /// Parameters in one uniform buffer per dispatch (`GpuOptions::fresh_params`).
     fresh_params: bool,
@@ -405,7 +421,7 @@ impl GpuContext {
                 .clamp(1, MAX_PENDING_PASSES),
             modules: Mutex::new(HashMap::new()),
             wgsl_sources,
-            matvec_checks: opts.matvec_checks,
+            matvec_checks: opts.matvec_checks.unwrap_or_else(default_matvec_checks),
             pipelines: Mutex::new(HashMap::new()),
             fresh_params: opts.fresh_params,
             pending: Mutex::new(Pending {
@@ -469,10 +485,10 @@ impl GpuContext {
                     self.matvec.unchecked
                 };
                 let checks = match unchecked {
-                    true => Some(wgpu::ShaderRuntimeChecks::unchecked()),
+                    true => wgpu::ShaderRuntimeChecks::unchecked(),
                     false => self.matvec_checks,
                 };
-                if let (true, Some(checks)) = (shader.is_matvec(), checks) {
+                if shader.is_matvec() {
                     // SAFETY: the matvec kernels clamp every row index to the matrix and
                     // every unit index to the row (see matvec_common.wgsl; the host runs no
                     // matvec over zero columns), their loops step by a positive override

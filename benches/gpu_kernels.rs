@@ -800,14 +800,9 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     };
     let ns: &[usize] = match part {
         Part::All => &[1, 8],
-        Part::Matvec
-        | Part::Read
-        | Part::Host(_)
-        | Part::Passes
-        | Part::Order
-        | Part::Clock
-        | Part::Twin => &[1],
         Part::Chunk => &[1, 8, 32, 128],
+        // The one-token matvec blocks (the other parts return before this).
+        _ => &[1],
     };
     for &n in ns {
         let x = g.upload(&vec![0.5; n * d], n, d).unwrap();
@@ -861,14 +856,9 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
         .collect();
     let moe_cases: &[(usize, usize)] = match part {
         Part::All => &[(1, 1), (16, 1), (16, 8)],
-        Part::Matvec
-        | Part::Read
-        | Part::Host(_)
-        | Part::Passes
-        | Part::Order
-        | Part::Clock
-        | Part::Twin => &[(1, 1), (16, 1)],
         Part::Chunk => &[(16, 1), (16, 8), (16, 32)],
+        // The one-token matvec blocks (the other parts return before this).
+        _ => &[(1, 1), (16, 1)],
     };
     let glu = Glu::Situ {
         beta: 10.0,
@@ -917,16 +907,11 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     // Dense int4 / int8 matvecs: a 12288x7168 projection and the 163840x7168 head.
     let mats: &[(usize, usize)] = match part {
         Part::All => &[(12288, 7168), (163840, 7168)],
-        // The head again here: in the first block it runs after the uploads, when the GPU
-        // has slowed down (docs/perf.md, "Third pass").
-        Part::Matvec
-        | Part::Read
-        | Part::Host(_)
-        | Part::Passes
-        | Part::Order
-        | Part::Clock
-        | Part::Twin => &[(12288, 7168), (3072, 7168), (1536, 7168), (163840, 7168)],
         Part::Chunk => &[(12288, 7168)],
+        // The one-token matvec blocks (the other parts return before this). The head again
+        // here: in the first block it runs after the uploads, when the GPU has slowed down
+        // (docs/perf.md, "Third pass").
+        _ => &[(12288, 7168), (3072, 7168), (1536, 7168), (163840, 7168)],
     };
     for &(rows, cols) in mats {
         let (rows, cols) = (s(rows, rows / 16), s(cols, 512));
@@ -934,14 +919,9 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
             let m = g.load_matrix(dense(&mut rng, rows, cols, bits)).unwrap();
             let ns: &[usize] = match part {
                 Part::All => &[1, 32],
-                Part::Matvec
-                | Part::Read
-                | Part::Host(_)
-                | Part::Passes
-                | Part::Order
-                | Part::Clock
-                | Part::Twin => &[1],
                 Part::Chunk => &[1, 2, 4, 8, 16, 32, 128, 512],
+                // The one-token matvec blocks (the other parts return before this).
+                _ => &[1],
             };
             for &n in ns {
                 let x = g.upload(&vec![0.5; n * cols], n, cols).unwrap();

@@ -12,12 +12,14 @@
 //! # e.g. matvec_int4:dense:LPR=32,RPL=4,DEC=1,PIPE=1
 //! ```
 //! SHADER is a file stem under shaders_wgsl/ (matvec_int4, matvec_mxfp4, read_bench, ...).
-//! `--unchecked` writes the SPIR-V without naga's index clamps and loop bounds, as
+//! `--unchecked` writes the SPIR-V without naga's index clamps too, as
 //! `MatvecShape::unchecked` does; `--dump DIR` saves every text representation the driver
 //! returns; `--wgsl-dir DIR` reads the WGSL files from DIR at run time (e.g. `shaders_wgsl`
 //! of the working tree the device tool copies), so a variant's register count needs an
 //! edit here and one device call, no rebuild; `--spirv-only` stops after naga (no driver
-//! needed), to check such a variant here first.
+//! needed), to check such a variant here first; with `--dump DIR` it writes the SPIR-V to
+//! DIR (`spirv-dis` reads it). The SPIR-V is written as the engine builds its matvec modules
+//! (`default_matvec_checks`: index clamps, no loop counters or division guards).
 
 use anyhow::{anyhow, bail, Context, Result};
 use ash::vk;
@@ -114,7 +116,10 @@ fn compile(spec: &Spec, unchecked: bool, wgsl_dir: Option<&Path>) -> Result<(Vec
             image_load: BoundsCheckPolicy::Unchecked,
             binding_array: BoundsCheckPolicy::Unchecked,
         },
-        force_loop_bounding: !unchecked,
+        // As the engine builds its matvec modules (`default_matvec_checks`): no loop
+        // counters, no division guards.
+        force_loop_bounding: false,
+        emit_int_div_checks: false,
         ..Default::default()
     };
     let pipeline = spv::PipelineOptions {
@@ -416,6 +421,13 @@ fn main() -> Result<()> {
         for s in &specs {
             let (words, _) = compile(s, unchecked, wgsl_dir.as_deref())?;
             println!("{}  SPIR-V {} words", s.label, words.len());
+            if let Some(dir) = &dump {
+                let path = dir.join(format!("{}.spv", s.label.replace([':', ',', '='], "_")));
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                std::fs::write(&path, bytemuck::cast_slice::<u32, u8>(&words))
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
         }
         return Ok(());
     }

@@ -388,6 +388,8 @@ enum Part {
     Clock,
     /// The CUDA probe's MXFP4 matvec written again in WGSL (gpu_kernels/mxfp4_twin.rs).
     Twin,
+    /// The int8 and int4 heads timed line after line, in fresh allocations.
+    Repeat,
 }
 
 fn main() {
@@ -429,7 +431,7 @@ fn main() {
     // matvecs and the read kernel alone and interleaved; 28 is block 21 with MXFP4's
     // conversion-free decode (DEC 2); 29 times the int4 head after idling and after
     // stretches of back-to-back work (the GPU's clock); 30 is the CUDA probe's MXFP4 matvec
-    // written again in WGSL.
+    // written again in WGSL; 31 times the int8 and int4 heads line after line.
     // 32 lanes per row, all in one block, with the given rows per lane, decode and checks.
     let dec =
         |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), unchecked);
@@ -509,6 +511,7 @@ fn main() {
         }),
         (None, None, None, Part::Clock, true, None),
         (None, None, None, Part::Twin, true, None),
+        (None, None, None, Part::Repeat, true, None),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -757,6 +760,10 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     }
     if part == Part::Twin {
         mxfp4_twin::twin_lines(g, &t, &mut rng, quick);
+        return;
+    }
+    if part == Part::Repeat {
+        clock_probes::repeat_lines(g, &t, &mut rng, quick);
         return;
     }
     if part == Part::Read {

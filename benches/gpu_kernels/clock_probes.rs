@@ -1,6 +1,7 @@
 //! The bench parts that ask what state the GPU is in rather than how fast a kernel is:
 //! `Part::Order` (kernels alone against interleaved with the read kernel, then the steps a
-//! block takes), `Part::Clock` (the int4 head after idling and after back-to-back work).
+//! block takes), `Part::Clock` (the int4 head after idling and after back-to-back work),
+//! `Part::Repeat` (the heads timed again and again, each in fresh allocations).
 //! Their lines carry Unix times to match nvidia-smi's clock samples
 //! (tools/device_clock_states.sh). Session 10 found the H200's SM clock behind most "slow"
 //! lines (docs/perf.md, "The GPU's clock").
@@ -185,6 +186,36 @@ pub(super) fn clock_lines(g: &GpuBackend, rng: &mut StdRng, quick: bool) {
     }
     idle();
     report("after 6 s idle");
+}
+
+/// `Part::Repeat`: the int8 and the int4 head, each loaded three times (a new allocation
+/// each time) and timed three times against the read kernel per load. Session 11 read the
+/// int8 head at 71.8 and 89.9 % of the read kernel in two runs whose read kernel ran at the
+/// same speed: whether a head's time moves from line to line, or with its allocation.
+pub(super) fn repeat_lines(g: &GpuBackend, t: &Timer<'_>, rng: &mut StdRng, quick: bool) {
+    let s = |full: usize, small: usize| if quick { small } else { full };
+    let (rows, cols) = (s(163840, 10240), s(7168, 512));
+    let x = g.upload(&vec![0.5; cols], 1, cols).unwrap();
+    for bits in [8, 4] {
+        let data = dense(rng, rows, cols, bits);
+        for load in 1..=3 {
+            let m = g.load_matrix(data.clone()).unwrap();
+            let bytes = m.byte_size();
+            for rep in 1..=3 {
+                let (mv, read) = t.time_vs_read(bytes, &mut || {
+                    g.matmul(&m, &x).unwrap();
+                });
+                let gbs = |secs: f64| bytes.min(g.ctx.max_binding) as f64 / secs / 1e9;
+                println!(
+                    "repeat: [{}] int{bits} head {rows}x{cols}, load {load}, line {rep}: {:>7.1} us, read {:>7.1} GB/s, {:>5.1} %",
+                    unix_time(),
+                    mv * 1e6,
+                    gbs(read),
+                    bytes as f64 / mv / (bytes.min(g.ctx.max_binding) as f64 / read) * 100.0
+                );
+            }
+        }
+    }
 }
 
 /// Seconds since the Unix epoch, to line a report up with the GPU's clock samples

@@ -188,9 +188,9 @@ impl MatvecShape {
     }
 
     /// The expert kernel's default in the MoE's down projection: two rows a lane instead of
-    /// four. On the H200, 16 experts' w2 (57344×3072) ran at 50.7 and 52.9 % of the read
-    /// kernel at two rows a lane against 46.1–47.5 % at four, while gate|up tied (session 9;
-    /// docs/perf.md, session 10, has what is still to be measured).
+    /// four. Session 9 read 16 experts' w2 (57344×3072) at 50.7 and 52.9 % of the read
+    /// kernel this way against 46.1–47.5 % at four; heated, in session 11, the two tied
+    /// (50.0–50.3 against 50.9–51.1 %, docs/perf.md).
     pub fn expert_down() -> Self {
         Self {
             rows_per_lane: 2,

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 11's open questions, one device call of about 5 minutes (prepare with
+# `PREV=e3d2857 bash tools/device_prepare.sh`, session 10's tip as .devbin/k3_prev; run with
+# carry [".devbin", ".gl"]):
+# 1. bench block 31: the int8 and int4 heads, each loaded three times and timed three times
+#    a load. Session 11 read the int8 head at 71.8 and 89.9 % of the read kernel in two runs
+#    with the read kernel steady: does a head's time move line to line, or with its
+#    allocation?
+# 2. k3slice32 decode, 400 tokens, this k3 against session 10's, alternated twice: the MXFP4
+#    decode by multiplies and the matvec checks dropped, in the whole token.
+# Results under $OUT.
+set -u
+. "$(dirname "$0")/device_vulkan.sh"
+D=./.devbin
+timeout 200 $D/gpu_kernels blocks=31 > "$OUT/repeat.txt" 2>&1
+grep -E "^repeat" "$OUT/repeat.txt" | cut -c1-140
+. "$(dirname "$0")/device_k3slice32.sh"
+for r in 1 2; do
+    for k in k3 k3_prev; do
+        echo "decode round $r, $k: $(timeout 120 $D/$k run "$M" --ids "$IDS" --ngen 400 --ignore-eos --quiet \
+            --backend gpu --expert-gb 60 --gpu-expert-gb 60 2>&1 > /dev/null | grep -o 'decode 400 tokens.*tok/s)')"
+    done
+done

@@ -32,6 +32,8 @@ use std::time::Instant;
 mod clock_probes;
 #[path = "gpu_kernels/mxfp4_twin.rs"]
 mod mxfp4_twin;
+#[path = "gpu_kernels/pass_times.rs"]
+mod pass_times;
 
 /// Timed repetitions per kernel (after one warm-up).
 const REPS: usize = 8;
@@ -390,6 +392,9 @@ enum Part {
     Twin,
     /// The int8 and int4 heads timed line after line, in fresh allocations.
     Repeat,
+    /// Large matvecs split into their passes by the engine's profiler
+    /// (gpu_kernels/pass_times.rs).
+    PassTimes,
 }
 
 fn main() {
@@ -431,7 +436,8 @@ fn main() {
     // matvecs and the read kernel alone and interleaved; 28 is block 21 with MXFP4's
     // conversion-free decode (DEC 2); 29 times the int4 head after idling and after
     // stretches of back-to-back work (the GPU's clock); 30 is the CUDA probe's MXFP4 matvec
-    // written again in WGSL; 31 times the int8 and int4 heads line after line.
+    // written again in WGSL; 31 times the int8 and int4 heads line after line; 32 splits large
+    // matvecs into their passes (the engine's profiler).
     // 32 lanes per row, all in one block, with the given rows per lane, decode and checks.
     let dec =
         |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), unchecked);
@@ -512,6 +518,7 @@ fn main() {
         (None, None, None, Part::Clock, true, None),
         (None, None, None, Part::Twin, true, None),
         (None, None, None, Part::Repeat, true, None),
+        (None, None, None, Part::PassTimes, true, None),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -558,6 +565,7 @@ fn main() {
             stationary,
             no_buffer_reuse: !reuse,
             fresh_params: part == Part::Host(true),
+            profile: part == Part::PassTimes,
             max_binding,
             wgsl_dir: wgsl_dir.clone(),
             matvec_checks,
@@ -764,6 +772,10 @@ fn run(g: &GpuBackend, quick: bool, part: Part) {
     }
     if part == Part::Repeat {
         clock_probes::repeat_lines(g, &t, &mut rng, quick);
+        return;
+    }
+    if part == Part::PassTimes {
+        pass_times::pass_time_lines(g, &t, &mut rng, quick);
         return;
     }
     if part == Part::Read {

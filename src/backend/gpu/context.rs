@@ -702,6 +702,14 @@ impl GpuContext {
         Some(prof.lock().unwrap_or_else(|e| e.into_inner()).report())
     }
 
+    /// The per-kernel passes and GPU seconds so far (work submitted and waited for), when
+    /// profiling.
+    pub fn profile_by_entry(&self) -> Option<HashMap<&'static str, (u64, f64)>> {
+        self.flush();
+        let prof = self.profiler.as_ref()?;
+        Some(prof.lock().unwrap_or_else(|e| e.into_inner()).by_entry())
+    }
+
     /// When profiling, the query set and first index of the next pass's timestamps (the
     /// pending work submitted first when every query is taken).
     fn profile_slot(

@@ -123,15 +123,21 @@ impl Profiler {
         Ok(())
     }
 
-    /// The totals as two tables, longest first: per kernel, then per kernel and grid (the
-    /// first [`SHAPES`] rows).
-    pub fn report(&self) -> String {
+    /// Passes and GPU seconds so far per entry point (all grids together).
+    pub fn by_entry(&self) -> HashMap<&'static str, (u64, f64)> {
         let mut by_entry: HashMap<&'static str, (u64, f64)> = HashMap::new();
         for (&(entry, _), &(calls, secs)) in &self.totals {
             let e = by_entry.entry(entry).or_insert((0, 0.0));
             e.0 += calls;
             e.1 += secs;
         }
+        by_entry
+    }
+
+    /// The totals as two tables, longest first: per kernel, then per kernel and grid (the
+    /// first [`SHAPES`] rows).
+    pub fn report(&self) -> String {
+        let by_entry = self.by_entry();
         let all: f64 = by_entry.values().map(|v| v.1).sum();
         let passes: u64 = by_entry.values().map(|v| v.0).sum();
         let mut s = format!(

@@ -1,0 +1,103 @@
+//! `Part::Passes` times chains of small kernels; this part, `Part::PassTimes`, splits a
+//! large matvec into the passes it records, each timed by the engine's profiler
+//! (`--gpu-profile`), against the read kernel over the matrix's bytes. The int4 head's
+//! digit kernel needs an `x_planes` pass first; the `% of read` lines of the other parts time
+//! both, so this says what the matvec kernel alone reads at, and what its preparation adds.
+
+use super::{dense, mxfp4, Timer};
+use k3::backend::gpu::GpuBackend;
+use k3::backend::Backend;
+use k3::quant::Mxfp4View;
+use rand::rngs::StdRng;
+use std::collections::HashMap;
+
+/// Calls of each op per line, back to back in one submission.
+const CALLS: u32 = 20;
+
+/// A line of this part: its name, its weight bytes and the op's call.
+type Case<'a> = (String, u64, Box<dyn FnMut() + 'a>);
+
+/// The int4 head, int4 and int8 at 12288×7168, the int8 head and 16 experts' MXFP4 w1|w3
+/// (the GPU heated before each), each pass's mean time and, for the longest, its share of
+/// the read kernel's bandwidth over the same bytes.
+pub(super) fn pass_time_lines(g: &GpuBackend, t: &Timer<'_>, rng: &mut StdRng, quick: bool) {
+    let s = |full: usize, small: usize| if quick { small } else { full };
+    let cols = s(7168, 512);
+    let x = g.upload(&vec![0.5; cols], 1, cols).unwrap();
+    let mut cases: Vec<Case<'_>> = Vec::new();
+    for (rows, bits) in [(163840, 4), (12288, 4), (12288, 8), (163840, 8)] {
+        let rows = s(rows, rows / 16);
+        let m = g.load_matrix(dense(rng, rows, cols, bits)).unwrap();
+        let x = &x;
+        cases.push((
+            format!("int{bits} matvec {rows}x{cols}"),
+            m.byte_size(),
+            Box::new(move || {
+                g.matmul(&m, x).unwrap();
+            }),
+        ));
+    }
+    let (rows, d) = (s(98304, 8192), s(3584, 384));
+    let (pb, sb) = mxfp4(rng, rows, d);
+    let xb = g.upload(&vec![0.5; d], 1, d).unwrap();
+    let bytes = (pb.len() + sb.len()) as u64;
+    cases.push((
+        format!("mxfp4 matvec {rows}x{d}"),
+        bytes,
+        Box::new(move || {
+            let wb = Mxfp4View::new(rows, d, &pb, &sb).unwrap();
+            g.matmul_mxfp4(wb, &xb).unwrap();
+        }),
+    ));
+    for (name, bytes, mut f) in cases.drain(..) {
+        // Uploads and pipelines outside the profile.
+        f();
+        g.sync().unwrap();
+        let read = t.read(bytes);
+        t.heat();
+        let Some(before) = g.ctx.profile_by_entry() else {
+            println!("pass times: the backend is not profiling");
+            return;
+        };
+        for _ in 0..CALLS {
+            f();
+        }
+        g.sync().unwrap();
+        let after = g.ctx.profile_by_entry().unwrap_or_default();
+        let mut passes: Vec<(&str, u64, f64)> = delta(&before, &after);
+        passes.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let all: f64 = passes.iter().map(|p| p.2).sum::<f64>() / f64::from(CALLS);
+        let rbw = bytes.min(g.ctx.max_binding) as f64 / read;
+        let pct = |secs: f64| 100.0 * bytes as f64 / secs / rbw;
+        let list: Vec<String> = passes
+            .iter()
+            .map(|&(e, n, secs)| {
+                let each = secs / f64::from(CALLS);
+                format!("{e} x{} {:.1} us", n / u64::from(CALLS), each * 1e6)
+            })
+            .collect();
+        let longest = passes.first().map_or(0.0, |p| p.2 / f64::from(CALLS));
+        println!(
+            "pass times: {name:<28} read {:.1} GB/s; all passes {:>7.1} us ({:.1} % of read); the longest alone {:.1} % of read; {}",
+            rbw / 1e9,
+            all * 1e6,
+            pct(all),
+            pct(longest),
+            list.join(", ")
+        );
+    }
+}
+
+/// Per entry point, the passes and seconds `after` holds beyond `before`.
+fn delta(
+    before: &HashMap<&'static str, (u64, f64)>,
+    after: &HashMap<&'static str, (u64, f64)>,
+) -> Vec<(&'static str, u64, f64)> {
+    after
+        .iter()
+        .filter_map(|(&e, &(n, secs))| {
+            let (n0, s0) = before.get(e).copied().unwrap_or((0, 0.0));
+            (n > n0).then_some((e, n - n0, secs - s0))
+        })
+        .collect()
+}

@@ -34,9 +34,8 @@ fn load_x(xb: u32, u: u32) -> XU {
 // 4j..4j+2 and 16+4j.., go to 9..11 and 25..27, their sign bits, at 4j+3 and 16+4j+3, to
 // 15 and 31. Masks and multiplies place them (NVIDIA runs an integer multiply on its FMA
 // pipe, a shift on the integer pipe the decode saturates); only pair 3, whose bits move
-// right, takes a shift. Against shift-and-mask placement, the bench's WGSL twin of the CUDA
-// probe read 16 experts' w1|w3 at 59.9 % of the read kernel instead of 55 % on the H200
-// (docs/perf.md, session 11).
+// right, takes a shift. Against shift-and-mask placement this kernel read 16 experts' w1|w3
+// at 57.0 % of the read kernel instead of 53.3 % on the H200 (docs/perf.md, session 11).
 struct W2 {
     lo: vec4<f32>,
     hi: vec4<f32>,

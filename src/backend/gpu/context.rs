@@ -98,8 +98,9 @@ pub struct GpuOptions {
 /// inside the buffer. The loop counters and the integer-division guards go: every matvec
 /// loop steps by a positive override towards a bound the host derives from the matrix
 /// shapes, and every divisor is an override of 1 or more or a row stride of a matrix with
-/// columns. Without them the H200 read 16 experts' MXFP4 w1|w3 at 58.5 % of the read kernel
-/// against 57.0 %, and the int4 head at 72.3 % against 71.1 % (docs/perf.md, session 11).
+/// columns. Without them the H200 read 16 experts' MXFP4 w1|w3 at 58.5–58.7 % of the read
+/// kernel against 57.1–57.7 %, and the int4 head at 73.9–74.0 % against 70.3–71.0 % (two
+/// alternated runs each; docs/perf.md, session 11).
 pub fn default_matvec_checks() -> wgpu::ShaderRuntimeChecks {
     wgpu::ShaderRuntimeChecks {
         bounds_checks: true,

@@ -161,6 +161,8 @@ struct Vk {
     device: ash::Device,
     exec: ash::khr::pipeline_executable_properties::Device,
     name: String,
+    /// Whether the device has robustBufferAccess2.
+    robust2: &'static str,
 }
 
 impl Vk {
@@ -197,6 +199,28 @@ impl Vk {
         let (pd, name, _) = chosen.ok_or_else(|| {
             anyhow!("no Vulkan device offers VK_KHR_pipeline_executable_properties")
         })?;
+        // Whether wgpu leaves buffer accesses to the driver on this device (it does where
+        // robustBufferAccess2 is there, and clamps them itself elsewhere).
+        // SAFETY: pd comes from this instance.
+        let exts = unsafe { instance.enumerate_device_extension_properties(pd) }?;
+        let has_rob2 = exts.iter().any(|e| {
+            e.extension_name_as_c_str()
+                .is_ok_and(|n| n == ash::ext::robustness2::NAME)
+        });
+        let robust2 = if has_rob2 {
+            let mut rob2 = vk::PhysicalDeviceRobustness2FeaturesEXT::default();
+            let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut rob2);
+            // SAFETY: pd comes from this instance (Vulkan 1.3), which has the extension whose
+            // feature struct is chained.
+            unsafe { instance.get_physical_device_features2(pd, &mut f2) };
+            if rob2.robust_buffer_access2 == vk::TRUE {
+                "yes"
+            } else {
+                "no"
+            }
+        } else {
+            "no (no VK_EXT_robustness2)"
+        };
         let qci = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(0)
             .queue_priorities(&[1.0])];
@@ -217,6 +241,7 @@ impl Vk {
             device,
             exec,
             name,
+            robust2,
         })
     }
 
@@ -432,7 +457,10 @@ fn main() -> Result<()> {
         return Ok(());
     }
     let vk = Vk::new()?;
-    println!("device: {} (unchecked {unchecked})", vk.name);
+    println!(
+        "device: {} (unchecked {unchecked}; robustBufferAccess2 {})",
+        vk.name, vk.robust2
+    );
     for s in &specs {
         let (words, bindings) = compile(s, unchecked, wgsl_dir.as_deref())?;
         vk.report(s, &words, &bindings, dump.as_ref())?;

@@ -11,10 +11,13 @@
 #    matvec kernel reads at without its x_planes pass (the op: 73.9-74.0 % of read).
 # 3. k3slice32 decode, 400 tokens, this k3 against session 10's, alternated twice: the MXFP4
 #    decode by multiplies and the matvec checks dropped, in the whole token.
+# 0. whether the driver has robustBufferAccess2 (shader_stats' device line): where it does,
+#    wgpu leaves buffer accesses to the driver and its remaining checks are index clamps.
 # Results under $OUT.
 set -u
 . "$(dirname "$0")/device_vulkan.sh"
 D=./.devbin
+timeout 60 $D/shader_stats read_bench:stream_read 2>&1 | grep -m1 "^device:"
 timeout 200 $D/gpu_kernels blocks=31 > "$OUT/repeat.txt" 2>&1
 grep -E "^repeat" "$OUT/repeat.txt" | cut -c1-140
 timeout 200 $D/gpu_kernels blocks=32 > "$OUT/pass_times.txt" 2>&1

@@ -44,6 +44,7 @@ impl Variant {
     }
 }
 
+/// A variant with x staged in workgroup memory.
 const fn v(
     name: &'static str,
     lanes_per_row: u32,

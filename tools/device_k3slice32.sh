@@ -5,3 +5,15 @@ K=./.devbin/k3
 M=/tmp/k3slice32
 [ -f "$M/config.json" ] || "$K" synth --preset k3-slice --layers 4 --experts 32 "$M" > "$OUT/synth32.txt" 2>&1
 IDS=$(seq -s, 1000 97 2000)
+# Decode of this k3 against .devbin/k3_prev (PREV= in tools/device_prepare.sh), alternated
+# for $1 rounds of $2 tokens, every expert in VRAM: one `decode round R, BIN: ...` line each.
+decode_ab() {
+    local r k
+    for r in $(seq 1 "$1"); do
+        for k in k3 k3_prev; do
+            echo "decode round $r, $k: $(timeout 120 ./.devbin/$k run "$M" --ids "$IDS" --ngen "$2" \
+                --ignore-eos --quiet --backend gpu --expert-gb 60 --gpu-expert-gb 60 2>&1 > /dev/null |
+                grep -o "decode $2 tokens.*tok/s)")"
+        done
+    done
+}

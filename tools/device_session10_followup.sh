@@ -39,9 +39,4 @@ for c in loop bounds div; do
     grep -E "$keep" "$OUT/nochecks_$c.txt" | cut -c1-130
 done
 . "$(dirname "$0")/device_k3slice32.sh"
-for r in 1 2; do
-    for k in k3 k3_prev; do
-        echo "decode round $r, $k: $(timeout 120 $D/$k run "$M" --ids "$IDS" --ngen 400 --ignore-eos --quiet \
-            --backend gpu --expert-gb 60 --gpu-expert-gb 60 2>&1 > /dev/null | grep -o 'decode 400 tokens.*tok/s)')"
-    done
-done
+decode_ab 2 400

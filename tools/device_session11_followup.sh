@@ -23,9 +23,4 @@ grep -E "^repeat" "$OUT/repeat.txt" | cut -c1-140
 timeout 200 $D/gpu_kernels blocks=32 > "$OUT/pass_times.txt" 2>&1
 grep -E "^pass times" "$OUT/pass_times.txt"
 . "$(dirname "$0")/device_k3slice32.sh"
-for r in 1 2; do
-    for k in k3 k3_prev; do
-        echo "decode round $r, $k: $(timeout 120 $D/$k run "$M" --ids "$IDS" --ngen 400 --ignore-eos --quiet \
-            --backend gpu --expert-gb 60 --gpu-expert-gb 60 2>&1 > /dev/null | grep -o 'decode 400 tokens.*tok/s)')"
-    done
-done
+decode_ab 2 400

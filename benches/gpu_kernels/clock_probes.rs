@@ -13,26 +13,30 @@ use k3::quant::Mxfp4View;
 use rand::rngs::StdRng;
 use std::time::Instant;
 
-/// A line of `Part::Order`: its name, its weight bytes and the kernel's call.
-type OrderCase<'a> = (String, u64, Box<dyn FnMut() + 'a>);
+/// A large matvec of the probes: its name, its weight bytes and the op's call.
+pub(super) type MatvecCase<'a> = (String, u64, Box<dyn FnMut() + 'a>);
 
-/// `Part::Order`: the int4 12288×7168 matvec, the int4 head and 16 experts' MXFP4 w1|w3,
-/// each timed alone, then the read kernel over a buffer of the same size alone, then the
-/// two interleaved rep by rep.
-pub(super) fn order_lines(g: &GpuBackend, t: &Timer<'_>, rng: &mut StdRng, quick: bool) {
+/// Dense matvecs of `dense` (rows, bits) over 7168 columns, then 16 experts' MXFP4 w1|w3
+/// (98304×3584), each against x of 0.5s (the small shapes under `quick`).
+pub(super) fn large_matvecs<'a>(
+    g: &'a GpuBackend,
+    rng: &mut StdRng,
+    quick: bool,
+    dense_shapes: &[(usize, u32)],
+) -> Vec<MatvecCase<'a>> {
     let s = |full: usize, small: usize| if quick { small } else { full };
     let cols = s(7168, 512);
     let x = g.upload(&vec![0.5; cols], 1, cols).unwrap();
-    let mut cases: Vec<OrderCase<'_>> = Vec::new();
-    for rows in [s(12288, 768), s(163840, 10240)] {
-        let m = g.load_matrix(dense(rng, rows, cols, 4)).unwrap();
-        let bytes = m.byte_size();
-        let x = &x;
+    let mut cases: Vec<MatvecCase<'a>> = Vec::new();
+    for &(rows, bits) in dense_shapes {
+        let rows = s(rows, rows / 16);
+        let m = g.load_matrix(dense(rng, rows, cols, bits)).unwrap();
+        let x = x.clone();
         cases.push((
-            format!("int4 matvec {rows}x{cols}"),
-            bytes,
+            format!("int{bits} matvec {rows}x{cols}"),
+            m.byte_size(),
             Box::new(move || {
-                g.matmul(&m, x).unwrap();
+                g.matmul(&m, &x).unwrap();
             }),
         ));
     }
@@ -48,6 +52,14 @@ pub(super) fn order_lines(g: &GpuBackend, t: &Timer<'_>, rng: &mut StdRng, quick
             g.matmul_mxfp4(wb, &xb).unwrap();
         }),
     ));
+    cases
+}
+
+/// `Part::Order`: the int4 12288×7168 matvec, the int4 head and 16 experts' MXFP4 w1|w3,
+/// each timed alone, then the read kernel over a buffer of the same size alone, then the
+/// two interleaved rep by rep.
+pub(super) fn order_lines(g: &GpuBackend, t: &Timer<'_>, rng: &mut StdRng, quick: bool) {
+    let mut cases = large_matvecs(g, rng, quick, &[(12288, 4), (163840, 4)]);
     for (name, bytes, mut f) in cases.drain(..) {
         let alone = t.time(&mut f);
         let read_alone = t.read(bytes);

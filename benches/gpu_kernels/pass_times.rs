@@ -4,51 +4,21 @@
 //! digit kernel needs an `x_planes` pass first; the `% of read` lines of the other parts time
 //! both, so this says what the matvec kernel alone reads at, and what its preparation adds.
 
-use super::{dense, mxfp4, Timer};
+use super::clock_probes::large_matvecs;
+use super::Timer;
 use k3::backend::gpu::GpuBackend;
-use k3::backend::Backend;
-use k3::quant::Mxfp4View;
 use rand::rngs::StdRng;
 use std::collections::HashMap;
 
 /// Calls of each op per line, back to back in one submission.
 const CALLS: u32 = 20;
 
-/// A line of this part: its name, its weight bytes and the op's call.
-type Case<'a> = (String, u64, Box<dyn FnMut() + 'a>);
-
 /// The int4 head, int4 and int8 at 12288×7168, the int8 head and 16 experts' MXFP4 w1|w3
 /// (the GPU heated before each), each pass's mean time and, for the longest, its share of
 /// the read kernel's bandwidth over the same bytes.
 pub(super) fn pass_time_lines(g: &GpuBackend, t: &Timer<'_>, rng: &mut StdRng, quick: bool) {
-    let s = |full: usize, small: usize| if quick { small } else { full };
-    let cols = s(7168, 512);
-    let x = g.upload(&vec![0.5; cols], 1, cols).unwrap();
-    let mut cases: Vec<Case<'_>> = Vec::new();
-    for (rows, bits) in [(163840, 4), (12288, 4), (12288, 8), (163840, 8)] {
-        let rows = s(rows, rows / 16);
-        let m = g.load_matrix(dense(rng, rows, cols, bits)).unwrap();
-        let x = &x;
-        cases.push((
-            format!("int{bits} matvec {rows}x{cols}"),
-            m.byte_size(),
-            Box::new(move || {
-                g.matmul(&m, x).unwrap();
-            }),
-        ));
-    }
-    let (rows, d) = (s(98304, 8192), s(3584, 384));
-    let (pb, sb) = mxfp4(rng, rows, d);
-    let xb = g.upload(&vec![0.5; d], 1, d).unwrap();
-    let bytes = (pb.len() + sb.len()) as u64;
-    cases.push((
-        format!("mxfp4 matvec {rows}x{d}"),
-        bytes,
-        Box::new(move || {
-            let wb = Mxfp4View::new(rows, d, &pb, &sb).unwrap();
-            g.matmul_mxfp4(wb, &xb).unwrap();
-        }),
-    ));
+    let shapes = [(163840, 4), (12288, 4), (12288, 8), (163840, 8)];
+    let mut cases = large_matvecs(g, rng, quick, &shapes);
     for (name, bytes, mut f) in cases.drain(..) {
         // Uploads and pipelines outside the profile.
         f();

@@ -5,15 +5,22 @@ K=./.devbin/k3
 M=/tmp/k3slice32
 [ -f "$M/config.json" ] || "$K" synth --preset k3-slice --layers 4 --experts 32 "$M" > "$OUT/synth32.txt" 2>&1
 IDS=$(seq -s, 1000 97 2000)
+# One decode run of binary $1 at $2 tokens, every expert in VRAM, with any further flags:
+# its `decode N tokens in ... (... tok/s)` line.
+decode_run() {
+    local k=$1 n=$2
+    shift 2
+    timeout 120 ./.devbin/$k run "$M" --ids "$IDS" --ngen "$n" --ignore-eos --quiet --backend gpu \
+        --expert-gb 60 --gpu-expert-gb 60 "$@" 2>&1 > /dev/null | grep -o "decode $n tokens.*tok/s)"
+}
+
 # Decode of this k3 against .devbin/k3_prev (PREV= in tools/device_prepare.sh), alternated
-# for $1 rounds of $2 tokens, every expert in VRAM: one `decode round R, BIN: ...` line each.
+# for $1 rounds of $2 tokens: one `decode round R, BIN: ...` line each.
 decode_ab() {
     local r k
     for r in $(seq 1 "$1"); do
         for k in k3 k3_prev; do
-            echo "decode round $r, $k: $(timeout 120 ./.devbin/$k run "$M" --ids "$IDS" --ngen "$2" \
-                --ignore-eos --quiet --backend gpu --expert-gb 60 --gpu-expert-gb 60 2>&1 > /dev/null |
-                grep -o "decode $2 tokens.*tok/s)")"
+            echo "decode round $r, $k: $(decode_run "$k" "$2")"
         done
     done
 }

@@ -156,8 +156,8 @@ pub struct MatvecShape {
     pub stage_x: u32,
     /// With x staged: read each word's two vec4s of it just before that word's dot
     /// products instead of the unit's eight at once (the `XW` override: 85 registers
-    /// against 128 for the MXFP4 expert kernel, but slower on the H200 in session 10's
-    /// unheated reading; docs/perf.md).
+    /// against 128 for the MXFP4 expert kernel; on the H200, heated, a tie with the default
+    /// in session 11, after looking slower in session 10's unheated reading; docs/perf.md).
     pub x_by_word: bool,
 }
 

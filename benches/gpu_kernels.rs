@@ -437,7 +437,8 @@ fn main() {
     // conversion-free decode (DEC 2); 29 times the int4 head after idling and after
     // stretches of back-to-back work (the GPU's clock); 30 is the CUDA probe's MXFP4 matvec
     // written again in WGSL; 31 times the int8 and int4 heads line after line; 32 splits large
-    // matvecs into their passes (the engine's profiler).
+    // matvecs into their passes (the engine's profiler); 33 to 35 do the same with every
+    // int4 matvec on the digit decode (4 and 2 rows a lane), then on the f32 decode at 2.
     // 32 lanes per row, all in one block, with the given rows per lane, decode and checks.
     let dec =
         |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), unchecked);
@@ -519,6 +520,30 @@ fn main() {
         (None, None, None, Part::Twin, true, None),
         (None, None, None, Part::Repeat, true, None),
         (None, None, None, Part::PassTimes, true, None),
+        (
+            Some(dec(4, 3, false)),
+            None,
+            None,
+            Part::PassTimes,
+            true,
+            None,
+        ),
+        (
+            Some(dec(2, 3, false)),
+            None,
+            None,
+            Part::PassTimes,
+            true,
+            None,
+        ),
+        (
+            Some(dec(2, 1, false)),
+            None,
+            None,
+            Part::PassTimes,
+            true,
+            None,
+        ),
     ];
     // `matvec`: only the one-token matvec blocks; `blocks=2,3`: only those (counted from
     // 1), for a shorter device call.
@@ -637,8 +662,8 @@ fn assignments(
         .collect()
 }
 
-/// A matvec geometry (pipelined): lanes per row, lanes per block, rows per lane, decode
-/// variant (None = default), unchecked.
+/// A matvec geometry (pipelined): lanes per row, lanes per block, rows per lane (the digit
+/// decode's too), decode variant (None = default), unchecked.
 fn shape(
     lanes_per_row: u32,
     lanes_per_block: u32,
@@ -655,6 +680,7 @@ fn shape(
         unchecked,
         stage_x: u32::MAX,
         x_by_word: false,
+        digit_rows_per_lane: rows_per_lane,
     }
 }
 
@@ -674,10 +700,11 @@ fn by_word(m: MatvecShape) -> MatvecShape {
 /// One geometry in words, as the report prints it.
 fn describe(m: MatvecShape) -> String {
     format!(
-        "{} lanes per row ({} per block), {} rows per lane, decode {}, pipelined {}, unchecked {}, x staged {}{}",
+        "{} lanes per row ({} per block), {} rows per lane ({} with int4 digits), decode {}, pipelined {}, unchecked {}, x staged {}{}",
         m.lanes_per_row,
         m.lanes_per_block,
         m.rows_per_lane,
+        m.digit_rows_per_lane,
         m.decode.map_or("default".to_string(), |d| d.to_string()),
         m.pipelined,
         m.unchecked,

@@ -374,6 +374,8 @@ fn matvec_geometries_other_than_the_default_agree() {
             stage_x: [u32::MAX, u32::MAX, 5, u32::MAX, 0][i],
             // Staged x read word by word (tiles of 5 units and whole rows).
             x_by_word: i % 2 == 0,
+            // The digit decode's rows a lane, apart from the others' (3: a last group short).
+            digit_rows_per_lane: [2, 1, 8, 3, 4][i],
         });
         // Chunks of tokens through the matvec too (the chunk kernel off), and with another tile.
         let chunk_gemm = [
@@ -503,26 +505,91 @@ fn early_submits_and_the_profiler_keep_the_sums() {
 fn int4_takes_digits_from_the_row_threshold() {
     let mut rng = StdRng::seed_from_u64(23);
     for (rows, digits) in [(DIGITS_FROM_ROWS + 5, true), (DIGITS_FROM_ROWS - 40, false)] {
-        let profiled = GpuBackend::new(&GpuOptions {
-            allow_cpu_adapter: true,
-            profile: true,
-            ..Default::default()
-        });
-        // Adapters without timestamp queries still check the sums.
-        let (g, profiled) = match profiled {
-            Ok(g) => (g, true),
-            Err(_) => match gpu_with(&GpuOptions {
-                allow_cpu_adapter: true,
-                ..Default::default()
-            }) {
-                Some(g) => (g, false),
-                None => return,
-            },
+        let Some((g, profiled)) = profiled_gpu() else {
+            return;
         };
         matmul_case(&g, &mut rng, DenseFormat::Int4, 1, rows, 64);
         if let Some(report) = g.ctx.profile_report().filter(|_| profiled) {
             assert_eq!(report.contains("x_planes"), digits, "{rows} rows: {report}");
         }
+    }
+}
+
+/// A profiling backend and `true`, or where the adapter has no timestamp queries a plain
+/// one and `false` (its tests still check the sums).
+fn profiled_gpu() -> Option<(GpuBackend, bool)> {
+    match GpuBackend::new(&GpuOptions {
+        allow_cpu_adapter: true,
+        profile: true,
+        ..Default::default()
+    }) {
+        Ok(g) => Some((g, true)),
+        Err(_) => gpu_with(&GpuOptions {
+            allow_cpu_adapter: true,
+            ..Default::default()
+        })
+        .map(|g| (g, false)),
+    }
+}
+
+/// int4 matrices of one input share one digit pass: three of a third of `DIGITS_FROM_ROWS`
+/// rows each (one alone stays on the f32 decode) take the digits together, with one
+/// `x_planes` pass, beside an int8 matrix; every result matches the CPU's.
+#[test]
+fn int4_matrices_of_one_input_share_one_digit_pass() {
+    let Some((g, profiled)) = profiled_gpu() else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(24);
+    let c = CpuBackend::new();
+    let cols = 96;
+    let rows = DIGITS_FROM_ROWS / 3 + 1;
+    let formats = [
+        DenseFormat::Int4,
+        DenseFormat::Int8,
+        DenseFormat::Int4,
+        DenseFormat::Int4,
+    ];
+    let ws: Vec<DenseMatrix> = formats
+        .iter()
+        .map(|&f| {
+            DenseMatrix::from_f32(rows, cols, rand_vec(&mut rng, rows * cols, 0.5), f).unwrap()
+        })
+        .collect();
+    let x = rand_vec(&mut rng, cols, 1.0);
+    let gms: Vec<_> = ws
+        .iter()
+        .map(|w| g.load_matrix(w.clone()).unwrap())
+        .collect();
+    let gx = g.upload(&x, 1, cols).unwrap();
+    let planes = || {
+        g.ctx
+            .profile_by_entry()
+            .and_then(|p| p.get("x_planes").map(|e| e.0))
+            .unwrap_or(0)
+    };
+    // Apart, no matrix reaches the threshold.
+    g.matmul(&gms[0], &gx).unwrap();
+    let before = planes();
+    let refs: Vec<_> = gms.iter().collect();
+    let ys = g.matmul_many(&refs, &gx).unwrap();
+    let after = planes();
+    assert_eq!(ys.len(), ws.len());
+    for (i, (y, w)) in ys.iter().zip(&ws).enumerate() {
+        let want = c.matmul(w, &c.upload(&x, 1, cols).unwrap()).unwrap().data;
+        check(
+            &format!("matmul_many {i} {:?}", formats[i]),
+            &g.download(y).unwrap(),
+            &want,
+            F32_TOL,
+        );
+    }
+    if profiled {
+        assert_eq!(
+            (before, after),
+            (0, 1),
+            "x_planes passes apart, then together"
+        );
     }
 }
 
@@ -1324,6 +1391,8 @@ fn int4_integer_digits_against_cpu(stationary: bool) {
         unchecked: false,
         stage_x: u32::MAX,
         x_by_word: false,
+        // Rows a lane that leave the last workgroup's rows short.
+        digit_rows_per_lane: 3,
     });
     let Some(g) = gpu_with(&GpuOptions {
         allow_cpu_adapter: true,

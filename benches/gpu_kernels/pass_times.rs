@@ -5,20 +5,36 @@
 //! both, so this says what the matvec kernel alone reads at, and what its preparation adds.
 
 use super::clock_probes::large_matvecs;
-use super::Timer;
+use super::{dense, Timer};
 use k3::backend::gpu::GpuBackend;
+use k3::backend::Backend;
 use rand::rngs::StdRng;
 use std::collections::HashMap;
 
 /// Calls of each op per line, back to back in one submission.
 const CALLS: u32 = 20;
 
-/// The int4 head, int4 and int8 at 12288×7168, the int8 head and 16 experts' MXFP4 w1|w3
-/// (the GPU heated before each), each pass's mean time and, for the longest, its share of
+/// The int4 head, int4 and int8 at 12288×7168, the int8 head, 16 experts' MXFP4 w1|w3 and
+/// four int4 12288×7168 matrices of one input (the GPU heated before each), each pass's mean time and, for the longest, its share of
 /// the read kernel's bandwidth over the same bytes.
 pub(super) fn pass_time_lines(g: &GpuBackend, t: &Timer<'_>, rng: &mut StdRng, quick: bool) {
     let shapes = [(163840, 4), (12288, 4), (12288, 8), (163840, 8)];
     let mut cases = large_matvecs(g, rng, quick, &shapes);
+    // A KDA layer's four int4 projections of one input (q, k, v, g: 12288×7168 each), in one
+    // `matmul_many` call as the engine makes it: the four share one digit pass.
+    let (rows, cols) = if quick { (768, 512) } else { (12288, 7168) };
+    let ms: Vec<_> = (0..4)
+        .map(|_| g.load_matrix(dense(rng, rows, cols, 4)).unwrap())
+        .collect();
+    let x = g.upload(&vec![0.5; cols], 1, cols).unwrap();
+    cases.push((
+        format!("int4 4 x {rows}x{cols}, one x"),
+        ms.iter().map(|m| m.byte_size()).sum(),
+        Box::new(move || {
+            let refs: Vec<_> = ms.iter().collect();
+            g.matmul_many(&refs, &x).unwrap();
+        }),
+    ));
     for (name, bytes, mut f) in cases.drain(..) {
         // Uploads and pipelines outside the profile.
         f();

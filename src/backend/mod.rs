@@ -197,6 +197,18 @@ pub struct RouterParams {
 pub type Route = Vec<(u32, f32)>;
 
 /// The op interface every backend implements (design.md §3).
+/// [`Backend::matmul_many`] of `N` matrices on one input, as an array.
+pub fn matmul_each<B: Backend, const N: usize>(
+    b: &B,
+    ws: [&B::Mat; N],
+    x: &B::Act,
+) -> Result<[B::Act; N]> {
+    let ys = b.matmul_many(&ws, x)?;
+    let got = ys.len();
+    ys.try_into()
+        .map_err(|_| anyhow::anyhow!("matmul_many returned {got} results for {N} matrices"))
+}
+
 pub trait Backend {
     /// A `[rows, cols]` f32 activation matrix resident in the backend.
     type Act;
@@ -227,6 +239,11 @@ pub trait Backend {
 
     /// `y[t] = W · x[t]` for every row: `[n, in] -> [n, out]`.
     fn matmul(&self, w: &Self::Mat, x: &Self::Act) -> Result<Self::Act>;
+    /// [`Backend::matmul`] of each of `ws` on the same `x`, so a backend may share work
+    /// that depends on x alone (the GPU's int4 digit pass).
+    fn matmul_many(&self, ws: &[&Self::Mat], x: &Self::Act) -> Result<Vec<Self::Act>> {
+        ws.iter().map(|w| self.matmul(w, x)).collect()
+    }
     /// RMSNorm of each `group`-wide slice of every row with weight `w` (`[1, group]`).
     fn rmsnorm(&self, x: &Self::Act, w: &Self::Act, group: usize, eps: f32) -> Result<Self::Act>;
     /// `a + b`, elementwise.

@@ -1,7 +1,7 @@
 //! `down · glu(gate·x, up·x)`: layer 0's dense MLP and the fused shared experts.
 
 use super::loader::Loader;
-use crate::backend::{Backend, Glu};
+use crate::backend::{matmul_each, Backend, Glu};
 use crate::quant::DenseFormat;
 use anyhow::Result;
 
@@ -25,8 +25,7 @@ impl<B: Backend> GluMlp<B> {
 
     /// Applies the MLP to every row of `x`.
     pub fn forward(&self, b: &B, x: &B::Act, glu: Glu) -> Result<B::Act> {
-        let g = b.matmul(&self.gate, x)?;
-        let u = b.matmul(&self.up, x)?;
+        let [g, u] = matmul_each(b, [&self.gate, &self.up], x)?;
         b.matmul(&self.down, &b.glu(&g, &u, glu)?)
     }
 }

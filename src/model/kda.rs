@@ -2,7 +2,7 @@
 
 use super::format_policy::FormatPolicy;
 use super::loader::Loader;
-use crate::backend::{Backend, KdaDims, KdaStepInputs, KdaStepWeights};
+use crate::backend::{matmul_each, Backend, KdaDims, KdaStepInputs, KdaStepWeights};
 use crate::config::Config;
 use crate::quant::DenseFormat;
 use anyhow::Result;
@@ -68,12 +68,19 @@ impl<B: Backend> Kda<B> {
 
     /// Runs the chunk's rows (normed layer input `x`) through the layer, in order.
     pub fn forward(&self, b: &B, state: &mut B::KdaState, x: &B::Act) -> Result<B::Act> {
-        let q = b.matmul(&self.q_proj, x)?;
-        let k = b.matmul(&self.k_proj, x)?;
-        let v = b.matmul(&self.v_proj, x)?;
-        let f = b.matmul(&self.f_b_proj, &b.matmul(&self.f_a_proj, x)?)?;
-        let beta = b.matmul(&self.b_proj, x)?;
-        let gate = b.matmul(&self.g_proj, x)?;
+        let [q, k, v, fa, beta, gate] = matmul_each(
+            b,
+            [
+                &self.q_proj,
+                &self.k_proj,
+                &self.v_proj,
+                &self.f_a_proj,
+                &self.b_proj,
+                &self.g_proj,
+            ],
+            x,
+        )?;
+        let f = b.matmul(&self.f_b_proj, &fa)?;
         let inp = KdaStepInputs {
             q: &q,
             k: &k,

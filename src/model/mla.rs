@@ -2,7 +2,7 @@
 
 use super::format_policy::FormatPolicy;
 use super::loader::Loader;
-use crate::backend::{Backend, MlaAttnWeights, MlaDims};
+use crate::backend::{matmul_each, Backend, MlaAttnWeights, MlaDims};
 use crate::config::Config;
 use anyhow::Result;
 
@@ -75,12 +75,11 @@ impl<B: Backend> Mla<B> {
 
     /// Runs the chunk's rows (normed layer input `x`) through the layer, causally.
     pub fn forward(&self, b: &B, cache: &mut B::MlaCache, x: &B::Act) -> Result<B::Act> {
-        let qa = b.matmul(&self.q_a_proj, x)?;
+        let [qa, c, g] = matmul_each(b, [&self.q_a_proj, &self.kv_a_proj, &self.g_proj], x)?;
         let qa = b.rmsnorm(&qa, &self.q_a_norm, self.q_lora, self.eps)?;
         let q = b.matmul(&self.q_b_proj, &qa)?;
-        let c = b.matmul(&self.kv_a_proj, x)?;
         let o = b.mla_attend(&self.dims, &self.attn, cache, &q, &c)?;
-        let o = b.sigmoid_gate(&o, &b.matmul(&self.g_proj, x)?)?;
+        let o = b.sigmoid_gate(&o, &g)?;
         b.matmul(&self.o_proj, &o)
     }
 }

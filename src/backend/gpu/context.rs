@@ -159,6 +159,11 @@ pub struct MatvecShape {
     /// against 128 for the MXFP4 expert kernel; on the H200, heated, a tie with the default
     /// in session 11, after looking slower in session 10's unheated reading; docs/perf.md).
     pub x_by_word: bool,
+    /// Rows a lane in the row-split kernel of the int4 digit decode (`DEC` 3), in place of
+    /// `rows_per_lane`: on the H200 two took the int4 head's kernel from 192 to 175 µs and
+    /// four 12288-row matrices of one x from 101 to 94 µs (two runs each), where int8 and
+    /// MXFP4 lost at two (docs/perf.md, session 12).
+    pub digit_rows_per_lane: u32,
 }
 
 impl Default for MatvecShape {
@@ -172,6 +177,7 @@ impl Default for MatvecShape {
             unchecked: false,
             stage_x: u32::MAX,
             x_by_word: false,
+            digit_rows_per_lane: 2,
         }
     }
 }
@@ -206,9 +212,10 @@ impl MatvecShape {
             || !self.lanes_per_block.is_power_of_two()
             || self.lanes_per_block < 4
             || !(1..=8).contains(&self.rows_per_lane)
+            || !(1..=8).contains(&self.digit_rows_per_lane)
             || self.decode.is_some_and(|d| d > 3)
         {
-            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane 1..=8, decode 0..=3");
+            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane (and digit rows per lane) 1..=8, decode 0..=3");
         }
         self.lanes_per_block = split_lanes(self.lanes_per_row, self.lanes_per_block, wg);
         Ok(self)

@@ -309,6 +309,19 @@ impl GpuBackend {
     }
 
     pub(super) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
+        self.matmul_sharing(w, x, &SharedPlanes::of(&[w]))
+    }
+
+    /// `W · x` for each of `ws`: int4 matrices share one `x_planes` pass, so the digit
+    /// decode is taken when their rows together reach [`DIGITS_FROM_ROWS`].
+    pub(super) fn matmul_many_op(&self, ws: &[&GpuMat], x: &GpuAct) -> Result<Vec<GpuAct>> {
+        let planes = SharedPlanes::of(ws);
+        ws.iter()
+            .map(|w| self.matmul_sharing(w, x, &planes))
+            .collect()
+    }
+
+    fn matmul_sharing(&self, w: &GpuMat, x: &GpuAct, shared: &SharedPlanes) -> Result<GpuAct> {
         ensure!(
             x.cols == w.cols,
             "matmul: input width {} does not match the matrix's {} columns",
@@ -348,12 +361,14 @@ impl GpuBackend {
         // of DIGITS_FROM_ROWS rows or more; every one-token kernel when asked.
         let int4 = w.format == GpuFormat::Int4;
         let decode = self.ctx.matvec.decode;
-        let split_digits =
-            int4 && (decode == Some(3) || (decode.is_none() && w.rows >= DIGITS_FROM_ROWS));
+        let split_digits = int4
+            && (decode == Some(3) || (decode.is_none() && shared.int4_rows >= DIGITS_FROM_ROWS));
         let cs_digits = int4 && decode == Some(3);
-        let planes = OnceCell::new();
+        // Every int4 matrix of the call has x's width, so one padded width: the planes fit
+        // them all.
         let planes_of = || {
-            &planes
+            &shared
+                .cell
                 .get_or_init(|| self.x_planes(&xp.buf, (xp.rows, w.cols_padded / uc)))
                 .buf
         };
@@ -392,9 +407,12 @@ impl GpuBackend {
                 continue;
             }
             let mut shape = self.ctx.matvec;
+            let mut groups = split_groups;
             if split_digits {
                 bufs[0] = planes_of();
                 shape.decode = Some(3);
+                shape.rows_per_lane = shape.digit_rows_per_lane;
+                groups = (c.rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, shape));
             }
             let (entry, consts) = self.row_split(
                 w.format.shader(),
@@ -408,7 +426,7 @@ impl GpuBackend {
                 consts: &consts,
                 params: &params,
                 buffers: &bufs,
-                groups: (x.rows as u32, split_groups, 1),
+                groups: (x.rows as u32, groups, 1),
             });
         }
         Ok(y)
@@ -443,11 +461,35 @@ impl GpuBackend {
     }
 }
 
-/// int4 matrices of at least this many rows take the integer-digit decode by default. On
-/// the H200 (docs/perf.md, "int4 digits") the digit pass costs about 23 µs of GPU time and a
-/// pass of host time; the digits save about 6 µs a call at 12288 rows but 70 µs at 33792
-/// and 1.1 ms at 163840, and k3-slice decode with digits on every row-split int4 matvec ran
-/// 6-7 % slower in wall time than without.
+/// x's integer digits (`x_planes`), made at most once for the matrices of one
+/// [`GpuBackend::matmul_many_op`] call.
+struct SharedPlanes {
+    /// Rows of the call's int4 matrices, which decide whether the digits pay.
+    int4_rows: usize,
+    /// The planes, once a matrix needed them.
+    cell: OnceCell<GpuAct>,
+}
+
+impl SharedPlanes {
+    fn of(ws: &[&GpuMat]) -> Self {
+        Self {
+            int4_rows: ws
+                .iter()
+                .filter(|w| w.format == GpuFormat::Int4)
+                .map(|w| w.rows)
+                .sum(),
+            cell: OnceCell::new(),
+        }
+    }
+}
+
+/// int4 matrices of at least this many rows (counted over the matrices of one
+/// `matmul_many` call, which share the digit pass) take the integer-digit decode by default.
+/// The digit pass costs about 9 µs of GPU time on the H200 and a pass of host time. A
+/// lone 12288-row matrix took 38 µs on the f32 decode and 20 + 9 µs on the digits (session
+/// 12), but k3-slice decode with digits on every row-split int4 matvec once ran 6-7 % slower
+/// in wall time (session 7, when the pass took 23 µs); a KDA layer's four 12288-row
+/// projections share one pass and took 153 µs apart, 110 µs together (docs/perf.md).
 pub const DIGITS_FROM_ROWS: usize = 32768;
 
 /// Output rows one workgroup of `wg` lanes computes under `m`.

@@ -215,6 +215,10 @@ impl Backend for GpuBackend {
         self.matmul_op(w, x)
     }
 
+    fn matmul_many(&self, ws: &[&GpuMat], x: &GpuAct) -> Result<Vec<GpuAct>> {
+        self.matmul_many_op(ws, x)
+    }
+
     fn rmsnorm(&self, x: &GpuAct, w: &GpuAct, group: usize, eps: f32) -> Result<GpuAct> {
         self.rmsnorm_op(x, w, group, eps)
     }

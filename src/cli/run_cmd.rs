@@ -45,8 +45,8 @@ pub enum ReadStagingChoice {
 /// How the GPU's one-token int4 matvecs meet x.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Int4DecodeChoice {
-    /// Digits for matrices of 32768 rows or more (where they save more than their extra
-    /// pass costs), float below.
+    /// Digits where the int4 matrices of one input have 32768 rows or more together (they
+    /// share one digit pass, so it pays; a KDA layer's q, k, v and g do), float below.
     Auto,
     /// x split into exact integer digits once per matvec and met by byte dot products, in
     /// every one-token int4 matvec (x rounded to 2^-22 of each 32-column block's largest
@@ -100,8 +100,8 @@ pub struct ModelArgs {
     #[arg(long, value_enum, env = "K3_GPU_READ_STAGING", default_value_t = ReadStagingChoice::Auto)]
     pub gpu_read_staging: ReadStagingChoice,
     /// GPU: how one-token int4 matvecs meet x: `digits` (byte dot products against x split
-    /// into exact integer digits), `float` (weights decoded to f32), or `auto` (digits for
-    /// matrices of 32768 rows or more).
+    /// into exact integer digits), `float` (weights decoded to f32), or `auto` (digits where
+    /// the int4 matrices of one input have 32768 rows or more together).
     #[arg(long, value_enum, env = "K3_GPU_INT4_DECODE", default_value_t = Int4DecodeChoice::Auto)]
     pub gpu_int4_decode: Int4DecodeChoice,
     /// GPU: whether the one-token int4 (outside digits) and MXFP4 matvecs copy x into

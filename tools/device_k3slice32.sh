@@ -24,3 +24,19 @@ decode_ab() {
         done
     done
 }
+
+# The same A/B with the per-kernel GPU profile (--gpu-profile 1: every submission waits, so
+# the wall figure is not a decode speed; the GPU total is the measure), for $1 rounds of $2
+# tokens: one `round R, BIN: <decode line>; <profile total>` line each, the full profiles
+# under $OUT/profile_BIN_R.txt.
+profile_ab() {
+    local r k f
+    for r in $(seq 1 "$1"); do
+        for k in k3 k3_prev; do
+            f="$OUT/profile_${k}_$r.txt"
+            timeout 120 ./.devbin/$k run "$M" --ids "$IDS" --ngen "$2" --ignore-eos --quiet \
+                --backend gpu --expert-gb 60 --gpu-expert-gb 60 --gpu-profile 1 > /dev/null 2> "$f"
+            echo "round $r, $k: $(grep -o "decode $2 tokens.*tok/s)" "$f"); $(grep -m1 "profile:" "$f")"
+        done
+    done
+}

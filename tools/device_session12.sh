@@ -17,12 +17,4 @@ for r in 1 2; do
     grep -E "^pass times|^== block" "$OUT/pass_times_$r.txt" | cut -c1-300
 done
 . "$(dirname "$0")/device_k3slice32.sh"
-for r in 1 2; do
-    for k in k3 k3_prev; do
-        timeout 120 $D/$k run "$M" --ids "$IDS" --ngen 100 --ignore-eos --quiet --backend gpu \
-            --expert-gb 60 --gpu-expert-gb 60 --gpu-profile 1 > /dev/null 2> "$OUT/profile_${k}_$r.txt"
-        echo "round $r, $k: $(grep -o "decode 100 tokens.*tok/s)" "$OUT/profile_${k}_$r.txt");" \
-            "$(grep -m1 "profile:" "$OUT/profile_${k}_$r.txt")"
-        grep -E "^  (dense|x_planes) " "$OUT/profile_${k}_$r.txt" | head -4
-    done
-done
+profile_ab 2 100

@@ -14,11 +14,4 @@ grep -E "^pass times" "$OUT/pass_times.txt" | cut -c1-300
 timeout 200 $D/gpu_kernels blocks=2 > "$OUT/block2.txt" 2>&1
 grep -E "int4|mxfp4|MXFP4|int8|MoE" "$OUT/block2.txt" | cut -c1-200 | head -30
 . "$(dirname "$0")/device_k3slice32.sh"
-for r in 1 2; do
-    for k in k3 k3_prev; do
-        timeout 120 $D/$k run "$M" --ids "$IDS" --ngen 100 --ignore-eos --quiet --backend gpu \
-            --expert-gb 60 --gpu-expert-gb 60 --gpu-profile 1 > /dev/null 2> "$OUT/profile_${k}_$r.txt"
-        echo "round $r, $k: $(grep -o "decode 100 tokens.*tok/s)" "$OUT/profile_${k}_$r.txt");" \
-            "$(grep -m1 "profile:" "$OUT/profile_${k}_$r.txt")"
-    done
-done
+profile_ab 2 100

@@ -196,7 +196,6 @@ pub struct RouterParams {
 /// The chosen experts of one token: `(expert id, weight)`, best first.
 pub type Route = Vec<(u32, f32)>;
 
-/// The op interface every backend implements (design.md §3).
 /// [`Backend::matmul_many`] of `N` matrices on one input, as an array.
 pub fn matmul_each<B: Backend, const N: usize>(
     b: &B,
@@ -209,6 +208,7 @@ pub fn matmul_each<B: Backend, const N: usize>(
         .map_err(|_| anyhow::anyhow!("matmul_many returned {got} results for {N} matrices"))
 }
 
+/// The op interface every backend implements (design.md §3).
 pub trait Backend {
     /// A `[rows, cols]` f32 activation matrix resident in the backend.
     type Act;

@@ -356,9 +356,10 @@ impl GpuBackend {
         };
         // A chunk of tokens: the tiled kernel decodes each weight unit once per tile.
         let tile = self.ctx.gemm_tile(x.rows);
-        // int4's one-token kernels read x as exact integer digits (`DEC` 3), made once, by
-        // the first row chunk that needs them: by default the row-split kernel of matrices
-        // of DIGITS_FROM_ROWS rows or more; every one-token kernel when asked.
+        // int4's one-token kernels read x as exact integer digits (`DEC` 3), made once per
+        // call (for all its matrices), by the first row chunk that needs them: by default
+        // the row-split kernel where the call's int4 rows reach DIGITS_FROM_ROWS; every
+        // one-token kernel when asked.
         let int4 = w.format == GpuFormat::Int4;
         let decode = self.ctx.matvec.decode;
         let split_digits = int4
@@ -489,7 +490,7 @@ impl SharedPlanes {
 /// lone 12288-row matrix took 38 µs on the f32 decode and 20 + 9 µs on the digits (session
 /// 12), but k3-slice decode with digits on every row-split int4 matvec once ran 6-7 % slower
 /// in wall time (session 7, when the pass took 23 µs); a KDA layer's four 12288-row
-/// projections share one pass and took 153 µs apart, 110 µs together (docs/perf.md).
+/// projections share one pass and took 153 µs apart, 104 µs together (docs/perf.md).
 pub const DIGITS_FROM_ROWS: usize = 32768;
 
 /// Output rows one workgroup of `wg` lanes computes under `m`.

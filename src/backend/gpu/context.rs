@@ -34,7 +34,7 @@ pub fn storage_size(bytes: u64) -> u64 {
 }
 
 /// Default for [`GpuOptions::submit_every`]: submit at readbacks (and every
-/// [`MAX_PENDING_PASSES`]). Submitting every 4 passes, so the GPU starts while the host
+/// `MAX_PENDING_PASSES`). Submitting every 4 passes, so the GPU starts while the host
 /// records, was measured on the H200 in four alternated rounds of k3-slice decode with every
 /// expert resident: 109.6, 104.5, 60.9, 92.9 tok/s against 94.6, 92.4, 78.3, 101.8; within
 /// the runs' noise, so the old behaviour stays (docs/perf.md, "Where a decode step's time

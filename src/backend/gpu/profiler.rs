@@ -135,7 +135,7 @@ impl Profiler {
     }
 
     /// The totals as two tables, longest first: per kernel, then per kernel and grid (the
-    /// first [`SHAPES`] rows).
+    /// first `SHAPES` rows).
     pub fn report(&self) -> String {
         let by_entry = self.by_entry();
         let all: f64 = by_entry.values().map(|v| v.1).sum();

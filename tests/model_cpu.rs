@@ -131,27 +131,35 @@ fn token_id_out_of_range_is_a_clear_error() {
     );
 }
 
-#[test]
-fn shard_truncated_after_start_up_names_file_and_offset() {
+/// The prefill error after the tiny model loads and `spoil` then runs on each of its
+/// safetensors shards.
+fn prefill_error_after_start_up(spoil: impl Fn(&std::path::Path)) -> String {
     let copy = common::copy_dir(&common::tiny(0));
     let dir = copy.path().to_path_buf();
     let m = common::cpu_model(&dir, FormatPolicy::default(), serial());
-    // Truncate every shard holding experts to half its size after loading.
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "safetensors") {
-            let len = std::fs::metadata(&p).unwrap().len();
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&p)
-                .unwrap()
-                .set_len(len / 2)
-                .unwrap();
+            spoil(&p);
         }
     }
     let mut st = m.new_state().unwrap();
     let e = prefill(&m, &mut st, &PROMPT, 32, false, &mut Stats::default(), None).unwrap_err();
-    let msg = format!("{e:#}");
+    format!("{e:#}")
+}
+
+#[test]
+fn shard_truncated_after_start_up_names_file_and_offset() {
+    // Every shard holding experts cut to half its size after loading.
+    let msg = prefill_error_after_start_up(|p| {
+        let len = std::fs::metadata(p).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+    });
     assert!(
         msg.contains(".safetensors") && msg.contains("offset"),
         "{msg}"
@@ -160,17 +168,6 @@ fn shard_truncated_after_start_up_names_file_and_offset() {
 
 #[test]
 fn shard_deleted_after_start_up_names_the_file() {
-    let copy = common::copy_dir(&common::tiny(0));
-    let dir = copy.path().to_path_buf();
-    let m = common::cpu_model(&dir, FormatPolicy::default(), serial());
-    for e in std::fs::read_dir(&dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "safetensors") {
-            std::fs::remove_file(&p).unwrap();
-        }
-    }
-    let mut st = m.new_state().unwrap();
-    let e = prefill(&m, &mut st, &PROMPT, 32, false, &mut Stats::default(), None).unwrap_err();
-    let msg = format!("{e:#}");
+    let msg = prefill_error_after_start_up(|p| std::fs::remove_file(p).unwrap());
     assert!(msg.contains(".safetensors"), "{msg}");
 }

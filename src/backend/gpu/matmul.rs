@@ -328,12 +328,8 @@ impl GpuBackend {
             x.cols,
             w.cols
         );
-        if w.cols == 0 {
-            // Sums over no columns; no kernel runs with a row of no units.
-            return crate::backend::Backend::zeros(self, x.rows, w.rows);
-        }
-        let y = self.alloc(x.rows, w.rows);
-        if x.rows == 0 || w.rows == 0 {
+        let (y, run) = self.matmul_output(x.rows, w.rows, w.cols)?;
+        if !run {
             return Ok(y);
         }
         let xp = self.padded(x, w.cols_padded);

@@ -102,6 +102,21 @@ impl GpuBackend {
         Ok(self.tier()?.book.len())
     }
 
+    /// The `[n, rows]` output of `n` inputs through a `rows × cols` matrix, and whether
+    /// kernels must fill it: not for rows of no columns (zeros: no kernel runs with a row
+    /// of no units) nor for an empty result.
+    pub(crate) fn matmul_output(
+        &self,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(GpuAct, bool)> {
+        if cols == 0 {
+            return Ok((Backend::zeros(self, n, rows)?, false));
+        }
+        Ok((self.alloc(n, rows), n > 0 && rows > 0))
+    }
+
     /// A `[rows, cols]` activation for a kernel to write every element of: a buffer handed
     /// back by an earlier activation of the same size when there is one (its old values
     /// still in it), else a new one.

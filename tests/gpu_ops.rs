@@ -593,6 +593,56 @@ fn int4_matrices_of_one_input_share_one_digit_pass() {
     }
 }
 
+/// Matrices of one input whose width is not a whole number of units pad x once between
+/// them, and each result still matches the CPU's.
+#[test]
+fn matrices_of_one_input_pad_it_once() {
+    let Some((g, profiled)) = profiled_gpu() else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(25);
+    let c = CpuBackend::new();
+    let cols = 33;
+    let ws: Vec<DenseMatrix> = [40, 7, 19]
+        .iter()
+        .map(|&r| {
+            DenseMatrix::from_f32(
+                r,
+                cols,
+                rand_vec(&mut rng, r * cols, 0.5),
+                DenseFormat::Bf16,
+            )
+            .unwrap()
+        })
+        .collect();
+    let x = rand_vec(&mut rng, cols, 1.0);
+    let gms: Vec<_> = ws
+        .iter()
+        .map(|w| g.load_matrix(w.clone()).unwrap())
+        .collect();
+    let refs: Vec<_> = gms.iter().collect();
+    let ys = g
+        .matmul_many(&refs, &g.upload(&x, 1, cols).unwrap())
+        .unwrap();
+    for (i, (y, w)) in ys.iter().zip(&ws).enumerate() {
+        let want = c.matmul(w, &c.upload(&x, 1, cols).unwrap()).unwrap().data;
+        check(
+            &format!("matmul_many bf16 {i}"),
+            &g.download(y).unwrap(),
+            &want,
+            F32_TOL,
+        );
+    }
+    if profiled {
+        let pads = g
+            .ctx
+            .profile_by_entry()
+            .and_then(|p| p.get("pad").map(|e| e.0))
+            .unwrap_or(0);
+        assert_eq!(pads, 1, "pad passes for three matrices of one x");
+    }
+}
+
 /// Every dispatch's parameters reach its own kernel: 300 matvecs over three shapes recorded
 /// before any readback (more slots than one uniform buffer holds; with early submits, many
 /// submissions reusing the buffers), each held to the CPU's sums; and the same with a

@@ -9,7 +9,7 @@ use super::shaders::Shader;
 use super::GpuBackend;
 use crate::quant::{DenseData, DenseMatrix};
 use anyhow::{bail, ensure, Result};
-use std::cell::OnceCell;
+use std::cell::{OnceCell, RefCell};
 
 /// Format of a device matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -309,19 +309,20 @@ impl GpuBackend {
     }
 
     pub(super) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
-        self.matmul_sharing(w, x, &SharedPlanes::of(&[w]))
+        self.matmul_sharing(w, x, &SharedX::of(&[w]))
     }
 
-    /// `W · x` for each of `ws`: int4 matrices share one `x_planes` pass, so the digit
-    /// decode is taken when their rows together reach [`DIGITS_FROM_ROWS`].
+    /// `W · x` for each of `ws`: they share x's padded copies and its int4 `x_planes`
+    /// pass, so the digit decode is taken when their int4 rows together reach
+    /// [`DIGITS_FROM_ROWS`].
     pub(super) fn matmul_many_op(&self, ws: &[&GpuMat], x: &GpuAct) -> Result<Vec<GpuAct>> {
-        let planes = SharedPlanes::of(ws);
+        let shared = SharedX::of(ws);
         ws.iter()
-            .map(|w| self.matmul_sharing(w, x, &planes))
+            .map(|w| self.matmul_sharing(w, x, &shared))
             .collect()
     }
 
-    fn matmul_sharing(&self, w: &GpuMat, x: &GpuAct, shared: &SharedPlanes) -> Result<GpuAct> {
+    fn matmul_sharing(&self, w: &GpuMat, x: &GpuAct, shared: &SharedX) -> Result<GpuAct> {
         ensure!(
             x.cols == w.cols,
             "matmul: input width {} does not match the matrix's {} columns",
@@ -332,7 +333,7 @@ impl GpuBackend {
         if !run {
             return Ok(y);
         }
-        let xp = self.padded(x, w.cols_padded);
+        let xp = shared.padded(w.cols_padded, || self.padded(x, w.cols_padded));
         let uc = w.format.unit_cols();
         let rpg = self.rows_per_group();
         let params = |c: &MatChunk| {
@@ -365,7 +366,7 @@ impl GpuBackend {
         // them all.
         let planes_of = || {
             &shared
-                .cell
+                .planes
                 .get_or_init(|| self.x_planes(&xp.buf, (xp.rows, w.cols_padded / uc)))
                 .buf
         };
@@ -458,16 +459,19 @@ impl GpuBackend {
     }
 }
 
-/// x's integer digits (`x_planes`), made at most once for the matrices of one
-/// [`GpuBackend::matmul_many_op`] call.
-struct SharedPlanes {
+/// What the matrices of one [`GpuBackend::matmul_many_op`] call derive from their common x,
+/// made at most once each: its copies padded to a matrix's width, and its integer digits
+/// (`x_planes`).
+struct SharedX {
     /// Rows of the call's int4 matrices, which decide whether the digits pay.
     int4_rows: usize,
+    /// x padded to each width asked for so far.
+    padded: RefCell<Vec<(usize, GpuAct)>>,
     /// The planes, once a matrix needed them.
-    cell: OnceCell<GpuAct>,
+    planes: OnceCell<GpuAct>,
 }
 
-impl SharedPlanes {
+impl SharedX {
     fn of(ws: &[&GpuMat]) -> Self {
         Self {
             int4_rows: ws
@@ -475,8 +479,20 @@ impl SharedPlanes {
                 .filter(|w| w.format == GpuFormat::Int4)
                 .map(|w| w.rows)
                 .sum(),
-            cell: OnceCell::new(),
+            padded: RefCell::new(Vec::new()),
+            planes: OnceCell::new(),
         }
+    }
+
+    /// x padded to `cols` columns: made by `pad` the first time that width is asked for.
+    fn padded(&self, cols: usize, pad: impl FnOnce() -> GpuAct) -> GpuAct {
+        let mut made = self.padded.borrow_mut();
+        if let Some((_, xp)) = made.iter().find(|(c, _)| *c == cols) {
+            return xp.clone();
+        }
+        let xp = pad();
+        made.push((cols, xp.clone()));
+        xp
     }
 }
 

@@ -6,7 +6,9 @@
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::stationary::Stationary;
-use k3::backend::gpu::{vram_budget, GpuBackend, GpuOptions, MatvecShape, DIGITS_FROM_ROWS};
+use k3::backend::gpu::{
+    vram_budget, GpuBackend, GpuMat, GpuOptions, MatvecShape, DIGITS_FROM_ROWS,
+};
 use k3::backend::{
     Backend, ExpertAssignment, ExpertKey, ExpertWeights, FreeDeviceMemory, Glu, KdaDims,
     KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
@@ -532,6 +534,53 @@ fn profiled_gpu() -> Option<(GpuBackend, bool)> {
     }
 }
 
+/// Passes of kernel `entry` the profiler has seen (0 without a profile).
+fn passes_of(g: &GpuBackend, entry: &str) -> u64 {
+    g.ctx
+        .profile_by_entry()
+        .and_then(|p| p.get(entry).map(|e| e.0))
+        .unwrap_or(0)
+}
+
+/// `ws` (loaded as `gms`) through one `matmul_many` call on `x`, each result held to the
+/// CPU's sums.
+fn matmul_many_against_cpu(g: &GpuBackend, ws: &[DenseMatrix], gms: &[GpuMat], x: &[f32]) {
+    let c = CpuBackend::new();
+    let cols = x.len();
+    let refs: Vec<_> = gms.iter().collect();
+    let ys = g
+        .matmul_many(&refs, &g.upload(x, 1, cols).unwrap())
+        .unwrap();
+    assert_eq!(ys.len(), ws.len());
+    for (i, (y, w)) in ys.iter().zip(ws).enumerate() {
+        let want = c.matmul(w, &c.upload(x, 1, cols).unwrap()).unwrap().data;
+        check(
+            &format!("matmul_many {i} {:?}", w.format()),
+            &g.download(y).unwrap(),
+            &want,
+            F32_TOL,
+        );
+    }
+}
+
+/// `(rows, format)` matrices of `cols` random columns, and their GPU copies.
+fn matrices(
+    g: &GpuBackend,
+    rng: &mut StdRng,
+    cols: usize,
+    shapes: &[(usize, DenseFormat)],
+) -> (Vec<DenseMatrix>, Vec<GpuMat>) {
+    let ws: Vec<DenseMatrix> = shapes
+        .iter()
+        .map(|&(r, f)| DenseMatrix::from_f32(r, cols, rand_vec(rng, r * cols, 0.5), f).unwrap())
+        .collect();
+    let gms = ws
+        .iter()
+        .map(|w| g.load_matrix(w.clone()).unwrap())
+        .collect();
+    (ws, gms)
+}
+
 /// int4 matrices of one input share one digit pass: three of a third of `DIGITS_FROM_ROWS`
 /// rows each (one alone stays on the f32 decode) take the digits together, with one
 /// `x_planes` pass, beside an int8 matrix; every result matches the CPU's.
@@ -541,49 +590,21 @@ fn int4_matrices_of_one_input_share_one_digit_pass() {
         return;
     };
     let mut rng = StdRng::seed_from_u64(24);
-    let c = CpuBackend::new();
     let cols = 96;
     let rows = DIGITS_FROM_ROWS / 3 + 1;
-    let formats = [
-        DenseFormat::Int4,
-        DenseFormat::Int8,
-        DenseFormat::Int4,
-        DenseFormat::Int4,
+    let shapes = [
+        (rows, DenseFormat::Int4),
+        (rows, DenseFormat::Int8),
+        (rows, DenseFormat::Int4),
+        (rows, DenseFormat::Int4),
     ];
-    let ws: Vec<DenseMatrix> = formats
-        .iter()
-        .map(|&f| {
-            DenseMatrix::from_f32(rows, cols, rand_vec(&mut rng, rows * cols, 0.5), f).unwrap()
-        })
-        .collect();
+    let (ws, gms) = matrices(&g, &mut rng, cols, &shapes);
     let x = rand_vec(&mut rng, cols, 1.0);
-    let gms: Vec<_> = ws
-        .iter()
-        .map(|w| g.load_matrix(w.clone()).unwrap())
-        .collect();
-    let gx = g.upload(&x, 1, cols).unwrap();
-    let planes = || {
-        g.ctx
-            .profile_by_entry()
-            .and_then(|p| p.get("x_planes").map(|e| e.0))
-            .unwrap_or(0)
-    };
     // Apart, no matrix reaches the threshold.
-    g.matmul(&gms[0], &gx).unwrap();
-    let before = planes();
-    let refs: Vec<_> = gms.iter().collect();
-    let ys = g.matmul_many(&refs, &gx).unwrap();
-    let after = planes();
-    assert_eq!(ys.len(), ws.len());
-    for (i, (y, w)) in ys.iter().zip(&ws).enumerate() {
-        let want = c.matmul(w, &c.upload(&x, 1, cols).unwrap()).unwrap().data;
-        check(
-            &format!("matmul_many {i} {:?}", formats[i]),
-            &g.download(y).unwrap(),
-            &want,
-            F32_TOL,
-        );
-    }
+    g.matmul(&gms[0], &g.upload(&x, 1, cols).unwrap()).unwrap();
+    let before = passes_of(&g, "x_planes");
+    matmul_many_against_cpu(&g, &ws, &gms, &x);
+    let after = passes_of(&g, "x_planes");
     if profiled {
         assert_eq!(
             (before, after),
@@ -601,44 +622,13 @@ fn matrices_of_one_input_pad_it_once() {
         return;
     };
     let mut rng = StdRng::seed_from_u64(25);
-    let c = CpuBackend::new();
     let cols = 33;
-    let ws: Vec<DenseMatrix> = [40, 7, 19]
-        .iter()
-        .map(|&r| {
-            DenseMatrix::from_f32(
-                r,
-                cols,
-                rand_vec(&mut rng, r * cols, 0.5),
-                DenseFormat::Bf16,
-            )
-            .unwrap()
-        })
-        .collect();
+    let shapes = [40, 7, 19].map(|r| (r, DenseFormat::Bf16));
+    let (ws, gms) = matrices(&g, &mut rng, cols, &shapes);
     let x = rand_vec(&mut rng, cols, 1.0);
-    let gms: Vec<_> = ws
-        .iter()
-        .map(|w| g.load_matrix(w.clone()).unwrap())
-        .collect();
-    let refs: Vec<_> = gms.iter().collect();
-    let ys = g
-        .matmul_many(&refs, &g.upload(&x, 1, cols).unwrap())
-        .unwrap();
-    for (i, (y, w)) in ys.iter().zip(&ws).enumerate() {
-        let want = c.matmul(w, &c.upload(&x, 1, cols).unwrap()).unwrap().data;
-        check(
-            &format!("matmul_many bf16 {i}"),
-            &g.download(y).unwrap(),
-            &want,
-            F32_TOL,
-        );
-    }
+    matmul_many_against_cpu(&g, &ws, &gms, &x);
     if profiled {
-        let pads = g
-            .ctx
-            .profile_by_entry()
-            .and_then(|p| p.get("pad").map(|e| e.0))
-            .unwrap_or(0);
+        let pads = passes_of(&g, "pad");
         assert_eq!(pads, 1, "pad passes for three matrices of one x");
     }
 }

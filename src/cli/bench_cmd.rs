@@ -45,7 +45,7 @@ struct DecodeArgs {
     /// Prompt ids.
     #[arg(long, default_value = "163584,1000,2000,3000,4000,5000,6000,7000")]
     ids: String,
-    /// Directory for one JSON file per run (the input of tools/sweep_report.py).
+    /// Directory to write one JSON file of each run's stats into.
     #[arg(long)]
     out: Option<PathBuf>,
     #[command(flatten)]

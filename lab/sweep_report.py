@@ -3,7 +3,7 @@
 summary (each point the minimum of its runs) and an SVG plot of s/token against
 K3_EXPERT_GB, pipe on and off.
 
-Usage: tools/sweep_report.py DECODE_TABLE.md [PLOT.svg]
+Usage: lab/sweep_report.py DECODE_TABLE.md [PLOT.svg]
 """
 import os
 import sys

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 12's measurements, one device call of about 7 minutes (prepare with
-# `PREV=63b2e06 bash tools/device_prepare.sh`, session 11's tip as .devbin/k3_prev; run with
+# `PREV=63b2e06 bash lab/device/device_prepare.sh`, session 11's tip as .devbin/k3_prev; run with
 # carry [".devbin", ".gl"]):
 # 1. bench blocks 32 and 34, twice: the large matvecs split into passes, among them a KDA
 #    layer's four int4 12288×7168 projections of one input through `matmul_many` (one shared

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Session 9's work that is built but not measured, in one call of about 4 minutes: the
-# register counts of the staged kernels and of each tools/wgsl_variants patch
+# register counts of the staged kernels and of each lab/wgsl_variants patch
 # (device_register_variants.sh); then, two rounds, the bench blocks that compare staged x
 # read by unit and by word (`XW`: 21 against 23 in the expert geometry, 3 against 24 for
 # int4 DEC 1) and matrices in one buffer against row chunks of 64 MiB (2 against 25, 3
 # against 26: the int4 head's per-byte slowness); then block 19 for the KDA lines that
 # session 9's filter dropped. Prepare with
-# `bash tools/device_prepare.sh`, run with carry [".devbin", ".gl"]; results under $OUT.
+# `bash lab/device/device_prepare.sh`, run with carry [".devbin", ".gl"]; results under $OUT.
 set -u
 bash "$(dirname "$0")/device_register_variants.sh"
 . "$(dirname "$0")/device_vulkan.sh"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 12's second call (prepare with `PREV=63b2e06 bash tools/device_prepare.sh`; carry
+# Session 12's second call (prepare with `PREV=63b2e06 bash lab/device/device_prepare.sh`; carry
 # [".devbin", ".gl"]): the engine's defaults after the digit decode took 2 rows a lane and
 # int4 matrices of one input began sharing their digit pass:
 # 1. bench block 32 (passes; the int4 head and four 12288-row matrices of one x) and block 2

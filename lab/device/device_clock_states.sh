@@ -4,8 +4,8 @@
 # from the clock it ran at. The H200 under Vulkan drops to 345 MHz within seconds of light
 # use (block 29 shows it; the bench now heats the GPU before each line, K3_BENCH_HEAT=0
 # turns that off). The `order:`, `state:` and `clock:` lines carry Unix times to match the
-# samples. Usage: `bash tools/device_clock_states.sh BLOCKS [more gpu_kernels args]`.
-# Prepare with `bash tools/device_prepare.sh`, run with carry [".devbin", ".gl"]; results
+# samples. Usage: `bash lab/device/device_clock_states.sh BLOCKS [more gpu_kernels args]`.
+# Prepare with `bash lab/device/device_prepare.sh`, run with carry [".devbin", ".gl"]; results
 # under $OUT.
 set -u
 . "$(dirname "$0")/device_vulkan.sh"

@@ -4,7 +4,7 @@
 # into the VRAM tier), first profiled (`--gpu-profile 1`: GPU time per kernel and grid, for
 # 1 and for 49 generated tokens, so their difference is 48 decode steps), then plain runs for
 # tok/s, submitting at readbacks only (4096, the default) and every 4 passes, alternated over
-# three rounds. Prepare with tools/device_prepare.sh; results land under $OUT.
+# three rounds. Prepare with lab/device/device_prepare.sh; results land under $OUT.
 set -u
 . "$(dirname "$0")/device_vulkan.sh"
 . "$(dirname "$0")/device_k3slice32.sh"

@@ -14,7 +14,7 @@ decode_run() {
         --expert-gb 60 --gpu-expert-gb 60 "$@" 2>&1 > /dev/null | grep -o "decode $n tokens.*tok/s)"
 }
 
-# Decode of this k3 against .devbin/k3_prev (PREV= in tools/device_prepare.sh), alternated
+# Decode of this k3 against .devbin/k3_prev (PREV= in lab/device/device_prepare.sh), alternated
 # for $1 rounds of $2 tokens: one `decode round R, BIN: ...` line each.
 decode_ab() {
     local r k

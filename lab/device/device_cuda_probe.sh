@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The int4 and MXFP4 one-token matvecs written again in CUDA (tools/cuda_probe/), on the
+# The int4 and MXFP4 one-token matvecs written again in CUDA (lab/cuda_probe/), on the
 # H200: nvcc builds (registers from -Xptxas -v), each probe's host check and its variants
 # timed against the read kernel, the SASS, and Nsight Compute on one launch of each variant
 # and shape (the counters come back on the Firecracker machines only; on gVisor ones ncu
 # fails and the rest still stands). One call, a few minutes, nothing to prepare here;
 # results under $OUT: three files a probe (build and timings, SASS, ncu details).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 for probe in int4_matvec mxfp4_matvec; do
     P="$OUT/$probe"
     T="$OUT/probe_$probe.txt"
-    nvcc -O3 -arch=sm_90 -Xptxas -v -o "$P" "tools/cuda_probe/$probe.cu" > "$T" 2>&1
+    nvcc -O3 -arch=sm_90 -Xptxas -v -o "$P" "lab/cuda_probe/$probe.cu" > "$T" 2>&1
     echo "== $probe: nvcc rc $?"
     grep -E "error|Used" "$T" | head -8
     [ -x "$P" ] || continue

@@ -9,7 +9,7 @@
 # of the 10-minute call.
 # ROUNDS_ONLY=1 runs only the synth and the decode rounds; VARIANTS picks them, ROUNDS
 # says how many.
-# Prepare with `PREV=22410ae bash tools/device_prepare.sh` (22410ae: the last commit
+# Prepare with `PREV=22410ae bash lab/device/device_prepare.sh` (22410ae: the last commit
 # before the slots), then run with carry [".devbin", ".gl"].
 set -u
 . "$(dirname "$0")/device_vulkan.sh"

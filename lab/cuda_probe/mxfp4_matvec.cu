@@ -8,8 +8,8 @@
 // Variants: 32 lanes a row (the dense geometry) or 8 (the expert kernel's lanes, here side
 // by side in a warp); at 8 lanes also the decode removed (same loads), x from one address,
 // x staged in shared memory, padded and not, and x read coalesced from a permuted copy; at
-// 32 lanes also the last two. Session 9's results: docs/perf.md, "The CUDA twin".
-// Build, run and profile as int4_matvec.cu (tools/device_cuda_probe.sh).
+// 32 lanes also the last two. Session 9's results: lab/notebook.md, "The CUDA twin".
+// Build, run and profile as int4_matvec.cu (lab/device/device_cuda_probe.sh).
 #include <cuda_fp16.h>
 
 #include <cstring>

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Times the WGSL variants of tools/wgsl_variants/ (each a patch against shaders_wgsl/) with
+# Times the WGSL variants of lab/wgsl_variants/ (each a patch against shaders_wgsl/) with
 # no rebuild: `gpu_kernels blocks=B wgsl=DIR` composes every kernel from a patched copy.
 # The built-in kernels run first and again last, so each variant sits between two
-# baselines of the same call. Usage: `bash tools/device_variants.sh [BLOCKS] [PATCH...]`
-# (default blocks 21, every patch). Prepare with `bash tools/device_prepare.sh`, run with
+# baselines of the same call. Usage: `bash lab/device/device_variants.sh [BLOCKS] [PATCH...]`
+# (default blocks 21, every patch). Prepare with `bash lab/device/device_prepare.sh`, run with
 # carry [".devbin", ".gl"]; results under $OUT.
 set -u
 . "$(dirname "$0")/device_vulkan.sh"
@@ -11,7 +11,7 @@ D=./.devbin
 B=${1:-21}
 shift || true
 P=("$@")
-[ ${#P[@]} -eq 0 ] && P=(tools/wgsl_variants/*.patch)
+[ ${#P[@]} -eq 0 ] && P=(lab/wgsl_variants/*.patch)
 keep="^== block|int4 matvec 12288|int4 matvec 163840|mxfp4|moe resident: 16|^order"
 run() { # name, extra args
     echo "### $1"

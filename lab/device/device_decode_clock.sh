@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The SM clock during a whole-token decode: k3slice32 (tools/device_decode.sh's model, every
+# The SM clock during a whole-token decode: k3slice32 (lab/device/device_decode.sh's model, every
 # expert in VRAM), NGEN generated tokens (default 97) ROUNDS times (default 3), while
 # nvidia-smi samples the clocks every 50 ms. The H200 under Vulkan falls to 345 MHz within
 # seconds of light use and needs 0.1-0.5 s of sustained work to climb back (bench block 29),
 # so a decode whose GPU idles between kernels may run them at the low clock. Prepare with
-# tools/device_prepare.sh, run with carry [".devbin", ".gl"]; results under $OUT.
+# lab/device/device_prepare.sh, run with carry [".devbin", ".gl"]; results under $OUT.
 set -u
 . "$(dirname "$0")/device_vulkan.sh"
 . "$(dirname "$0")/device_k3slice32.sh"

@@ -4,7 +4,7 @@
 # is compute, not disk), a 256-token prompt in chunks of 128, with the chunk kernel off
 # (K3_GPU_CHUNK_FROM=0: one matvec per token) and on (the default), and token by token
 # (--chunk 1). Prints prefill seconds from --stats-json and the greedy ids of each run.
-# Prepare with tools/device_prepare.sh; results land under $OUT.
+# Prepare with lab/device/device_prepare.sh; results land under $OUT.
 set -u
 . "$(dirname "$0")/device_vulkan.sh"
 K=./.devbin/k3

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# What NVIDIA's Vulkan compiler makes of WGSL variants (tools/wgsl_variants/*.patch, each a
+# What NVIDIA's Vulkan compiler makes of WGSL variants (lab/wgsl_variants/*.patch, each a
 # diff against shaders_wgsl/): the register counts of the staged MXFP4 expert kernel (x read
 # by unit and by word, XW 0 and 1; by unit also without the huge-scale path, SPECIAL 0), the
 # same kernel with x from global memory, and the staged int4 DEC 1 kernel (XW 0 and 1),
 # built in and then with each variant applied to a copy of shaders_wgsl/
 # (`shader_stats --wgsl-dir`, no rebuild).
-# One call of about 30 s. Prepare with `bash tools/device_prepare.sh`, run with carry
+# One call of about 30 s. Prepare with `bash lab/device/device_prepare.sh`, run with carry
 # [".devbin", ".gl"]; results in $OUT/registers.txt. Check a new variant here first:
 # `shader_stats --spirv-only --wgsl-dir DIR ...`.
 set -u
@@ -17,7 +17,7 @@ K="matvec_mxfp4:moe_xs:$E,XT=112,XW=0 matvec_mxfp4:moe_xs:$E,XT=112,XW=0,SPECIAL
 {
     echo "== built in"
     $D/shader_stats $K 2>&1 | grep -E "Register|rror"
-    for pf in tools/wgsl_variants/*.patch; do
+    for pf in lab/wgsl_variants/*.patch; do
         T=$(mktemp -d)
         cp -r shaders_wgsl/. "$T"
         if ! patch -s -d "$T" -p2 < "$pf"; then

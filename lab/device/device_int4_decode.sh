@@ -3,10 +3,10 @@
 # dimensions, 32 experts a MoE layer, every expert in the VRAM tier after the prompt),
 # 400-token runs of `--gpu-int4-decode auto`, `float` and `digits` alternated over two
 # rounds (about 6 minutes). 400 tokens, because the H200's clock sits at 345 MHz for the
-# first ~0.3 s of a decode (docs/perf.md, session 10): session 7's 97-token rounds, which
+# first ~0.3 s of a decode (lab/notebook.md, session 10): session 7's 97-token rounds, which
 # set `auto`, carried that stretch. PROFILE=1 first runs one profiled 49-token run of float
 # and of digits (GPU time per kernel; about 2 minutes more). Prepare with
-# tools/device_prepare.sh; results land under $OUT.
+# lab/device/device_prepare.sh; results land under $OUT.
 set -u
 . "$(dirname "$0")/device_vulkan.sh"
 . "$(dirname "$0")/device_k3slice32.sh"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds and strips what tools/device_measure.sh runs on the H200 into .devbin/ (git-excluded;
-# see ../shared/docs/gpu-on-device.md for .gl, the Vulkan loader). Run here, then call the
+# see lab/README.md for .gl, the Vulkan loader). Run here, then call the
 # device tool with carry [".devbin", ".gl"] and command `bash tools/device_measure.sh`.
 # PREV=<commit> also builds that commit's k3 into .devbin/k3_prev, for A/B runs
-# (tools/device_dispatch_cost.sh); it is built first, as it shares the target directory.
+# (lab/device/device_dispatch_cost.sh); it is built first, as it shares the target directory.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 mkdir -p .devbin
 if [ -n "${PREV:-}" ]; then
     rm -rf /tmp/k3prev
@@ -17,7 +17,8 @@ if [ -n "${PREV:-}" ]; then
     git worktree remove --force /tmp/k3prev
 fi
 cargo build --release
-cargo build --release --example shader_stats
+# shader_stats is built only where examples/shader_stats.rs has been put back (lab/README.md).
+[ -f examples/shader_stats.rs ] && cargo build --release --example shader_stats
 exe() { # newest test/bench executable of a target name
     ls -t target/release/deps/"$1"-* | grep -v '\.d$' | head -1
 }
@@ -25,10 +26,11 @@ cargo bench --bench gpu_kernels --no-run
 cargo test --release --test gpu_ops --no-run
 cargo test --release --test gpu_model --no-run
 cp target/release/k3 .devbin/k3
-cp target/release/examples/shader_stats .devbin/shader_stats
+[ -f examples/shader_stats.rs ] && cp target/release/examples/shader_stats .devbin/shader_stats
 cp "$(exe gpu_kernels)" .devbin/gpu_kernels
 cp "$(exe gpu_ops)" .devbin/gpu_ops
 # Its CLI tests need the k3 built here; on the device run the others (e.g. `gpu_model lent`).
 cp "$(exe gpu_model)" .devbin/gpu_model
-strip .devbin/k3 .devbin/shader_stats .devbin/gpu_kernels .devbin/gpu_ops .devbin/gpu_model
+strip .devbin/k3 .devbin/gpu_kernels .devbin/gpu_ops .devbin/gpu_model
+[ -f .devbin/shader_stats ] && strip .devbin/shader_stats
 ls -la .devbin

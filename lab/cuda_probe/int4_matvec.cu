@@ -8,10 +8,10 @@
 // cast (session 3's "decode removed"); x staged in shared memory once a block; x read from
 // one address by every lane (session 3's "x from one address"); x in shared memory padded
 // against bank conflicts (also at 8 rows a lane); x read coalesced from a permuted copy
-// (also with the decode removed). Session 9's results: docs/perf.md, "The CUDA twin".
+// (also with the decode removed). Session 9's results: lab/notebook.md, "The CUDA twin".
 //
-// Build and run on the device (tools/device_cuda_probe.sh does both, and ncu):
-//   nvcc -O3 -arch=sm_90 -Xptxas -v -o int4_probe tools/cuda_probe/int4_matvec.cu
+// Build and run on the device (lab/device/device_cuda_probe.sh does both, and ncu):
+//   nvcc -O3 -arch=sm_90 -Xptxas -v -o int4_probe lab/cuda_probe/int4_matvec.cu
 //   ./int4_probe            # check against the host, then each variant timed against the read
 //   ./int4_probe profile    # each variant launched once a shape, for ncu
 #include "probe_common.cuh"

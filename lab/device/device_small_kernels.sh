@@ -4,7 +4,7 @@
 # RMSNorm, the two-pass AttnRes mix, the router with its readback, the KDA step: session 9
 # ran it and its filter dropped the KDA lines, now kept), then k3slice32 decode
 # with the session-8 start binary (.devbin/k3_prev) alternated with this one over three
-# rounds. Results under $OUT. Prepare with `PREV=936a65b bash tools/device_prepare.sh`
+# rounds. Results under $OUT. Prepare with `PREV=936a65b bash lab/device/device_prepare.sh`
 # (936a65b: the start of session 8), then run with carry [".devbin", ".gl"].
 set -u
 . "$(dirname "$0")/device_vulkan.sh"

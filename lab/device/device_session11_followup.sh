@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 11's open questions, one device call of about 8 minutes (prepare with
-# `PREV=e3d2857 bash tools/device_prepare.sh`, session 10's tip as .devbin/k3_prev; run with
+# `PREV=e3d2857 bash lab/device/device_prepare.sh`, session 10's tip as .devbin/k3_prev; run with
 # carry [".devbin", ".gl"]):
 # 0. whether the driver has robustBufferAccess2 (shader_stats' device line): where it does,
 #    wgpu leaves buffer accesses to the driver and its remaining checks are index clamps.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 10's changes that were built after its device time ran out, measured in one call
-# of about 9 minutes (prepare with `PREV=b3db71c bash tools/device_prepare.sh`, which also
+# of about 9 minutes (prepare with `PREV=b3db71c bash lab/device/device_prepare.sh`, which also
 # builds session 9's k3 as .devbin/k3_prev; run with carry [".devbin", ".gl"]):
 # 1. bench block 2 (defaults, heated) with the MoE's down projection at 2 rows a lane
 #    (the new default) and at 4 (`down_rpl=4`), alternated twice: the `moe resident: 16`
@@ -9,7 +9,7 @@
 # 2. blocks 21 and 23 heated: staged x by unit against by word (`XW`), taken unheated before;
 #    then block 2 with each of wgpu's runtime checks off alone (`nochecks=loop|bounds|div`).
 # 3. k3slice32 decode, 400 tokens, this k3 against session 9's, alternated twice, with the
-#    clocks sampled (tools/device_decode_clock.sh's model and flags).
+#    clocks sampled (lab/device/device_decode_clock.sh's model and flags).
 # Results under $OUT. PART=1 runs 1 and 2's XW line, PART=2 the runtime checks and 3 (each
 # fits one device call of 600 s); unset runs all.
 set -u

@@ -599,7 +599,8 @@ fn eos_field(root: &Obj<'_>, text: &Obj<'_>) -> Result<Vec<u32>> {
 mod tests {
     use super::*;
 
-    /// The published K3 config, trimmed to the fields of model doc §1, nested as released.
+    /// The published K3 config, trimmed to the fields of docs/model.md#checkpoint-and-config,
+    /// nested as released.
     pub(crate) fn k3_release_json() -> Value {
         let full: Vec<usize> = (1..=23).map(|i| 4 * i).chain([93]).collect();
         let kda: Vec<usize> = (1..=93).filter(|i| !full.contains(i)).collect();

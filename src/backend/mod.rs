@@ -208,7 +208,7 @@ pub fn matmul_each<B: Backend, const N: usize>(
         .map_err(|_| anyhow::anyhow!("matmul_many returned {got} results for {N} matrices"))
 }
 
-/// The op interface every backend implements (design.md §3).
+/// The op interface every backend implements (docs/architecture.md#the-op-interface).
 pub trait Backend {
     /// A `[rows, cols]` f32 activation matrix resident in the backend.
     type Act;

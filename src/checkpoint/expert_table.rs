@@ -1,7 +1,8 @@
 //! Where every routed expert's six MXFP4 tensors lie, and whether one read fetches them.
 //!
 //! Contiguity is computed per expert from the safetensors offsets, never assumed
-//! (model doc §3): the released shards store experts back to back but not in id order.
+//! (docs/model.md#mxfp4-experts): the released shards store experts back to back but not in
+//! id order.
 
 use super::schema::{expert_tensor_name, expert_tensors, parse_expert_name};
 use super::shards::Entry;

@@ -1,6 +1,6 @@
 //! The tensors a K3 checkpoint must hold, derived from its [`Config`]: the single source
 //! of truth for names, shapes and dtypes, shared by the loader, `k3 inspect` and the
-//! synthesizer (model doc §2).
+//! synthesizer (docs/model.md#tensor-names).
 
 use super::tensor::Dtype;
 use crate::config::{AttnKind, Config, MXFP4_GROUP};
@@ -89,7 +89,7 @@ impl TensorSpec {
     }
 }
 
-/// The six tensors of a routed expert, in on-disk order (model doc §3).
+/// The six tensors of a routed expert, in on-disk order (docs/model.md#mxfp4-experts).
 pub const EXPERT_PARTS: [&str; 6] = [
     "w1.weight_packed",
     "w1.weight_scale",

@@ -1,4 +1,4 @@
-//! The K3 layer schedule (model doc §4.1), written once against the op interface.
+//! The K3 layer schedule (docs/model.md#layer-schedule), written once against the op interface.
 
 use super::format_policy::FormatPolicy;
 use super::glu_mlp::GluMlp;

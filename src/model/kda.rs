@@ -1,4 +1,5 @@
-//! Kimi Delta Attention layer (model doc §4.2): projections here, the fused step in the backend.
+//! Kimi Delta Attention layer (docs/model.md#kda-layer): projections here, the fused step in
+//! the backend.
 
 use super::format_policy::FormatPolicy;
 use super::loader::Loader;

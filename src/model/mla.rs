@@ -1,4 +1,5 @@
-//! Gated multi-head latent attention (model doc §4.3), absorbed form over the latent cache.
+//! Gated multi-head latent attention (docs/model.md#mla-layer), absorbed form over the latent
+//! cache.
 
 use super::format_policy::FormatPolicy;
 use super::loader::Loader;

@@ -1,5 +1,5 @@
-//! Latent MoE block (model doc §4.4): router, latent down-projection, routed experts in
-//! native MXFP4, latent norm and up-projection, plus the fused shared experts.
+//! Latent MoE block (docs/model.md#moe-layer): router, latent down-projection, routed experts
+//! in native MXFP4, latent norm and up-projection, plus the fused shared experts.
 
 use super::format_policy::FormatPolicy;
 use super::glu_mlp::GluMlp;

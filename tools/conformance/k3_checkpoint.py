@@ -1,7 +1,7 @@
 """Read a Kimi K3 Hugging Face checkpoint (as `k3 synth` writes it) into f32 numpy arrays.
 
 Independent of our Rust code and of llama.cpp: a minimal safetensors parser (BF16, F32,
-U8), MXFP4 decoding written from the model doc section 3, and the `language_model.`
+U8), MXFP4 decoding written from docs/model.md#mxfp4-experts, and the `language_model.`
 prefix stripped. Used by dequantize_hf.py and numpy_forward.py.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 PREFIX = "language_model."
 SKIP_PREFIXES = ("vision_tower.", "mm_projector.")
 
-# E2M1 magnitudes indexed by bits 0-2 of a nibble (model doc section 3).
+# E2M1 magnitudes indexed by bits 0-2 of a nibble (docs/model.md#mxfp4-experts).
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 
 

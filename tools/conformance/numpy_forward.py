@@ -1,5 +1,5 @@
-"""An independent float64 numpy forward pass of Kimi K3, written from the model doc
-(/work/shared/docs/kimi-k3-model.md section 4), for small synthetic checkpoints.
+"""An independent float64 numpy forward pass of Kimi K3, written from docs/model.md
+("Forward pass"), for small synthetic checkpoints.
 
 It shares no code with our engine or with llama.cpp, so when it agrees with llama.cpp
 its logits are a second reference, and its per-layer states localize a disagreement.

@@ -7,7 +7,7 @@ use crate::backend::{KdaDims, KdaStepInputs, KdaStepWeights};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
-/// Epsilon of the per-head l2 normalization of q and k (model doc §4.2 step 3).
+/// Epsilon of the per-head l2 normalization of q and k (docs/model.md#kda-layer, step 3).
 pub const KDA_L2_EPS: f32 = 1e-6;
 
 /// Recurrent state of one KDA layer.

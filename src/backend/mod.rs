@@ -219,7 +219,7 @@ pub trait Backend {
     /// Latent cache of one MLA layer.
     type MlaCache;
 
-    /// Human-readable name (`cpu`, `gpu: NVIDIA H200 (Vulkan)`).
+    /// Human-readable name (`cpu`, or `gpu: ` and the adapter's name and API).
     fn name(&self) -> String;
 
     /// Copies host values into a new `[rows, cols]` activation.

@@ -105,8 +105,8 @@ pub struct ModelArgs {
     #[arg(long, value_enum, env = "K3_GPU_INT4_DECODE", default_value_t = Int4DecodeChoice::Auto)]
     pub gpu_int4_decode: Int4DecodeChoice,
     /// GPU: whether the one-token int4 (outside digits) and MXFP4 matvecs copy x into
-    /// workgroup memory first (`on`; on the H200 2-6 points more of the read kernel's
-    /// bandwidth for the expert matvecs) or read it from global memory (`off`).
+    /// workgroup memory first (`on`, faster on the expert matvecs) or read it from global
+    /// memory (`off`).
     #[arg(long, value_enum, env = "K3_GPU_STAGE_X", default_value_t = StageXChoice::On)]
     pub gpu_stage_x: StageXChoice,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].

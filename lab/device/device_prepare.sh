@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds and strips what tools/device_measure.sh runs on the H200 into .devbin/ (git-excluded;
-# see lab/README.md for .gl, the Vulkan loader). Run here, then call the
-# device tool with carry [".devbin", ".gl"] and command `bash tools/device_measure.sh`.
+# Builds and strips what the lab/device scripts run on the H200 into .devbin/ (git-excluded;
+# see lab/README.md for .gl, the Vulkan loader). Run here, then call the device tool with
+# carry [".devbin", ".gl"] and command `bash lab/device/NAME.sh`.
 # PREV=<commit> also builds that commit's k3 into .devbin/k3_prev, for A/B runs
 # (lab/device/device_dispatch_cost.sh); it is built first, as it shares the target directory.
 set -euo pipefail

@@ -7,6 +7,7 @@ pub mod config;
 pub mod experts;
 pub mod generate;
 pub mod model;
+pub mod platform;
 pub mod quant;
 pub mod sampling;
 pub mod session;

@@ -131,12 +131,19 @@ pub fn disk_line(s: &Stats) -> String {
     )
 }
 
+/// What a generation reports for `--stats-json`: its token count and, per phase, the
+/// seconds and counters.
+pub trait RunReport {
+    /// Tokens generated.
+    fn generated_tokens(&self) -> usize;
+    /// Seconds and counters of the prefill.
+    fn prefill(&self) -> (f64, &Stats);
+    /// Seconds and counters of the decode.
+    fn decode(&self) -> (f64, &Stats);
+}
+
 /// Every counter of a run, for `--stats-json`.
-pub fn run_json(
-    prompt_tokens: usize,
-    g: &crate::generate::Generation,
-    total: &Stats,
-) -> serde_json::Value {
+pub fn run_json(prompt_tokens: usize, g: &impl RunReport, total: &Stats) -> serde_json::Value {
     let part = |s: &Stats| {
         serde_json::json!({
             "attn_s": s.attn.as_secs_f64(),
@@ -153,20 +160,23 @@ pub fn run_json(
             "router_wait_s": s.router_wait.as_secs_f64(),
         })
     };
+    let ((prefill_s, prefill), (decode_s, decode)) = (g.prefill(), g.decode());
+    let generated = g.generated_tokens();
     serde_json::json!({
         "prompt_tokens": prompt_tokens,
-        "generated_tokens": g.tokens.len(),
-        "prefill_s": g.prefill_secs,
-        "decode_s": g.decode_secs,
-        "decode_tok_per_s": rate(g.tokens.len(), g.decode_secs),
-        "prefill": part(&g.prefill_stats),
-        "decode": part(&g.decode_stats),
+        "generated_tokens": generated,
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "decode_tok_per_s": rate(generated, decode_s),
+        "prefill": part(prefill),
+        "decode": part(decode),
         "total": part(total),
         "rss_gb": rss_gb(),
     })
 }
 
-fn rate(tokens: usize, secs: f64) -> f64 {
+/// Tokens per second (0 when no time passed).
+pub fn rate(tokens: usize, secs: f64) -> f64 {
     if secs > 0.0 {
         tokens as f64 / secs
     } else {
@@ -174,17 +184,9 @@ fn rate(tokens: usize, secs: f64) -> f64 {
     }
 }
 
-/// Resident set size of this process in GB (Linux `/proc/self/statm`; 0 elsewhere).
+/// Resident set size of this process in GB (0 where the OS does not say).
 pub fn rss_gb() -> f64 {
-    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
-        return 0.0;
-    };
-    let pages: f64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0.0);
-    pages * 4096.0 / 1e9
+    crate::platform::available_memory::resident_bytes().unwrap_or(0) as f64 / 1e9
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 use super::schema::{self, dtype_accepted, shape_accepted, TensorClass};
 use super::Checkpoint;
 use crate::config::{AttnKind, Config};
+use crate::experts::IoMode;
 use anyhow::Result;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -56,6 +57,8 @@ pub struct InspectReport {
     pub problems: Vec<TensorProblem>,
     /// Text tensors present that the schema does not know (informational).
     pub unexpected: Vec<String>,
+    /// How expert reads will go on this snapshot's disk: direct, or why they fall back.
+    pub expert_reads: String,
 }
 
 impl InspectReport {
@@ -161,7 +164,26 @@ pub fn inspect(dir: &Path, extra_dirs: &[PathBuf]) -> Result<InspectReport> {
             banks: cfg.is_bank_layer(i),
         })
         .collect();
+    let expert_reads = if ck.shard_count() == 0 {
+        "no shards".to_string()
+    } else {
+        let first = ck.shard_path(0);
+        match crate::experts::shard_io::probe_direct(first) {
+            Ok(()) => format!(
+                "{} (K3_DIRECT=1, the default), accepted by {}",
+                IoMode::Direct.describe(),
+                first.display()
+            ),
+            Err(why) => format!(
+                "{} refused by {} ({why}): runs read {}",
+                IoMode::Direct.describe(),
+                first.display(),
+                IoMode::Buffered.describe()
+            ),
+        }
+    };
     Ok(InspectReport {
+        expert_reads,
         dir: ck.dir.clone(),
         config: cfg.clone(),
         shard_count: ck.shard_count(),
@@ -259,6 +281,7 @@ impl fmt::Display for InspectReport {
             self.experts_contiguous,
             self.experts_present - self.experts_contiguous
         )?;
+        writeln!(f, "expert reads: {}", self.expert_reads)?;
         if !self.unexpected.is_empty() {
             writeln!(
                 f,

@@ -148,7 +148,6 @@ impl Checkpoint {
     /// rather than through the mapping, so a shard replaced under a running engine gives an
     /// error naming file and offset instead of a SIGBUS.
     pub fn read_row_f32(&self, name: &str, r: usize) -> Result<Vec<f32>> {
-        use std::os::unix::fs::FileExt;
         let canon = name
             .strip_prefix(schema::LANGUAGE_MODEL_PREFIX)
             .unwrap_or(name);
@@ -172,7 +171,7 @@ impl Checkpoint {
         let offset = e.range.start + (r * row_bytes) as u64;
         let mut buf = vec![0u8; row_bytes];
         std::fs::File::open(path)
-            .and_then(|f| f.read_exact_at(&mut buf, offset))
+            .and_then(|f| crate::platform::positional_read::read_exact_at(&f, &mut buf, offset))
             .with_context(|| {
                 format!(
                     "reading row {r} of `{canon}` ({row_bytes} bytes at offset {offset}) from {} \
@@ -194,9 +193,7 @@ impl Checkpoint {
     /// weights were copied out), so the RAM clamp measures what the engine really keeps.
     pub fn release_mapped_pages(&self) {
         for s in &self.shards {
-            // SAFETY: the maps are read-only file mappings; DONTNEED only discards clean
-            // pages, which the kernel re-reads from the file if they are touched again.
-            let _ = unsafe { s.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+            crate::platform::map_advice::release_pages(&s.map);
         }
     }
 

@@ -15,7 +15,8 @@ pub struct StreamArgs {
     /// Expert cache request in GB (1e9 bytes) for all MoE layers together; clamped to RAM.
     #[arg(long, env = "K3_EXPERT_GB", default_value_t = 8.0)]
     pub expert_gb: f64,
-    /// 1: O_DIRECT (Linux) / F_NOCACHE (macOS) expert reads; 0: buffered + read-ahead hints.
+    /// 1: uncached expert reads (O_DIRECT on Linux, F_NOCACHE on macOS,
+    /// FILE_FLAG_NO_BUFFERING on Windows); 0: buffered + read-ahead hints.
     #[arg(long, env = "K3_DIRECT", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub direct: u8,
     /// 1: overlap expert loads with compute; 0: read all of a layer's misses first.
@@ -93,6 +94,12 @@ impl StreamArgs {
             load_threads: self.load_threads as usize,
             slots_per_layer: plan.slots,
         };
+        eprintln!(
+            "[K3] expert reads: {} | pipe {} | {} loader threads",
+            sc.mode.describe(),
+            if sc.pipe { "on" } else { "off" },
+            sc.load_threads
+        );
         model.set_streaming(sc)?;
         self.configure_gpu_tier(model)?;
         Ok(sc)

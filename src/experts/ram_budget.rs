@@ -2,7 +2,7 @@
 //! cache, activations, the MLA cache and the KDA state. `K3_EXPERT_GB` is a request; this
 //! decides what is granted.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::fmt;
 
 /// Page cache kept free for the OS and buffered reads, in GB.
@@ -158,7 +158,7 @@ impl fmt::Display for BudgetPlan {
 pub struct MemoryProbe {
     /// Resident set of this process.
     pub resident_gb: f64,
-    /// What the OS can still give (Linux MemAvailable; macOS free + inactive + purgeable).
+    /// What the OS can still give (see [`crate::platform::available_memory`]).
     pub available_gb: f64,
 }
 
@@ -166,56 +166,8 @@ pub struct MemoryProbe {
 pub fn probe() -> Result<MemoryProbe> {
     Ok(MemoryProbe {
         resident_gb: crate::stats::rss_gb(),
-        available_gb: available_gb()?,
+        available_gb: crate::platform::available_memory::available_bytes()? as f64 / 1e9,
     })
-}
-
-#[cfg(target_os = "linux")]
-fn available_gb() -> Result<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
-    parse_meminfo_available(&text).context("/proc/meminfo has no MemAvailable line")
-}
-
-/// `MemAvailable` of a `/proc/meminfo` text, in GB.
-pub fn parse_meminfo_available(text: &str) -> Option<f64> {
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024.0 / 1e9)
-}
-
-#[cfg(target_os = "macos")]
-fn available_gb() -> Result<f64> {
-    let out = std::process::Command::new("vm_stat")
-        .output()
-        .context("running vm_stat")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    parse_vm_stat_available(&text).context("vm_stat output has no page counts")
-}
-
-/// free + inactive + purgeable pages of a `vm_stat` text, in GB.
-pub fn parse_vm_stat_available(text: &str) -> Option<f64> {
-    let page: f64 = text
-        .lines()
-        .next()?
-        .split("page size of ")
-        .nth(1)?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    let count = |key: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.rsplit(':').next())
-            .and_then(|v| v.trim().trim_end_matches('.').parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    Some((count("Pages free") + count("Pages inactive") + count("Pages purgeable")) * page / 1e9)
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "macos")))]
-fn available_gb() -> Result<f64> {
-    anyhow::bail!("cannot measure available memory on this OS: set RAM_GB")
 }
 
 #[cfg(test)]
@@ -300,13 +252,5 @@ mod tests {
         })
         .unwrap();
         assert_eq!(p.slots, 1);
-    }
-
-    #[test]
-    fn parses_meminfo_and_vm_stat() {
-        let m = "MemTotal:       32000000 kB\nMemAvailable:   16000000 kB\n";
-        assert!((parse_meminfo_available(m).unwrap() - 16.384).abs() < 1e-9);
-        let v = "Mach Virtual Memory Statistics: (page size of 16384 bytes)\nPages free:        1000.\nPages active: 5.\nPages inactive:    2000.\nPages purgeable:   1000.\n";
-        assert!((parse_vm_stat_available(v).unwrap() - 4000.0 * 16384.0 / 1e9).abs() < 1e-9);
     }
 }

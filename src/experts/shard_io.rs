@@ -1,12 +1,14 @@
-//! Positional reads from shard files: O_DIRECT on Linux (through a second descriptor),
-//! F_NOCACHE on macOS, or buffered with a read-ahead hint.
+//! Positional reads from shard files: uncached through a second descriptor (O_DIRECT on
+//! Linux, F_NOCACHE on macOS, FILE_FLAG_NO_BUFFERING on Windows; see
+//! [`crate::platform::uncached_read`]), or buffered with a read-ahead hint.
 
 use super::aligned_buf::{round_up, AlignedBuf, IO_ALIGN};
+use crate::platform::positional_read::read_at;
+use crate::platform::uncached_read;
 use anyhow::{anyhow, Context, Result};
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,10 +16,32 @@ use std::sync::{Arc, Mutex};
 /// How expert bytes are read (`K3_DIRECT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoMode {
-    /// Bypass the page cache: O_DIRECT (Linux) / F_NOCACHE (macOS).
+    /// Bypass the page cache: O_DIRECT (Linux) / F_NOCACHE (macOS) /
+    /// FILE_FLAG_NO_BUFFERING (Windows).
     Direct,
     /// Through the page cache, with a WILLNEED hint per expert.
     Buffered,
+}
+
+impl IoMode {
+    /// The mode as the run's first lines and `k3 inspect` name it, with the OS mechanism.
+    pub fn describe(self) -> String {
+        match self {
+            IoMode::Direct => format!("direct ({})", uncached_read::UNCACHED_MECHANISM),
+            IoMode::Buffered => "buffered (page cache, read-ahead hints)".to_string(),
+        }
+    }
+}
+
+/// Tries one uncached read of the first block of `path`: `Ok` when the filesystem takes
+/// direct reads, else why not (expert reads then fall back to buffered, with one message).
+pub fn probe_direct(path: &Path) -> std::result::Result<(), String> {
+    let f = uncached_read::open_uncached(path).map_err(|e| e.to_string())?;
+    let mut buf = AlignedBuf::new(IO_ALIGN);
+    match read_at(&f, buf.block_region_mut(), 0) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 struct ShardFiles {
@@ -80,17 +104,11 @@ impl ShardIo {
         }
     }
 
-    #[cfg(target_os = "linux")]
     fn open_direct(&self, path: &Path) -> Option<File> {
-        use std::os::unix::fs::OpenOptionsExt;
         if self.direct_refused.load(Ordering::Relaxed) {
             return None;
         }
-        match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-        {
+        match uncached_read::open_uncached(path) {
             Ok(f) => Some(f),
             Err(e) => {
                 self.refuse_direct(path, &e.to_string());
@@ -99,46 +117,14 @@ impl ShardIo {
         }
     }
 
-    #[cfg(target_os = "macos")]
-    fn open_direct(&self, path: &Path) -> Option<File> {
-        use std::os::fd::AsRawFd;
-        let f = File::open(path).ok()?;
-        // SAFETY: fcntl on a descriptor we own; F_NOCACHE takes an int flag and touches no memory.
-        let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_NOCACHE, 1) };
-        if rc == -1 {
-            self.refuse_direct(path, "F_NOCACHE failed");
-            return None;
-        }
-        Some(f)
-    }
-
-    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
-    fn open_direct(&self, path: &Path) -> Option<File> {
-        self.refuse_direct(path, "not supported on this OS");
-        None
-    }
-
-    /// Hints the kernel to start reading `range` (buffered mode only).
+    /// Hints the OS to start reading `range` (buffered mode only).
     pub fn will_need(&self, path: &Path, range: &Range<u64>) {
         if self.mode() != IoMode::Buffered {
             return;
         }
-        #[cfg(target_os = "linux")]
         if let Ok(f) = self.files(path) {
-            use std::os::fd::AsRawFd;
-            let len = (range.end - range.start) as libc::off_t;
-            // SAFETY: posix_fadvise only reads its integer arguments; the fd is open for the call.
-            unsafe {
-                libc::posix_fadvise(
-                    f.buffered.as_raw_fd(),
-                    range.start as libc::off_t,
-                    len,
-                    libc::POSIX_FADV_WILLNEED,
-                );
-            }
+            uncached_read::read_ahead_hint(&f.buffered, range.start, range.end - range.start);
         }
-        #[cfg(not(target_os = "linux"))]
-        let _ = (path, range);
     }
 
     /// Reads `range` of the shard at `path`. Returns the buffer and where `range.start` lies in it.
@@ -224,13 +210,13 @@ fn read_direct(
     let need = (range.end - a0) as usize;
     let mut got = 0usize;
     while got < need {
-        match f.read_at(&mut region[got..], a0 + got as u64) {
+        match read_at(f, &mut region[got..], a0 + got as u64) {
             Ok(0) => break,
             // A short read at the tail leaves `got` unaligned; the next read would be refused,
             // so finish the remainder (at most one block) through the loop's EOF check.
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && got == 0 => {
+            Err(e) if uncached_read::is_refusal(&e) && got == 0 => {
                 return Err(DirectError::Refused(e))
             }
             Err(e) => {
@@ -254,7 +240,7 @@ fn read_direct(
 fn read_full(f: &File, buf: &mut [u8], offset: u64, path: &Path, len: usize) -> Result<()> {
     let mut got = 0usize;
     while got < len {
-        match f.read_at(&mut buf[got..len], offset + got as u64) {
+        match read_at(f, &mut buf[got..len], offset + got as u64) {
             Ok(0) => {
                 return Err(truncated(
                     path,
@@ -333,5 +319,23 @@ mod tests {
             assert!(msg.contains(&f.path().display().to_string()), "{msg}");
             assert!(msg.contains("ends at offset 5000"), "{mode:?}: {msg}");
         }
+    }
+
+    #[test]
+    fn probing_direct_reads_agrees_with_the_reader() {
+        let (f, data) = pattern_file(2 * IO_ALIGN);
+        let io = ShardIo::new(IoMode::Direct);
+        let (buf, off) = io.read(f.path(), &(3..10)).unwrap();
+        assert_eq!(&buf[off..off + 7], &data[3..10]);
+        // A filesystem that refuses the probe makes the reader fall back, and one that takes
+        // it keeps the reader direct.
+        assert_eq!(probe_direct(f.path()).is_ok(), io.mode() == IoMode::Direct);
+    }
+
+    #[test]
+    fn modes_name_the_os_mechanism() {
+        #[cfg(target_os = "linux")]
+        assert_eq!(IoMode::Direct.describe(), "direct (O_DIRECT)");
+        assert!(IoMode::Buffered.describe().starts_with("buffered"));
     }
 }

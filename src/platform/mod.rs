@@ -1,0 +1,7 @@
+//! What differs between Linux, macOS and Windows, one module per concern, each with the same
+//! interface on every OS: the rest of the engine never names an OS.
+
+pub mod available_memory;
+pub mod map_advice;
+pub mod positional_read;
+pub mod uncached_read;

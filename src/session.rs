@@ -1,20 +1,140 @@
-//! A conversation with the model: the state of everything fed so far, so a new turn only
-//! feeds its own tokens (prefix reuse), and a decode loop that can be stopped.
+//! A conversation with the model and the one decode loop that `k3 run`, `k3 chat` and
+//! `k3 serve` share: the state of everything fed so far (so a new turn only feeds its own
+//! tokens: prefix reuse), chunked prefill, and token-by-token decode under one stop rule.
 
 use crate::backend::Backend;
-use crate::generate::prefill;
+use crate::model::trace::Trace;
 use crate::model::{K3Model, Logits, State};
-use crate::sampling::Sampler;
-use crate::stats::Stats;
-use anyhow::Result;
+use crate::stats::{RunReport, Stats};
+use anyhow::{bail, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// Largest prefill chunk accepted (`K3_CHUNK`).
+pub const MAX_CHUNK: usize = 512;
 
 /// What the decode loop should do after a token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {
     /// Keep generating.
     Continue,
-    /// Stop now (the token is still part of the conversation).
+    /// Stop now (the token is still reported).
     Stop,
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop id was generated, or the token callback said stop.
+    #[default]
+    Stop,
+    /// `max_tokens` were generated.
+    Length,
+    /// The cancel flag was raised (between prefill chunks or between tokens).
+    Cancelled,
+}
+
+/// The stop rule and switches of [`Session::generate`].
+#[derive(Clone, Copy, Default)]
+pub struct DecodeOptions<'a> {
+    /// Tokens to generate at most (0 generates nothing).
+    pub max_tokens: usize,
+    /// Stop when one of these ids is generated (it is still reported).
+    pub stop_ids: &'a [u32],
+    /// Checked between prefill chunks and between tokens; raised means stop now.
+    pub cancel: Option<&'a AtomicBool>,
+    /// Keep the logits of every prompt position fed by this call.
+    pub all_logits: bool,
+    /// Per-layer hidden dumps.
+    pub trace: Option<&'a Trace>,
+}
+
+/// One generated token and what producing it cost.
+#[derive(Clone, Debug)]
+pub struct TokenEvent {
+    /// The token.
+    pub id: u32,
+    /// Its index among the generated tokens (0-based).
+    pub index: usize,
+    /// Seconds of the forward pass that produced its logits (0 for the first: prefill's).
+    pub secs: f64,
+    /// Counters of that forward pass.
+    pub stats: Stats,
+}
+
+/// What a generation produced and how long it took.
+#[derive(Debug, Default)]
+pub struct Generation {
+    /// Generated ids (the prompt excluded).
+    pub tokens: Vec<u32>,
+    /// Logits of every prompt position fed by this call, when requested.
+    pub prompt_logits: Vec<f32>,
+    /// Prompt tokens the session already held (prefix reuse).
+    pub cached_tokens: usize,
+    /// Prompt tokens fed by this call.
+    pub prefilled_tokens: usize,
+    /// Seconds in prefill.
+    pub prefill_secs: f64,
+    /// Seconds in decode.
+    pub decode_secs: f64,
+    /// Counters of the prefill.
+    pub prefill_stats: Stats,
+    /// Counters of the decode.
+    pub decode_stats: Stats,
+    /// Why it ended.
+    pub finish: Finish,
+}
+
+impl RunReport for Generation {
+    fn generated_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+    fn prefill(&self) -> (f64, &Stats) {
+        (self.prefill_secs, &self.prefill_stats)
+    }
+    fn decode(&self) -> (f64, &Stats) {
+        (self.decode_secs, &self.decode_stats)
+    }
+}
+
+fn cancelled(flag: Option<&AtomicBool>) -> bool {
+    flag.is_some_and(|f| f.load(Ordering::SeqCst))
+}
+
+/// Checks a prefill chunk size against `1..=MAX_CHUNK`.
+pub fn check_chunk(chunk: usize) -> Result<()> {
+    if chunk == 0 || chunk > MAX_CHUNK {
+        bail!("--chunk / K3_CHUNK must be between 1 and {MAX_CHUNK}, got {chunk}");
+    }
+    Ok(())
+}
+
+/// Runs the prompt through the model `chunk` tokens at a time. Returns the logits of
+/// every prompt position when `all` is set, else those of the last position.
+pub fn prefill<B: Backend>(
+    model: &K3Model<B>,
+    st: &mut State<B>,
+    ids: &[u32],
+    chunk: usize,
+    all: bool,
+    stats: &mut Stats,
+    trace: Option<&Trace>,
+) -> Result<Vec<f32>> {
+    check_chunk(chunk)?;
+    if ids.is_empty() {
+        bail!("the prompt is empty: give at least one token id");
+    }
+    let want = if all { Logits::All } else { Logits::Last };
+    let mut out = Vec::new();
+    for c in ids.chunks(chunk) {
+        let logits = model.forward(st, c, want, stats, trace)?;
+        if all {
+            out.extend(logits);
+        } else {
+            out = logits;
+        }
+    }
+    Ok(out)
 }
 
 /// Model state plus the tokens it has consumed.
@@ -22,6 +142,7 @@ pub struct Session<'m, B: Backend> {
     model: &'m K3Model<B>,
     state: State<B>,
     tokens: Vec<u32>,
+    /// Logits after the last consumed token (empty when nothing was consumed).
     last_logits: Vec<f32>,
     chunk: usize,
     /// Counters since the session started.
@@ -31,6 +152,7 @@ pub struct Session<'m, B: Backend> {
 impl<'m, B: Backend> Session<'m, B> {
     /// An empty conversation; prompts are prefilled `chunk` tokens at a time.
     pub fn new(model: &'m K3Model<B>, chunk: usize) -> Result<Self> {
+        check_chunk(chunk)?;
         Ok(Self {
             model,
             state: model.new_state()?,
@@ -41,6 +163,11 @@ impl<'m, B: Backend> Session<'m, B> {
         })
     }
 
+    /// The model this session runs.
+    pub fn model(&self) -> &'m K3Model<B> {
+        self.model
+    }
+
     /// Tokens consumed so far.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
@@ -48,65 +175,165 @@ impl<'m, B: Backend> Session<'m, B> {
 
     /// Forgets everything.
     pub fn reset(&mut self) -> Result<()> {
-        self.state = self.model.new_state()?;
+        // The tokens go first: should the new state fail, the session is empty, not stale.
         self.tokens.clear();
         self.last_logits.clear();
+        self.state = self.model.new_state()?;
         Ok(())
     }
 
-    /// Feeds `ids` after what was consumed.
-    pub fn feed(&mut self, ids: &[u32]) -> Result<()> {
-        if ids.is_empty() {
-            return Ok(());
+    /// Feeds `ids` after what was consumed, a chunk at a time; stops between chunks when
+    /// `cancel` is raised (returning false). What was fed stays consumed either way.
+    fn feed(
+        &mut self,
+        ids: &[u32],
+        opts: &DecodeOptions<'_>,
+        stats: &mut Stats,
+        all: &mut Vec<f32>,
+    ) -> Result<bool> {
+        let want = if opts.all_logits {
+            Logits::All
+        } else {
+            Logits::Last
+        };
+        let v = self.model.vocab_size();
+        for c in ids.chunks(self.chunk) {
+            if cancelled(opts.cancel) {
+                return Ok(false);
+            }
+            // A failed forward leaves the state half-advanced: forget it all.
+            let logits = match self
+                .model
+                .forward(&mut self.state, c, want, stats, opts.trace)
+            {
+                Ok(l) => l,
+                Err(e) => {
+                    self.reset()?;
+                    return Err(e);
+                }
+            };
+            self.tokens.extend_from_slice(c);
+            self.last_logits = logits[logits.len().saturating_sub(v)..].to_vec();
+            if opts.all_logits {
+                all.extend(logits);
+            }
         }
-        self.last_logits = prefill(
-            self.model,
-            &mut self.state,
-            ids,
-            self.chunk,
-            false,
-            &mut self.stats,
-            None,
-        )?;
-        self.tokens.extend_from_slice(ids);
-        Ok(())
+        Ok(true)
     }
 
     /// Brings the session to exactly `ids`: feeds only the new suffix when what was consumed
     /// is a prefix of `ids`, else starts over. Returns how many tokens were fed.
     pub fn sync_to(&mut self, ids: &[u32]) -> Result<usize> {
+        let reused = self.reuse(ids)?;
+        let mut stats = Stats::default();
+        self.feed(
+            &ids[reused..],
+            &DecodeOptions::default(),
+            &mut stats,
+            &mut Vec::new(),
+        )?;
+        self.stats = self.stats.plus(&stats);
+        Ok(ids.len() - reused)
+    }
+
+    /// Keeps the consumed tokens when they are a prefix of `ids` (resetting otherwise) and
+    /// returns how many are kept.
+    fn reuse(&mut self, ids: &[u32]) -> Result<usize> {
         if !ids.starts_with(&self.tokens) {
             self.reset()?;
         }
-        let new = ids[self.tokens.len()..].to_vec();
-        self.feed(&new)?;
-        Ok(new.len())
+        Ok(self.tokens.len())
     }
 
-    /// Samples tokens until `on_token` says stop or `max` tokens; every token generated is
-    /// fed back, so the conversation can go on from where it stopped.
+    /// Brings the session to `prompt` (reusing the prefix it holds), then samples tokens with
+    /// `pick` under one stop rule: a stop id, `max_tokens`, `on_token` returning
+    /// [`Flow::Stop`], or the cancel flag (checked between prefill chunks and between tokens).
+    /// Every generated token but the last is fed back; the last is fed by the next call
+    /// that continues from it, so a generation that ends costs no extra forward pass.
     pub fn generate(
         &mut self,
-        max: usize,
-        sampler: &mut Sampler,
-        on_token: &mut dyn FnMut(u32) -> Result<Flow>,
-    ) -> Result<Vec<u32>> {
-        let mut out = Vec::new();
-        if self.last_logits.is_empty() {
-            return Ok(out);
+        prompt: &[u32],
+        opts: &DecodeOptions<'_>,
+        pick: &mut dyn FnMut(&[f32], &[u32]) -> u32,
+        on_token: &mut dyn FnMut(&TokenEvent) -> Result<Flow>,
+    ) -> Result<Generation> {
+        if prompt.is_empty() {
+            bail!("the prompt is empty: give at least one token id");
         }
-        for _ in 0..max {
-            let id = sampler.sample(&self.last_logits, &self.tokens);
-            out.push(id);
-            let flow = on_token(id)?;
-            self.last_logits =
-                self.model
-                    .forward(&mut self.state, &[id], Logits::Last, &mut self.stats, None)?;
-            self.tokens.push(id);
-            if flow == Flow::Stop {
+        let mut g = Generation::default();
+        let t0 = Instant::now();
+        let mut reused = self.reuse(prompt)?;
+        if reused == prompt.len() && (opts.all_logits || self.last_logits.is_empty()) {
+            // Nothing new to feed, but the caller wants prompt logits this call computes.
+            self.reset()?;
+            reused = 0;
+        }
+        g.cached_tokens = reused;
+        g.prefilled_tokens = prompt.len() - reused;
+        let mut prefill_stats = Stats::default();
+        let done = self.feed(
+            &prompt[reused..],
+            opts,
+            &mut prefill_stats,
+            &mut g.prompt_logits,
+        );
+        g.prefill_stats = prefill_stats;
+        self.stats = self.stats.plus(&g.prefill_stats);
+        g.prefill_secs = t0.elapsed().as_secs_f64();
+        if !done? {
+            g.finish = Finish::Cancelled;
+            return Ok(g);
+        }
+        let t1 = Instant::now();
+        let mut history = prompt.to_vec();
+        let (mut secs, mut step_stats) = (0.0, Stats::default());
+        g.finish = Finish::Length;
+        for index in 0..opts.max_tokens {
+            if cancelled(opts.cancel) {
+                g.finish = Finish::Cancelled;
                 break;
             }
+            let id = pick(&self.last_logits, &history);
+            history.push(id);
+            g.tokens.push(id);
+            let flow = on_token(&TokenEvent {
+                id,
+                index,
+                secs,
+                stats: step_stats.clone(),
+            })?;
+            if flow == Flow::Stop || opts.stop_ids.contains(&id) {
+                g.finish = Finish::Stop;
+                break;
+            }
+            if index + 1 == opts.max_tokens {
+                break;
+            }
+            if cancelled(opts.cancel) {
+                g.finish = Finish::Cancelled;
+                break;
+            }
+            let (t, before) = (Instant::now(), g.decode_stats.clone());
+            let mut one = Vec::new();
+            let step = self.feed(
+                &[id],
+                &DecodeOptions {
+                    all_logits: false,
+                    cancel: None,
+                    ..*opts
+                },
+                &mut g.decode_stats,
+                &mut one,
+            );
+            if let Err(e) = step {
+                self.stats = self.stats.plus(&g.decode_stats);
+                return Err(e);
+            }
+            secs = t.elapsed().as_secs_f64();
+            step_stats = g.decode_stats.since(&before);
         }
-        Ok(out)
+        self.stats = self.stats.plus(&g.decode_stats);
+        g.decode_secs = t1.elapsed().as_secs_f64();
+        Ok(g)
     }
 }

@@ -10,8 +10,8 @@ use clap::Args;
 use k3::backend::Backend;
 use k3::model::K3Model;
 use k3::sampling::Sampler;
-use k3::session::{Flow, Session};
-use k3::tokenizer::{render_chat, Channel, ChatEvent, ChatSplitter, Message, Tokenizer};
+use k3::session::{DecodeOptions, Flow, Session};
+use k3::tokenizer::{Channel, ChatEvent, ChatOptions, ChatSplitter, Message, Tokenizer};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -89,6 +89,8 @@ fn chat_loop<B: Backend>(
     let mut system = a.system.clone();
     let mut thinking = a.think == 1;
     let mut history: Vec<Message> = Vec::new();
+    let mut stop_ids = model.ckpt.config.eos_token_ids.clone();
+    stop_ids.extend(tok.special_id("<|end_of_msg|>"));
     eprintln!("[K3] chat ready. {HELP}");
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -128,28 +130,34 @@ fn chat_loop<B: Backend>(
         history.push(Message::user(line.to_string()));
         let mut msgs: Vec<Message> = system.iter().map(|s| Message::system(s.clone())).collect();
         msgs.extend(history.iter().cloned());
-        let ids = tok.try_encode_with_special(&render_chat(&msgs, true, thinking))?;
-        let before = session.tokens().len();
-        let fed = session.sync_to(&ids)?;
-        if before > 0 && fed == ids.len() {
+        let ids = tok.encode_chat(&msgs, &ChatOptions::generation(thinking))?;
+        if !session.tokens().is_empty() && !ids.starts_with(session.tokens()) {
             // The template rendered earlier turns differently from how they were generated.
-            eprintln!("[K3] (conversation re-read from the start: {fed} tokens)");
+            eprintln!(
+                "[K3] (conversation re-read from the start: {} tokens)",
+                ids.len()
+            );
         }
         stop.store(false, Ordering::SeqCst);
         let mut out = TokenOutput::Chat {
             splitter: ChatSplitter::new(&tok, thinking, &model.ckpt.config.eos_token_ids)?,
             shown: None,
         };
-        let mut answer_ids = Vec::new();
-        session.generate(a.max_answer, &mut sampler, &mut |id| {
-            answer_ids.push(id);
-            let ended = out.push(id)?;
-            Ok(if ended || stop.load(Ordering::SeqCst) {
+        let opts = DecodeOptions {
+            max_tokens: a.max_answer,
+            stop_ids: &stop_ids,
+            cancel: Some(stop),
+            ..DecodeOptions::default()
+        };
+        let mut pick = |logits: &[f32], hist: &[u32]| sampler.sample(logits, hist);
+        let g = session.generate(&ids, &opts, &mut pick, &mut |ev| {
+            Ok(if out.push(ev.id)? {
                 Flow::Stop
             } else {
                 Flow::Continue
             })
         })?;
+        let answer_ids = g.tokens;
         out.finish()?;
         if stop.swap(false, Ordering::SeqCst) {
             eprintln!("[K3] (stopped)");

@@ -16,7 +16,7 @@ use k3::generate::{generate, GenerateOptions};
 use k3::model::trace::Trace;
 use k3::model::{FormatPolicy, K3Model};
 use k3::stats;
-use k3::tokenizer::{render_chat, ChatSplitter, Message, StreamDecoder, Tokenizer};
+use k3::tokenizer::{ChatOptions, ChatSplitter, Message, StreamDecoder, Tokenizer};
 use std::path::{Path, PathBuf};
 
 /// Which backend runs the ops.
@@ -237,13 +237,7 @@ impl ModelArgs {
     /// cache, then runs `job` on it.
     pub fn with_model<J: ModelJob>(&self, dir: &Path, job: J) -> Result<J::Out> {
         let policy = FormatPolicy::from_bits(self.bits, self.mla_bits, self.head_bits)?;
-        if self.chunk == 0 || self.chunk > k3::generate::MAX_CHUNK {
-            bail!(
-                "--chunk / K3_CHUNK must be between 1 and {}, got {}",
-                k3::generate::MAX_CHUNK,
-                self.chunk
-            );
-        }
+        k3::session::check_chunk(self.chunk)?;
         let extra = self
             .dirs
             .as_deref()
@@ -353,7 +347,7 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
                 msgs.push(Message::system(s.clone()));
             }
             msgs.push(Message::user(t.clone()));
-            tk.try_encode_with_special(&render_chat(&msgs, true, thinking))?
+            tk.encode_chat(&msgs, &ChatOptions::generation(thinking))?
         }
         (None, Some(t), Some(tk)) => tk.try_encode(t)?,
         (None, None, Some(tk)) if a.demo => tk.try_encode("Once upon a time")?,

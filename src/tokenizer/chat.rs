@@ -3,8 +3,10 @@
 //!
 //! The rendering follows llama.cpp's `models/templates/Kimi-K3.jinja` (kept as a test
 //! oracle in `tools/templates/`) for system, user and assistant messages, with and
-//! without thinking. Tools, tool results, images, `name` attributes, `tool_choice` and
-//! `response_format` are not rendered here.
+//! without thinking; [`Prompt`]'s pieces let the server add tools and tool results.
+//! Control tokens come only from the template: message text is encoded as ordinary
+//! text, so a typed `<|open|>` stays text. Images, `name` attributes and
+//! `response_format` are not rendered.
 
 use anyhow::{Context, Result};
 
@@ -107,6 +109,17 @@ pub struct ChatOptions {
     pub thinking_effort: Option<ThinkingEffort>,
 }
 
+impl ChatOptions {
+    /// A prompt that ends with the assistant's opening, at the template's default effort.
+    pub fn generation(thinking: bool) -> Self {
+        Self {
+            add_generation_prompt: true,
+            thinking,
+            thinking_effort: Some(ThinkingEffort::Max),
+        }
+    }
+}
+
 /// Renders a conversation exactly as `Kimi-K3.jinja` does with the given switches and
 /// the template's default `thinking_effort=max`.
 pub fn render_chat(messages: &[Message], add_generation_prompt: bool, thinking: bool) -> String {
@@ -122,54 +135,151 @@ pub fn render_chat(messages: &[Message], add_generation_prompt: bool, thinking: 
 
 /// Renders a conversation exactly as `Kimi-K3.jinja` does with these options.
 pub fn render_chat_with(messages: &[Message], opts: &ChatOptions) -> String {
-    let mut out = String::new();
-    if let (true, Some(effort)) = (opts.thinking, opts.thinking_effort) {
-        let body = format!(
-            "`thinking_effort` guides on how much to think in your thinking channel (not \
-             including the response channel), supported values include `low`, `medium`, \
-             `high`, and `max`.\nNow the system is invoked with `thinking_effort={}`.",
-            effort.as_str()
-        );
-        open_tag(
-            &mut out,
-            "message",
-            &[("role", "system"), ("type", "thinking-effort")],
-        );
-        out.push_str(python_trim(&body));
-        close_tag(&mut out, "message");
-        out.push_str(END_OF_MSG);
-    }
+    chat_prompt(messages, opts).text()
+}
+
+/// The conversation as template pieces: what [`render_chat_with`] writes and
+/// [`Tokenizer::encode_chat`] encodes.
+pub fn chat_prompt(messages: &[Message], opts: &ChatOptions) -> Prompt {
+    let mut p = Prompt::default();
+    p.thinking_effort(opts);
     for m in messages {
-        open_tag(&mut out, "message", &[("role", m.role.as_str())]);
-        if m.role == Role::Assistant {
-            if opts.thinking {
-                open_tag(&mut out, "think", &[]);
-                if let Some(r) = m.reasoning.as_deref() {
-                    // The template tests the trimmed text but writes the untrimmed one.
-                    if !python_trim(r).is_empty() {
-                        out.push_str(r);
-                    }
-                }
-                close_tag(&mut out, "think");
-            }
-            open_tag(&mut out, "response", &[]);
-            out.push_str(&m.content);
-            close_tag(&mut out, "response");
-        } else {
-            out.push_str(&m.content);
-        }
-        close_tag(&mut out, "message");
-        out.push_str(END_OF_MSG);
+        p.message(m, opts.thinking);
     }
     if opts.add_generation_prompt {
-        open_tag(&mut out, "message", &[("role", "assistant")]);
-        open_tag(
-            &mut out,
-            if opts.thinking { "think" } else { "response" },
-            &[],
-        );
+        p.generation_prompt(opts.thinking);
     }
-    out
+    p
+}
+
+/// One piece of a rendered prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// A control token the template inserts (`<|open|>`, `<|sep|>`, ...).
+    Control(&'static str),
+    /// Text, encoded as ordinary text whatever it contains.
+    Text(String),
+}
+
+/// A prompt under construction: control tokens where the template puts them, and text,
+/// kept apart so text can never become a control token.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Prompt {
+    pieces: Vec<Piece>,
+}
+
+impl Prompt {
+    /// The pieces, in order.
+    pub fn pieces(&self) -> &[Piece] {
+        &self.pieces
+    }
+
+    /// The prompt as one string, control tokens written by name (the template's output).
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for p in &self.pieces {
+            match p {
+                Piece::Control(c) => out.push_str(c),
+                Piece::Text(t) => out.push_str(t),
+            }
+        }
+        out
+    }
+
+    /// Appends text; adjacent texts merge, as they would in the rendered string.
+    pub fn push_text(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if let Some(Piece::Text(t)) = self.pieces.last_mut() {
+            t.push_str(text);
+        } else {
+            self.pieces.push(Piece::Text(text.to_string()));
+        }
+    }
+
+    /// `<|open|>tag k="v"...<|sep|>`, attribute values escaped as the template does.
+    pub fn open_tag(&mut self, tag: &str, attrs: &[(&str, &str)]) {
+        self.pieces.push(Piece::Control(OPEN));
+        let mut t = tag.to_string();
+        for (k, v) in attrs {
+            t.push(' ');
+            t.push_str(k);
+            t.push_str("=\"");
+            t.push_str(&v.replace('&', "&amp;").replace('"', "&quot;"));
+            t.push('"');
+        }
+        self.push_text(&t);
+        self.pieces.push(Piece::Control(SEP));
+    }
+
+    /// `<|close|>tag<|sep|>`.
+    pub fn close_tag(&mut self, tag: &str) {
+        self.pieces.push(Piece::Control(CLOSE));
+        self.push_text(tag);
+        self.pieces.push(Piece::Control(SEP));
+    }
+
+    /// `<|end_of_msg|>`.
+    pub fn end_of_msg(&mut self) {
+        self.pieces.push(Piece::Control(END_OF_MSG));
+    }
+
+    /// A system message the template writes itself (`type` = `kind`), body trimmed.
+    pub fn internal_system_message(&mut self, kind: &str, body: &str) {
+        self.open_tag("message", &[("role", "system"), ("type", kind)]);
+        self.push_text(python_trim(body));
+        self.close_tag("message");
+        self.end_of_msg();
+    }
+
+    /// The thinking-effort announcement, when thinking with an effort.
+    pub fn thinking_effort(&mut self, opts: &ChatOptions) {
+        if let (true, Some(effort)) = (opts.thinking, opts.thinking_effort) {
+            let body = format!(
+                "`thinking_effort` guides on how much to think in your thinking channel (not \
+                 including the response channel), supported values include `low`, `medium`, \
+                 `high`, and `max`.\nNow the system is invoked with `thinking_effort={}`.",
+                effort.as_str()
+            );
+            self.internal_system_message("thinking-effort", &body);
+        }
+    }
+
+    /// One system, user or assistant message (the assistant's think channel when thinking).
+    pub fn message(&mut self, m: &Message, thinking: bool) {
+        self.open_tag("message", &[("role", m.role.as_str())]);
+        if m.role == Role::Assistant {
+            self.assistant_body(m, thinking);
+        } else {
+            self.push_text(&m.content);
+        }
+        self.close_tag("message");
+        self.end_of_msg();
+    }
+
+    /// An assistant message's think (when thinking) and response sections.
+    pub fn assistant_body(&mut self, m: &Message, thinking: bool) {
+        if thinking {
+            self.open_tag("think", &[]);
+            if let Some(r) = m.reasoning.as_deref() {
+                // The template tests the trimmed text but writes the untrimmed one.
+                if !python_trim(r).is_empty() {
+                    self.push_text(r);
+                }
+            }
+            self.close_tag("think");
+        }
+        self.open_tag("response", &[]);
+        self.push_text(&m.content);
+        self.close_tag("response");
+    }
+
+    /// The assistant's opening, so the model writes the next turn.
+    pub fn generation_prompt(&mut self, thinking: bool) {
+        self.open_tag("message", &[("role", "assistant")]);
+        self.open_tag(if thinking { "think" } else { "response" }, &[]);
+    }
 }
 
 const OPEN: &str = "<|open|>";
@@ -177,27 +287,8 @@ const CLOSE: &str = "<|close|>";
 const SEP: &str = "<|sep|>";
 const END_OF_MSG: &str = "<|end_of_msg|>";
 
-fn open_tag(out: &mut String, tag: &str, attrs: &[(&str, &str)]) {
-    out.push_str(OPEN);
-    out.push_str(tag);
-    for (k, v) in attrs {
-        out.push(' ');
-        out.push_str(k);
-        out.push_str("=\"");
-        out.push_str(&v.replace('&', "&amp;").replace('"', "&quot;"));
-        out.push('"');
-    }
-    out.push_str(SEP);
-}
-
-fn close_tag(out: &mut String, tag: &str) {
-    out.push_str(CLOSE);
-    out.push_str(tag);
-    out.push_str(SEP);
-}
-
 /// Jinja's `trim` is Python's `str.strip()`.
-fn python_trim(s: &str) -> &str {
+pub fn python_trim(s: &str) -> &str {
     s.trim_matches(python_isspace)
 }
 

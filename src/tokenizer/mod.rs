@@ -14,8 +14,8 @@ use std::path::Path;
 use anyhow::{bail, Result};
 
 pub use chat::{
-    render_chat, render_chat_with, Channel, ChatEvent, ChatOptions, ChatSplitter, Message, Role,
-    ThinkingEffort,
+    chat_prompt, render_chat, render_chat_with, Channel, ChatEvent, ChatOptions, ChatSplitter,
+    Message, Piece, Prompt, Role, ThinkingEffort,
 };
 pub use stream_decode::StreamDecoder;
 
@@ -151,6 +151,30 @@ impl Tokenizer {
             Encoder::Tiktoken(bpe) => Ok(bpe.encode_with_special(text)),
             Encoder::HfJson(hf) => hf.encode_with_special(text),
         }
+    }
+
+    /// Encodes a rendered prompt: control pieces become their special ids, text pieces are
+    /// encoded as ordinary text (a special-token string in them stays text).
+    pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        for piece in prompt.pieces() {
+            match piece {
+                Piece::Control(name) => match self.special_id(name) {
+                    Some(id) => ids.push(id),
+                    None => bail!(
+                        "the tokenizer has no {name} token; the XTML chat format needs \
+                         <|open|>, <|close|>, <|sep|> and <|end_of_msg|> in tokenizer_config.json"
+                    ),
+                },
+                Piece::Text(t) => ids.extend(self.try_encode(t)?),
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Renders a conversation ([`chat_prompt`]) and encodes it ([`Self::encode_prompt`]).
+    pub fn encode_chat(&self, messages: &[Message], opts: &ChatOptions) -> Result<Vec<u32>> {
+        self.encode_prompt(&chat_prompt(messages, opts))
     }
 
     /// Decodes ids to text; special tokens appear as their names only when `show_special`.

@@ -4,9 +4,9 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use k3::backend::{Backend, FreeDeviceMemory};
-use k3::config::{AttnKind, Config};
 use k3::experts::ram_budget::{self, BudgetInputs};
 use k3::experts::{IoMode, StreamConfig};
+use k3::model::state_size::{state_size, StateSize};
 use k3::model::K3Model;
 
 /// Flags that decide how experts are read and cached.
@@ -43,21 +43,6 @@ pub struct StreamArgs {
     pub max_tokens: usize,
 }
 
-fn state_gb(cfg: &Config, max_tokens: usize) -> (f64, f64) {
-    let mla = cfg
-        .layer_kinds
-        .iter()
-        .filter(|k| **k == AttnKind::Mla)
-        .count();
-    let kda = cfg.layer_kinds.len() - mla;
-    let kv =
-        mla as f64 * max_tokens as f64 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) as f64 * 4.0;
-    let p = cfg.kda_width() as f64;
-    let per_kda = cfg.kda.num_heads as f64 * (cfg.kda.head_dim * cfg.kda.head_dim) as f64 * 4.0
-        + 3.0 * (cfg.kda.conv_kernel.saturating_sub(1)) as f64 * p * 4.0;
-    (kv / 1e9, kda as f64 * per_kda / 1e9)
-}
-
 impl StreamArgs {
     /// Sizes the cache against measured memory, prints the `[K3][RAM_GB=...]` line, and
     /// installs the streaming settings in the model.
@@ -70,7 +55,7 @@ impl StreamArgs {
         }
         let cfg = &model.ckpt.config;
         let mem = ram_budget::probe()?;
-        let (kv_gb, kda_gb) = state_gb(cfg, self.max_tokens);
+        let StateSize { kv_gb, kda_gb } = state_size(cfg, self.max_tokens);
         let plan = ram_budget::plan(&BudgetInputs {
             ram_gb: self.ram_gb,
             resident_gb: mem.resident_gb,

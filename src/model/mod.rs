@@ -7,6 +7,7 @@ pub mod kda;
 pub mod loader;
 pub mod mla;
 pub mod moe;
+pub mod state_size;
 pub mod trace;
 
 pub use format_policy::FormatPolicy;

@@ -91,6 +91,49 @@ pub struct Config {
     pub pad_token_id: Option<u32>,
 }
 
+/// Largest `config.json` read: the published one is a few KB, and a config of hundreds of
+/// MB would cost gigabytes as a JSON tree before any field is checked.
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// Largest value accepted for each dimension: far above Kimi K3's own (in brackets), low
+/// enough that every product the engine forms of two or three of them fits in 64 bits, and
+/// that a mistyped value is refused before it sizes an allocation.
+const DIM_LIMITS: &[(&str, usize)] = &[
+    ("hidden_size", 1 << 16),               // 7168
+    ("num_hidden_layers", 1 << 10),         // 93
+    ("vocab_size", 1 << 22),                // 163840
+    ("intermediate_size", 1 << 20),         // 33792
+    ("num_attention_heads", 1 << 12),       // 96
+    ("q_lora_rank", 1 << 16),               // 1536
+    ("kv_lora_rank", 1 << 16),              // 512
+    ("qk_nope_head_dim", 1 << 12),          // 128
+    ("qk_rope_head_dim", 1 << 12),          // 64
+    ("v_head_dim", 1 << 12),                // 128
+    ("num_heads", 1 << 12),                 // 96 (KDA)
+    ("head_dim", 1 << 12),                  // 128 (KDA)
+    ("short_conv_kernel_size", 1 << 6),     // 4
+    ("num_experts", 1 << 16),               // 896
+    ("num_experts_per_token", 1 << 10),     // 16
+    ("moe_intermediate_size", 1 << 20),     // 3072
+    ("routed_expert_hidden_size", 1 << 20), // 7168
+    ("num_shared_experts", 1 << 6),         // 1
+    ("attn_res_block_size", 1 << 10),       // 6
+];
+
+/// Most routed experts over all MoE layers: every one is a row of the expert table and six
+/// names in the schema.
+const MAX_ROUTED_EXPERTS: usize = 1 << 18;
+
+/// The sane range of each float field, inclusive: a value outside it is a broken config,
+/// and computing with it would give silent garbage (an overflowing scale, a zero norm).
+const FLOAT_RANGES: &[(&str, f32, f32)] = &[
+    ("rms_norm_eps", 1e-12, 1.0),
+    ("activation_situ_beta", 1e-6, 1e4),
+    ("activation_situ_linear_beta", 1e-6, 1e4),
+    ("routed_scaling_factor", 1e-6, 1e3),
+    ("gate_lower_bound", -1e3, 1e3),
+];
+
 /// The only routed-expert weight format the engine runs.
 const QUANT_FORMAT: &str = "mxfp4-pack-quantized";
 /// MXFP4 bits per weight.
@@ -101,6 +144,20 @@ pub const MXFP4_GROUP: usize = 32;
 impl Config {
     /// Reads and validates `config.json`; every error starts with the path.
     pub fn from_file(path: &Path) -> Result<Config> {
+        let len = std::fs::metadata(path)
+            .with_context(|| {
+                format!(
+                    "{}: cannot read the model config (is this a K3 snapshot directory?)",
+                    path.display()
+                )
+            })?
+            .len();
+        if len > MAX_CONFIG_BYTES {
+            bail!(
+                "{}: {len} bytes is not a model config (a config.json is a few KB; the limit is {MAX_CONFIG_BYTES})",
+                path.display()
+            );
+        }
         let text = std::fs::read_to_string(path).with_context(|| {
             format!(
                 "{}: cannot read the model config (is this a K3 snapshot directory?)",
@@ -195,6 +252,7 @@ impl<'a> Obj<'a> {
         as_usize(self.req(name)?, &self.field_name(name))
     }
 
+    /// A positive dimension, at most its [`DIM_LIMITS`] entry.
     fn positive(&self, name: &str) -> Result<usize> {
         let v = self.usize(name)?;
         if v == 0 {
@@ -202,6 +260,14 @@ impl<'a> Obj<'a> {
                 "{}: 0 is not allowed (must be positive)",
                 self.field_name(name)
             );
+        }
+        if let Some(&(_, max)) = DIM_LIMITS.iter().find(|(n, _)| *n == name) {
+            if v > max {
+                bail!(
+                    "{}: {v} is out of range (at most {max}; Kimi K3's own values are far below)",
+                    self.field_name(name)
+                );
+            }
         }
         Ok(v)
     }
@@ -214,6 +280,11 @@ impl<'a> Obj<'a> {
             .ok_or_else(|| anyhow!("{field}: expected a number, got {}", describe(v)))?;
         if !x.is_finite() {
             bail!("{field}: expected a finite number, got {x}");
+        }
+        if let Some(&(_, lo, hi)) = FLOAT_RANGES.iter().find(|(n, _, _)| *n == name) {
+            if !(lo as f64..=hi as f64).contains(&x) {
+                bail!("{field}: {x} is out of range (expected {lo} to {hi})");
+            }
         }
         Ok(x as f32)
     }
@@ -396,6 +467,14 @@ fn parse(root_value: &Value) -> Result<Config> {
         bail!(
             "{}: {num_experts_per_token} exceeds num_experts ({num_experts})",
             text.field_name("num_experts_per_token")
+        );
+    }
+    let moe_layers = num_hidden_layers - first_k_dense_replace;
+    if moe_layers.saturating_mul(num_experts) > MAX_ROUTED_EXPERTS {
+        bail!(
+            "{}: {num_experts} experts in each of {moe_layers} MoE layers is {} routed experts, more than the {MAX_ROUTED_EXPERTS} k3 accepts (Kimi K3 has 82432)",
+            text.field_name("num_experts"),
+            moe_layers.saturating_mul(num_experts)
         );
     }
     let moe_intermediate_size = text.positive("moe_intermediate_size")?;

@@ -10,6 +10,7 @@ pub mod model;
 pub mod platform;
 pub mod quant;
 pub mod sampling;
+pub mod serve;
 pub mod session;
 pub mod stats;
 pub mod synth;

@@ -6,6 +6,7 @@ mod devices_cmd;
 mod inspect_cmd;
 mod run_cmd;
 mod sampling_args;
+mod serve_cmd;
 mod stream_args;
 mod synth_cmd;
 mod threads;
@@ -28,6 +29,8 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Interactive chat that keeps the conversation's state between turns.
     Chat(chat_cmd::ChatArgs),
+    /// OpenAI-compatible HTTP server (chat, completions, Anthropic messages, a web page).
+    Serve(serve_cmd::ServeArgs),
     /// Print the token ids of a text (or its tokens with --json).
     Tokenize(tokenize_cmd::TokenizeArgs),
     /// Print the text of token ids.
@@ -47,6 +50,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Command::Run(a) => run_cmd::run(a),
         Command::Chat(a) => chat_cmd::run(a),
+        Command::Serve(a) => serve_cmd::run(a),
         Command::Tokenize(a) => tokenize_cmd::tokenize(a),
         Command::Detokenize(a) => tokenize_cmd::detokenize(a),
         Command::Synth(a) => synth_cmd::run(a),

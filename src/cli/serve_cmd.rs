@@ -1,0 +1,125 @@
+//! `k3 serve`: flags, then the model loads once and `k3::serve` runs on it.
+
+use super::run_cmd::{ModelArgs, ModelJob};
+use super::sampling_args::SamplingArgs;
+use super::threads;
+use anyhow::{bail, Result};
+use clap::Args;
+use k3::backend::Backend;
+use k3::model::K3Model;
+use k3::serve::request::{Defaults, Limits};
+use k3::serve::{serve, ServeOptions};
+use k3::tokenizer::Tokenizer;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Flags of `k3 serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Snapshot directory (use --demo for the built-in tiny model).
+    #[arg(required_unless_present = "demo")]
+    pub model: Option<PathBuf>,
+    /// Serve the built-in demo model (synthesized into the cache directory once).
+    #[arg(long)]
+    pub demo: bool,
+    /// Address to listen on; anything but loopback without --api-key prints a warning.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Bearer key the API routes require (`Authorization: Bearer KEY` or `x-api-key`).
+    #[arg(long, env = "K3_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// The model id clients name [default: the snapshot directory's name, `k3-demo` with --demo].
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Requests that may wait while one runs; beyond that, 429 with Retry-After.
+    #[arg(long, default_value_t = 8)]
+    pub queue: usize,
+    /// Tokens an answer gets when the request names no max_tokens.
+    #[arg(long, default_value_t = 1024)]
+    pub max_answer: usize,
+    /// Most messages in one request.
+    #[arg(long, default_value_t = 1024)]
+    pub max_messages: usize,
+    /// Largest request body, in MB.
+    #[arg(long, default_value_t = 8)]
+    pub max_body_mb: usize,
+    /// Thinking when a request does not say: 1 opens the think channel, 0 answers directly.
+    #[arg(long, env = "K3_THINK", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub think: u8,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub load: ModelArgs,
+}
+
+/// Runs `k3 serve`.
+pub fn run(a: ServeArgs) -> Result<()> {
+    threads::init(a.load.threads)?;
+    if a.queue == 0 || a.queue > 4096 {
+        bail!("--queue must be between 1 and 4096, got {}", a.queue);
+    }
+    if a.max_body_mb == 0 || a.max_body_mb > 1024 {
+        bail!(
+            "--max-body-mb must be between 1 and 1024, got {}",
+            a.max_body_mb
+        );
+    }
+    if a.max_answer == 0 {
+        bail!("--max-answer must be at least 1");
+    }
+    let sampling = a.sampling.config();
+    sampling.validate()?;
+    let dir = match &a.model {
+        Some(d) => d.clone(),
+        None => super::run_cmd::ensure_demo()?,
+    };
+    let name = match (&a.model_name, a.demo) {
+        (Some(n), _) => n.clone(),
+        (None, true) => "k3-demo".to_string(),
+        (None, false) => dir
+            .canonicalize()
+            .unwrap_or_else(|_| dir.clone())
+            .file_name()
+            .map_or_else(|| "k3".to_string(), |n| n.to_string_lossy().into_owned()),
+    };
+    let context = a.load.stream.max_tokens;
+    let opts = ServeOptions {
+        host: a.host.clone(),
+        port: a.port,
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        model_name: name,
+        queue: a.queue,
+        limits: Limits {
+            max_messages: a.max_messages,
+            max_tokens: context,
+            default_max_tokens: a.max_answer,
+            ..Limits::default()
+        },
+        defaults: Defaults {
+            sampling,
+            thinking: a.think == 1,
+        },
+        context,
+        chunk: a.load.chunk,
+        body_limit: a.max_body_mb << 20,
+        body_timeout: Duration::from_secs(30),
+        http_threads: 2,
+    };
+    a.load.with_model(&dir, ServeJob { dir: &dir, opts })
+}
+
+struct ServeJob<'a> {
+    dir: &'a Path,
+    opts: ServeOptions,
+}
+
+impl ModelJob for ServeJob<'_> {
+    type Out = ();
+    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+        let tok = Tokenizer::from_dir(self.dir)?;
+        serve(model, tok, self.opts)
+    }
+}

@@ -1,0 +1,369 @@
+//! The engine worker: the one thread that owns the model. It takes jobs from a bounded
+//! queue one at a time, runs them through the shared decode loop on one [`Session`]
+//! (so a request that extends the held conversation prefills only its new tokens), and
+//! streams what it generates back to the request's handler. An error or a panic in a job
+//! answers that job with an error and leaves the engine serving.
+
+use super::metrics::{GenerationSample, Metrics};
+use super::reply::{parse_reply, pieces_from_ids, ToolCallOut};
+use super::request::GenParams;
+use super::stop_strings::StopStrings;
+use crate::backend::Backend;
+use crate::model::K3Model;
+use crate::sampling::Sampler;
+use crate::session::{DecodeOptions, Finish, Flow, Session};
+use crate::stats::Stats;
+use crate::tokenizer::{Channel, ChatEvent, ChatSplitter, StreamDecoder, Tokenizer};
+use anyhow::Result;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// What a job's prompt is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobKind {
+    /// A chat turn rendered with or without the think channel.
+    Chat {
+        /// The generation prompt opened the think channel.
+        thinking: bool,
+    },
+    /// Plain text continuation.
+    Completion,
+}
+
+/// One request for the engine.
+pub struct Job {
+    /// The request's id (for the log line).
+    pub id: String,
+    /// The prompt's ids.
+    pub ids: Vec<u32>,
+    /// Sampling, limits and stop strings.
+    pub params: GenParams,
+    /// Chat or completion.
+    pub kind: JobKind,
+    /// Where the job's events go.
+    pub events: UnboundedSender<Event>,
+    /// Raised when the client went away (or the server stops).
+    pub cancel: Arc<AtomicBool>,
+    /// When the request was queued.
+    pub queued: Instant,
+}
+
+/// Which field a streamed piece of text belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// `reasoning_content` (the think channel).
+    Reasoning,
+    /// `content`.
+    Content,
+}
+
+/// Why the answer ended, as OpenAI names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model ended its turn, or a stop string or id came.
+    Stop,
+    /// `max_tokens` (or the context) ran out.
+    Length,
+    /// The model called tools.
+    ToolCalls,
+}
+
+impl FinishReason {
+    /// OpenAI's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
+        }
+    }
+}
+
+/// How a job ended.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The think-channel text.
+    pub reasoning: String,
+    /// The response text.
+    pub content: String,
+    /// Tool calls parsed from the reply.
+    pub tool_calls: Vec<ToolCallOut>,
+    /// Why it ended.
+    pub finish: FinishReason,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from the engine's state.
+    pub cached_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Seconds from the job's start to its first token.
+    pub ttft_secs: f64,
+    /// Seconds in prefill.
+    pub prefill_secs: f64,
+    /// Seconds in decode.
+    pub decode_secs: f64,
+    /// Engine counters of the job.
+    pub stats: Stats,
+    /// Whether the job was cancelled.
+    pub cancelled: bool,
+    /// The stop string that ended it, if one did.
+    pub stop_string: Option<String>,
+}
+
+/// What the engine sends a handler.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// New text of one field.
+    Delta(Field, String),
+    /// The job ended.
+    Done(Box<Outcome>),
+    /// The job failed (the engine goes on).
+    Failed(String),
+}
+
+/// State the engine shares with the HTTP side.
+#[derive(Default)]
+pub struct EngineShared {
+    /// Counters.
+    pub metrics: Metrics,
+    /// The running job's cancel flag, so shutdown can stop it.
+    pub current: Mutex<Option<Arc<AtomicBool>>>,
+    /// Raised at shutdown: jobs still queued end at once, cancelled.
+    pub stopping: AtomicBool,
+}
+
+/// Serves jobs until every sender of `jobs` is gone.
+pub fn run_engine<B: Backend>(
+    model: &K3Model<B>,
+    tok: &Tokenizer,
+    chunk: usize,
+    jobs: mpsc::Receiver<Job>,
+    shared: &EngineShared,
+) -> Result<()> {
+    let mut session = Session::new(model, chunk)?;
+    let eos = model.ckpt.config.eos_token_ids.clone();
+    while let Ok(job) = jobs.recv() {
+        shared.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
+        shared.metrics.busy.store(true, Ordering::SeqCst);
+        if let Ok(mut c) = shared.current.lock() {
+            *c = Some(job.cancel.clone());
+        }
+        if shared.stopping.load(Ordering::SeqCst) {
+            job.cancel.store(true, Ordering::SeqCst);
+        }
+        let started = Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| run_job(&mut session, tok, &eos, &job)));
+        let event = match result {
+            Ok(Ok(outcome)) => {
+                shared.metrics.add(&GenerationSample {
+                    prompt_tokens: outcome.prompt_tokens,
+                    cached_tokens: outcome.cached_tokens,
+                    generated_tokens: outcome.completion_tokens,
+                    prefill_secs: outcome.prefill_secs,
+                    decode_secs: outcome.decode_secs,
+                    ttft_secs: (outcome.completion_tokens > 0).then_some(outcome.ttft_secs),
+                    stats: outcome.stats.clone(),
+                });
+                eprintln!(
+                    "[K3] serve {}: prompt {} (cached {}) | generated {} | queued {:.3}s | ttft {:.3}s | prefill {:.3}s | decode {:.3}s | {}{}",
+                    job.id,
+                    outcome.prompt_tokens,
+                    outcome.cached_tokens,
+                    outcome.completion_tokens,
+                    started.duration_since(job.queued).as_secs_f64(),
+                    outcome.ttft_secs,
+                    outcome.prefill_secs,
+                    outcome.decode_secs,
+                    outcome.finish.as_str(),
+                    if outcome.cancelled { " (cancelled)" } else { "" }
+                );
+                Event::Done(Box::new(outcome))
+            }
+            Ok(Err(e)) => {
+                eprintln!("[K3] serve {}: failed: {e:#}", job.id);
+                Event::Failed(format!("{e:#}"))
+            }
+            Err(_) => {
+                eprintln!(
+                    "[K3] serve {}: the engine panicked; its state is reset",
+                    job.id
+                );
+                Event::Failed("internal error in the engine; the request was dropped".into())
+            }
+        };
+        if matches!(event, Event::Failed(_)) {
+            // The state may be half-advanced: start the next request from scratch.
+            session.reset()?;
+        }
+        let _ = job.events.send(event);
+        if let Ok(mut c) = shared.current.lock() {
+            *c = None;
+        }
+        shared.metrics.busy.store(false, Ordering::SeqCst);
+    }
+    Ok(())
+}
+
+/// Turns generated text into events: the think channel as reasoning, the rest as content
+/// through the stop strings; the tools channel is held for parsing at the end.
+struct Streamer<'a> {
+    events: &'a UnboundedSender<Event>,
+    cancel: &'a AtomicBool,
+    stops: StopStrings,
+    reasoning: String,
+    content: String,
+}
+
+impl Streamer<'_> {
+    fn send(&mut self, field: Field, text: String) {
+        if text.is_empty() {
+            return;
+        }
+        match field {
+            Field::Reasoning => self.reasoning.push_str(&text),
+            Field::Content => self.content.push_str(&text),
+        }
+        if self.events.send(Event::Delta(field, text)).is_err() {
+            // The handler is gone: the client disconnected.
+            self.cancel.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn text(&mut self, channel: Channel, text: &str) {
+        match channel {
+            Channel::Think => self.send(Field::Reasoning, text.to_string()),
+            Channel::Tools => {}
+            Channel::Response | Channel::Other => {
+                let shown = self.stops.push(text);
+                self.send(Field::Content, shown);
+            }
+        }
+    }
+
+    fn chat_events(&mut self, evs: Vec<ChatEvent>) {
+        for ev in evs {
+            if let ChatEvent::Text { channel, text } = ev {
+                self.text(channel, &text);
+            }
+        }
+    }
+}
+
+enum Output<'t> {
+    Chat(Box<ChatSplitter<'t>>),
+    Text(StreamDecoder<'t>),
+}
+
+fn run_job<B: Backend>(
+    session: &mut Session<'_, B>,
+    tok: &Tokenizer,
+    eos: &[u32],
+    job: &Job,
+) -> Result<Outcome> {
+    let t0 = Instant::now();
+    let p = &job.params;
+    let mut sampler = Sampler::new(p.sampling)?;
+    let mut stop_ids = eos.to_vec();
+    let mut output = match job.kind {
+        JobKind::Chat { thinking } => {
+            stop_ids.extend(tok.special_id("<|end_of_msg|>"));
+            Output::Chat(Box::new(ChatSplitter::new(tok, thinking, &[])?))
+        }
+        JobKind::Completion => Output::Text(StreamDecoder::new(tok, false)),
+    };
+    let mut st = Streamer {
+        events: &job.events,
+        cancel: &job.cancel,
+        stops: StopStrings::new(&p.stop),
+        reasoning: String::new(),
+        content: String::new(),
+    };
+    let mut ttft = None;
+    let (presence, frequency) = (p.presence_penalty, p.frequency_penalty);
+    let prompt_len = job.ids.len();
+    let mut scratch = Vec::new();
+    let mut pick = |logits: &[f32], history: &[u32]| {
+        if presence == 0.0 && frequency == 0.0 {
+            return sampler.sample(logits, history);
+        }
+        scratch.clear();
+        scratch.extend_from_slice(logits);
+        let mut counts: std::collections::HashMap<u32, f32> = Default::default();
+        for &id in &history[prompt_len.min(history.len())..] {
+            *counts.entry(id).or_default() += 1.0;
+        }
+        for (&id, &n) in &counts {
+            if let Some(l) = scratch.get_mut(id as usize) {
+                *l -= presence + frequency * n;
+            }
+        }
+        sampler.sample(&scratch, history)
+    };
+    let opts = DecodeOptions {
+        max_tokens: p.max_tokens,
+        stop_ids: &stop_ids,
+        cancel: Some(&job.cancel),
+        ..DecodeOptions::default()
+    };
+    let g = session.generate(&job.ids, &opts, &mut pick, &mut |ev| {
+        ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+        match &mut output {
+            Output::Chat(s) => {
+                let evs = s.push(ev.id)?;
+                st.chat_events(evs);
+            }
+            Output::Text(d) => {
+                let text = d.push(ev.id)?;
+                st.text(Channel::Response, &text);
+            }
+        }
+        Ok(if st.stops.hit() {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        })
+    })?;
+    match &mut output {
+        Output::Chat(s) => {
+            let evs = s.finish();
+            st.chat_events(evs);
+        }
+        Output::Text(d) => {
+            let text = d.finish();
+            st.text(Channel::Response, &text);
+        }
+    }
+    let tail = st.stops.finish();
+    st.send(Field::Content, tail);
+    let mut tool_calls = Vec::new();
+    if let JobKind::Chat { thinking } = job.kind {
+        let reply = parse_reply(&pieces_from_ids(tok, &g.tokens), thinking);
+        tool_calls = reply.tool_calls;
+        st.send(Field::Content, reply.unparsed_tools);
+    }
+    let finish = if !tool_calls.is_empty() {
+        FinishReason::ToolCalls
+    } else if g.finish == Finish::Length && !st.stops.hit() {
+        FinishReason::Length
+    } else {
+        FinishReason::Stop
+    };
+    Ok(Outcome {
+        reasoning: st.reasoning,
+        content: st.content,
+        tool_calls,
+        finish,
+        prompt_tokens: prompt_len,
+        cached_tokens: g.cached_tokens,
+        completion_tokens: g.tokens.len(),
+        ttft_secs: ttft.unwrap_or(0.0),
+        prefill_secs: g.prefill_secs,
+        decode_secs: g.decode_secs,
+        stats: g.prefill_stats.plus(&g.decode_stats),
+        cancelled: g.finish == Finish::Cancelled,
+        stop_string: st.stops.matched().map(str::to_string),
+    })
+}

@@ -1,0 +1,215 @@
+//! Counters of the server, written as Prometheus text at `/metrics`.
+
+use crate::stats::Stats;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Totals since the server started.
+#[derive(Default)]
+pub struct Metrics {
+    /// Answers by HTTP status.
+    by_status: Mutex<BTreeMap<u16, u64>>,
+    /// Requests waiting for the engine.
+    pub queue_depth: AtomicUsize,
+    /// Whether the engine is generating now.
+    pub busy: AtomicBool,
+    totals: Mutex<Totals>,
+    /// Requests the engine finished.
+    pub generations: AtomicU64,
+}
+
+#[derive(Default, Clone)]
+struct Totals {
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    prefilled_tokens: u64,
+    generated_tokens: u64,
+    prefill_secs: f64,
+    decode_secs: f64,
+    ttft_secs: f64,
+    ttft_count: u64,
+    last_prefill_tps: f64,
+    last_decode_tps: f64,
+    stats: Stats,
+}
+
+/// What one finished generation adds.
+pub struct GenerationSample {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Of them, reused from the engine's state.
+    pub cached_tokens: usize,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Seconds in prefill.
+    pub prefill_secs: f64,
+    /// Seconds in decode.
+    pub decode_secs: f64,
+    /// Seconds from the start of the job to its first token, if one came.
+    pub ttft_secs: Option<f64>,
+    /// Engine counters (prefill and decode).
+    pub stats: Stats,
+}
+
+impl Metrics {
+    /// Counts an answer.
+    pub fn count_status(&self, status: u16) {
+        if let Ok(mut m) = self.by_status.lock() {
+            *m.entry(status).or_default() += 1;
+        }
+    }
+
+    /// Adds a finished generation.
+    pub fn add(&self, s: &GenerationSample) {
+        self.generations.fetch_add(1, Ordering::Relaxed);
+        let Ok(mut t) = self.totals.lock() else {
+            return;
+        };
+        let prefilled = s.prompt_tokens - s.cached_tokens.min(s.prompt_tokens);
+        t.prompt_tokens += s.prompt_tokens as u64;
+        t.cached_tokens += s.cached_tokens as u64;
+        t.prefilled_tokens += prefilled as u64;
+        t.generated_tokens += s.generated_tokens as u64;
+        t.prefill_secs += s.prefill_secs;
+        t.decode_secs += s.decode_secs;
+        if let Some(x) = s.ttft_secs {
+            t.ttft_secs += x;
+            t.ttft_count += 1;
+        }
+        if prefilled > 0 && s.prefill_secs > 0.0 {
+            t.last_prefill_tps = prefilled as f64 / s.prefill_secs;
+        }
+        if s.generated_tokens > 1 && s.decode_secs > 0.0 {
+            t.last_decode_tps = (s.generated_tokens - 1) as f64 / s.decode_secs;
+        }
+        t.stats = t.stats.plus(&s.stats);
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        };
+        let t = self.totals.lock().map(|t| t.clone()).unwrap_or_default();
+        metric(
+            "k3_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of finished requests.",
+            t.prompt_tokens.to_string(),
+        );
+        metric(
+            "k3_cached_prompt_tokens_total",
+            "counter",
+            "Prompt tokens reused from the engine's state.",
+            t.cached_tokens.to_string(),
+        );
+        metric(
+            "k3_prefilled_tokens_total",
+            "counter",
+            "Prompt tokens run through the model.",
+            t.prefilled_tokens.to_string(),
+        );
+        metric(
+            "k3_generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            t.generated_tokens.to_string(),
+        );
+        metric(
+            "k3_prefill_seconds_total",
+            "counter",
+            "Seconds in prefill.",
+            format!("{:.6}", t.prefill_secs),
+        );
+        metric(
+            "k3_decode_seconds_total",
+            "counter",
+            "Seconds in decode.",
+            format!("{:.6}", t.decode_secs),
+        );
+        metric(
+            "k3_prefill_tokens_per_second",
+            "gauge",
+            "Prefill rate of the last request that prefilled.",
+            format!("{:.3}", t.last_prefill_tps),
+        );
+        metric(
+            "k3_decode_tokens_per_second",
+            "gauge",
+            "Decode rate of the last request that decoded.",
+            format!("{:.3}", t.last_decode_tps),
+        );
+        metric(
+            "k3_time_to_first_token_seconds_sum",
+            "counter",
+            "Sum of times to first token.",
+            format!("{:.6}", t.ttft_secs),
+        );
+        metric(
+            "k3_time_to_first_token_seconds_count",
+            "counter",
+            "Requests with a first token.",
+            t.ttft_count.to_string(),
+        );
+        metric(
+            "k3_expert_hit_ratio",
+            "gauge",
+            "Experts found cached, of those needed.",
+            format!("{:.4}", t.stats.hit_percent() / 100.0),
+        );
+        metric(
+            "k3_expert_lookups_total",
+            "counter",
+            "Experts needed (per layer per chunk).",
+            t.stats.expert_lookups.to_string(),
+        );
+        metric(
+            "k3_streamed_bytes_total",
+            "counter",
+            "Expert bytes read from disk.",
+            t.stats.bytes_streamed.to_string(),
+        );
+        let busy = t.stats.disk_busy.as_secs_f64();
+        metric(
+            "k3_disk_gigabytes_per_second",
+            "gauge",
+            "Expert bytes read per second of disk busy time, in GB/s.",
+            format!(
+                "{:.3}",
+                if busy > 0.0 {
+                    t.stats.bytes_streamed as f64 / 1e9 / busy
+                } else {
+                    0.0
+                }
+            ),
+        );
+        metric(
+            "k3_queue_length",
+            "gauge",
+            "Requests waiting for the engine.",
+            self.queue_depth.load(Ordering::Relaxed).to_string(),
+        );
+        metric(
+            "k3_engine_busy",
+            "gauge",
+            "1 while the engine generates.",
+            u8::from(self.busy.load(Ordering::Relaxed)).to_string(),
+        );
+        let _ = writeln!(
+            o,
+            "# HELP k3_requests_total Answers by HTTP status.\n# TYPE k3_requests_total counter"
+        );
+        if let Ok(m) = self.by_status.lock() {
+            for (status, n) in m.iter() {
+                let _ = writeln!(o, "k3_requests_total{{status=\"{status}\"}} {n}");
+            }
+        }
+        o
+    }
+}

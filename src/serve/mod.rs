@@ -1,0 +1,160 @@
+//! `k3 serve`: an OpenAI-compatible (and Anthropic `/v1/messages`) HTTP server over one
+//! loaded model. The calling thread is the engine: it owns the model and runs one
+//! generation at a time ([`engine`]); a tokio runtime on other threads runs the HTTP side
+//! ([`http`]) and hands requests over through a bounded queue.
+
+pub mod anthropic;
+pub mod api_error;
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod openai;
+pub mod prompt;
+pub mod reply;
+pub mod request;
+pub mod sse;
+pub mod stop_strings;
+
+use crate::backend::Backend;
+use crate::model::K3Model;
+use crate::tokenizer::Tokenizer;
+use anyhow::{Context, Result};
+use engine::{run_engine, EngineShared};
+use request::{Defaults, Limits};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Address to listen on.
+    pub host: String,
+    /// Port (0 picks a free one; the bound address is printed).
+    pub port: u16,
+    /// Bearer key required on the API routes.
+    pub api_key: Option<String>,
+    /// The model id clients name.
+    pub model_name: String,
+    /// Requests that may wait for the engine; one more gets 429.
+    pub queue: usize,
+    /// Request limits.
+    pub limits: Limits,
+    /// Defaults for fields a request leaves out.
+    pub defaults: Defaults,
+    /// Tokens the context holds (prompt plus answer).
+    pub context: usize,
+    /// Prefill chunk.
+    pub chunk: usize,
+    /// Largest request body, in bytes.
+    pub body_limit: usize,
+    /// Longest wait for a request body.
+    pub body_timeout: Duration,
+    /// HTTP worker threads.
+    pub http_threads: usize,
+}
+
+/// Serves `model` until SIGINT or SIGTERM: binds, prints the address, runs the HTTP side
+/// on its own threads and the engine on this one.
+pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions) -> Result<()> {
+    let listener =
+        std::net::TcpListener::bind((opts.host.as_str(), opts.port)).with_context(|| {
+            format!(
+                "--host/--port: cannot listen on {}:{}",
+                opts.host, opts.port
+            )
+        })?;
+    listener
+        .set_nonblocking(true)
+        .context("setting the listening socket non-blocking")?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    let loopback = addr.ip().is_loopback();
+    if !loopback && opts.api_key.is_none() {
+        eprintln!(
+            "[K3] serve: WARNING: listening on {} without --api-key / K3_API_KEY: anyone who \
+             can reach this address can use the model",
+            addr.ip()
+        );
+    }
+    let tok = Arc::new(tok);
+    let shared = Arc::new(EngineShared::default());
+    let (jobs_tx, jobs_rx) = mpsc::sync_channel(opts.queue.max(1));
+    let app = Arc::new(http::App {
+        jobs: jobs_tx,
+        shared: shared.clone(),
+        tok: tok.clone(),
+        model_name: opts.model_name.clone(),
+        backend_name: model.backend.name(),
+        api_key: opts.api_key.clone(),
+        limits: opts.limits,
+        defaults: opts.defaults,
+        context: opts.context,
+        body_limit: opts.body_limit,
+        body_timeout: opts.body_timeout,
+        next_id: AtomicU64::new(1),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(opts.http_threads.max(1))
+        .thread_name("k3-http")
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    let http_shared = shared.clone();
+    let http = std::thread::Builder::new()
+        .name("k3-http-main".into())
+        .spawn(move || -> Result<()> {
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)
+                    .context("handing the socket to the runtime")?;
+                axum::serve(listener, http::router(app))
+                    .with_graceful_shutdown(shutdown_signal(http_shared))
+                    .await
+                    .context("serving HTTP")
+            })
+        })
+        .context("starting the HTTP thread")?;
+    eprintln!(
+        "[K3] serve: listening on http://{addr} | model {} | backend {}",
+        opts.model_name,
+        model.backend.name()
+    );
+    // Returns once the HTTP side has stopped and dropped every sender of the queue.
+    let engine = run_engine(model, &tok, opts.chunk, jobs_rx, &shared);
+    let http = http
+        .join()
+        .map_err(|_| anyhow::anyhow!("the HTTP thread panicked"))?;
+    engine?;
+    http?;
+    eprintln!("[K3] serve: stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM, after cancelling the running generation and marking
+/// the engine as stopping (queued requests are then answered cancelled at once).
+async fn shutdown_signal(shared: Arc<EngineShared>) {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("[K3] serve: stopping (the running request is cancelled)");
+    shared.stopping.store(true, Ordering::SeqCst);
+    if let Ok(c) = shared.current.lock() {
+        if let Some(flag) = c.as_ref() {
+            flag.store(true, Ordering::SeqCst);
+        }
+    }
+}

@@ -1,85 +1,183 @@
-//! Decode matvec (n = 1) of every weight format against a plain parallel read of the same
-//! number of bytes: the read is the memory-bandwidth roofline the matvec is judged by.
+//! Decode matvec (n = 1) of every weight format at K3 shapes on ONE core, against a plain
+//! read of the same bytes in the same run (the memory roofline a matvec is judged by), on
+//! every SIMD level this CPU has; and the chunk matmul (n = 8) of the same matrices.
+//!
+//! Each case cycles through enough copies of its matrix to exceed the last-level cache, so
+//! both the kernel and the read stream from memory; each figure is the best of its rounds.
+//! `cargo bench --bench matvec [-- FILTER]` (FILTER: a substring of the case names).
 
-use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
-use k3::quant::{DenseFormat, DenseMatrix, Mxfp4View};
+use k3::quant::simd::SimdLevel;
+use k3::quant::{DenseData, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rayon::prelude::*;
 use std::hint::black_box;
+use std::time::Instant;
 
-/// The widest dense projection shape of K3 (`[out, in]`).
-const DENSE: (usize, usize) = (4096, 7168);
-/// One routed expert matrix.
-const EXPERT: (usize, usize) = (3072, 3584);
-/// Words per rayon task of the read kernel (512 KiB).
-const READ_CHUNK: usize = 1 << 16;
+/// Bytes the copies of one case span together (beyond any last-level cache here).
+const SPAN: usize = 512 << 20;
+/// Timed passes over all copies; the best pass is reported.
+const ROUNDS: usize = 5;
+/// K3's hidden width, the columns of most dense matrices and of the experts' gate/up.
+const HIDDEN: usize = 7168;
 
-/// Sums every word of `buf` in parallel: touches each byte once, like a matvec must.
+/// Sums every word: touches each byte once, as a matvec must.
 fn read_sum(buf: &[u64]) -> u64 {
-    buf.par_chunks(READ_CHUNK)
-        .map(|c| {
-            let mut acc = [0u64; 4];
-            for w in c.chunks_exact(4) {
-                for i in 0..4 {
-                    acc[i] = acc[i].wrapping_add(w[i]);
-                }
-            }
-            acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
-        })
-        .reduce(|| 0, u64::wrapping_add)
+    let mut acc = [0u64; 4];
+    for w in buf.chunks_exact(4) {
+        for i in 0..4 {
+            acc[i] = acc[i].wrapping_add(w[i]);
+        }
+    }
+    acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
 }
 
-/// Benchmarks `matvec` and the read kernel over the same byte count in one group.
-fn pair(c: &mut Criterion, name: &str, bytes: usize, mut matvec: impl FnMut()) {
-    let buf: Vec<u64> = (0..bytes.div_ceil(8) as u64).collect();
-    let mut g: BenchmarkGroup<_> = c.benchmark_group(name);
-    g.throughput(Throughput::BytesDecimal(bytes as u64));
-    g.sample_size(10);
-    g.bench_function("matvec", |b| b.iter(&mut matvec));
-    g.bench_function("read", |b| b.iter(|| black_box(read_sum(black_box(&buf)))));
-    g.finish();
+/// Best GB/s of `ROUNDS` passes of `f` over `copies` items of `bytes` each.
+fn best_gbs(bytes: usize, copies: usize, mut f: impl FnMut(usize)) -> f64 {
+    f(0);
+    let mut best = f64::INFINITY;
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        for i in 0..copies {
+            f(i);
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (bytes * copies) as f64 / best / 1e9
 }
 
-fn dense(c: &mut Criterion) {
-    let (rows, cols) = DENSE;
-    let mut rng = StdRng::seed_from_u64(1);
-    let values: Vec<f32> = (0..rows * cols)
-        .map(|_| rng.random_range(-1.0f32..1.0))
-        .collect();
-    let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-    let mut y = vec![0f32; rows];
-    for fmt in [
-        DenseFormat::F32,
-        DenseFormat::Bf16,
-        DenseFormat::Int8,
-        DenseFormat::Int4,
-    ] {
-        let m = DenseMatrix::from_f32(rows, cols, values.clone(), fmt).unwrap();
-        let name = format!("{fmt:?}_{rows}x{cols}");
-        pair(c, &name, m.byte_size(), || {
-            m.matmul(black_box(&x), 1, &mut y);
-            black_box(&y);
-        });
+/// `matmul(copy, level, x, n, y)` of one case.
+type CopyMatmul = Box<dyn Fn(usize, SimdLevel, &[f32], usize, &mut [f32]) + Send + Sync>;
+
+/// One bench case: its payload size and the matmul of copy `i` for each level.
+struct Case {
+    name: String,
+    bytes: usize,
+    copies: usize,
+    rows: usize,
+    cols: usize,
+    matmul: CopyMatmul,
+}
+
+fn dense_case(rng: &mut StdRng, name: &str, rows: usize, cols: usize, int4: bool) -> Case {
+    let make = |rng: &mut StdRng| {
+        let data = if int4 {
+            let q = (0..rows * cols.div_ceil(2)).map(|_| rng.random()).collect();
+            let scale = (0..rows * cols.div_ceil(64))
+                .map(|_| rng.random())
+                .collect();
+            DenseData::Int4 { q, scale }
+        } else {
+            let q = (0..rows * cols)
+                .map(|_| rng.random_range(-127..=127))
+                .collect();
+            let scale = (0..rows).map(|_| rng.random()).collect();
+            DenseData::Int8 { q, scale }
+        };
+        DenseMatrix { rows, cols, data }
+    };
+    let first = make(rng);
+    let bytes = first.byte_size();
+    let copies = SPAN.div_ceil(bytes);
+    let mut ms = vec![first];
+    ms.extend((1..copies).map(|_| make(rng)));
+    Case {
+        name: format!("{name}_{rows}x{cols}"),
+        bytes,
+        copies,
+        rows,
+        cols,
+        matmul: Box::new(move |i, l, x, n, y| ms[i].matmul_with(l, x, n, y)),
     }
 }
 
-fn mxfp4(c: &mut Criterion) {
-    let (rows, cols) = EXPERT;
-    let mut rng = StdRng::seed_from_u64(2);
-    let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.random()).collect();
-    let scales: Vec<u8> = (0..rows * cols / 32)
-        .map(|_| rng.random_range(120..=130))
+fn mxfp4_case(rng: &mut StdRng, rows: usize, cols: usize) -> Case {
+    let bytes = rows * cols / 2 + rows * cols / 32;
+    let copies = SPAN.div_ceil(bytes);
+    let data: Vec<(Vec<u8>, Vec<u8>)> = (0..copies)
+        .map(|_| {
+            let packed = (0..rows * cols / 2).map(|_| rng.random()).collect();
+            let scales = (0..rows * cols / 32)
+                .map(|_| rng.random_range(118..=124))
+                .collect();
+            (packed, scales)
+        })
         .collect();
-    let view = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();
-    let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-    let mut y = vec![0f32; rows];
-    let name = format!("Mxfp4_{rows}x{cols}");
-    pair(c, &name, packed.len() + scales.len(), || {
-        view.matmul(black_box(&x), 1, &mut y);
-        black_box(&y);
-    });
+    Case {
+        name: format!("Mxfp4_{rows}x{cols}"),
+        bytes,
+        copies,
+        rows,
+        cols,
+        matmul: Box::new(move |i, l, x, n, y| {
+            let (p, s) = &data[i];
+            let view = Mxfp4View::new(rows, cols, p, s).expect("bench shape");
+            view.matmul_with(l, x, n, y);
+        }),
+    }
 }
 
-criterion_group!(benches, dense, mxfp4);
-criterion_main!(benches);
+fn main() {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a one-thread pool");
+    let mut rng = StdRng::seed_from_u64(1);
+    let shapes: [(&str, usize, usize); 7] = [
+        ("Int4", 2048, HIDDEN),
+        ("Int4", 12288, HIDDEN),
+        ("Int8", 2048, HIDDEN),
+        ("Int8", 12288, HIDDEN),
+        ("Mxfp4", 2048, HIDDEN),
+        ("Mxfp4", 12288, HIDDEN),
+        ("Mxfp4", HIDDEN, 2048),
+    ];
+    println!(
+        "one core; GB/s of payload (weights + scales), best of {ROUNDS}; ratio = matvec / read"
+    );
+    println!(
+        "{:<20} {:>8} {:>8} {:>10} {:>8} {:>14}",
+        "case", "read", "level", "matvec", "ratio", "n=8 Gflop/s"
+    );
+    for (fmt, rows, cols) in shapes {
+        let label = format!("{fmt}_{rows}x{cols}");
+        if filter.as_ref().is_some_and(|f| !label.contains(f.as_str())) {
+            continue;
+        }
+        let case = match fmt {
+            "Mxfp4" => mxfp4_case(&mut rng, rows, cols),
+            f => dense_case(&mut rng, f, rows, cols, f == "Int4"),
+        };
+        let read_buf: Vec<u64> = (0..(case.bytes * case.copies).div_ceil(8) as u64).collect();
+        let words = case.bytes.div_ceil(8);
+        pool.install(|| {
+            let read = best_gbs(case.bytes, case.copies, |i| {
+                let end = ((i + 1) * words).min(read_buf.len());
+                black_box(read_sum(black_box(&read_buf[i * words..end])));
+            });
+            let x: Vec<f32> = (0..8 * case.cols)
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect();
+            let mut y = vec![0f32; 8 * case.rows];
+            for level in SimdLevel::available() {
+                let mv = best_gbs(case.bytes, case.copies, |i| {
+                    (case.matmul)(i, level, &x[..case.cols], 1, &mut y[..case.rows]);
+                    black_box(&y);
+                });
+                // Flops per payload byte, so best_gbs's figure converts to Gflop/s.
+                let flops_per_byte = 16.0 * (case.rows * case.cols) as f64 / case.bytes as f64;
+                let gflops = flops_per_byte
+                    * best_gbs(case.bytes, 1, |_| {
+                        (case.matmul)(0, level, &x, 8, &mut y);
+                        black_box(&y);
+                    });
+                println!(
+                    "{:<20} {read:>8.2} {:>8} {mv:>10.2} {:>8.3} {gflops:>14.2}",
+                    case.name,
+                    level.name(),
+                    mv / read
+                );
+            }
+        });
+    }
+}

@@ -2,6 +2,7 @@
 //! reference.
 
 use k3::quant::mxfp4::{e2m1, e8m0};
+use k3::quant::simd::SimdLevel;
 use k3::quant::{DenseData, DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -346,5 +347,117 @@ fn dequantize_row_matches_dequantize() {
         let mut row = vec![0f32; 70];
         m.dequantize_row(4, &mut row);
         assert_eq!(row, all[4 * 70..5 * 70]);
+    }
+}
+
+/// Shapes that leave every kind of tail: odd rows, columns short of a vector, of a 64-wide
+/// block and of a group, one column, and K3's widest rows.
+const AWKWARD: [(usize, usize); 9] = [
+    (1, 1),
+    (3, 7),
+    (5, 63),
+    (7, 64),
+    (9, 65),
+    (13, 131),
+    (17, 200),
+    (4, 1000),
+    (33, 7168),
+];
+
+/// Runs `matmul` on every level this CPU has for token counts around the kernels' token
+/// group of four; checks each SIMD level against the portable reference (relative L2 and
+/// the float64 reference) and that a row's output does not depend on the token count.
+fn check_levels(
+    label: &str,
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    rng: &mut StdRng,
+    matmul: impl Fn(SimdLevel, &[f32], usize, &mut [f32]),
+) {
+    for n in [1, 2, 3, 4, 5, 9] {
+        let x = random_values(rng, n * cols);
+        let exact = reference(w, rows, cols, &x, n);
+        let mut want = vec![f32::NAN; n * rows];
+        matmul(SimdLevel::Portable, &x, n, &mut want);
+        let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        for level in SimdLevel::available() {
+            let mut got = vec![f32::NAN; n * rows];
+            matmul(level, &x, n, &mut got);
+            let vs_portable = rel_l2(&got, &want64);
+            assert!(
+                vs_portable <= 1e-6,
+                "{label} [{rows}, {cols}] n={n} {level:?}: rel L2 {vs_portable} vs portable"
+            );
+            let vs_exact = rel_l2(&got, &exact);
+            assert!(
+                vs_exact <= 1e-6,
+                "{label} [{rows}, {cols}] n={n} {level:?}: rel L2 {vs_exact} vs float64"
+            );
+            // Token t alone gives the same bits as token t within the chunk.
+            for t in [0, n - 1] {
+                let mut one = vec![f32::NAN; rows];
+                matmul(level, &x[t * cols..(t + 1) * cols], 1, &mut one);
+                let chunk = &got[t * rows..(t + 1) * rows];
+                assert!(
+                    one.iter()
+                        .zip(chunk)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{label} [{rows}, {cols}] n={n} {level:?}: token {t} differs alone"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_dense_kernels_match_portable_on_awkward_shapes() {
+    let mut rng = StdRng::seed_from_u64(17);
+    for (rows, cols) in AWKWARD {
+        let values = random_values(&mut rng, rows * cols);
+        for fmt in FORMATS {
+            let m = DenseMatrix::from_f32(rows, cols, values.clone(), fmt).unwrap();
+            let w = m.dequantize();
+            check_levels(
+                &format!("{fmt:?}"),
+                &w,
+                rows,
+                cols,
+                &mut rng,
+                |l, x, n, y| m.matmul_with(l, x, n, y),
+            );
+        }
+    }
+}
+
+#[test]
+fn simd_mxfp4_kernels_match_portable_on_awkward_shapes() {
+    let mut rng = StdRng::seed_from_u64(19);
+    for (rows, cols) in [(1, 32), (3, 96), (7, 64), (11, 320), (5, 3584), (9, 7168)] {
+        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.random()).collect();
+        let scales: Vec<u8> = (0..rows * cols / 32)
+            .map(|_| rng.random_range(110..=140))
+            .collect();
+        let view = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();
+        let w = view.dequantize();
+        check_levels("Mxfp4", &w, rows, cols, &mut rng, |l, x, n, y| {
+            view.matmul_with(l, x, n, y)
+        });
+    }
+}
+
+#[test]
+fn simd_level_names_parse_and_unsupported_levels_are_refused() {
+    for level in SimdLevel::available() {
+        assert_eq!(SimdLevel::from_name(level.name()).unwrap(), level);
+    }
+    assert_eq!(SimdLevel::from_name("auto").unwrap(), SimdLevel::detect());
+    let e = SimdLevel::from_name("sse9").unwrap_err().to_string();
+    assert!(e.contains("K3_SIMD") && e.contains("portable"), "{e}");
+    for level in [SimdLevel::Avx2Fma, SimdLevel::Neon] {
+        if !level.is_supported() {
+            let e = SimdLevel::from_name(level.name()).unwrap_err().to_string();
+            assert!(e.contains("cannot run"), "{e}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! bf16 dense matrices: the checkpoint's own bits, widened exactly to f32 on use.
 
 use super::kernel::RowSource;
+use super::simd::{Encoded, EncodedRows};
 
 /// Exact widening of a bf16 bit pattern (a bf16 is the top half of an f32).
 #[inline]
@@ -40,5 +41,12 @@ impl RowSource for Bf16Rows<'_> {
     }
     fn decode(&self, r: usize, out: &mut [f32]) {
         decode_row(&self.bits[r * self.cols..(r + 1) * self.cols], out);
+    }
+    fn encoded(&self) -> EncodedRows<'_> {
+        EncodedRows {
+            data: Encoded::Bf16(self.bits),
+            rows: self.rows,
+            cols: self.cols,
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! CPU kernels dispatched to the format's module.
 
 use super::kernel::{self, RowSource};
+use super::simd::{self, Encoded, EncodedRows, SimdLevel};
 use super::{bf16, int4, int8, DenseData, DenseFormat, DenseMatrix};
 use anyhow::{bail, Result};
 
@@ -50,6 +51,13 @@ impl RowSource for F32Rows<'_> {
     }
     fn borrowed(&self, r: usize) -> Option<&[f32]> {
         Some(self.row(r))
+    }
+    fn encoded(&self) -> EncodedRows<'_> {
+        EncodedRows {
+            data: Encoded::F32(self.values),
+            rows: self.rows,
+            cols: self.cols,
+        }
     }
 }
 
@@ -168,9 +176,14 @@ impl DenseMatrix {
         with_rows!(self, src => kernel::dequantize(&src))
     }
 
-    /// `y = x · Wᵀ` for `x: [n, cols]`, `y: [n, rows]` (row-major, y overwritten); each
-    /// weight row is decoded once for all n tokens.
+    /// `y = x · Wᵀ` for `x: [n, cols]`, `y: [n, rows]` (row-major, y overwritten), on the
+    /// kernels of the process's [`simd::level`].
     pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
-        with_rows!(self, src => kernel::matmul(&src, x, n, y));
+        self.matmul_with(simd::level(), x, n, y);
+    }
+
+    /// [`Self::matmul`] on the kernels of `level` (panics if this CPU cannot run it).
+    pub fn matmul_with(&self, level: SimdLevel, x: &[f32], n: usize, y: &mut [f32]) {
+        with_rows!(self, src => kernel::matmul(&src, x, n, y, level));
     }
 }

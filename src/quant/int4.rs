@@ -3,6 +3,7 @@
 //! two per byte (low nibble = even column), each row padded to a whole byte.
 
 use super::kernel::RowSource;
+use super::simd::{Encoded, EncodedRows};
 use anyhow::{bail, Result};
 
 /// Columns sharing one scale.
@@ -123,5 +124,15 @@ impl RowSource for Int4Rows<'_> {
             &self.scale[r * rg..(r + 1) * rg],
             out,
         );
+    }
+    fn encoded(&self) -> EncodedRows<'_> {
+        EncodedRows {
+            data: Encoded::Int4 {
+                packed: self.packed,
+                scale: self.scale,
+            },
+            rows: self.rows,
+            cols: self.cols,
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! int8 dense matrices: per row symmetric, `w ≈ q · scale`, `scale = max|w| / 127`.
 
 use super::kernel::RowSource;
+use super::simd::{Encoded, EncodedRows};
 use anyhow::{bail, Result};
 
 /// Largest magnitude of a quantized value.
@@ -74,5 +75,15 @@ impl RowSource for Int8Rows<'_> {
             self.scale[r],
             out,
         );
+    }
+    fn encoded(&self) -> EncodedRows<'_> {
+        EncodedRows {
+            data: Encoded::Int8 {
+                q: self.q,
+                scale: self.scale,
+            },
+            rows: self.rows,
+            cols: self.cols,
+        }
     }
 }

@@ -1,6 +1,8 @@
-//! The one matmul driver every weight format shares: rayon over blocks of output rows,
-//! each block decoded once to f32 and then used for all `n` tokens.
+//! The matmul drivers every weight format shares: rayon over blocks of output rows, either
+//! portable (each block decoded once to f32, then dotted with all `n` tokens) or fused
+//! (the SIMD kernels of [`super::simd`] read the stored encoding directly).
 
+use super::simd::{self, EncodedRows, SimdLevel, MAX_TOKENS};
 use rayon::prelude::*;
 
 /// Rows decoded together per task. Eight rows of the widest dense matrix (7168 columns)
@@ -11,7 +13,6 @@ const BLOCK_ROWS: usize = 8;
 /// the compiler can keep independent add chains in flight without reassociating.
 const LANES: usize = 16;
 
-/// A matrix whose rows can be produced as f32, one at a time.
 /// The whole matrix of a row source as row-major f32.
 pub(crate) fn dequantize(src: &impl RowSource) -> Vec<f32> {
     let cols = src.cols();
@@ -24,6 +25,7 @@ pub(crate) fn dequantize(src: &impl RowSource) -> Vec<f32> {
     out
 }
 
+/// A matrix whose rows can be produced as f32, one at a time.
 pub(crate) trait RowSource: Sync {
     /// Output dimension.
     fn rows(&self) -> usize;
@@ -35,6 +37,8 @@ pub(crate) trait RowSource: Sync {
     fn borrowed(&self, _r: usize) -> Option<&[f32]> {
         None
     }
+    /// The rows in their stored encoding, for the fused SIMD kernels.
+    fn encoded(&self) -> EncodedRows<'_>;
 }
 
 /// Dot product with f32 accumulation in [`LANES`] independent lanes (auto-vectorized).
@@ -67,11 +71,19 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// `y[t, r] = Σ_c w[r, c] · x[t, c]` for `x: [n, cols]`, `y: [n, rows]`, both row-major.
 ///
-/// Panics if the slice lengths do not match the shapes: that is a caller bug, never data.
-pub(crate) fn matmul<S: RowSource>(w: &S, x: &[f32], n: usize, y: &mut [f32]) {
+/// Runs on `level`'s kernels.
+///
+/// Panics if the slice lengths do not match the shapes, or if this CPU cannot run `level`:
+/// those are caller bugs, never data.
+pub(crate) fn matmul<S: RowSource>(w: &S, x: &[f32], n: usize, y: &mut [f32], level: SimdLevel) {
     let (rows, cols) = (w.rows(), w.cols());
     assert_eq!(x.len(), n * cols, "matmul: x must be [n={n}, cols={cols}]");
     assert_eq!(y.len(), n * rows, "matmul: y must be [n={n}, rows={rows}]");
+    assert!(
+        level.is_supported(),
+        "matmul: this CPU cannot run {} kernels",
+        level.name()
+    );
     if n == 0 || rows == 0 {
         return;
     }
@@ -79,6 +91,16 @@ pub(crate) fn matmul<S: RowSource>(w: &S, x: &[f32], n: usize, y: &mut [f32]) {
         y.fill(0.0);
         return;
     }
+    if level == SimdLevel::Portable {
+        portable_matmul(w, x, n, y);
+    } else {
+        fused_matmul(&w.encoded(), x, n, y, level);
+    }
+}
+
+/// The portable driver: each row decoded to f32, then [`dot`] with every token.
+fn portable_matmul<S: RowSource>(w: &S, x: &[f32], n: usize, y: &mut [f32]) {
+    let (rows, cols) = (w.rows(), w.cols());
     if n == 1 {
         // y is one contiguous row: write it in place.
         y.par_chunks_mut(BLOCK_ROWS).enumerate().for_each_init(
@@ -120,4 +142,69 @@ pub(crate) fn matmul<S: RowSource>(w: &S, x: &[f32], n: usize, y: &mut [f32]) {
             *v = yt[r * n + t];
         }
     });
+}
+
+/// The fused driver: every output through [`simd::dot_tokens`], tokens taken up to
+/// [`MAX_TOKENS`] at a time while the row is hot in L1. Shapes are checked and non-empty.
+fn fused_matmul(w: &EncodedRows<'_>, x: &[f32], n: usize, y: &mut [f32], level: SimdLevel) {
+    let (rows, cols) = (w.rows, w.cols);
+    let split: Vec<f32> = if w.wants_pair_split() {
+        x.chunks_exact(cols).flat_map(simd::pair_split).collect()
+    } else {
+        Vec::new()
+    };
+    let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
+    let split_cols = split.len() / n;
+    let xp: Vec<&[f32]> = match split_cols {
+        _ if !w.wants_pair_split() => xs.clone(),
+        0 => vec![&[][..]; n],
+        sc => split.chunks_exact(sc).collect(),
+    };
+    if n == 1 {
+        let (x1, p1) = ([xs[0]], [xp[0]]);
+        y.par_chunks_mut(BLOCK_ROWS)
+            .enumerate()
+            .for_each(|(b, ys)| {
+                for (i, out) in ys.iter_mut().enumerate() {
+                    [*out] = simd::dot_tokens(level, w, b * BLOCK_ROWS + i, &x1, &p1);
+                }
+            });
+        return;
+    }
+    // Row-major [rows, n] so that each task owns a contiguous slice; transposed at the end.
+    let mut yt = vec![0f32; rows * n];
+    yt.par_chunks_mut(BLOCK_ROWS * n)
+        .enumerate()
+        .for_each(|(b, out)| {
+            for (i, dst) in out.chunks_exact_mut(n).enumerate() {
+                let r = b * BLOCK_ROWS + i;
+                for t0 in (0..n).step_by(MAX_TOKENS) {
+                    let (xs, xp, d) = (&xs[t0..], &xp[t0..], &mut dst[t0..]);
+                    match n - t0 {
+                        1 => d[..1].copy_from_slice(&tokens::<1>(level, w, r, xs, xp)),
+                        2 => d[..2].copy_from_slice(&tokens::<2>(level, w, r, xs, xp)),
+                        3 => d[..3].copy_from_slice(&tokens::<3>(level, w, r, xs, xp)),
+                        _ => d[..4].copy_from_slice(&tokens::<4>(level, w, r, xs, xp)),
+                    }
+                }
+            }
+        });
+    y.par_chunks_mut(rows).enumerate().for_each(|(t, yrow)| {
+        for (r, v) in yrow.iter_mut().enumerate() {
+            *v = yt[r * n + t];
+        }
+    });
+}
+
+/// [`simd::dot_tokens`] on the first `T` tokens of `xs` / `xp`.
+fn tokens<const T: usize>(
+    level: SimdLevel,
+    w: &EncodedRows<'_>,
+    r: usize,
+    xs: &[&[f32]],
+    xp: &[&[f32]],
+) -> [f32; T] {
+    let xs: [&[f32]; T] = std::array::from_fn(|t| xs[t]);
+    let xp: [&[f32]; T] = std::array::from_fn(|t| xp[t]);
+    simd::dot_tokens(level, w, r, &xs, &xp)
 }

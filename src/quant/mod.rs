@@ -7,6 +7,7 @@ pub mod int4;
 pub mod int8;
 mod kernel;
 pub mod mxfp4;
+pub mod simd;
 
 pub use mxfp4::Mxfp4View;
 

@@ -1,6 +1,7 @@
 //! MXFP4 (compressed-tensors `mxfp4-pack-quantized`): E2M1 nibbles with E8M0 scales per 32.
 
 use super::kernel::{self, RowSource};
+use super::simd::{self, Encoded, EncodedRows, SimdLevel};
 use anyhow::{bail, Result};
 
 /// Columns sharing one E8M0 scale.
@@ -107,10 +108,15 @@ impl<'a> Mxfp4View<'a> {
         kernel::dequantize(self)
     }
 
-    /// x: [n, cols] row-major, y: [n, rows] row-major (overwritten). Decodes each weight row
-    /// once for all n tokens.
+    /// x: [n, cols] row-major, y: [n, rows] row-major (overwritten), on the kernels of the
+    /// process's [`simd::level`].
     pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
-        kernel::matmul(self, x, n, y);
+        self.matmul_with(simd::level(), x, n, y);
+    }
+
+    /// [`Self::matmul`] on the kernels of `level` (panics if this CPU cannot run it).
+    pub fn matmul_with(&self, level: SimdLevel, x: &[f32], n: usize, y: &mut [f32]) {
+        kernel::matmul(self, x, n, y, level);
     }
 }
 
@@ -123,5 +129,15 @@ impl RowSource for Mxfp4View<'_> {
     }
     fn decode(&self, r: usize, out: &mut [f32]) {
         self.dequantize_row(r, out);
+    }
+    fn encoded(&self) -> EncodedRows<'_> {
+        EncodedRows {
+            data: Encoded::Mxfp4 {
+                packed: self.packed,
+                scales: self.scales,
+            },
+            rows: self.rows,
+            cols: self.cols,
+        }
     }
 }

@@ -15,10 +15,8 @@
 
 use k3::backend::gpu::buffers::GpuAct;
 use k3::backend::gpu::chunk_gemm::ChunkGemm;
-use k3::backend::gpu::context::Dispatch;
-use k3::backend::gpu::shaders::Shader;
 use k3::backend::gpu::stationary::Stationary;
-use k3::backend::gpu::{GpuBackend, GpuOptions, MatvecShape};
+use k3::backend::gpu::{GpuBackend, GpuOptions, Int4Decode, MatvecShape};
 use k3::backend::{
     Backend, ExpertAssignment, ExpertKey, ExpertWeights, Glu, KdaDims, KdaStepInputs,
     KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
@@ -34,6 +32,8 @@ mod clock_probes;
 mod mxfp4_twin;
 #[path = "gpu_kernels/pass_times.rs"]
 mod pass_times;
+#[path = "gpu_kernels/read_kernel.rs"]
+mod read_kernel;
 
 /// Timed repetitions per kernel (after one warm-up).
 const REPS: usize = 8;
@@ -47,6 +47,8 @@ const HEAT_SECS: f64 = 0.6;
 
 struct Timer<'a> {
     g: &'a GpuBackend,
+    /// The plain read kernel (the roofline).
+    read: read_kernel::ReadKernel,
     qs: Option<wgpu::QuerySet>,
     /// The heater's source buffer and sink, and its seconds (0: off).
     heat: (wgpu::Buffer, wgpu::Buffer, f64),
@@ -68,7 +70,12 @@ impl<'a> Timer<'a> {
             g.ctx.buffer(4 << 20, "heater sink"),
             heat_secs,
         );
-        Self { g, qs, heat }
+        Self {
+            g,
+            read: read_kernel::ReadKernel::new(&g.ctx),
+            qs,
+            heat,
+        }
     }
 
     /// Keeps the GPU busy with read passes, 64 at a submission, for the heater's seconds.
@@ -172,17 +179,7 @@ impl<'a> Timer<'a> {
 
     /// Records the plain read kernel over the first `bytes` of `src`.
     fn dispatch_read(&self, src: &wgpu::Buffer, sink: &wgpu::Buffer, bytes: u64) {
-        let ctx = &self.g.ctx;
-        let groups = (ctx.limits.max_compute_workgroups_per_dimension).min(4 * 132 * 8);
-        let threads = groups * ctx.wg;
-        ctx.dispatch(&Dispatch {
-            shader: Shader::ReadBench,
-            entry: "stream_read",
-            consts: &[],
-            params: &[(bytes / 16) as u32, threads],
-            buffers: &[src, sink],
-            groups: (groups, 1, 1),
-        })
+        self.read.dispatch(&self.g.ctx, src, sink, bytes);
     }
 }
 
@@ -423,25 +420,28 @@ fn main() {
     };
     // The last block makes every activation a new buffer (wgpu then zero-fills each before
     // its first pass), against the block before it, which reuses them.
-    // int4's default row-split decode is the integer-digit one (DEC 3); the block after the
-    // first row-split block takes the f32 decode (DEC 1) it replaced, then DEC 3 at 8 rows
-    // per lane, unchecked, and in the column-stationary kernel (forced on). The other formats
-    // read DEC 3 as their default. Block 16 reads a large buffer against small ones, 17
-    // and 18 time the host's recording. (Blocks 19 to 25 measured variants that lost and
-    // were removed: docs/perf.md, session 8, which also has the fewer-rows-per-lane blocks
-    // that followed them.) 19 is the per-pass cost of small kernels. 20 is block 3 with x
-    // read from global memory instead of staged in workgroup memory; 21 and 22 the expert
-    // geometry on every matvec, x staged and not. 23 and 24 read staged x by word; 25 and 26
-    // are blocks 2 and 3 with every matrix in row chunks of 64 MiB; 27 times three large
-    // matvecs and the read kernel alone and interleaved; 28 is block 21 with MXFP4's
-    // conversion-free decode (DEC 2); 29 times the int4 head after idling and after
-    // stretches of back-to-back work (the GPU's clock); 30 is the CUDA probe's MXFP4 matvec
-    // written again in WGSL; 31 times the int8 and int4 heads line after line; 32 splits large
-    // matvecs into their passes (the engine's profiler); 33 to 35 do the same with every
-    // int4 matvec on the digit decode (4 and 2 rows a lane), then on the f32 decode at 2.
+    // int4's default row-split decode for large matrices is the integer-digit one; the first
+    // row-split block takes the f32 decode everywhere, then the digits at 8 rows per lane,
+    // unchecked, and in the column-stationary kernel (forced on). The other formats
+    // ignore the int4 decode. Block 16 reads a large buffer against small ones, 17 and 18
+    // time the host's recording. 19 is the per-pass cost of small kernels. 20 is block 3
+    // with x read from global memory instead of staged in workgroup memory; 21 and 22 the
+    // expert geometry on every matvec, x staged and not. 23 and 24 are blocks 2 and 3 with
+    // every matrix in row chunks of 64 MiB; 25 times three large matvecs and the read kernel
+    // alone and interleaved; 26 times the int4 head after idling and after stretches of
+    // back-to-back work (the GPU's clock); 27 is a CUDA probe's MXFP4 matvec written again in
+    // WGSL; 28 times the int8 and int4 heads line after line; 29 splits large matvecs into
+    // their passes (the engine's profiler); 30 to 32 do the same with every int4 matvec on
+    // the digit decode (4 and 2 rows a lane), then on the f32 decode at 2.
     // 32 lanes per row, all in one block, with the given rows per lane, decode and checks.
-    let dec =
-        |rows_per_lane, decode, unchecked| shape(32, 32, rows_per_lane, Some(decode), unchecked);
+    let dec = |rows_per_lane, decode: u8, unchecked| {
+        let decode = if decode == 3 {
+            Int4Decode::Digits
+        } else {
+            Int4Decode::Float
+        };
+        shape(32, 32, rows_per_lane, Some(decode), unchecked)
+    };
     // A one-token block of geometry `m` on the row-split kernel.
     let split = |m| (Some(m), None, cs(false, 4, 2048), Part::Matvec, true, None);
     // The one-token matvecs with every matrix in row chunks of at most 64 MiB, each its own
@@ -496,8 +496,8 @@ fn main() {
             true,
             None,
         ),
-        split(shape(32, 4, 4, Some(1), false)),
-        split(shape(8, 4, 4, Some(1), true)),
+        split(shape(32, 4, 4, Some(Int4Decode::Float), false)),
+        split(shape(8, 4, 4, Some(Int4Decode::Float), true)),
         (None, None, None, Part::Matvec, true, None),
         (None, None, None, Part::Matvec, false, None),
         (None, None, None, Part::Read, true, None),
@@ -507,15 +507,9 @@ fn main() {
         split(unstaged(dec(4, 1, false))),
         split(MatvecShape::experts()),
         split(unstaged(MatvecShape::experts())),
-        split(by_word(MatvecShape::experts())),
-        split(by_word(dec(4, 1, false))),
         capped(None),
         capped(Some(dec(4, 1, false))),
         (None, None, None, Part::Order, true, None),
-        split(MatvecShape {
-            decode: Some(2),
-            ..MatvecShape::experts()
-        }),
         (None, None, None, Part::Clock, true, None),
         (None, None, None, Part::Twin, true, None),
         (None, None, None, Part::Repeat, true, None),
@@ -663,23 +657,22 @@ fn assignments(
 }
 
 /// A matvec geometry (pipelined): lanes per row, lanes per block, rows per lane (the digit
-/// decode's too), decode variant (None = default), unchecked.
+/// decode's too), int4 decode (None = default), unchecked.
 fn shape(
     lanes_per_row: u32,
     lanes_per_block: u32,
     rows_per_lane: u32,
-    decode: Option<u32>,
+    int4_decode: Option<Int4Decode>,
     unchecked: bool,
 ) -> MatvecShape {
     MatvecShape {
         lanes_per_row,
         lanes_per_block,
         rows_per_lane,
-        decode,
+        int4_decode,
         pipelined: true,
         unchecked,
         stage_x: u32::MAX,
-        x_by_word: false,
         digit_rows_per_lane: rows_per_lane,
     }
 }
@@ -689,23 +682,16 @@ fn unstaged(m: MatvecShape) -> MatvecShape {
     MatvecShape { stage_x: 0, ..m }
 }
 
-/// `m` with staged x read word by word.
-fn by_word(m: MatvecShape) -> MatvecShape {
-    MatvecShape {
-        x_by_word: true,
-        ..m
-    }
-}
-
 /// One geometry in words, as the report prints it.
 fn describe(m: MatvecShape) -> String {
     format!(
-        "{} lanes per row ({} per block), {} rows per lane ({} with int4 digits), decode {}, pipelined {}, unchecked {}, x staged {}{}",
+        "{} lanes per row ({} per block), {} rows per lane ({} with int4 digits), int4 decode {}, pipelined {}, unchecked {}, x staged {}",
         m.lanes_per_row,
         m.lanes_per_block,
         m.rows_per_lane,
         m.digit_rows_per_lane,
-        m.decode.map_or("default".to_string(), |d| d.to_string()),
+        m.int4_decode
+            .map_or("default".to_string(), |d| format!("{d:?}").to_lowercase()),
         m.pipelined,
         m.unchecked,
         if m.stage_x == 0 {
@@ -715,7 +701,6 @@ fn describe(m: MatvecShape) -> String {
         } else {
             format!("{} units a tile", m.stage_x)
         },
-        if m.x_by_word { ", by word" } else { "" },
     )
 }
 

@@ -7,7 +7,7 @@
 //    never leaving the GPU) and their outputs q·S, into `out`;
 // 3. `kda_norm`, one workgroup per (token, head): the gated RMSNorm of the output.
 // Splitting the columns is what lets a head use more than one workgroup: one workgroup per
-// head (96 on K3) walked every column's rows in turn, 82 µs a token on the H200.
+// head (96 on K3) walked every column's rows in turn.
 //
 // inp   = q | k | v | f | gate (each [n, P]) | beta ([n, heads])
 // wts   = conv_q | conv_k | conv_v (each [P, K]) | A_log [heads] | dt_bias [P] | o_norm [dk]
@@ -147,7 +147,7 @@ fn update4(r: Rows4, s_base: u32, i: u32, j: u32, delta: f32) -> vec4<f32> {
 // the plain serial sums). Returns o_j on the lane that wrote it, else 0.
 // A lane reads eight of its rows before using any: one load per iteration waited out the
 // memory latency once per row (64 rows a lane on K3 in decode), the pattern that made
-// one-workgroup kernels run at 2-20 times an element-wise pass (docs/perf.md, session 8).
+// one-workgroup kernels run at 2-20 times an element-wise pass (docs/perf.md#kernels).
 fn update_columns(lid: u32, s_base: u32, row: u32, j0: u32, jc: u32, step: u32, b: f32) -> f32 {
     let dk = p.dk;
     let parts = WG / step;
@@ -211,8 +211,8 @@ fn gated_norm(lid: u32, row: u32, oss: f32) {
 }
 
 // Decode (a token or few): every step in one workgroup per head, tokens in order. Cheaper
-// than the three passes below for a single token (82 against 141 µs on the H200, their
-// launches and the `mid` round trip outweigh the column split); slower per token on chunks.
+// than the three passes below for a single token (their launches and the `mid` round trip
+// outweigh the column split); slower per token on chunks.
 @compute @workgroup_size(WG)
 fn kda_fused(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);

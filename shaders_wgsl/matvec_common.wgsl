@@ -3,9 +3,9 @@
 // weight units (LPR lanes per row, LW of them side by side in a 32-lane block, so a row is
 // read in coalesced strips). Per unit the lane loads its slice of x once (`load_x`, from the
 // format file) and `unit_dot` decodes each of the RPL rows' unit straight into a dot product
-// with it; then the lanes of a group reduce. On the H200 neither the decode nor the x loads
-// alone bound the int4/MXFP4 kernels; the two together do: without both, int4 runs at the
-// read kernel's bandwidth (docs/perf.md, third pass). The 32-column formats also have entries
+// with it; then the lanes of a group reduce. Neither the decode nor the x loads alone bound
+// the int4/MXFP4 kernels; the two together do: without both, int4 runs at the read
+// kernel's bandwidth (docs/perf.md#kernels). The 32-column formats also have entries
 // that read x from a padded copy in workgroup memory (matvec_staged.wgsl).
 // The format file defines `WU` (a unit of one row, with its scale) and `load_w`, `XU` and
 // `load_x(xb, u)` (unit u's slice of the x row that starts at vec4 xb), `unit_dot(WU, XU)`
@@ -18,14 +18,11 @@ override LPR: u32 = 32u;
 // LPR/LW blocks (LW = LPR: all in one block). A lane reads 128 contiguous bytes of x per
 // unit, so a block whose 32 lanes work on 32 different units touches 32 cache lines per x
 // load; with LW = 4 the block holds 8 row groups over the same 4 units and touches 4
-// (measured on the H200: x loads, not the decode, were what bound the one-block layout).
+// (measured: x loads, not the decode, were what bound the one-block layout).
 override LW: u32 = 32u;
 // Blocks per row (1 when LW >= LPR).
 override PARTS: u32 = max(LPR / LW, 1u);
 override RPL: u32 = 4u;
-// Decode variant: 0 = convert through the hardware's int/half-to-float instructions,
-// 1 = the default (int formats: bit placement, no conversions), 2 = a format's alternative.
-override DEC: u32 = 1u;
 // 1: software-pipelined loop (next unit's weights loaded before this one is used; loading
 // its x too, or the next two units' weights, was measured and did not help).
 override PIPE: u32 = 1u;
@@ -53,7 +50,7 @@ struct MvParams {
 
 // A lane's RPL row sums live in two vec4s, and its RPL weight units in named fields: no
 // dynamically indexed arrays, which a driver might leave in memory (measured: a TOK × RPL
-// accumulator array ran 10-50x slower on the H200).
+// accumulator array ran 10-50x slower).
 struct Acc {
     a: vec4<f32>,
     b: vec4<f32>,
@@ -253,8 +250,8 @@ fn dense_job(wg: vec3<u32>, lid: u32) -> RowJob {
 // registers, and the span reads each row whole, 16 bytes a lane in order, RPL rows at a time
 // with the next RPL rows requested before these are used. The row-split kernel above walks
 // units along a row instead, so it reloads x for every unit, and from global memory each x
-// load touches as many cache lines as the block has units (measured on the H200: without
-// the decode and the x traffic, int4 ran at the read kernel's bandwidth). Per row, the
+// load touches as many cache lines as the block has units (without the decode and the x
+// traffic, int4 runs at the read kernel's bandwidth: docs/perf.md#kernels). Per row, the
 // lanes' sums meet through the subgroup, then across the span's subgroups in `cs_part` once
 // the workgroup's rows are done: the host keeps row_block × SPAN / (smallest subgroup)
 // within it.

@@ -1,11 +1,16 @@
 // int4 weights (two's complement nibbles, low nibble = even column) with one f32 scale per
 // 64 columns: a unit is 32 columns in one vec4<u32>, so it never straddles a group.
 //
-// DEC 1 decodes without int-to-float conversions (a quarter-rate instruction on NVIDIA):
-// nibble k of a half-word, in offset binary, is masked in place (16^k times its value)
+// Two decodes, chosen per pipeline by DIGITS.
+//
+// The float decode (DIGITS false) takes no int-to-float conversions (a quarter-rate
+// instruction on NVIDIA): nibble k of a half-word, in offset binary, is masked in place (16^k times its value)
 // and ORed into the mantissa of 2^23, so one subtraction gives 16^k × the signed value
 // exactly; x lane k is pre-scaled by 16^-k once per unit (exact), so every product equals
 // the plain one. Per column that is one logic op, one add and the multiply-add.
+//
+// The digit decode (DIGITS true) meets x split into exact integer digits by the `x_planes`
+// pass with byte dot products (`planes_dot`).
 
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> scale: array<f32>;
@@ -20,9 +25,12 @@ const XS4: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
 
 const UV: u32 = 8u;
 
-// DEC 3 reads its digits from their layout (`plane_at`).
+// true: x is the digit planes of `x_planes` and units meet it through `planes_dot`.
+override DIGITS: bool = false;
+
+// The digit decode reads its digits from their layout (`plane_at`).
 fn load_x(xb: u32, u: u32) -> XU {
-    if (DEC == 3u) {
+    if (DIGITS) {
         let a = plane_at(xb, u);
         let i = a.x;
         let s = a.y;
@@ -32,29 +40,15 @@ fn load_x(xb: u32, u: u32) -> XU {
     return XU(prep_x4(v.x0), prep_x4(v.x1), prep_x4(v.x2), prep_x4(v.x3), prep_x4(v.x4), prep_x4(v.x5), prep_x4(v.x6), prep_x4(v.x7));
 }
 
-// A vec4 of plain x as the decode takes it: DEC 1 lane-scaled by 16^-k (exact); also what
-// staging stores (matvec_staged.wgsl; never under DEC 3, whose x is the digit planes).
+// A vec4 of plain x as the float decode takes it: lane-scaled by 16^-k (exact); also what
+// staging stores (matvec_staged.wgsl; never under the digit decode, whose x is the planes).
 fn prep_x4(v: vec4<f32>) -> vec4<f32> {
-    if (DEC == 0u) {
-        return v;
-    }
     return v * XS4;
 }
 
 // The four nibbles of the low half-word of `o` (already in offset binary), lane k × 16^k.
 fn nib4(o: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>((vec4<u32>(o) & M4) | vec4<u32>(MAGIC)) - C4;
-}
-
-const SH_LO: vec4<u32> = vec4<u32>(28u, 24u, 20u, 16u);
-const SH_HI: vec4<u32> = vec4<u32>(12u, 8u, 4u, 0u);
-
-fn lo4(q: u32) -> vec4<f32> {
-    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(q) << SH_LO) >> vec4<u32>(28u));
-}
-
-fn hi4(q: u32) -> vec4<f32> {
-    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(q) << SH_HI) >> vec4<u32>(28u));
 }
 
 struct WU {
@@ -66,18 +60,14 @@ fn load_w(wrow: u32, u: u32) -> WU {
     return WU(w[wrow * p.units + u], scale[wrow * p.groups + u / 2u]);
 }
 
-// A unit's eight vec4 of (DEC 1: lane-scaled) values and its scale.
+// A unit's eight vec4 of lane-scaled values and its scale.
 struct DU {
     v: X8,
     s: f32,
 }
 
 fn decode_unit(wu: WU) -> DU {
-    let q = wu.q;
-    if (DEC == 0u) {
-        return DU(X8(lo4(q.x), hi4(q.x), lo4(q.y), hi4(q.y), lo4(q.z), hi4(q.z), lo4(q.w), hi4(q.w)), wu.s);
-    }
-    let o = q ^ vec4<u32>(0x88888888u);
+    let o = wu.q ^ vec4<u32>(0x88888888u);
     return DU(
         X8(nib4(o.x), nib4(o.x >> 16u), nib4(o.y), nib4(o.y >> 16u), nib4(o.z), nib4(o.z >> 16u), nib4(o.w), nib4(o.w >> 16u)),
         wu.s,
@@ -86,41 +76,20 @@ fn decode_unit(wu: WU) -> DU {
 
 fn decoded_dot(du: DU, xv: XU) -> f32 {
     let v = du.v;
-    var d: f32;
-    if (DEC == 0u) {
-        d = dot(v.x0, xv.x0) + dot(v.x1, xv.x1) + dot(v.x2, xv.x2) + dot(v.x3, xv.x3)
-            + dot(v.x4, xv.x4) + dot(v.x5, xv.x5) + dot(v.x6, xv.x6) + dot(v.x7, xv.x7);
-    } else {
-        // Summed word by word, as the pairs of half-words come from one word.
-        d = (dot(v.x0, xv.x0) + dot(v.x1, xv.x1)) + (dot(v.x2, xv.x2) + dot(v.x3, xv.x3))
-            + (dot(v.x4, xv.x4) + dot(v.x5, xv.x5)) + (dot(v.x6, xv.x6) + dot(v.x7, xv.x7));
-    }
+    // Summed word by word, as the pairs of half-words come from one word.
+    let d = (dot(v.x0, xv.x0) + dot(v.x1, xv.x1)) + (dot(v.x2, xv.x2) + dot(v.x3, xv.x3))
+        + (dot(v.x4, xv.x4) + dot(v.x5, xv.x5)) + (dot(v.x6, xv.x6) + dot(v.x7, xv.x7));
     return d * du.s;
 }
 
-// Word j's dot product with its two vec4s of prepared x, before the unit's scale (DEC 1:
-// the terms `decoded_dot` adds, in its order; DEC 0 groups them by word instead).
-fn word_dot_of(wu: WU, j: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
-    let q = wu.q[j];
-    if (DEC == 0u) {
-        return dot(lo4(q), xa) + dot(hi4(q), xb);
-    }
-    let o = q ^ 0x88888888u;
-    return dot(nib4(o), xa) + dot(nib4(o >> 16u), xb);
-}
-
-fn unit_factor(wu: WU) -> f32 {
-    return wu.s;
-}
-
 fn unit_dot(wu: WU, xv: XU) -> f32 {
-    if (DEC == 3u) {
+    if (DIGITS) {
         return planes_dot(wu, xv);
     }
     return decoded_dot(decode_unit(wu), xv);
 }
 
-// DEC 3's planes are stored by blocks of 32 units, vec4 q of the block's units side by
+// The digit planes are stored by blocks of 32 units, vec4 q of the block's units side by
 // side: the 32 lanes of a row walk consecutive units, so each of their x loads reads 512
 // contiguous bytes, where plain x's 128-byte stride per lane touches 32 cache lines. For
 // unit u of the token row whose plain x starts at vec4 xb: the index of its vec4 0, and the
@@ -131,7 +100,7 @@ fn plane_at(xb: u32, u: u32) -> vec2<u32> {
     return vec2<u32>(xb + blk * 256u + u % 32u, min(32u, p.units - blk * 32u));
 }
 
-// DEC 3: x arrives as `x_planes` wrote it (the host runs that pass first): per unit, x
+// The digit decode: x arrives as `x_planes` wrote it (the host runs that pass first): per unit, x
 // scaled by 2^-k so its largest entry is below 2^22, rounded to integers X, and X split
 // into three signed byte digits (X = d0 + 256 d1 + 65536 d2). The vec4s of a unit hold d0
 // of the even columns of its four words, d0 of the odd ones, then d1, d2 the same way;
@@ -160,11 +129,10 @@ fn digit(v: i32) -> vec2<i32> {
     return vec2<i32>(d, (v - d) >> 8u);
 }
 
-// x in DEC 3's layout, written into `y` (bound to the planes buffer, which has x's shape):
+// x in the digit decode's layout, written into `y` (bound to the planes buffer, which has x's shape):
 // one invocation per output word of a unit (32 a unit), per token. Each of a unit's 32
 // invocations finds the unit's largest |x| itself (its 8 loads hit L1); one invocation per
-// unit with the digits in private arrays took about 0.2 ms on the H200, longer than the
-// matvec it feeds.
+// unit with the digits in private arrays took longer than the matvec it feeds.
 @compute @workgroup_size(WG)
 fn x_planes(@builtin(global_invocation_id) gid: vec3<u32>) {
     let u = gid.x / 32u;

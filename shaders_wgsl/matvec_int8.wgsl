@@ -1,6 +1,6 @@
 // int8 weights with one f32 scale per row: a unit is 16 columns in one vec4<u32>.
 //
-// DEC 1 decodes without int-to-float conversions (a quarter-rate instruction on NVIDIA):
+// The decode takes no int-to-float conversions (a quarter-rate instruction on NVIDIA):
 // a byte in offset binary ORed into the mantissa of 2^23 is 2^23 + b exactly, so one
 // subtraction gives the signed value. Bytes 1 and 3 are placed 8 bits up (256× the value),
 // and their x lanes are pre-scaled by 1/256 once per unit, which is exact, so every product
@@ -25,9 +25,6 @@ const UV: u32 = 4u;
 
 fn load_x(xb: u32, u: u32) -> XU {
     let b = xb + u * UV;
-    if (DEC == 0u) {
-        return XU(x[b], x[b + 1u], x[b + 2u], x[b + 3u]);
-    }
     return XU(x[b] * XS8, x[b + 1u] * XS8, x[b + 2u] * XS8, x[b + 3u] * XS8);
 }
 
@@ -46,7 +43,7 @@ fn load_w(wrow: u32, u: u32) -> WU {
     return WU(w[wrow * p.units + u], scale[wrow]);
 }
 
-// A unit's four vec4 of (DEC 1: lane-scaled) values and its scale.
+// A unit's four vec4 of lane-scaled values and its scale.
 struct DU {
     d0: vec4<f32>,
     d1: vec4<f32>,
@@ -57,9 +54,6 @@ struct DU {
 
 fn decode_unit(wu: WU) -> DU {
     let q = wu.q;
-    if (DEC == 0u) {
-        return DU(vec4<f32>(unpack4xI8(q.x)), vec4<f32>(unpack4xI8(q.y)), vec4<f32>(unpack4xI8(q.z)), vec4<f32>(unpack4xI8(q.w)), wu.s);
-    }
     return DU(bytes4(q.x), bytes4(q.y), bytes4(q.z), bytes4(q.w), wu.s);
 }
 

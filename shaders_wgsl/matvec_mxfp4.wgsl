@@ -3,18 +3,14 @@
 // one vec4<u32>. E8M0 is the f32 with bit pattern s << 23 (s = 0 gives 0, s = 255 gives
 // +inf), exactly as the CPU decodes it.
 //
-// Two exact decodes (DEC; measured on the H200 in docs/perf.md, a workgroup-memory table
-// lost to both):
-// 0, 1 (default): two nibbles become one f16 pair by bit placement, widened by
-//    `unpack2x16float`;
-// 2: the magnitude bits placed across the f32 exponent/mantissa boundary give
-//    B = 2^(e-3)(1 + m/2); value/4 = min(B, 2B - 1/4) covers the subnormal code e = 0, and
-//    the sign is ORed in (no conversion instructions, more integer ops).
+// The decode is exact: two nibbles become one f16 pair by bit placement, widened by
+// `unpack2x16float` (a workgroup-memory table and a conversion-free f32 placement both
+// measured slower: docs/perf.md#kernels).
 
 // 0: the host checked that no scale of the dispatch's matrices is above 240, and the
-// matvec's per-element path for those scales is compiled out. Its mere presence costs the
-// batched expert matvec 3-4 points of the read kernel's bandwidth on the H200, in every
-// form tried (docs/perf.md, session 10). 1 (the default): the path is kept.
+// matvec's per-element path for those scales is compiled out: its mere presence costs the
+// batched expert matvec bandwidth in every form tried (docs/perf.md#kernels). 1 (the
+// default): the path is kept.
 override SPECIAL: u32 = 1u;
 
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
@@ -29,13 +25,12 @@ fn load_x(xb: u32, u: u32) -> XU {
     return load_x8(xb + u * UV);
 }
 
-// DEC 0/1. The f16 value is the E2M1 value times 2^-14, exactly (code 1 lands on the f16
+// The f16 value is the E2M1 value times 2^-14, exactly (code 1 lands on the f16
 // subnormal 2^-15). Nibbles j and j + 4 of the word share a pair: their magnitude bits, at
 // 4j..4j+2 and 16+4j.., go to 9..11 and 25..27, their sign bits, at 4j+3 and 16+4j+3, to
 // 15 and 31. Masks and multiplies place them (NVIDIA runs an integer multiply on its FMA
 // pipe, a shift on the integer pipe the decode saturates); only pair 3, whose bits move
-// right, takes a shift. Against shift-and-mask placement this kernel read 16 experts' w1|w3
-// at 57.0 % of the read kernel instead of 53.3 % on the H200 (docs/perf.md, session 11).
+// right, takes a shift; it reads faster than shift-and-mask placement (docs/perf.md#kernels).
 struct W2 {
     lo: vec4<f32>,
     hi: vec4<f32>,
@@ -48,21 +43,6 @@ fn word_f16(q: u32) -> W2 {
     let e = unpack2x16float((q & 0x07000700u) * 2u + (q & 0x08000800u) * 16u);
     let g = unpack2x16float(((q & 0x70007000u) >> 3u) | (q & 0x80008000u));
     return W2(vec4<f32>(a.x, c.x, e.x, g.x), vec4<f32>(a.y, c.y, e.y, g.y));
-}
-
-// DEC 2: value/4 of four nibbles whose magnitude bits `t` already sit at bits 22..24 and
-// whose sign bits `s` sit at bit 31.
-fn quarter4(t: vec4<u32>, s: vec4<u32>) -> vec4<f32> {
-    let b = bitcast<vec4<f32>>((t & vec4<u32>(0x01C00000u)) | vec4<u32>(0x3E000000u));
-    let v = min(b, fma(b, vec4<f32>(2.0), vec4<f32>(-0.25)));
-    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) | (s & vec4<u32>(0x80000000u)));
-}
-
-fn word_exp(q: u32) -> W2 {
-    let v = vec4<u32>(q);
-    let lo = quarter4(v << vec4<u32>(22u, 18u, 14u, 10u), v << vec4<u32>(28u, 24u, 20u, 16u));
-    let hi = quarter4(vec4<u32>(q << 6u, q << 2u, q >> 2u, q >> 6u), v << vec4<u32>(12u, 8u, 4u, 0u));
-    return W2(lo, hi);
 }
 
 // 2^14, undoing the f16 placement.
@@ -106,17 +86,13 @@ fn decode_unit(wu: WU) -> DU {
         // on the CPU), the scale is applied per element, as the CPU dequantizes.
         return DU(word_plain(q.x, sc), word_plain(q.y, sc), word_plain(q.z, sc), word_plain(q.w, sc), 1.0);
     }
-    if (DEC != 2u) {
-        return DU(word_f16(q.x), word_f16(q.y), word_f16(q.z), word_f16(q.w), sc * F16_BIAS);
-    }
-    return DU(word_exp(q.x), word_exp(q.y), word_exp(q.z), word_exp(q.w), sc * 4.0);
+    return DU(word_f16(q.x), word_f16(q.y), word_f16(q.z), word_f16(q.w), sc * F16_BIAS);
 }
 
 // The matvec's unit dot product, decoded and summed inside each branch so that only the sum
-// leaves it. Built as `decoded_dot(decode_unit(w), x)`, the three branches each carried 33
-// values out; between the H200 runs of session 3 (before that form) and session 4 (after)
-// the batched expert matvec fell from 49 to 42 % of the read kernel and the resident MoE
-// from 36 to 29 %, and nothing else touched that path. Same arithmetic in the same order.
+// leaves it: built as `decoded_dot(decode_unit(w), x)`, each branch carried 33 values out,
+// and the batched expert matvec ran markedly slower (docs/perf.md#kernels). Same arithmetic
+// in the same order.
 fn unit_dot(wu: WU, xv: XU) -> f32 {
     let s = wu.s;
     let q = wu.q;
@@ -124,43 +100,14 @@ fn unit_dot(wu: WU, xv: XU) -> f32 {
         return decoded_dot(decode_unit(wu), xv);
     }
     let sc = bitcast<f32>(s << 23u);
-    if (DEC != 2u) {
-        let d = word_dot(word_f16(q.x), xv.x0, xv.x1) + word_dot(word_f16(q.y), xv.x2, xv.x3)
-            + word_dot(word_f16(q.z), xv.x4, xv.x5) + word_dot(word_f16(q.w), xv.x6, xv.x7);
-        return d * (sc * F16_BIAS);
-    }
-    let d = word_dot(word_exp(q.x), xv.x0, xv.x1) + word_dot(word_exp(q.y), xv.x2, xv.x3)
-        + word_dot(word_exp(q.z), xv.x4, xv.x5) + word_dot(word_exp(q.w), xv.x6, xv.x7);
-    return d * (sc * 4.0);
+    let d = word_dot(word_f16(q.x), xv.x0, xv.x1) + word_dot(word_f16(q.y), xv.x2, xv.x3)
+        + word_dot(word_f16(q.z), xv.x4, xv.x5) + word_dot(word_f16(q.w), xv.x6, xv.x7);
+    return d * (sc * F16_BIAS);
 }
 
 // Staging (matvec_staged.wgsl) takes x as it is.
 fn prep_x4(v: vec4<f32>) -> vec4<f32> {
     return v;
-}
-
-// Word j's dot product with its two vec4s of x, before `unit_factor`: the terms `unit_dot`
-// and `decoded_dot` add, in their order.
-fn word_dot_of(wu: WU, j: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
-    let q = wu.q[j];
-    if (SPECIAL != 0u && wu.s > 240u) {
-        return word_dot(word_plain(q, bitcast<f32>(wu.s << 23u)), xa, xb);
-    }
-    if (DEC != 2u) {
-        return word_dot(word_f16(q), xa, xb);
-    }
-    return word_dot(word_exp(q), xa, xb);
-}
-
-fn unit_factor(wu: WU) -> f32 {
-    if (SPECIAL != 0u && wu.s > 240u) {
-        return 1.0;
-    }
-    let sc = bitcast<f32>(wu.s << 23u);
-    if (DEC != 2u) {
-        return sc * F16_BIAS;
-    }
-    return sc * 4.0;
 }
 
 fn word_dot(v: W2, xa: vec4<f32>, xb: vec4<f32>) -> f32 {

@@ -3,28 +3,21 @@
 // (int4 outside the digit decode, MXFP4; composed after matvec_common.wgsl for those only).
 //
 // Why: a lane reads its unit's 128 bytes of x as eight 16-byte loads, so from global memory
-// each load instruction of a 32-lane block touches one cache line per unit. Nsight Compute on
-// the CUDA twin of the kernel (tools/cuda_probe, docs/perf.md, session 9) put the L1 at
-// 88-99 % busy and DRAM at 35-45 %. Staged with one pad vec4 after each unit's eight,
+// each load instruction of a 32-lane block touches one cache line per unit: profiling a CUDA
+// twin of the kernel showed the L1 busy and DRAM far from it (docs/perf.md#kernels). Staged
+// with one pad vec4 after each unit's eight,
 // neighbouring units start 4 banks apart and a quarter-block's reads meet no bank conflict
 // (without the pad all of them hit the same four banks, which is why an unpadded staging
 // measured no gain).
 //
 // The format file defines `prep_x4` (a vec4 of x as its unit dot wants it, applied while
-// staging) and, for XW 1, `word_dot_of(WU, j, xa, xb)` (word j's dot product with its two
-// vec4s of prepared x, before the unit's factor) and `unit_factor(WU)`, summed in the order
-// its `unit_dot` sums, so both paths give the same bits.
+// staging), so both paths give the same bits.
 
 // Units of x staged at a time (the host sizes it to the workgroup memory; > 0 here).
 override XT: u32 = 1u;
 // (Named: see gw's size in matvec_common.wgsl.)
 override XS_LEN: u32 = XT * 9u + 1u;
 var<workgroup> xs: array<vec4<f32>, XS_LEN>;
-// 0: a unit's eight vec4s of x are read before its rows' dot products (the measured default);
-// 1: each word's two are read just before that word's dot products, so 8 values of x stay
-// live instead of 32 (NVIDIA's compiler gives the staged MXFP4 expert kernel 128 registers
-// against 80 unstaged; not measured yet).
-override XW: u32 = 0u;
 
 // x[b .. b + n), prepared, into xs, padded: each lane requests four vec4s before storing
 // any, so a tile of a 7168-column row is one memory round trip for 256 lanes, not four.
@@ -73,58 +66,12 @@ fn gemv_rows_xs(j: RowJob) {
         while (u < t0 + tn) {
             let un = u + LPR;
             let nxt = load_w8(j.wrow, last, min(un, p.units - 1u));
-            let k = (u - t0) * 9u;
-            if (XW == 1u) {
-                acc = step_words(acc, cur, k);
-            } else {
-                acc = step(acc, cur, xs_unit(k));
-            }
+            acc = step(acc, cur, xs_unit((u - t0) * 9u));
             cur = nxt;
             u = un;
         }
     }
     write_sums(acc, RPL, j.lane, j.yb, 1u, j.valid);
-}
-
-// `step` reading the staged unit at xs[k] word by word.
-fn step_words(acc: Acc, w: W8, k: u32) -> Acc {
-    var d = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
-    d = words_step(d, w, 0u, xs[k], xs[k + 1u]);
-    d = words_step(d, w, 1u, xs[k + 2u], xs[k + 3u]);
-    d = words_step(d, w, 2u, xs[k + 4u], xs[k + 5u]);
-    d = words_step(d, w, 3u, xs[k + 6u], xs[k + 7u]);
-    // Rows past RPL hold zero units: their sums and factors are 0.
-    let fa = vec4<f32>(unit_factor(w.w0), unit_factor(w.w1), unit_factor(w.w2), unit_factor(w.w3));
-    let fb = vec4<f32>(unit_factor(w.w4), unit_factor(w.w5), unit_factor(w.w6), unit_factor(w.w7));
-    return Acc(acc.a + d.a * fa, acc.b + d.b * fb);
-}
-
-// Word j's dot products of the RPL rows added to their partial sums.
-fn words_step(d: Acc, w: W8, j: u32, xa: vec4<f32>, xb: vec4<f32>) -> Acc {
-    var r = d;
-    r.a.x += word_dot_of(w.w0, j, xa, xb);
-    if (RPL > 1u) {
-        r.a.y += word_dot_of(w.w1, j, xa, xb);
-    }
-    if (RPL > 2u) {
-        r.a.z += word_dot_of(w.w2, j, xa, xb);
-    }
-    if (RPL > 3u) {
-        r.a.w += word_dot_of(w.w3, j, xa, xb);
-    }
-    if (RPL > 4u) {
-        r.b.x += word_dot_of(w.w4, j, xa, xb);
-    }
-    if (RPL > 5u) {
-        r.b.y += word_dot_of(w.w5, j, xa, xb);
-    }
-    if (RPL > 6u) {
-        r.b.z += word_dot_of(w.w6, j, xa, xb);
-    }
-    if (RPL > 7u) {
-        r.b.w += word_dot_of(w.w7, j, xa, xb);
-    }
-    return r;
 }
 
 // `dense` with x staged.

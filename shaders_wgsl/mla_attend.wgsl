@@ -127,7 +127,7 @@ fn softmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
 // a = probabilities, b = cache, o = partial ctx ([chunks, n·heads, kv]; with one chunk, the
 // ctx itself). wg = (column block, head tile, t · chunks + chunk). Each workgroup walks one
 // chunk of positions: a single workgroup per head tile walking a whole 4096-position cache
-// left most of the GPU idle (0.3 % of the read bandwidth on the H200).
+// left most of the GPU idle.
 @compute @workgroup_size(WG)
 fn ctx(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let c = wg.x * WG + lid;

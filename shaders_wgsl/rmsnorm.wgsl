@@ -1,8 +1,8 @@
 // RMSNorm of every `group`-wide slice: one workgroup per slice.
 //
 // A decode step norms one 7168-wide row in one workgroup, where a loop of one load per
-// iteration waits out the memory latency once per element a lane owns (28 here): 19 µs a
-// pass on the H200 against 7 µs for an element-wise pass (docs/perf.md, session 8). So each
+// iteration waits out the memory latency once per element a lane owns (28 here): about
+// three times an element-wise pass (docs/perf.md#kernels). So each
 // iteration loads UNROLL elements a lane, all requested before any is used.
 
 const UNROLL: u32 = 4u;

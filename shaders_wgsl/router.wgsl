@@ -26,7 +26,7 @@ var<workgroup> sel: array<u32, MAX_K>;
 var<workgroup> sig: array<f32, MAX_K>;
 // The biased scores, computed once: each of the k rounds used to reload the logits and the
 // bias and recompute σ, and one-workgroup kernels that load from memory once per loop
-// iteration ran at 2–20 times an element-wise pass on the H200 (docs/perf.md, session 8).
+// iteration ran at 2–20 times an element-wise pass (docs/perf.md#kernels).
 // Routers with more experts than this recompute them per round.
 const CACHED: u32 = 1024u;
 var<workgroup> vals: array<f32, CACHED>;

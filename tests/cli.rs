@@ -89,7 +89,7 @@ fn bad_inputs_exit_nonzero_with_a_message_that_names_the_cause() {
         "{}",
         stderr(&o)
     );
-    for (flag, value) in [("--gpu-submit-every", "0"), ("--gpu-profile", "2")] {
+    for (flag, value) in [("--gpu-profile", "2")] {
         let o = k3(&["run", d, "--ids", "1", "--quiet", flag, value]);
         assert!(
             !o.status.success() && stderr(&o).contains(flag),
@@ -97,6 +97,18 @@ fn bad_inputs_exit_nonzero_with_a_message_that_names_the_cause() {
             stderr(&o)
         );
     }
+    // An experiment switch's bad value names its variable.
+    let o = Command::new(env!("CARGO_BIN_EXE_k3"))
+        .args(["run", d, "--ids", "1", "--quiet"])
+        .env("RAYON_NUM_THREADS", "2")
+        .env("K3_LAB_SUBMIT_EVERY", "0")
+        .output()
+        .expect("running k3");
+    assert!(
+        !o.status.success() && stderr(&o).contains("K3_LAB_SUBMIT_EVERY"),
+        "{}",
+        stderr(&o)
+    );
     let o = k3(&["run", "/nonexistent/k3-model", "--ids", "1"]);
     assert!(
         !o.status.success() && stderr(&o).contains("/nonexistent/k3-model"),

@@ -243,8 +243,8 @@ fn run_k3_out(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
         "WGPU_BACKEND",
         "K3_GPU_GB",
         "K3_VK_GB",
-        "K3_GPU_INT4_DECODE",
-        "K3_GPU_STAGE_X",
+        "K3_LAB_INT4_DECODE",
+        "K3_LAB_STAGE_X",
     ] {
         cmd.env_remove(v);
     }
@@ -259,9 +259,9 @@ fn run_k3_out(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     )
 }
 
-/// `--gpu-int4-decode` and `K3_GPU_INT4_DECODE` pick how int4 matvecs meet x, and
-/// `--gpu-stage-x` / `K3_GPU_STAGE_X` whether x is staged; every choice gives the same greedy
-/// tokens, and a bad value names the flag.
+/// The experiment switches `K3_LAB_INT4_DECODE` (how int4 matvecs meet x) and
+/// `K3_LAB_STAGE_X` (whether x is staged): every choice gives the same greedy tokens, and a
+/// bad value names the variable.
 #[test]
 fn int4_decode_choices_give_the_same_tokens() {
     if gpu_model().is_none() {
@@ -277,21 +277,24 @@ fn int4_decode_choices_give_the_same_tokens() {
     let auto = gpu(&[], &[]);
     assert!(!auto.trim().is_empty());
     for choice in ["digits", "float", "auto"] {
-        assert_eq!(gpu(&["--gpu-int4-decode", choice], &[]), auto, "{choice}");
+        assert_eq!(
+            gpu(&[], &[("K3_LAB_INT4_DECODE", choice)]),
+            auto,
+            "{choice}"
+        );
     }
-    assert_eq!(gpu(&[], &[("K3_GPU_INT4_DECODE", "digits")]), auto);
-    let (ok, _, err) = run_k3_out(&["--backend", "gpu", "--gpu-int4-decode", "half"], &[]);
-    assert!(!ok && err.contains("--gpu-int4-decode"), "{err}");
-    assert_eq!(gpu(&["--gpu-stage-x", "off"], &[]), auto);
+    let (ok, _, err) = run_k3_out(&["--backend", "gpu"], &[("K3_LAB_INT4_DECODE", "half")]);
+    assert!(!ok && err.contains("K3_LAB_INT4_DECODE"), "{err}");
+    assert_eq!(gpu(&[], &[("K3_LAB_STAGE_X", "off")]), auto);
     assert_eq!(
         gpu(
-            &["--gpu-int4-decode", "float"],
-            &[("K3_GPU_STAGE_X", "off")]
+            &[],
+            &[("K3_LAB_INT4_DECODE", "float"), ("K3_LAB_STAGE_X", "off")]
         ),
         auto
     );
-    let (ok, _, err) = run_k3_out(&["--backend", "gpu", "--gpu-stage-x", "maybe"], &[]);
-    assert!(!ok && err.contains("--gpu-stage-x"), "{err}");
+    let (ok, _, err) = run_k3_out(&["--backend", "gpu"], &[("K3_LAB_STAGE_X", "maybe")]);
+    assert!(!ok && err.contains("K3_LAB_STAGE_X"), "{err}");
 }
 
 #[test]

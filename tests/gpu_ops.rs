@@ -7,7 +7,7 @@ use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::stationary::Stationary;
 use k3::backend::gpu::{
-    vram_budget, GpuBackend, GpuMat, GpuOptions, MatvecShape, DIGITS_FROM_ROWS,
+    vram_budget, GpuBackend, GpuMat, GpuOptions, Int4Decode, MatvecShape, DIGITS_FROM_ROWS,
 };
 use k3::backend::{
     Backend, ExpertAssignment, ExpertKey, ExpertWeights, FreeDeviceMemory, Glu, KdaDims,
@@ -352,15 +352,14 @@ fn dense_matmul_matches_cpu_in_every_format() {
 #[test]
 fn matvec_geometries_other_than_the_default_agree() {
     let mut rng = StdRng::seed_from_u64(10);
-    // Every decode variant of the quantized formats, under several geometries (rows per
-    // lane up to 8, including counts that leave partial row groups; rows split over 32-lane
-    // blocks and not).
-    for (i, (lanes_per_row, lanes_per_block, rows_per_lane, decode)) in [
+    // Every int4 decode, under several geometries (rows per lane up to 8, including counts
+    // that leave partial row groups; rows split over 32-lane blocks and not).
+    for (i, (lanes_per_row, lanes_per_block, rows_per_lane, int4_decode)) in [
         (8, 4, 3, None),
-        (32, 32, 1, Some(0)),
-        (16, 4, 8, Some(2)),
-        (32, 32, 4, Some(3)),
-        (32, 32, 2, Some(1)),
+        (32, 32, 1, Some(Int4Decode::Float)),
+        (16, 4, 8, None),
+        (32, 32, 4, Some(Int4Decode::Digits)),
+        (32, 32, 2, Some(Int4Decode::Float)),
     ]
     .into_iter()
     .enumerate()
@@ -369,13 +368,11 @@ fn matvec_geometries_other_than_the_default_agree() {
             lanes_per_row,
             lanes_per_block,
             rows_per_lane,
-            decode,
+            int4_decode,
             pipelined: i != 1,
             unchecked: i == 1,
             // x staged in tiles of 5 units (lanes' walks cross tiles), and not staged.
             stage_x: [u32::MAX, u32::MAX, 5, u32::MAX, 0][i],
-            // Staged x read word by word (tiles of 5 units and whole rows).
-            x_by_word: i % 2 == 0,
             // The digit decode's rows a lane, apart from the others' (3: a last group short).
             digit_rows_per_lane: [2, 1, 8, 3, 4][i],
         });
@@ -1408,7 +1405,7 @@ fn forty_backends_open_one_after_another_in_one_process() {
     }
 }
 
-/// The int4 matvec's integer-digit decode (`DEC` 3), in the row-split and the
+/// The int4 matvec's integer-digit decode, in the row-split and the
 /// column-stationary kernel: x rounded per 32-column unit to integers below 2^22 times a
 /// power of two, so it is held to the f32 tolerance on inputs whose magnitudes spread over
 /// many orders within a unit, on units of zeros, and on rows that are not a whole number of
@@ -1426,11 +1423,10 @@ fn int4_integer_digits_against_cpu(stationary: bool) {
         lanes_per_row: 32,
         lanes_per_block: 32,
         rows_per_lane: 4,
-        decode: Some(3),
+        int4_decode: Some(Int4Decode::Digits),
         pipelined: true,
         unchecked: false,
         stage_x: u32::MAX,
-        x_by_word: false,
         // Rows a lane that leave the last workgroup's rows short.
         digit_rows_per_lane: 3,
     });
@@ -1471,7 +1467,7 @@ fn int4_integer_digits_against_cpu(stationary: bool) {
                 }
             })
             .collect();
-        let what = format!("int4 DEC 3, column-stationary {stationary}, n={n} {rows}x{cols}");
+        let what = format!("int4 digits, column-stationary {stationary}, n={n} {rows}x{cols}");
         matmul_against_cpu(&g, w, &x, n, &what);
     }
     // A NaN or an infinity in x makes every output NaN, as on the CPU; the other token's

@@ -7,9 +7,9 @@ use super::token_output::TokenOutput;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use k3::backend::cpu::CpuBackend;
-use k3::backend::gpu::chunk_gemm::ChunkGemm;
+use k3::backend::gpu::lab_switches::LabSwitches;
 use k3::backend::gpu::select::{select, BackendKind, Selected};
-use k3::backend::gpu::{GpuOptions, MatvecShape, ReadStaging};
+use k3::backend::gpu::GpuOptions;
 use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
 use k3::generate::{generate, GenerateOptions};
@@ -30,42 +30,6 @@ pub enum BackendChoice {
     Cpu,
 }
 
-/// When the GPU backend reads experts straight into its upload staging.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ReadStagingChoice {
-    /// On a discrete GPU whose staging is host memory (`k3 devices`, "uploads"); where it
-    /// is VRAM the read buffer's one copy already is the transfer.
-    Auto,
-    /// Always (a read that fails into it falls back to host memory, with one message).
-    On,
-    /// Never: read into host memory, then copy into staging.
-    Off,
-}
-
-/// How the GPU's one-token int4 matvecs meet x.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Int4DecodeChoice {
-    /// Digits where the int4 matrices of one input have 32768 rows or more together (they
-    /// share one digit pass, so it pays; a KDA layer's q, k, v and g do), float below.
-    Auto,
-    /// x split into exact integer digits once per matvec and met by byte dot products, in
-    /// every one-token int4 matvec (x rounded to 2^-22 of each 32-column block's largest
-    /// value).
-    Digits,
-    /// Every weight decoded to f32 and multiplied with x as it is.
-    Float,
-}
-
-/// Whether the GPU's int4 and MXFP4 matvecs stage x in workgroup memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum StageXChoice {
-    /// Staged, padded against bank conflicts, where the adapter's workgroup memory holds
-    /// at least 8 units of it.
-    On,
-    /// Read from global memory by every lane.
-    Off,
-}
-
 /// Work to run on a loaded model, whatever backend was chosen.
 pub trait ModelJob {
     /// What the job returns.
@@ -83,32 +47,10 @@ pub struct ModelArgs {
     /// GPU adapter to use: a substring of its name (see `k3 devices`).
     #[arg(long, value_name = "NAME")]
     pub adapter: Option<String>,
-    /// GPU: prefill chunks of at least this many tokens run their matmuls through the tiled
-    /// chunk kernel, smaller ones one matvec per token (0 = always the matvec) [default: 16].
-    #[arg(long, value_name = "TOKENS", env = "K3_GPU_CHUNK_FROM")]
-    pub gpu_chunk_from: Option<u32>,
     /// GPU: 1 = time every kernel on the GPU (timestamp queries) and print the time per
     /// kernel at the end. Each submission then waits for the GPU, so the run itself is slower.
     #[arg(long, env = "K3_GPU_PROFILE", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub gpu_profile: u8,
-    /// GPU: submit recorded work to the GPU after this many passes, so the GPU runs while
-    /// the host records the rest (4096: only at readbacks) [default: 4096].
-    #[arg(long, value_name = "PASSES", env = "K3_GPU_SUBMIT_EVERY", value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub gpu_submit_every: Option<u32>,
-    /// GPU: read streamed experts straight into mapped upload buffers, so they reach the
-    /// device without a second host copy.
-    #[arg(long, value_enum, env = "K3_GPU_READ_STAGING", default_value_t = ReadStagingChoice::Auto)]
-    pub gpu_read_staging: ReadStagingChoice,
-    /// GPU: how one-token int4 matvecs meet x: `digits` (byte dot products against x split
-    /// into exact integer digits), `float` (weights decoded to f32), or `auto` (digits where
-    /// the int4 matrices of one input have 32768 rows or more together).
-    #[arg(long, value_enum, env = "K3_GPU_INT4_DECODE", default_value_t = Int4DecodeChoice::Auto)]
-    pub gpu_int4_decode: Int4DecodeChoice,
-    /// GPU: whether the one-token int4 (outside digits) and MXFP4 matvecs copy x into
-    /// workgroup memory first (`on`, faster on the expert matvecs) or read it from global
-    /// memory (`off`).
-    #[arg(long, value_enum, env = "K3_GPU_STAGE_X", default_value_t = StageXChoice::On)]
-    pub gpu_stage_x: StageXChoice,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -249,42 +191,12 @@ impl ModelArgs {
             BackendChoice::Gpu => BackendKind::Gpu,
             BackendChoice::Cpu => BackendKind::Cpu,
         };
-        let stage_x = match self.gpu_stage_x {
-            StageXChoice::On => u32::MAX,
-            StageXChoice::Off => 0,
-        };
-        let gpu = GpuOptions {
+        // Experiment switches (`K3_LAB_*`) over the user's settings.
+        let gpu = LabSwitches::from_env()?.apply(GpuOptions {
             adapter: self.adapter.clone(),
-            chunk_gemm: self.gpu_chunk_from.map(|from_tokens| ChunkGemm {
-                from_tokens,
-                ..ChunkGemm::default()
-            }),
             profile: self.gpu_profile == 1,
-            submit_every: self.gpu_submit_every.map(|n| n as usize),
-            read_staging: match self.gpu_read_staging {
-                ReadStagingChoice::Auto => ReadStaging::Auto,
-                ReadStagingChoice::On => ReadStaging::On,
-                ReadStagingChoice::Off => ReadStaging::Off,
-            },
-            matvec: Some(MatvecShape {
-                decode: match self.gpu_int4_decode {
-                    Int4DecodeChoice::Auto => None,
-                    Int4DecodeChoice::Digits => Some(3),
-                    Int4DecodeChoice::Float => Some(1),
-                },
-                stage_x,
-                ..MatvecShape::default()
-            }),
-            expert_matvec: Some(MatvecShape {
-                stage_x,
-                ..MatvecShape::experts()
-            }),
-            expert_down_matvec: Some(MatvecShape {
-                stage_x,
-                ..MatvecShape::expert_down()
-            }),
             ..GpuOptions::default()
-        };
+        });
         match select(kind, &gpu)? {
             Selected::Gpu(g) => {
                 eprintln!("[K3] backend: {}", g.name());

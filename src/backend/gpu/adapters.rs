@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 /// The wgpu instance every k3 GPU path uses, one per process; its backends come from
 /// `WGPU_BACKEND` as set when it is first asked for. Shared because NVIDIA's Vulkan driver
 /// stops listing its GPU after 30 instances in one process, even when each was dropped
-/// (measured on the H200: the 31st enumeration came back empty).
+/// (the 31st enumeration comes back empty).
 pub fn instance() -> wgpu::Instance {
     static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
     INSTANCE

@@ -4,18 +4,17 @@
 
 use anyhow::{bail, Result};
 
-/// Tokens from which a matmul takes the chunk kernel by default. On the H200 the matvec per
-/// token still won at 8 tokens (int4 12288×7168: 227 against 258 µs; one MXFP4 expert: 49
-/// against 71 µs) and lost at 16 (428 against 271 µs; docs/perf.md, "Prefill on the GPU").
+/// Tokens from which a matmul takes the chunk kernel by default: the matvec per token still
+/// wins at 8 tokens and loses at 16 (docs/perf.md#prefill).
 pub const GEMM_FROM_TOKENS: u32 = 16;
 
 /// Columns of one K step of the kernel (`GK` in matvec_common.wgsl).
 pub const GK: u64 = 32;
 
 /// Workgroups a chunk matmul aims for, splitting K when its tiles are fewer: several per SM
-/// of a large GPU (132 on the H200), so one workgroup's load latency hides behind another's
-/// work. Without the split a 32-token chunk of a 12288-row matrix ran 96 workgroups and
-/// cost the same as 4 tokens (docs/perf.md).
+/// of a large GPU (a hundred or more SMs), so one workgroup's load latency hides behind
+/// another's work. Without the split a 32-token chunk of a 12288-row matrix ran 96
+/// workgroups and cost the same as 4 tokens (docs/perf.md#prefill).
 const TARGET_GROUPS: u64 = 1024;
 /// The fewest K steps a segment keeps, so the partial sums stay small next to the weights.
 const MIN_SEG_STEPS: u64 = 8;
@@ -102,8 +101,8 @@ impl ChunkGemm {
 
     /// The tile for chunks of `n` tokens on workgroups of `wg` lanes with `shared` bytes of
     /// workgroup memory: 16 tokens for chunks that fit them (taller tiles, fewer idle lanes),
-    /// 32 otherwise (on the H200 the 64-token tile lost at every chunk size, 128 and 512
-    /// tokens included); a wider one where that does not fit the memory; `None` when none
+    /// 32 otherwise (the 64-token tile measured slower at every chunk size, 128 and 512
+    /// tokens included: docs/perf.md#prefill); a wider one where that does not fit the memory; `None` when none
     /// does (the matvec then serves every chunk).
     pub fn tile(self, wg: u32, n: usize, shared: u64) -> Option<GemmTile> {
         let want = self.tile_tokens.unwrap_or(if n <= 16 { 16 } else { 32 });

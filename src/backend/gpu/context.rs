@@ -7,12 +7,13 @@ use super::adapters;
 use super::chunk_gemm::{ChunkGemm, GemmTile};
 use super::device_errors::DeviceErrors;
 use super::param_arena::{ParamArena, SLOT_BYTES};
+use super::pipeline_variants::{pipeline_kinds, AdapterShape, PipelineKind, PipelineVariant};
 use super::profiler::Profiler;
 use super::shaders::Shader;
 use super::stationary::{CsPlan, Stationary};
 use anyhow::{anyhow, bail, Context as _, Result};
 use rayon::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{mpsc, Mutex};
 use wgpu::util::DeviceExt;
@@ -34,11 +35,8 @@ pub fn storage_size(bytes: u64) -> u64 {
 }
 
 /// Default for [`GpuOptions::submit_every`]: submit at readbacks (and every
-/// `MAX_PENDING_PASSES`). Submitting every 4 passes, so the GPU starts while the host
-/// records, was measured on the H200 in four alternated rounds of k3-slice decode with every
-/// expert resident: 109.6, 104.5, 60.9, 92.9 tok/s against 94.6, 92.4, 78.3, 101.8; within
-/// the runs' noise, so the old behaviour stays (docs/perf.md, "Where a decode step's time
-/// goes").
+/// `MAX_PENDING_PASSES`). Submitting every few passes, so the GPU starts while the host
+/// records, measured within the runs' noise of this (docs/perf.md#decode-resident).
 pub const SUBMIT_EVERY: usize = MAX_PENDING_PASSES;
 
 /// How a [`GpuContext`] is made.
@@ -79,10 +77,10 @@ pub struct GpuOptions {
     /// leaves part of its output unwritten shows up in the results (the tests set it).
     pub poison_reused: bool,
     /// Recorded passes after which the host submits them without waiting for a readback
-    /// (`--gpu-submit-every`), so the GPU starts on them while the host records the rest;
+    /// (`K3_LAB_SUBMIT_EVERY`), so the GPU starts on them while the host records the rest;
     /// `None` = [`SUBMIT_EVERY`].
     pub submit_every: Option<usize>,
-    /// Whether experts are read straight into upload staging (`--gpu-read-staging`).
+    /// Whether experts are read straight into upload staging (`K3_LAB_READ_STAGING`).
     pub read_staging: ReadStaging,
     /// Compose every kernel from this directory's WGSL files instead of the text built in
     /// (shader work: a variant is measured without a rebuild; the benchmarks' `wgsl=DIR`).
@@ -98,9 +96,7 @@ pub struct GpuOptions {
 /// inside the buffer. The loop counters and the integer-division guards go: every matvec
 /// loop steps by a positive override towards a bound the host derives from the matrix
 /// shapes, and every divisor is an override of 1 or more or a row stride of a matrix with
-/// columns. Without them the H200 read 16 experts' MXFP4 w1|w3 at 58.5–58.7 % of the read
-/// kernel against 57.1–57.7 %, and the int4 head at 73.9–74.0 % against 70.3–71.0 % (two
-/// alternated runs each; docs/perf.md, session 11).
+/// columns. Without them the expert and head matvecs read faster (docs/perf.md#kernels).
 pub fn default_matvec_checks() -> wgpu::ShaderRuntimeChecks {
     wgpu::ShaderRuntimeChecks {
         bounds_checks: true,
@@ -115,7 +111,7 @@ pub fn default_matvec_checks() -> wgpu::ShaderRuntimeChecks {
 pub enum ReadStaging {
     /// On a discrete GPU whose upload staging is host memory (`k3 devices`: no resizable
     /// BAR). Where it is VRAM the read buffer's one copy is already the transfer; where CPU
-    /// and GPU share memory (lavapipe measured) reads into lent buffers took longer.
+    /// and GPU share memory reads into lent buffers took longer (docs/perf.md#decode-from-disk).
     #[default]
     Auto,
     /// Always (measurements; a read that fails into it falls back to host memory).
@@ -124,11 +120,22 @@ pub enum ReadStaging {
     Off,
 }
 
+/// How the one-token int4 matvecs meet x.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int4Decode {
+    /// Every weight decoded to f32 by bit placement (no conversion instructions) and
+    /// multiplied with x as it is.
+    Float,
+    /// x split into exact integer digits by an `x_planes` pass and met by byte dot products
+    /// (x rounded to 2^-22 of each 32-column unit's largest value).
+    Digits,
+}
+
 /// How a matvec workgroup is laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatvecShape {
-    /// Lanes that share one output row (a power of two ≤ 32; 64, a row over two 32-lane
-    /// blocks, lost on the H200: docs/perf.md, session 8).
+    /// Lanes that share one output row (a power of two ≤ 32; a row over two 32-lane blocks
+    /// measured slower: docs/perf.md#kernels).
     pub lanes_per_row: u32,
     /// Of a row's lanes, how many sit side by side in one 32-lane block (the `LW` override; a
     /// power of two, 4..=lanes_per_row); fewer means a block's x loads touch fewer lines and
@@ -136,15 +143,14 @@ pub struct MatvecShape {
     pub lanes_per_block: u32,
     /// Rows each lane group computes together, sharing its loads of x (1..=8).
     pub rows_per_lane: u32,
-    /// Decode variant of the quantized formats (the `DEC` override of the matvec shaders);
-    /// `None` = each shader's default, and for int4 matrices of `DIGITS_FROM_ROWS` rows or
-    /// more 3 in the row-split kernel. 3 (int4 only; the others read it as their default):
-    /// byte dot products against x split into exact integer digits by a `x_planes` pass
-    /// (`matvec_int4.wgsl`); `Some(3)` puts it in every one-token int4 kernel. Benchmarks
-    /// and tests compare the variants.
-    pub decode: Option<u32>,
+    /// How one-token int4 matvecs meet x (the `DIGITS` override of `matvec_int4.wgsl`;
+    /// other formats ignore it). `None`: the digits in the row-split kernel where the int4
+    /// matrices of one input have [`DIGITS_FROM_ROWS`](super::DIGITS_FROM_ROWS) rows or
+    /// more together, the float decode elsewhere; `Some(d)`: `d` in every one-token int4
+    /// matvec.
+    pub int4_decode: Option<Int4Decode>,
     /// Load the next unit's weights before computing this one (the `PIPE` override; two
-    /// units ahead lost on the H200: docs/perf.md, session 8).
+    /// units ahead measured no faster: docs/perf.md#kernels).
     pub pipelined: bool,
     /// Build the matvec shaders without wgpu's injected bounds checks and loop bounding
     /// (the driver's robust buffer access still applies); benchmarks measure what it buys.
@@ -154,15 +160,9 @@ pub struct MatvecShape {
     /// bank conflicts: the `XT` override, sized by [`x_tile_units`]. 0 reads x from global
     /// memory; the default, `u32::MAX`, stages as much as the workgroup memory holds.
     pub stage_x: u32,
-    /// With x staged: read each word's two vec4s of it just before that word's dot
-    /// products instead of the unit's eight at once (the `XW` override: 85 registers
-    /// against 128 for the MXFP4 expert kernel; on the H200, heated, a tie with the default
-    /// in session 11, after looking slower in session 10's unheated reading; docs/perf.md).
-    pub x_by_word: bool,
-    /// Rows a lane in the row-split kernel of the int4 digit decode (`DEC` 3), in place of
-    /// `rows_per_lane`: on the H200 two took the int4 head's kernel from 192 to 175 µs and
-    /// four 12288-row matrices of one x from 101 to 94 µs (two runs each), where int8 and
-    /// MXFP4 lost at two (docs/perf.md, session 12).
+    /// Rows a lane in the row-split kernel of the int4 digit decode, in place of
+    /// `rows_per_lane`: two read faster there, where int8 and MXFP4 are slower at two
+    /// (docs/perf.md#kernels).
     pub digit_rows_per_lane: u32,
 }
 
@@ -172,11 +172,10 @@ impl Default for MatvecShape {
             lanes_per_row: 32,
             lanes_per_block: 32,
             rows_per_lane: 4,
-            decode: None,
+            int4_decode: None,
             pipelined: true,
             unchecked: false,
             stage_x: u32::MAX,
-            x_by_word: false,
             digit_rows_per_lane: 2,
         }
     }
@@ -185,7 +184,7 @@ impl Default for MatvecShape {
 impl MatvecShape {
     /// The expert kernel's default: its rows are short (3072 or 3584 columns), so fewer lanes
     /// per row give each lane a longer run, and rows split over blocks share their x lines
-    /// (measured on the H200, docs/perf.md).
+    /// (docs/perf.md#kernels).
     pub fn experts() -> Self {
         Self {
             lanes_per_row: 8,
@@ -195,9 +194,7 @@ impl MatvecShape {
     }
 
     /// The expert kernel's default in the MoE's down projection: two rows a lane instead of
-    /// four. Session 9 read 16 experts' w2 (57344×3072) at 50.7 and 52.9 % of the read
-    /// kernel this way against 46.1–47.5 % at four; heated, in session 11, the two tied
-    /// (50.0–50.3 against 50.9–51.1 %, docs/perf.md).
+    /// four, at least as fast there (docs/perf.md#kernels).
     pub fn expert_down() -> Self {
         Self {
             rows_per_lane: 2,
@@ -213,9 +210,8 @@ impl MatvecShape {
             || self.lanes_per_block < 4
             || !(1..=8).contains(&self.rows_per_lane)
             || !(1..=8).contains(&self.digit_rows_per_lane)
-            || self.decode.is_some_and(|d| d > 3)
         {
-            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane (and digit rows per lane) 1..=8, decode 0..=3");
+            bail!("matvec shape {self:?}: lanes per row must be a power of two ≤ 32, lanes per block a power of two ≥ 4, rows per lane (and digit rows per lane) 1..=8");
         }
         self.lanes_per_block = split_lanes(self.lanes_per_row, self.lanes_per_block, wg);
         Ok(self)
@@ -287,6 +283,9 @@ pub struct GpuContext {
     /// `GpuOptions::matvec_checks`, or `default_matvec_checks()`.
     matvec_checks: wgpu::ShaderRuntimeChecks,
     pipelines: Mutex<HashMap<PipeKey, wgpu::ComputePipeline>>,
+    /// The kinds of pipeline `pipeline_variants` lists for this adapter: the only ones
+    /// `pipeline` creates.
+    kinds: HashSet<PipelineKind>,
     /// Parameters in one uniform buffer per dispatch (`GpuOptions::fresh_params`).
     fresh_params: bool,
     pending: Mutex<Pending>,
@@ -361,17 +360,8 @@ impl GpuContext {
                 limits.max_compute_workgroup_storage_size
             );
         }
-        // Bindings stay below 2 GiB whatever the adapter claims (wgpu on Metal miscomputes
-        // bindings of 4 GiB and more), and 4-byte aligned.
-        let mut max_binding = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size)
-            .min((2u64 << 30) - 4);
-        if let Some(cap) = opts.max_binding {
-            max_binding = max_binding.min(cap);
-        }
-        max_binding &= !15;
-        let subgroups = features.contains(wgpu::Features::SUBGROUP) && !opts.no_subgroups;
+        let max_binding = max_binding_bytes(info.backend, &limits, opts.max_binding);
+        let subgroups = use_subgroups(features, opts.no_subgroups);
         let matvec = opts.matvec.unwrap_or_default().fitted(wg)?;
         let expert_matvec = opts
             .expert_matvec
@@ -406,6 +396,14 @@ impl GpuContext {
             ),
             None => None,
         };
+        let kinds = pipeline_kinds(
+            AdapterShape {
+                wg,
+                shared_bytes: limits.max_compute_workgroup_storage_size,
+                subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
+            },
+            subgroups,
+        );
         Ok(Self {
             adapter,
             device,
@@ -431,6 +429,7 @@ impl GpuContext {
             wgsl_sources,
             matvec_checks: opts.matvec_checks.unwrap_or_else(default_matvec_checks),
             pipelines: Mutex::new(HashMap::new()),
+            kinds,
             fresh_params: opts.fresh_params,
             pending: Mutex::new(Pending {
                 cmd: None,
@@ -457,7 +456,9 @@ impl GpuContext {
         )
     }
 
-    /// The compiled pipeline for `shader`'s `entry` with these overrides (cached).
+    /// The compiled pipeline for `shader`'s `entry` with these overrides (cached). A kind of
+    /// pipeline that `pipeline_variants` does not list (and so no test translates for every
+    /// backend) is still created, and the device reports it as an error at the next wait.
     pub fn pipeline(
         &self,
         shader: Shader,
@@ -473,8 +474,40 @@ impl GpuContext {
         if let Some(p) = pipes.get(&key) {
             return p.clone();
         }
+        let variant = PipelineVariant {
+            shader,
+            entry,
+            consts: consts.to_vec(),
+            subgroups: self.subgroups,
+        };
+        if !self.kinds.contains(&variant.kind()) {
+            self.errors.report(format!(
+                "pipeline {variant} is not among pipeline_variants() (src/backend/gpu/pipeline_variants.rs), so no test translates it for every backend"
+            ));
+        }
+        let module = self.module(shader);
+        let constants = variant.constants(self.wg);
+        let p = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        pipes.insert(key, p.clone());
+        p
+    }
+
+    /// The compiled module of `shader` (cached).
+    fn module(&self, shader: Shader) -> wgpu::ShaderModule {
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        let module = modules
+        modules
             .entry(shader)
             .or_insert_with(|| {
                 let desc = wgpu::ShaderModuleDescriptor {
@@ -509,26 +542,7 @@ impl GpuContext {
                     self.device.create_shader_module(desc)
                 }
             })
-            .clone();
-        let mut all: Vec<(&str, f64)> = consts.iter().map(|&(k, v)| (k, f64::from(v))).collect();
-        if !consts.iter().any(|&(k, _)| k == "WG") {
-            all.push(("WG", f64::from(self.wg)));
-        }
-        let p = self
-            .device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(entry),
-                layout: None,
-                module: &module,
-                entry_point: Some(entry),
-                compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &all,
-                    zero_initialize_workgroup_memory: false,
-                },
-                cache: None,
-            });
-        pipes.insert(key, p.clone());
-        p
+            .clone()
     }
 
     /// A new storage buffer of at least `bytes` (rounded up to 16, never empty).
@@ -880,6 +894,44 @@ impl GpuContext {
     }
 }
 
+/// The most bytes every binding stays under on any backend (and so the largest row chunk
+/// of a matrix or arena): 2 GiB, less one word.
+const MAX_BINDING_BYTES: u64 = (2 << 30) - 4;
+
+/// Below this on Metal: wgpu's Metal backend computes wrong results for storage bindings of
+/// 4 GiB and more.
+const METAL_MAX_BINDING_BYTES: u64 = (4 << 30) - 16;
+
+/// What `backend` itself allows one binding, whatever the adapter claims.
+fn backend_binding_cap(backend: wgpu::Backend) -> u64 {
+    match backend {
+        wgpu::Backend::Metal => METAL_MAX_BINDING_BYTES,
+        _ => u64::MAX,
+    }
+}
+
+/// The bytes one storage binding may span on `backend` with `limits` (and `cap`, a lower
+/// bound the caller asks for): the adapter's limits, [`MAX_BINDING_BYTES`] on every backend
+/// and below 4 GiB on Metal, in whole 16-byte units.
+pub fn max_binding_bytes(backend: wgpu::Backend, limits: &wgpu::Limits, cap: Option<u64>) -> u64 {
+    let mut max = limits
+        .max_storage_buffer_binding_size
+        .min(limits.max_buffer_size)
+        .min(MAX_BINDING_BYTES)
+        .min(backend_binding_cap(backend));
+    if let Some(cap) = cap {
+        max = max.min(cap);
+    }
+    max & !15
+}
+
+/// Whether kernels take the subgroup reductions: only where the device has the SUBGROUP
+/// feature (a module with subgroup operations fails to compile without it), and not when
+/// `no_subgroups` asks for the workgroup-memory ones.
+pub fn use_subgroups(features: wgpu::Features, no_subgroups: bool) -> bool {
+    features.contains(wgpu::Features::SUBGROUP) && !no_subgroups
+}
+
 /// The largest power of two ≤ [`MAX_WG`] that the adapter's workgroup limits allow.
 fn workgroup_size(l: &wgpu::Limits) -> Result<u32> {
     let cap = l
@@ -944,11 +996,12 @@ const STAGED_UNIT_BYTES: u32 = 9 * 16;
 
 /// The `XT` override of a row-split matvec over rows of `units` 32-column units under `m`,
 /// with `shared` bytes of workgroup memory: all the units where they fit, else the most
-/// that do, at most `m.stage_x`; 0 (x from global memory) where `m.stage_x` is 0, the
-/// decode reads x's digits instead (`DEC` 3), or fewer than 8 units fit.
+/// that do, at most `m.stage_x`; 0 (x from global memory) where `m.stage_x` is 0 or fewer
+/// than 8 units fit. (The int4 digit decode reads x's digits and is never staged; its
+/// caller asks for no tile.)
 pub fn x_tile_units(m: MatvecShape, units: usize, shared: u32) -> u32 {
     let room = shared.saturating_sub(MATVEC_SHARED_BYTES) / STAGED_UNIT_BYTES;
-    if m.stage_x == 0 || m.decode == Some(3) || room < 8 {
+    if m.stage_x == 0 || room < 8 {
         return 0;
     }
     room.min(m.stage_x)
@@ -969,10 +1022,63 @@ fn split_lanes(lpr: u32, lw: u32, wg: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{split_lanes, x_tile_units, MatvecShape};
+    use super::{
+        backend_binding_cap, max_binding_bytes, split_lanes, use_subgroups, x_tile_units,
+        MatvecShape, MAX_BINDING_BYTES,
+    };
 
     #[test]
-    fn staged_x_takes_what_fits_and_never_the_digit_decode() {
+    fn bindings_stay_below_4_gib_on_metal_and_2_gib_everywhere() {
+        let huge = wgpu::Limits {
+            max_storage_buffer_binding_size: 1 << 40,
+            max_buffer_size: 1 << 40,
+            ..wgpu::Limits::default()
+        };
+        for backend in [
+            wgpu::Backend::Metal,
+            wgpu::Backend::Vulkan,
+            wgpu::Backend::Dx12,
+        ] {
+            let max = max_binding_bytes(backend, &huge, None);
+            assert!(max < 4 << 30, "{backend:?}");
+            assert_eq!(max, MAX_BINDING_BYTES & !15, "{backend:?}");
+            assert_eq!(max % 16, 0);
+        }
+        // Metal's own cap holds even if the general one is raised.
+        assert!(backend_binding_cap(wgpu::Backend::Metal) < 4 << 30);
+        assert_eq!(backend_binding_cap(wgpu::Backend::Metal) % 16, 0);
+        assert_eq!(backend_binding_cap(wgpu::Backend::Vulkan), u64::MAX);
+        // The adapter's own limits and the caller's cap, whichever is lower, in 16-byte units.
+        let small = wgpu::Limits {
+            max_storage_buffer_binding_size: 1000,
+            ..huge.clone()
+        };
+        assert_eq!(max_binding_bytes(wgpu::Backend::Metal, &small, None), 992);
+        assert_eq!(
+            max_binding_bytes(wgpu::Backend::Vulkan, &huge, Some(64 << 20)),
+            64 << 20
+        );
+        let buffer = wgpu::Limits {
+            max_buffer_size: 4096,
+            ..huge
+        };
+        assert_eq!(
+            max_binding_bytes(wgpu::Backend::Metal, &buffer, Some(1 << 20)),
+            4096
+        );
+    }
+
+    #[test]
+    fn subgroups_only_where_the_adapter_has_them() {
+        let sub = wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        assert!(use_subgroups(sub, false));
+        assert!(!use_subgroups(sub, true));
+        assert!(!use_subgroups(wgpu::Features::TIMESTAMP_QUERY, false));
+        assert!(!use_subgroups(wgpu::Features::empty(), false));
+    }
+
+    #[test]
+    fn staged_x_takes_what_fits() {
         let m = MatvecShape::default();
         // 224 units (7168 columns) fit NVIDIA's 48 KiB whole, and 199 of them 32 KiB.
         assert_eq!(x_tile_units(m, 224, 49152), 224);
@@ -981,11 +1087,6 @@ mod tests {
         assert_eq!(x_tile_units(m, 5, 49152), 5);
         // Room for fewer than 8 units: not staged.
         assert_eq!(x_tile_units(m, 224, 5000), 0);
-        let digits = MatvecShape {
-            decode: Some(3),
-            ..m
-        };
-        assert_eq!(x_tile_units(digits, 224, 49152), 0);
         let off = MatvecShape { stage_x: 0, ..m };
         assert_eq!(x_tile_units(off, 224, 49152), 0);
         let small = MatvecShape { stage_x: 5, ..m };

@@ -25,6 +25,13 @@ impl DeviceErrors {
         me
     }
 
+    /// Keeps `msg` as an error of the engine's own (no out-of-memory), unless an earlier
+    /// error is already kept.
+    pub fn report(&self, msg: String) {
+        let mut slot = self.first.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert((msg, false));
+    }
+
     /// `Err` naming the first error the device reported, with what to do about it.
     pub fn check(&self, adapter: &str) -> Result<()> {
         let slot = self.first.lock().unwrap_or_else(|p| p.into_inner());

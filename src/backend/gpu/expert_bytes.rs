@@ -65,9 +65,9 @@ impl MatSrc<'_> {
     /// bytes are in host memory (a 17th of the matrix), assumed where they are on the device.
     pub fn may_have_huge_scales(&self) -> bool {
         match self.scales {
-            // Spread over threads, as the upload's copy of the same bytes is (one thread read
-            // a K3 expert's 1 MB of scales in about 40 µs on the 2-core development VM); a
-            // maximum per 64 bytes vectorizes, an early exit per byte would not.
+            // Spread over threads, as the upload's copy of the same bytes is (one thread
+            // scanning an expert's 1 MB of scales is host time on the read path); a maximum
+            // per 64 bytes vectorizes, an early exit per byte would not.
             PartSrc::Host(b) => b.par_chunks(SCAN_CHUNK).any(|part| {
                 part.chunks(64)
                     .any(|c| c.iter().fold(0u8, |m, &s| m.max(s)) > FAST_SCALE_MAX)

@@ -13,9 +13,9 @@ use anyhow::{ensure, Result};
 /// value as the CPU oracle's `KDA_L2_EPS`.
 const KDA_L2_EPS: f32 = 1e-6;
 
-/// Tokens from which a call runs the three passes rather than the fused kernel. On the H200
-/// one token took 82 µs fused and 141 µs in passes; a 64-token chunk 2.1 ms in passes (33 µs
-/// a token), where the fused kernel's tokens each cost about its one-token time.
+/// Tokens from which a call runs the three passes rather than the fused kernel: one token is
+/// cheaper fused, while a chunk's tokens each cost about the one-token time there and far
+/// less in passes (docs/perf.md#kernels).
 const PASSES_FROM_TOKENS: usize = 4;
 
 /// Widest head the kernel's workgroup arrays hold.
@@ -105,8 +105,7 @@ impl GpuBackend {
         ];
         let wg = self.ctx.wg;
         if n < PASSES_FROM_TOKENS {
-            // One lane per state column: a wider workgroup would idle.
-            let fused_wg = wg.min((d.head_dim as u32).next_power_of_two().max(32));
+            let fused_wg = head_lanes(wg, d.head_dim);
             self.ctx.dispatch(&Dispatch {
                 shader: Shader::KdaStep,
                 entry: "kda_fused",
@@ -142,8 +141,7 @@ impl GpuBackend {
             },
             [1, 3, 4, 5],
         );
-        // One lane per output column: a wider workgroup would idle.
-        let norm_wg = wg.min((d.head_dim as u32).next_power_of_two().max(32));
+        let norm_wg = head_lanes(wg, d.head_dim);
         self.ctx.dispatch_at(
             &Dispatch {
                 shader: Shader::KdaStep,
@@ -159,9 +157,15 @@ impl GpuBackend {
     }
 }
 
+/// The workgroup of the fused kernel and of the gated norm over heads of `head_dim`: one
+/// lane per state or output column (at least a 32-lane block), as a wider one would idle.
+pub(super) fn head_lanes(wg: u32, head_dim: usize) -> u32 {
+    wg.min((head_dim as u32).next_power_of_two().max(32))
+}
+
 /// State columns one `kda_state` workgroup of `wg` lanes updates: an eighth of the head (16
 /// of K3's 128, so 8 workgroups a head), a power of two within the workgroup.
-fn state_columns_per_group(head_dim: usize, wg: u32) -> u32 {
+pub(super) fn state_columns_per_group(head_dim: usize, wg: u32) -> u32 {
     ((head_dim as u32 / 8).max(1).next_power_of_two()).min(wg)
 }
 

@@ -4,7 +4,8 @@
 
 use super::buffers::{f32_bytes, GpuAct};
 use super::chunk_gemm::{ChunkGemm, GemmTile, GK};
-use super::context::{x_tile_units, Dispatch, MatvecShape};
+use super::context::{Dispatch, Int4Decode, MatvecShape};
+use super::pipeline_variants::{digit_shape, mv_consts_of, row_split_variant, stationary_consts};
 use super::shaders::Shader;
 use super::GpuBackend;
 use crate::quant::{DenseData, DenseMatrix};
@@ -208,9 +209,7 @@ impl GpuBackend {
     }
 
     /// The row-split kernel's entry and overrides for a `shader` matrix with rows of `units`
-    /// units under `m`: `entries.0`, or `entries.1` (its twin in matvec_staged.wgsl) with x
-    /// staged in tiles of `x_tile_units`, where the shader stages x and a tile fits the
-    /// workgroup memory.
+    /// units under `m` (see [`row_split_variant`]).
     pub(super) fn row_split(
         &self,
         shader: Shader,
@@ -218,23 +217,12 @@ impl GpuBackend {
         units: usize,
         entries: (&'static str, &'static str),
     ) -> (&'static str, Vec<(&'static str, u32)>) {
-        let mut consts = mv_consts_of(m).to_vec();
-        let xt = if shader.stages_x() {
-            x_tile_units(m, units, self.ctx.shared_bytes())
-        } else {
-            0
-        };
-        if xt == 0 {
-            return (entries.0, consts);
-        }
-        consts.push(("XT", xt));
-        consts.push(("XW", u32::from(m.x_by_word)));
-        (entries.1, consts)
+        row_split_variant(shader, m, units, self.ctx.shared_bytes(), entries)
     }
 
     /// The dense matvec pipeline overrides, x read from global memory (formats whose unit is
     /// not 32 columns).
-    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 5] {
+    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 4] {
         mv_consts_of(self.ctx.matvec)
     }
 
@@ -353,15 +341,18 @@ impl GpuBackend {
         };
         // A chunk of tokens: the tiled kernel decodes each weight unit once per tile.
         let tile = self.ctx.gemm_tile(x.rows);
-        // int4's one-token kernels read x as exact integer digits (`DEC` 3), made once per
-        // call (for all its matrices), by the first row chunk that needs them: by default
-        // the row-split kernel where the call's int4 rows reach DIGITS_FROM_ROWS; every
-        // one-token kernel when asked.
+        // int4's one-token kernels read x as exact integer digits (the digit decode), made
+        // once per call (for all its matrices), by the first row chunk that needs them: by
+        // default the row-split kernel where the call's int4 rows reach DIGITS_FROM_ROWS;
+        // every one-token kernel when asked.
         let int4 = w.format == GpuFormat::Int4;
-        let decode = self.ctx.matvec.decode;
+        let decode = self.ctx.matvec.int4_decode;
         let split_digits = int4
-            && (decode == Some(3) || (decode.is_none() && shared.int4_rows >= DIGITS_FROM_ROWS));
-        let cs_digits = int4 && decode == Some(3);
+            && match decode {
+                Some(d) => d == Int4Decode::Digits,
+                None => shared.int4_rows >= DIGITS_FROM_ROWS,
+            };
+        let cs_digits = int4 && decode == Some(Int4Decode::Digits);
         // Every int4 matrix of the call has x's width, so one padded width: the planes fit
         // them all.
         let planes_of = || {
@@ -389,11 +380,10 @@ impl GpuBackend {
                 let mut cs = [0u32; 12];
                 cs[..11].copy_from_slice(&params);
                 cs[11] = plan.row_block;
-                let mut consts = plan.consts().to_vec();
                 if cs_digits {
                     bufs[0] = planes_of();
-                    consts.push(("DEC", 3));
                 }
+                let consts = stationary_consts(plan, cs_digits);
                 self.ctx.dispatch(&Dispatch {
                     shader: w.format.shader(),
                     entry: "dense_cs",
@@ -408,8 +398,7 @@ impl GpuBackend {
             let mut groups = split_groups;
             if split_digits {
                 bufs[0] = planes_of();
-                shape.decode = Some(3);
-                shape.rows_per_lane = shape.digit_rows_per_lane;
+                shape = digit_shape(shape);
                 groups = (c.rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, shape));
             }
             let (entry, consts) = self.row_split(
@@ -430,7 +419,7 @@ impl GpuBackend {
         Ok(y)
     }
 
-    /// x in the layout of the int4 matvec's `DEC` 3 (`x_planes` in matvec_int4.wgsl: per
+    /// x in the layout of the int4 digit decode (`x_planes` in matvec_int4.wgsl: per
     /// 32-column unit, x's exact integer digits, their sum and the power of two, stored by
     /// blocks of 32 units). x is `rows` rows of `units` units, and so is the result.
     fn x_planes(&self, x: &wgpu::Buffer, (rows, units): (usize, usize)) -> GpuAct {
@@ -498,26 +487,12 @@ impl SharedX {
 
 /// int4 matrices of at least this many rows (counted over the matrices of one
 /// `matmul_many` call, which share the digit pass) take the integer-digit decode by default.
-/// The digit pass costs about 9 µs of GPU time on the H200 and a pass of host time. A
-/// lone 12288-row matrix took 38 µs on the f32 decode and 20 + 9 µs on the digits (session
-/// 12), but k3-slice decode with digits on every row-split int4 matvec once ran 6-7 % slower
-/// in wall time (session 7, when the pass took 23 µs); a KDA layer's four 12288-row
-/// projections share one pass and took 153 µs apart, 104 µs together (docs/perf.md).
+/// The digit pass costs GPU time and a pass of host time: it pays where several large
+/// matrices share it (a KDA layer's four 12288-row projections), not on every small int4
+/// matvec of a decode step (docs/perf.md#kernels).
 pub const DIGITS_FROM_ROWS: usize = 32768;
 
 /// Output rows one workgroup of `wg` lanes computes under `m`.
 pub(super) fn rows_per_group_of(wg: u32, m: MatvecShape) -> u32 {
     wg / m.lanes_per_row * m.rows_per_lane
-}
-
-/// The matvec pipeline overrides of `m`.
-pub(super) fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 5] {
-    [
-        ("LPR", m.lanes_per_row),
-        ("LW", m.lanes_per_block),
-        ("RPL", m.rows_per_lane),
-        ("PIPE", u32::from(m.pipelined)),
-        // 1 is every matvec shader's default decode (`DEC` in matvec_common.wgsl).
-        ("DEC", m.decode.unwrap_or(1)),
-    ]
 }

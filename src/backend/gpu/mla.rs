@@ -10,7 +10,7 @@ use anyhow::{ensure, Result};
 /// Heads one `ctx` workgroup carries (the kernel's HT).
 const HEAD_TILE: u32 = 8;
 /// Lanes per output row of the `outv` kernel.
-const OUTV_LANES: u32 = 32;
+pub(super) const OUTV_LANES: u32 = 32;
 /// Positions a fresh cache holds before it first grows.
 const INITIAL_POSITIONS: usize = 64;
 /// Positions one `ctx` workgroup walks, at most (fewer chunks only when memory or the grid

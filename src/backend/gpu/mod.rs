@@ -14,11 +14,13 @@ mod elementwise;
 mod expert_bytes;
 pub mod expert_tier;
 mod kda;
+pub mod lab_switches;
 mod matmul;
 mod mla;
 mod moe;
 mod norm;
 mod param_arena;
+pub mod pipeline_variants;
 pub mod profiler;
 pub mod read_staging;
 mod router;
@@ -29,7 +31,7 @@ pub mod upload_path;
 pub mod vram_budget;
 
 pub use buffers::{GpuAct, GpuKdaState, GpuMlaCache};
-pub use context::{GpuContext, GpuOptions, MatvecShape, ReadStaging};
+pub use context::{GpuContext, GpuOptions, Int4Decode, MatvecShape, ReadStaging};
 pub use matmul::{GpuFormat, GpuMat, DIGITS_FROM_ROWS};
 
 use super::{

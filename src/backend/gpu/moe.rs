@@ -9,6 +9,7 @@ use super::context::{Dispatch, MatvecShape};
 use super::expert_bytes::{all_host, ExpertSrc, MatSrc, PartSrc};
 use super::expert_tier::ExpertTier;
 use super::matmul::rows_per_group_of;
+use super::pipeline_variants::special_const;
 use super::shaders::Shader;
 use super::GpuBackend;
 use crate::backend::{ExpertAssignment, ExpertWeights, Glu};
@@ -27,8 +28,8 @@ pub(super) struct Arena {
     scales: wgpu::Buffer,
     /// Whether a matrix this call reads from it may hold a scale above
     /// [`FAST_SCALE_MAX`](super::expert_bytes::FAST_SCALE_MAX): its kernels then keep the
-    /// per-element path (`SPECIAL` 1), which costs the batched matvec 3-4 points of the
-    /// read kernel's bandwidth on the H200 (docs/perf.md, session 10).
+    /// per-element path (`SPECIAL` 1), which costs the batched matvec bandwidth
+    /// (docs/perf.md#kernels).
     huge: bool,
 }
 
@@ -41,8 +42,8 @@ const REUSED_ARENAS: usize = 4;
 const REUSED_ARENA_BYTES: u64 = 256 << 20;
 /// Below this many output rows over all its (expert, token) pairs, an MXFP4 dispatch uses
 /// the dense geometry: the expert geometry's 128-row workgroups would be fewer than about
-/// two per SM of a large GPU (132 on the H200). Measured at the ends only: one expert's
-/// 3072 rows ran at 58 % (dense) against 33 % (expert), 16 experts' 98304 at 34 % against 49 %.
+/// two per SM of a large GPU. Measured at the ends only: one expert's 3072 rows read faster
+/// in the dense geometry, 16 experts' 98304 in the expert one (docs/perf.md#kernels).
 const FEW_ROWS: u64 = 32768;
 
 /// Routing of one call: work items (slot, first pair, pairs), grouped by arena set, gather
@@ -354,9 +355,8 @@ impl GpuBackend {
         debug_assert!(one.1 <= self.ctx.limits.max_compute_workgroups_per_dimension);
         // The expert geometry gives each lane a long run but few workgroups per expert; a
         // dispatch of a few thousand rows in all would leave most of the GPU idle, so it
-        // takes the dense geometry (one expert × 1 token: 58 % against 33 % of the read
-        // kernel on the H200), or where even that runs few workgroups, the column-stationary
-        // kernel (68 % against 58 %).
+        // takes the dense geometry, or where even that runs few workgroups, the
+        // column-stationary kernel (docs/perf.md#kernels).
         let total = u64::from(one.1) * rows as u64;
         let shape = if total >= FEW_ROWS {
             big
@@ -371,7 +371,7 @@ impl GpuBackend {
                 .wants(u64::from(split_groups) * u64::from(one.1)))
         .then(|| self.ctx.stationary_plan(cols / BLOCK, rows, one.1 as usize))
         .flatten();
-        let special = ("SPECIAL", u32::from(a.huge));
+        let special = special_const(a.huge);
         if let Some(plan) = plan {
             let mut consts = plan.consts().to_vec();
             consts.push(special);

@@ -80,8 +80,7 @@ impl GpuBackend {
         let scores = self.alloc(cur.rows, entries);
         let params = [entries as u32, rows, cur.cols as u32, eps.to_bits()];
         // One workgroup per (entry, row) for the scores, then the columns over workgroups:
-        // one workgroup for a decode row's whole mix took 20 times an element-wise pass on
-        // the H200.
+        // one workgroup for a decode row's whole mix took 20 times an element-wise pass.
         self.ctx.dispatch_at(
             &Dispatch {
                 shader: Shader::AttnResMix,

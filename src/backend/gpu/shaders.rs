@@ -47,13 +47,11 @@ pub enum Shader {
     MlaAttend,
     /// The split-K sum of the chunk matmul.
     SumSegments,
-    /// The bandwidth yardstick of the benchmarks.
-    ReadBench,
 }
 
 impl Shader {
     /// Every shader, for validation.
-    pub const ALL: [Shader; 16] = [
+    pub const ALL: [Shader; 15] = [
         Shader::Elementwise,
         Shader::PadRows,
         Shader::Glu,
@@ -69,7 +67,6 @@ impl Shader {
         Shader::KdaStep,
         Shader::MlaAttend,
         Shader::SumSegments,
-        Shader::ReadBench,
     ];
 
     /// File name under shaders_wgsl/.
@@ -90,7 +87,6 @@ impl Shader {
             Shader::KdaStep => "kda_step.wgsl",
             Shader::MlaAttend => "mla_attend.wgsl",
             Shader::SumSegments => "sum_segments.wgsl",
-            Shader::ReadBench => "read_bench.wgsl",
         }
     }
 
@@ -111,7 +107,6 @@ impl Shader {
             Shader::KdaStep => include_str!("../../../shaders_wgsl/kda_step.wgsl"),
             Shader::MlaAttend => include_str!("../../../shaders_wgsl/mla_attend.wgsl"),
             Shader::SumSegments => include_str!("../../../shaders_wgsl/sum_segments.wgsl"),
-            Shader::ReadBench => include_str!("../../../shaders_wgsl/read_bench.wgsl"),
         }
     }
 
@@ -119,12 +114,7 @@ impl Shader {
     pub fn reduces(self) -> bool {
         !matches!(
             self,
-            Shader::Elementwise
-                | Shader::PadRows
-                | Shader::Glu
-                | Shader::Moe
-                | Shader::SumSegments
-                | Shader::ReadBench
+            Shader::Elementwise | Shader::PadRows | Shader::Glu | Shader::Moe | Shader::SumSegments
         )
     }
 
@@ -203,6 +193,7 @@ impl Shader {
 
 #[cfg(test)]
 mod tests {
+    use super::super::pipeline_variants::{pipeline_variants, AdapterShape};
     use super::Shader;
     use naga::valid::{
         Capabilities, ShaderStages, SubgroupOperationSet, ValidationFlags, Validator,
@@ -237,30 +228,18 @@ mod tests {
             )
         });
         // Overrides must resolve with their defaults, as wgpu resolves them at pipeline time,
-        // and the matvecs with every decode variant, the widest row group and every chunk tile.
+        // and with every set the engine's dispatches use.
         let mut sets = vec![naga::back::PipelineConstants::default()];
-        if sh.is_matvec() {
-            for dec in 0..=3 {
-                sets.push(
-                    [
-                        ("DEC", f64::from(dec)),
-                        ("RPL", 8.0),
-                        ("LPR", 16.0),
-                        ("LW", if dec == 1 { 4.0 } else { 32.0 }),
-                        ("PIPE", f64::from(dec % 2)),
-                        // The chunk kernel's tall and wide tiles.
-                        ("GTR", [64.0, 16.0, 32.0, 16.0][dec as usize]),
-                        ("GTC", [4.0, 16.0, 8.0, 16.0][dec as usize]),
-                        ("PF", f64::from(1 - dec % 2)),
-                        // x staged in tiles of 7 units, read unit by unit and word by word.
-                        ("XT", 7.0),
-                        ("XW", f64::from(dec % 2)),
-                    ]
-                    .into_iter()
-                    .filter(|&(k, _)| sh.stages_x() || !matches!(k, "XT" | "XW"))
-                    .map(|(k, v)| (k.to_string(), v))
-                    .collect(),
-                );
+        for a in AdapterShape::TYPICAL {
+            for v in pipeline_variants(a, subgroups) {
+                if v.shader == sh {
+                    sets.push(
+                        v.constants(a.wg)
+                            .into_iter()
+                            .map(|(k, x)| (k.to_string(), x))
+                            .collect(),
+                    );
+                }
             }
         }
         for consts in &sets {

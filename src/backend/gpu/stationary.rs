@@ -3,12 +3,10 @@
 //! `moe_cs` (shaders_wgsl/matvec_common.wgsl, matvec_mxfp4.wgsl): lane c of a row span owns
 //! unit c of every row, so its slice of x is loaded once and the span reads each row whole.
 //!
-//! Measured on the H200 (docs/perf.md, "Column-stationary matvec"): it wins where the
-//! row-split kernel has too few workgroups to fill the GPU (one expert's 3072 × 3584 MXFP4
-//! rows: 68 % of the read kernel against 59 %; int4 1536 × 7168: 76 % against 54 %, 3072 ×
-//! 7168: 62 % against 53 %) and loses where that kernel fills it (int4 12288 × 7168: 40–45 %
-//! against 47–49 %; 16 experts' 98304 rows: 32–37 % against 45 %). So it takes only
-//! dispatches the row-split kernel would run in few workgroups.
+//! Measured (docs/perf.md#kernels): it wins where the row-split kernel has too few
+//! workgroups to fill the GPU (one expert's 3072 × 3584 MXFP4 rows, int4 1536 × 7168 and
+//! 3072 × 7168) and loses where that kernel fills it (int4 12288 × 7168, 16 experts' 98304
+//! rows). So it takes only dispatches the row-split kernel would run in few workgroups.
 
 use anyhow::{bail, Result};
 

@@ -137,8 +137,8 @@ mod tests {
 
     #[test]
     fn a_bar_heap_over_the_vram_is_the_direct_path() {
-        // The H200's types, as its Vulkan driver lists them (session 6).
-        let h200 = [
+        // A discrete NVIDIA GPU's types (94 GiB of VRAM), as its Vulkan driver lists them.
+        let nvidia = [
             (false, false, false, 94 * GIB),
             (true, false, false, 140 * GIB),
             (false, true, true, 94 * GIB),
@@ -146,10 +146,10 @@ mod tests {
             (true, true, true, 140 * GIB),
         ];
         assert_eq!(
-            classify(h200),
+            classify(nvidia),
             UploadPath::DeviceLocal { window: 140 * GIB }
         );
-        assert!(classify(h200).describe().contains("straight into VRAM"));
+        assert!(classify(nvidia).describe().contains("straight into VRAM"));
     }
 
     #[test]

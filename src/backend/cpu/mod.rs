@@ -1,9 +1,9 @@
 //! The CPU backend: the reference implementation every other backend is checked against.
 //! f32 everywhere, f64 where a reduction is cheap to widen, rayon across rows and heads.
 
-mod attention_mla;
-mod delta_rule;
 mod elementwise;
+mod kda;
+mod mla;
 mod moe;
 mod norm;
 mod router;
@@ -15,8 +15,8 @@ use super::{
 use crate::quant::DenseMatrix;
 use anyhow::{ensure, Result};
 
-pub use attention_mla::MlaCache;
-pub use delta_rule::{conv_silu_step, KdaState};
+pub use kda::{conv_silu_step, KdaState};
+pub use mla::MlaCache;
 
 /// A `[rows, cols]` row-major f32 matrix in host memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,6 +50,15 @@ impl CpuAct {
 /// The reference backend.
 #[derive(Clone, Debug, Default)]
 pub struct CpuBackend;
+
+/// The backend line's description: `cpu (N threads, <SIMD level>)`.
+pub fn describe() -> String {
+    format!(
+        "cpu ({} threads, {})",
+        rayon::current_num_threads(),
+        crate::quant::simd::level().name()
+    )
+}
 
 impl CpuBackend {
     /// A CPU backend using the global rayon pool.
@@ -155,7 +164,7 @@ impl Backend for CpuBackend {
         state: &mut KdaState,
         inp: KdaStepInputs<'_, CpuAct>,
     ) -> Result<CpuAct> {
-        delta_rule::kda_step(dims, w, state, inp)
+        kda::kda_step(dims, w, state, inp)
     }
 
     fn mla_attend(
@@ -166,7 +175,7 @@ impl Backend for CpuBackend {
         q: &CpuAct,
         c: &CpuAct,
     ) -> Result<CpuAct> {
-        attention_mla::mla_attend(dims, w, cache, q, c)
+        mla::mla_attend(dims, w, cache, q, c)
     }
 
     fn router_topk(

@@ -415,3 +415,25 @@ fn index_naming_a_tensor_its_shard_lacks_is_refused() {
         "{e}"
     );
 }
+
+#[test]
+fn a_directory_or_fifo_in_place_of_a_shard_is_reported_as_what_it_is() {
+    let name = "model-00002-of-00003.safetensors";
+    let (tmp, _) = tiny_snapshot(&Layout::default());
+    let shard = tmp.path().join(name);
+    std::fs::remove_file(&shard).unwrap();
+    std::fs::create_dir(&shard).unwrap();
+    let e = open_err(tmp.path(), &[]);
+    assert!(e.contains(&shard.display().to_string()), "{e}");
+    assert!(e.contains("is a directory, not a regular file"), "{e}");
+
+    std::fs::remove_dir(&shard).unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(&shard)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Opening a FIFO for reading would block until a writer came: it must be refused first.
+    let e = open_err(tmp.path(), &[]);
+    assert!(e.contains("is a FIFO, not a regular file"), "{e}");
+}

@@ -2,6 +2,7 @@
 //! and the routed-expert table.
 
 pub mod expert_table;
+pub mod file_stamp;
 pub mod inspect;
 pub mod schema;
 pub mod shards;
@@ -201,6 +202,12 @@ impl Checkpoint {
     /// [`Checkpoint::shard_count`], which only a caller bug can reach).
     pub fn shard_path(&self, shard: usize) -> &Path {
         &self.shards[shard].path
+    }
+
+    /// Size and modification time of shard `shard` when it was opened (numbered as
+    /// [`Checkpoint::shard_path`]).
+    pub fn shard_stamp(&self, shard: usize) -> file_stamp::FileStamp {
+        self.shards[shard].stamp
     }
 
     /// Number of mapped shards.

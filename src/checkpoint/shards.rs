@@ -1,6 +1,7 @@
 //! Shard discovery and safetensors headers: which files hold the text model, where they
 //! live (snapshot directory or `K3_DIRS`), and the validated byte range of every tensor.
 
+use super::file_stamp::FileStamp;
 use super::schema::canonical_name;
 use super::tensor::Dtype;
 use anyhow::{anyhow, bail, Context, Result};
@@ -25,6 +26,8 @@ pub struct Shard {
     pub path: PathBuf,
     /// The whole file.
     pub map: Mmap,
+    /// Size and modification time when it was mapped.
+    pub stamp: FileStamp,
 }
 
 /// A text-model tensor found in a shard header, validated against the file.
@@ -154,15 +157,25 @@ fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
 
 /// Finds a shard: the snapshot directory first, then the extra directories in order.
 /// Returns the path and, when an extra directory supplied it, that directory's index.
+/// Something that exists under a shard's name but is not a regular file (a directory, a
+/// FIFO, a device) is reported as what it is rather than skipped.
 fn locate(name: &str, dir: &Path, extra_dirs: &[PathBuf]) -> Result<(PathBuf, Option<usize>)> {
-    let own = dir.join(name);
-    if own.is_file() {
-        return Ok((own, None));
-    }
-    for (k, d) in extra_dirs.iter().enumerate() {
+    let candidates = std::iter::once((dir, None)).chain(
+        extra_dirs
+            .iter()
+            .enumerate()
+            .map(|(k, d)| (d.as_path(), Some(k))),
+    );
+    for (d, from) in candidates {
         let p = d.join(name);
-        if p.is_file() {
-            return Ok((p, Some(k)));
+        match std::fs::metadata(&p) {
+            Ok(m) if m.is_file() => return Ok((p, from)),
+            Ok(m) => bail!(
+                "{}: is {}, not a regular file: a shard must be a safetensors file",
+                p.display(),
+                file_kind(&m)
+            ),
+            Err(_) => {}
         }
     }
     let searched: Vec<String> = std::iter::once(dir)
@@ -175,13 +188,42 @@ fn locate(name: &str, dir: &Path, extra_dirs: &[PathBuf]) -> Result<(PathBuf, Op
     )
 }
 
+/// What a non-regular file is, for error messages.
+pub fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    let t = meta.file_type();
+    if t.is_dir() {
+        return "a directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_char_device() || t.is_block_device() {
+            return "a device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    "neither a file nor a directory"
+}
+
 fn map_shard(path: PathBuf) -> Result<Shard> {
     let file =
         File::open(&path).with_context(|| format!("{}: cannot open shard", path.display()))?;
-    let len = file
+    let meta = file
         .metadata()
-        .with_context(|| format!("{}: cannot stat shard", path.display()))?
-        .len();
+        .with_context(|| format!("{}: cannot stat shard", path.display()))?;
+    if !meta.is_file() {
+        bail!(
+            "{}: is {}, not a regular file: a shard must be a safetensors file",
+            path.display(),
+            file_kind(&meta)
+        );
+    }
+    let len = meta.len();
     if len < LEN_BYTES {
         bail!(
             "{}: {len} bytes is too short to be a safetensors file (truncated download?)",
@@ -193,7 +235,11 @@ fn map_shard(path: PathBuf) -> Result<Shard> {
     // any memory-mapped loader.
     let map = unsafe { Mmap::map(&file) }
         .with_context(|| format!("{}: cannot memory-map shard", path.display()))?;
-    Ok(Shard { path, map })
+    Ok(Shard {
+        path,
+        map,
+        stamp: FileStamp::of(&meta),
+    })
 }
 
 /// Validates a shard's header and records every text-model tensor it holds.

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 pub struct InspectArgs {
     /// Snapshot directory.
     pub model: PathBuf,
-    /// Extra shard directories, ';' or ',' separated; earlier wins.
+    /// Extra shard directories, ";" or "," separated, searched after the snapshot directory: a
+    /// shard is read from the first directory that holds it (the snapshot, then these in order).
     #[arg(long, env = "K3_DIRS")]
     pub dirs: Option<String>,
 }

@@ -54,7 +54,8 @@ pub struct ModelArgs {
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Extra shard directories, ';' or ',' separated; earlier wins over the snapshot.
+    /// Extra shard directories, ";" or "," separated, searched after the snapshot directory: a
+    /// shard is read from the first directory that holds it (the snapshot, then these in order).
     #[arg(long, env = "K3_DIRS")]
     pub dirs: Option<String>,
     /// Load-time format of dense matrices: 4 (int4 g64), 8 (int8 row), 16 (bf16), 32 (f32).

@@ -114,10 +114,18 @@ impl ExpertReader {
         Ok(())
     }
 
+    /// Later reads of shard `shard` fail if the file no longer has the size and modification
+    /// time `ck` validated its offsets against.
+    pub fn expect_unchanged(&self, ck: &Checkpoint, shard: usize) -> Result<()> {
+        self.io.expect(ck.shard_path(shard), ck.shard_stamp(shard))
+    }
+
     /// Reads expert `e` of `layer`.
     pub fn read(&self, ck: &Checkpoint, layer: usize, e: u32) -> Result<LoadedExpert> {
         let loc = Self::locate(ck, layer, e)?;
-        self.read_location(ck.shard_path(loc.shard), loc, e)
+        let path = ck.shard_path(loc.shard);
+        self.expect_unchanged(ck, loc.shard)?;
+        self.read_location(path, loc, e)
             .with_context(|| format!("loading expert {e} of layer {layer}"))
     }
 
@@ -143,10 +151,12 @@ impl ExpertReader {
                 });
             }
             let (buf, off) = self.io.read(path, &span)?;
+            let parts = at(off);
+            refuse_nan_scales(path, &buf, &parts)?;
             return Ok(LoadedExpert {
                 id,
                 buf: ExpertBytes::Host(buf),
-                parts: at(off),
+                parts,
             });
         }
         let total: usize = loc.parts.iter().map(|r| (r.end - r.start) as usize).sum();
@@ -160,6 +170,7 @@ impl ExpertReader {
             *p = at..at + len;
             at += len;
         }
+        refuse_nan_scales(path, &buf, &parts)?;
         Ok(LoadedExpert {
             id,
             buf: ExpertBytes::Host(buf),
@@ -202,6 +213,32 @@ impl ExpertReader {
             }
         }
     }
+}
+
+/// The six tensors' names within an expert, in `parts` order.
+const PART_NAMES: [&str; 6] = [
+    "w1.weight_packed",
+    "w1.weight_scale",
+    "w2.weight_packed",
+    "w2.weight_scale",
+    "w3.weight_packed",
+    "w3.weight_scale",
+];
+
+/// E8M0 reserves 255 for NaN: a scale byte of 255 makes its whole group of 32 weights NaN,
+/// and the logits with them. A released checkpoint never holds one, so it means the bytes
+/// are corrupt; the expert is refused rather than computed with.
+fn refuse_nan_scales(path: &Path, buf: &[u8], parts: &[Range<usize>; 6]) -> Result<()> {
+    for k in [1, 3, 5] {
+        if let Some(at) = buf[parts[k].clone()].iter().position(|&b| b == 0xFF) {
+            anyhow::bail!(
+                "{}: expert tensor {}: scale byte {at} is 255, which E8M0 reserves for NaN (corrupt shard bytes; re-download the shard)",
+                path.display(),
+                PART_NAMES[k]
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

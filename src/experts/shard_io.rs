@@ -3,6 +3,7 @@
 //! [`crate::platform::uncached_read`]), or buffered with a read-ahead hint.
 
 use super::aligned_buf::{round_up, AlignedBuf, IO_ALIGN};
+use crate::checkpoint::file_stamp::FileStamp;
 use crate::platform::positional_read::read_at;
 use crate::platform::uncached_read;
 use anyhow::{anyhow, Context, Result};
@@ -47,6 +48,9 @@ pub fn probe_direct(path: &Path) -> std::result::Result<(), String> {
 struct ShardFiles {
     buffered: File,
     direct: Option<File>,
+    /// What the file must still look like after every read: the checkpoint's stamp when
+    /// it gave one ([`ShardIo::expect`]), else the file's when it was first opened here.
+    stamp: Mutex<FileStamp>,
 }
 
 /// Open shard files, shared by the loader threads.
@@ -90,7 +94,15 @@ impl ShardIo {
         } else {
             None
         };
-        let f = Arc::new(ShardFiles { buffered, direct });
+        let stamp = buffered
+            .metadata()
+            .map(|m| FileStamp::of(&m))
+            .with_context(|| format!("reading the size of expert shard {}", path.display()))?;
+        let f = Arc::new(ShardFiles {
+            buffered,
+            direct,
+            stamp: Mutex::new(stamp),
+        });
         map.insert(path.to_path_buf(), f.clone());
         Ok(f)
     }
@@ -115,6 +127,32 @@ impl ShardIo {
                 None
             }
         }
+    }
+
+    /// Reads of `path` from now on fail unless the file still has `stamp` (the size and
+    /// modification time its tensor offsets were validated against).
+    pub fn expect(&self, path: &Path, stamp: FileStamp) -> Result<()> {
+        let f = self.files(path)?;
+        let mut want = f
+            .stamp
+            .lock()
+            .map_err(|_| anyhow!("shard stamp table poisoned"))?;
+        *want = stamp;
+        Ok(())
+    }
+
+    /// Fails when the file behind `f` no longer has the stamp reads expect of it.
+    fn check_unchanged(f: &ShardFiles, path: &Path, offset: u64) -> Result<()> {
+        let now = f
+            .buffered
+            .metadata()
+            .map(|m| FileStamp::of(&m))
+            .with_context(|| format!("reading the size of expert shard {}", path.display()))?;
+        let want = *f
+            .stamp
+            .lock()
+            .map_err(|_| anyhow!("shard stamp table poisoned"))?;
+        want.check(path, offset, &now)
     }
 
     /// Hints the OS to start reading `range` (buffered mode only).
@@ -167,7 +205,10 @@ impl ShardIo {
         if let Some(direct) = &f.direct {
             if !self.direct_refused.load(Ordering::Relaxed) {
                 match read_direct(direct, path, range, dst) {
-                    Ok(off) => return Ok(off),
+                    Ok(off) => {
+                        Self::check_unchanged(&f, path, range.start)?;
+                        return Ok(off);
+                    }
                     Err(DirectError::Refused(e)) if may_refuse_direct => {
                         self.refuse_direct(path, &e.to_string())
                     }
@@ -183,6 +224,7 @@ impl ShardIo {
         }
         let len = (range.end - range.start) as usize;
         read_full(&f.buffered, dst, range.start, path, len)?;
+        Self::check_unchanged(&f, path, range.start)?;
         Ok(0)
     }
 }
@@ -337,5 +379,41 @@ mod tests {
         #[cfg(target_os = "linux")]
         assert_eq!(IoMode::Direct.describe(), "direct (O_DIRECT)");
         assert!(IoMode::Buffered.describe().starts_with("buffered"));
+    }
+
+    #[test]
+    fn a_shard_rewritten_in_place_after_opening_is_reported_not_read() {
+        let (f, _) = pattern_file(3 * IO_ALIGN);
+        // Each reader stamps the file when it first opens it.
+        for mode in [IoMode::Direct, IoMode::Buffered] {
+            let io = ShardIo::new(mode);
+            io.read(f.path(), &(0..100)).unwrap();
+            // Same size, other bytes, a later modification time: what an in-place
+            // overwrite looks like.
+            let h = std::fs::OpenOptions::new()
+                .write(true)
+                .open(f.path())
+                .unwrap();
+            let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+            h.set_modified(later).unwrap();
+            let e = format!("{:#}", io.read(f.path(), &(0..100)).unwrap_err());
+            assert!(e.contains(&f.path().display().to_string()), "{e}");
+            assert!(
+                e.contains("modified in place") && e.contains("offset 0"),
+                "{mode:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stamp_from_the_checkpoint_catches_a_change_before_the_first_read() {
+        let (f, _) = pattern_file(2 * IO_ALIGN);
+        let io = ShardIo::new(IoMode::Buffered);
+        let meta = std::fs::metadata(f.path()).unwrap();
+        let mut validated = FileStamp::of(&meta);
+        validated.len += 1;
+        io.expect(f.path(), validated).unwrap();
+        let e = format!("{:#}", io.read(f.path(), &(0..10)).unwrap_err());
+        assert!(e.contains("size went from"), "{e}");
     }
 }

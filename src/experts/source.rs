@@ -291,6 +291,7 @@ impl ExpertSource {
         let mut submit_next = |queued: &mut VecDeque<_>| -> Result<()> {
             if let Some(&id) = misses.get(next_miss) {
                 let loc = ExpertReader::locate(ck, layer, id)?.clone();
+                self.reader.expect_unchanged(ck, loc.shard)?;
                 let (reply, rx) = channel();
                 pool.submit(LoadJob {
                     path: ck.shard_path(loc.shard).to_path_buf(),

@@ -1,0 +1,110 @@
+//! Shards that go bad under a running engine, or hold bytes no real checkpoint holds: each
+//! gives an error naming the file, never output computed from wrong bytes.
+
+mod common;
+
+use k3::experts::{IoMode, StreamConfig};
+use k3::generate::prefill;
+use k3::model::FormatPolicy;
+use k3::stats::Stats;
+use serde_json::Value;
+use std::path::Path;
+
+const PROMPT: [u32; 6] = [768, 5, 300, 17, 999, 42];
+
+fn stream(mode: IoMode, pipe: bool) -> StreamConfig {
+    StreamConfig {
+        mode,
+        pipe,
+        load_threads: 2,
+        slots_per_layer: 0,
+    }
+}
+
+/// Every routed-expert tensor of the shard at `path` whose stored name ends with `suffix`:
+/// its absolute byte range in the file.
+fn expert_ranges(path: &Path, suffix: &str) -> Vec<std::ops::Range<usize>> {
+    let buf = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(buf[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&buf[8..8 + n]).unwrap();
+    header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.contains(".experts.") && k.ends_with(suffix))
+        .map(|(_, v)| {
+            let o = &v["data_offsets"];
+            8 + n + o[0].as_u64().unwrap() as usize..8 + n + o[1].as_u64().unwrap() as usize
+        })
+        .collect()
+}
+
+fn shards(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect()
+}
+
+/// The prefill error of the tiny model when `spoil` runs on each shard before (`early`) or
+/// after the model loads.
+fn prefill_error(sc: StreamConfig, early: bool, spoil: impl Fn(&Path)) -> String {
+    let copy = common::copy_dir(&common::tiny(0));
+    let dir = copy.path().to_path_buf();
+    if early {
+        shards(&dir).iter().for_each(|p| spoil(p));
+    }
+    let m = common::cpu_model(&dir, FormatPolicy::default(), sc);
+    if !early {
+        shards(&dir).iter().for_each(|p| spoil(p));
+    }
+    let mut st = m.new_state().unwrap();
+    let e = prefill(&m, &mut st, &PROMPT, 32, false, &mut Stats::default(), None).unwrap_err();
+    format!("{e:#}")
+}
+
+#[test]
+fn an_e8m0_nan_scale_in_an_expert_is_reported_with_the_tensor() {
+    for pipe in [false, true] {
+        let msg = prefill_error(stream(IoMode::Buffered, pipe), true, |p| {
+            let mut bytes = std::fs::read(p).unwrap();
+            for r in expert_ranges(p, "weight_scale") {
+                bytes[r].fill(0xFF);
+            }
+            std::fs::write(p, bytes).unwrap();
+        });
+        assert!(msg.contains("E8M0 reserves for NaN"), "{msg}");
+        assert!(
+            msg.contains(".safetensors") && msg.contains("weight_scale"),
+            "{msg}"
+        );
+        assert!(msg.contains("of layer"), "{msg}");
+    }
+}
+
+#[test]
+fn a_shard_overwritten_in_place_while_experts_stream_is_reported() {
+    for (mode, pipe) in [(IoMode::Buffered, false), (IoMode::Direct, true)] {
+        let msg = prefill_error(stream(mode, pipe), false, |p| {
+            // Same size, the expert bytes zeroed, as a copy over the file would leave it.
+            let mut bytes = std::fs::read(p).unwrap();
+            for r in expert_ranges(p, "") {
+                bytes[r].fill(0);
+            }
+            std::fs::write(p, &bytes).unwrap();
+            let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(later)
+                .unwrap();
+        });
+        assert!(msg.contains("changed while k3 was running"), "{msg}");
+        assert!(
+            msg.contains(".safetensors") && msg.contains("offset"),
+            "{msg}"
+        );
+    }
+}

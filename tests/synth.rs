@@ -7,7 +7,7 @@ use std::path::Path;
 
 use k3::checkpoint::schema::{dense_tensors, expert_tensors, LANGUAGE_MODEL_PREFIX};
 use k3::config::Config;
-use k3::synth::{preset_config, synthesize, Preset, SynthOptions};
+use k3::synth::{preset_config, synthesize, synthesize_over, Preset, SynthOptions};
 use safetensors::SafeTensors;
 use serde_json::Value;
 
@@ -307,7 +307,22 @@ fn output_directory_rules() {
     assert!(err.contains("not empty"), "{err}");
     assert_eq!(fs::read(foreign.join("notes.txt")).unwrap(), b"mine");
 
-    // A previous synth output is replaced, stale shards included.
+    // A stray marker makes no difference: the directory is still refused, and its shard
+    // is still there.
+    fs::write(foreign.join(".k3-synth.json"), "{}").unwrap();
+    fs::write(foreign.join("model-00001-of-00002.safetensors"), "user's").unwrap();
+    let err = synthesize(&tiny(0), &foreign).unwrap_err().to_string();
+    assert!(
+        err.contains("not empty") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read(foreign.join("model-00001-of-00002.safetensors")).unwrap(),
+        b"user's"
+    );
+
+    // A previous output is refused too; with --force the files this run writes replace
+    // theirs, and nothing it does not write is deleted.
     let out = dir.path().join("out");
     let first = synthesize(
         &SynthOptions {
@@ -317,11 +332,20 @@ fn output_directory_rules() {
         &out,
     )
     .unwrap();
-    let second = synthesize(&tiny(0), &out).unwrap();
+    assert!(synthesize(&tiny(0), &out).is_err());
+    fs::write(out.join("notes.txt"), "mine").unwrap();
+    let second = synthesize_over(&tiny(0), &out).unwrap();
     let files = read_all(&out);
-    assert_eq!(shard_names(&files).len(), second.shards);
     assert_ne!(first, second);
     assert_eq!(config_of(&files).num_hidden_layers, 6);
+    assert_eq!(files["notes.txt"], b"mine");
+    assert!(
+        shard_names(&files).len() >= second.shards,
+        "{:?}",
+        shard_names(&files)
+    );
+    assert!(!files.keys().any(|k| k.ends_with(".partial")), "{files:?}");
+    k3::checkpoint::Checkpoint::open(&out, &[]).unwrap();
 }
 
 #[test]

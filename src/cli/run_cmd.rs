@@ -170,7 +170,9 @@ pub fn ensure_demo() -> Result<PathBuf> {
             seed: 0,
             progress: false,
         };
-        k3::synth::synthesize(&opts, &dir)?;
+        // The directory is k3's own; a run interrupted while writing it left only files of
+        // its own there (or temporary ones), which this run replaces.
+        k3::synth::synthesize_over(&opts, &dir)?;
     }
     Ok(dir)
 }

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use k3::synth::{synthesize, Preset, SynthOptions};
+use k3::synth::{synthesize, synthesize_over, Preset, SynthOptions};
 use std::path::PathBuf;
 
 /// Flags of `k3 synth`.
@@ -20,8 +20,12 @@ pub struct SynthArgs {
     /// Seed: the same seed writes the same bytes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Output directory (created; must be empty or a previous synth output).
+    /// Output directory (created; must be empty unless --force).
     pub out: PathBuf,
+    /// Write into a non-empty OUT: the files synth writes replace those of the same name;
+    /// nothing else there is deleted or changed.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Runs `k3 synth`.
@@ -34,7 +38,11 @@ pub fn run(a: SynthArgs) -> Result<()> {
         seed: a.seed,
         progress: true,
     };
-    let s = synthesize(&opts, &a.out)?;
+    let s = if a.force {
+        synthesize_over(&opts, &a.out)?
+    } else {
+        synthesize(&opts, &a.out)?
+    };
     eprintln!(
         "[K3] synth: {} tensors, {} shard(s), {:.3} GB -> {}",
         s.tensors,

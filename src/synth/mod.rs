@@ -23,7 +23,7 @@ use safetensors_writer::{HeaderEntry, ShardWriter};
 
 /// Blocks generated per chunk: 4 Mi elements, at most 16 MiB of buffer.
 const CHUNK_BLOCKS: usize = 64;
-/// Marker file that identifies a directory as synth output, safe to overwrite.
+/// What the synth wrote (preset, layers, experts, seed), for whoever finds the directory.
 const MARKER_FILE: &str = ".k3-synth.json";
 /// The index file name of a sharded Hugging Face checkpoint.
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -100,15 +100,25 @@ pub fn preset_config(opts: &SynthOptions) -> Result<Value> {
     Ok(presets::root_config(&Dims::from_options(opts)?))
 }
 
-/// Writes the checkpoint for `opts` into `out` (created if missing). A non-empty `out`
-/// is refused unless it holds an earlier synth output, whose shards are replaced.
+/// Writes the checkpoint for `opts` into `out` (created if missing); a non-empty `out` is
+/// refused, so no file of the user's is ever touched.
 pub fn synthesize(opts: &SynthOptions, out: &Path) -> Result<SynthSummary> {
+    synthesize_as(opts, out, false)
+}
+
+/// [`synthesize`] into a directory that may hold files (`k3 synth --force`): the files this
+/// run writes replace those of the same name; nothing else is deleted or changed.
+pub fn synthesize_over(opts: &SynthOptions, out: &Path) -> Result<SynthSummary> {
+    synthesize_as(opts, out, true)
+}
+
+fn synthesize_as(opts: &SynthOptions, out: &Path, force: bool) -> Result<SynthSummary> {
     let dims = Dims::from_options(opts)?;
     let config = presets::root_config(&dims);
     let config_text = pretty(&config)?;
     let cfg = Config::from_json_str(&config_text, "synthesized config.json")
         .context("the synthesized config does not parse (a preset bug)")?;
-    prepare_dir(out)?;
+    prepare_dir(out, force)?;
     write_file(
         &out.join(MARKER_FILE),
         &pretty(&json!({
@@ -222,7 +232,7 @@ fn progress_bar(show: bool, total: u64) -> ProgressBar {
 
 /// Creates `out`, or accepts it when empty or a previous synth output (whose old shards
 /// are removed, since the shard count may change).
-fn prepare_dir(out: &Path) -> Result<()> {
+fn prepare_dir(out: &Path, force: bool) -> Result<()> {
     if !out.exists() {
         return fs::create_dir_all(out)
             .with_context(|| format!("creating output directory {}", out.display()));
@@ -233,27 +243,13 @@ fn prepare_dir(out: &Path) -> Result<()> {
             out.display()
         );
     }
-    let entries: Vec<fs::DirEntry> = fs::read_dir(out)
-        .with_context(|| format!("listing {}", out.display()))?
-        .collect::<std::io::Result<_>>()
-        .with_context(|| format!("listing {}", out.display()))?;
-    if entries.is_empty() {
-        return Ok(());
-    }
-    if !out.join(MARKER_FILE).is_file() {
+    let mut entries = fs::read_dir(out).with_context(|| format!("listing {}", out.display()))?;
+    if entries.next().is_some() && !force {
         bail!(
-            "{} is not empty and is not a previous `k3 synth` output (no {MARKER_FILE}); \
-             choose an empty or new OUT_DIR",
+            "{} is not empty: choose an empty or new OUT_DIR, or pass --force to overwrite \
+             the files synth writes there (nothing else is deleted)",
             out.display()
         );
-    }
-    for e in entries {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("model-") && name.ends_with(".safetensors") {
-            fs::remove_file(e.path())
-                .with_context(|| format!("removing old shard {}", e.path().display()))?;
-        }
     }
     Ok(())
 }
@@ -264,6 +260,10 @@ fn pretty(v: &Value) -> Result<String> {
     Ok(s)
 }
 
+/// Writes `text` to `path` through a temporary name, so an interrupted run never leaves a
+/// half-written file under the real name.
 fn write_file(path: &Path, text: &str) -> Result<()> {
-    fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+    let tmp = safetensors_writer::partial_path(path);
+    fs::write(&tmp, text).with_context(|| format!("writing {} (disk full?)", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", tmp.display()))
 }

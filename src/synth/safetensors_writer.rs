@@ -60,12 +60,21 @@ pub(crate) struct ShardWriter {
     written: u64,
 }
 
+/// The temporary name `path` is written under until it is complete.
+pub(crate) fn partial_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    path.with_file_name(name)
+}
+
 impl ShardWriter {
-    /// Creates (or truncates) `path` and writes the header for `entries`.
+    /// Starts the shard `path` (written under a temporary name until [`ShardWriter::finish`])
+    /// with the header for `entries`.
     pub(crate) fn create(path: &Path, entries: &[HeaderEntry]) -> Result<ShardWriter> {
         let header = header_bytes(entries)?;
+        let tmp = partial_path(path);
         let file =
-            File::create(path).with_context(|| format!("creating shard {}", path.display()))?;
+            File::create(&tmp).with_context(|| format!("creating shard {}", tmp.display()))?;
         let mut file = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
         file.write_all(&header)
             .with_context(|| format!("writing the header of {}", path.display()))?;
@@ -105,9 +114,16 @@ impl ShardWriter {
                 self.expected
             );
         }
+        let tmp = partial_path(&self.path);
         self.file
             .flush()
-            .with_context(|| format!("flushing {} (disk full?)", self.path.display()))?;
+            .with_context(|| format!("flushing {} (disk full?)", tmp.display()))?;
+        self.file
+            .get_ref()
+            .sync_all()
+            .with_context(|| format!("syncing {} (disk full?)", tmp.display()))?;
+        std::fs::rename(&tmp, &self.path)
+            .with_context(|| format!("renaming {} into place", tmp.display()))?;
         Ok(self.written)
     }
 }

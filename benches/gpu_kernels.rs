@@ -18,8 +18,8 @@ use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::stationary::Stationary;
 use k3::backend::gpu::{GpuBackend, GpuOptions, Int4Decode, MatvecShape};
 use k3::backend::{
-    Backend, ExpertAssignment, ExpertKey, ExpertWeights, Glu, KdaDims, KdaStepInputs,
-    KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
+    Backend, ExpertAssignment, ExpertKey, ExpertResidency, ExpertWeights, Glu, KdaDims,
+    KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
 };
 use k3::quant::{DenseData, DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;

@@ -4,7 +4,7 @@
 mod common;
 
 use k3::backend::gpu::{GpuBackend, GpuOptions, ReadStaging};
-use k3::backend::Backend;
+use k3::backend::{Backend, ExpertResidency};
 use k3::checkpoint::Checkpoint;
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;

@@ -10,8 +10,8 @@ use k3::backend::gpu::{
     vram_budget, GpuBackend, GpuMat, GpuOptions, Int4Decode, MatvecShape, DIGITS_FROM_ROWS,
 };
 use k3::backend::{
-    Backend, ExpertAssignment, ExpertKey, ExpertWeights, FreeDeviceMemory, Glu, KdaDims,
-    KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
+    Backend, ExpertAssignment, ExpertKey, ExpertResidency, ExpertWeights, FreeDeviceMemory, Glu,
+    KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
 };
 use k3::quant::{DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;

@@ -8,7 +8,7 @@
 
 use super::{assignments, dense, mxfp4, Timer};
 use k3::backend::gpu::GpuBackend;
-use k3::backend::{Backend, Glu};
+use k3::backend::{Backend, ExpertResidency, Glu};
 use k3::quant::Mxfp4View;
 use rand::rngs::StdRng;
 use std::time::Instant;

@@ -6,20 +6,14 @@
 //! the chunk being processed. Only routing decisions and final logits come back to the host.
 
 pub mod cpu;
+pub mod expert_residency;
 pub mod gpu;
 pub mod shape_checks;
 
+pub use expert_residency::{ExpertResidency, FreeDeviceMemory};
+
 use crate::quant::{DenseMatrix, Mxfp4View};
 use anyhow::Result;
-
-/// What a backend can say about its free device memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FreeDeviceMemory {
-    /// Bytes free now.
-    Bytes(u64),
-    /// The backend cannot measure it, and why (for the start-up line).
-    Unknown(&'static str),
-}
 
 /// Shape parameters of one KDA layer, shared by every backend.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -209,7 +203,7 @@ pub fn matmul_each<B: Backend, const N: usize>(
 }
 
 /// The op interface every backend implements (docs/architecture.md#the-op-interface).
-pub trait Backend {
+pub trait Backend: ExpertResidency {
     /// A `[rows, cols]` f32 activation matrix resident in the backend.
     type Act;
     /// A dense weight matrix in its load-time format, resident in the backend.
@@ -298,32 +292,6 @@ pub trait Backend {
         experts: &[ExpertAssignment<'_>],
         glu: Glu,
     ) -> Result<()>;
-    /// Sizes the backend's resident expert tier to `bytes`, at most `experts` slots (the
-    /// model's routed experts), for experts of shape `[I, D]` (`intermediate`, `hidden`);
-    /// drops what it held. Returns its slots, or `None` for a backend without one.
-    fn configure_expert_tier(
-        &self,
-        bytes: u64,
-        experts: usize,
-        intermediate: usize,
-        hidden: usize,
-    ) -> Result<Option<usize>>;
-    /// Which of `ids` (experts of `layer`) the backend holds resident, one flag per id. The
-    /// resident ones are pinned until the next call, so they stay resident while the layer
-    /// runs and may be passed to [`Backend::moe_accumulate`] without host weights.
-    fn pin_resident_experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>>;
-    /// Memory this backend lends for expert reads, so they land where it uploads from;
-    /// `None` (the default) when reads into host memory serve it as well.
-    fn read_lender(&self) -> Option<std::sync::Arc<dyn crate::experts::ReadLender>> {
-        None
-    }
-    /// Device memory free now, after everything allocated so far; it sizes the expert tier
-    /// when no size is asked for. A backend without device memory keeps the default.
-    fn free_device_memory(&self) -> Result<FreeDeviceMemory> {
-        Ok(FreeDeviceMemory::Unknown(
-            "the backend has no device memory",
-        ))
-    }
     /// A `[rows, cols]` activation of zeros.
     fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Act>;
 }

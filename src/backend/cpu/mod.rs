@@ -197,16 +197,10 @@ impl Backend for CpuBackend {
         moe::moe_accumulate(acc, z, experts, glu)
     }
 
-    fn configure_expert_tier(&self, _: u64, _: usize, _: usize, _: usize) -> Result<Option<usize>> {
-        // Host RAM is the CPU's only tier (the expert cache of `ExpertSource`).
-        Ok(None)
-    }
-
-    fn pin_resident_experts(&self, _: usize, ids: &[u32]) -> Result<Vec<bool>> {
-        Ok(vec![false; ids.len()])
-    }
-
     fn zeros(&self, rows: usize, cols: usize) -> Result<CpuAct> {
         CpuAct::new(vec![0.0; rows * cols], rows, cols)
     }
 }
+
+/// Host RAM is the CPU's only expert memory (the cache of `ExpertSource`): no tier.
+impl crate::backend::ExpertResidency for CpuBackend {}

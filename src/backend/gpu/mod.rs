@@ -35,8 +35,8 @@ pub use context::{GpuContext, GpuOptions, Int4Decode, MatvecShape, ReadStaging};
 pub use matmul::{GpuFormat, GpuMat, DIGITS_FROM_ROWS};
 
 use super::{
-    Backend, ExpertAssignment, FreeDeviceMemory, Glu, KdaDims, KdaStepInputs, KdaStepWeights,
-    MlaAttnWeights, MlaDims, Route, RouterParams,
+    Backend, ExpertAssignment, ExpertResidency, FreeDeviceMemory, Glu, KdaDims, KdaStepInputs,
+    KdaStepWeights, MlaAttnWeights, MlaDims, Route, RouterParams,
 };
 use crate::experts::ReadLender;
 use crate::quant::DenseMatrix;
@@ -300,6 +300,15 @@ impl Backend for GpuBackend {
         Ok(())
     }
 
+    fn zeros(&self, rows: usize, cols: usize) -> Result<GpuAct> {
+        let a = self.alloc(rows, cols);
+        // A reused buffer holds old values (a new one wgpu would zero-fill anyway).
+        self.ctx.record(|enc| enc.clear_buffer(&a.buf, 0, None));
+        Ok(a)
+    }
+}
+
+impl ExpertResidency for GpuBackend {
     fn read_lender(&self) -> Option<Arc<dyn ReadLender>> {
         self.lender.clone().map(|l| -> Arc<dyn ReadLender> { l })
     }
@@ -329,12 +338,5 @@ impl Backend for GpuBackend {
                 None => FreeDeviceMemory::Unknown(vram_budget::why_unknown(&self.ctx.info)),
             },
         )
-    }
-
-    fn zeros(&self, rows: usize, cols: usize) -> Result<GpuAct> {
-        let a = self.alloc(rows, cols);
-        // A reused buffer holds old values (a new one wgpu would zero-fill anyway).
-        self.ctx.record(|enc| enc.clear_buffer(&a.buf, 0, None));
-        Ok(a)
     }
 }

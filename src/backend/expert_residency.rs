@@ -1,0 +1,51 @@
+//! Where routed experts may live besides the host expert cache: a backend's own resident
+//! tier (VRAM on a GPU) and the memory it lends for reads. The model asks these questions
+//! of every backend; one without device memory keeps the defaults (no tier, host reads).
+
+use anyhow::Result;
+
+/// What a backend can say about its free device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeDeviceMemory {
+    /// Bytes free now.
+    Bytes(u64),
+    /// The backend cannot measure it, and why (for the start-up line).
+    Unknown(&'static str),
+}
+
+/// A backend's resident expert tier and read memory; the defaults describe a backend whose
+/// only expert memory is the host cache.
+pub trait ExpertResidency {
+    /// Sizes the backend's resident expert tier to `bytes`, at most `experts` slots (the
+    /// model's routed experts), for experts of shape `[I, D]` (`intermediate`, `hidden`);
+    /// drops what it held. Returns its slots, or `None` for a backend without one.
+    fn configure_expert_tier(
+        &self,
+        bytes: u64,
+        experts: usize,
+        intermediate: usize,
+        hidden: usize,
+    ) -> Result<Option<usize>> {
+        let _ = (bytes, experts, intermediate, hidden);
+        Ok(None)
+    }
+    /// Which of `ids` (experts of `layer`) the backend holds resident, one flag per id. The
+    /// resident ones are pinned until the next call, so they stay resident while the layer
+    /// runs and may be passed to [`super::Backend::moe_accumulate`] without host weights.
+    fn pin_resident_experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>> {
+        let _ = layer;
+        Ok(vec![false; ids.len()])
+    }
+    /// Memory this backend lends for expert reads, so they land where it uploads from;
+    /// `None` (the default) when reads into host memory serve it as well.
+    fn read_lender(&self) -> Option<std::sync::Arc<dyn crate::experts::ReadLender>> {
+        None
+    }
+    /// Device memory free now, after everything allocated so far; it sizes the expert tier
+    /// when no size is asked for. A backend without device memory keeps the default.
+    fn free_device_memory(&self) -> Result<FreeDeviceMemory> {
+        Ok(FreeDeviceMemory::Unknown(
+            "the backend has no device memory",
+        ))
+    }
+}

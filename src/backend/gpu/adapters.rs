@@ -1,6 +1,7 @@
 //! Adapter discovery and choice: which GPUs wgpu sees (honouring `WGPU_BACKEND`), what
 //! they offer, and which one a run uses (`--adapter NAME`, CPU-type adapters only on request).
 
+use super::context::max_binding_bytes;
 use super::upload_path::{self, UploadPath};
 use anyhow::{bail, Result};
 use std::sync::OnceLock;
@@ -55,6 +56,11 @@ pub struct AdapterReport {
     pub f16: bool,
     /// Timestamp queries (pass boundaries).
     pub timestamps: bool,
+    /// Whether CPU and GPU share one memory ([`upload_path::unified_memory`]).
+    pub unified_memory: bool,
+    /// The most bytes the engine binds at once on this adapter (its buffers are split
+    /// below it: [`max_binding_bytes`]).
+    pub engine_binding: u64,
     /// Where uploads are written.
     pub uploads: UploadPath,
 }
@@ -81,6 +87,8 @@ impl AdapterReport {
             subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
             f16: f.contains(wgpu::Features::SHADER_F16),
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+            unified_memory: upload_path::unified_memory(info.device_type),
+            engine_binding: max_binding_bytes(info.backend, &l, None),
             uploads: upload_path::of(a),
         }
     }
@@ -89,7 +97,7 @@ impl AdapterReport {
     pub fn render(&self, index: usize) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(
-            "[{index}] {}\n    backend: {}  type: {}  driver: {}\n    limits: storage binding {:.0} MiB ({} B), buffer {:.0} MiB, workgroup storage {} B, invocations {}, storage buffers/stage {}\n    features: subgroups {} (size {}..{}), f16 {}, timestamps {}\n    uploads: {}",
+            "[{index}] {}\n    backend: {}  type: {}  driver: {}\n    limits: storage binding {:.0} MiB ({} B), buffer {:.0} MiB, workgroup storage {} B, invocations {}, storage buffers/stage {}\n    features: subgroups {} (size {}..{}), f16 {}, timestamps {}\n    memory: {}; k3 binds at most {:.0} MiB at once\n    uploads: {}",
             self.name,
             self.backend,
             self.device_type,
@@ -105,6 +113,12 @@ impl AdapterReport {
             self.subgroup_sizes.1,
             yes(self.f16),
             yes(self.timestamps),
+            if self.unified_memory {
+                "unified (CPU and GPU share it)"
+            } else {
+                "separate (the GPU's own VRAM)"
+            },
+            mib(self.engine_binding),
             self.uploads.describe(),
         )
     }
@@ -192,4 +206,41 @@ pub fn choose(
     }
     cands.sort_by_key(|a| type_rank(a.get_info().device_type));
     Ok(cands.remove(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_says_whether_memory_is_unified_and_the_binding_cap() {
+        let r = AdapterReport {
+            name: "Apple M2".into(),
+            backend: "Metal".into(),
+            device_type: "IntegratedGpu".into(),
+            driver: String::new(),
+            max_storage_binding: 1 << 32,
+            max_buffer: 1 << 32,
+            workgroup_storage: 32768,
+            invocations: 1024,
+            storage_buffers: 31,
+            subgroups: true,
+            subgroup_sizes: (32, 32),
+            f16: true,
+            timestamps: false,
+            unified_memory: true,
+            engine_binding: 2048 << 20,
+            uploads: upload_path::UploadPath::Shared,
+        };
+        let text = r.render(0);
+        assert!(
+            text.contains("memory: unified (CPU and GPU share it); k3 binds at most 2048 MiB"),
+            "{text}"
+        );
+        let discrete = AdapterReport {
+            unified_memory: false,
+            ..r
+        };
+        assert!(discrete.render(1).contains("memory: separate"));
+    }
 }

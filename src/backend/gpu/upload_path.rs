@@ -71,13 +71,21 @@ pub fn classify(types: impl IntoIterator<Item = (bool, bool, bool, u64)>) -> Upl
     }
 }
 
+/// Whether an adapter of `device_type` shares one memory with the CPU. wgpu reports it in
+/// the device type: Metal says `IntegratedGpu` exactly when the device has unified memory
+/// (Apple silicon; `MTLDevice.hasUnifiedMemory`), DX12 when the adapter is UMA, Vulkan for
+/// an integrated GPU; a CPU-type adapter (lavapipe, WARP) computes in host memory.
+pub fn unified_memory(device_type: wgpu::DeviceType) -> bool {
+    matches!(
+        device_type,
+        wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
+    )
+}
+
 /// How uploads reach `adapter`'s memory.
 pub fn of(adapter: &wgpu::Adapter) -> UploadPath {
     let info = adapter.get_info();
-    if matches!(
-        info.device_type,
-        wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
-    ) {
+    if unified_memory(info.device_type) {
         return UploadPath::Shared;
     }
     match info.backend {
@@ -134,6 +142,16 @@ mod tests {
     use super::*;
 
     const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn integrated_and_cpu_adapters_share_memory() {
+        use wgpu::DeviceType as T;
+        assert!(unified_memory(T::IntegratedGpu));
+        assert!(unified_memory(T::Cpu));
+        for t in [T::DiscreteGpu, T::VirtualGpu, T::Other] {
+            assert!(!unified_memory(t), "{t:?}");
+        }
+    }
 
     #[test]
     fn a_bar_heap_over_the_vram_is_the_direct_path() {

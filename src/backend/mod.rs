@@ -8,6 +8,7 @@
 pub mod cpu;
 pub mod expert_residency;
 pub mod gpu;
+pub mod select;
 pub mod shape_checks;
 
 pub use expert_residency::{ExpertResidency, FreeDeviceMemory};

@@ -51,7 +51,7 @@ struct DecodeArgs {
     #[arg(long)]
     out: Option<PathBuf>,
     #[command(flatten)]
-    load: super::run_cmd::ModelArgs,
+    load: super::model_args::ModelArgs,
 }
 
 #[derive(Args, Debug)]
@@ -227,7 +227,7 @@ struct DecodeJob<'a> {
     gbs: &'a [f64],
 }
 
-impl super::run_cmd::ModelJob for DecodeJob<'_> {
+impl super::model_args::ModelJob for DecodeJob<'_> {
     type Out = ();
     fn run<B: k3::backend::Backend>(self, model: &mut k3::model::K3Model<B>) -> Result<()> {
         let DecodeJob { a, ids, gbs } = self;

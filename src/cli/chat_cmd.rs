@@ -1,7 +1,7 @@
 //! `k3 chat`: an interactive conversation that keeps the model state between turns and
 //! feeds only each new turn's tokens.
 
-use super::run_cmd::{ModelArgs, ModelJob};
+use super::model_args::{ModelArgs, ModelJob};
 use super::sampling_args::SamplingArgs;
 use super::threads;
 use super::token_output::TokenOutput;
@@ -48,7 +48,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     threads::init(a.load.threads)?;
     let dir = match &a.model {
         Some(d) => d.clone(),
-        None => super::run_cmd::ensure_demo()?,
+        None => super::model_args::ensure_demo()?,
     };
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();

@@ -4,6 +4,7 @@ mod bench_cmd;
 mod chat_cmd;
 mod devices_cmd;
 mod inspect_cmd;
+mod model_args;
 mod run_cmd;
 mod sampling_args;
 mod serve_cmd;

@@ -1,81 +1,18 @@
 //! `k3 run`: prefill + decode from token ids or text, with the stats lines users parse.
 
+use super::model_args::{ensure_demo, ModelArgs, ModelJob};
 use super::sampling_args::SamplingArgs;
-use super::stream_args::StreamArgs;
 use super::threads;
 use super::token_output::TokenOutput;
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
-use k3::backend::cpu::CpuBackend;
-use k3::backend::gpu::lab_switches::LabSwitches;
-use k3::backend::gpu::select::{select, BackendKind, Selected};
-use k3::backend::gpu::GpuOptions;
+use clap::Args;
 use k3::backend::Backend;
-use k3::checkpoint::Checkpoint;
 use k3::generate::{generate, GenerateOptions};
 use k3::model::trace::Trace;
-use k3::model::{FormatPolicy, K3Model};
+use k3::model::K3Model;
 use k3::stats;
 use k3::tokenizer::{ChatOptions, ChatSplitter, Message, StreamDecoder, Tokenizer};
 use std::path::{Path, PathBuf};
-
-/// Which backend runs the ops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendChoice {
-    /// The GPU when a non-CPU adapter exists (or K3_GPU/K3_METAL/K3_VK=1), else the CPU.
-    Auto,
-    /// The GPU; exit with the reason when it cannot start.
-    Gpu,
-    /// The CPU oracle.
-    Cpu,
-}
-
-/// Work to run on a loaded model, whatever backend was chosen.
-pub trait ModelJob {
-    /// What the job returns.
-    type Out;
-    /// Runs the job on `model`.
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<Self::Out>;
-}
-
-/// Flags that load a model, shared by `run` and `chat`.
-#[derive(Args, Debug, Clone)]
-pub struct ModelArgs {
-    /// Backend that runs the ops.
-    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
-    pub backend: BackendChoice,
-    /// GPU adapter to use: a substring of its name (see `k3 devices`).
-    #[arg(long, value_name = "NAME")]
-    pub adapter: Option<String>,
-    /// GPU: 1 = time every kernel on the GPU (timestamp queries) and print the time per
-    /// kernel at the end. Each submission then waits for the GPU, so the run itself is slower.
-    #[arg(long, env = "K3_GPU_PROFILE", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
-    pub gpu_profile: u8,
-    /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Extra shard directories, ";" or "," separated, searched after the snapshot directory: a
-    /// shard is read from the first directory that holds it (the snapshot, then these in order).
-    #[arg(long, env = "K3_DIRS")]
-    pub dirs: Option<String>,
-    /// Load-time format of dense matrices: 4 (int4 g64), 8 (int8 row), 16 (bf16), 32 (f32).
-    #[arg(long, env = "K3_BITS", default_value_t = 4)]
-    pub bits: u32,
-    /// Load-time format of the MLA projections (4, 8, 16, 32).
-    #[arg(long, env = "K3_MLA_BITS", default_value_t = 8)]
-    pub mla_bits: u32,
-    /// Load-time format of lm_head (4, 8, 16, 32).
-    #[arg(long, env = "K3_HEAD_BITS", default_value_t = 8)]
-    pub head_bits: u32,
-    /// Prefill chunk: tokens per pass through each layer (1..512).
-    #[arg(long, env = "K3_CHUNK", default_value_t = 32)]
-    pub chunk: usize,
-    /// Hide the loading progress bar and the per-token lines.
-    #[arg(long)]
-    pub quiet: bool,
-    #[command(flatten)]
-    pub stream: StreamArgs,
-}
 
 /// Flags of `k3 run`.
 #[derive(Args, Debug)]
@@ -143,84 +80,6 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         bail!("--ids is empty: give at least one token id, e.g. --ids \"1,2,3\"");
     }
     Ok(ids)
-}
-
-/// Where `--demo` keeps its synthesized model.
-fn demo_dir() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("k3")
-        .join(format!("demo-tiny-v{}", env!("CARGO_PKG_VERSION")))
-}
-
-/// The demo model, synthesized on first use.
-pub fn ensure_demo() -> Result<PathBuf> {
-    let dir = demo_dir();
-    if !dir.join("tiktoken.model").exists() {
-        eprintln!(
-            "[K3] demo: synthesizing the tiny model into {}",
-            dir.display()
-        );
-        let opts = k3::synth::SynthOptions {
-            preset: k3::synth::Preset::Tiny,
-            layers: None,
-            experts: None,
-            seed: 0,
-            progress: false,
-        };
-        // The directory is k3's own; a run interrupted while writing it left only files of
-        // its own there (or temporary ones), which this run replaces.
-        k3::synth::synthesize_over(&opts, &dir)?;
-    }
-    Ok(dir)
-}
-
-impl ModelArgs {
-    /// Opens the checkpoint at `dir`, loads it onto the chosen backend, sizes the expert
-    /// cache, then runs `job` on it.
-    pub fn with_model<J: ModelJob>(&self, dir: &Path, job: J) -> Result<J::Out> {
-        let policy = FormatPolicy::from_bits(self.bits, self.mla_bits, self.head_bits)?;
-        k3::session::check_chunk(self.chunk)?;
-        let extra = self
-            .dirs
-            .as_deref()
-            .map(super::split_dirs)
-            .unwrap_or_default();
-        let ckpt = Checkpoint::open(dir, &extra)?;
-        let kind = match self.backend {
-            BackendChoice::Auto => BackendKind::Auto,
-            BackendChoice::Gpu => BackendKind::Gpu,
-            BackendChoice::Cpu => BackendKind::Cpu,
-        };
-        // Experiment switches (`K3_LAB_*`) over the user's settings.
-        let gpu = LabSwitches::from_env()?.apply(GpuOptions {
-            adapter: self.adapter.clone(),
-            profile: self.gpu_profile == 1,
-            ..GpuOptions::default()
-        });
-        match select(kind, &gpu)? {
-            Selected::Gpu(g) => {
-                eprintln!("[K3] backend: {}", g.name());
-                let mut model = K3Model::load(ckpt, *g, policy, !self.quiet)?;
-                self.stream.configure(&mut model)?;
-                job.run(&mut model)
-            }
-            Selected::Cpu { fallback } => {
-                if let Some(line) = fallback {
-                    eprintln!("{line}");
-                }
-                eprintln!(
-                    "[K3] backend: cpu ({} threads)",
-                    rayon::current_num_threads()
-                );
-                let mut model = K3Model::load(ckpt, CpuBackend::new(), policy, !self.quiet)?;
-                self.stream.configure(&mut model)?;
-                job.run(&mut model)
-            }
-        }
-    }
 }
 
 /// Runs `k3 run`.

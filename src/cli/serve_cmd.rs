@@ -1,6 +1,6 @@
 //! `k3 serve`: flags, then the model loads once and `k3::serve` runs on it.
 
-use super::run_cmd::{ModelArgs, ModelJob};
+use super::model_args::{ModelArgs, ModelJob};
 use super::sampling_args::SamplingArgs;
 use super::threads;
 use anyhow::{bail, Result};
@@ -74,7 +74,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     sampling.validate()?;
     let dir = match &a.model {
         Some(d) => d.clone(),
-        None => super::run_cmd::ensure_demo()?,
+        None => super::model_args::ensure_demo()?,
     };
     let name = match (&a.model_name, a.demo) {
         (Some(n), _) => n.clone(),

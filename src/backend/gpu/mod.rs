@@ -24,7 +24,6 @@ pub mod pipeline_variants;
 pub mod profiler;
 pub mod read_staging;
 mod router;
-pub mod select;
 pub mod shaders;
 pub mod stationary;
 pub mod upload_path;

@@ -1,7 +1,7 @@
 //! Which backend a run uses: `--backend auto|gpu|cpu`, `--adapter NAME`, and the variables
 //! users already set (`K3_GPU`, `K3_METAL`, `K3_VK`; wgpu's own `WGPU_BACKEND`).
 
-use super::{GpuBackend, GpuOptions};
+use super::gpu::{GpuBackend, GpuOptions};
 use anyhow::{anyhow, Result};
 
 /// The `--backend` value.

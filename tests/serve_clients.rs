@@ -1,0 +1,214 @@
+//! Real clients against `k3 serve`: the official `openai` Python client and a headless
+//! Chromium loading the web page. Where the client is missing the test says so and
+//! passes, except under CI=true, where a missing client fails it.
+
+mod common;
+mod serve_support;
+
+use serde_json::{json, Value};
+use serve_support::Server;
+use std::path::Path;
+use std::process::Command;
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Fails under CI, else prints why the test is skipped.
+fn missing(what: &str) {
+    assert!(!in_ci(), "CI=true and {what}");
+    eprintln!("skipped: {what}");
+}
+
+#[test]
+fn the_openai_python_client_chats_streams_and_reads_errors() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_clients/openai_client.py");
+    let dir = common::tiny(0);
+    let s = Server::start(&dir, &[]);
+    let model = dir.file_name().unwrap().to_str().unwrap();
+    let o = match Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{}", s.addr))
+        .arg(model)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => return missing(&format!("python3 cannot start: {e}")),
+    };
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if o.status.code() == Some(3) {
+        return missing(out.trim());
+    }
+    assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
+    assert!(out.contains("openai client: ok"), "{out}");
+}
+
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            Command::new(b)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+}
+
+/// A headless Chromium driven over `--remote-debugging-pipe` (DevTools protocol messages,
+/// each ended by a NUL byte, on file descriptors 3 and 4), so the test waits for the page
+/// itself to say it is done instead of guessing a time budget.
+struct Browser {
+    child: std::process::Child,
+    to: std::fs::File,
+    from: std::io::BufReader<std::fs::File>,
+    next: u64,
+}
+
+impl Browser {
+    fn start(binary: &str, profile: &Path) -> Browser {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::process::CommandExt;
+        let mut to_chrome = [0i32; 2];
+        let mut from_chrome = [0i32; 2];
+        // SAFETY: pipe(2) writes two descriptors into each two-element array.
+        unsafe {
+            assert_eq!(libc::pipe(to_chrome.as_mut_ptr()), 0);
+            assert_eq!(libc::pipe(from_chrome.as_mut_ptr()), 0);
+        }
+        let (child_in, child_out) = (to_chrome[0], from_chrome[1]);
+        let mut cmd = Command::new(binary);
+        cmd.args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--remote-debugging-pipe",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+        // SAFETY: between fork and exec only dup2(2) runs, which is async-signal-safe; it
+        // puts the pipe ends where --remote-debugging-pipe expects them (3 in, 4 out).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(child_in, 3) < 0 || libc::dup2(child_out, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("starting the browser");
+        // SAFETY: the parent's ends are open descriptors owned by nothing else; the
+        // child's ends are closed here once the child holds its copies.
+        unsafe {
+            libc::close(child_in);
+            libc::close(child_out);
+            Browser {
+                child,
+                to: std::fs::File::from_raw_fd(to_chrome[1]),
+                from: std::io::BufReader::new(std::fs::File::from_raw_fd(from_chrome[0])),
+                next: 1,
+            }
+        }
+    }
+
+    /// Sends one command (to a page's session when given) and returns its result.
+    fn call(&mut self, session: Option<&str>, method: &str, params: Value) -> Value {
+        use std::io::{BufRead, Write};
+        let id = self.next;
+        self.next += 1;
+        let mut msg = json!({"id": id, "method": method, "params": params});
+        if let Some(s) = session {
+            msg["sessionId"] = json!(s);
+        }
+        let mut bytes = msg.to_string().into_bytes();
+        bytes.push(0);
+        self.to.write_all(&bytes).unwrap();
+        loop {
+            let mut buf = Vec::new();
+            let n = self.from.read_until(0, &mut buf).unwrap();
+            assert!(n > 0, "the browser closed its pipe");
+            buf.pop();
+            let v: Value = serde_json::from_slice(&buf).unwrap();
+            if v["id"] == json!(id) {
+                assert!(v["error"].is_null(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    fn eval(&mut self, session: &str, expr: &str) -> Value {
+        let r = self.call(
+            Some(session),
+            "Runtime.evaluate",
+            json!({"expression": expr, "returnByValue": true}),
+        );
+        r["result"]["value"].clone()
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_web_page_streams_an_answer_in_a_headless_browser() {
+    let Some(binary) = chromium() else {
+        return missing("no chromium to run the page in (apt-get install chromium)");
+    };
+    let dir = common::tiny(0);
+    let s = Server::start(&dir, &[]);
+    let profile = tempfile::tempdir().unwrap();
+    let mut b = Browser::start(binary, profile.path());
+    let target = b.call(
+        None,
+        "Target.createTarget",
+        json!({"url": s.url("/?autotest=Hello")}),
+    );
+    let attached = b.call(
+        None,
+        "Target.attachToTarget",
+        json!({"targetId": target["targetId"], "flatten": true}),
+    );
+    let session = attached["sessionId"].as_str().unwrap().to_string();
+    let t = std::time::Instant::now();
+    let status = "(document.getElementById('status') || {}).textContent";
+    while b.eval(&session, status) != json!("done") {
+        assert!(
+            t.elapsed().as_secs() < 60,
+            "the page never finished: {}",
+            s.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let dom = b
+        .eval(&session, "document.documentElement.outerHTML")
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The page sent the message and shows the stream's end with the answer's stats.
+    assert!(
+        dom.contains("<div class=\"turn user\">Hello</div>"),
+        "{dom}"
+    );
+    assert!(dom.contains("tok/s"), "{dom}");
+    assert!(!dom.contains("class=\"error\""), "{dom}");
+    // What it shows is what the server streamed: the greedy answer to the same turn.
+    let (st, v) = serve_support::post_json(
+        &s.url("/v1/chat/completions"),
+        &json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
+                "temperature": 0, "chat_template_kwargs": {"enable_thinking": false}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let answer = b.eval(&session, "document.querySelector('.answer').textContent");
+    assert_eq!(answer, v["choices"][0]["message"]["content"], "{dom}");
+    let _ = b.call(None, "Browser.close", json!({}));
+}

@@ -383,7 +383,7 @@ enum Part {
     /// (as every `% of read` line is): whether one slows the other.
     Order,
     /// The int4 head timed after the GPU idled, then after stretches of back-to-back work:
-    /// whether load brings the SM clock back up (tools/device_clock_states.sh samples it).
+    /// whether load brings the SM clock back up (lab/device/device_clock_states.sh samples it).
     Clock,
     /// The CUDA probe's MXFP4 matvec written again in WGSL (gpu_kernels/mxfp4_twin.rs).
     Twin,

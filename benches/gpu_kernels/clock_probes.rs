@@ -3,7 +3,7 @@
 //! block takes), `Part::Clock` (the int4 head after idling and after back-to-back work),
 //! `Part::Repeat` (the heads timed again and again, each in fresh allocations).
 //! Their lines carry Unix times to match nvidia-smi's clock samples
-//! (tools/device_clock_states.sh). Session 10 found the H200's SM clock behind most "slow"
+//! (lab/device/device_clock_states.sh). Session 10 found the H200's SM clock behind most "slow"
 //! lines (docs/perf.md, "The GPU's clock").
 
 use super::{assignments, dense, mxfp4, Timer};
@@ -231,7 +231,7 @@ pub(super) fn repeat_lines(g: &GpuBackend, t: &Timer<'_>, rng: &mut StdRng, quic
 }
 
 /// Seconds since the Unix epoch, to line a report up with the GPU's clock samples
-/// (nvidia-smi's timestamps, tools/device_clock_states.sh).
+/// (nvidia-smi's timestamps, lab/device/device_clock_states.sh).
 fn unix_time() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

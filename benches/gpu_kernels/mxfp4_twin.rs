@@ -1,4 +1,4 @@
-//! `Part::Twin`: the CUDA probe's MXFP4 matvec (tools/cuda_probe/mxfp4_matvec.cu, 65 % of
+//! `Part::Twin`: the CUDA probe's MXFP4 matvec (lab/cuda_probe/mxfp4_matvec.cu, 65 % of
 //! the read kernel on 16 experts' w1|w3 in session 9) written again in WGSL with the same
 //! structure (mxfp4_twin.wgsl), timed against the read kernel at the probe's two shapes,
 //! with variants of its decode. Session 11 (docs/perf.md): the twin ran at the engine's

@@ -1,4 +1,4 @@
-// Bench only, not an engine kernel: the one-token MXFP4 matvec of tools/cuda_probe's
+// Bench only, not an engine kernel: the one-token MXFP4 matvec of lab/cuda_probe's
 // mxfp4_matvec.cu written again in WGSL, line for line, so the Vulkan build of the same
 // algorithm can be timed beside the engine's kernel (53 % of the read kernel on 16 experts'
 // w1|w3 where the CUDA build reached 65 %, before session 11). Lane groups of LPR

@@ -123,7 +123,7 @@ fn requests_are_read_with_their_fields() {
     let r = req(json!({
         "model": "k3", "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 3,
         "max_completion_tokens": 77, "stop": "END", "stream": true,
-        "stream_options": {"include_usage": true}, "presence_penalty": 0.5,
+        "stream_options": {"include_usage": true}, "presence_penalty": 0.5, "ignore_eos": true,
         "chat_template_kwargs": {"enable_thinking": false},
         "messages": [
             {"role": "developer", "content": "sys"},
@@ -138,6 +138,7 @@ fn requests_are_read_with_their_fields() {
     assert_eq!(r.params.stop, vec!["END".to_string()]);
     assert!(r.params.stream && r.params.include_usage && !r.thinking);
     assert_eq!(r.params.presence_penalty, 0.5);
+    assert!(r.params.ignore_eos);
     assert_eq!(r.messages[0].role, ApiRole::System);
     assert_eq!(r.messages[1].content, "ab");
     assert_eq!(r.messages[2].reasoning.as_deref(), Some("hm"));

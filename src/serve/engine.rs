@@ -274,6 +274,9 @@ fn run_job<B: Backend>(
         }
         JobKind::Completion => Output::Text(StreamDecoder::new(tok, false)),
     };
+    if p.ignore_eos {
+        stop_ids.clear();
+    }
     let mut st = Streamer {
         events: &job.events,
         cancel: &job.cancel,

@@ -118,6 +118,8 @@ pub struct GenParams {
     pub stream: bool,
     /// A final usage chunk when streaming.
     pub include_usage: bool,
+    /// Keep generating past end-of-turn and end-of-sequence ids (llama.cpp's `ignore_eos`).
+    pub ignore_eos: bool,
 }
 
 /// A checked `/v1/chat/completions` request.
@@ -315,6 +317,7 @@ fn gen_params(m: &Map<String, Value>, limits: &Limits, base: &SamplerConfig) -> 
         stop,
         stream: get_bool(m, "stream")?.unwrap_or(false),
         include_usage,
+        ignore_eos: get_bool(m, "ignore_eos")?.unwrap_or(false),
     })
 }
 

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Server overhead of `k3 serve`, measured against `k3 run` on the same model in one run.
+
+  python3 tools/bench_serve.py MODEL_DIR [--k3 target/release/k3] [--ngen 64] [--rounds 3]
+                               [--flags "--backend gpu"]   (flags for both run and serve)
+
+1. Decode rate: `k3 run --chat PROMPT --think 0 --ignore-eos --ngen N` (its `[K3] decode`
+   line) against the same greedy turn streamed through /v1/chat/completions (client side:
+   tokens after the first over the time from the first token's chunk to `[DONE]`). The
+   ratio server/run is the overhead figure (target >= 0.95). Best of --rounds each.
+2. Time to first token on a resent conversation: the same multi-turn request answered by a
+   server that holds its prefix (prefix reuse) against one whose state was reset first.
+
+Only the standard library is used.
+"""
+
+import argparse
+import http.client
+import json
+import re
+import subprocess
+import sys
+import time
+
+PROMPT = "Write a long story about a lighthouse keeper and the sea."
+
+
+def start_server(k3, model, extra):
+    p = subprocess.Popen(
+        [k3, "serve", model, "--port", "0", "--quiet", "--think", "0", *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in p.stderr:
+        m = re.search(r"listening on http://(\S+)", line)
+        if m:
+            return p, m.group(1)
+    raise SystemExit("k3 serve did not start")
+
+
+def post(addr, body, stream):
+    host, port = addr.rsplit(":", 1)
+    c = http.client.HTTPConnection(host, int(port), timeout=3600)
+    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise SystemExit(f"HTTP {r.status}: {r.read()!r}")
+    if not stream:
+        return json.loads(r.read())
+    return r
+
+
+def stream_turn(addr, messages, ngen):
+    """Returns (tokens, seconds from the first token's chunk to the end of the stream,
+    seconds to the first token's chunk, cached prompt tokens)."""
+    t0 = time.perf_counter()
+    r = post(addr, {"messages": messages, "max_tokens": ngen, "temperature": 0, "stream": True,
+                    "ignore_eos": True, "stream_options": {"include_usage": True}}, True)
+    first = last = None
+    usage = None
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        line = line.decode().strip()
+        if line == "data: [DONE]":
+            last = time.perf_counter()
+            continue
+        if not line.startswith("data: "):
+            continue
+        msg = json.loads(line[6:])
+        if msg.get("usage"):
+            usage = msg["usage"]
+        ch = msg.get("choices") or []
+        if ch and (ch[0]["delta"].get("content") or ch[0]["delta"].get("reasoning_content")):
+            first = first or time.perf_counter()
+    tokens = usage["completion_tokens"]
+    return tokens, (last - first) if first else 0.0, (first - t0) if first else 0.0, \
+        usage["prompt_tokens_details"]["cached_tokens"]
+
+
+def run_rate(k3, model, ngen, extra):
+    o = subprocess.run(
+        [k3, "run", model, "--chat", PROMPT, "--think", "0", "--ignore-eos", "--ngen", str(ngen),
+         "--quiet", *extra],
+        capture_output=True, text=True, check=True)
+    m = re.search(r"\[K3\] decode (\d+) tokens in [\d.]+s \(([\d.]+) tok/s\)", o.stderr)
+    return float(m.group(2))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--k3", default="target/release/k3")
+    ap.add_argument("--ngen", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--flags", default="", help="model/backend flags for both commands")
+    a = ap.parse_args()
+    a.extra = a.flags.split()
+
+    run_best = max(run_rate(a.k3, a.model, a.ngen, a.extra) for _ in range(a.rounds))
+    server, addr = start_server(a.k3, a.model, a.extra)
+    try:
+        msgs = [{"role": "user", "content": PROMPT}]
+        serve_best = 0.0
+        for _ in range(a.rounds):
+            post(addr, {"messages": [{"role": "user", "content": "reset"}], "max_tokens": 1}, False)
+            tokens, secs, _, _ = stream_turn(addr, msgs, a.ngen)
+            if secs > 0:
+                serve_best = max(serve_best, (tokens - 1) / secs)
+        print(f"decode: k3 run {run_best:.2f} tok/s | k3 serve (streaming) {serve_best:.2f} tok/s"
+              f" | ratio {serve_best / run_best:.3f} (best of {a.rounds}, {a.ngen} tokens)")
+
+        # A conversation of a few turns, then one more turn: with and without the prefix held.
+        conv = [{"role": "user", "content": PROMPT}]
+        for turn in range(3):
+            r = post(addr, {"messages": conv, "max_tokens": 1, "temperature": 0}, False)
+            conv.append({"role": "assistant", "content": r["choices"][0]["message"]["content"]})
+            conv.append({"role": "user", "content": f"Go on with part {turn + 2}, please. " * 8})
+        reuse, fresh = [], []
+        for _ in range(a.rounds):
+            post(addr, {"messages": conv[:-2], "max_tokens": 1, "temperature": 0}, False)
+            _, _, ttft, cached = stream_turn(addr, conv, 2)
+            reuse.append((ttft, cached))
+            post(addr, {"messages": [{"role": "user", "content": "reset"}], "max_tokens": 1}, False)
+            _, _, ttft, cached0 = stream_turn(addr, conv, 2)
+            fresh.append((ttft, cached0))
+        r_t = min(t for t, _ in reuse)
+        f_t = min(t for t, _ in fresh)
+        print(f"ttft on a resent conversation: with prefix reuse {r_t * 1e3:.1f} ms "
+              f"(cached {reuse[0][1]} tokens) | without {f_t * 1e3:.1f} ms | ratio {r_t / f_t:.3f}")
+    finally:
+        server.terminate()
+        server.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -148,17 +148,16 @@ fn portable_matmul<S: RowSource>(w: &S, x: &[f32], n: usize, y: &mut [f32]) {
 /// [`MAX_TOKENS`] at a time while the row is hot in L1. Shapes are checked and non-empty.
 fn fused_matmul(w: &EncodedRows<'_>, x: &[f32], n: usize, y: &mut [f32], level: SimdLevel) {
     let (rows, cols) = (w.rows, w.cols);
-    let split: Vec<f32> = if w.wants_pair_split() {
-        x.chunks_exact(cols).flat_map(simd::pair_split).collect()
+    let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
+    let prepared: Vec<Vec<f32>> = if w.packs_nibbles() {
+        xs.iter().map(|xt| simd::prepare(level, xt)).collect()
     } else {
         Vec::new()
     };
-    let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
-    let split_cols = split.len() / n;
-    let xp: Vec<&[f32]> = match split_cols {
-        _ if !w.wants_pair_split() => xs.clone(),
-        0 => vec![&[][..]; n],
-        sc => split.chunks_exact(sc).collect(),
+    let xp: Vec<&[f32]> = if w.packs_nibbles() {
+        prepared.iter().map(Vec::as_slice).collect()
+    } else {
+        xs.clone()
     };
     if n == 1 {
         let (x1, p1) = ([xs[0]], [xp[0]]);

@@ -1,23 +1,14 @@
 //! AVX2+FMA fused row kernels: each 64-column block is summed in two 8-lane accumulators
 //! per token, added into the row's accumulator, and the lanes are reduced pairwise.
 
-use super::layout::SPLIT;
+use super::layout::{lane_byte, LANE_CHUNK};
 use super::{
     int4_nibble, mxfp4_half_scale, Encoded, EncodedRows, BLOCK_COLS, E2M1_TWICE, MAX_TOKENS,
 };
 use crate::quant::{int4, mxfp4};
 use std::arch::x86_64::*;
 
-/// Where each of the eight 8-byte pieces of a decoded 64-column block (the low nibbles of
-/// its two 32-byte lanes' halves, then their high nibbles) meets the pair-split x: piece
-/// `i` covers x's columns `PIECE_TO_X[i]..+8` of the block.
-const PIECE_TO_X: [usize; 8] = [0, 8, 32, 40, 16, 24, 48, 56];
-
-const _: () = assert!(int4::GROUP == BLOCK_COLS && mxfp4::BLOCK == SPLIT);
-
-/// One 64-column block of decoded weights as bytes, aligned for whole-vector stores.
-#[repr(align(32))]
-struct Block([i8; 64]);
+const _: () = assert!(int4::GROUP == LANE_CHUNK && 2 * mxfp4::BLOCK == LANE_CHUNK);
 
 /// Fused `w[r] · x_t` for every token (see [`super::dot_tokens`]).
 ///
@@ -38,10 +29,10 @@ pub(super) unsafe fn dot_tokens<const T: usize>(
             "fused dot: x row of {} for {c} columns",
             xs[t].len()
         );
-        if w.wants_pair_split() {
+        if w.packs_nibbles() {
             assert!(
-                xp[t].len() >= c / SPLIT * SPLIT,
-                "fused dot: short pair-split x"
+                xp[t].len() >= c / LANE_CHUNK * LANE_CHUNK,
+                "fused dot: short prepared x"
             );
         }
     }
@@ -67,6 +58,7 @@ pub(super) unsafe fn dot_tokens<const T: usize>(
             mxfp4_row(
                 &packed[r * rb..(r + 1) * rb],
                 &scales[r * rs..(r + 1) * rs],
+                xs,
                 xp,
             )
         }
@@ -83,6 +75,19 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// Bytes ahead of the weight stream to prefetch: a single core's streaming bandwidth is
+/// bound by the misses it has in flight, and the kernels' arithmetic between loads leaves
+/// the hardware prefetcher too few of them.
+const PREFETCH_AHEAD: usize = 2048;
+
+/// Asks for the cache line `PREFETCH_AHEAD` bytes past `p` (a hint: an address past the
+/// weights' end is never dereferenced).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn prefetch_ahead<E>(p: *const E) {
+    _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>().wrapping_add(PREFETCH_AHEAD));
+}
+
 /// Eight signed bytes at `p` as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -90,14 +95,16 @@ unsafe fn widen_i8(p: *const i8) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())))
 }
 
-/// The row loop of the formats stored one value per column: `$load(c)` gives the eight
-/// weights of columns `c..c+8` as f32, `$scalar(c)` one tail weight.
+/// The row loop of the formats stored one value per column (`$ptr` the row's first
+/// weight): `$load(c)` gives the eight weights of columns `c..c+8` as f32, `$scalar(c)` one
+/// tail weight.
 macro_rules! dense_row {
-    ($len:expr, $xs:expr, $T:ident, |$c:ident| $load:expr, |$k:ident| $scalar:expr) => {{
+    ($ptr:expr, $len:expr, $xs:expr, $T:ident, |$c:ident| $load:expr, |$k:ident| $scalar:expr) => {{
         let cols = $len;
         let full = cols / BLOCK_COLS * BLOCK_COLS;
         let mut row = [_mm256_setzero_ps(); $T];
         for base in (0..full).step_by(BLOCK_COLS) {
+            prefetch_ahead($ptr.wrapping_add(base));
             let mut acc = [[_mm256_setzero_ps(); 2]; $T];
             for k in [0, 16, 32, 48] {
                 let $c = base + k;
@@ -129,13 +136,14 @@ macro_rules! dense_row {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn f32_row<const T: usize>(w: &[f32], xs: &[&[f32]; T]) -> [f32; T] {
     let p = w.as_ptr();
-    dense_row!(w.len(), xs, T, |c| _mm256_loadu_ps(p.add(c)), |k| w[k])
+    dense_row!(p, w.len(), xs, T, |c| _mm256_loadu_ps(p.add(c)), |k| w[k])
 }
 
 #[target_feature(enable = "avx2,fma")]
 unsafe fn bf16_row<const T: usize>(w: &[u16], xs: &[&[f32]; T]) -> [f32; T] {
     let p = w.as_ptr();
     dense_row!(
+        p,
         w.len(),
         xs,
         T,
@@ -150,33 +158,74 @@ unsafe fn bf16_row<const T: usize>(w: &[u16], xs: &[&[f32]; T]) -> [f32; T] {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn int8_row<const T: usize>(q: &[i8], xs: &[&[f32]; T]) -> [f32; T] {
     let p = q.as_ptr();
-    dense_row!(q.len(), xs, T, |c| widen_i8(p.add(c)), |k| f32::from(q[k]))
+    dense_row!(p, q.len(), xs, T, |c| widen_i8(p.add(c)), |k| f32::from(
+        q[k]
+    ))
 }
 
-/// Splits 32 packed bytes into their sign-extended low nibbles (`block[0..32]`) and high
-/// nibbles (`block[32..64]`), each mapped through `lookup` when given (a 16-entry byte
-/// table) or else read as two's-complement int4.
+/// The sign extension of a 4-bit two's-complement code, as a 16-entry byte table.
+const INT4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1];
+
+/// The byte shuffles of placement `m`: lane `i` of the result holds byte
+/// [`lane_byte`]`(m, i)` in its top byte and zeros below (index 0x80 writes a zero).
+const PLACE: [[u8; 32]; 4] = {
+    let mut t = [[0x80u8; 32]; 4];
+    let mut m = 0;
+    while m < 4 {
+        let mut i = 0;
+        while i < 8 {
+            // Byte shuffles index within each 16-byte half.
+            t[m][4 * i + 3] = (lane_byte(m, i) % 16) as u8;
+            i += 1;
+        }
+        m += 1;
+    }
+    t
+};
+
+/// Adds one 64-column chunk of a nibble format into each token's two accumulators:
+/// 32 packed bytes at `src`, each nibble mapped through the 16-entry byte `table`, each
+/// value placed in the top byte of an i32 lane (so it converts exactly to `value · 2^24`)
+/// and multiplied by the [`top_byte_lanes`] x at `chunk_x`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn split_nibbles(src: *const u8, lookup: Option<__m256i>, block: &mut Block) {
+unsafe fn nibble_chunk<const T: usize>(
+    src: *const u8,
+    table: __m256i,
+    place: &[__m256i; 4],
+    xp: &[&[f32]; T],
+    chunk_x: usize,
+    acc: &mut [[__m256; 2]; T],
+) {
+    prefetch_ahead(src);
     let v = _mm256_loadu_si256(src.cast());
     let mask = _mm256_set1_epi8(0x0F);
-    let lo = _mm256_and_si256(v, mask);
-    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
-    let (lo, hi) = match lookup {
-        Some(t) => (_mm256_shuffle_epi8(t, lo), _mm256_shuffle_epi8(t, hi)),
-        None => {
-            // (n ^ 8) - 8 sign-extends a 4-bit two's-complement value.
-            let eight = _mm256_set1_epi8(8);
-            (
-                _mm256_sub_epi8(_mm256_xor_si256(lo, eight), eight),
-                _mm256_sub_epi8(_mm256_xor_si256(hi, eight), eight),
-            )
+    let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, mask));
+    let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
+    for (m, &p) in place.iter().enumerate() {
+        let wl = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, p));
+        let wh = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, p));
+        for t in 0..T {
+            let x = xp[t].as_ptr().add(chunk_x + 16 * m);
+            acc[t][0] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x), acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(wh, _mm256_loadu_ps(x.add(8)), acc[t][1]);
         }
-    };
-    let dst = block.0.as_mut_ptr();
-    _mm256_store_si256(dst.cast(), lo);
-    _mm256_store_si256(dst.add(32).cast(), hi);
+    }
+}
+
+/// The placements as vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn placements() -> [__m256i; 4] {
+    let load = |m: usize| _mm256_loadu_si256(PLACE[m].as_ptr().cast());
+    [load(0), load(1), load(2), load(3)]
+}
+
+/// A 16-entry byte table in both 16-byte halves of a vector.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn byte_table(t: &[i8; 16]) -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -187,19 +236,13 @@ unsafe fn int4_row<const T: usize>(
     xs: &[&[f32]; T],
     xp: &[&[f32]; T],
 ) -> [f32; T] {
-    let groups = cols / BLOCK_COLS;
-    let mut block = Block([0; 64]);
+    let chunks = cols / LANE_CHUNK;
+    let (table, place) = (byte_table(&INT4_VALUES), placements());
     let mut row = [_mm256_setzero_ps(); T];
-    for (g, &s) in scale.iter().enumerate().take(groups) {
-        split_nibbles(packed.as_ptr().add(g * 32), None, &mut block);
+    for (g, &s) in scale.iter().enumerate().take(chunks) {
         let mut acc = [[_mm256_setzero_ps(); 2]; T];
-        for (i, &xo) in PIECE_TO_X.iter().enumerate() {
-            let w = widen_i8(block.0.as_ptr().add(8 * i));
-            for t in 0..T {
-                let x = _mm256_loadu_ps(xp[t].as_ptr().add(g * BLOCK_COLS + xo));
-                acc[t][i % 2] = _mm256_fmadd_ps(w, x, acc[t][i % 2]);
-            }
-        }
+        let src = packed.as_ptr().add(g * 32);
+        nibble_chunk(src, table, &place, xp, g * LANE_CHUNK, &mut acc);
         let s = _mm256_set1_ps(s);
         for t in 0..T {
             row[t] = _mm256_fmadd_ps(_mm256_add_ps(acc[t][0], acc[t][1]), s, row[t]);
@@ -208,61 +251,40 @@ unsafe fn int4_row<const T: usize>(
     let mut out = [0f32; T];
     for t in 0..T {
         let mut tail = 0f32;
-        for (c, &x) in xs[t].iter().enumerate().skip(groups * BLOCK_COLS) {
+        for (c, &x) in xs[t].iter().enumerate().skip(chunks * LANE_CHUNK) {
             tail += f32::from(int4_nibble(packed, c)) * x;
         }
-        let tail_scale = scale.get(groups).copied().unwrap_or(0.0);
+        let tail_scale = scale.get(chunks).copied().unwrap_or(0.0);
         out[t] = hsum(row[t]) + tail * tail_scale;
     }
     out
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn mxfp4_row<const T: usize>(packed: &[u8], scales: &[u8], xp: &[&[f32]; T]) -> [f32; T] {
-    let blocks = scales.len();
-    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_TWICE.as_ptr().cast()));
-    let mut block = Block([0; 64]);
+unsafe fn mxfp4_row<const T: usize>(
+    packed: &[u8],
+    scales: &[u8],
+    xs: &[&[f32]; T],
+    xp: &[&[f32]; T],
+) -> [f32; T] {
+    let chunks = scales.len() / 2;
+    let (table, place) = (byte_table(&E2M1_TWICE), placements());
     let mut row = [_mm256_setzero_ps(); T];
-    // Two 32-column blocks per 32 packed bytes; pieces 0,1,4,5 are the first block's.
-    for pair in 0..blocks / 2 {
-        split_nibbles(packed.as_ptr().add(pair * 32), Some(table), &mut block);
-        let mut acc = [[[_mm256_setzero_ps(); 2]; 2]; T];
-        for (i, &xo) in PIECE_TO_X.iter().enumerate() {
-            let w = widen_i8(block.0.as_ptr().add(8 * i));
-            let b = (i / 2) % 2;
-            for t in 0..T {
-                let x = _mm256_loadu_ps(xp[t].as_ptr().add(pair * BLOCK_COLS + xo));
-                acc[t][b][i % 2] = _mm256_fmadd_ps(w, x, acc[t][b][i % 2]);
-            }
-        }
-        let s0 = _mm256_set1_ps(mxfp4_half_scale(scales[2 * pair]));
-        let s1 = _mm256_set1_ps(mxfp4_half_scale(scales[2 * pair + 1]));
-        for t in 0..T {
-            let [b0, b1] = acc[t];
-            row[t] = _mm256_fmadd_ps(_mm256_add_ps(b0[0], b0[1]), s0, row[t]);
-            row[t] = _mm256_fmadd_ps(_mm256_add_ps(b1[0], b1[1]), s1, row[t]);
-        }
-    }
-    if blocks % 2 == 1 {
-        // The last block alone: its 16 bytes through the 128-bit forms.
-        let b = blocks - 1;
-        let v = _mm_loadu_si128(packed.as_ptr().add(b * 16).cast());
-        let mask = _mm_set1_epi8(0x0F);
-        let table = _mm_loadu_si128(E2M1_TWICE.as_ptr().cast());
-        let lo = _mm_shuffle_epi8(table, _mm_and_si128(v, mask));
-        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(v), mask));
-        let dst = block.0.as_mut_ptr();
-        _mm_storeu_si128(dst.cast(), lo);
-        _mm_storeu_si128(dst.add(16).cast(), hi);
+    for c in 0..chunks {
         let mut acc = [[_mm256_setzero_ps(); 2]; T];
-        for i in 0..4 {
-            let w = widen_i8(block.0.as_ptr().add(8 * i));
-            for t in 0..T {
-                let x = _mm256_loadu_ps(xp[t].as_ptr().add(b * SPLIT + 8 * i));
-                acc[t][i % 2] = _mm256_fmadd_ps(w, x, acc[t][i % 2]);
-            }
-        }
-        let s = _mm256_set1_ps(mxfp4_half_scale(scales[b]));
+        nibble_chunk(
+            packed.as_ptr().add(c * 32),
+            table,
+            &place,
+            xp,
+            c * LANE_CHUNK,
+            &mut acc,
+        );
+        // Lanes 0-3 hold the first 32-column block's values, lanes 4-7 the second's.
+        let s = _mm256_setr_m128(
+            _mm_set1_ps(mxfp4_half_scale(scales[2 * c])),
+            _mm_set1_ps(mxfp4_half_scale(scales[2 * c + 1])),
+        );
         for t in 0..T {
             row[t] = _mm256_fmadd_ps(_mm256_add_ps(acc[t][0], acc[t][1]), s, row[t]);
         }
@@ -270,6 +292,15 @@ unsafe fn mxfp4_row<const T: usize>(packed: &[u8], scales: &[u8], xp: &[&[f32]; 
     let mut out = [0f32; T];
     for t in 0..T {
         out[t] = hsum(row[t]);
+        if let Some(&s) = scales.get(2 * chunks) {
+            // A last lone 32-column block.
+            let mut tail = 0f32;
+            for (c, &x) in xs[t].iter().enumerate().skip(chunks * LANE_CHUNK) {
+                let nibble = (packed[c / 2] >> (4 * (c % 2))) & 0x0F;
+                tail += f32::from(E2M1_TWICE[usize::from(nibble)]) * x;
+            }
+            out[t] += tail * mxfp4_half_scale(s);
+        }
     }
     out
 }

@@ -13,8 +13,6 @@ mod layout;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
-pub(crate) use layout::pair_split;
-
 use anyhow::{bail, Result};
 use std::sync::OnceLock;
 
@@ -144,16 +142,26 @@ pub(crate) struct EncodedRows<'a> {
 }
 
 impl EncodedRows<'_> {
-    /// Whether the fused kernels read x in the [`pair_split`] layout (the nibble formats,
+    /// Whether the fused kernels read x in a [`prepare`]d layout (the nibble formats,
     /// whose low and high nibbles decode to even and odd columns).
-    pub(crate) fn wants_pair_split(&self) -> bool {
+    pub(crate) fn packs_nibbles(&self) -> bool {
         matches!(self.data, Encoded::Int4 { .. } | Encoded::Mxfp4 { .. })
     }
 }
 
+/// One row of x in the layout `level`'s nibble kernels read (see [`layout`]); empty for a
+/// level without them.
+pub(crate) fn prepare(level: SimdLevel, x: &[f32]) -> Vec<f32> {
+    match level {
+        SimdLevel::Avx2Fma => layout::top_byte_lanes(x),
+        SimdLevel::Neon => layout::pair_split(x),
+        SimdLevel::Portable => Vec::new(),
+    }
+}
+
 /// `out[t] = Σ_c w[r, c] · x_t[c]` for the `T ≤ MAX_TOKENS` tokens `xs` (natural order);
-/// `xp` holds the same rows in the [`pair_split`] layout where the format wants it (else
-/// the same slices as `xs`).
+/// `xp` holds the same rows [`prepare`]d where the format packs nibbles (else the same
+/// slices as `xs`).
 pub(crate) fn dot_tokens<const T: usize>(
     level: SimdLevel,
     w: &EncodedRows<'_>,

@@ -31,7 +31,7 @@ pub(super) unsafe fn dot_tokens<const T: usize>(
             "fused dot: x row of {} for {c} columns",
             xs[t].len()
         );
-        if w.wants_pair_split() {
+        if w.packs_nibbles() {
             assert!(
                 xp[t].len() >= c / SPLIT * SPLIT,
                 "fused dot: short pair-split x"

@@ -507,3 +507,111 @@ fn sigint_cancels_the_running_request_and_exits_zero() {
     assert!(s.wait_log("[K3] serve: stopped", 5), "{}", s.log());
     assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
 }
+
+#[test]
+fn an_engine_error_answers_500_and_the_engine_keeps_serving() {
+    let copy = common::copy_dir(&common::tiny(0));
+    let s = Server::start(copy.path(), &[]);
+    let chat = s.url("/v1/chat/completions");
+    // Cut every shard in half under the running server: expert reads now fail.
+    for e in std::fs::read_dir(copy.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            f.set_len(f.metadata().unwrap().len() / 2).unwrap();
+        }
+    }
+    let (st, v) = post_json(&chat, &chat_body("a question that needs experts", 4, false));
+    assert_eq!(st, 500, "{v}");
+    assert_eq!(v["error"]["type"], "server_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(".safetensors"),
+        "{v}"
+    );
+    let (st, chunks) = post_stream(&chat, &chat_body("streamed, too", 4, true));
+    assert_eq!(st, 200);
+    assert!(
+        chunks.iter().any(|c| c["error"]["type"] == "server_error"),
+        "{chunks:?}"
+    );
+    assert_eq!(chunks.last().unwrap(), &Value::String("[DONE]".into()));
+    assert_eq!(get(&s.url("/health"), None).0, 200);
+    // The engine thread lives on: each further job is answered, none hangs.
+    for i in 0..3 {
+        let (st, v) = post_json(&chat, &chat_body(&format!("again {i}"), 4, false));
+        assert_eq!(st, 500, "{v}");
+    }
+    let (_, metrics) = get(&s.url("/metrics"), None);
+    assert!(
+        metrics.contains("k3_requests_total{status=\"500\"} 4"),
+        "{metrics}"
+    );
+    assert!(s.log().contains("failed: "), "{}", s.log());
+}
+
+#[test]
+fn slow_malformed_and_oversized_requests_do_not_hold_up_good_ones() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let dir = common::tiny(0);
+    let s = Server::start(&dir, &["--body-timeout", "1", "--max-body-mb", "1"]);
+    // Three clients that announce a body and never send it.
+    let slow: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut c = TcpStream::connect(&s.addr).unwrap();
+            write!(
+                c,
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{{\"messages\""
+            )
+            .unwrap();
+            c
+        })
+        .collect();
+    let url = s.url("/v1/chat/completions");
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || match i % 4 {
+                0 => post(&url, "{\"messages\": [", None).0,
+                1 => {
+                    post(
+                        &url,
+                        &chat_body(&"y".repeat(3 << 20), 2, false).to_string(),
+                        None,
+                    )
+                    .0
+                }
+                _ => {
+                    post(
+                        &url,
+                        &chat_body(&format!("good {i}"), 4, false).to_string(),
+                        None,
+                    )
+                    .0
+                }
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for (i, st) in statuses.iter().enumerate() {
+        let want: &[u16] = match i % 4 {
+            0 => &[400],
+            1 => &[413],
+            _ => &[200, 429],
+        };
+        assert!(want.contains(st), "request {i}: {st}");
+    }
+    assert!(statuses.iter().filter(|&&s| s == 200).count() >= 1);
+    // The slow ones were answered 408 once their body was late.
+    for mut c in slow {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut head = [0u8; 12];
+        c.read_exact(&mut head).unwrap();
+        assert_eq!(&head, b"HTTP/1.1 408", "{}", String::from_utf8_lossy(&head));
+        c.flush().unwrap();
+    }
+    assert_eq!(get(&s.url("/health"), None).0, 200);
+}

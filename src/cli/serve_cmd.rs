@@ -46,6 +46,9 @@ pub struct ServeArgs {
     /// Largest request body, in MB.
     #[arg(long, default_value_t = 8)]
     pub max_body_mb: usize,
+    /// Seconds a client may take to send its request body; slower ones get 408.
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout: u64,
     /// Thinking when a request does not say: 1 opens the think channel, 0 answers directly.
     #[arg(long, env = "K3_THINK", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub think: u8,
@@ -65,6 +68,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         bail!(
             "--max-body-mb must be between 1 and 1024, got {}",
             a.max_body_mb
+        );
+    }
+    if a.body_timeout == 0 || a.body_timeout > 3600 {
+        bail!(
+            "--body-timeout must be between 1 and 3600 seconds, got {}",
+            a.body_timeout
         );
     }
     if a.max_answer == 0 {
@@ -105,7 +114,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         context,
         chunk: a.load.chunk,
         body_limit: a.max_body_mb << 20,
-        body_timeout: Duration::from_secs(30),
+        body_timeout: Duration::from_secs(a.body_timeout),
         http_threads: 2,
     };
     a.load.with_model(&dir, ServeJob { dir: &dir, opts })

@@ -198,3 +198,51 @@ fn text_prompt_chat_and_tokenize_round_trip() {
         "chat output starts in the think channel: {out:?}"
     );
 }
+
+#[test]
+fn a_prompt_longer_than_the_context_is_refused_and_generation_stops_at_it() {
+    let dir = common::tiny(0);
+    let d = dir.to_str().unwrap();
+    let o = k3(&[
+        "run",
+        d,
+        "--ids",
+        "5,6,7,8,9",
+        "--max-tokens",
+        "4",
+        "--quiet",
+    ]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("context full") && err.contains("--max-tokens"),
+        "{err}"
+    );
+
+    let o = k3(&[
+        "run",
+        d,
+        "--ids",
+        "5,6,7",
+        "--ngen",
+        "50",
+        "--ignore-eos",
+        "--max-tokens",
+        "6",
+        "--quiet",
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.trim().split(',').count(), 4, "{out}");
+    assert!(
+        err.contains("[K3] context full: stopped after 4 tokens"),
+        "{err}"
+    );
+
+    for bad in ["0", "99999999999"] {
+        let o = k3(&["run", d, "--ids", "5", "--max-tokens", bad, "--quiet"]);
+        assert!(!o.status.success());
+        assert!(stderr(&o).contains("--max-tokens"), "{}", stderr(&o));
+    }
+}

@@ -138,10 +138,7 @@ impl ModelArgs {
                 if let Some(line) = fallback {
                     eprintln!("{line}");
                 }
-                eprintln!(
-                    "[K3] backend: cpu ({} threads)",
-                    rayon::current_num_threads()
-                );
+                eprintln!("[K3] backend: {}", k3::backend::cpu::describe());
                 let mut model = K3Model::load(ckpt, CpuBackend::new(), policy, !self.quiet)?;
                 self.stream.configure(&mut model)?;
                 job.run(&mut model)

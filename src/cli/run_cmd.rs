@@ -143,10 +143,20 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
     if let (Some(tk), false) = (&tok, a.ignore_eos) {
         stop.extend(tk.special_id("<|end_of_msg|>"));
     }
+    let context = a.load.stream.max_tokens;
+    if ids.len() > context {
+        bail!(
+            "context full: the prompt is {} tokens and the context holds {context} \
+             (--max-tokens / K3_MAXT): raise it or shorten the prompt",
+            ids.len()
+        );
+    }
+    // Every generated token but the last is fed back, so prompt + ngen positions fit.
+    let ngen = a.ngen.min(context - ids.len() + 1);
     let trace = a.trace.as_deref().map(Trace::create).transpose()?;
     eprintln!("{}", stats::prompt_line(ids.len(), a.ngen, a.sampling.temp));
     let opts = GenerateOptions {
-        ngen: a.ngen,
+        ngen,
         chunk: a.load.chunk,
         all_logits: a.dump_logits.is_some(),
         stop_ids: &stop,
@@ -164,6 +174,13 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
     };
     let g = generate(model, &ids, &opts, &mut pick, &mut on_token)?;
     output.finish()?;
+    if ngen < a.ngen && g.tokens.len() == ngen && !g.tokens.last().is_some_and(|t| stop.contains(t))
+    {
+        eprintln!(
+            "[K3] context full: stopped after {ngen} tokens ({} of prompt, --max-tokens / K3_MAXT {context})",
+            ids.len()
+        );
+    }
     eprintln!("{}", stats::prefill_line(ids.len(), g.prefill_secs));
     eprintln!(
         "{}",

@@ -9,6 +9,10 @@ use k3::experts::{IoMode, StreamConfig};
 use k3::model::state_size::{state_size, StateSize};
 use k3::model::K3Model;
 
+/// Longest context accepted: K3's published context is 256K tokens; beyond a few million
+/// the MLA cache alone outgrows any machine's memory.
+pub const MAX_CONTEXT: usize = 1 << 22;
+
 /// Flags that decide how experts are read and cached.
 #[derive(Args, Debug, Clone)]
 pub struct StreamArgs {
@@ -51,6 +55,12 @@ impl StreamArgs {
             bail!(
                 "K3_EXPERT_GB / --expert-gb must be a number of GB >= 0, got {}",
                 self.expert_gb
+            );
+        }
+        if self.max_tokens == 0 || self.max_tokens > MAX_CONTEXT {
+            bail!(
+                "K3_MAXT / --max-tokens must be between 1 and {MAX_CONTEXT} tokens, got {}",
+                self.max_tokens
             );
         }
         let cfg = &model.ckpt.config;

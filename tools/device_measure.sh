@@ -89,7 +89,7 @@ wait "$SYNTH"
 tail -1 "$OUT/synth.txt"
 # After the synth: it loads the disk and the CPUs, which the kernel times would feel.
 # shellcheck disable=SC2086
-timeout 240 ./.devbin/gpu_kernels ${BENCH_ARGS:-blocks=1,9,10,11} > "$OUT/kernels.txt" 2>&1
+timeout 240 ./.devbin/gpu_kernels ${BENCH_ARGS:-} > "$OUT/kernels.txt" 2>&1
 grep -E "==|% of read|read " "$OUT/kernels.txt" | cut -c1-140 | head -80
 greedy_ids gpu
 for tier in 0 2; do

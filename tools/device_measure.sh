@@ -24,8 +24,8 @@
 #    gpu_ops test binary; nothing is compiled on the device).
 # 3. `run` with carry [".devbin", ".gl"], command `bash tools/device_measure.sh`, then again
 #    with `bash tools/device_measure.sh cpu`. Results land under $OUT; the tool copies them back.
-# BENCH_ARGS overrides the benchmark's arguments (default: the one-token kernels at their
-# defaults and the prefill chunk kernel, which fit the call with the bench's heater).
+# BENCH_ARGS names benchmark cases to run instead of every case (`gpu_kernels list` prints
+# them).
 set -u
 cd "$(dirname "$0")/.."
 
@@ -90,7 +90,7 @@ tail -1 "$OUT/synth.txt"
 # After the synth: it loads the disk and the CPUs, which the kernel times would feel.
 # shellcheck disable=SC2086
 timeout 240 ./.devbin/gpu_kernels ${BENCH_ARGS:-} > "$OUT/kernels.txt" 2>&1
-grep -E "==|% of read|read " "$OUT/kernels.txt" | cut -c1-140 | head -80
+grep -E "^adapter|% of read|no GPU" "$OUT/kernels.txt" | head -40
 greedy_ids gpu
 for tier in 0 2; do
     sweep "gpu_tier$tier" --backend gpu --gpu-expert-gb "$tier"

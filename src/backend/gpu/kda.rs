@@ -9,7 +9,7 @@ use super::GpuBackend;
 use crate::backend::{KdaDims, KdaStepInputs, KdaStepWeights};
 use anyhow::{ensure, Result};
 
-/// Epsilon of the per-head l2 normalization of q and k (model doc §4.2 step 3); the same
+/// Epsilon of the per-head l2 normalization of q and k (docs/model.md, "KDA layer"); the same
 /// value as the CPU oracle's `KDA_L2_EPS`.
 const KDA_L2_EPS: f32 = 1e-6;
 

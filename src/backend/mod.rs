@@ -293,6 +293,11 @@ pub trait Backend: ExpertResidency {
         experts: &[ExpertAssignment<'_>],
         glu: Glu,
     ) -> Result<()>;
+    /// Whether [`Backend::download`] is a plain host copy (no device round trip), so the
+    /// model can afford to check every layer's output for NaN and Inf.
+    fn downloads_are_free(&self) -> bool {
+        false
+    }
     /// A `[rows, cols]` activation of zeros.
     fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Act>;
 }

@@ -237,8 +237,19 @@ impl<B: Backend> K3Model<B> {
             };
             h = b.add(&p, &f)?;
             stats.moe += t1.elapsed();
-            if let Some(t) = trace {
-                t.record(i, &b.download(&h)?)?;
+            if trace.is_some() || b.downloads_are_free() {
+                let host = b.download(&h)?;
+                if let Some(at) = first_non_finite(&host) {
+                    bail!(
+                        "layer {i} produced a non-finite value (NaN or Inf) in its output at \
+                         position {} of the context: the weights or the input are broken; \
+                         nothing after it is computed",
+                        st.pos + at / h_dim
+                    );
+                }
+                if let Some(t) = trace {
+                    t.record(i, &host)?;
+                }
             }
         }
         let t2 = Instant::now();
@@ -266,7 +277,26 @@ impl<B: Backend> K3Model<B> {
         )?;
         let logits = b.download(&b.matmul(&self.head, &out)?)?;
         stats.head += t2.elapsed();
+        if let Some(at) = first_non_finite(&logits) {
+            bail!(
+                "the logits hold a non-finite value (NaN or Inf) at position {} of the context; \
+                 this backend does not check each layer, so run the same input with --backend cpu \
+                 (or --trace DIR) to find the layer that produced it",
+                st.pos
+                    + at / self.vocab_size().max(1)
+                    + if want == Logits::All {
+                        0
+                    } else {
+                        ids.len() - 1
+                    }
+            );
+        }
         st.pos += ids.len();
         Ok(logits)
     }
+}
+
+/// Index of the first NaN or infinity in `v`.
+fn first_non_finite(v: &[f32]) -> Option<usize> {
+    v.iter().position(|x| !x.is_finite())
 }

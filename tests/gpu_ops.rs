@@ -1390,8 +1390,8 @@ fn kda_chunk_past_the_grid_limit_is_a_clear_error() {
 
 #[test]
 fn forty_backends_open_one_after_another_in_one_process() {
-    // NVIDIA's Vulkan driver stopped listing the H200 after 30 wgpu instances in one process,
-    // each dropped before the next (session 6); the backends now share one instance.
+    // NVIDIA's Vulkan driver stops listing its GPU after 30 wgpu instances in one process,
+    // each dropped before the next; the backends therefore share one instance.
     if gpus(None).is_empty() {
         return;
     }

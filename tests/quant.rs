@@ -461,3 +461,25 @@ fn simd_level_names_parse_and_unsupported_levels_are_refused() {
         }
     }
 }
+
+#[test]
+fn quantizing_bf16_rows_equals_quantizing_their_widened_values() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let (rows, cols) = (37, 131);
+    let bits: Vec<u16> = (0..rows * cols)
+        .map(|_| (rng.random::<u16>() & 0x807F) | (rng.random_range(0x70..0x88u16) << 7))
+        .collect();
+    let widened: Vec<f32> = bits
+        .iter()
+        .map(|&b| f32::from_bits(u32::from(b) << 16))
+        .collect();
+    for fmt in [DenseFormat::Int8, DenseFormat::Int4] {
+        let a = DenseMatrix::from_bf16(rows, cols, bits.clone(), fmt).unwrap();
+        let b = DenseMatrix::from_f32(rows, cols, widened.clone(), fmt).unwrap();
+        assert_eq!(format!("{:?}", a.data), format!("{:?}", b.data), "{fmt:?}");
+    }
+    let mut bad = bits;
+    bad[5 * cols + 9] = 0x7FC0; // NaN
+    let e = DenseMatrix::from_bf16(rows, cols, bad, DenseFormat::Int4).unwrap_err();
+    assert!(e.to_string().contains("row 5, column 9"), "{e}");
+}

@@ -131,18 +131,25 @@ impl DenseMatrix {
     }
 
     /// Encodes row-major bf16 bit patterns: Bf16 keeps the bits exactly, F32 widens exactly,
-    /// Int8/Int4 quantize the widened values.
+    /// Int8/Int4 quantize the widened values row by row (no whole f32 copy).
     pub fn from_bf16(rows: usize, cols: usize, bits: Vec<u16>, fmt: DenseFormat) -> Result<Self> {
         check_len("DenseMatrix::from_bf16", rows, cols, bits.len())?;
-        if fmt == DenseFormat::Bf16 {
-            return Ok(Self {
-                rows,
-                cols,
-                data: DenseData::Bf16(bits),
-            });
-        }
-        let widened = bits.iter().map(|&b| bf16::widen(b)).collect();
-        Self::from_f32(rows, cols, widened, fmt)
+        let row = |r: usize, out: &mut [f32]| {
+            bf16::decode_row(&bits[r * cols..(r + 1) * cols], out);
+        };
+        let data = match fmt {
+            DenseFormat::Int8 => {
+                let (q, scale) = int8::quantize_rows(rows, cols, row)?;
+                DenseData::Int8 { q, scale }
+            }
+            DenseFormat::Int4 => {
+                let (q, scale) = int4::quantize_rows(rows, cols, row)?;
+                DenseData::Int4 { q, scale }
+            }
+            DenseFormat::F32 => DenseData::F32(bits.iter().map(|&b| bf16::widen(b)).collect()),
+            DenseFormat::Bf16 => DenseData::Bf16(bits),
+        };
+        Ok(Self { rows, cols, data })
     }
 
     /// The format the payload is stored in.

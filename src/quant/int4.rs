@@ -3,8 +3,10 @@
 //! two per byte (low nibble = even column), each row padded to a whole byte.
 
 use super::kernel::RowSource;
+use super::round_half_away;
 use super::simd::{Encoded, EncodedRows};
 use anyhow::{bail, Result};
+use rayon::prelude::*;
 
 /// Columns sharing one scale.
 pub const GROUP: usize = 64;
@@ -43,41 +45,70 @@ pub fn quantize(rows: usize, cols: usize, w: &[f32]) -> Result<(Vec<u8>, Vec<f32
             w.len()
         );
     }
+    quantize_rows(rows, cols, |r, out| {
+        out.copy_from_slice(&w[r * cols..(r + 1) * cols])
+    })
+}
+
+/// [`quantize`] of the rows `row(r, out)` writes as f32, rows in parallel: a source in
+/// another encoding (bf16) never needs a whole f32 copy.
+pub(crate) fn quantize_rows(
+    rows: usize,
+    cols: usize,
+    row: impl Fn(usize, &mut [f32]) + Sync,
+) -> Result<(Vec<u8>, Vec<f32>)> {
     let (rb, rg) = (row_bytes(cols), row_groups(cols));
     let mut packed = vec![0u8; rows * rb];
     let mut scale = vec![0f32; rows * rg];
     if cols == 0 {
         return Ok((packed, scale));
     }
-    let mut q = vec![0i8; cols];
-    for (r, src) in w.chunks_exact(cols).enumerate() {
-        if let Some(c) = src.iter().position(|v| !v.is_finite()) {
-            bail!(
-                "int4 quantization: value {} at row {r}, column {c} is not finite; \
-                 load this matrix as bf16 or f32 (--bits 16/32) or fix the checkpoint",
-                src[c]
-            );
-        }
-        let scales = &mut scale[r * rg..(r + 1) * rg];
-        for ((grp, qg), s) in src.chunks(GROUP).zip(q.chunks_mut(GROUP)).zip(scales) {
-            let max = grp.iter().fold(0f32, |m, v| m.max(v.abs()));
-            *s = max / QMAX;
-            for (d, &v) in qg.iter_mut().zip(grp) {
-                // A zero group (or one whose scale underflows) stays all zero.
-                *d = if *s == 0.0 {
-                    0
-                } else {
-                    (v / *s).round().clamp(-QMAX, QMAX) as i8
-                };
-            }
-        }
-        for (byte, pair) in packed[r * rb..(r + 1) * rb].iter_mut().zip(q.chunks(2)) {
-            let lo = (pair[0] as u8) & 0x0F;
-            let hi = pair.get(1).map_or(0, |&v| (v as u8) & 0x0F);
-            *byte = lo | (hi << 4);
+    packed
+        .par_chunks_mut(rb)
+        .zip(scale.par_chunks_mut(rg))
+        .enumerate()
+        .try_for_each_init(
+            || (vec![0f32; cols], vec![0i8; cols]),
+            |(src, q), (r, (bytes, scales))| {
+                row(r, src);
+                quantize_row(r, src, q, bytes, scales)
+            },
+        )?;
+    Ok((packed, scale))
+}
+
+fn quantize_row(
+    r: usize,
+    src: &[f32],
+    q: &mut [i8],
+    bytes: &mut [u8],
+    scales: &mut [f32],
+) -> Result<()> {
+    if let Some(c) = src.iter().position(|v| !v.is_finite()) {
+        bail!(
+            "int4 quantization: value {} at row {r}, column {c} is not finite; \
+             load this matrix as bf16 or f32 (--bits 16/32) or fix the checkpoint",
+            src[c]
+        );
+    }
+    for ((grp, qg), s) in src.chunks(GROUP).zip(q.chunks_mut(GROUP)).zip(scales) {
+        let max = grp.iter().fold(0f32, |m, v| m.max(v.abs()));
+        *s = max / QMAX;
+        for (d, &v) in qg.iter_mut().zip(grp) {
+            // A zero group (or one whose scale underflows) stays all zero.
+            *d = if *s == 0.0 {
+                0
+            } else {
+                round_half_away(v / *s).clamp(-QMAX, QMAX) as i8
+            };
         }
     }
-    Ok((packed, scale))
+    for (byte, pair) in bytes.iter_mut().zip(q.chunks(2)) {
+        let lo = (pair[0] as u8) & 0x0F;
+        let hi = pair.get(1).map_or(0, |&v| (v as u8) & 0x0F);
+        *byte = lo | (hi << 4);
+    }
+    Ok(())
 }
 
 /// Decodes one packed row (`row_bytes(cols)` bytes, `row_groups(cols)` scales) into `out`

@@ -1,8 +1,10 @@
 //! int8 dense matrices: per row symmetric, `w ≈ q · scale`, `scale = max|w| / 127`.
 
 use super::kernel::RowSource;
+use super::round_half_away;
 use super::simd::{Encoded, EncodedRows};
 use anyhow::{bail, Result};
+use rayon::prelude::*;
 
 /// Largest magnitude of a quantized value.
 pub const QMAX: f32 = 127.0;
@@ -16,34 +18,54 @@ pub fn quantize(rows: usize, cols: usize, w: &[f32]) -> Result<(Vec<i8>, Vec<f32
             w.len()
         );
     }
+    quantize_rows(rows, cols, |r, out| {
+        out.copy_from_slice(&w[r * cols..(r + 1) * cols])
+    })
+}
+
+/// [`quantize`] of the rows `row(r, out)` writes as f32, rows in parallel: a source in
+/// another encoding (bf16) never needs a whole f32 copy.
+pub(crate) fn quantize_rows(
+    rows: usize,
+    cols: usize,
+    row: impl Fn(usize, &mut [f32]) + Sync,
+) -> Result<(Vec<i8>, Vec<f32>)> {
     let mut q = vec![0i8; rows * cols];
     let mut scale = vec![0f32; rows];
     if cols == 0 {
         return Ok((q, scale));
     }
-    for (r, (src, (dst, s))) in w
-        .chunks_exact(cols)
-        .zip(q.chunks_exact_mut(cols).zip(scale.iter_mut()))
+    q.par_chunks_mut(cols)
+        .zip(scale.par_iter_mut())
         .enumerate()
-    {
-        if let Some(c) = src.iter().position(|v| !v.is_finite()) {
-            bail!(
-                "int8 quantization: value {} at row {r}, column {c} is not finite; \
-                 load this matrix as bf16 or f32 (--bits 16/32) or fix the checkpoint",
-                src[c]
-            );
-        }
-        let max = src.iter().fold(0f32, |m, v| m.max(v.abs()));
-        *s = max / QMAX;
-        // A zero row (or one so tiny that its scale underflows) stays all zero.
-        if *s == 0.0 {
-            continue;
-        }
-        for (d, &v) in dst.iter_mut().zip(src) {
-            *d = (v / *s).round().clamp(-QMAX, QMAX) as i8;
-        }
-    }
+        .try_for_each_init(
+            || vec![0f32; cols],
+            |src, (r, (dst, s))| {
+                row(r, src);
+                quantize_row(r, src, dst, s)
+            },
+        )?;
     Ok((q, scale))
+}
+
+fn quantize_row(r: usize, src: &[f32], dst: &mut [i8], s: &mut f32) -> Result<()> {
+    if let Some(c) = src.iter().position(|v| !v.is_finite()) {
+        bail!(
+            "int8 quantization: value {} at row {r}, column {c} is not finite; \
+             load this matrix as bf16 or f32 (--bits 16/32) or fix the checkpoint",
+            src[c]
+        );
+    }
+    let max = src.iter().fold(0f32, |m, v| m.max(v.abs()));
+    *s = max / QMAX;
+    // A zero row (or one so tiny that its scale underflows) stays all zero.
+    if *s == 0.0 {
+        return Ok(());
+    }
+    for (d, &v) in dst.iter_mut().zip(src) {
+        *d = round_half_away(v / *s).clamp(-QMAX, QMAX) as i8;
+    }
+    Ok(())
 }
 
 /// Decodes one row of quantized values with its scale into `out`.

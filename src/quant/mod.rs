@@ -11,6 +11,16 @@ pub mod simd;
 
 pub use mxfp4::Mxfp4View;
 
+/// `x.round()` (half away from zero) for |x| < 2^23 without the libm call: the truncation
+/// is an instruction and `x - trunc(x)` is exact, so the result is the same value (a zero
+/// result is always +0).
+#[inline]
+pub(crate) fn round_half_away(x: f32) -> f32 {
+    let t = x as i32;
+    let frac = x - t as f32;
+    (t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)) as f32
+}
+
 /// Load-time format of a dense matrix (`K3_BITS`, `K3_MLA_BITS`, `K3_HEAD_BITS`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DenseFormat {
@@ -58,4 +68,19 @@ pub enum DenseData {
         /// `rows · ceil(cols/64)` scales.
         scale: Vec<f32>,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_half_away;
+
+    #[test]
+    fn round_half_away_is_round() {
+        let mut cases = vec![0.5f32, -0.5, 1.5, -2.5, 0.49999997, -0.49999997, 6.5, 127.5];
+        cases.extend((0..20_000).map(|i| (i as f32 - 10_000.0) * 0.013_7));
+        cases.extend((0..2_000).map(|i| i as f32 * 0.25 - 250.0));
+        for x in cases {
+            assert_eq!(round_half_away(x), x.round(), "{x}");
+        }
+    }
 }

@@ -39,12 +39,22 @@ const MAX_ENCODE_CHARS: usize = 400_000;
 /// ... and cuts runs of whitespace / non-whitespace longer than this (tiktoken issue 195).
 const MAX_NO_WHITESPACES_CHARS: usize = 25_000;
 
-/// Reads `tiktoken.model`: one `base64 rank` line per token. Returns the bytes of each
-/// rank in rank order; ranks must be exactly `0..n` and byte strings unique.
+/// Reads `tiktoken.model` (size-limited, see [`super::file_limits`]) and parses it with
+/// [`parse_tiktoken_model`].
 pub fn read_tiktoken_model(path: &Path) -> Result<Vec<Vec<u8>>> {
     let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut by_rank: Vec<Option<Vec<u8>>> = Vec::new();
+        super::file_limits::read_limited_text(path, super::file_limits::MAX_TIKTOKEN_MODEL_BYTES)?;
+    parse_tiktoken_model(&text, path)
+}
+
+/// Parses `tiktoken.model` text: one `base64 rank` line per token. Returns the bytes of
+/// each rank in rank order; ranks must be exactly `0..n` and byte strings unique. `path`
+/// names the file in errors.
+pub fn parse_tiktoken_model(text: &str, path: &Path) -> Result<Vec<Vec<u8>>> {
+    // Ranks run 0..n over n entries, so a rank at or above the entry count is a gap for
+    // certain; refusing it before the table grows keeps a rank of 2^30 from sizing it.
+    let entries = text.lines().filter(|l| !l.trim().is_empty()).count();
+    let mut by_rank: Vec<Option<Vec<u8>>> = vec![None; entries];
     let mut seen: HashSet<Vec<u8>> = HashSet::new();
     for (lineno, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -64,11 +74,12 @@ pub fn read_tiktoken_model(path: &Path) -> Result<Vec<Vec<u8>>> {
         let rank: usize = rank
             .parse()
             .with_context(|| format!("{}:{lineno}: bad rank {rank:?}", path.display()))?;
-        if rank >= u32::MAX as usize / 2 {
-            bail!("{}:{lineno}: rank {rank} is too large", path.display());
-        }
-        if by_rank.len() <= rank {
-            by_rank.resize(rank + 1, None);
+        if rank >= entries {
+            bail!(
+                "{}:{lineno}: rank {rank} is out of range: the file has {entries} entries, so \
+                 ranks must run 0..{entries}",
+                path.display()
+            );
         }
         if by_rank[rank].is_some() {
             bail!("{}:{lineno}: rank {rank} appears twice", path.display());

@@ -92,7 +92,14 @@ fn has_byte_level_pre_tokenizer(p: Option<&PreTokenizerWrapper>) -> bool {
 /// and DeepSeek ship). Other kinds (sentencepiece-style Metaspace, WordPiece, ...) are
 /// refused: their ids have no fixed byte string, which streaming decode needs.
 pub fn from_file(path: &Path) -> Result<HfParts> {
-    let mut with_special = tokenizers::Tokenizer::from_file(path)
+    let bytes =
+        super::file_limits::read_limited(path, super::file_limits::MAX_TOKENIZER_JSON_BYTES)?;
+    from_bytes(&bytes, path)
+}
+
+/// [`from_file`] over the file's bytes; `path` only names the file in errors.
+pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<HfParts> {
+    let mut with_special = tokenizers::Tokenizer::from_bytes(bytes)
         .map_err(|e| anyhow!("{}: not a loadable tokenizer.json: {e}", path.display()))?;
     let model = model_kind(with_special.get_model());
     let decoder = decoder_kind(with_special.get_decoder());
@@ -126,6 +133,18 @@ pub fn from_file(path: &Path) -> Result<HfParts> {
         .copied()
         .max()
         .ok_or_else(|| anyhow!("{}: the vocabulary is empty", path.display()))?;
+    // Ids run 0..=max_id without gaps, so there are at least max_id + 1 entries; a larger
+    // id is refused before it sizes the byte table.
+    let entries = vocab.len() + added.len();
+    if max_id as usize >= entries {
+        bail!(
+            "{}: id {max_id} is out of range: {} vocabulary and {} added tokens leave ids \
+             0..{entries} without gaps",
+            path.display(),
+            vocab.len(),
+            added.len()
+        );
+    }
     let mut tokens: Vec<Option<Vec<u8>>> = vec![None; max_id as usize + 1];
     for (text, &id) in &vocab {
         let bytes = text

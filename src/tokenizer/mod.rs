@@ -3,6 +3,7 @@
 
 pub mod bpe;
 pub mod chat;
+pub mod file_limits;
 pub mod hf_json;
 pub mod special;
 pub mod stream_decode;
@@ -63,6 +64,30 @@ impl Tokenizer {
             );
         }
         let ranks = bpe::read_tiktoken_model(&model)?;
+        let added = special::read_added_tokens(&config)?;
+        Self::from_tiktoken_parts(ranks, &added, &model, &config)
+    }
+
+    /// Builds a tiktoken tokenizer from the text of `tiktoken.model` and of
+    /// `tokenizer_config.json`, checked as [`Self::from_dir`] checks the files; the paths
+    /// only name the files in errors.
+    pub fn from_tiktoken_text(
+        model_text: &str,
+        config_text: &str,
+        model: &Path,
+        config: &Path,
+    ) -> Result<Self> {
+        let ranks = bpe::parse_tiktoken_model(model_text, model)?;
+        let added = special::parse_added_tokens(config_text, config)?;
+        Self::from_tiktoken_parts(ranks, &added, model, config)
+    }
+
+    fn from_tiktoken_parts(
+        ranks: Vec<Vec<u8>>,
+        added: &std::collections::BTreeMap<u32, special::AddedToken>,
+        model: &Path,
+        config: &Path,
+    ) -> Result<Self> {
         let mut single = [false; 256];
         for r in &ranks {
             if let [b] = r.as_slice() {
@@ -76,8 +101,7 @@ impl Tokenizer {
                 model.display()
             );
         }
-        let added = special::read_added_tokens(&config)?;
-        let names = special::special_table(ranks.len() as u32, &added, &config)?;
+        let names = special::special_table(ranks.len() as u32, added, config)?;
         Self::from_parts(ranks, names, bpe::KIMI_PAT_STR)
     }
 
@@ -103,7 +127,15 @@ impl Tokenizer {
 
     /// Loads a byte-level BPE `tokenizer.json`; its added tokens are the special tokens.
     pub fn from_hf_json(path: &Path) -> Result<Self> {
-        let parts = hf_json::from_file(path)?;
+        Self::from_hf_parts(hf_json::from_file(path)?)
+    }
+
+    /// [`Self::from_hf_json`] over the file's bytes; `path` only names it in errors.
+    pub fn from_hf_json_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
+        Self::from_hf_parts(hf_json::from_bytes(bytes, path)?)
+    }
+
+    fn from_hf_parts(parts: hf_json::HfParts) -> Result<Self> {
         Ok(Self {
             encoder: Encoder::HfJson(Box::new(parts.encoder)),
             tokens: parts.tokens,

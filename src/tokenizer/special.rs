@@ -21,11 +21,24 @@ pub struct AddedToken {
     pub special: bool,
 }
 
-/// Reads `added_tokens_decoder` from a `tokenizer_config.json`.
+/// Most added tokens above the BPE ranks: far above the 256 Kimi reserves, low enough that
+/// a mistyped id (2^31, 4e9) is refused before the special table is sized by it.
+pub const MAX_ADDED_TOKENS: u32 = 1 << 16;
+
+/// Reads `added_tokens_decoder` from a `tokenizer_config.json` (size-limited, see
+/// [`super::file_limits`]) with [`parse_added_tokens`].
 pub fn read_added_tokens(path: &Path) -> Result<BTreeMap<u32, AddedToken>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&text)
+    let text = super::file_limits::read_limited_text(
+        path,
+        super::file_limits::MAX_TOKENIZER_CONFIG_BYTES,
+    )?;
+    parse_added_tokens(&text, path)
+}
+
+/// Parses `added_tokens_decoder` from `tokenizer_config.json` text; `path` names the file
+/// in errors. A token with empty content is refused: it would match everywhere in text.
+pub fn parse_added_tokens(text: &str, path: &Path) -> Result<BTreeMap<u32, AddedToken>> {
+    let json: serde_json::Value = serde_json::from_str(text)
         .with_context(|| format!("{} is not valid JSON", path.display()))?;
     let Some(decoder) = json.get("added_tokens_decoder") else {
         return Ok(BTreeMap::new());
@@ -50,6 +63,13 @@ pub fn read_added_tokens(path: &Path) -> Result<BTreeMap<u32, AddedToken>> {
                 path.display()
             );
         };
+        if content.is_empty() {
+            bail!(
+                "{}: `added_tokens_decoder[{id}]` has empty `content`; an added token needs \
+                 text (an empty one matches everywhere and encoding never ends)",
+                path.display()
+            );
+        }
         let special = entry
             .get("special")
             .and_then(|s| s.as_bool())
@@ -81,11 +101,21 @@ pub fn special_table(
             n_base.saturating_sub(1)
         );
     }
+    let bound = n_base.saturating_add(MAX_ADDED_TOKENS);
+    if let Some((&id, tok)) = added.range(bound..).next() {
+        bail!(
+            "{}: added token {:?} has id {id}, beyond the {MAX_ADDED_TOKENS} ids above the \
+             BPE ranks (0..{n_base}) that k3 accepts for added tokens (Kimi reserves {})",
+            config.display(),
+            tok.content,
+            RESERVED_SPECIAL_TOKENS
+        );
+    }
     let end = added
         .keys()
         .next_back()
         .map_or(0, |&last| last + 1)
-        .max(n_base + RESERVED_SPECIAL_TOKENS);
+        .max(n_base.saturating_add(RESERVED_SPECIAL_TOKENS));
     let mut names = Vec::with_capacity((end - n_base) as usize);
     let mut seen = std::collections::HashSet::new();
     for id in n_base..end {
@@ -101,5 +131,27 @@ pub fn special_table(
         }
         names.push(name);
     }
+    refuse_prefix_overlaps(&names, config)?;
     Ok(names)
+}
+
+/// Refuses a special token that begins another (`<|a|>` and `<|a|>b`): the BPE engine
+/// tries specials in an arbitrary order, so which one such text becomes would depend on
+/// hashing, not on the longest match.
+fn refuse_prefix_overlaps(names: &[String], config: &Path) -> Result<()> {
+    let mut sorted: Vec<&str> = names.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    // In sorted order a prefix sits right before the first string it begins.
+    for pair in sorted.windows(2) {
+        if pair[1].starts_with(pair[0]) {
+            bail!(
+                "{}: the added token {:?} begins the added token {:?}; special tokens must \
+                 not be prefixes of one another",
+                config.display(),
+                pair[0],
+                pair[1]
+            );
+        }
+    }
+    Ok(())
 }

@@ -29,6 +29,11 @@ pub struct Stats {
     /// Time waiting for routing decisions (on the GPU: the readback that ends each layer's
     /// recorded work), part of `moe`.
     pub router_wait: Duration,
+    /// Routed experts left unread by `--expert-top-p` / `--skip-uncached-below` (per layer
+    /// per chunk, as `expert_lookups` counts them).
+    pub experts_skipped: u64,
+    /// Bytes those experts would have taken to read or hold.
+    pub bytes_skipped: u64,
 }
 
 impl Stats {
@@ -55,6 +60,8 @@ impl Stats {
             disk_busy: self.disk_busy + o.disk_busy,
             expert_handoff: self.expert_handoff + o.expert_handoff,
             router_wait: self.router_wait + o.router_wait,
+            experts_skipped: self.experts_skipped + o.experts_skipped,
+            bytes_skipped: self.bytes_skipped + o.bytes_skipped,
         }
     }
 
@@ -72,6 +79,8 @@ impl Stats {
             disk_busy: self.disk_busy.saturating_sub(earlier.disk_busy),
             expert_handoff: self.expert_handoff.saturating_sub(earlier.expert_handoff),
             router_wait: self.router_wait.saturating_sub(earlier.router_wait),
+            experts_skipped: self.experts_skipped - earlier.experts_skipped,
+            bytes_skipped: self.bytes_skipped - earlier.bytes_skipped,
         }
     }
 }
@@ -131,6 +140,17 @@ pub fn disk_line(s: &Stats) -> String {
     )
 }
 
+/// `[K3] skipped: N experts (X GB not read)`, or `None` when the run was exact.
+pub fn skipped_line(s: &Stats) -> Option<String> {
+    (s.experts_skipped > 0).then(|| {
+        format!(
+            "[K3] skipped: {} experts ({:.2} GB not read) by --expert-top-p / --skip-uncached-below",
+            s.experts_skipped,
+            s.bytes_skipped as f64 / 1e9
+        )
+    })
+}
+
 /// What a generation reports for `--stats-json`: its token count and, per phase, the
 /// seconds and counters.
 pub trait RunReport {
@@ -158,6 +178,8 @@ pub fn run_json(prompt_tokens: usize, g: &impl RunReport, total: &Stats) -> serd
             "disk_busy_s": s.disk_busy.as_secs_f64(),
             "expert_handoff_s": s.expert_handoff.as_secs_f64(),
             "router_wait_s": s.router_wait.as_secs_f64(),
+            "experts_skipped": s.experts_skipped,
+            "bytes_skipped": s.bytes_skipped,
         })
     };
     let ((prefill_s, prefill), (decode_s, decode)) = (g.prefill(), g.decode());

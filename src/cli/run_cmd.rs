@@ -189,6 +189,9 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
     let total = g.prefill_stats.plus(&g.decode_stats);
     eprintln!("{}", stats::time_line(&total, stats::rss_gb()));
     eprintln!("{}", stats::disk_line(&total));
+    if let Some(line) = stats::skipped_line(&total) {
+        eprintln!("{line}");
+    }
     if let Some(path) = &a.stats_json {
         let json = stats::run_json(ids.len(), &g, &total);
         std::fs::write(path, serde_json::to_string_pretty(&json)?)

@@ -6,6 +6,7 @@ use clap::Args;
 use k3::backend::{Backend, FreeDeviceMemory};
 use k3::experts::ram_budget::{self, BudgetInputs};
 use k3::experts::{IoMode, StreamConfig};
+use k3::model::expert_selection::ExpertSelection;
 use k3::model::state_size::{state_size, StateSize};
 use k3::model::K3Model;
 
@@ -42,6 +43,20 @@ pub struct StreamArgs {
     /// when `K3_GPU_GB` is unset. The CPU backend ignores it.
     #[arg(long = "gpu-expert-gb", env = "K3_GPU_GB")]
     pub gpu_expert_gb: Option<f64>,
+    /// Keep each token's heaviest routed experts until they hold this share of its routing
+    /// weight, the rest left unread (0 or 1: every expert, the exact default). Changes the
+    /// output: see docs/tuning.md for its divergence.
+    #[arg(
+        long = "expert-top-p",
+        env = "K3_TOPP",
+        default_value_t = 0.0,
+        value_name = "P"
+    )]
+    pub expert_top_p: f32,
+    /// Skip a routed expert that no cache holds when every token gave it a routing weight
+    /// below W (off by default: exact). Saves its read; changes the output (docs/tuning.md).
+    #[arg(long = "skip-uncached-below", value_name = "W")]
+    pub skip_uncached_below: Option<f32>,
     /// Longest context the MLA cache is budgeted for, in tokens.
     #[arg(long = "max-tokens", env = "K3_MAXT", default_value_t = 4096)]
     pub max_tokens: usize,
@@ -96,8 +111,32 @@ impl StreamArgs {
             sc.load_threads
         );
         model.set_streaming(sc)?;
+        let sel = self.expert_selection()?;
+        if !sel.is_exact() {
+            eprintln!(
+                "[K3] fewer experts (not exact): top-p {} | skip uncached below {}",
+                sel.top_p.map_or("off".into(), |p| format!("{p:.2}")),
+                sel.skip_uncached_below
+                    .map_or("off".into(), |w| format!("{w}"))
+            );
+        }
+        model.set_expert_selection(sel)?;
         self.configure_gpu_tier(model)?;
         Ok(sc)
+    }
+
+    /// The expert selection the flags ask for: `K3_TOPP` 0 or >= 1 is off, as in the C
+    /// engine.
+    fn expert_selection(&self) -> Result<ExpertSelection> {
+        let p = self.expert_top_p;
+        if !p.is_finite() || p < 0.0 {
+            bail!("--expert-top-p / K3_TOPP must be a share between 0 and 1, got {p}");
+        }
+        ExpertSelection {
+            top_p: (p > 0.0 && p < 1.0).then_some(p),
+            skip_uncached_below: self.skip_uncached_below,
+        }
+        .validated()
     }
 
     /// The tier request in GB: the flag / `K3_GPU_GB`, else `K3_VK_GB`, else `None` (the

@@ -36,6 +36,11 @@ impl LayerCache {
         self.slots.is_empty()
     }
 
+    /// Whether expert `id` is held, without marking it used.
+    pub fn contains(&self, id: u32) -> bool {
+        self.slots.contains_key(&id)
+    }
+
     /// The cached expert `id`, marked most recently used.
     pub fn get(&mut self, id: u32) -> Option<Arc<LoadedExpert>> {
         self.tick += 1;

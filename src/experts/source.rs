@@ -152,6 +152,19 @@ impl ExpertSource {
         Ok(())
     }
 
+    /// Which of `ids` (experts of `layer`) the host cache holds now, without touching their
+    /// recency.
+    pub fn cached(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>> {
+        let caches = self
+            .caches
+            .lock()
+            .map_err(|_| anyhow!("expert cache poisoned"))?;
+        Ok(match caches.get(&layer) {
+            Some(lc) => ids.iter().map(|&id| lc.contains(id)).collect(),
+            None => vec![false; ids.len()],
+        })
+    }
+
     fn classify(&self, layer: usize, ids: &[u32], resident: &[bool]) -> Result<Vec<Item>> {
         let mut caches = self
             .caches

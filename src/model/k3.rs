@@ -1,5 +1,6 @@
 //! The K3 layer schedule (docs/model.md#layer-schedule), written once against the op interface.
 
+use super::expert_selection::ExpertSelection;
 use super::format_policy::FormatPolicy;
 use super::glu_mlp::GluMlp;
 use super::kda::Kda;
@@ -68,6 +69,7 @@ pub struct K3Model<B: Backend> {
     head: B::Mat,
     glu: Glu,
     experts: ExpertSource,
+    selection: ExpertSelection,
 }
 
 impl<B: Backend> K3Model<B> {
@@ -129,6 +131,7 @@ impl<B: Backend> K3Model<B> {
             w_out,
             head,
             experts,
+            selection: ExpertSelection::exact(),
         })
     }
 
@@ -145,6 +148,12 @@ impl<B: Backend> K3Model<B> {
             })
             .collect::<Result<_>>()?;
         Ok(State { layers, pos: 0 })
+    }
+
+    /// Lets the MoE layers leave out experts as `sel` allows (the default is exact).
+    pub fn set_expert_selection(&mut self, sel: ExpertSelection) -> Result<()> {
+        self.selection = sel.validated()?;
+        Ok(())
     }
 
     /// Replaces how experts are read and cached (after the RAM clamp has sized the cache).
@@ -231,9 +240,15 @@ impl<B: Backend> K3Model<B> {
             )?;
             let f = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(b, &f_in, self.glu)?,
-                Ffn::Moe(moe) => {
-                    moe.forward(b, &self.ckpt, &self.experts, &f_in, self.glu, stats)?
-                }
+                Ffn::Moe(moe) => moe.forward(
+                    b,
+                    &self.ckpt,
+                    &self.experts,
+                    &f_in,
+                    self.glu,
+                    &self.selection,
+                    stats,
+                )?,
             };
             h = b.add(&p, &f)?;
             stats.moe += t1.elapsed();

@@ -1,6 +1,7 @@
 //! Latent MoE block (docs/model.md#moe-layer): router, latent down-projection, routed experts
 //! in native MXFP4, latent norm and up-projection, plus the fused shared experts.
 
+use super::expert_selection::{drop_experts, keep_top_p, uncached_to_skip, ExpertSelection};
 use super::format_policy::FormatPolicy;
 use super::glu_mlp::GluMlp;
 use super::loader::Loader;
@@ -65,6 +66,9 @@ impl<B: Backend> Moe<B> {
     }
 
     /// Applies the block to every row of `x` (the normed, mixed FFN input).
+    // The model's per-layer context (checkpoint, expert source, activation, selection) is
+    // passed apart rather than bundled: each piece is borrowed from a different owner.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         b: &B,
@@ -72,23 +76,47 @@ impl<B: Backend> Moe<B> {
         source: &ExpertSource,
         x: &B::Act,
         glu: Glu,
+        sel: &ExpertSelection,
         stats: &mut Stats,
     ) -> Result<B::Act> {
         let t = Instant::now();
-        let routes = b.router_topk(&b.matmul(&self.gate, x)?, &self.bias, self.router)?;
+        let mut routes = b.router_topk(&b.matmul(&self.gate, x)?, &self.bias, self.router)?;
         stats.router_wait += t.elapsed();
+        let chosen = distinct_experts(&routes).len();
+        if let Some(p) = sel.top_p {
+            routes.iter_mut().for_each(|r| keep_top_p(r, p));
+        }
+        let mut ids = distinct_experts(&routes);
+        ExpertSource::canonical_order(ck, self.layer, &mut ids)?;
+        // Pinned now, the resident experts stay on the backend until this layer is done.
+        let mut resident = b.pin_resident_experts(self.layer, &ids)?;
+        if let Some(below) = sel.skip_uncached_below {
+            let in_host = source.cached(self.layer, &ids)?;
+            let cached: Vec<bool> = in_host
+                .iter()
+                .zip(&resident)
+                .map(|(h, r)| *h || *r)
+                .collect();
+            let skip = uncached_to_skip(&ids, &cached, &routes, below);
+            if !skip.is_empty() {
+                drop_experts(&mut routes, &skip);
+                let keep: Vec<bool> = ids.iter().map(|id| !skip.contains(id)).collect();
+                let mut k = keep.iter();
+                resident.retain(|_| *k.next().unwrap_or(&true));
+                let mut k = keep.iter();
+                ids.retain(|_| *k.next().unwrap_or(&true));
+            }
+        }
+        stats.experts_skipped += (chosen - ids.len()) as u64;
+        stats.bytes_skipped += ((chosen - ids.len()) * ck.config.expert_bytes()) as u64;
         let mut by_expert: HashMap<u32, Vec<(usize, f32)>> = HashMap::new();
         for (row, route) in routes.iter().enumerate() {
             for &(e, w) in route {
                 by_expert.entry(e).or_default().push((row, w));
             }
         }
-        let mut ids: Vec<u32> = by_expert.keys().copied().collect();
-        ExpertSource::canonical_order(ck, self.layer, &mut ids)?;
         let (rows, _) = b.shape(x);
         let mut u = b.zeros(rows, self.latent)?;
-        // Pinned now, the resident experts stay on the backend until this layer is done.
-        let resident = b.pin_resident_experts(self.layer, &ids)?;
         let mut handoff = Duration::ZERO;
         // The latent projection and the shared expert need no routed expert: they run once
         // the first reads are in flight, not before them.
@@ -154,4 +182,15 @@ impl<B: Backend> Moe<B> {
             None => Ok(y),
         }
     }
+}
+
+/// The distinct experts of `routes`, in first-seen order.
+fn distinct_experts(routes: &[crate::backend::Route]) -> Vec<u32> {
+    let mut seen = std::collections::HashSet::new();
+    routes
+        .iter()
+        .flatten()
+        .map(|&(e, _)| e)
+        .filter(|e| seen.insert(*e))
+        .collect()
 }

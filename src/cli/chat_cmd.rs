@@ -41,7 +41,54 @@ pub struct ChatArgs {
     pub load: ModelArgs,
 }
 
-const HELP: &str = "commands: /reset (forget the conversation), /system TEXT, /think on|off, /quit (or Ctrl-D); Ctrl-C stops an answer";
+const HELP: &str = "commands: /reset (forget the conversation), /system TEXT, /think on|off, /help, /quit (or Ctrl-D); Ctrl-C stops an answer; start a line with // to send text that begins with /";
+
+/// What one line of input asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Line<'a> {
+    /// A blank line: nothing happens.
+    Empty,
+    /// `/quit` or `/exit`.
+    Quit,
+    /// `/reset`.
+    Reset,
+    /// `/think on` or `/think off`.
+    Think(bool),
+    /// `/system TEXT`; no text clears the system message.
+    System(Option<&'a str>),
+    /// `/help`.
+    Help,
+    /// A line starting with `/` that is no command (or a command with a wrong argument).
+    Unknown(&'a str),
+    /// A user turn.
+    Text(&'a str),
+}
+
+/// Reads a trimmed line: commands start with `/`, `//` escapes a leading slash in text.
+fn parse_line(line: &str) -> Line<'_> {
+    if line.is_empty() {
+        return Line::Empty;
+    }
+    if line.starts_with("//") {
+        return Line::Text(&line[1..]);
+    }
+    if !line.starts_with('/') {
+        return Line::Text(line);
+    }
+    let (cmd, arg) = line
+        .split_once(char::is_whitespace)
+        .map_or((line, ""), |(c, a)| (c, a.trim()));
+    match (cmd, arg) {
+        ("/quit" | "/exit", "") => Line::Quit,
+        ("/reset", "") => Line::Reset,
+        ("/think", "on") => Line::Think(true),
+        ("/think", "off") => Line::Think(false),
+        ("/help", "") => Line::Help,
+        ("/system", "") => Line::System(None),
+        ("/system", text) => Line::System(Some(text)),
+        _ => Line::Unknown(line),
+    }
+}
 
 /// Runs `k3 chat`.
 pub fn run(a: ChatArgs) -> Result<()> {
@@ -93,40 +140,63 @@ fn chat_loop<B: Backend>(
     stop_ids.extend(tok.special_id("<|end_of_msg|>"));
     eprintln!("[K3] chat ready. {HELP}");
     let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
+    let mut input = stdin.lock();
+    let mut buf = Vec::new();
     loop {
         eprint!("> ");
         std::io::stderr().flush()?;
-        let Some(line) = lines.next() else { break };
-        let line = line.context("reading standard input")?;
-        let line = line.trim();
-        match line {
-            "" => continue,
-            "/quit" | "/exit" => break,
-            "/reset" => {
+        buf.clear();
+        if input
+            .read_until(b'\n', &mut buf)
+            .context("reading standard input")?
+            == 0
+        {
+            break;
+        }
+        let line = match std::str::from_utf8(&buf) {
+            Ok(l) => l.trim(),
+            Err(e) => {
+                // A stray byte (a pasted binary, a wrong terminal encoding) costs the line,
+                // not the conversation.
+                eprintln!(
+                    "[K3] that line is not UTF-8 text (invalid byte at offset {}); it was not \
+                     sent and the conversation is kept",
+                    e.valid_up_to()
+                );
+                continue;
+            }
+        };
+        let line = match parse_line(line) {
+            Line::Empty => continue,
+            Line::Quit => break,
+            Line::Reset => {
                 history.clear();
                 session.reset()?;
                 eprintln!("[K3] conversation reset");
                 continue;
             }
-            "/think on" | "/think off" => {
-                thinking = line.ends_with("on");
+            Line::Think(on) => {
+                thinking = on;
                 eprintln!("[K3] thinking {}", if thinking { "on" } else { "off" });
                 continue;
             }
-            "/help" => {
+            Line::System(s) => {
+                system = s.map(str::to_string);
+                history.clear();
+                session.reset()?;
+                eprintln!("[K3] system message set; conversation reset");
+                continue;
+            }
+            Line::Help => {
                 eprintln!("{HELP}");
                 continue;
             }
-            _ => {}
-        }
-        if let Some(s) = line.strip_prefix("/system") {
-            system = Some(s.trim().to_string()).filter(|s| !s.is_empty());
-            history.clear();
-            session.reset()?;
-            eprintln!("[K3] system message set; conversation reset");
-            continue;
-        }
+            Line::Unknown(cmd) => {
+                eprintln!("[K3] unknown command {cmd}; {HELP}");
+                continue;
+            }
+            Line::Text(text) => text,
+        };
         history.push(Message::user(line.to_string()));
         let mut msgs: Vec<Message> = system.iter().map(|s| Message::system(s.clone())).collect();
         msgs.extend(history.iter().cloned());
@@ -189,4 +259,30 @@ fn split_answer(tok: &Tokenizer, ids: &[u32], thinking: bool) -> Result<(Option<
         push(ev);
     }
     Ok((if thinking { Some(think) } else { None }, resp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_line, Line};
+
+    #[test]
+    fn lines_are_commands_text_or_unknown() {
+        assert_eq!(parse_line(""), Line::Empty);
+        assert_eq!(parse_line("/quit"), Line::Quit);
+        assert_eq!(parse_line("/exit"), Line::Quit);
+        assert_eq!(parse_line("/reset"), Line::Reset);
+        assert_eq!(parse_line("/think on"), Line::Think(true));
+        assert_eq!(parse_line("/think  off"), Line::Think(false));
+        assert_eq!(parse_line("/think maybe"), Line::Unknown("/think maybe"));
+        assert_eq!(
+            parse_line("/system be brief"),
+            Line::System(Some("be brief"))
+        );
+        assert_eq!(parse_line("/system"), Line::System(None));
+        assert_eq!(parse_line("/systemx"), Line::Unknown("/systemx"));
+        assert_eq!(parse_line("/frobnicate"), Line::Unknown("/frobnicate"));
+        assert_eq!(parse_line("/quit now"), Line::Unknown("/quit now"));
+        assert_eq!(parse_line("//usr is a path"), Line::Text("/usr is a path"));
+        assert_eq!(parse_line("hello"), Line::Text("hello"));
+    }
 }

@@ -615,3 +615,41 @@ fn slow_malformed_and_oversized_requests_do_not_hold_up_good_ones() {
     }
     assert_eq!(get(&s.url("/health"), None).0, 200);
 }
+
+#[test]
+fn connections_are_bounded_and_slow_headers_time_out() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let dir = common::tiny(0);
+    let s = Server::start(&dir, &["--max-connections", "3", "--header-timeout", "1"]);
+    let partial: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut c = TcpStream::connect(&s.addr).unwrap();
+            c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // A fourth connection is closed at once: no slot is left.
+    let mut extra = TcpStream::connect(&s.addr).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = extra.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut buf = [0u8; 64];
+    let got = extra.read(&mut buf).unwrap_or(0);
+    assert_eq!(got, 0, "{}", String::from_utf8_lossy(&buf[..got]));
+    // The three whose headers never end are closed once the header timeout passes.
+    let t = std::time::Instant::now();
+    for mut c in partial {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+    }
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+    // Then the server answers as before; a wrong method is an OpenAI error too.
+    assert_eq!(get(&s.url("/health"), None).0, 200);
+    let (st, body) = get(&s.url("/v1/chat/completions"), None);
+    assert_eq!(st, 405, "{body}");
+    assert!(body.contains("invalid_request_error"), "{body}");
+}

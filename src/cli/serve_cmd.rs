@@ -49,6 +49,12 @@ pub struct ServeArgs {
     /// Seconds a client may take to send its request body; slower ones get 408.
     #[arg(long, default_value_t = 30)]
     pub body_timeout: u64,
+    /// Open connections at most; more are closed at once.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
+    /// Seconds a client may take to send its request headers.
+    #[arg(long, default_value_t = 10)]
+    pub header_timeout: u64,
     /// Thinking when a request does not say: 1 opens the think channel, 0 answers directly.
     #[arg(long, env = "K3_THINK", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub think: u8,
@@ -74,6 +80,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
         bail!(
             "--body-timeout must be between 1 and 3600 seconds, got {}",
             a.body_timeout
+        );
+    }
+    if a.max_connections == 0 || a.max_connections > 65536 {
+        bail!(
+            "--max-connections must be between 1 and 65536, got {}",
+            a.max_connections
+        );
+    }
+    if a.header_timeout == 0 || a.header_timeout > 3600 {
+        bail!(
+            "--header-timeout must be between 1 and 3600 seconds, got {}",
+            a.header_timeout
         );
     }
     if a.max_answer == 0 {
@@ -116,6 +134,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         body_limit: a.max_body_mb << 20,
         body_timeout: Duration::from_secs(a.body_timeout),
         http_threads: 2,
+        max_connections: a.max_connections,
+        header_timeout: Duration::from_secs(a.header_timeout),
     };
     a.load.with_model(&dir, ServeJob { dir: &dir, opts })
 }

@@ -42,7 +42,7 @@ impl ApiError {
     /// OpenAI's `type` for the status.
     pub fn kind(&self) -> &'static str {
         match self.status {
-            400 | 413 | 422 => "invalid_request_error",
+            400 | 405 | 408 | 413 | 422 => "invalid_request_error",
             401 => "authentication_error",
             404 => "not_found_error",
             429 => "rate_limit_error",

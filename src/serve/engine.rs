@@ -198,11 +198,12 @@ pub fn run_engine<B: Backend>(
             // The state may be half-advanced: start the next request from scratch.
             session.reset()?;
         }
-        let _ = job.events.send(event);
         if let Ok(mut c) = shared.current.lock() {
             *c = None;
         }
+        // Idle before the answer leaves, so a client that then asks /health sees it so.
         shared.metrics.busy.store(false, Ordering::SeqCst);
+        let _ = job.events.send(event);
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use super::prompt::render_request;
 use super::request::{chat_request, completion_request, Defaults, GenParams, Limits};
 use super::sse::{event_stream, SseFrame};
 use crate::tokenizer::Tokenizer;
-use axum::body::{to_bytes, Body, Bytes};
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::middleware::{self, Next};
@@ -17,7 +17,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::stream::Stream;
+use futures_util::stream::{Stream, StreamExt};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -67,6 +67,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(messages))
         .fallback(|| async { ApiError::status(404, "no such route").into_response() })
+        .method_not_allowed_fallback(|| async {
+            ApiError::status(405, "this route does not take that method").into_response()
+        })
         .layer(middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app)
 }
@@ -143,17 +146,40 @@ impl Drop for CancelOnDrop {
 }
 
 impl App {
+    /// Reads a body of at most `body_limit` bytes within `body_timeout`. Past the limit
+    /// the rest is read and dropped, up to four times the limit, so the client is still
+    /// reading when the 413 comes instead of meeting a closed socket.
     async fn body(&self, body: Body) -> Result<Bytes, ApiError> {
-        match tokio::time::timeout(self.body_timeout, to_bytes(body, self.body_limit)).await {
+        let limit = self.body_limit;
+        let read = async move {
+            let mut data = body.into_data_stream();
+            let mut buf: Vec<u8> = Vec::new();
+            let mut seen = 0usize;
+            while let Some(chunk) = data.next().await {
+                let Ok(chunk) = chunk else {
+                    return Err(ApiError::status(400, "the request body broke off"));
+                };
+                seen = seen.saturating_add(chunk.len());
+                if seen <= limit {
+                    buf.extend_from_slice(&chunk);
+                } else if seen > limit.saturating_mul(4) {
+                    break;
+                }
+            }
+            if seen > limit {
+                return Err(ApiError::status(
+                    413,
+                    format!("the request body is over {limit} bytes"),
+                ));
+            }
+            Ok(Bytes::from(buf))
+        };
+        match tokio::time::timeout(self.body_timeout, read).await {
             Err(_) => Err(ApiError::status(
                 408,
                 "the request body did not arrive in time",
             )),
-            Ok(Err(_)) => Err(ApiError::status(
-                413,
-                format!("the request body is over {} bytes", self.body_limit),
-            )),
-            Ok(Ok(b)) => Ok(b),
+            Ok(r) => r,
         }
     }
 

@@ -5,6 +5,7 @@
 
 pub mod anthropic;
 pub mod api_error;
+pub mod connections;
 pub mod engine;
 pub mod http;
 pub mod metrics;
@@ -52,6 +53,10 @@ pub struct ServeOptions {
     pub body_timeout: Duration,
     /// HTTP worker threads.
     pub http_threads: usize,
+    /// Open connections at most; more are closed at once.
+    pub max_connections: usize,
+    /// Longest wait for a request's headers.
+    pub header_timeout: Duration,
 }
 
 /// Serves `model` until SIGINT or SIGTERM: binds, prints the address, runs the HTTP side
@@ -100,16 +105,24 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         .build()
         .context("starting the HTTP runtime")?;
     let http_shared = shared.clone();
+    let limits = connections::ConnectionLimits {
+        max_connections: opts.max_connections,
+        header_timeout: opts.header_timeout,
+    };
     let http = std::thread::Builder::new()
         .name("k3-http-main".into())
         .spawn(move || -> Result<()> {
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)
                     .context("handing the socket to the runtime")?;
-                axum::serve(listener, http::router(app))
-                    .with_graceful_shutdown(shutdown_signal(http_shared))
-                    .await
-                    .context("serving HTTP")
+                connections::serve_connections(
+                    listener,
+                    http::router(app),
+                    limits,
+                    shutdown_signal(http_shared),
+                )
+                .await;
+                Ok(())
             })
         })
         .context("starting the HTTP thread")?;

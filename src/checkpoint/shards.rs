@@ -109,12 +109,17 @@ pub fn open_shards(dir: &Path, extra_dirs: &[PathBuf]) -> Result<ShardSet> {
     Ok(ShardSet { shards, entries })
 }
 
-/// Parses the index: shard file names holding text tensors (first-seen order) and
-/// canonical tensor name → shard file name.
+/// Reads the index with [`parse_index`].
 fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("{}: cannot read the shard index", path.display()))?;
-    let root: Value = serde_json::from_str(&text)
+    parse_index(&text, path)
+}
+
+/// Parses index text: shard file names holding text tensors (sorted) and canonical
+/// tensor name → shard file name; `path` names the index in errors.
+pub fn parse_index(text: &str, path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
+    let root: Value = serde_json::from_str(text)
         .with_context(|| format!("{}: not valid JSON", path.display()))?;
     let map = root
         .get("weight_map")
@@ -244,10 +249,24 @@ fn map_shard(path: PathBuf) -> Result<Shard> {
 
 /// Validates a shard's header and records every text-model tensor it holds.
 fn read_header(index: usize, shard: &Shard, entries: &mut HashMap<String, Entry>) -> Result<()> {
-    let path = shard.path.display();
-    let file_len = shard.map.len() as u64;
+    parse_header(index, &shard.map, &shard.path, entries)
+}
+
+/// Validates the safetensors header at the start of `file` (a whole shard's bytes) and
+/// records every text-model tensor it holds as shard `index`; `path` names it in errors.
+pub fn parse_header(
+    index: usize,
+    file: &[u8],
+    path: &Path,
+    entries: &mut HashMap<String, Entry>,
+) -> Result<()> {
+    let path = path.display();
+    let file_len = file.len() as u64;
+    if file_len < LEN_BYTES {
+        bail!("{path}: {file_len} bytes is too short to be a safetensors file");
+    }
     let mut len_bytes = [0u8; LEN_BYTES as usize];
-    len_bytes.copy_from_slice(&shard.map[..LEN_BYTES as usize]);
+    len_bytes.copy_from_slice(&file[..LEN_BYTES as usize]);
     let header_len = u64::from_le_bytes(len_bytes);
     if header_len > MAX_HEADER_BYTES || header_len > file_len - LEN_BYTES {
         bail!(
@@ -256,7 +275,7 @@ fn read_header(index: usize, shard: &Shard, entries: &mut HashMap<String, Entry>
     }
     let data_start = LEN_BYTES + header_len;
     let data_len = file_len - data_start;
-    let header = &shard.map[LEN_BYTES as usize..data_start as usize];
+    let header = &file[LEN_BYTES as usize..data_start as usize];
     let header: Value = serde_json::from_slice(header)
         .with_context(|| format!("{path}: the safetensors header is not valid JSON"))?;
     let header = header

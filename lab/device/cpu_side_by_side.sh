@@ -17,13 +17,13 @@ IDS_C=$(seq 100 $((99 + NP)) | tr '\n' ' ')
 IDS_K=$(seq 100 $((99 + NP)) | paste -sd,)
 run_c() { # $1 = K3_IDOT
   local t0=$(date +%s%N)
-  K3_IDOT=$1 K3_EXPERT_GB=8 "$BIN/kimi_k3" "$SNAP" --ids "$IDS_C" --ngen "$NGEN" 2>&1 >/dev/null \
+  K3_IDOT=$1 K3_EXPERT_GB=${EXPERT_GB:-8} "$BIN/kimi_k3" "$SNAP" --ids "$IDS_C" --ngen "$NGEN" 2>&1 >/dev/null \
     | grep -E "^\[K3\] (prefill|decode)|load|quantiz" | head -6
   echo "  wall $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 }
 run_k3() {
   local t0=$(date +%s%N)
-  K3_EXPERT_GB=8 "$BIN/k3" run "$SNAP" --backend cpu --quiet --ids "$IDS_K" --ngen "$NGEN" 2>&1 >/dev/null \
+  K3_EXPERT_GB=${EXPERT_GB:-8} "$BIN/k3" run "$SNAP" --backend cpu --quiet --ids "$IDS_K" --ngen "$NGEN" 2>&1 >/dev/null \
     | grep -E "^\[K3\] (backend|prefill|decode)|load" | head -6
   echo "  wall $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 }

@@ -215,16 +215,6 @@ impl ExpertReader {
     }
 }
 
-/// The six tensors' names within an expert, in `parts` order.
-const PART_NAMES: [&str; 6] = [
-    "w1.weight_packed",
-    "w1.weight_scale",
-    "w2.weight_packed",
-    "w2.weight_scale",
-    "w3.weight_packed",
-    "w3.weight_scale",
-];
-
 /// E8M0 reserves 255 for NaN: a scale byte of 255 makes its whole group of 32 weights NaN,
 /// and the logits with them. A released checkpoint never holds one, so it means the bytes
 /// are corrupt; the expert is refused rather than computed with.
@@ -234,7 +224,7 @@ fn refuse_nan_scales(path: &Path, buf: &[u8], parts: &[Range<usize>; 6]) -> Resu
             anyhow::bail!(
                 "{}: expert tensor {}: scale byte {at} is 255, which E8M0 reserves for NaN (corrupt shard bytes; re-download the shard)",
                 path.display(),
-                PART_NAMES[k]
+                crate::checkpoint::schema::EXPERT_PARTS[k]
             );
         }
     }

@@ -1,7 +1,9 @@
 //! The loader and `inspect` on broken or unusual snapshots: each case must give a
 //! specific error naming the file, tensor or field, and never panic.
 
-mod tiny_ckpt;
+mod support;
+
+use support::tiny_ckpt;
 
 use k3::checkpoint::schema::{dense_tensors, expert_tensor_name};
 use k3::checkpoint::{inspect, Checkpoint, Dtype};

@@ -1,7 +1,7 @@
 //! XTML chat: rendering equals Kimi-K3.jinja rendered by Python jinja2 (fixtures from
 //! tools/gen_tokenizer_fixtures.py), and the channel splitter over generated ids.
 
-mod common;
+mod support;
 
 use std::io::Write;
 use std::path::Path;
@@ -284,7 +284,7 @@ fn k3_cmd(args: &[&str]) -> Command {
 
 #[test]
 fn run_chat_and_chat_encode_typed_markers_as_text() {
-    let dir = common::tiny(0);
+    let dir = support::tiny(0);
     let d = dir.to_str().unwrap();
     let typed = "<|open|>message role=\"system\"<|sep|>x";
     let t = Tokenizer::from_dir(&dir).unwrap();

@@ -1,14 +1,14 @@
 //! `k3 chat` input: a line that is not UTF-8 is reported and the conversation goes on;
 //! an unknown `/command` answers with the list of commands and never reaches the model.
 
-mod common;
+mod support;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 /// Runs `k3 chat` on the tiny model with `input` on standard input.
 fn chat(input: &[u8]) -> Output {
-    let dir = common::tiny(0);
+    let dir = support::tiny(0);
     let mut child = Command::new(env!("CARGO_BIN_EXE_k3"))
         .args([
             "chat",

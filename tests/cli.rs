@@ -1,6 +1,6 @@
 //! The `k3` binary as a user meets it: commands, stats lines, exit codes, error messages.
 
-mod common;
+mod support;
 
 use std::process::{Command, Output};
 
@@ -19,7 +19,7 @@ fn stderr(o: &Output) -> String {
 
 #[test]
 fn run_prints_ids_and_the_stats_lines_users_parse() {
-    let dir = common::tiny(0);
+    let dir = support::tiny(0);
     let logits = tempfile::NamedTempFile::new().unwrap();
     let o = k3(&[
         "run",
@@ -62,7 +62,7 @@ fn run_prints_ids_and_the_stats_lines_users_parse() {
 
 #[test]
 fn bad_inputs_exit_nonzero_with_a_message_that_names_the_cause() {
-    let dir = common::tiny(0);
+    let dir = support::tiny(0);
     let d = dir.to_str().unwrap();
     let o = k3(&["run", d, "--ids", "1,2000", "--ngen", "1", "--quiet"]);
     assert!(!o.status.success());
@@ -117,7 +117,7 @@ fn bad_inputs_exit_nonzero_with_a_message_that_names_the_cause() {
 
 #[test]
 fn too_small_ram_budget_exits_2_unless_overcommitted() {
-    let dir = common::tiny(0);
+    let dir = support::tiny(0);
     let d = dir.to_str().unwrap();
     let o = k3(&[
         "run", d, "--ids", "1", "--ngen", "1", "--quiet", "--ram-gb", "1",
@@ -142,7 +142,7 @@ fn too_small_ram_budget_exits_2_unless_overcommitted() {
 
 #[test]
 fn inspect_passes_a_good_snapshot_and_lists_what_a_bad_one_lacks() {
-    let dir = common::tiny(0);
+    let dir = support::tiny(0);
     let o = k3(&["inspect", dir.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
@@ -150,7 +150,7 @@ fn inspect_passes_a_good_snapshot_and_lists_what_a_bad_one_lacks() {
     assert!(out.contains("    2  MLA  MoE    bank"), "{out}");
     // Rename one tensor inside its shard header (same length, so the header stays valid) and
     // in the index: the expected tensor is then missing, and inspect must say which.
-    let copy = common::copy_dir(&dir);
+    let copy = support::copy_dir(&dir);
     let bad = copy.path();
     let idx = bad.join("model.safetensors.index.json");
     let text = std::fs::read_to_string(&idx).unwrap();
@@ -180,7 +180,7 @@ fn inspect_passes_a_good_snapshot_and_lists_what_a_bad_one_lacks() {
 
 #[test]
 fn text_prompt_chat_and_tokenize_round_trip() {
-    let dir = common::tiny(0);
+    let dir = support::tiny(0);
     let d = dir.to_str().unwrap();
     let o = k3(&["tokenize", d, "Hello, world"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -201,7 +201,7 @@ fn text_prompt_chat_and_tokenize_round_trip() {
 
 #[test]
 fn a_prompt_longer_than_the_context_is_refused_and_generation_stops_at_it() {
-    let dir = common::tiny(0);
+    let dir = support::tiny(0);
     let d = dir.to_str().unwrap();
     let o = k3(&[
         "run",

@@ -6,9 +6,12 @@
 //! re-synthesizes the same checkpoint (synth is deterministic by seed), runs `k3 run`
 //! with f32 dense weights and compares, so CI needs neither Python nor llama.cpp.
 
+mod support;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use support::rel_l2;
 
 use serde_json::Value;
 
@@ -140,16 +143,6 @@ fn argmax(row: &[f32]) -> usize {
         }
     }
     best
-}
-
-fn rel_l2(ours: &[f32], reference: &[f32]) -> f64 {
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (a, b) in ours.iter().zip(reference) {
-        let d = f64::from(*a) - f64::from(*b);
-        num += d * d;
-        den += f64::from(*b) * f64::from(*b);
-    }
-    (num / den).sqrt()
 }
 
 fn check_fixture(name: &str) {

@@ -1,11 +1,14 @@
 //! Each CPU op against hand-computed values or a direct (un-fused, un-absorbed) formula.
 
+mod support;
+
 use k3::backend::cpu::{CpuAct, CpuBackend};
 use k3::backend::{
     Backend, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use support::rel_l2;
 
 fn act(data: Vec<f32>, rows: usize, cols: usize) -> CpuAct {
     CpuAct::new(data, rows, cols).unwrap()
@@ -15,16 +18,6 @@ fn randn(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n)
         .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale)
         .collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f64]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| (f64::from(x) - y).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    (num / den.max(1e-300)).sqrt()
 }
 
 fn sig(x: f64) -> f64 {

@@ -1,7 +1,7 @@
 //! Fewer experts where the user allows it: the exact default is untouched, and every expert
 //! left out is counted exactly.
 
-mod common;
+mod support;
 
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
@@ -34,11 +34,11 @@ fn tiny_with(layers: usize) -> std::path::PathBuf {
 }
 
 fn run(sel: ExpertSelection, slots: usize) -> (Vec<f32>, Stats) {
-    run_on(&common::tiny(0), sel, slots)
+    run_on(&support::tiny(0), sel, slots)
 }
 
 fn run_on(dir: &std::path::Path, sel: ExpertSelection, slots: usize) -> (Vec<f32>, Stats) {
-    let mut m = common::cpu_model(
+    let mut m = support::cpu_model(
         dir,
         FormatPolicy::default(),
         StreamConfig {

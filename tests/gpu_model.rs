@@ -1,7 +1,9 @@
 //! The whole `tiny` model on the GPU against the CPU oracle: per-layer hidden states,
 //! greedy tokens, chunked prefill; and the CPU fallback when no adapter can start.
 
-mod common;
+mod support;
+
+use support::rel_l2;
 
 use k3::backend::gpu::{GpuBackend, GpuOptions, ReadStaging};
 use k3::backend::{Backend, ExpertResidency};
@@ -51,21 +53,10 @@ fn gpu_model_with(read_staging: ReadStaging) -> Option<K3Model<GpuBackend>> {
             return None;
         }
     };
-    let ck = Checkpoint::open(&common::tiny(0), &[]).unwrap();
+    let ck = Checkpoint::open(&support::tiny(0), &[]).unwrap();
     let mut m = K3Model::load(ck, g, FormatPolicy::default(), false).unwrap();
     m.set_streaming(serial()).unwrap();
     Some(m)
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|&b| f64::from(b).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
 }
 
 fn read_f32(p: &std::path::Path) -> Vec<f32> {
@@ -106,7 +97,7 @@ fn greedy_stats<B: Backend>(m: &K3Model<B>) -> (Vec<u32>, Stats) {
 #[test]
 fn gpu_model_matches_cpu_layer_by_layer_and_in_greedy_tokens() {
     let Some(gm) = gpu_model() else { return };
-    let cm = common::cpu_model(&common::tiny(0), FormatPolicy::default(), serial());
+    let cm = support::cpu_model(&support::tiny(0), FormatPolicy::default(), serial());
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let tg = Trace::create(dirs[0].path()).unwrap();
     let tc = Trace::create(dirs[1].path()).unwrap();
@@ -190,7 +181,7 @@ fn gpu_chunked_prefill_matches_token_by_token() {
 fn gpu_expert_tier_keeps_the_tokens_and_skips_the_disk_on_hits() {
     let Some(gm) = gpu_model() else { return };
     let cfg = gm.ckpt.config.clone();
-    let cm = common::cpu_model(&common::tiny(0), FormatPolicy::default(), serial());
+    let cm = support::cpu_model(&support::tiny(0), FormatPolicy::default(), serial());
     let want = greedy(&cm);
     let (off, s_off) = greedy_stats(&gm);
     assert_eq!(off, want, "GPU without the tier vs CPU");
@@ -230,7 +221,7 @@ fn run_k3(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
 
 /// `k3 run` of the tiny model: success, stdout (the tokens) and stderr.
 fn run_k3_out(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let dir = common::tiny(0);
+    let dir = support::tiny(0);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_k3"));
     cmd.arg("run")
         .arg(&dir)

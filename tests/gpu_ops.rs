@@ -3,6 +3,8 @@
 //! reduction paths (subgroups and workgroup memory). Without an adapter the tests skip,
 //! except under CI=true where they fail.
 
+mod support;
+
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::stationary::Stationary;
@@ -16,6 +18,7 @@ use k3::backend::{
 use k3::quant::{DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use support::rel_l2;
 
 const F32_TOL: f64 = 1e-5;
 const MXFP4_TOL: f64 = 1e-6;
@@ -79,20 +82,6 @@ fn gpus(max_binding: Option<u64>) -> Vec<GpuBackend> {
         }
     }
     out
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "lengths differ");
-    let (mut num, mut den) = (0f64, 0f64);
-    for (&g, &w) in got.iter().zip(want) {
-        num += (f64::from(g) - f64::from(w)).powi(2);
-        den += f64::from(w).powi(2);
-    }
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
 }
 
 fn check(what: &str, got: &[f32], want: &[f32], tol: f64) {

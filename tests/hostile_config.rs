@@ -3,7 +3,9 @@
 //! 2^32 and beyond, a config of hundreds of MB, non-finite or absurd floats, head counts whose
 //! products wrap).
 
-mod tiny_ckpt;
+mod support;
+
+use support::tiny_ckpt;
 
 use k3::config::Config;
 use serde_json::{json, Value};

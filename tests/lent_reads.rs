@@ -2,7 +2,7 @@
 //! lender with nothing free leaves the read in host memory, and a region the read cannot
 //! use sends it back to host memory and stops the lender.
 
-mod common;
+mod support;
 
 use k3::checkpoint::Checkpoint;
 use k3::experts::aligned_buf::AlignedBuf;
@@ -65,7 +65,7 @@ fn moe_layer(ck: &Checkpoint) -> (usize, u32) {
 
 #[test]
 fn lent_reads_hold_the_bytes_a_plain_read_gives() {
-    let ck = Checkpoint::open(&common::tiny(0), &[]).unwrap();
+    let ck = Checkpoint::open(&support::tiny(0), &[]).unwrap();
     let (layer, n) = moe_layer(&ck);
     for mode in [IoMode::Direct, IoMode::Buffered] {
         let lender = Arc::new(TestLender::default());
@@ -100,7 +100,7 @@ fn lent_reads_hold_the_bytes_a_plain_read_gives() {
 
 #[test]
 fn no_region_free_or_a_broken_one_reads_into_host_memory() {
-    let ck = Checkpoint::open(&common::tiny(0), &[]).unwrap();
+    let ck = Checkpoint::open(&support::tiny(0), &[]).unwrap();
     let (layer, n) = moe_layer(&ck);
     let plain = ExpertReader::new(IoMode::Buffered);
     for (broken, empty) in [(false, true), (true, false)] {

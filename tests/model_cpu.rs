@@ -1,6 +1,6 @@
 //! Whole-model behaviour on the CPU oracle: chunking, streaming settings, bad input.
 
-mod common;
+mod support;
 
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
@@ -10,7 +10,7 @@ use k3::stats::Stats;
 const PROMPT: [u32; 11] = [768, 5, 300, 17, 17, 999, 42, 0, 511, 7, 88];
 
 fn logits_with(sc: StreamConfig, chunk: usize, policy: FormatPolicy) -> Vec<f32> {
-    let m = common::cpu_model(&common::tiny(0), policy, sc);
+    let m = support::cpu_model(&support::tiny(0), policy, sc);
     let mut st = m.new_state().unwrap();
     prefill(
         &m,
@@ -88,7 +88,7 @@ fn cache_counts_hits_per_unique_expert() {
         load_threads: 2,
         slots_per_layer: 8,
     };
-    let m = common::cpu_model(&common::tiny(0), FormatPolicy::default(), sc);
+    let m = support::cpu_model(&support::tiny(0), FormatPolicy::default(), sc);
     let mut st = m.new_state().unwrap();
     let mut s1 = Stats::default();
     prefill(&m, &mut st, &PROMPT, 32, false, &mut s1, None).unwrap();
@@ -112,7 +112,7 @@ fn cache_counts_hits_per_unique_expert() {
 
 #[test]
 fn token_id_out_of_range_is_a_clear_error() {
-    let m = common::cpu_model(&common::tiny(0), FormatPolicy::default(), serial());
+    let m = support::cpu_model(&support::tiny(0), FormatPolicy::default(), serial());
     let mut st = m.new_state().unwrap();
     let e = prefill(
         &m,
@@ -134,9 +134,9 @@ fn token_id_out_of_range_is_a_clear_error() {
 /// The prefill error after the tiny model loads and `spoil` then runs on each of its
 /// safetensors shards.
 fn prefill_error_after_start_up(spoil: impl Fn(&std::path::Path)) -> String {
-    let copy = common::copy_dir(&common::tiny(0));
+    let copy = support::copy_dir(&support::tiny(0));
     let dir = copy.path().to_path_buf();
-    let m = common::cpu_model(&dir, FormatPolicy::default(), serial());
+    let m = support::cpu_model(&dir, FormatPolicy::default(), serial());
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "safetensors") {

@@ -1,11 +1,14 @@
 //! Weight formats and their CPU kernels against hand-computed values and a naive f64
 //! reference.
 
+mod support;
+
 use k3::quant::mxfp4::{e2m1, e8m0};
 use k3::quant::simd::SimdLevel;
 use k3::quant::{DenseData, DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use support::rel_l2;
 
 const FORMATS: [DenseFormat; 4] = [
     DenseFormat::F32,
@@ -34,17 +37,6 @@ fn reference(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f6
         }
     }
     y
-}
-
-fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(&g, &w)| (f64::from(g) - w).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 fn same(a: f32, b: f32) -> bool {

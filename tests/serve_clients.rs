@@ -2,8 +2,8 @@
 //! Chromium loading the web page. Where the client is missing the test says so and
 //! passes, except under CI=true, where a missing client fails it.
 
-mod common;
 mod serve_support;
+mod support;
 
 use serde_json::{json, Value};
 use serve_support::Server;
@@ -23,7 +23,7 @@ fn missing(what: &str) {
 #[test]
 fn the_openai_python_client_chats_streams_and_reads_errors() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_clients/openai_client.py");
-    let dir = common::tiny(0);
+    let dir = support::tiny(0);
     let s = Server::start(&dir, &[]);
     let model = dir.file_name().unwrap().to_str().unwrap();
     let o = match Command::new("python3")
@@ -164,7 +164,7 @@ fn the_web_page_streams_an_answer_in_a_headless_browser() {
     let Some(binary) = chromium() else {
         return missing("no chromium to run the page in (apt-get install chromium)");
     };
-    let dir = common::tiny(0);
+    let dir = support::tiny(0);
     let s = Server::start(&dir, &[]);
     let profile = tempfile::tempdir().unwrap();
     let mut b = Browser::start(binary, profile.path());

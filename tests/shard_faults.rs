@@ -1,7 +1,7 @@
 //! Shards that go bad under a running engine, or hold bytes no real checkpoint holds: each
 //! gives an error naming the file, never output computed from wrong bytes.
 
-mod common;
+mod support;
 
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
@@ -50,12 +50,12 @@ fn shards(dir: &Path) -> Vec<std::path::PathBuf> {
 /// The prefill error of the tiny model when `spoil` runs on each shard before (`early`) or
 /// after the model loads.
 fn prefill_error(sc: StreamConfig, early: bool, spoil: impl Fn(&Path)) -> String {
-    let copy = common::copy_dir(&common::tiny(0));
+    let copy = support::copy_dir(&support::tiny(0));
     let dir = copy.path().to_path_buf();
     if early {
         shards(&dir).iter().for_each(|p| spoil(p));
     }
-    let m = common::cpu_model(&dir, FormatPolicy::default(), sc);
+    let m = support::cpu_model(&dir, FormatPolicy::default(), sc);
     if !early {
         shards(&dir).iter().for_each(|p| spoil(p));
     }
@@ -112,7 +112,7 @@ fn a_shard_overwritten_in_place_while_experts_stream_is_reported() {
 /// The tiny model with every value of the stored tensor whose name ends with `suffix` set to
 /// bf16 NaN.
 fn with_nan_tensor(suffix: &str) -> tempfile::TempDir {
-    let copy = common::copy_dir(&common::tiny(0));
+    let copy = support::copy_dir(&support::tiny(0));
     for p in shards(copy.path()) {
         let mut bytes = std::fs::read(&p).unwrap();
         let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
@@ -138,7 +138,7 @@ fn with_nan_tensor(suffix: &str) -> tempfile::TempDir {
 #[test]
 fn a_non_finite_hidden_state_stops_the_run_naming_the_layer() {
     let copy = with_nan_tensor("model.layers.1.post_attention_layernorm.weight");
-    let m = common::cpu_model(
+    let m = support::cpu_model(
         copy.path(),
         FormatPolicy::default(),
         stream(IoMode::Buffered, false),

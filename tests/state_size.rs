@@ -1,6 +1,8 @@
 //! The conversation state the RAM clamp reserves: KV grows with the context, KDA does not.
 
-mod tiny_ckpt;
+mod support;
+
+use support::tiny_ckpt;
 
 use k3::config::Config;
 use k3::model::state_size::state_size;

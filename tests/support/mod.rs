@@ -1,4 +1,5 @@
-//! Shared test helpers: synthetic checkpoints made once per test binary.
+//! Shared test helpers: synthetic checkpoints made once per test binary, hand-built tiny
+//! snapshots ([`tiny_ckpt`]), and the relative L2 distance every numeric check uses.
 
 #![allow(dead_code)]
 
@@ -9,6 +10,25 @@ use k3::model::{FormatPolicy, K3Model};
 use k3::synth::{synthesize, Preset, SynthOptions};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+
+pub mod tiny_ckpt;
+
+/// Relative L2 distance of `got` from `want`, in f64 (the absolute distance when `want` is
+/// all zeros).
+pub fn rel_l2<A: Copy + Into<f64>, B: Copy + Into<f64>>(got: &[A], want: &[B]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        let (g, w): (f64, f64) = (g.into(), w.into());
+        num += (g - w).powi(2);
+        den += w.powi(2);
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
 
 /// A `tiny` checkpoint with `seed`, synthesized once per test binary under target's tmp.
 pub fn tiny(seed: u64) -> PathBuf {

@@ -240,3 +240,22 @@ fn tokenizer_json_vocabulary_ids_far_above_its_size_are_refused_before_allocatin
         );
     }
 }
+
+#[test]
+fn a_tokenizer_json_cut_inside_its_decoder_is_an_error_not_a_panic() {
+    // The fuzz reproducer (fuzz/artifacts/tokenizer_json_load/): the `tokenizers` crate
+    // panics on it.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(
+            "fuzz/artifacts/tokenizer_json_load/crash-b1fc1a3563b3cf3dc4a248b028a45cb2c329d305",
+        ),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let err = load_err(dir.path());
+    assert!(
+        err.contains("tokenizer.json") && err.contains("not valid JSON"),
+        "{err}"
+    );
+}

@@ -99,7 +99,19 @@ pub fn from_file(path: &Path) -> Result<HfParts> {
 
 /// [`from_file`] over the file's bytes; `path` only names the file in errors.
 pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<HfParts> {
-    let mut with_special = tokenizers::Tokenizer::from_bytes(bytes)
+    // The `tokenizers` crate panics (`expect("Helper")`) on some malformed JSON inside a
+    // decoder instead of returning an error, so the syntax is checked here first, and a
+    // panic left in its parser still becomes an error naming the file.
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+        bail!("{}: not valid JSON: {e}", path.display());
+    }
+    let mut with_special = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes))
+        .map_err(|_| {
+            anyhow!(
+                "{}: not a loadable tokenizer.json (its parser failed on this file)",
+                path.display()
+            )
+        })?
         .map_err(|e| anyhow!("{}: not a loadable tokenizer.json: {e}", path.display()))?;
     let model = model_kind(with_special.get_model());
     let decoder = decoder_kind(with_special.get_decoder());

@@ -259,3 +259,21 @@ fn a_tokenizer_json_cut_inside_its_decoder_is_an_error_not_a_panic() {
         "{err}"
     );
 }
+
+#[test]
+fn a_tokenizer_json_with_invalid_utf8_in_a_string_is_an_error_not_a_panic() {
+    // The second fuzz reproducer: the `tokenizers` crate panics on it too.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(
+            "fuzz/artifacts/tokenizer_json_load/crash-3b5721420996b21781795d67516bc4c1e0432628",
+        ),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let err = load_err(dir.path());
+    assert!(
+        err.contains("tokenizer.json") && err.contains("not UTF-8"),
+        "{err}"
+    );
+}

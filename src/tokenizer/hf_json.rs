@@ -102,7 +102,9 @@ pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<HfParts> {
     // The `tokenizers` crate panics (`expect("Helper")`) on some malformed JSON inside a
     // decoder instead of returning an error, so the syntax is checked here first, and a
     // panic left in its parser still becomes an error naming the file.
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| anyhow!("{}: not valid JSON: not UTF-8: {e}", path.display()))?;
+    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
         bail!("{}: not valid JSON: {e}", path.display());
     }
     let mut with_special = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes))

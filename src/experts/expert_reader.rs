@@ -117,7 +117,8 @@ impl ExpertReader {
     /// Later reads of shard `shard` fail if the file no longer has the size and modification
     /// time `ck` validated its offsets against.
     pub fn expect_unchanged(&self, ck: &Checkpoint, shard: usize) -> Result<()> {
-        self.io.expect(ck.shard_path(shard), ck.shard_stamp(shard))
+        self.io
+            .require_stamp(ck.shard_path(shard), ck.shard_stamp(shard))
     }
 
     /// Reads expert `e` of `layer`.

@@ -49,7 +49,7 @@ struct ShardFiles {
     buffered: File,
     direct: Option<File>,
     /// What the file must still look like after every read: the checkpoint's stamp when
-    /// it gave one ([`ShardIo::expect`]), else the file's when it was first opened here.
+    /// it gave one ([`ShardIo::require_stamp`]), else the file's when it was first opened here.
     stamp: Mutex<FileStamp>,
 }
 
@@ -131,7 +131,7 @@ impl ShardIo {
 
     /// Reads of `path` from now on fail unless the file still has `stamp` (the size and
     /// modification time its tensor offsets were validated against).
-    pub fn expect(&self, path: &Path, stamp: FileStamp) -> Result<()> {
+    pub fn require_stamp(&self, path: &Path, stamp: FileStamp) -> Result<()> {
         let f = self.files(path)?;
         let mut want = f
             .stamp
@@ -412,7 +412,7 @@ mod tests {
         let meta = std::fs::metadata(f.path()).unwrap();
         let mut validated = FileStamp::of(&meta);
         validated.len += 1;
-        io.expect(f.path(), validated).unwrap();
+        io.require_stamp(f.path(), validated).unwrap();
         let e = format!("{:#}", io.read(f.path(), &(0..10)).unwrap_err());
         assert!(e.contains("size went from"), "{e}");
     }

@@ -279,14 +279,8 @@ where
         .into_response()
 }
 
-async fn chat(State(app): State<Arc<App>>, body: Body) -> Response {
-    match chat_inner(&app, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn chat_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError> {
+async fn chat(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
+    let app = &app;
     let bytes = app.body(body).await?;
     let req = chat_request(&bytes, &app.limits, &app.defaults)?;
     app.check_model(&req.params)?;
@@ -335,14 +329,8 @@ async fn chat_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError> {
     Ok(sse_response(event_stream(first, rx, guard, frame)))
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Body) -> Response {
-    match completions_inner(&app, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn completions_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError> {
+async fn completions(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
+    let app = &app;
     let bytes = app.body(body).await?;
     let req = completion_request(&bytes, &app.limits, &app.defaults)?;
     app.check_model(&req.params)?;

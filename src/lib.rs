@@ -1,6 +1,7 @@
 //! k3: a Kimi K3 inference engine that streams routed experts from disk and runs every
 //! kernel through one op interface (CPU oracle, WGSL on wgpu).
 
+pub mod atomic_file;
 pub mod backend;
 pub mod checkpoint;
 pub mod config;

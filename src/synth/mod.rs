@@ -263,7 +263,5 @@ fn pretty(v: &Value) -> Result<String> {
 /// Writes `text` to `path` through a temporary name, so an interrupted run never leaves a
 /// half-written file under the real name.
 fn write_file(path: &Path, text: &str) -> Result<()> {
-    let tmp = safetensors_writer::partial_path(path);
-    fs::write(&tmp, text).with_context(|| format!("writing {} (disk full?)", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", tmp.display()))
+    crate::atomic_file::write_atomically(path, text.as_bytes())
 }

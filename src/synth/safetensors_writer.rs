@@ -60,12 +60,7 @@ pub(crate) struct ShardWriter {
     written: u64,
 }
 
-/// The temporary name `path` is written under until it is complete.
-pub(crate) fn partial_path(path: &Path) -> std::path::PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    path.with_file_name(name)
-}
+pub(crate) use crate::atomic_file::partial_path;
 
 impl ShardWriter {
     /// Starts the shard `path` (written under a temporary name until [`ShardWriter::finish`])

@@ -85,8 +85,12 @@ impl<'a, B: Backend> Loader<'a, B> {
                 v.shape
             ),
         };
-        DenseMatrix::from_bf16(rows, cols, v.to_bf16_bits()?, fmt)
-            .with_context(|| format!("converting {name} to {fmt:?}"))
+        let m = if v.dtype == crate::checkpoint::Dtype::Bf16 {
+            DenseMatrix::from_bf16_bytes(rows, cols, v.bytes, fmt)
+        } else {
+            DenseMatrix::from_bf16(rows, cols, v.to_bf16_bits()?, fmt)
+        };
+        m.with_context(|| format!("converting {name} to {fmt:?}"))
     }
 
     /// A 2-D matrix made resident in the backend in format `fmt`.

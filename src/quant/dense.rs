@@ -152,6 +152,49 @@ impl DenseMatrix {
         Ok(Self { rows, cols, data })
     }
 
+    /// Encodes row-major little-endian bf16 bytes as stored in a shard (`2 · rows · cols`
+    /// bytes, any alignment): the same result as [`Self::from_bf16`] of their bit patterns,
+    /// without first copying them out. Int8/Int4 quantize straight from the bytes, rows in
+    /// parallel, so reading the source and quantizing overlap across threads.
+    pub fn from_bf16_bytes(
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        fmt: DenseFormat,
+    ) -> Result<Self> {
+        if rows.checked_mul(cols).and_then(|n| n.checked_mul(2)) != Some(bytes.len()) {
+            bail!(
+                "DenseMatrix::from_bf16_bytes: {} bytes given for a bf16 [{rows}, {cols}] matrix \
+                 (need 2·rows·cols)",
+                bytes.len()
+            );
+        }
+        let row = |r: usize, out: &mut [f32]| {
+            let src = &bytes[r * cols * 2..(r + 1) * cols * 2];
+            for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *o = bf16::widen(u16::from_le_bytes([b[0], b[1]]));
+            }
+        };
+        let data = match fmt {
+            DenseFormat::Int8 => {
+                let (q, scale) = int8::quantize_rows(rows, cols, row)?;
+                DenseData::Int8 { q, scale }
+            }
+            DenseFormat::Int4 => {
+                let (q, scale) = int4::quantize_rows(rows, cols, row)?;
+                DenseData::Int4 { q, scale }
+            }
+            DenseFormat::F32 | DenseFormat::Bf16 => {
+                let bits = bytes
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect();
+                return Self::from_bf16(rows, cols, bits, fmt);
+            }
+        };
+        Ok(Self { rows, cols, data })
+    }
+
     /// The format the payload is stored in.
     pub fn format(&self) -> DenseFormat {
         match self.data {

@@ -34,6 +34,14 @@ pub struct Stats {
     pub experts_skipped: u64,
     /// Bytes those experts would have taken to read or hold.
     pub bytes_skipped: u64,
+    /// Expert reads started for a guess of the next MoE layer's routing (`--prefetch`).
+    pub prefetch_guesses: u64,
+    /// Of the guesses, experts their layer then needed.
+    pub prefetch_hits: u64,
+    /// Of the wrong guesses, those dropped before any byte was read.
+    pub prefetch_unread: u64,
+    /// Bytes read for wrong guesses.
+    pub prefetch_wasted_bytes: u64,
 }
 
 impl Stats {
@@ -62,6 +70,10 @@ impl Stats {
             router_wait: self.router_wait + o.router_wait,
             experts_skipped: self.experts_skipped + o.experts_skipped,
             bytes_skipped: self.bytes_skipped + o.bytes_skipped,
+            prefetch_guesses: self.prefetch_guesses + o.prefetch_guesses,
+            prefetch_hits: self.prefetch_hits + o.prefetch_hits,
+            prefetch_unread: self.prefetch_unread + o.prefetch_unread,
+            prefetch_wasted_bytes: self.prefetch_wasted_bytes + o.prefetch_wasted_bytes,
         }
     }
 
@@ -81,6 +93,10 @@ impl Stats {
             router_wait: self.router_wait.saturating_sub(earlier.router_wait),
             experts_skipped: self.experts_skipped - earlier.experts_skipped,
             bytes_skipped: self.bytes_skipped - earlier.bytes_skipped,
+            prefetch_guesses: self.prefetch_guesses - earlier.prefetch_guesses,
+            prefetch_hits: self.prefetch_hits - earlier.prefetch_hits,
+            prefetch_unread: self.prefetch_unread - earlier.prefetch_unread,
+            prefetch_wasted_bytes: self.prefetch_wasted_bytes - earlier.prefetch_wasted_bytes,
         }
     }
 }
@@ -151,6 +167,45 @@ pub fn skipped_line(s: &Stats) -> Option<String> {
     })
 }
 
+/// `[K3] prefetch: N guessed reads, H used (P%), U dropped unread, X GB wasted`, or `None`
+/// when nothing was guessed.
+pub fn prefetch_line(s: &Stats) -> Option<String> {
+    (s.prefetch_guesses > 0).then(|| {
+        format!(
+            "[K3] prefetch: {} guessed reads, {} used ({:.1}%), {} dropped unread, {:.2} GB wasted",
+            s.prefetch_guesses,
+            s.prefetch_hits,
+            100.0 * s.prefetch_hits as f64 / s.prefetch_guesses as f64,
+            s.prefetch_unread,
+            s.prefetch_wasted_bytes as f64 / 1e9
+        )
+    })
+}
+
+/// How well a phase of `secs` wall seconds hid its reads: wall / max(disk busy, compute),
+/// where disk busy is the time at least one expert read was in flight and compute is the
+/// wall time not spent waiting for a read (wall - eload). 1.0: the longer of the two hid
+/// the other completely. 0 when nothing ran.
+pub fn overlap_ratio(secs: f64, s: &Stats) -> f64 {
+    let compute = (secs - s.eload.as_secs_f64()).max(0.0);
+    let bound = s.disk_busy.as_secs_f64().max(compute);
+    if bound > 0.0 {
+        secs / bound
+    } else {
+        0.0
+    }
+}
+
+/// `[K3] overlap: decode wall / max(disk busy, compute) = R (wall, disk busy, compute)`
+pub fn overlap_line(secs: f64, s: &Stats) -> String {
+    format!(
+        "[K3] overlap: decode wall / max(disk busy, compute) = {:.2} (wall {secs:.2}s, disk busy {:.2}s, compute = wall - eload {:.2}s)",
+        overlap_ratio(secs, s),
+        s.disk_busy.as_secs_f64(),
+        (secs - s.eload.as_secs_f64()).max(0.0)
+    )
+}
+
 /// What a generation reports for `--stats-json`: its token count and, per phase, the
 /// seconds and counters.
 pub trait RunReport {
@@ -180,6 +235,10 @@ pub fn run_json(prompt_tokens: usize, g: &impl RunReport, total: &Stats) -> serd
             "router_wait_s": s.router_wait.as_secs_f64(),
             "experts_skipped": s.experts_skipped,
             "bytes_skipped": s.bytes_skipped,
+            "prefetch_guesses": s.prefetch_guesses,
+            "prefetch_hits": s.prefetch_hits,
+            "prefetch_unread": s.prefetch_unread,
+            "prefetch_wasted_bytes": s.prefetch_wasted_bytes,
         })
     };
     let ((prefill_s, prefill), (decode_s, decode)) = (g.prefill(), g.decode());
@@ -190,6 +249,7 @@ pub fn run_json(prompt_tokens: usize, g: &impl RunReport, total: &Stats) -> serd
         "prefill_s": prefill_s,
         "decode_s": decode_s,
         "decode_tok_per_s": rate(generated, decode_s),
+        "decode_overlap": overlap_ratio(decode_s, decode),
         "prefill": part(prefill),
         "decode": part(decode),
         "total": part(total),
@@ -235,9 +295,36 @@ mod tests {
             decode_line(8, 4.0, &s),
             "[K3] decode 8 tokens in 4.0s (2.00 tok/s) | expert hit 75.0% (3/4) | 2.5 GB streamed"
         );
+        assert_eq!(prefetch_line(&s), None);
+        let p = Stats {
+            prefetch_guesses: 8,
+            prefetch_hits: 6,
+            prefetch_unread: 1,
+            prefetch_wasted_bytes: 17_550_000,
+            ..Default::default()
+        };
+        assert_eq!(
+            prefetch_line(&p).unwrap(),
+            "[K3] prefetch: 8 guessed reads, 6 used (75.0%), 1 dropped unread, 0.02 GB wasted"
+        );
         assert_eq!(
             time_line(&s, 1.26),
             "[K3] time: attn 0.0s moe 0.0s (eload 0.0s) head 0.0s | RSS 1.3 GB"
         );
+    }
+
+    #[test]
+    fn overlap_is_wall_over_the_longer_of_disk_and_compute() {
+        let s = Stats {
+            eload: Duration::from_secs(1),
+            disk_busy: Duration::from_secs(3),
+            ..Default::default()
+        };
+        // compute = 4 - 1 = 3 s, disk 3 s: 4 / 3.
+        assert!((overlap_ratio(4.0, &s) - 4.0 / 3.0).abs() < 1e-12);
+        // compute 9 s beats disk 3 s.
+        assert!((overlap_ratio(10.0, &s) - 10.0 / 9.0).abs() < 1e-12);
+        assert_eq!(overlap_ratio(0.0, &Stats::default()), 0.0);
+        assert!(overlap_line(4.0, &s).contains("= 1.33"));
     }
 }

@@ -27,6 +27,11 @@ pub struct StreamArgs {
     /// 1: overlap expert loads with compute; 0: read all of a layer's misses first.
     #[arg(long, env = "K3_PIPE", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub pipe: u8,
+    /// on: once a MoE layer has routed, score the next MoE layer's router on the current
+    /// hidden state and read the experts it picks ahead, while this layer computes (needs
+    /// the pipe); off: read a layer's experts only once it routes. The logits are the same.
+    #[arg(long, env = "K3_PREFETCH", default_value = "on", value_parser = ["on", "off"])]
+    pub prefetch: String,
     /// Loader threads for the pipe (1..16).
     #[arg(long, env = "K3_LOAD_THREADS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=16))]
     pub load_threads: u64,
@@ -104,13 +109,16 @@ impl StreamArgs {
             load_threads: self.load_threads as usize,
             slots_per_layer: plan.slots,
         };
+        let prefetch = sc.pipe && self.prefetch == "on";
         eprintln!(
-            "[K3] expert reads: {} | pipe {} | {} loader threads",
+            "[K3] expert reads: {} | pipe {} | {} loader threads | prefetch {}",
             sc.mode.describe(),
             if sc.pipe { "on" } else { "off" },
-            sc.load_threads
+            sc.load_threads,
+            if prefetch { "on" } else { "off" }
         );
         model.set_streaming(sc)?;
+        model.set_prefetch(prefetch);
         let sel = self.expert_selection()?;
         if !sel.is_exact() {
             eprintln!(

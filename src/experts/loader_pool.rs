@@ -1,13 +1,20 @@
 //! A fixed pool of loader threads (`K3_LOAD_THREADS`) that keeps several expert reads in
 //! flight while the MoE computes on the experts that already arrived.
+//!
+//! Two queues feed the threads: reads a layer needs now (demand) and reads guessed for the
+//! next layer (speculative, see `prefetch.rs`). A thread takes a demand read whenever there
+//! is one, so a guess never delays a read the running layer waits for; a guess still queued
+//! when its layer routes is either promoted to the front of the demand queue or dropped
+//! unread.
 
 use super::disk_meter::DiskMeter;
 use super::expert_reader::{ExpertReader, LoadedExpert};
 use crate::checkpoint::ExpertLocation;
 use anyhow::{anyhow, Context, Result};
+use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// Largest accepted `K3_LOAD_THREADS`.
@@ -25,9 +32,36 @@ pub struct LoadJob {
     pub reply: Sender<Result<LoadedExpert>>,
 }
 
+/// A speculative read and the MoE layer it was guessed for.
+struct Guess {
+    layer: usize,
+    job: LoadJob,
+}
+
+#[derive(Default)]
+struct Queues {
+    demand: VecDeque<LoadJob>,
+    guesses: VecDeque<Guess>,
+    closed: bool,
+}
+
+/// What [`LoaderPool::settle`] did with a layer's queued guesses.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Guesses the layer needs that no thread had started: now first in the demand queue.
+    pub promoted: Vec<u32>,
+    /// Guesses the layer does not need that no thread had started: dropped unread.
+    pub dropped: Vec<u32>,
+}
+
+struct Shared {
+    queues: Mutex<Queues>,
+    wake: Condvar,
+}
+
 /// The loader threads.
 pub struct LoaderPool {
-    tx: Option<Sender<LoadJob>>,
+    shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -39,55 +73,224 @@ impl LoaderPool {
                 "K3_LOAD_THREADS / --load-threads must be 1..={MAX_LOAD_THREADS}, got {threads}"
             );
         }
-        let (tx, rx) = channel::<LoadJob>();
-        let rx = Arc::new(Mutex::new(rx));
+        let shared = Arc::new(Shared {
+            queues: Mutex::new(Queues::default()),
+            wake: Condvar::new(),
+        });
         let workers = (0..threads)
             .map(|i| {
-                let (rx, reader, meter) = (rx.clone(), reader.clone(), meter.clone());
+                let (shared, reader, meter) = (shared.clone(), reader.clone(), meter.clone());
                 std::thread::Builder::new()
                     .name(format!("k3-load-{i}"))
-                    .spawn(move || worker(&rx, &reader, &meter))
+                    .spawn(move || worker(&shared, &reader, &meter))
                     .context("starting an expert loader thread")
             })
             .collect::<Result<_>>()?;
-        Ok(Self {
-            tx: Some(tx),
-            workers,
-        })
+        Ok(Self { shared, workers })
     }
 
-    /// Queues a read; the result arrives on the job's `reply` channel.
+    fn queues(&self) -> Result<std::sync::MutexGuard<'_, Queues>> {
+        let q = self
+            .shared
+            .queues
+            .lock()
+            .map_err(|_| anyhow!("expert loader queue poisoned"))?;
+        if q.closed {
+            return Err(anyhow!("expert loader pool is shut down"));
+        }
+        Ok(q)
+    }
+
+    /// Queues a read the running layer needs; the result arrives on the job's `reply`
+    /// channel.
     pub fn submit(&self, job: LoadJob) -> Result<()> {
-        self.tx
-            .as_ref()
-            .ok_or_else(|| anyhow!("expert loader pool is shut down"))?
-            .send(job)
-            .map_err(|_| anyhow!("expert loader threads have stopped"))
+        self.queues()?.demand.push_back(job);
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Queues a read guessed for MoE layer `layer`, taken only when no demand read waits.
+    pub fn submit_guess(&self, layer: usize, job: LoadJob) -> Result<()> {
+        self.queues()?.guesses.push_back(Guess { layer, job });
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Layer `layer` has routed and needs `needed`: its queued guesses among them move to
+    /// the front of the demand queue (in their queued order), the others are dropped unread
+    /// (their reply channels close). Guesses a thread has already started are not queued
+    /// and not touched.
+    pub fn settle(&self, layer: usize, needed: &[u32]) -> Result<Settled> {
+        let mut q = self.queues()?;
+        let mut out = Settled::default();
+        let mut keep = VecDeque::with_capacity(q.guesses.len());
+        let mut promote = Vec::new();
+        for g in q.guesses.drain(..) {
+            if g.layer != layer {
+                keep.push_back(g);
+            } else if needed.contains(&g.job.id) {
+                out.promoted.push(g.job.id);
+                promote.push(g.job);
+            } else {
+                out.dropped.push(g.job.id);
+            }
+        }
+        q.guesses = keep;
+        for job in promote.into_iter().rev() {
+            q.demand.push_front(job);
+        }
+        Ok(out)
     }
 }
 
-fn worker(rx: &Mutex<Receiver<LoadJob>>, reader: &ExpertReader, meter: &DiskMeter) {
+fn worker(shared: &Shared, reader: &ExpertReader, meter: &DiskMeter) {
     loop {
-        let job = match rx.lock() {
-            Ok(r) => match r.recv() {
-                Ok(j) => j,
-                Err(_) => return,
-            },
-            Err(_) => return,
+        let job = {
+            let Ok(mut q) = shared.queues.lock() else {
+                return;
+            };
+            loop {
+                if let Some(j) = q.demand.pop_front() {
+                    break j;
+                }
+                if let Some(g) = q.guesses.pop_front() {
+                    break g.job;
+                }
+                if q.closed {
+                    return;
+                }
+                q = match shared.wake.wait(q) {
+                    Ok(q) => q,
+                    Err(_) => return,
+                };
+            }
         };
         meter.begin();
         let res = reader.read_location(&job.path, &job.loc, job.id);
         meter.end(res.as_ref().map(|e| e.len() as u64).unwrap_or(0));
-        // The consumer may have given up on an error elsewhere; nothing to do then.
+        // The consumer may have given up on an error elsewhere, or dropped a wrong guess;
+        // nothing to do then.
         let _ = job.reply.send(res);
     }
 }
 
 impl Drop for LoaderPool {
     fn drop(&mut self) {
-        self.tx.take();
+        if let Ok(mut q) = self.shared.queues.lock() {
+            q.closed = true;
+            // Reads nobody will wait for are dropped; demand reads still queued finish.
+            q.guesses.clear();
+        }
+        self.shared.wake.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experts::IoMode;
+    use std::sync::mpsc::{channel, Receiver};
+
+    fn loc() -> ExpertLocation {
+        ExpertLocation {
+            shard: 0,
+            parts: Default::default(),
+            contiguous: true,
+        }
+    }
+
+    /// A job for expert `id` reading a file that does not exist: it fails at once, with an
+    /// error that names the file, so a reply tells which job a thread took.
+    fn failing_job(id: u32, reply: &Sender<Result<LoadedExpert>>) -> LoadJob {
+        LoadJob {
+            path: PathBuf::from(format!("/nonexistent/k3-test-expert-{id}")),
+            loc: loc(),
+            id,
+            reply: reply.clone(),
+        }
+    }
+
+    /// A pool with no threads yet: jobs stay queued until the test starts one.
+    fn idle_pool() -> LoaderPool {
+        LoaderPool {
+            shared: Arc::new(Shared {
+                queues: Mutex::new(Queues::default()),
+                wake: Condvar::new(),
+            }),
+            workers: Vec::new(),
+        }
+    }
+
+    fn start_one_thread(pool: &mut LoaderPool) {
+        let shared = pool.shared.clone();
+        let reader = Arc::new(ExpertReader::new(IoMode::Buffered));
+        let meter = Arc::new(DiskMeter::default());
+        pool.workers
+            .push(std::thread::spawn(move || worker(&shared, &reader, &meter)));
+    }
+
+    /// The ids of the jobs in the order one thread finished them.
+    fn finished_order(rx: &Receiver<Result<LoadedExpert>>, n: usize) -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                let e = rx.recv().unwrap().err().expect("the file does not exist");
+                let msg = format!("{e:#}");
+                let at = msg.find("k3-test-expert-").expect(&msg) + "k3-test-expert-".len();
+                msg[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit())
+                    .collect::<String>()
+                    .parse()
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn threads_take_demand_reads_before_guesses_and_settle_reorders() {
+        let mut pool = idle_pool();
+        let (reply, rx) = channel();
+        for (layer, id) in [(1, 5), (1, 7), (2, 9), (1, 8)] {
+            pool.submit_guess(layer, failing_job(id, &reply)).unwrap();
+        }
+        pool.submit(failing_job(3, &reply)).unwrap();
+        let s = pool.settle(1, &[8, 5, 3]).unwrap();
+        assert_eq!(s.promoted, vec![5, 8]);
+        assert_eq!(s.dropped, vec![7]);
+        start_one_thread(&mut pool);
+        // Promoted guesses first, in their order, then the demand read queued before the
+        // settle, then the other layer's guess; the dropped guess is never read.
+        assert_eq!(finished_order(&rx, 4), vec![5, 8, 3, 9]);
+        drop(reply);
+        drop(pool);
+        assert!(rx.recv().is_err(), "no fifth reply: 7 was dropped unread");
+    }
+
+    #[test]
+    fn guesses_wait_behind_demand_reads() {
+        let mut pool = idle_pool();
+        let (reply, rx) = channel();
+        pool.submit_guess(1, failing_job(1, &reply)).unwrap();
+        pool.submit_guess(1, failing_job(2, &reply)).unwrap();
+        pool.submit(failing_job(3, &reply)).unwrap();
+        pool.submit(failing_job(4, &reply)).unwrap();
+        start_one_thread(&mut pool);
+        assert_eq!(finished_order(&rx, 4), vec![3, 4, 1, 2]);
+    }
+
+    #[test]
+    fn a_closed_pool_refuses_jobs_and_drops_queued_guesses() {
+        let mut pool = idle_pool();
+        let (reply, rx) = channel();
+        pool.submit_guess(1, failing_job(1, &reply)).unwrap();
+        start_one_thread(&mut pool);
+        let _ = finished_order(&rx, 1);
+        pool.shared.queues.lock().unwrap().closed = true;
+        let e = pool.submit(failing_job(2, &reply)).unwrap_err();
+        assert!(format!("{e}").contains("shut down"), "{e}");
+        assert!(pool.submit_guess(1, failing_job(3, &reply)).is_err());
     }
 }

@@ -6,6 +6,7 @@ pub mod expert_cache;
 pub mod expert_reader;
 pub mod lent_memory;
 pub mod loader_pool;
+pub mod prefetch;
 pub mod ram_budget;
 pub mod shard_io;
 pub mod source;

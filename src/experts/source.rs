@@ -6,6 +6,7 @@ use super::expert_cache::LayerCache;
 use super::expert_reader::{ExpertReader, LoadedExpert};
 use super::lent_memory::ReadLender;
 use super::loader_pool::{LoadJob, LoaderPool};
+use super::prefetch::Prefetcher;
 use super::shard_io::IoMode;
 use crate::checkpoint::Checkpoint;
 use crate::stats::Stats;
@@ -46,6 +47,7 @@ pub struct ExpertSource {
     meter: Arc<DiskMeter>,
     pool: Option<LoaderPool>,
     caches: Mutex<HashMap<usize, LayerCache>>,
+    prefetch: Prefetcher,
 }
 
 enum Item {
@@ -118,6 +120,7 @@ impl ExpertSource {
             meter,
             pool,
             caches: Mutex::new(HashMap::new()),
+            prefetch: Prefetcher::default(),
         })
     }
 
@@ -163,6 +166,29 @@ impl ExpertSource {
             Some(lc) => ids.iter().map(|&id| lc.contains(id)).collect(),
             None => vec![false; ids.len()],
         })
+    }
+
+    /// Reads ahead the experts `ids` (canonical order) guessed for `layer`, those the host
+    /// cache does not hold, behind the reads of the layer running now (`prefetch.rs`).
+    /// Without the pipe there is no loader to read ahead: nothing happens.
+    pub fn prefetch(
+        &self,
+        ck: &Checkpoint,
+        layer: usize,
+        ids: &[u32],
+        stats: &mut Stats,
+    ) -> Result<()> {
+        let Some(pool) = &self.pool else {
+            return Ok(());
+        };
+        let cached = self.cached(layer, ids)?;
+        let uncached: Vec<u32> = ids
+            .iter()
+            .zip(cached)
+            .filter_map(|(&id, c)| (!c).then_some(id))
+            .collect();
+        self.prefetch
+            .issue(pool, ck, &self.reader, layer, &uncached, stats)
     }
 
     fn classify(&self, layer: usize, ids: &[u32], resident: &[bool]) -> Result<Vec<Item>> {
@@ -301,7 +327,14 @@ impl ExpertSource {
         let window = 2 * self.cfg.load_threads;
         let mut queued: VecDeque<Receiver<Result<LoadedExpert>>> = VecDeque::new();
         let mut next_miss = 0usize;
+        // Reads guessed for this layer are already queued or done: they take their miss's
+        // place in the order and no place in the window.
+        let mut guessed = self.prefetch.settle(pool, layer, misses, stats)?;
         let mut submit_next = |queued: &mut VecDeque<_>| -> Result<()> {
+            while let Some(rx) = misses.get(next_miss).and_then(|id| guessed.remove(id)) {
+                queued.push_back(rx);
+                next_miss += 1;
+            }
             if let Some(&id) = misses.get(next_miss) {
                 let loc = ExpertReader::locate(ck, layer, id)?.clone();
                 self.reader.expect_unchanged(ck, loc.shard)?;

@@ -6,7 +6,7 @@ use super::glu_mlp::GluMlp;
 use super::kda::Kda;
 use super::loader::Loader;
 use super::mla::Mla;
-use super::moe::Moe;
+use super::moe::{Moe, NextMoe};
 use super::trace::Trace;
 use crate::backend::{Backend, Glu};
 use crate::checkpoint::Checkpoint;
@@ -70,6 +70,7 @@ pub struct K3Model<B: Backend> {
     glu: Glu,
     experts: ExpertSource,
     selection: ExpertSelection,
+    prefetch: bool,
 }
 
 impl<B: Backend> K3Model<B> {
@@ -132,6 +133,7 @@ impl<B: Backend> K3Model<B> {
             head,
             experts,
             selection: ExpertSelection::exact(),
+            prefetch: false,
         })
     }
 
@@ -160,6 +162,17 @@ impl<B: Backend> K3Model<B> {
     pub fn set_streaming(&mut self, cfg: StreamConfig) -> Result<()> {
         self.experts = ExpertSource::with_lender(cfg, self.backend.read_lender())?;
         Ok(())
+    }
+
+    /// Reads the next MoE layer's likely experts ahead while a layer computes
+    /// (`--prefetch`); the logits are the same either way.
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
+    }
+
+    /// Whether next-layer prefetch is on.
+    pub fn prefetch(&self) -> bool {
+        self.prefetch
     }
 
     /// The expert source (for disk counters).
@@ -207,6 +220,10 @@ impl<B: Backend> K3Model<B> {
         let h_dim = cfg.hidden_size;
         let mut h = self.embed(ids)?;
         let mut bank: Vec<B::Act> = Vec::new();
+        // Reads guessed for a next layer run between the layers' own streams, so the disk
+        // is metered over the whole pass rather than per layer.
+        let (busy0, bytes0) = self.experts.disk_totals();
+        let (stats_busy, stats_bytes) = (stats.disk_busy, stats.bytes_streamed);
         for (i, (layer, ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
             let t0 = Instant::now();
             let p = h;
@@ -240,15 +257,35 @@ impl<B: Backend> K3Model<B> {
             )?;
             let f = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(b, &f_in, self.glu)?,
-                Ffn::Moe(moe) => moe.forward(
-                    b,
-                    &self.ckpt,
-                    &self.experts,
-                    &f_in,
-                    self.glu,
-                    &self.selection,
-                    stats,
-                )?,
+                Ffn::Moe(moe) => {
+                    let next = match self.layers.get(i + 1) {
+                        Some(n) if self.prefetch => match &n.ffn {
+                            // The next layer's own mix and norm over what exists now: its
+                            // attention's output is all its router input lacks.
+                            Ffn::Moe(m) => Some((
+                                m,
+                                b.rmsnorm(
+                                    &b.attn_res_mix(&refs, &p, &n.w_mlp_res, eps)?,
+                                    &n.post_norm,
+                                    h_dim,
+                                    eps,
+                                )?,
+                            )),
+                            Ffn::Dense(_) => None,
+                        },
+                        _ => None,
+                    };
+                    moe.forward(
+                        b,
+                        &self.ckpt,
+                        &self.experts,
+                        &f_in,
+                        self.glu,
+                        &self.selection,
+                        next.as_ref().map(|(m, x)| NextMoe { moe: m, x }),
+                        stats,
+                    )?
+                }
             };
             h = b.add(&p, &f)?;
             stats.moe += t1.elapsed();
@@ -267,6 +304,9 @@ impl<B: Backend> K3Model<B> {
                 }
             }
         }
+        let (busy1, bytes1) = self.experts.disk_totals();
+        stats.disk_busy = stats_busy + busy1.saturating_sub(busy0);
+        stats.bytes_streamed = stats_bytes + (bytes1 - bytes0);
         let t2 = Instant::now();
         let h = match want {
             Logits::All => h,

@@ -7,6 +7,7 @@ use super::glu_mlp::GluMlp;
 use super::loader::Loader;
 use crate::backend::{Backend, ExpertAssignment, ExpertKey, Glu, RouterParams};
 use crate::checkpoint::Checkpoint;
+use crate::experts::prefetch::guess_limit;
 use crate::experts::{ExpertSource, Supplied};
 use crate::quant::DenseFormat;
 use crate::stats::Stats;
@@ -14,6 +15,15 @@ use anyhow::{anyhow, Result};
 use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+
+/// The MoE layer after this one and the hidden state its router is scored on to guess
+/// which experts it will read (`--prefetch`).
+pub struct NextMoe<'a, B: Backend> {
+    /// The next MoE layer.
+    pub moe: &'a Moe<B>,
+    /// Its router's input as far as this layer can tell.
+    pub x: &'a B::Act,
+}
 
 /// Weights of one MoE layer (`model.layers.{i}.block_sparse_moe.*`).
 pub struct Moe<B: Backend> {
@@ -65,7 +75,9 @@ impl<B: Backend> Moe<B> {
         })
     }
 
-    /// Applies the block to every row of `x` (the normed, mixed FFN input).
+    /// Applies the block to every row of `x` (the normed, mixed FFN input). With `next`,
+    /// once this layer's first reads are in flight, the next MoE layer's likely experts are
+    /// read ahead behind them.
     // The model's per-layer context (checkpoint, expert source, activation, selection) is
     // passed apart rather than bundled: each piece is borrowed from a different owner.
     #[allow(clippy::too_many_arguments)]
@@ -77,6 +89,7 @@ impl<B: Backend> Moe<B> {
         x: &B::Act,
         glu: Glu,
         sel: &ExpertSelection,
+        next: Option<NextMoe<'_, B>>,
         stats: &mut Stats,
     ) -> Result<B::Act> {
         let t = Instant::now();
@@ -122,7 +135,13 @@ impl<B: Backend> Moe<B> {
         // the first reads are in flight, not before them.
         let z = OnceCell::new();
         let shared = OnceCell::new();
+        let mut guess_stats = Stats::default();
         let mut prework = || -> Result<()> {
+            // Guesses go first: their router readback then waits for nothing else, and
+            // the loaders take them only once this layer's own reads are all served.
+            if let Some(n) = &next {
+                n.moe.read_ahead(b, ck, source, n.x, &mut guess_stats)?;
+            }
             let _ = z.set(b.matmul(&self.down, x)?);
             if let Some(s) = &self.shared {
                 let _ = shared.set(s.forward(b, x, glu)?);
@@ -172,6 +191,7 @@ impl<B: Backend> Moe<B> {
             &mut consume,
         )?;
         stats.expert_handoff += handoff;
+        *stats = stats.plus(&guess_stats);
         let u = match &self.norm {
             Some(w) => b.rmsnorm(&u, w, self.latent, self.eps)?,
             None => u,
@@ -184,6 +204,39 @@ impl<B: Backend> Moe<B> {
     }
 }
 
+impl<B: Backend> Moe<B> {
+    /// Scores this layer's router on `x` and reads ahead the experts it picks that no cache
+    /// holds: the most chosen first, at most [`guess_limit`] of them.
+    fn read_ahead(
+        &self,
+        b: &B,
+        ck: &Checkpoint,
+        source: &ExpertSource,
+        x: &B::Act,
+        stats: &mut Stats,
+    ) -> Result<()> {
+        let t = Instant::now();
+        let routes = b.router_topk(&b.matmul(&self.gate, x)?, &self.bias, self.router)?;
+        stats.router_wait += t.elapsed();
+        let limit = guess_limit(self.router.top_k, source.config().load_threads);
+        let mut ids = most_chosen(&routes, limit);
+        ExpertSource::canonical_order(ck, self.layer, &mut ids)?;
+        source.prefetch(ck, self.layer, &ids, stats)
+    }
+}
+
+/// Up to `limit` distinct experts of `routes`, those chosen by the most rows first (ties:
+/// the smaller id).
+fn most_chosen(routes: &[crate::backend::Route], limit: usize) -> Vec<u32> {
+    let mut count: HashMap<u32, usize> = HashMap::new();
+    for &(e, _) in routes.iter().flatten() {
+        *count.entry(e).or_default() += 1;
+    }
+    let mut by: Vec<(usize, u32)> = count.into_iter().map(|(e, n)| (n, e)).collect();
+    by.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    by.into_iter().take(limit).map(|(_, e)| e).collect()
+}
+
 /// The distinct experts of `routes`, in first-seen order.
 fn distinct_experts(routes: &[crate::backend::Route]) -> Vec<u32> {
     let mut seen = std::collections::HashSet::new();
@@ -193,4 +246,21 @@ fn distinct_experts(routes: &[crate::backend::Route]) -> Vec<u32> {
         .map(|&(e, _)| e)
         .filter(|e| seen.insert(*e))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guesses_keep_the_most_chosen_experts() {
+        let routes = vec![
+            vec![(4, 0.5), (2, 0.5)],
+            vec![(2, 0.5), (9, 0.5)],
+            vec![(2, 0.5), (4, 0.5)],
+        ];
+        assert_eq!(most_chosen(&routes, 2), vec![2, 4]);
+        assert_eq!(most_chosen(&routes, 8), vec![2, 4, 9]);
+        assert!(most_chosen(&[], 4).is_empty());
+    }
 }

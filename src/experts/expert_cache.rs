@@ -1,5 +1,7 @@
-//! Per-layer expert cache: slots of one expert each, least recently used evicted first.
+//! Per-layer expert cache: slots of one expert each; which expert leaves a full cache is the
+//! layer's [`SlotPolicy`] (`--cache-policy`), the same code the cache simulator replays.
 
+use super::cache_policy::{PolicyKind, SlotPolicy};
 use super::expert_reader::LoadedExpert;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -7,16 +9,22 @@ use std::sync::Arc;
 /// The cache of one MoE layer.
 pub struct LayerCache {
     capacity: usize,
-    tick: u64,
-    slots: HashMap<u32, (Arc<LoadedExpert>, u64)>,
+    policy: SlotPolicy,
+    slots: HashMap<u32, Arc<LoadedExpert>>,
 }
 
 impl LayerCache {
-    /// An empty cache of `capacity` slots (0 disables caching).
+    /// An empty least-recently-used cache of `capacity` slots (0 disables caching).
     pub fn new(capacity: usize) -> Self {
+        Self::with_policy(capacity, PolicyKind::Lru, &[])
+    }
+
+    /// An empty cache of `capacity` slots run by `kind`, with `pins` (at most half the slots)
+    /// never evicted once read.
+    pub fn with_policy(capacity: usize, kind: PolicyKind, pins: &[u32]) -> Self {
         Self {
             capacity,
-            tick: 0,
+            policy: SlotPolicy::new(kind, capacity, pins),
             slots: HashMap::new(),
         }
     }
@@ -41,40 +49,30 @@ impl LayerCache {
         self.slots.contains_key(&id)
     }
 
-    /// The cached expert `id`, marked most recently used.
+    /// The cached expert `id`; the lookup counts as a use for the policy, hit or miss.
     pub fn get(&mut self, id: u32) -> Option<Arc<LoadedExpert>> {
-        self.tick += 1;
-        let tick = self.tick;
-        self.slots.get_mut(&id).map(|(e, t)| {
-            *t = tick;
-            e.clone()
-        })
+        if self.policy.lookup(id) {
+            self.slots.get(&id).cloned()
+        } else {
+            None
+        }
     }
 
-    /// Caches `e`, evicting the least recently used expert when full.
+    /// Offers `e`, just read, to the cache; the policy decides what it evicts (or that `e`
+    /// is not kept).
     pub fn insert(&mut self, e: Arc<LoadedExpert>) {
-        if self.capacity == 0 {
-            return;
+        let r = self.policy.insert(e.id);
+        if let Some(victim) = r.evicted {
+            self.slots.remove(&victim);
         }
-        if self.slots.len() >= self.capacity && !self.slots.contains_key(&e.id) {
-            if let Some(victim) = self
-                .slots
-                .iter()
-                .min_by_key(|(_, (_, t))| *t)
-                .map(|(&id, _)| id)
-            {
-                self.slots.remove(&victim);
-            }
+        if r.held {
+            self.slots.insert(e.id, e);
         }
-        self.tick += 1;
-        self.slots.insert(e.id, (e, self.tick));
     }
 
-    /// Ids held, least recently used first (for tests and diagnostics).
-    pub fn lru_order(&self) -> Vec<u32> {
-        let mut v: Vec<(u64, u32)> = self.slots.iter().map(|(&id, (_, t))| (*t, id)).collect();
-        v.sort_unstable();
-        v.into_iter().map(|(_, id)| id).collect()
+    /// Ids held, the next to be evicted first (for tests and diagnostics).
+    pub fn eviction_order(&self) -> Vec<u32> {
+        self.policy.eviction_order()
     }
 }
 
@@ -90,7 +88,7 @@ mod tests {
         c.insert(fake_expert(2));
         assert!(c.get(1).is_some(), "touching 1 makes 2 the oldest");
         c.insert(fake_expert(3));
-        assert_eq!(c.lru_order(), vec![1, 3]);
+        assert_eq!(c.eviction_order(), vec![1, 3]);
         assert!(c.get(2).is_none());
         c.insert(fake_expert(3));
         assert_eq!(c.len(), 2, "re-inserting a held expert evicts nothing");
@@ -101,5 +99,24 @@ mod tests {
         let mut c = LayerCache::new(0);
         c.insert(fake_expert(7));
         assert!(c.is_empty() && c.get(7).is_none());
+    }
+
+    #[test]
+    fn bytes_follow_the_policy() {
+        for kind in PolicyKind::ALL {
+            let mut c = LayerCache::with_policy(3, kind, &[5]);
+            for id in [5, 1, 2, 3, 4, 6] {
+                if c.get(id).is_none() {
+                    c.insert(fake_expert(id));
+                }
+                let mut held: Vec<u32> = c.eviction_order();
+                held.sort_unstable();
+                let mut slots: Vec<u32> = c.slots.keys().copied().collect();
+                slots.sort_unstable();
+                assert_eq!(held, slots, "{kind}: the policy and the bytes agree");
+                assert!(c.len() <= 3);
+            }
+            assert!(c.contains(5), "{kind}: the pin stays");
+        }
     }
 }

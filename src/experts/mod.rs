@@ -1,6 +1,7 @@
 //! Routed experts: where their native MXFP4 bytes come from and how they are kept.
 
 pub mod aligned_buf;
+pub mod cache_policy;
 pub mod disk_meter;
 pub mod expert_cache;
 pub mod expert_reader;

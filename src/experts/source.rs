@@ -1,6 +1,7 @@
 //! Supplies a MoE layer's chosen experts, in canonical (shard, offset) order, in batches:
 //! cached experts at once, misses as the loader pool delivers them.
 
+use super::cache_policy::CacheSetup;
 use super::disk_meter::DiskMeter;
 use super::expert_cache::LayerCache;
 use super::expert_reader::{ExpertReader, LoadedExpert};
@@ -8,6 +9,7 @@ use super::lent_memory::ReadLender;
 use super::loader_pool::{LoadJob, LoaderPool};
 use super::prefetch::Prefetcher;
 use super::shard_io::IoMode;
+use crate::backend::TierExchange;
 use crate::checkpoint::Checkpoint;
 use crate::stats::Stats;
 use anyhow::{anyhow, Result};
@@ -47,7 +49,10 @@ pub struct ExpertSource {
     meter: Arc<DiskMeter>,
     pool: Option<LoaderPool>,
     caches: Mutex<HashMap<usize, LayerCache>>,
+    cache_setup: CacheSetup,
     prefetch: Prefetcher,
+    /// The backend's tier, which holds an expert instead of the host cache (exclusive).
+    exchange: Option<Arc<dyn TierExchange>>,
 }
 
 enum Item {
@@ -120,8 +125,72 @@ impl ExpertSource {
             meter,
             pool,
             caches: Mutex::new(HashMap::new()),
+            cache_setup: CacheSetup::default(),
             prefetch: Prefetcher::default(),
+            exchange: None,
         })
+    }
+
+    /// This source with the backend's tier `exchange`: an expert lives in the tier or in the
+    /// host cache, never both. Experts the tier takes leave the host cache (promotion), the
+    /// ones it evicts come back into it (demotion), and while the tier takes every upload a
+    /// read expert waits for its demotion before the host cache keeps it.
+    pub fn with_tier_exchange(mut self, exchange: Option<Arc<dyn TierExchange>>) -> Self {
+        if let Some(x) = &exchange {
+            x.want_demotions(self.cfg.slots_per_layer > 0);
+        }
+        self.exchange = exchange;
+        self
+    }
+
+    /// Applies the tier's promotions and the demotions that have arrived to the host caches.
+    fn settle_tier_moves(&self, stats: &mut Stats) -> Result<()> {
+        let Some(x) = &self.exchange else {
+            return Ok(());
+        };
+        let moves = x.take_moves()?;
+        if moves.promoted.is_empty() && moves.demoted.is_empty() {
+            return Ok(());
+        }
+        let mut caches = self
+            .caches
+            .lock()
+            .map_err(|_| anyhow!("expert cache poisoned"))?;
+        for (layer, id) in moves.promoted {
+            if let Some(lc) = caches.get_mut(&layer) {
+                lc.remove(id);
+            }
+        }
+        stats.tier_demotions += moves.demoted.len() as u64;
+        for (layer, e) in moves.demoted {
+            self.layer_cache(&mut caches, layer).insert(Arc::new(e));
+        }
+        Ok(())
+    }
+
+    /// The cache of `layer`, made empty on its first use.
+    fn layer_cache<'m>(
+        &self,
+        caches: &'m mut HashMap<usize, LayerCache>,
+        layer: usize,
+    ) -> &'m mut LayerCache {
+        caches.entry(layer).or_insert_with(|| {
+            LayerCache::with_policy(
+                self.cfg.slots_per_layer,
+                self.cache_setup.kind,
+                self.cache_setup.pins_for(layer),
+            )
+        })
+    }
+
+    /// Runs every layer cache with `setup` (policy and pins), from empty caches.
+    pub fn set_cache_setup(&mut self, setup: CacheSetup) -> Result<()> {
+        self.caches
+            .lock()
+            .map_err(|_| anyhow!("expert cache poisoned"))?
+            .clear();
+        self.cache_setup = setup;
+        Ok(())
     }
 
     /// The settings in force.
@@ -196,9 +265,7 @@ impl ExpertSource {
             .caches
             .lock()
             .map_err(|_| anyhow!("expert cache poisoned"))?;
-        let lc = caches
-            .entry(layer)
-            .or_insert_with(|| LayerCache::new(self.cfg.slots_per_layer));
+        let lc = self.layer_cache(&mut caches, layer);
         Ok(ids
             .iter()
             .zip(resident)
@@ -213,6 +280,10 @@ impl ExpertSource {
     }
 
     fn remember(&self, layer: usize, e: &Arc<LoadedExpert>) -> Result<()> {
+        if self.exchange.as_ref().is_some_and(|x| x.takes_uploads()) {
+            // The tier takes it; the host cache gets it back when the tier evicts it.
+            return Ok(());
+        }
         let mut caches = self
             .caches
             .lock()
@@ -248,6 +319,8 @@ impl ExpertSource {
                 ids.len()
             ));
         }
+        // Experts earlier layers' uploads evicted from the tier come back first.
+        self.settle_tier_moves(stats)?;
         let items = self.classify(layer, ids, resident)?;
         stats.gpu_expert_hits += resident.iter().filter(|&&r| r).count() as u64;
         let misses: Vec<u32> = items
@@ -277,7 +350,8 @@ impl ExpertSource {
         let (busy1, bytes1) = self.meter.totals();
         stats.disk_busy += busy1.saturating_sub(busy0);
         stats.bytes_streamed += bytes1 - bytes0;
-        res
+        res?;
+        self.settle_tier_moves(stats)
     }
 
     fn stream_serial(

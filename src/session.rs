@@ -1,10 +1,16 @@
 //! A conversation with the model and the one decode loop that `k3 run`, `k3 chat` and
 //! `k3 serve` share: the state of everything fed so far (so a new turn only feeds its own
 //! tokens: prefix reuse), chunked prefill, and token-by-token decode under one stop rule.
+//!
+//! A new prompt that extends what was consumed feeds only its suffix. One that diverges
+//! from it (a client resending a conversation whose earlier answer the template renders
+//! differently from how it was generated) goes back to the longest state snapshot that is
+//! a prefix of both and feeds the rest; snapshots are taken at the end of each prompt,
+//! within [`SnapshotLimits`].
 
 use crate::backend::Backend;
 use crate::model::trace::Trace;
-use crate::model::{K3Model, Logits, State};
+use crate::model::{K3Model, Logits, State, StateSnapshot};
 use crate::stats::{RunReport, Stats};
 use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -137,6 +143,22 @@ pub fn prefill<B: Backend>(
     Ok(out)
 }
 
+/// How many state snapshots a session keeps, and in how many bytes at most.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotLimits {
+    /// Snapshots at most (0: none are taken).
+    pub count: usize,
+    /// Bytes they may take together (KDA states plus the logits kept with each).
+    pub bytes: usize,
+}
+
+/// The state after `tokens[..state.pos()]` of the session, with the logits that followed.
+struct Snapshot<B: Backend> {
+    state: StateSnapshot<B>,
+    last_logits: Vec<f32>,
+    bytes: usize,
+}
+
 /// Model state plus the tokens it has consumed.
 pub struct Session<'m, B: Backend> {
     model: &'m K3Model<B>,
@@ -145,6 +167,10 @@ pub struct Session<'m, B: Backend> {
     /// Logits after the last consumed token (empty when nothing was consumed).
     last_logits: Vec<f32>,
     chunk: usize,
+    /// Snapshots of earlier points of `tokens`, shortest first; each one's tokens are a
+    /// prefix of `tokens` (those of an abandoned branch are dropped when it is left).
+    snapshots: Vec<Snapshot<B>>,
+    snapshot_limits: SnapshotLimits,
     /// Counters since the session started.
     pub stats: Stats,
 }
@@ -159,8 +185,58 @@ impl<'m, B: Backend> Session<'m, B> {
             tokens: Vec::new(),
             last_logits: Vec::new(),
             chunk,
+            snapshots: Vec::new(),
+            snapshot_limits: SnapshotLimits::default(),
             stats: Stats::default(),
         })
+    }
+
+    /// Keeps state snapshots at the end of each prompt within `limits` (none by default).
+    pub fn set_snapshot_limits(&mut self, limits: SnapshotLimits) {
+        self.snapshot_limits = limits;
+        self.evict_snapshots();
+    }
+
+    /// Snapshots held now.
+    pub fn snapshot_count(&self) -> usize {
+        self.snapshots.len()
+    }
+
+    /// Bytes the snapshots held now take.
+    pub fn snapshot_bytes(&self) -> usize {
+        self.snapshots.iter().map(|s| s.bytes).sum()
+    }
+
+    /// Drops the oldest snapshots until the count and bytes are within the limits.
+    fn evict_snapshots(&mut self) {
+        let l = self.snapshot_limits;
+        while !self.snapshots.is_empty()
+            && (self.snapshots.len() > l.count || self.snapshot_bytes() > l.bytes)
+        {
+            self.snapshots.remove(0);
+        }
+    }
+
+    /// Takes a snapshot of the current point, when the limits leave room for one.
+    fn take_snapshot(&mut self) -> Result<()> {
+        let pos = self.tokens.len();
+        let bytes = self.model.snapshot_bytes() + self.last_logits.len() * 4;
+        let l = self.snapshot_limits;
+        if pos == 0
+            || l.count == 0
+            || bytes > l.bytes
+            || self.snapshots.last().is_some_and(|s| s.state.pos() >= pos)
+        {
+            return Ok(());
+        }
+        let state = self.model.snapshot(&self.state)?;
+        self.snapshots.push(Snapshot {
+            state,
+            last_logits: self.last_logits.clone(),
+            bytes,
+        });
+        self.evict_snapshots();
+        Ok(())
     }
 
     /// The model this session runs.
@@ -178,6 +254,7 @@ impl<'m, B: Backend> Session<'m, B> {
         // The tokens go first: should the new state fail, the session is empty, not stale.
         self.tokens.clear();
         self.last_logits.clear();
+        self.snapshots.clear();
         self.state = self.model.new_state()?;
         Ok(())
     }
@@ -222,7 +299,8 @@ impl<'m, B: Backend> Session<'m, B> {
     }
 
     /// Brings the session to exactly `ids`: feeds only the new suffix when what was consumed
-    /// is a prefix of `ids`, else starts over. Returns how many tokens were fed.
+    /// is a prefix of `ids`, else goes back to the longest snapshot that is one (or starts
+    /// over). Returns how many tokens were fed.
     pub fn sync_to(&mut self, ids: &[u32]) -> Result<usize> {
         let reused = self.reuse(ids)?;
         let mut stats = Stats::default();
@@ -236,13 +314,34 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(ids.len() - reused)
     }
 
-    /// Keeps the consumed tokens when they are a prefix of `ids` (resetting otherwise) and
-    /// returns how many are kept.
+    /// Keeps the consumed tokens when they are a prefix of `ids`; else returns to the
+    /// longest snapshot whose tokens are a prefix of `ids` (resetting when none is) and
+    /// drops the snapshots past it, which lie on the abandoned branch. Returns how many
+    /// tokens are kept.
     fn reuse(&mut self, ids: &[u32]) -> Result<usize> {
-        if !ids.starts_with(&self.tokens) {
-            self.reset()?;
+        let common = self
+            .tokens
+            .iter()
+            .zip(ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common == self.tokens.len() {
+            return Ok(common);
         }
-        Ok(self.tokens.len())
+        self.snapshots.retain(|s| s.state.pos() <= common);
+        let Some(snap) = self.snapshots.last() else {
+            self.reset()?;
+            return Ok(0);
+        };
+        let pos = snap.state.pos();
+        if let Err(e) = self.model.restore(&mut self.state, &snap.state) {
+            // The state may be half restored: forget it all.
+            self.reset()?;
+            return Err(e);
+        }
+        self.tokens.truncate(pos);
+        self.last_logits.clone_from(&snap.last_logits);
+        Ok(pos)
     }
 
     /// Brings the session to `prompt` (reusing the prefix it holds), then samples tokens with
@@ -284,6 +383,7 @@ impl<'m, B: Backend> Session<'m, B> {
             g.finish = Finish::Cancelled;
             return Ok(g);
         }
+        self.take_snapshot()?;
         let t1 = Instant::now();
         let mut history = prompt.to_vec();
         let (mut secs, mut step_stats) = (0.0, Stats::default());

@@ -231,6 +231,10 @@ pub trait Backend: ExpertResidency {
     fn kda_state(&self, dims: &KdaDims) -> Result<Self::KdaState>;
     /// Fresh empty latent cache for an MLA layer.
     fn mla_cache(&self, dims: &MlaDims) -> Result<Self::MlaCache>;
+    /// A copy of a KDA state (a snapshot of it, or a snapshot put back into use).
+    fn kda_state_copy(&self, state: &Self::KdaState) -> Result<Self::KdaState>;
+    /// Forgets an MLA cache's positions from `len` on; the earlier ones stay as they were.
+    fn mla_truncate(&self, cache: &mut Self::MlaCache, len: usize) -> Result<()>;
 
     /// `y[t] = W · x[t]` for every row: `[n, in] -> [n, out]`.
     fn matmul(&self, w: &Self::Mat, x: &Self::Act) -> Result<Self::Act>;

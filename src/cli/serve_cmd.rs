@@ -9,6 +9,7 @@ use k3::backend::Backend;
 use k3::model::K3Model;
 use k3::serve::request::{Defaults, Limits};
 use k3::serve::{serve, ServeOptions};
+use k3::session::SnapshotLimits;
 use k3::tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -49,12 +50,21 @@ pub struct ServeArgs {
     /// Seconds a client may take to send its request body; slower ones get 408.
     #[arg(long, default_value_t = 30)]
     pub body_timeout: u64,
-    /// Open connections at most; more are closed at once.
+    /// Open connections at most; more are answered 503 with Retry-After and closed.
     #[arg(long, default_value_t = 256)]
     pub max_connections: usize,
     /// Seconds a client may take to send its request headers.
     #[arg(long, default_value_t = 10)]
     pub header_timeout: u64,
+    /// State snapshots kept (at the end of each prompt) so a resent conversation that
+    /// differs from what the engine holds (an answer rendered without its think channel)
+    /// prefills only from where it differs; 0 turns them off.
+    #[arg(long, env = "K3_SNAPSHOTS", default_value_t = 4)]
+    pub snapshots: usize,
+    /// Memory the state snapshots may take together, in MB (host RAM on the CPU backend,
+    /// device memory on the GPU): one holds every KDA layer's state.
+    #[arg(long, env = "K3_SNAPSHOT_MB", default_value_t = 1024)]
+    pub snapshot_mb: usize,
     /// Thinking when a request does not say: 1 opens the think channel, 0 answers directly.
     #[arg(long, env = "K3_THINK", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub think: u8,
@@ -94,6 +104,19 @@ pub fn run(a: ServeArgs) -> Result<()> {
             a.header_timeout
         );
     }
+    if a.snapshots > 64 {
+        bail!(
+            "--snapshots / K3_SNAPSHOTS must be between 0 and 64, got {}",
+            a.snapshots
+        );
+    }
+    if a.snapshot_mb > 1 << 20 {
+        bail!(
+            "--snapshot-mb / K3_SNAPSHOT_MB must be at most {} (1 TB), got {}",
+            1 << 20,
+            a.snapshot_mb
+        );
+    }
     if a.max_answer == 0 {
         bail!("--max-answer must be at least 1");
     }
@@ -131,6 +154,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         },
         context,
         chunk: a.load.chunk,
+        snapshots: SnapshotLimits {
+            count: a.snapshots,
+            bytes: a.snapshot_mb << 20,
+        },
         body_limit: a.max_body_mb << 20,
         body_timeout: Duration::from_secs(a.body_timeout),
         http_threads: 2,

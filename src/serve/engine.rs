@@ -11,7 +11,7 @@ use super::stop_strings::StopStrings;
 use crate::backend::Backend;
 use crate::model::K3Model;
 use crate::sampling::Sampler;
-use crate::session::{DecodeOptions, Finish, Flow, Session};
+use crate::session::{DecodeOptions, Finish, Flow, Session, SnapshotLimits};
 use crate::stats::Stats;
 use crate::tokenizer::{Channel, ChatEvent, ChatSplitter, StreamDecoder, Tokenizer};
 use anyhow::Result;
@@ -135,15 +135,18 @@ pub struct EngineShared {
     pub stopping: AtomicBool,
 }
 
-/// Serves jobs until every sender of `jobs` is gone.
+/// Serves jobs until every sender of `jobs` is gone, keeping state snapshots within
+/// `snapshots` so a prompt that diverges from the held conversation reuses what it can.
 pub fn run_engine<B: Backend>(
     model: &K3Model<B>,
     tok: &Tokenizer,
     chunk: usize,
+    snapshots: SnapshotLimits,
     jobs: mpsc::Receiver<Job>,
     shared: &EngineShared,
 ) -> Result<()> {
     let mut session = Session::new(model, chunk)?;
+    session.set_snapshot_limits(snapshots);
     let eos = model.ckpt.config.eos_token_ids.clone();
     while let Ok(job) = jobs.recv() {
         shared.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);

@@ -18,6 +18,7 @@ pub mod stop_strings;
 
 use crate::backend::Backend;
 use crate::model::K3Model;
+use crate::session::SnapshotLimits;
 use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result};
 use engine::{run_engine, EngineShared};
@@ -47,13 +48,15 @@ pub struct ServeOptions {
     pub context: usize,
     /// Prefill chunk.
     pub chunk: usize,
+    /// State snapshots kept for prompts that diverge from the held conversation.
+    pub snapshots: SnapshotLimits,
     /// Largest request body, in bytes.
     pub body_limit: usize,
     /// Longest wait for a request body.
     pub body_timeout: Duration,
     /// HTTP worker threads.
     pub http_threads: usize,
-    /// Open connections at most; more are closed at once.
+    /// Open connections at most; more are answered 503 with Retry-After and closed.
     pub max_connections: usize,
     /// Longest wait for a request's headers.
     pub header_timeout: Duration,
@@ -132,7 +135,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         model.backend.name()
     );
     // Returns once the HTTP side has stopped and dropped every sender of the queue.
-    let engine = run_engine(model, &tok, opts.chunk, jobs_rx, &shared);
+    let engine = run_engine(model, &tok, opts.chunk, opts.snapshots, jobs_rx, &shared);
     let http = http
         .join()
         .map_err(|_| anyhow::anyhow!("the HTTP thread panicked"))?;

@@ -7,6 +7,7 @@ mod mla;
 mod moe;
 mod norm;
 mod router;
+mod state_copy;
 
 use super::{
     Backend, ExpertAssignment, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights,
@@ -117,6 +118,14 @@ impl Backend for CpuBackend {
 
     fn mla_cache(&self, dims: &MlaDims) -> Result<MlaCache> {
         Ok(MlaCache::new(dims))
+    }
+
+    fn kda_state_copy(&self, state: &KdaState) -> Result<KdaState> {
+        state_copy::kda_state_copy(state)
+    }
+
+    fn mla_truncate(&self, cache: &mut MlaCache, len: usize) -> Result<()> {
+        state_copy::mla_truncate(cache, len)
     }
 
     fn matmul(&self, w: &DenseMatrix, x: &CpuAct) -> Result<CpuAct> {

@@ -25,6 +25,7 @@ pub mod profiler;
 pub mod read_staging;
 mod router;
 pub mod shaders;
+mod state_copy;
 pub mod stationary;
 pub mod upload_path;
 pub mod vram_budget;
@@ -225,6 +226,14 @@ impl Backend for GpuBackend {
 
     fn mla_cache(&self, dims: &MlaDims) -> Result<GpuMlaCache> {
         self.mla_cache_op(dims)
+    }
+
+    fn kda_state_copy(&self, state: &GpuKdaState) -> Result<GpuKdaState> {
+        self.kda_state_copy_op(state)
+    }
+
+    fn mla_truncate(&self, cache: &mut GpuMlaCache, len: usize) -> Result<()> {
+        self.mla_truncate_op(cache, len)
     }
 
     fn matmul(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {

@@ -36,14 +36,14 @@ struct Layer<B: Backend> {
 }
 
 /// Recurrent state of one layer.
-enum LayerState<B: Backend> {
+pub(super) enum LayerState<B: Backend> {
     Kda(B::KdaState),
     Mla(B::MlaCache),
 }
 
 /// Everything a conversation carries from token to token: KDA states and MLA caches.
 pub struct State<B: Backend> {
-    layers: Vec<LayerState<B>>,
+    pub(super) layers: Vec<LayerState<B>>,
     /// Tokens consumed so far.
     pub pos: usize,
 }
@@ -160,17 +160,8 @@ impl<B: Backend> K3Model<B> {
 
     /// Replaces how experts are read and cached (after the RAM clamp has sized the cache).
     pub fn set_streaming(&mut self, cfg: StreamConfig) -> Result<()> {
-        let mut next = ExpertSource::with_lender(cfg, self.backend.read_lender())?;
-        // The cache policy, pins and routing tap outlive a change of streaming settings.
-        next.set_cache_setup(self.experts.cache_setup().clone())?;
-        next.set_route_tap(self.experts.route_tap().cloned());
-        self.experts = next;
+        self.experts = ExpertSource::with_lender(cfg, self.backend.read_lender())?;
         Ok(())
-    }
-
-    /// The expert source, to choose its cache policy and routing tap.
-    pub fn experts_mut(&mut self) -> &mut ExpertSource {
-        &mut self.experts
     }
 
     /// Reads the next MoE layer's likely experts ahead while a layer computes
@@ -227,9 +218,6 @@ impl<B: Backend> K3Model<B> {
         let cfg = &self.ckpt.config;
         let eps = cfg.rms_norm_eps;
         let h_dim = cfg.hidden_size;
-        if let Some(tap) = self.experts.route_tap() {
-            tap.begin_chunk(st.pos)?;
-        }
         let mut h = self.embed(ids)?;
         let mut bank: Vec<B::Act> = Vec::new();
         // Reads guessed for a next layer run between the layers' own streams, so the disk

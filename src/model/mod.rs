@@ -8,9 +8,10 @@ pub mod kda;
 pub mod loader;
 pub mod mla;
 pub mod moe;
-pub mod route_trace;
 pub mod state_size;
+pub mod state_snapshot;
 pub mod trace;
 
 pub use format_policy::FormatPolicy;
 pub use k3::{K3Model, Logits, State};
+pub use state_snapshot::StateSnapshot;

@@ -167,16 +167,19 @@ pub fn skipped_line(s: &Stats) -> Option<String> {
     })
 }
 
-/// `[K3] prefetch: N guessed reads, H used (P%), U dropped unread, X GB wasted`, or `None`
+/// `[K3] prefetch: N guessed reads, H used (P%), U dropped unread, W read for nothing (X GB)`,
+/// or `None`
 /// when nothing was guessed.
 pub fn prefetch_line(s: &Stats) -> Option<String> {
     (s.prefetch_guesses > 0).then(|| {
         format!(
-            "[K3] prefetch: {} guessed reads, {} used ({:.1}%), {} dropped unread, {:.2} GB wasted",
+            "[K3] prefetch: {} guessed reads, {} used ({:.1}%), {} dropped unread, {} read for nothing ({:.2} GB)",
             s.prefetch_guesses,
             s.prefetch_hits,
             100.0 * s.prefetch_hits as f64 / s.prefetch_guesses as f64,
             s.prefetch_unread,
+            s.prefetch_guesses
+                .saturating_sub(s.prefetch_hits + s.prefetch_unread),
             s.prefetch_wasted_bytes as f64 / 1e9
         )
     })
@@ -305,7 +308,7 @@ mod tests {
         };
         assert_eq!(
             prefetch_line(&p).unwrap(),
-            "[K3] prefetch: 8 guessed reads, 6 used (75.0%), 1 dropped unread, 0.02 GB wasted"
+            "[K3] prefetch: 8 guessed reads, 6 used (75.0%), 1 dropped unread, 1 read for nothing (0.02 GB)"
         );
         assert_eq!(
             time_line(&s, 1.26),

@@ -336,6 +336,45 @@ fn a_resent_conversation_reuses_the_prefix_and_answers_the_same() {
 }
 
 #[test]
+fn a_resent_conversation_whose_answer_renders_differently_reuses_a_snapshot() {
+    let dir = support::tiny(0);
+    let reuse = Server::start(&dir, &[]);
+    let fresh = Server::start(&dir, &[]);
+    let chat = |s: &Server, body: &Value| {
+        let (st, v) = post_json(&s.url("/v1/chat/completions"), body);
+        assert_eq!(st, 200, "{v}");
+        v
+    };
+    let q = "Tell me about lighthouses.";
+    let first = json!({"messages": [{"role": "user", "content": q}],
+                       "max_tokens": 12, "temperature": 0, "ignore_eos": true,
+                       "chat_template_kwargs": {"enable_thinking": true}});
+    let a = chat(&reuse, &first);
+    let prompt = a["usage"]["prompt_tokens"].as_u64().unwrap();
+    // The client keeps only the answer's content: the think channel is dropped from the
+    // history, so the held tokens are no prefix of the new prompt.
+    let next = json!({"messages": [
+        {"role": "user", "content": q},
+        {"role": "assistant", "content": format!("{} (edited)", a["choices"][0]["message"]["content"].as_str().unwrap_or(""))},
+        {"role": "user", "content": "And their keepers?"}],
+        "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+        "chat_template_kwargs": {"enable_thinking": true}});
+    let b = chat(&reuse, &next);
+    let c = cached(&b);
+    assert!(
+        c > 0 && c <= prompt,
+        "cached {c} of the first prompt's {prompt}: {b}"
+    );
+    let b_fresh = chat(&fresh, &next);
+    assert_eq!(cached(&b_fresh), 0);
+    assert_eq!(b["choices"][0]["message"], b_fresh["choices"][0]["message"]);
+    assert_eq!(
+        b["usage"]["completion_tokens"],
+        b_fresh["usage"]["completion_tokens"]
+    );
+}
+
+#[test]
 fn greedy_answer_equals_run_chat_and_typed_markers_stay_text() {
     let dir = support::tiny(0);
     let d = dir.to_str().unwrap();
@@ -630,15 +669,37 @@ fn connections_are_bounded_and_slow_headers_time_out() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(200));
-    // A fourth connection is closed at once: no slot is left.
+    // A fourth connection is answered 503 with Retry-After and an OpenAI error, then
+    // closed: no slot is left.
     let mut extra = TcpStream::connect(&s.addr).unwrap();
     extra
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
     let _ = extra.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
-    let mut buf = [0u8; 64];
-    let got = extra.read(&mut buf).unwrap_or(0);
-    assert_eq!(got, 0, "{}", String::from_utf8_lossy(&buf[..got]));
+    let mut answer = Vec::new();
+    extra.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 503 "), "{answer}");
+    assert!(head.contains("retry-after: 1\r\n"), "{answer}");
+    assert!(head.contains("connection: close"), "{answer}");
+    let v: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["error"]["type"], "server_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-connections"),
+        "{v}"
+    );
+    // Refused ones hold no slot: a flood of them is answered too, one after another.
+    for _ in 0..5 {
+        let mut c = TcpStream::connect(&s.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut head = [0u8; 12];
+        c.read_exact(&mut head).unwrap();
+        assert_eq!(&head, b"HTTP/1.1 503");
+    }
     // The three whose headers never end are closed once the header timeout passes.
     let t = std::time::Instant::now();
     for mut c in partial {
@@ -652,4 +713,29 @@ fn connections_are_bounded_and_slow_headers_time_out() {
     let (st, body) = get(&s.url("/v1/chat/completions"), None);
     assert_eq!(st, 405, "{body}");
     assert!(body.contains("invalid_request_error"), "{body}");
+}
+
+#[test]
+fn out_of_range_serve_flags_are_refused_naming_the_flag() {
+    let dir = support::tiny(0);
+    for (flag, value) in [
+        ("--queue", "0"),
+        ("--max-body-mb", "0"),
+        ("--body-timeout", "0"),
+        ("--max-connections", "0"),
+        ("--header-timeout", "0"),
+        ("--max-answer", "0"),
+        ("--snapshots", "65"),
+        ("--snapshot-mb", "2000000"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_k3"))
+            .arg("serve")
+            .arg(&dir)
+            .args(["--port", "0", flag, value])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value} was accepted");
+        assert!(err.contains(flag), "{flag} {value}: {err}");
+    }
 }

@@ -1,7 +1,9 @@
-//! The accept loop: at most `max_connections` open connections (more are closed at once),
-//! request headers that must arrive within `header_timeout`, and on shutdown every
-//! connection finishes its request in flight and closes.
+//! The accept loop: at most `max_connections` open connections (one more is answered 503
+//! with `Retry-After` and closed), request headers that must arrive within
+//! `header_timeout`, and on shutdown every connection finishes its request in flight and
+//! closes.
 
+use super::api_error::ApiError;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -9,7 +11,8 @@ use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
@@ -22,6 +25,55 @@ pub struct ConnectionLimits {
     pub header_timeout: Duration,
 }
 
+/// Connections over the limit being answered 503 at once, at most; past that they are
+/// closed without an answer, so a flood costs a bounded amount.
+const REFUSALS_IN_FLIGHT: usize = 64;
+/// How long a refused connection may take to receive its answer and close.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+/// Bytes of a refused client's request read (and dropped) before closing.
+const REFUSAL_DRAIN: usize = 64 << 10;
+
+/// The whole HTTP answer to a connection over the limit: 503, `Retry-After`, an
+/// OpenAI-style error naming the flag.
+pub fn over_limit_answer(max_connections: usize) -> Vec<u8> {
+    let e = ApiError {
+        retry_after: Some(1),
+        ..ApiError::status(
+            503,
+            format!(
+                "the server holds its limit of {max_connections} open connections \
+                 (--max-connections); retry shortly"
+            ),
+        )
+    };
+    let body = e.body().to_string();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Answers a connection over the limit, then reads what the client sent until it closes
+/// (closing with unread bytes would reset the connection and could lose the answer).
+async fn refuse(mut stream: TcpStream, answer: Arc<[u8]>) {
+    let _ = tokio::time::timeout(REFUSAL_LINGER, async {
+        stream.write_all(&answer).await?;
+        stream.shutdown().await?;
+        let mut buf = [0u8; 4096];
+        let mut drained = 0;
+        while drained < REFUSAL_DRAIN {
+            match stream.read(&mut buf).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then drains the connections.
 pub async fn serve_connections(
     listener: TcpListener,
@@ -30,6 +82,8 @@ pub async fn serve_connections(
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let refusals = Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT));
+    let answer: Arc<[u8]> = over_limit_answer(limits.max_connections).into();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     tokio::pin!(shutdown);
@@ -48,8 +102,14 @@ pub async fn serve_connections(
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Over the limit: closing at once costs nothing and holds nothing.
-            drop(stream);
+            // Over the limit: answer 503 on a slot of its own, or (in a flood of them) close.
+            if let Ok(r) = refusals.clone().try_acquire_owned() {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let _r = r;
+                    refuse(stream, answer).await;
+                });
+            }
             continue;
         };
         let _ = stream.set_nodelay(true);

@@ -11,6 +11,7 @@ pub mod prefetch;
 pub mod ram_budget;
 pub mod shard_io;
 pub mod source;
+pub mod usage_history;
 
 pub use expert_reader::{ExpertReader, LoadedExpert};
 pub use lent_memory::{LentRegion, ReadLender};

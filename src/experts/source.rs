@@ -2,6 +2,7 @@
 //! cached experts at once, misses as the loader pool delivers them.
 
 use super::cache_policy::CacheSetup;
+use crate::model::route_trace::RouteTap;
 use super::disk_meter::DiskMeter;
 use super::expert_cache::LayerCache;
 use super::expert_reader::{ExpertReader, LoadedExpert};
@@ -50,6 +51,7 @@ pub struct ExpertSource {
     pool: Option<LoaderPool>,
     caches: Mutex<HashMap<usize, LayerCache>>,
     cache_setup: CacheSetup,
+    route_tap: Option<Arc<RouteTap>>,
     prefetch: Prefetcher,
     /// The backend's tier, which holds an expert instead of the host cache (exclusive).
     exchange: Option<Arc<dyn TierExchange>>,
@@ -126,6 +128,7 @@ impl ExpertSource {
             pool,
             caches: Mutex::new(HashMap::new()),
             cache_setup: CacheSetup::default(),
+            route_tap: None,
             prefetch: Prefetcher::default(),
             exchange: None,
         })
@@ -191,6 +194,21 @@ impl ExpertSource {
             .clear();
         self.cache_setup = setup;
         Ok(())
+    }
+
+    /// The policy and pins every layer cache runs.
+    pub fn cache_setup(&self) -> &CacheSetup {
+        &self.cache_setup
+    }
+
+    /// Records every MoE layer's routes into `tap` (`--route-trace`, usage history).
+    pub fn set_route_tap(&mut self, tap: Option<Arc<RouteTap>>) {
+        self.route_tap = tap;
+    }
+
+    /// The routing tap, when one records.
+    pub fn route_tap(&self) -> Option<&Arc<RouteTap>> {
+        self.route_tap.as_ref()
     }
 
     /// The settings in force.

@@ -160,8 +160,17 @@ impl<B: Backend> K3Model<B> {
 
     /// Replaces how experts are read and cached (after the RAM clamp has sized the cache).
     pub fn set_streaming(&mut self, cfg: StreamConfig) -> Result<()> {
-        self.experts = ExpertSource::with_lender(cfg, self.backend.read_lender())?;
+        let mut next = ExpertSource::with_lender(cfg, self.backend.read_lender())?;
+        // The cache policy, pins and routing tap outlive a change of streaming settings.
+        next.set_cache_setup(self.experts.cache_setup().clone())?;
+        next.set_route_tap(self.experts.route_tap().cloned());
+        self.experts = next;
         Ok(())
+    }
+
+    /// The expert source, to choose its cache policy and routing tap.
+    pub fn experts_mut(&mut self) -> &mut ExpertSource {
+        &mut self.experts
     }
 
     /// Reads the next MoE layer's likely experts ahead while a layer computes
@@ -218,6 +227,9 @@ impl<B: Backend> K3Model<B> {
         let cfg = &self.ckpt.config;
         let eps = cfg.rms_norm_eps;
         let h_dim = cfg.hidden_size;
+        if let Some(tap) = self.experts.route_tap() {
+            tap.begin_chunk(st.pos)?;
+        }
         let mut h = self.embed(ids)?;
         let mut bank: Vec<B::Act> = Vec::new();
         // Reads guessed for a next layer run between the layers' own streams, so the disk

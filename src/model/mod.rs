@@ -8,6 +8,7 @@ pub mod kda;
 pub mod loader;
 pub mod mla;
 pub mod moe;
+pub mod route_trace;
 pub mod state_size;
 pub mod state_snapshot;
 pub mod trace;

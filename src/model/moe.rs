@@ -101,6 +101,9 @@ impl<B: Backend> Moe<B> {
         }
         let mut ids = distinct_experts(&routes);
         ExpertSource::canonical_order(ck, self.layer, &mut ids)?;
+        if let Some(tap) = source.route_tap() {
+            tap.record(self.layer, &routes, &ids)?;
+        }
         // Pinned now, the resident experts stay on the backend until this layer is done.
         let mut resident = b.pin_resident_experts(self.layer, &ids)?;
         if let Some(below) = sel.skip_uncached_below {

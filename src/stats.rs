@@ -34,6 +34,10 @@ pub struct Stats {
     pub experts_skipped: u64,
     /// Bytes those experts would have taken to read or hold.
     pub bytes_skipped: u64,
+    /// Experts the backend's tier took from host memory (the host cache dropped its copy).
+    pub tier_promotions: u64,
+    /// Experts the tier evicted and gave back to the host cache.
+    pub tier_demotions: u64,
     /// Expert reads started for a guess of the next MoE layer's routing (`--prefetch`).
     pub prefetch_guesses: u64,
     /// Of the guesses, experts their layer then needed.
@@ -54,6 +58,11 @@ impl Stats {
         }
     }
 
+    /// Hits in the host RAM cache (the hits the backend's tier did not serve).
+    pub fn ram_expert_hits(&self) -> u64 {
+        self.expert_hits.saturating_sub(self.gpu_expert_hits)
+    }
+
     /// The sum of two sets of counters (prefill + decode).
     pub fn plus(&self, o: &Stats) -> Stats {
         Stats {
@@ -70,6 +79,8 @@ impl Stats {
             router_wait: self.router_wait + o.router_wait,
             experts_skipped: self.experts_skipped + o.experts_skipped,
             bytes_skipped: self.bytes_skipped + o.bytes_skipped,
+            tier_promotions: self.tier_promotions + o.tier_promotions,
+            tier_demotions: self.tier_demotions + o.tier_demotions,
             prefetch_guesses: self.prefetch_guesses + o.prefetch_guesses,
             prefetch_hits: self.prefetch_hits + o.prefetch_hits,
             prefetch_unread: self.prefetch_unread + o.prefetch_unread,
@@ -93,6 +104,8 @@ impl Stats {
             router_wait: self.router_wait.saturating_sub(earlier.router_wait),
             experts_skipped: self.experts_skipped - earlier.experts_skipped,
             bytes_skipped: self.bytes_skipped - earlier.bytes_skipped,
+            tier_promotions: self.tier_promotions - earlier.tier_promotions,
+            tier_demotions: self.tier_demotions - earlier.tier_demotions,
             prefetch_guesses: self.prefetch_guesses - earlier.prefetch_guesses,
             prefetch_hits: self.prefetch_hits - earlier.prefetch_hits,
             prefetch_unread: self.prefetch_unread - earlier.prefetch_unread,
@@ -124,6 +137,21 @@ pub fn decode_line(tokens: usize, secs: f64, s: &Stats) -> String {
         s.expert_lookups,
         s.bytes_streamed as f64 / 1e9
     )
+}
+
+/// `[K3] tiers: VRAM hits %llu | RAM hits %llu | misses %llu | promoted %llu demoted %llu`,
+/// or `None` when the backend has no tier in play (no VRAM hit, nothing moved).
+pub fn tiers_line(s: &Stats) -> Option<String> {
+    (s.gpu_expert_hits + s.tier_promotions + s.tier_demotions > 0).then(|| {
+        format!(
+            "[K3] tiers: VRAM hits {} | RAM hits {} | misses {} | promoted {} demoted {}",
+            s.gpu_expert_hits,
+            s.ram_expert_hits(),
+            s.expert_lookups.saturating_sub(s.expert_hits),
+            s.tier_promotions,
+            s.tier_demotions
+        )
+    })
 }
 
 /// `[K3] time: attn %.1fs moe %.1fs (eload %.1fs) head %.1fs | RSS %.1f GB`
@@ -230,6 +258,9 @@ pub fn run_json(prompt_tokens: usize, g: &impl RunReport, total: &Stats) -> serd
             "head_s": s.head.as_secs_f64(),
             "expert_hits": s.expert_hits,
             "gpu_hits": s.gpu_expert_hits,
+            "ram_hits": s.ram_expert_hits(),
+            "tier_promotions": s.tier_promotions,
+            "tier_demotions": s.tier_demotions,
             "expert_lookups": s.expert_lookups,
             "hit_percent": s.hit_percent(),
             "bytes_streamed": s.bytes_streamed,

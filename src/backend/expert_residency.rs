@@ -2,7 +2,35 @@
 //! tier (VRAM on a GPU) and the memory it lends for reads. The model asks these questions
 //! of every backend; one without device memory keeps the defaults (no tier, host reads).
 
+use crate::experts::LoadedExpert;
 use anyhow::Result;
+use std::sync::Arc;
+
+/// An expert by layer and id, as a backend's tier names it.
+pub type TierKey = (usize, u32);
+
+/// Experts that moved between a backend's tier and the host cache since the last report.
+#[derive(Default)]
+pub struct TierMoves {
+    /// Taken into the tier from host bytes: the host cache drops its copy.
+    pub promoted: Vec<TierKey>,
+    /// Evicted from the tier, their bytes brought back to host memory: the host cache takes
+    /// them as it takes an expert just read.
+    pub demoted: Vec<(usize, LoadedExpert)>,
+}
+
+/// How the expert source and a backend's tier keep one expert in one place: the backend
+/// reports what it took and what it gave back, the source moves its host copies to match.
+pub trait TierExchange: Send + Sync {
+    /// Whether the tier takes every expert the backend is handed (it has slots): the source
+    /// then keeps a read expert in host memory only when the tier gives it back.
+    fn takes_uploads(&self) -> bool;
+    /// Whether evicted experts should come back to host memory (the host cache has slots).
+    fn want_demotions(&self, yes: bool);
+    /// The moves since the last call; demotions whose bytes have not arrived yet wait for a
+    /// later call.
+    fn take_moves(&self) -> Result<TierMoves>;
+}
 
 /// What a backend can say about its free device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +66,12 @@ pub trait ExpertResidency {
     }
     /// Memory this backend lends for expert reads, so they land where it uploads from;
     /// `None` (the default) when reads into host memory serve it as well.
-    fn read_lender(&self) -> Option<std::sync::Arc<dyn crate::experts::ReadLender>> {
+    fn read_lender(&self) -> Option<Arc<dyn crate::experts::ReadLender>> {
+        None
+    }
+    /// The exchange between this backend's tier and the host cache, `None` (the default)
+    /// for a backend without a tier.
+    fn tier_exchange(&self) -> Option<Arc<dyn TierExchange>> {
         None
     }
     /// Device memory free now, after everything allocated so far; it sizes the expert tier

@@ -11,7 +11,7 @@ pub mod gpu;
 pub mod select;
 pub mod shape_checks;
 
-pub use expert_residency::{ExpertResidency, FreeDeviceMemory};
+pub use expert_residency::{ExpertResidency, FreeDeviceMemory, TierExchange, TierKey, TierMoves};
 
 use crate::quant::{DenseMatrix, Mxfp4View};
 use anyhow::Result;

@@ -189,6 +189,9 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
     let total = g.prefill_stats.plus(&g.decode_stats);
     eprintln!("{}", stats::time_line(&total, stats::rss_gb()));
     eprintln!("{}", stats::disk_line(&total));
+    if let Some(line) = stats::tiers_line(&total) {
+        eprintln!("{line}");
+    }
     if let Some(line) = stats::prefetch_line(&total) {
         eprintln!("{line}");
     }

@@ -177,6 +177,19 @@ impl SlotPolicy {
         }
     }
 
+    /// Stops holding `id` (it moved to another tier), keeping what the policy learned of
+    /// its uses; true when it was held.
+    pub fn remove(&mut self, id: u32) -> bool {
+        if self.pinned_held.remove(&id) {
+            return true;
+        }
+        match &mut self.inner {
+            Inner::Lru(p) => p.remove(id),
+            Inner::Lfu(p) => p.remove(id),
+            Inner::TwoQ(p) => p.remove(id),
+        }
+    }
+
     /// Held experts, the next to be evicted first; pinned ones (never evicted) last, by id.
     pub fn eviction_order(&self) -> Vec<u32> {
         let mut v = match &self.inner {
@@ -254,6 +267,12 @@ impl Lru {
     }
     fn order(&self) -> Vec<u32> {
         self.by_tick.values().copied().collect()
+    }
+    fn remove(&mut self, id: u32) -> bool {
+        match self.tick_of.remove(&id) {
+            Some(t) => self.by_tick.remove(&t).is_some(),
+            None => false,
+        }
     }
 }
 
@@ -384,6 +403,12 @@ impl LfuDecay {
     fn order(&self) -> Vec<u32> {
         self.held.iter().map(|&(_, _, id)| id).collect()
     }
+    fn remove(&mut self, id: u32) -> bool {
+        let (Some(t), Some(&k)) = (self.last.remove(&id), self.key.get(&id)) else {
+            return false;
+        };
+        self.held.remove(&(Score(k), t, id))
+    }
 }
 
 /// 2Q (Johnson and Shasha): `a1in` a FIFO of first uses (a quarter of the slots), `a1out`
@@ -462,6 +487,13 @@ impl TwoQ {
         // Which queue yields next depends on their sizes then; this lists a1in (oldest
         // first) then am (least recent first), the order when a1in is over its share.
         self.a1in.iter().copied().chain(self.am.order()).collect()
+    }
+    fn remove(&mut self, id: u32) -> bool {
+        if let Some(at) = self.a1in.iter().position(|&g| g == id) {
+            self.a1in.remove(at);
+            return true;
+        }
+        self.am.remove(id)
     }
     #[cfg(test)]
     fn ghosts(&self) -> Vec<u32> {

@@ -70,6 +70,12 @@ impl LayerCache {
         }
     }
 
+    /// Drops expert `id` (it moved to the backend's tier); true when it was held.
+    pub fn remove(&mut self, id: u32) -> bool {
+        self.policy.remove(id);
+        self.slots.remove(&id).is_some()
+    }
+
     /// Ids held, the next to be evicted first (for tests and diagnostics).
     pub fn eviction_order(&self) -> Vec<u32> {
         self.policy.eviction_order()
@@ -92,6 +98,27 @@ mod tests {
         assert!(c.get(2).is_none());
         c.insert(fake_expert(3));
         assert_eq!(c.len(), 2, "re-inserting a held expert evicts nothing");
+    }
+
+    #[test]
+    fn a_removed_expert_leaves_its_slot_to_the_next() {
+        for kind in PolicyKind::ALL {
+            let mut c = LayerCache::with_policy(2, kind, &[]);
+            for id in [1, 2] {
+                assert!(c.get(id).is_none());
+                c.insert(fake_expert(id));
+            }
+            let before = c.len();
+            assert!(c.remove(1), "{kind}");
+            assert!(!c.remove(1), "{kind}: removed once");
+            assert!(!c.contains(1) && c.get(1).is_none(), "{kind}");
+            assert_eq!(c.len(), before - 1, "{kind}");
+            assert!(!c.eviction_order().contains(&1), "{kind}");
+            if c.get(3).is_none() {
+                c.insert(fake_expert(3));
+            }
+            assert!(c.len() <= 2, "{kind}");
+        }
     }
 
     #[test]

@@ -40,6 +40,31 @@ impl LoadedExpert {
         self.len() == 0
     }
 
+    /// An expert of id `id` from its six tensors' bytes back to back in `bytes`, in the
+    /// order of [`LoadedExpert::weights`] (w1 packed, w1 scales, w2 packed, w2 scales, w3
+    /// packed, w3 scales) with the given lengths: bytes a backend brings back from its tier.
+    pub fn from_parts(id: u32, bytes: &[u8], lens: [usize; 6]) -> Result<Self> {
+        let total: usize = lens.iter().sum();
+        if total != bytes.len() {
+            return Err(anyhow!(
+                "internal: expert {id}: {} bytes for parts of {total}",
+                bytes.len()
+            ));
+        }
+        let mut buf = AlignedBuf::new(total);
+        buf.copy_from_slice(bytes);
+        let mut at = 0;
+        let parts = lens.map(|n| {
+            at += n;
+            at - n..at
+        });
+        Ok(Self {
+            id,
+            buf: ExpertBytes::Host(buf),
+            parts,
+        })
+    }
+
     /// The expert as the backend lent it for the read, when it was (then there are no
     /// host views of it: [`LoadedExpert::weights`] refuses).
     pub fn staged(&self, cfg: &Config) -> Option<StagedExpert<'_>> {

@@ -147,7 +147,7 @@ impl ExpertSource {
     }
 
     /// Applies the tier's promotions and the demotions that have arrived to the host caches.
-    fn settle_tier_moves(&self, stats: &mut Stats) -> Result<()> {
+    pub fn settle_tier_moves(&self, stats: &mut Stats) -> Result<()> {
         let Some(x) = &self.exchange else {
             return Ok(());
         };
@@ -159,6 +159,7 @@ impl ExpertSource {
             .caches
             .lock()
             .map_err(|_| anyhow!("expert cache poisoned"))?;
+        stats.tier_promotions += moves.promoted.len() as u64;
         for (layer, id) in moves.promoted {
             if let Some(lc) = caches.get_mut(&layer) {
                 lc.remove(id);

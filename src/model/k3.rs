@@ -119,7 +119,8 @@ impl<B: Backend> K3Model<B> {
         ld.finish();
         drop(ld);
         ckpt.release_mapped_pages();
-        let experts = ExpertSource::with_lender(StreamConfig::default(), backend.read_lender())?;
+        let experts = ExpertSource::with_lender(StreamConfig::default(), backend.read_lender())?
+            .with_tier_exchange(backend.tier_exchange());
         Ok(Self {
             glu: Glu::Situ {
                 beta: cfg.situ_beta,
@@ -160,7 +161,8 @@ impl<B: Backend> K3Model<B> {
 
     /// Replaces how experts are read and cached (after the RAM clamp has sized the cache).
     pub fn set_streaming(&mut self, cfg: StreamConfig) -> Result<()> {
-        let mut next = ExpertSource::with_lender(cfg, self.backend.read_lender())?;
+        let mut next = ExpertSource::with_lender(cfg, self.backend.read_lender())?
+            .with_tier_exchange(self.backend.tier_exchange());
         // The cache policy, pins and routing tap outlive a change of streaming settings.
         next.set_cache_setup(self.experts.cache_setup().clone())?;
         next.set_route_tap(self.experts.route_tap().cloned());

@@ -20,6 +20,8 @@ pub struct ExpertTier {
     fresh: usize,
     pinned: HashSet<ExpertKey>,
     tick: u64,
+    /// The expert the last [`ExpertTier::reserve`] evicted, until taken.
+    evicted: Option<ExpertKey>,
 }
 
 impl ExpertTier {
@@ -99,11 +101,22 @@ impl ExpertTier {
                 .min_by_key(|(_, (_, t))| *t)
                 .map(|(&k, &(s, _))| (k, s))?;
             self.slots.remove(&victim.0);
+            self.evicted = Some(victim.0);
             victim.1
         };
         self.tick += 1;
         self.slots.insert(key, (slot, self.tick));
         Some(slot)
+    }
+
+    /// The expert the last reservation evicted from its slot, once.
+    pub fn take_evicted(&mut self) -> Option<ExpertKey> {
+        self.evicted.take()
+    }
+
+    /// Whether `key` is held, without marking it used.
+    pub fn holds(&self, key: ExpertKey) -> bool {
+        self.slots.contains_key(&key)
     }
 
     /// Experts held.
@@ -132,8 +145,12 @@ mod tests {
         assert_eq!(t.reserve(k(0, 1), &none), Some(0));
         assert_eq!(t.reserve(k(0, 2), &none), Some(1));
         assert_eq!(t.lookup(k(0, 1)), Some(0));
+        assert_eq!(t.take_evicted(), None, "fresh slots evict nothing");
         // 2 is the least recent: evicted for 3.
         assert_eq!(t.reserve(k(1, 3), &none), Some(1));
+        assert_eq!(t.take_evicted(), Some(k(0, 2)));
+        assert_eq!(t.take_evicted(), None, "taken once");
+        assert!(t.holds(k(1, 3)) && !t.holds(k(0, 2)));
         assert_eq!(t.lookup(k(0, 2)), None);
         // Pin 1 (layer 0): 3 must go even though it is more recent.
         assert_eq!(t.pin(0, &[1, 2]), vec![true, false]);

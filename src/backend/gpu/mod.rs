@@ -36,7 +36,7 @@ pub use matmul::{GpuFormat, GpuMat, DIGITS_FROM_ROWS};
 
 use super::{
     Backend, ExpertAssignment, ExpertResidency, FreeDeviceMemory, Glu, KdaDims, KdaStepInputs,
-    KdaStepWeights, MlaAttnWeights, MlaDims, Route, RouterParams,
+    KdaStepWeights, MlaAttnWeights, MlaDims, Route, RouterParams, TierExchange,
 };
 use crate::experts::ReadLender;
 use crate::quant::DenseMatrix;
@@ -55,6 +55,10 @@ pub struct GpuBackend {
     /// Device buffers that streamed experts outside the tier are written into, kept from
     /// call to call (see `moe::GpuBackend::arena`).
     transient: Mutex<Vec<Option<moe::Arena>>>,
+    /// What the last prefill chunk of each layer uploaded outside the tier (`moe/carry.rs`).
+    carry: Mutex<moe::Carry>,
+    /// The tier's promotions and demotions for the host cache (`moe/exchange.rs`).
+    exchange: Arc<moe::Mailbox>,
     /// Activation buffers for reuse (`None`: every activation gets a new buffer).
     pool: Option<Arc<BufferPool>>,
     /// [`GpuOptions::poison_reused`].
@@ -73,10 +77,13 @@ impl GpuBackend {
             ReadStaging::Auto => upload_path::of(&ctx.adapter) == UploadPath::HostMemory,
         };
         let lender = lend.then(|| Arc::new(StagingLender::new(ctx.device.clone())));
+        let exchange = Arc::new(moe::Mailbox::new(ctx.device.clone()));
         Ok(Self {
             ctx,
             tier: Mutex::new(moe::TierState::default()),
             transient: Mutex::new(Vec::new()),
+            carry: Mutex::new(moe::Carry::default()),
+            exchange,
             pool: (!opts.no_buffer_reuse).then(|| Arc::new(BufferPool::default())),
             poison_reused: opts.poison_reused,
             lender,
@@ -92,6 +99,12 @@ impl GpuBackend {
         self.tier
             .lock()
             .map_err(|_| anyhow!("GPU expert tier poisoned by an earlier panic"))
+    }
+
+    fn carry(&self) -> Result<MutexGuard<'_, moe::Carry>> {
+        self.carry
+            .lock()
+            .map_err(|_| anyhow!("GPU chunk carry poisoned by an earlier panic"))
     }
 
     /// Bytes of activation buffers waiting for reuse.
@@ -321,6 +334,10 @@ impl ExpertResidency for GpuBackend {
         self.lender.clone().map(|l| -> Arc<dyn ReadLender> { l })
     }
 
+    fn tier_exchange(&self) -> Option<Arc<dyn TierExchange>> {
+        Some(self.exchange.clone())
+    }
+
     fn configure_expert_tier(
         &self,
         bytes: u64,
@@ -333,7 +350,9 @@ impl ExpertResidency for GpuBackend {
     }
 
     fn pin_resident_experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>> {
-        Ok(self.tier()?.book.pin(layer, ids))
+        let in_tier = self.tier()?.book.pin(layer, ids);
+        let carried = self.carry()?.pin(layer, ids);
+        Ok(in_tier.iter().zip(carried).map(|(&t, c)| t || c).collect())
     }
 
     fn free_device_memory(&self) -> Result<FreeDeviceMemory> {

@@ -8,10 +8,14 @@
 
 mod arena;
 mod batched;
+mod carry;
+mod exchange;
 mod routing;
 mod tier;
 
 pub(super) use arena::Arena;
+pub(super) use carry::Carry;
+pub(super) use exchange::Mailbox;
 pub(super) use tier::TierState;
 
 use super::buffers::GpuAct;
@@ -58,7 +62,7 @@ impl GpuBackend {
         }
         let tier = self.tier()?;
         let (srcs, i) = self.expert_sources(experts, z.cols, &tier)?;
-        let placed = self.place_experts(experts, &srcs, (i, z.cols), tier)?;
+        let placed = self.place_experts(experts, &srcs, (i, z.cols), z.rows, tier)?;
         let most = experts.iter().map(|e| e.tokens.len()).max().unwrap_or(0);
         let (tile, tiled) = self.expert_tiling(most);
         let rt = build_routing(experts, z.rows, &placed.place, placed.sets.len(), tiled)?;
@@ -86,9 +90,13 @@ impl GpuBackend {
                 (None, None) => Ok(None),
             })
             .collect::<Result<_>>()?;
-        let i = match srcs.iter().flatten().next() {
-            Some(w) => w.dims.0,
-            None => tier.book.dims().0,
+        // Experts without bytes are resident in the tier or carried from the last chunk.
+        let carried = self.carry()?.dims;
+        let held = |dims: (usize, usize)| tier.book.dims() == dims || carried == Some(dims);
+        let i = match (srcs.iter().flatten().next(), carried) {
+            (Some(w), _) => w.dims.0,
+            (None, Some((ci, cd))) if cd == d && tier.book.dims().1 != d => ci,
+            (None, _) => tier.book.dims().0,
         };
         for (ex, src) in experts.iter().zip(&srcs) {
             match src {
@@ -100,7 +108,7 @@ impl GpuBackend {
                     w.dims.1
                 ),
                 None => ensure!(
-                    tier.book.dims() == (i, d),
+                    held((i, d)),
                     "moe: {} is resident as [{}, {}] but the call needs [{i}, {d}]",
                     name_of(ex),
                     tier.book.dims().0,
@@ -121,32 +129,48 @@ impl GpuBackend {
         Ok((srcs, i))
     }
 
-    /// Places every expert: in a tier slot (resident, or uploaded there now), else in a
-    /// transient arena for this call only, batched so each batch's gate+up arena fits one
-    /// binding. The tier is released before the transient arenas are written.
+    /// Places every expert: in a tier slot (resident, or uploaded there now), in the arenas
+    /// the previous chunk of its layer left in the carry, else in a transient arena, batched
+    /// so each batch's gate+up arena fits one binding. A call of several `rows` (a prefill
+    /// chunk) makes its transient arenas for itself and hands them to the carry for the next
+    /// chunk; a one-row call writes into the arenas kept for reuse. The tier is released
+    /// before the transient arenas are written.
     fn place_experts(
         &self,
         experts: &[ExpertAssignment<'_>],
         srcs: &[Option<ExpertSrc<'_>>],
         (i, d): (usize, usize),
+        rows: usize,
         mut tier: MutexGuard<'_, TierState>,
     ) -> Result<Placement> {
+        let mut carry = self.carry()?;
+        let keep = rows > 1 && carry.budget > 0;
         let per_batch = (self.ctx.max_binding / ((i * d) as u64).max(1)) as usize;
         let tier_fits = tier.book.dims() == (i, d);
         let mut place = Vec::with_capacity(experts.len());
         let mut group_of_pool: HashMap<usize, usize> = HashMap::new();
+        let mut group_of_carried: HashMap<u64, usize> = HashMap::new();
         let mut sets: Vec<Option<ArenaSet>> = Vec::new();
         let mut busy = HashSet::new();
         let mut transient: Vec<(Vec<MatSrc<'_>>, Vec<MatSrc<'_>>)> = Vec::new();
+        // The experts placed in each transient arena, by id and slot, and its layer.
+        let mut transient_ids: Vec<Vec<(u32, u32)>> = Vec::new();
         let mut transient_group = None;
+        let mut uploads = 0u64;
+        let mut carried_hits = 0u64;
         for (ex, src) in experts.iter().zip(srcs) {
             let mut slot = None;
             if let (Some(key), true) = (ex.key, tier_fits) {
                 slot = tier.book.lookup(key);
-                if slot.is_none() {
+                if slot.is_none() && carry.find(key).is_none() {
                     if let Some(w) = src {
                         if let Some(s) = tier.book.reserve(key, &busy) {
+                            if let Some(victim) = tier.book.take_evicted() {
+                                self.demote_from_slot(&tier, s, victim)?;
+                            }
                             self.upload_to_slot(&mut tier, s, w)?;
+                            self.note_promoted(key)?;
+                            uploads += 1;
                             slot = Some(s);
                         }
                     }
@@ -155,6 +179,15 @@ impl GpuBackend {
             if let Some(s) = slot {
                 busy.insert(s);
                 place.push(resident_place(&tier, s, &mut group_of_pool, &mut sets)?);
+                continue;
+            }
+            if let Some((set, at, arenas)) = ex.key.and_then(|k| carry.find(k)) {
+                let g = *group_of_carried.entry(set).or_insert_with(|| {
+                    sets.push(Some(arenas.clone()));
+                    sets.len() - 1
+                });
+                carried_hits += 1;
+                place.push((g, at));
                 continue;
             }
             let w = src.as_ref().ok_or_else(|| {
@@ -168,28 +201,48 @@ impl GpuBackend {
                 _ => {
                     sets.push(None);
                     transient.push((Vec::new(), Vec::new()));
+                    transient_ids.push(Vec::new());
                     transient_group = Some(sets.len() - 1);
                     sets.len() - 1
                 }
             };
-            let Some((up, down)) = transient.last_mut() else {
+            let (Some((up, down)), Some(ids)) = (transient.last_mut(), transient_ids.last_mut())
+            else {
                 bail!("internal: no transient arena open");
             };
+            if let Some(k) = ex.key {
+                ids.push((k.id, down.len() as u32));
+            }
             place.push((g, down.len() as u32));
             up.extend([w.w1, w.w3]);
             down.push(w.w2);
+            uploads += 1;
         }
         drop(tier);
         // Transient arenas fill the groups left empty, in the order they were opened.
         let mut tb = transient.iter();
+        let mut made = Vec::new();
         for (j, set) in sets.iter_mut().filter(|s| s.is_none()).enumerate() {
             let Some((up, down)) = tb.next() else {
                 bail!("internal: a MoE arena group has no buffers");
             };
-            *set = Some(ArenaSet {
-                up: self.arena(up, Some(2 * j))?,
-                down: self.arena(down, Some(2 * j + 1))?,
-            });
+            let reuse = |k: usize| (!keep).then_some(k);
+            let arenas = ArenaSet {
+                up: self.arena(up, reuse(2 * j))?,
+                down: self.arena(down, reuse(2 * j + 1))?,
+            };
+            if keep {
+                made.push((carry.new_set_id(), arenas.clone(), transient_ids[j].clone()));
+            }
+            *set = Some(arenas);
+        }
+        carry.uploads += uploads;
+        carry.hits += carried_hits;
+        // A carry is kept per layer; a call's experts share one layer (the model's).
+        let layer = experts.iter().find_map(|e| e.key.map(|k| k.layer));
+        if let (true, Some(layer)) = (keep, layer) {
+            let reused: HashSet<u64> = group_of_carried.keys().copied().collect();
+            carry.keep(layer, (i, d), &reused, made);
         }
         Ok(Placement {
             place,

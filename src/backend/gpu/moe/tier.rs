@@ -5,6 +5,7 @@ use super::super::expert_bytes::ExpertSrc;
 use super::super::expert_tier::ExpertTier;
 use super::super::GpuBackend;
 use super::arena::{Arena, ArenaSet};
+use super::carry::Carry;
 use super::BLOCK;
 use anyhow::{ensure, Result};
 use std::collections::HashSet;
@@ -21,6 +22,20 @@ pub(in crate::backend::gpu) struct TierState {
     pub(super) huge: HashSet<usize>,
 }
 
+/// Free VRAM the chunk carry leaves to everything else, at least (as the tier's default
+/// margin does): activations, the MLA cache and other programs.
+const CARRY_MARGIN_MIN_BYTES: u64 = 2_000_000_000;
+
+/// The chunk carry's budget: the VRAM free after loading, less the tier's `tier_bytes` and
+/// a margin of max(2 GB, 10 % of free); 0 where free VRAM cannot be measured (the memory
+/// of CPU-type and integrated adapters is host RAM, where a carry would be a second copy).
+pub(super) fn carry_budget(free: Option<u64>, tier_bytes: u64) -> u64 {
+    free.map_or(0, |f| {
+        f.saturating_sub(CARRY_MARGIN_MIN_BYTES.max(f / 10))
+            .saturating_sub(tier_bytes)
+    })
+}
+
 /// Device bytes of one `[I, D]` expert's six tensors.
 pub(super) fn expert_bytes(i: usize, d: usize) -> u64 {
     let m = (i * d) as u64;
@@ -29,7 +44,8 @@ pub(super) fn expert_bytes(i: usize, d: usize) -> u64 {
 
 impl GpuBackend {
     /// Sizes the VRAM expert tier: `bytes / expert bytes` slots, at most `experts`, for
-    /// `[I, D]` experts. Drops whatever the tier held.
+    /// `[I, D]` experts, and gives the chunk carry the free VRAM the tier leaves (see
+    /// [`carry_budget`]). Drops whatever the tier and the carry held.
     pub(in crate::backend::gpu) fn configure_tier_op(
         &self,
         bytes: u64,
@@ -37,6 +53,57 @@ impl GpuBackend {
         i: usize,
         d: usize,
     ) -> Result<usize> {
+        let slots = self.size_tier(bytes, experts, i, d)?;
+        self.exchange.reset(slots)?;
+        *self.carry()? = Carry::default();
+        let free = self.free_vram_now()?;
+        let tier_bytes = slots as u64 * expert_bytes(i, d);
+        *self.carry()? = Carry::new(carry_budget(free, tier_bytes));
+        Ok(slots)
+    }
+
+    /// Free device-local VRAM now, once dropped buffers have gone back to the driver.
+    fn free_vram_now(&self) -> Result<Option<u64>> {
+        self.ctx.finish()?;
+        Ok(super::super::vram_budget::free_device_local_bytes(
+            &self.ctx.adapter,
+        ))
+    }
+
+    /// Sets the byte budget of the chunk carry (what a prefill chunk leaves on the device for
+    /// the next chunk of its layer) and drops what it held; 0 keeps nothing.
+    pub fn set_chunk_carry_budget(&self, bytes: u64) -> Result<()> {
+        *self.carry()? = Carry::new(bytes);
+        Ok(())
+    }
+
+    /// The chunk carry's byte budget.
+    pub fn chunk_carry_budget(&self) -> Result<u64> {
+        Ok(self.carry()?.budget)
+    }
+
+    /// Experts written to the device (tier slots and transient arenas) and experts used from
+    /// the chunk carry instead, since the tier or the carry was last configured.
+    pub fn expert_uploads(&self) -> Result<(u64, u64)> {
+        let c = self.carry()?;
+        Ok((c.uploads, c.hits))
+    }
+
+    /// Whether the VRAM tier holds expert `id` of `layer` now.
+    pub fn tier_holds(&self, layer: usize, id: u32) -> Result<bool> {
+        Ok(self
+            .tier()?
+            .book
+            .holds(crate::backend::ExpertKey { layer, id }))
+    }
+
+    /// Experts the chunk carry holds now, and their device bytes.
+    pub fn carried_experts(&self) -> Result<(usize, u64)> {
+        let c = self.carry()?;
+        Ok((c.experts(), c.held()))
+    }
+
+    fn size_tier(&self, bytes: u64, experts: usize, i: usize, d: usize) -> Result<usize> {
         let per_expert = expert_bytes(i, d);
         if bytes < per_expert.max(1) || experts == 0 {
             *self.tier()? = TierState::default();
@@ -113,5 +180,22 @@ impl GpuBackend {
         self.write_srcs(&pool.down.packed, &[(ls * hp, w.w2.packed)]);
         self.write_srcs(&pool.down.scales, &[(ls * hs, w.w2.scales)]);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::carry_budget;
+
+    const G: u64 = 1_000_000_000;
+
+    #[test]
+    fn the_carry_takes_what_the_tier_and_the_margin_leave() {
+        assert_eq!(carry_budget(None, 0), 0);
+        assert_eq!(carry_budget(Some(100 * G), 0), 90 * G);
+        assert_eq!(carry_budget(Some(100 * G), 30 * G), 60 * G);
+        assert_eq!(carry_budget(Some(100 * G), 95 * G), 0);
+        assert_eq!(carry_budget(Some(8 * G), 0), 6 * G);
+        assert_eq!(carry_budget(Some(G), 0), 0);
     }
 }

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Server overhead of `k3 serve`, measured against `k3 run` on the same model in one run.
 
-  python3 tools/bench_serve.py MODEL_DIR [--k3 target/release/k3] [--ngen 64] [--rounds 3]
+  python3 tools/bench_serve.py MODEL_DIR [--k3 target/release/k3] [--ngen 64] [--rounds 3] [--no-ttft]
                                [--flags "--backend gpu"]   (flags for both run and serve)
 
 1. Decode rate: `k3 run --chat PROMPT --think 0 --ignore-eos --ngen N` (its `[K3] decode`
    line) against the same greedy turn streamed through /v1/chat/completions (client side:
    tokens after the first over the time from the first token's chunk to `[DONE]`). The
-   ratio server/run is the overhead figure (target >= 0.95). Best of --rounds each.
+   ratio server/run is the overhead figure (target >= 0.95). Best of --rounds each, the
+   rounds of the two alternating so a load that comes and goes hits both alike. Also the
+   CPU time the server's HTTP threads took per streamed token (Linux: /proc).
 2. Time to first token on a resent conversation: the same multi-turn request answered by a
-   server that holds its prefix (prefix reuse) against one whose state was reset first.
+   server that holds its prefix (prefix reuse), by one that answered the previous turn
+   differently from the history the client resends (the held tokens diverge: a state
+   snapshot is restored), and by one whose state was reset first.
 
 Only the standard library is used.
 """
@@ -17,6 +21,7 @@ Only the standard library is used.
 import argparse
 import http.client
 import json
+import os
 import re
 import subprocess
 import sys
@@ -79,6 +84,25 @@ def stream_turn(addr, messages, ngen):
         usage["prompt_tokens_details"]["cached_tokens"]
 
 
+def thread_cpu(pid):
+    """CPU seconds of a process's threads by name (Linux schedstat, in ns; empty elsewhere)."""
+    out = {}
+    try:
+        for t in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            out[name] = out.get(name, 0.0) + ns / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def http_cpu(pid):
+    return sum(v for k, v in thread_cpu(pid).items() if k.startswith("k3-http"))
+
+
 def run_rate(k3, model, ngen, extra):
     o = subprocess.run(
         [k3, "run", model, "--chat", PROMPT, "--think", "0", "--ignore-eos", "--ngen", str(ngen),
@@ -95,21 +119,28 @@ def main():
     ap.add_argument("--ngen", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--flags", default="", help="model/backend flags for both commands")
+    ap.add_argument("--no-ttft", action="store_true", help="measure the decode rate only")
     a = ap.parse_args()
     a.extra = a.flags.split()
 
-    run_best = max(run_rate(a.k3, a.model, a.ngen, a.extra) for _ in range(a.rounds))
     server, addr = start_server(a.k3, a.model, a.extra)
     try:
         msgs = [{"role": "user", "content": PROMPT}]
-        serve_best = 0.0
+        serve_best = run_best = 0.0
+        streamed, http0 = 0, http_cpu(server.pid)
         for _ in range(a.rounds):
+            run_best = max(run_best, run_rate(a.k3, a.model, a.ngen, a.extra))
             post(addr, {"messages": [{"role": "user", "content": "reset"}], "max_tokens": 1}, False)
             tokens, secs, _, _ = stream_turn(addr, msgs, a.ngen)
+            streamed += tokens
             if secs > 0:
                 serve_best = max(serve_best, (tokens - 1) / secs)
+        http_us = (http_cpu(server.pid) - http0) / max(streamed, 1) * 1e6
         print(f"decode: k3 run {run_best:.2f} tok/s | k3 serve (streaming) {serve_best:.2f} tok/s"
-              f" | ratio {serve_best / run_best:.3f} (best of {a.rounds}, {a.ngen} tokens)")
+              f" | ratio {serve_best / run_best:.3f} (best of {a.rounds}, {a.ngen} tokens)"
+              f" | HTTP threads {http_us:.0f} us CPU per streamed token")
+        if a.no_ttft:
+            return
 
         # A conversation of a few turns, then one more turn: with and without the prefix held.
         conv = [{"role": "user", "content": PROMPT}]
@@ -117,18 +148,27 @@ def main():
             r = post(addr, {"messages": conv, "max_tokens": 1, "temperature": 0}, False)
             conv.append({"role": "assistant", "content": r["choices"][0]["message"]["content"]})
             conv.append({"role": "user", "content": f"Go on with part {turn + 2}, please. " * 8})
-        reuse, fresh = [], []
+        reuse, diverged, fresh = [], [], []
         for _ in range(a.rounds):
+            # The previous turn answered with one token: the held tokens are a prefix.
             post(addr, {"messages": conv[:-2], "max_tokens": 1, "temperature": 0}, False)
             _, _, ttft, cached = stream_turn(addr, conv, 2)
             reuse.append((ttft, cached))
+            # Answered with more than the history keeps: the held tokens diverge from it.
+            post(addr, {"messages": conv[:-2], "max_tokens": 8, "temperature": 0,
+                        "ignore_eos": True}, False)
+            _, _, ttft, cached = stream_turn(addr, conv, 2)
+            diverged.append((ttft, cached))
             post(addr, {"messages": [{"role": "user", "content": "reset"}], "max_tokens": 1}, False)
             _, _, ttft, cached0 = stream_turn(addr, conv, 2)
             fresh.append((ttft, cached0))
         r_t = min(t for t, _ in reuse)
+        d_t = min(t for t, _ in diverged)
         f_t = min(t for t, _ in fresh)
         print(f"ttft on a resent conversation: with prefix reuse {r_t * 1e3:.1f} ms "
-              f"(cached {reuse[0][1]} tokens) | without {f_t * 1e3:.1f} ms | ratio {r_t / f_t:.3f}")
+              f"(cached {reuse[0][1]} tokens) | diverged, from a snapshot {d_t * 1e3:.1f} ms "
+              f"(cached {diverged[0][1]}) | without {f_t * 1e3:.1f} ms (cached {fresh[0][1]}) | "
+              f"ratios {r_t / f_t:.3f} and {d_t / f_t:.3f}")
     finally:
         server.terminate()
         server.wait()

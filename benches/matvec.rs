@@ -4,8 +4,11 @@
 //!
 //! Each case cycles through enough copies of its matrix to exceed the last-level cache, so
 //! both the kernel and the read stream from memory; each figure is the best of its rounds.
+//! MXFP4 cases also run the `K3_IDOT=1` integer-dot kernels (`idot-*` rows, x quantized
+//! to int8 groups inside each call, as the MoE does).
 //! `cargo bench --bench matvec [-- FILTER]` (FILTER: a substring of the case names).
 
+use k3::quant::idot::{self, IdotKernel, QuantizedActs};
 use k3::quant::simd::SimdLevel;
 use k3::quant::{DenseData, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
@@ -48,6 +51,9 @@ fn best_gbs(bytes: usize, copies: usize, mut f: impl FnMut(usize)) -> f64 {
 /// `matmul(copy, level, x, n, y)` of one case.
 type CopyMatmul = Box<dyn Fn(usize, SimdLevel, &[f32], usize, &mut [f32]) + Send + Sync>;
 
+/// The `K3_IDOT=1` matmul of copy `i` of an MXFP4 case (x quantized inside, as in the MoE).
+type CopyIdot = Box<dyn Fn(usize, IdotKernel, &[f32], usize, &mut [f32]) + Send + Sync>;
+
 /// One bench case: its payload size and the matmul of copy `i` for each level.
 struct Case {
     name: String,
@@ -56,6 +62,8 @@ struct Case {
     rows: usize,
     cols: usize,
     matmul: CopyMatmul,
+    /// MXFP4 cases only.
+    idot: Option<CopyIdot>,
 }
 
 fn dense_case(rng: &mut StdRng, name: &str, rows: usize, cols: usize, int4: bool) -> Case {
@@ -87,13 +95,14 @@ fn dense_case(rng: &mut StdRng, name: &str, rows: usize, cols: usize, int4: bool
         rows,
         cols,
         matmul: Box::new(move |i, l, x, n, y| ms[i].matmul_with(l, x, n, y)),
+        idot: None,
     }
 }
 
 fn mxfp4_case(rng: &mut StdRng, rows: usize, cols: usize) -> Case {
     let bytes = rows * cols / 2 + rows * cols / 32;
     let copies = SPAN.div_ceil(bytes);
-    let data: Vec<(Vec<u8>, Vec<u8>)> = (0..copies)
+    let data: std::sync::Arc<Vec<(Vec<u8>, Vec<u8>)>> = (0..copies)
         .map(|_| {
             let packed = (0..rows * cols / 2).map(|_| rng.random()).collect();
             let scales = (0..rows * cols / 32)
@@ -101,7 +110,9 @@ fn mxfp4_case(rng: &mut StdRng, rows: usize, cols: usize) -> Case {
                 .collect();
             (packed, scales)
         })
-        .collect();
+        .collect::<Vec<_>>()
+        .into();
+    let shared = data.clone();
     Case {
         name: format!("Mxfp4_{rows}x{cols}"),
         bytes,
@@ -113,6 +124,11 @@ fn mxfp4_case(rng: &mut StdRng, rows: usize, cols: usize) -> Case {
             let view = Mxfp4View::new(rows, cols, p, s).expect("bench shape");
             view.matmul_with(l, x, n, y);
         }),
+        idot: Some(Box::new(move |i, k, x, n, y| {
+            let (p, s) = &shared[i];
+            let view = Mxfp4View::new(rows, cols, p, s).expect("bench shape");
+            idot::matmul(k, &view, &QuantizedActs::new(x, n, cols), y);
+        })),
     }
 }
 
@@ -175,6 +191,25 @@ fn main() {
                     "{:<20} {read:>8.2} {:>8} {mv:>10.2} {:>8.3} {gflops:>14.2}",
                     case.name,
                     level.name(),
+                    mv / read
+                );
+            }
+            let Some(idot) = &case.idot else { return };
+            for kernel in IdotKernel::available() {
+                let mv = best_gbs(case.bytes, case.copies, |i| {
+                    idot(i, kernel, &x[..case.cols], 1, &mut y[..case.rows]);
+                    black_box(&y);
+                });
+                let flops_per_byte = 16.0 * (case.rows * case.cols) as f64 / case.bytes as f64;
+                let gflops = flops_per_byte
+                    * best_gbs(case.bytes, 1, |_| {
+                        idot(0, kernel, &x, 8, &mut y);
+                        black_box(&y);
+                    });
+                println!(
+                    "{:<20} {read:>8.2} {:>8} {mv:>10.2} {:>8.3} {gflops:>14.2}",
+                    case.name,
+                    format!("idot-{}", kernel.name()),
                     mv / read
                 );
             }

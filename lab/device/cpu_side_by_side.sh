@@ -2,7 +2,8 @@
 # CPU side by side: k3 against the C engine on one synthesized K3-sized model, same machine,
 # same cache budget, alternated rounds. Run on the device machine with both binaries carried
 # in .devbin/ (k3 built here; the C engine built from its public source outside this
-# repository, never committed). Prints start-up, prefill and decode lines of each run.
+# repository, never committed). Prints start-up, prefill and decode lines of each run; k3
+# runs exact (its default) and with K3_IDOT=1. K3BIN names k3's binary inside BIN.
 #   usage: bash lab/device/cpu_side_by_side.sh [ROUNDS] [PROMPT_TOKENS] [NGEN]
 set -u
 ROUNDS=${1:-2}; NP=${2:-128}; NGEN=${3:-32}
@@ -21,14 +22,15 @@ run_c() { # $1 = K3_IDOT
     | grep -E "^\[K3\] (prefill|decode)|load|quantiz" | head -6
   echo "  wall $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 }
-run_k3() {
+run_k3() { # $1 = K3_IDOT
   local t0=$(date +%s%N)
-  K3_EXPERT_GB=${EXPERT_GB:-8} "$BIN/k3" run "$SNAP" --backend cpu --quiet --ids "$IDS_K" --ngen "$NGEN" 2>&1 >/dev/null \
+  K3_IDOT=$1 K3_EXPERT_GB=${EXPERT_GB:-8} "$BIN/${K3BIN:-k3}" run "$SNAP" --backend cpu --quiet --ids "$IDS_K" --ngen "$NGEN" 2>&1 >/dev/null \
     | grep -E "^\[K3\] (backend|prefill|decode)|load" | head -6
   echo "  wall $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 }
 for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r: C engine (K3_IDOT=1, its default)"; run_c 1
   echo "== round $r: C engine K3_IDOT=0";                run_c 0
-  echo "== round $r: k3 --backend cpu";                  run_k3
+  echo "== round $r: k3 --backend cpu";                  run_k3 0
+  echo "== round $r: k3 --backend cpu K3_IDOT=1";        run_k3 1
 done

@@ -12,6 +12,7 @@ use k3::backend::select::{select, BackendKind, Selected};
 use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
 use k3::model::{FormatPolicy, K3Model};
+use k3::quant::idot::IdotKernel;
 use std::path::{Path, PathBuf};
 
 /// Which backend runs the ops.
@@ -46,6 +47,10 @@ pub struct ModelArgs {
     /// kernel at the end. Each submission then waits for the GPU, so the run itself is slower.
     #[arg(long, env = "K3_GPU_PROFILE", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub gpu_profile: u8,
+    /// CPU backend: 1 = routed experts on int8-quantized activations with integer dots
+    /// (faster, NOT exact; the C engine's default), 0 = exact f32 (k3's default).
+    #[arg(long, env = "K3_IDOT", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub idot: u8,
     /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -130,6 +135,9 @@ impl ModelArgs {
         match select(kind, &gpu)? {
             Selected::Gpu(g) => {
                 eprintln!("[K3] backend: {}", g.name());
+                if self.idot == 1 {
+                    eprintln!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
+                }
                 let mut model = K3Model::load(ckpt, *g, policy, !self.quiet)?;
                 self.stream.configure(&mut model)?;
                 job.run(&mut model)
@@ -138,8 +146,14 @@ impl ModelArgs {
                 if let Some(line) = fallback {
                     eprintln!("{line}");
                 }
-                eprintln!("[K3] backend: {}", k3::backend::cpu::describe());
-                let mut model = K3Model::load(ckpt, CpuBackend::new(), policy, !self.quiet)?;
+                let idot =
+                    (self.idot == 1).then(|| IdotKernel::for_level(k3::quant::simd::level()));
+                let cpu = CpuBackend::with_idot(idot);
+                eprintln!("[K3] backend: {}", k3::backend::cpu::describe(&cpu));
+                if idot.is_some() {
+                    eprintln!("[K3] K3_IDOT=1: routed experts on int8 activations (not exact)");
+                }
+                let mut model = K3Model::load(ckpt, cpu, policy, !self.quiet)?;
                 self.stream.configure(&mut model)?;
                 job.run(&mut model)
             }

@@ -3,6 +3,7 @@
 
 pub mod bf16;
 mod dense;
+pub mod idot;
 pub mod int4;
 pub mod int8;
 mod kernel;

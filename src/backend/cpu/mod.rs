@@ -13,6 +13,7 @@ use super::{
     Backend, ExpertAssignment, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights,
     MlaDims, Route, RouterParams,
 };
+use crate::quant::idot::IdotKernel;
 use crate::quant::DenseMatrix;
 use anyhow::{ensure, Result};
 
@@ -50,21 +51,49 @@ impl CpuAct {
 
 /// The reference backend.
 #[derive(Clone, Debug, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    /// The integer-dot kernel of the routed experts (`K3_IDOT=1`); `None` = exact.
+    idot: Option<IdotKernel>,
+}
 
-/// The backend line's description: `cpu (N threads, <SIMD level>)`.
-pub fn describe() -> String {
+/// The backend line's description: `cpu (N threads, <SIMD level>)`, with `, idot
+/// <kernel>` when the routed experts run on integer dots.
+pub fn describe(backend: &CpuBackend) -> String {
+    let idot = backend
+        .idot
+        .map_or(String::new(), |k| format!(", idot {}", k.name()));
     format!(
-        "cpu ({} threads, {})",
+        "cpu ({} threads, {}{idot})",
         rayon::current_num_threads(),
         crate::quant::simd::level().name()
     )
 }
 
 impl CpuBackend {
-    /// A CPU backend using the global rayon pool.
+    /// A CPU backend using the global rayon pool, exact everywhere.
     pub fn new() -> Self {
-        Self
+        Self::default()
+    }
+
+    /// A CPU backend whose routed experts run on int8 activations with integer dots
+    /// (`K3_IDOT=1`, not exact) on `kernel`, or exactly with `None`.
+    ///
+    /// Panics if this CPU cannot run `kernel` (a caller bug: take one from
+    /// [`IdotKernel::for_level`] or [`IdotKernel::available`]).
+    pub fn with_idot(kernel: Option<IdotKernel>) -> Self {
+        if let Some(k) = kernel {
+            assert!(
+                k.is_supported(),
+                "this CPU cannot run {} integer dots",
+                k.name()
+            );
+        }
+        Self { idot: kernel }
+    }
+
+    /// The integer-dot kernel of the routed experts, `None` when they are exact.
+    pub fn idot(&self) -> Option<IdotKernel> {
+        self.idot
     }
 }
 
@@ -203,7 +232,7 @@ impl Backend for CpuBackend {
         experts: &[ExpertAssignment<'_>],
         glu: Glu,
     ) -> Result<()> {
-        moe::moe_accumulate(acc, z, experts, glu)
+        moe::moe_accumulate(acc, z, experts, glu, self.idot)
     }
 
     fn downloads_are_free(&self) -> bool {

@@ -3,14 +3,17 @@
 use super::elementwise::glu;
 use super::CpuAct;
 use crate::backend::{ExpertAssignment, Glu};
+use crate::quant::idot::{self, IdotKernel, QuantizedActs};
 use anyhow::{anyhow, ensure, Result};
 
-/// `acc[t] += w · W2_e · glu(W1_e·z[t], W3_e·z[t])`, experts accumulated in list order.
+/// `acc[t] += w · W2_e · glu(W1_e·z[t], W3_e·z[t])`, experts accumulated in list order;
+/// with `idot`, each matmul's input is quantized to int8 groups and dotted in integers.
 pub fn moe_accumulate(
     acc: &mut CpuAct,
     z: &CpuAct,
     experts: &[ExpertAssignment<'_>],
     g: Glu,
+    idot: Option<IdotKernel>,
 ) -> Result<()> {
     let d = z.cols;
     crate::backend::shape_checks::moe_accumulator((acc.rows, acc.cols), (z.rows, z.cols))?;
@@ -36,11 +39,20 @@ pub fn moe_accumulate(
             x.extend_from_slice(z.row(t));
         }
         let (mut gate, mut up) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
-        w.w1.matmul(&x, m, &mut gate);
-        w.w3.matmul(&x, m, &mut up);
-        let act: Vec<f32> = gate.iter().zip(&up).map(|(&a, &b)| glu(a, b, g)).collect();
         let mut y = vec![0.0f32; m * d];
-        w.w2.matmul(&act, m, &mut y);
+        if let Some(kernel) = idot {
+            // One quantization of the input serves both gate and up.
+            let xq = QuantizedActs::new(&x, m, d);
+            idot::matmul(kernel, &w.w1, &xq, &mut gate);
+            idot::matmul(kernel, &w.w3, &xq, &mut up);
+            let act: Vec<f32> = gate.iter().zip(&up).map(|(&a, &b)| glu(a, b, g)).collect();
+            idot::matmul(kernel, &w.w2, &QuantizedActs::new(&act, m, i), &mut y);
+        } else {
+            w.w1.matmul(&x, m, &mut gate);
+            w.w3.matmul(&x, m, &mut up);
+            let act: Vec<f32> = gate.iter().zip(&up).map(|(&a, &b)| glu(a, b, g)).collect();
+            w.w2.matmul(&act, m, &mut y);
+        }
         for (j, &(t, wt)) in ex.tokens.iter().enumerate() {
             for (o, &v) in out[t * d..(t + 1) * d]
                 .iter_mut()

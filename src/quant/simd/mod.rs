@@ -9,6 +9,10 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod idot_neon;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod idot_x86;
 mod layout;
 #[cfg(target_arch = "aarch64")]
 mod neon;

@@ -12,7 +12,7 @@ echo "cores: $(nproc) logical, $(lscpu -p=core | grep -v '^#' | sort -u | wc -l)
 grep -m1 "model name" /proc/cpuinfo
 grep -m1 -o 'avx512[a-z_]*\|avx2' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
 if [ ! -f "$SNAP/config.json" ]; then
-  /usr/bin/time -f "synth %e s" "$BIN/k3" synth --preset k3-slice --layers 4 --experts 32 "$SNAP" 2>&1 | tail -2
+  /usr/bin/time -f "synth %e s" "$BIN/${K3BIN:-k3}" synth --preset k3-slice --layers 4 --experts 32 "$SNAP" 2>&1 | tail -2
 fi
 IDS_C=$(seq 100 $((99 + NP)) | tr '\n' ' ')
 IDS_K=$(seq 100 $((99 + NP)) | paste -sd,)

@@ -109,19 +109,6 @@ pub fn ensure_demo() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Ends a job: the routing trace and usage history are written whether or not the job
-/// succeeded (a failed run's trace shows where it was); the job's error comes first.
-fn finish<B: Backend, T>(
-    out: Result<T>,
-    cache: &super::cache_args::CacheArgs,
-    model: &K3Model<B>,
-) -> Result<T> {
-    let fin = cache.finish(model);
-    let out = out?;
-    fin?;
-    Ok(out)
-}
-
 impl ModelArgs {
     /// Opens the checkpoint at `dir`, loads it onto the chosen backend, sizes the expert
     /// cache, then runs `job` on it.
@@ -153,7 +140,7 @@ impl ModelArgs {
                 }
                 let mut model = K3Model::load(ckpt, *g, policy, !self.quiet)?;
                 self.stream.configure(&mut model)?;
-                finish(job.run(&mut model), &self.stream.cache, &model)
+                job.run(&mut model)
             }
             Selected::Cpu { fallback } => {
                 if let Some(line) = fallback {
@@ -168,7 +155,7 @@ impl ModelArgs {
                 }
                 let mut model = K3Model::load(ckpt, cpu, policy, !self.quiet)?;
                 self.stream.configure(&mut model)?;
-                finish(job.run(&mut model), &self.stream.cache, &model)
+                job.run(&mut model)
             }
         }
     }

@@ -337,6 +337,68 @@ pub fn shape_accepted(spec: &TensorSpec, found: &[usize]) -> bool {
     false
 }
 
+/// A matrix of the C engine's repacked container (`k3_repack.py`): the `U8` tensor `q`
+/// holds the quantized values and the F32 tensor `<name>.qs` their scales, laid out as
+/// k3's own formats except for the int4 nibble code (docs/model.md, load-time formats):
+/// - int8 per row: `q` is `[rows, cols]` two's-complement bytes, `rows` scales;
+/// - int4 in groups of 64 (`cols` a multiple of 64): `q` is `[rows, cols / 2]`, two values
+///   a byte, low nibble the even column, each nibble in offset binary (`value + 8`, where
+///   k3 stores two's complement), `rows · cols / 64` scales.
+///
+/// Refuses, saying why, a tensor that fits neither or a scale that is not finite.
+pub fn container_matrix(
+    spec: &TensorSpec,
+    q_shape: &[usize],
+    q: &[u8],
+    scale_dtype: Dtype,
+    scale_shape: &[usize],
+    scale: &[u8],
+) -> anyhow::Result<crate::quant::DenseMatrix> {
+    use crate::quant::{DenseData, DenseMatrix};
+    use anyhow::bail;
+    let [rows, cols] = spec.shape[..] else {
+        bail!(
+            "is stored pre-quantized (U8), but it is not a matrix (shape {:?})",
+            spec.shape
+        );
+    };
+    if scale_dtype != Dtype::F32 {
+        bail!("its scales `.qs` are {scale_dtype}, expected F32");
+    }
+    let scales: usize = scale_shape.iter().product();
+    let values: Vec<f32> = scale
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        bail!("scale {i} of its `.qs` is {}, not finite", values[i]);
+    }
+    let int8 = q_shape == [rows, cols] && scales == rows;
+    let int4 = cols % 64 == 0 && q_shape == [rows, cols / 2] && scales == rows * (cols / 64);
+    let data = if int8 {
+        DenseData::Int8 {
+            q: bytemuck::cast_slice::<u8, i8>(q).to_vec(),
+            scale: values,
+        }
+    } else if int4 {
+        // Offset binary to two's complement: flipping the top bit of each nibble maps
+        // v + 8 to v for every v in -8..=7.
+        DenseData::Int4 {
+            q: q.iter().map(|b| b ^ 0x88).collect(),
+            scale: values,
+        }
+    } else {
+        bail!(
+            "U8 {q_shape:?} with {scales} scales matches neither int8 per row (U8 [{rows}, {cols}], \
+             {rows} scales) nor int4 in groups of 64 (U8 [{rows}, {}], {} scales, {cols} a \
+             multiple of 64)",
+            cols / 2,
+            rows * (cols / 64)
+        );
+    };
+    Ok(DenseMatrix { rows, cols, data })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,8 @@ use k3::backend::gpu::GpuOptions;
 use k3::backend::select::{select, BackendKind, Selected};
 use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
+use k3::model::loader::LoadOptions;
+use k3::model::weight_cache::WeightCacheSetting;
 use k3::model::{FormatPolicy, K3Model};
 use k3::quant::idot::IdotKernel;
 use std::path::{Path, PathBuf};
@@ -73,6 +75,11 @@ pub struct ModelArgs {
     /// Hide the loading progress bar and the per-token lines.
     #[arg(long)]
     pub quiet: bool,
+    /// Quantize the dense weights at every start instead of keeping them in the
+    /// quantized-weight cache (a file next to the snapshot when writable, else under the
+    /// user's cache directory, rebuilt when the snapshot or the K3_*BITS choices change).
+    #[arg(long, env = "K3_NO_WEIGHT_CACHE")]
+    pub no_weight_cache: bool,
     #[command(flatten)]
     pub stream: StreamArgs,
 }
@@ -110,6 +117,19 @@ pub fn ensure_demo() -> Result<PathBuf> {
 }
 
 impl ModelArgs {
+    /// The progress bar, weight cache and start-up lines these flags ask for.
+    fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            progress: !self.quiet,
+            weight_cache: if self.no_weight_cache {
+                WeightCacheSetting::Off
+            } else {
+                WeightCacheSetting::Auto
+            },
+            announce: true,
+        }
+    }
+
     /// Opens the checkpoint at `dir`, loads it onto the chosen backend, sizes the expert
     /// cache, then runs `job` on it.
     pub fn with_model<J: ModelJob>(&self, dir: &Path, job: J) -> Result<J::Out> {
@@ -138,7 +158,7 @@ impl ModelArgs {
                 if self.idot == 1 {
                     eprintln!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
                 }
-                let mut model = K3Model::load(ckpt, *g, policy, !self.quiet)?;
+                let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
                 self.stream.configure(&mut model)?;
                 job.run(&mut model)
             }
@@ -153,7 +173,7 @@ impl ModelArgs {
                 if idot.is_some() {
                     eprintln!("[K3] K3_IDOT=1: routed experts on int8 activations (not exact)");
                 }
-                let mut model = K3Model::load(ckpt, cpu, policy, !self.quiet)?;
+                let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
                 self.stream.configure(&mut model)?;
                 job.run(&mut model)
             }

@@ -4,10 +4,11 @@ use super::expert_selection::ExpertSelection;
 use super::format_policy::FormatPolicy;
 use super::glu_mlp::GluMlp;
 use super::kda::Kda;
-use super::loader::Loader;
+use super::loader::{LoadOptions, Loader};
 use super::mla::Mla;
 use super::moe::{Moe, NextMoe};
 use super::trace::Trace;
+use super::weight_cache::WeightCache;
 use crate::backend::{Backend, Glu};
 use crate::checkpoint::Checkpoint;
 use crate::config::AttnKind;
@@ -81,8 +82,23 @@ impl<B: Backend> K3Model<B> {
         policy: FormatPolicy,
         progress: bool,
     ) -> Result<Self> {
+        let opts = LoadOptions {
+            progress,
+            ..LoadOptions::default()
+        };
+        Self::load_with(ckpt, backend, policy, &opts)
+    }
+
+    /// [`Self::load`] with the quantized-weight cache and start-up lines of `opts`.
+    pub fn load_with(
+        ckpt: Checkpoint,
+        backend: B,
+        policy: FormatPolicy,
+        opts: &LoadOptions,
+    ) -> Result<Self> {
         let cfg = ckpt.config.clone();
-        let ld = Loader::new(&ckpt, &backend, progress);
+        let cache = WeightCache::open(&ckpt, &policy, &opts.weight_cache);
+        let ld = Loader::with_cache(&ckpt, &backend, opts.progress, cache);
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for (i, kind) in cfg.layer_kinds.iter().enumerate() {
             let p = format!("model.layers.{i}.");
@@ -116,7 +132,11 @@ impl<B: Backend> K3Model<B> {
             "model.output_attn_res_proj.weight",
         )?;
         let head = ld.matrix("lm_head.weight", policy.head)?;
-        ld.finish();
+        for line in ld.finish() {
+            if opts.announce {
+                eprintln!("{line}");
+            }
+        }
         drop(ld);
         ckpt.release_mapped_pages();
         let experts = ExpertSource::with_lender(StreamConfig::default(), backend.read_lender())?

@@ -1,12 +1,37 @@
 //! Turns checkpoint tensors into backend-resident weights, checked against the schema.
 
+use super::weight_cache::{WeightCache, WeightCacheSetting};
 use crate::backend::Backend;
-use crate::checkpoint::schema::{dense_tensors, TensorSpec};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::schema::{self, dense_tensors, TensorSpec};
+use crate::checkpoint::{Checkpoint, Dtype, TensorView};
 use crate::quant::{DenseFormat, DenseMatrix};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::time::Instant;
+
+/// How a model loads: the progress bar, the quantized-weight cache, the start-up lines.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+    /// Whether and where quantized matrices are cached.
+    pub weight_cache: WeightCacheSetting,
+    /// Print the start-up lines (load time, weight cache, repacked container) on stderr.
+    pub announce: bool,
+}
+
+impl Default for LoadOptions {
+    /// No bar, no cache, no lines: the library's quiet load.
+    fn default() -> Self {
+        Self {
+            progress: false,
+            weight_cache: WeightCacheSetting::Off,
+            announce: false,
+        }
+    }
+}
 
 /// Loads named tensors from a checkpoint into a backend, with a progress bar in bytes.
 pub struct Loader<'a, B: Backend> {
@@ -16,11 +41,25 @@ pub struct Loader<'a, B: Backend> {
     pub backend: &'a B,
     specs: HashMap<String, TensorSpec>,
     bar: ProgressBar,
+    cache: RefCell<WeightCache>,
+    started: Instant,
+    /// Matrices of a repacked container loaded as stored: int8, int4.
+    container: Cell<(usize, usize)>,
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
-    /// Prepares a loader; `progress` shows a bar on stderr.
+    /// Prepares a loader without a weight cache; `progress` shows a bar on stderr.
     pub fn new(ckpt: &'a Checkpoint, backend: &'a B, progress: bool) -> Self {
+        Self::with_cache(ckpt, backend, progress, WeightCache::off())
+    }
+
+    /// Prepares a loader that takes quantized matrices from `cache` or records them there.
+    pub fn with_cache(
+        ckpt: &'a Checkpoint,
+        backend: &'a B,
+        progress: bool,
+        cache: WeightCache,
+    ) -> Self {
         let specs: HashMap<String, TensorSpec> = dense_tensors(&ckpt.config)
             .into_iter()
             .map(|s| (s.name.clone(), s))
@@ -43,15 +82,21 @@ impl<'a, B: Backend> Loader<'a, B> {
             backend,
             specs,
             bar,
+            cache: RefCell::new(cache),
+            started: Instant::now(),
+            container: Cell::new((0, 0)),
         }
     }
 
-    fn view(&self, name: &str) -> Result<crate::checkpoint::TensorView<'a>> {
-        let spec = match self.specs.get(name) {
-            Some(s) => s,
+    fn spec(&self, name: &str) -> Result<&TensorSpec> {
+        match self.specs.get(name) {
+            Some(s) => Ok(s),
             None => bail!("internal: tensor {name} is not in the K3 schema"),
-        };
-        let v = self.ckpt.tensor_spec(spec)?;
+        }
+    }
+
+    fn view(&self, name: &str) -> Result<TensorView<'a>> {
+        let v = self.ckpt.tensor_spec(self.spec(name)?)?;
         self.bar.inc(v.bytes.len() as u64);
         Ok(v)
     }
@@ -74,8 +119,16 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.backend.upload(&p, 1, p.len())
     }
 
-    /// A 2-D matrix in host memory, converted to `fmt`.
+    /// A 2-D matrix in host memory, converted to `fmt`: from the weight cache when it holds
+    /// it, else quantized (and recorded in the cache). A matrix a repacked container stores
+    /// pre-quantized loads as stored (see [`Self::container_matrix`]).
     pub fn host_matrix(&self, name: &str, fmt: DenseFormat) -> Result<DenseMatrix> {
+        let spec = self.spec(name)?;
+        let stored = self.ckpt.tensor(&spec.name)?;
+        if stored.dtype == Dtype::U8 {
+            self.bar.inc(stored.bytes.len() as u64);
+            return self.container_matrix(spec, stored, fmt);
+        }
         let v = self.view(name)?;
         let (rows, cols) = match *v.shape {
             [r, c] => (r, c),
@@ -85,12 +138,54 @@ impl<'a, B: Backend> Loader<'a, B> {
                 v.shape
             ),
         };
-        let m = if v.dtype == crate::checkpoint::Dtype::Bf16 {
+        let cached = WeightCache::holds(fmt);
+        if cached {
+            if let Some(m) = self.cache.borrow_mut().take(name, fmt, rows, cols) {
+                return Ok(m);
+            }
+        }
+        let m = if v.dtype == Dtype::Bf16 {
             DenseMatrix::from_bf16_bytes(rows, cols, v.bytes, fmt)
         } else {
             DenseMatrix::from_bf16(rows, cols, v.to_bf16_bits()?, fmt)
-        };
-        m.with_context(|| format!("converting {name} to {fmt:?}"))
+        }
+        .with_context(|| format!("converting {name} to {fmt:?}"))?;
+        if cached {
+            self.cache.borrow_mut().store(name, &m);
+        }
+        Ok(m)
+    }
+
+    /// A matrix of the C engine's repacked container: `U8` values with a `<name>.qs` f32
+    /// scale tensor, int8 per row or int4 in groups of 64 (docs/model.md, load-time
+    /// formats). It loads in the format it is stored in, whatever `fmt` asks, except that a
+    /// matrix wanted in f32 (MLA's `kv_b_proj`, split on the host) is widened from it.
+    fn container_matrix(
+        &self,
+        spec: &TensorSpec,
+        q: TensorView<'_>,
+        fmt: DenseFormat,
+    ) -> Result<DenseMatrix> {
+        let scale_name = format!("{}.qs", spec.name);
+        let s = self.ckpt.tensor(&scale_name).with_context(|| {
+            format!(
+                "{}: tensor `{}` is U8 (pre-quantized) but its scales `{scale_name}` are missing",
+                q.file.display(),
+                spec.name
+            )
+        })?;
+        let m = schema::container_matrix(spec, q.shape, q.bytes, s.dtype, s.shape, s.bytes)
+            .with_context(|| format!("{}: repacked tensor `{}`", q.file.display(), spec.name))?;
+        let (i8s, i4s) = self.container.get();
+        self.container.set(match m.format() {
+            DenseFormat::Int8 => (i8s + 1, i4s),
+            _ => (i8s, i4s + 1),
+        });
+        if fmt == DenseFormat::F32 {
+            let (rows, cols) = (m.rows, m.cols);
+            return DenseMatrix::from_f32(rows, cols, m.dequantize(), DenseFormat::F32);
+        }
+        Ok(m)
     }
 
     /// A 2-D matrix made resident in the backend in format `fmt`.
@@ -99,8 +194,25 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.backend.load_matrix(m)
     }
 
-    /// Closes the progress bar.
-    pub fn finish(&self) {
+    /// Closes the progress bar and completes the weight cache; returns the start-up lines
+    /// (the dense load's time and the weight cache's state, then any notes).
+    pub fn finish(&self) -> Vec<String> {
         self.bar.finish_and_clear();
+        let cache = self.cache.replace(WeightCache::off());
+        let (state, notes) = cache.finish();
+        let mut lines = vec![format!(
+            "[K3] dense weights loaded in {:.1}s | weight cache: {state}",
+            self.started.elapsed().as_secs_f64()
+        )];
+        let (i8s, i4s) = self.container.get();
+        if i8s + i4s > 0 {
+            lines.push(format!(
+                "[K3] repacked container: {} matrices loaded as stored ({i8s} int8 per row, \
+                 {i4s} int4 g64); K3_BITS / K3_MLA_BITS / K3_HEAD_BITS do not apply to them",
+                i8s + i4s
+            ));
+        }
+        lines.extend(notes);
+        lines
     }
 }

@@ -12,6 +12,7 @@ pub mod route_trace;
 pub mod state_size;
 pub mod state_snapshot;
 pub mod trace;
+pub mod weight_cache;
 
 pub use format_policy::FormatPolicy;
 pub use k3::{K3Model, Logits, State};

@@ -2,6 +2,7 @@
 //! interface on every OS: the rest of the engine never names an OS.
 
 pub mod available_memory;
+pub mod cache_dir;
 pub mod map_advice;
 pub mod positional_read;
 pub mod uncached_read;

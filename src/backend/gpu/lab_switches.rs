@@ -10,6 +10,7 @@
 //! | `K3_LAB_READ_STAGING` | auto, on, off | auto | whether streamed experts are read straight into mapped upload buffers (auto: on a discrete GPU whose staging is host memory) |
 //! | `K3_LAB_INT4_DECODE` | auto, digits, float | auto | how one-token int4 matvecs meet x (auto: digits where the int4 matrices of one input have 32768 rows or more together) |
 //! | `K3_LAB_STAGE_X` | on, off | on | whether the one-token int4 (outside digits) and MXFP4 matvecs copy x into workgroup memory first |
+//! | `K3_LAB_CHUNK_CARRY` | on, off | on | whether a prefill chunk's expert uploads outside the VRAM tier are kept for the next chunk of the layer |
 
 use super::chunk_gemm::ChunkGemm;
 use super::context::{GpuOptions, Int4Decode, MatvecShape, ReadStaging};
@@ -31,6 +32,8 @@ pub struct LabSwitches {
     pub int4_decode: Option<Int4Decode>,
     /// `K3_LAB_STAGE_X` (false: off).
     pub stage_x: bool,
+    /// `K3_LAB_CHUNK_CARRY=off`.
+    pub no_chunk_carry: bool,
 }
 
 impl LabSwitches {
@@ -74,12 +77,18 @@ impl LabSwitches {
             Some("off") => false,
             Some(v) => bail!("K3_LAB_STAGE_X must be on or off, got {v:?}"),
         };
+        let no_chunk_carry = match get("K3_LAB_CHUNK_CARRY").as_deref().map(str::trim) {
+            None | Some("on") => false,
+            Some("off") => true,
+            Some(v) => bail!("K3_LAB_CHUNK_CARRY must be on or off, got {v:?}"),
+        };
         Ok(Self {
             chunk_from,
             submit_every,
             read_staging,
             int4_decode,
             stage_x,
+            no_chunk_carry,
         })
     }
 
@@ -97,6 +106,7 @@ impl LabSwitches {
             },
             submit_every: self.submit_every.or(opts.submit_every),
             read_staging: self.read_staging,
+            no_chunk_carry: self.no_chunk_carry || opts.no_chunk_carry,
             matvec: Some(MatvecShape {
                 int4_decode: self.int4_decode,
                 ..staged(opts.matvec.unwrap_or_default())
@@ -141,6 +151,7 @@ mod tests {
         assert_eq!(opts.chunk_gemm, None);
         assert_eq!(opts.submit_every, None);
         assert_eq!(opts.read_staging, ReadStaging::Auto);
+        assert!(!opts.no_chunk_carry);
         assert_eq!(opts.matvec, Some(MatvecShape::default()));
         assert_eq!(opts.expert_matvec, Some(MatvecShape::experts()));
         assert_eq!(opts.expert_down_matvec, Some(MatvecShape::expert_down()));
@@ -154,6 +165,7 @@ mod tests {
             ("K3_LAB_READ_STAGING", "off"),
             ("K3_LAB_INT4_DECODE", "digits"),
             ("K3_LAB_STAGE_X", "off"),
+            ("K3_LAB_CHUNK_CARRY", "off"),
         ])
         .unwrap();
         let opts = s.apply(GpuOptions {
@@ -164,6 +176,7 @@ mod tests {
         assert_eq!(opts.chunk_gemm.map(|c| c.from_tokens), Some(0));
         assert_eq!(opts.submit_every, Some(64));
         assert_eq!(opts.read_staging, ReadStaging::Off);
+        assert!(opts.no_chunk_carry);
         let m = opts.matvec.unwrap();
         assert_eq!((m.int4_decode, m.stage_x), (Some(Int4Decode::Digits), 0));
         assert_eq!(opts.expert_matvec.unwrap().stage_x, 0);
@@ -187,6 +200,7 @@ mod tests {
             ("K3_LAB_READ_STAGING", "maybe"),
             ("K3_LAB_INT4_DECODE", "half"),
             ("K3_LAB_STAGE_X", "yes"),
+            ("K3_LAB_CHUNK_CARRY", "1"),
         ] {
             let err = lookup(&[(name, value)]).unwrap_err().to_string();
             assert!(err.contains(name) && err.contains(value), "{err}");

@@ -59,6 +59,8 @@ pub struct GpuBackend {
     carry: Mutex<moe::Carry>,
     /// The tier's promotions and demotions for the host cache (`moe/exchange.rs`).
     exchange: Arc<moe::Mailbox>,
+    /// [`GpuOptions::no_chunk_carry`].
+    no_chunk_carry: bool,
     /// Activation buffers for reuse (`None`: every activation gets a new buffer).
     pool: Option<Arc<BufferPool>>,
     /// [`GpuOptions::poison_reused`].
@@ -84,6 +86,7 @@ impl GpuBackend {
             transient: Mutex::new(Vec::new()),
             carry: Mutex::new(moe::Carry::default()),
             exchange,
+            no_chunk_carry: opts.no_chunk_carry,
             pool: (!opts.no_buffer_reuse).then(|| Arc::new(BufferPool::default())),
             poison_reused: opts.poison_reused,
             lender,

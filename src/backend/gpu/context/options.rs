@@ -55,6 +55,9 @@ pub struct GpuOptions {
     pub submit_every: Option<usize>,
     /// Whether experts are read straight into upload staging (`K3_LAB_READ_STAGING`).
     pub read_staging: ReadStaging,
+    /// Keep nothing of a prefill chunk's expert uploads for the next chunk
+    /// (`K3_LAB_CHUNK_CARRY=off`: every chunk uploads its experts again, to measure against).
+    pub no_chunk_carry: bool,
     /// Compose every kernel from this directory's WGSL files instead of the text built in
     /// (shader work: a variant is measured without a rebuild; the benchmarks' `wgsl=DIR`).
     pub wgsl_dir: Option<PathBuf>,

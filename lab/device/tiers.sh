@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Expert tiers on the GPU backend, one device call (a few minutes):
+#  1. Prefill with the VRAM tier on against off, the chunk carry on and off
+#     (K3_LAB_CHUNK_CARRY=off: every chunk uploads its experts again), in alternated rounds.
+#     Reads are buffered and a warm-up run fills the page cache first, so each run reads its
+#     experts from host memory and the figure is the uploads, not the disk.
+#  2. Decode from disk (O_DIRECT) with the host cache and the VRAM tier split: RAM only,
+#     VRAM only, half and half (exclusive tiers: their sum), and the whole budget in RAM.
+# Prints one line a run (prefill s from --stats-json, hits by tier, GB read) and keeps the
+# raw output under $OUT.
+#
+#   usage: K3BIN=.devbin/k3-tiers bash lab/device/tiers.sh [SNAP] [EXPERTS]
+set -u
+SNAP=${1:-/tmp/k3slice64}
+EXPERTS=${2:-64}
+K=${K3BIN:-.devbin/k3}
+OUT=${OUT:-/tmp/tiers_out}
+mkdir -p "$OUT"
+[ -d .gl ] && . "$(dirname "$0")/device_vulkan.sh"
+if [ ! -f "$SNAP/config.json" ]; then
+    /usr/bin/time -f "synth %e s" "$K" synth --preset k3-slice --layers 4 --experts "$EXPERTS" "$SNAP" \
+        > "$OUT/synth.txt" 2>&1
+    tail -1 "$OUT/synth.txt"
+fi
+PROMPT=$(seq -s, 1000 97 13400) # 128 ids
+field() { grep -o "\"$2\": *[0-9.e-]*" "$1" | head -1 | grep -o '[0-9.e-]*$'; }
+pre() { # name, gpu-expert-gb, carry on|off
+    K3_LAB_CHUNK_CARRY=$3 K3_DIRECT=0 timeout 300 "$K" run "$SNAP" --ids "$PROMPT" --ngen 1 \
+        --ignore-eos --quiet --backend gpu --chunk 32 --expert-gb 60 --gpu-expert-gb "$2" \
+        --stats-json "$OUT/$1.json" > "$OUT/$1.ids" 2> "$OUT/$1.err"
+    echo "$1: prefill_s $(field "$OUT/$1.json" prefill_s) gpu_hits $(field "$OUT/$1.json" gpu_hits) ids $(cat "$OUT/$1.ids" | tr '\n' ' ')"
+}
+pre warmup 0 on
+for r in 1 2; do
+    pre "tier_on_$r" 60 on
+    pre "tier_off_carry_$r" 0 on
+    pre "tier_off_nocarry_$r" 0 off
+done
+DPROMPT=$(seq -s, 1000 97 1700) # 8 ids
+dec() { # name, expert-gb, gpu-expert-gb
+    K3_DIRECT=1 timeout 200 "$K" run "$SNAP" --ids "$DPROMPT" --ngen 24 --ignore-eos --quiet \
+        --backend gpu --expert-gb "$2" --gpu-expert-gb "$3" \
+        --stats-json "$OUT/$1.json" > "$OUT/$1.ids" 2> "$OUT/$1.err"
+    local j="$OUT/$1.json"
+    echo "$1: decode tok/s $(field "$j" decode_tok_per_s) | $(grep '\[K3\] tiers' "$OUT/$1.err") | $(grep '\[K3\] disk' "$OUT/$1.err")"
+}
+dec ram1_vram0 1 0
+dec ram0_vram1 0 1
+dec ram05_vram05 0.5 0.5
+dec ram1_vram1 1 1
+dec ram2_vram0 2 0

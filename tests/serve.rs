@@ -99,11 +99,19 @@ fn chat_completions_models_health_and_metrics() {
     assert_eq!(st, 200);
     for line in [
         "k3_requests_total{status=\"200\"} ",
+        "k3_prompt_tokens_total ",
         "k3_generated_tokens_total ",
+        "k3_prefill_tokens_per_second ",
+        "k3_decode_tokens_per_second ",
         "k3_time_to_first_token_seconds_count 4",
         "k3_expert_hit_ratio ",
         "k3_streamed_bytes_total ",
+        "k3_disk_gigabytes_per_second ",
         "k3_queue_length 0",
+        "k3_engine_busy 0",
+        // The completions prompt shares no snapshot's prefix: the chat's were dropped.
+        "k3_state_snapshots 1",
+        "k3_state_snapshot_bytes ",
     ] {
         assert!(body.contains(line), "{line:?} missing from\n{body}");
     }

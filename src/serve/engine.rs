@@ -201,6 +201,11 @@ pub fn run_engine<B: Backend>(
             // The state may be half-advanced: start the next request from scratch.
             session.reset()?;
         }
+        let m = &shared.metrics;
+        m.snapshots
+            .store(session.snapshot_count(), Ordering::Relaxed);
+        m.snapshot_bytes
+            .store(session.snapshot_bytes(), Ordering::Relaxed);
         if let Ok(mut c) = shared.current.lock() {
             *c = None;
         }

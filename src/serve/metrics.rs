@@ -18,6 +18,10 @@ pub struct Metrics {
     totals: Mutex<Totals>,
     /// Requests the engine finished.
     pub generations: AtomicU64,
+    /// State snapshots the engine holds.
+    pub snapshots: AtomicUsize,
+    /// Bytes those snapshots take.
+    pub snapshot_bytes: AtomicUsize,
 }
 
 #[derive(Default, Clone)]
@@ -200,6 +204,18 @@ impl Metrics {
             "gauge",
             "1 while the engine generates.",
             u8::from(self.busy.load(Ordering::Relaxed)).to_string(),
+        );
+        metric(
+            "k3_state_snapshots",
+            "gauge",
+            "State snapshots held for prompts that diverge from the held conversation.",
+            self.snapshots.load(Ordering::Relaxed).to_string(),
+        );
+        metric(
+            "k3_state_snapshot_bytes",
+            "gauge",
+            "Bytes the state snapshots take.",
+            self.snapshot_bytes.load(Ordering::Relaxed).to_string(),
         );
         let _ = writeln!(
             o,

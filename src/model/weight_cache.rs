@@ -505,7 +505,7 @@ fn check_entry(e: &Entry, data_end: u64) -> Result<()> {
                 e.cols
             );
         }
-        let end = p.offset.checked_add(p.len).unwrap_or(u64::MAX);
+        let end = p.offset.saturating_add(p.len);
         if p.offset < HEADER_BYTES || end > data_end {
             bail!(
                 "bytes {}..{end} lie outside the data (which ends at {data_end})",

@@ -17,6 +17,9 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 pub const SINGLE_FILE: &str = "model.safetensors";
 /// Largest safetensors header accepted; the K3 release's largest is a few MB.
 const MAX_HEADER_BYTES: u64 = 100_000_000;
+/// Largest `model.safetensors.index.json` read: the K3 release's lists every expert tensor
+/// and is a few MB; a larger file would cost many times its size as a JSON tree.
+pub const MAX_INDEX_BYTES: u64 = 64 << 20;
 /// Bytes of the little-endian header length that starts every safetensors file.
 const LEN_BYTES: u64 = 8;
 
@@ -111,8 +114,29 @@ pub fn open_shards(dir: &Path, extra_dirs: &[PathBuf]) -> Result<ShardSet> {
 
 /// Reads the index with [`parse_index`].
 fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{}: cannot read the shard index", path.display()))?;
+    use std::io::Read;
+    let cannot = || format!("{}: cannot read the shard index", path.display());
+    let file = File::open(path).with_context(cannot)?;
+    let len = file.metadata().with_context(cannot)?.len();
+    let too_large = |len: u64| {
+        anyhow!(
+            "{}: {len} bytes is too large for a shard index (the limit is {MAX_INDEX_BYTES} bytes)",
+            path.display()
+        )
+    };
+    if len > MAX_INDEX_BYTES {
+        return Err(too_large(len));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    // The file may grow after its size was read: never read past the limit.
+    file.take(MAX_INDEX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(cannot)?;
+    if bytes.len() as u64 > MAX_INDEX_BYTES {
+        return Err(too_large(bytes.len() as u64));
+    }
+    let text = String::from_utf8(bytes)
+        .with_context(|| format!("{}: the shard index is not UTF-8 text", path.display()))?;
     parse_index(&text, path)
 }
 

@@ -10,7 +10,7 @@ use clap::Args;
 use k3::backend::Backend;
 use k3::model::K3Model;
 use k3::sampling::Sampler;
-use k3::session::{DecodeOptions, Flow, Session};
+use k3::session::{DecodeOptions, Finish, Flow, Session};
 use k3::tokenizer::{Channel, ChatEvent, ChatOptions, ChatSplitter, Message, Tokenizer};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -201,6 +201,20 @@ fn chat_loop<B: Backend>(
         let mut msgs: Vec<Message> = system.iter().map(|s| Message::system(s.clone())).collect();
         msgs.extend(history.iter().cloned());
         let ids = tok.encode_chat(&msgs, &ChatOptions::generation(thinking))?;
+        let context = a.load.stream.max_tokens;
+        if ids.len() > context {
+            // The turn cannot be answered; the conversation before it stays as it was.
+            history.pop();
+            eprintln!(
+                "[K3] context full: with this line the conversation is {} tokens and the \
+                 context holds {context} (--max-tokens / K3_MAXT); the line was not sent. \
+                 /reset starts a new conversation",
+                ids.len()
+            );
+            continue;
+        }
+        // Every generated token but the last is fed back, so prompt + answer positions fit.
+        let max_answer = a.max_answer.min(context - ids.len() + 1);
         if !session.tokens().is_empty() && !ids.starts_with(session.tokens()) {
             // The template rendered earlier turns differently from how they were generated.
             eprintln!(
@@ -214,7 +228,7 @@ fn chat_loop<B: Backend>(
             shown: None,
         };
         let opts = DecodeOptions {
-            max_tokens: a.max_answer,
+            max_tokens: max_answer,
             stop_ids: &stop_ids,
             cancel: Some(stop),
             ..DecodeOptions::default()
@@ -231,6 +245,13 @@ fn chat_loop<B: Backend>(
         out.finish()?;
         if stop.swap(false, Ordering::SeqCst) {
             eprintln!("[K3] (stopped)");
+        } else if max_answer < a.max_answer && g.finish == Finish::Length {
+            eprintln!(
+                "[K3] context full: the answer stopped after {max_answer} tokens (the \
+                 conversation holds {} of --max-tokens / K3_MAXT {context}); /reset starts a new \
+                 conversation",
+                ids.len() + max_answer - 1
+            );
         }
         let (reasoning, content) = split_answer(&tok, &answer_ids, thinking)?;
         history.push(Message::assistant(content, reasoning));

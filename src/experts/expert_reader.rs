@@ -3,7 +3,7 @@
 
 use super::aligned_buf::AlignedBuf;
 use super::lent_memory::{LentRegion, ReadLender};
-use super::shard_io::{region_len, IoMode, ShardIo};
+use super::shard_io::{region_len, FaultPlan, IoMode, ShardIo};
 use crate::backend::{ExpertWeights, StagedExpert};
 use crate::checkpoint::{Checkpoint, ExpertLocation};
 use crate::config::Config;
@@ -120,6 +120,12 @@ impl ExpertReader {
         self
     }
 
+    /// Makes every later read consult `plan`: I/O errors and short reads injected into the
+    /// read path, for tests.
+    pub fn inject_faults(&self, plan: Arc<dyn FaultPlan>) -> Result<()> {
+        self.io.inject_faults(plan)
+    }
+
     /// The I/O mode in force.
     pub fn mode(&self) -> IoMode {
         self.io.mode()
@@ -150,9 +156,17 @@ impl ExpertReader {
     pub fn read(&self, ck: &Checkpoint, layer: usize, e: u32) -> Result<LoadedExpert> {
         let loc = Self::locate(ck, layer, e)?;
         let path = ck.shard_path(loc.shard);
-        self.expect_unchanged(ck, loc.shard)?;
-        self.read_location(path, loc, e)
-            .with_context(|| format!("loading expert {e} of layer {layer}"))
+        let span = loc.span();
+        self.expect_unchanged(ck, loc.shard)
+            .and_then(|()| self.read_location(path, loc, e))
+            .with_context(|| {
+                format!(
+                    "loading expert {e} of layer {layer} (bytes {}..{} of {})",
+                    span.start,
+                    span.end,
+                    path.display()
+                )
+            })
     }
 
     /// Reads the expert `id` whose tensors lie at `loc` in the shard at `path`.
@@ -169,12 +183,15 @@ impl ExpertReader {
                     off + (r.start - span.start) as usize..off + (r.end - span.start) as usize
                 })
             };
-            if let Some((buf, off)) = self.read_lent(path, &span, loc)? {
-                return Ok(LoadedExpert {
-                    id,
-                    buf,
-                    parts: at(off),
-                });
+            if let Some((mut buf, off)) = self.read_lent(path, &span, loc)? {
+                let parts = at(off);
+                // The lent region is host-visible until the backend takes it: its scale
+                // bytes are checked there, as a host read's are.
+                match &mut buf {
+                    ExpertBytes::Lent(r) => refuse_nan_scales(path, r.bytes_mut(), &parts)?,
+                    ExpertBytes::Host(b) => refuse_nan_scales(path, b, &parts)?,
+                }
+                return Ok(LoadedExpert { id, buf, parts });
             }
             let (buf, off) = self.io.read(path, &span)?;
             let parts = at(off);
@@ -244,9 +261,23 @@ impl ExpertReader {
 /// E8M0 reserves 255 for NaN: a scale byte of 255 makes its whole group of 32 weights NaN,
 /// and the logits with them. A released checkpoint never holds one, so it means the bytes
 /// are corrupt; the expert is refused rather than computed with.
+///
+/// The scan is `<[u8]>::contains`, which reads a word at a time (memory lent by a GPU may be
+/// write-combined, where each narrow read is slow); the position is found only on a hit.
 fn refuse_nan_scales(path: &Path, buf: &[u8], parts: &[Range<usize>; 6]) -> Result<()> {
     for k in [1, 3, 5] {
-        if let Some(at) = buf[parts[k].clone()].iter().position(|&b| b == 0xFF) {
+        let scales = buf.get(parts[k].clone()).ok_or_else(|| {
+            anyhow!(
+                "internal: expert tensor {} lies at {:?}, outside its {}-byte read buffer",
+                crate::checkpoint::schema::EXPERT_PARTS[k],
+                parts[k],
+                buf.len()
+            )
+        })?;
+        if !scales.contains(&0xFF) {
+            continue;
+        }
+        if let Some(at) = scales.iter().position(|&b| b == 0xFF) {
             anyhow::bail!(
                 "{}: expert tensor {}: scale byte {at} is 255, which E8M0 reserves for NaN (corrupt shard bytes; re-download the shard)",
                 path.display(),

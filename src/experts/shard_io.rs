@@ -12,7 +12,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// How expert bytes are read (`K3_DIRECT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +32,22 @@ impl IoMode {
             IoMode::Buffered => "buffered (page cache, read-ahead hints)".to_string(),
         }
     }
+}
+
+/// What an injected fault does to one positional read of a shard ([`ShardIo::inject_faults`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFault {
+    /// The read fails with an error of this kind.
+    Error(std::io::ErrorKind),
+    /// The read reports at most this many bytes (a short read; 0 looks like end of file).
+    Short(usize),
+}
+
+/// Decides, for each positional read the reader makes, whether it goes wrong: the seam
+/// through which tests inject I/O errors and short reads into the read path.
+pub trait FaultPlan: Send + Sync {
+    /// The fault for a read of up to `len` bytes of `path` at `offset`, or `None`.
+    fn fault(&self, path: &Path, offset: u64, len: usize) -> Option<ReadFault>;
 }
 
 /// Tries one uncached read of the first block of `path`: `Ok` when the filesystem takes
@@ -58,6 +74,8 @@ pub struct ShardIo {
     mode: IoMode,
     files: Mutex<HashMap<PathBuf, Arc<ShardFiles>>>,
     direct_refused: AtomicBool,
+    /// Injected faults; unset outside tests, which costs one atomic load per read.
+    faults: OnceLock<Arc<dyn FaultPlan>>,
 }
 
 impl ShardIo {
@@ -67,6 +85,36 @@ impl ShardIo {
             mode,
             files: Mutex::new(HashMap::new()),
             direct_refused: AtomicBool::new(false),
+            faults: OnceLock::new(),
+        }
+    }
+
+    /// Makes every later read consult `plan` (tests of the read path); a reader takes one
+    /// plan for its life.
+    pub fn inject_faults(&self, plan: Arc<dyn FaultPlan>) -> Result<()> {
+        self.faults
+            .set(plan)
+            .map_err(|_| anyhow!("internal: faults were already injected into this reader"))
+    }
+
+    /// One positional read, through the injected faults when there are any.
+    fn read_at(
+        &self,
+        f: &File,
+        path: &Path,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> std::io::Result<usize> {
+        match self
+            .faults
+            .get()
+            .and_then(|p| p.fault(path, offset, buf.len()))
+        {
+            None => read_at(f, buf, offset),
+            Some(ReadFault::Error(kind)) => Err(std::io::Error::new(kind, "injected fault")),
+            // The whole read happens (a direct read must keep its aligned length) and
+            // reports fewer bytes: the rest must be read again.
+            Some(ReadFault::Short(n)) => read_at(f, buf, offset).map(|got| got.min(n)),
         }
     }
 
@@ -201,10 +249,17 @@ impl ShardIo {
                 range.end - range.start
             ));
         }
-        let f = self.files(path)?;
+        let f = self.files(path).with_context(|| {
+            format!(
+                "reading bytes {}..{} of {}",
+                range.start,
+                range.end,
+                path.display()
+            )
+        })?;
         if let Some(direct) = &f.direct {
             if !self.direct_refused.load(Ordering::Relaxed) {
-                match read_direct(direct, path, range, dst) {
+                match self.read_direct(direct, &f.buffered, path, range, dst) {
                     Ok(off) => {
                         Self::check_unchanged(&f, path, range.start)?;
                         return Ok(off);
@@ -223,9 +278,83 @@ impl ShardIo {
             }
         }
         let len = (range.end - range.start) as usize;
-        read_full(&f.buffered, dst, range.start, path, len)?;
+        self.read_full(&f.buffered, &mut dst[..len], range.start, path, range)?;
         Self::check_unchanged(&f, path, range.start)?;
         Ok(0)
+    }
+
+    /// Reads the blocks that hold `range` through the uncached descriptor; returns where
+    /// `range.start` lies in `region`. A short read that leaves the position unaligned (the
+    /// next direct read would be refused) is finished through `buffered`.
+    fn read_direct(
+        &self,
+        f: &File,
+        buffered: &File,
+        path: &Path,
+        range: &Range<u64>,
+        region: &mut [u8],
+    ) -> std::result::Result<usize, DirectError> {
+        let a0 = range.start & !(IO_ALIGN as u64 - 1);
+        let region = &mut region[..region_len(range)];
+        let need = (range.end - a0) as usize;
+        let mut got = 0usize;
+        while got < need {
+            match self.read_at(f, path, &mut region[got..], a0 + got as u64) {
+                Ok(0) => return Err(DirectError::Other(truncated(path, range, a0 + got as u64))),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if uncached_read::is_refusal(&e) && got == 0 => {
+                    return Err(DirectError::Refused(e))
+                }
+                Err(e) => {
+                    return Err(DirectError::Other(anyhow::Error::new(e).context(format!(
+                        "reading {} at offset {} (direct I/O)",
+                        path.display(),
+                        a0 + got as u64
+                    ))))
+                }
+            }
+            if got % IO_ALIGN != 0 && got < need {
+                self.read_full(
+                    buffered,
+                    &mut region[got..need],
+                    a0 + got as u64,
+                    path,
+                    range,
+                )
+                .map_err(DirectError::Other)?;
+                got = need;
+            }
+        }
+        Ok((range.start - a0) as usize)
+    }
+
+    /// Fills `buf` from `offset` of the buffered descriptor; `range` is the expert bytes
+    /// the read is for, named when the file ends first.
+    fn read_full(
+        &self,
+        f: &File,
+        buf: &mut [u8],
+        offset: u64,
+        path: &Path,
+        range: &Range<u64>,
+    ) -> Result<()> {
+        let mut got = 0usize;
+        while got < buf.len() {
+            match self.read_at(f, path, &mut buf[got..], offset + got as u64) {
+                Ok(0) => return Err(truncated(path, range, offset + got as u64)),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(anyhow::Error::new(e).context(format!(
+                        "reading {} at offset {}",
+                        path.display(),
+                        offset + got as u64
+                    )))
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -239,69 +368,6 @@ pub fn region_len(range: &Range<u64>) -> usize {
 enum DirectError {
     Refused(std::io::Error),
     Other(anyhow::Error),
-}
-
-fn read_direct(
-    f: &File,
-    path: &Path,
-    range: &Range<u64>,
-    region: &mut [u8],
-) -> std::result::Result<usize, DirectError> {
-    let a0 = range.start & !(IO_ALIGN as u64 - 1);
-    let region = &mut region[..region_len(range)];
-    let need = (range.end - a0) as usize;
-    let mut got = 0usize;
-    while got < need {
-        match read_at(f, &mut region[got..], a0 + got as u64) {
-            Ok(0) => break,
-            // A short read at the tail leaves `got` unaligned; the next read would be refused,
-            // so finish the remainder (at most one block) through the loop's EOF check.
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if uncached_read::is_refusal(&e) && got == 0 => {
-                return Err(DirectError::Refused(e))
-            }
-            Err(e) => {
-                return Err(DirectError::Other(anyhow::Error::new(e).context(format!(
-                    "reading {} at offset {} (direct I/O)",
-                    path.display(),
-                    a0 + got as u64
-                ))))
-            }
-        }
-        if got % IO_ALIGN != 0 && got < need {
-            break;
-        }
-    }
-    if got < need {
-        return Err(DirectError::Other(truncated(path, range, a0 + got as u64)));
-    }
-    Ok((range.start - a0) as usize)
-}
-
-fn read_full(f: &File, buf: &mut [u8], offset: u64, path: &Path, len: usize) -> Result<()> {
-    let mut got = 0usize;
-    while got < len {
-        match read_at(f, &mut buf[got..len], offset + got as u64) {
-            Ok(0) => {
-                return Err(truncated(
-                    path,
-                    &(offset..offset + len as u64),
-                    offset + got as u64,
-                ))
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                return Err(anyhow::Error::new(e).context(format!(
-                    "reading {} at offset {}",
-                    path.display(),
-                    offset + got as u64
-                )))
-            }
-        }
-    }
-    Ok(())
 }
 
 fn truncated(path: &Path, range: &Range<u64>, ends_at: u64) -> anyhow::Error {

@@ -535,24 +535,38 @@ fn sixteen_concurrent_clients_get_answers_or_429_and_the_server_stays_up() {
 }
 
 #[test]
-fn sigint_cancels_the_running_request_and_exits_zero() {
+fn sigint_and_sigterm_cancel_the_running_request_and_exit_zero() {
     let dir = support::tiny(0);
-    let mut s = Server::start(&dir, &["--max-tokens", "8192"]);
-    let mut reader = open_stream(
-        &s.url("/v1/chat/completions"),
-        &chat_body("a long answer please", 8000, true),
-    );
-    let mut buf = [0u8; 64];
-    assert!(reader.read(&mut buf).unwrap() > 0);
-    // SAFETY: kill(2) on the child's own pid with SIGINT; no memory is touched.
-    let rc = unsafe { libc::kill(s.child.id() as i32, libc::SIGINT) };
-    assert_eq!(rc, 0);
-    let mut rest = Vec::new();
-    let _ = reader.read_to_end(&mut rest);
-    let status = s.child.wait().unwrap();
-    assert!(status.success(), "{status:?}: {}", s.log());
-    assert!(s.wait_log("[K3] serve: stopped", 5), "{}", s.log());
-    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    for (name, signal) in [("SIGINT", libc::SIGINT), ("SIGTERM", libc::SIGTERM)] {
+        let mut s = Server::start(&dir, &["--max-tokens", "8192"]);
+        let mut reader = open_stream(
+            &s.url("/v1/chat/completions"),
+            &chat_body("a long answer please", 8000, true),
+        );
+        let mut buf = [0u8; 64];
+        assert!(reader.read(&mut buf).unwrap() > 0);
+        // SAFETY: kill(2) on the child's own pid with a signal; no memory is touched.
+        let rc = unsafe { libc::kill(s.child.id() as i32, signal) };
+        assert_eq!(rc, 0);
+        let mut rest = Vec::new();
+        let _ = reader.read_to_end(&mut rest);
+        let status = s.child.wait().unwrap();
+        assert!(status.success(), "{name}: {status:?}: {}", s.log());
+        assert!(s.wait_log("[K3] serve: stopped", 5), "{name}: {}", s.log());
+        assert!(String::from_utf8_lossy(&rest).contains("[DONE]"), "{name}");
+    }
+}
+
+#[test]
+fn listening_beyond_loopback_without_a_key_prints_a_warning() {
+    let dir = support::tiny(0);
+    let open = Server::start(&dir, &["--host", "0.0.0.0"]);
+    assert!(open.wait_log("WARNING", 5), "{}", open.log());
+    let keyed = Server::start(&dir, &["--host", "0.0.0.0", "--api-key", "k"]);
+    let local = Server::start(&dir, &[]);
+    for s in [&keyed, &local] {
+        assert!(!s.log().contains("WARNING"), "{}", s.log());
+    }
 }
 
 #[test]

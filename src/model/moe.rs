@@ -209,7 +209,7 @@ impl<B: Backend> Moe<B> {
 
 impl<B: Backend> Moe<B> {
     /// Scores this layer's router on `x` and reads ahead the experts it picks that no cache
-    /// holds: the most chosen first, at most [`guess_limit`] of them.
+    /// holds: the heaviest first, at most [`guess_limit`] of them.
     fn read_ahead(
         &self,
         b: &B,
@@ -228,15 +228,15 @@ impl<B: Backend> Moe<B> {
     }
 }
 
-/// Up to `limit` distinct experts of `routes`, those chosen by the most rows first (ties:
-/// the smaller id).
+/// Up to `limit` distinct experts of `routes`, the heaviest first: by the routing weight
+/// the rows gave them together (ties: the smaller id).
 fn most_chosen(routes: &[crate::backend::Route], limit: usize) -> Vec<u32> {
-    let mut count: HashMap<u32, usize> = HashMap::new();
-    for &(e, _) in routes.iter().flatten() {
-        *count.entry(e).or_default() += 1;
+    let mut weight: HashMap<u32, f64> = HashMap::new();
+    for &(e, w) in routes.iter().flatten() {
+        *weight.entry(e).or_default() += f64::from(w);
     }
-    let mut by: Vec<(usize, u32)> = count.into_iter().map(|(e, n)| (n, e)).collect();
-    by.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut by: Vec<(f64, u32)> = weight.into_iter().map(|(e, w)| (w, e)).collect();
+    by.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     by.into_iter().take(limit).map(|(_, e)| e).collect()
 }
 
@@ -264,6 +264,9 @@ mod tests {
         ];
         assert_eq!(most_chosen(&routes, 2), vec![2, 4]);
         assert_eq!(most_chosen(&routes, 8), vec![2, 4, 9]);
+        // One token: its heaviest experts, whatever their ids.
+        let one = vec![vec![(1, 0.1), (7, 0.6), (3, 0.3)]];
+        assert_eq!(most_chosen(&one, 2), vec![7, 3]);
         assert!(most_chosen(&[], 4).is_empty());
     }
 }

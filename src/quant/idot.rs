@@ -221,7 +221,8 @@ pub(crate) struct Token<'a> {
     pub(crate) chunked: &'a [i8],
     /// Group scales.
     pub(crate) scale: &'a [f32],
-    /// Group biases.
+    /// Group biases (read by the x86 kernels, whose byte products need unsigned weights).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) bias: &'a [i32],
 }
 
@@ -557,6 +558,15 @@ mod tests {
         for level in simd::SimdLevel::available() {
             assert!(IdotKernel::for_level(level).is_supported());
         }
-        assert_eq!(IdotKernel::available()[0], IdotKernel::Portable);
+        let available = IdotKernel::available();
+        eprintln!("idot kernels here: {available:?}");
+        assert_eq!(available[0], IdotKernel::Portable);
+        // NEON is part of every aarch64 CPU: its kernel must be among those tested.
+        #[cfg(target_arch = "aarch64")]
+        assert!(available.contains(&IdotKernel::Neon));
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            assert!(available.contains(&IdotKernel::Avx2));
+        }
     }
 }

@@ -39,6 +39,8 @@ const TRAILER_BYTES: u64 = 32;
 const ALIGN: u64 = 64;
 /// Largest table accepted: the full model's table is well under a megabyte.
 const MAX_TABLE_BYTES: u64 = 64 << 20;
+/// Bytes one thread copies at a time out of the map.
+const COPY_CHUNK: usize = 4 << 20;
 
 /// Whether, and where, the loader keeps the quantized-weight cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -397,7 +399,9 @@ impl Reader {
         // SAFETY: the map is read-only. k3 replaces a cache file only by renaming a new one
         // over it, which leaves this mapping's file intact; a process that truncated the file
         // in place would be writing where only k3 writes.
-        let map = unsafe { Mmap::map(&file) }.context("cannot map it")?;
+        // Populated: every page is read in with the mapping rather than one fault at a time.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
+            .context("cannot map it")?;
         let len = map.len() as u64;
         if len < HEADER_BYTES + TRAILER_BYTES {
             bail!("truncated: {len} bytes");
@@ -453,23 +457,30 @@ impl Reader {
         })
     }
 
-    /// Copies entry `e` (checked at open) out of the map.
+    /// Copies entry `e` (checked at open) out of the map, in parallel: a start from the
+    /// cache is this copy, and the pages it touches fault in on every core at once.
     fn matrix(&self, e: &Entry, fmt: DenseFormat) -> DenseMatrix {
         let part = |p: &Part| &self.map[p.offset as usize..(p.offset + p.len) as usize];
-        let q = part(&e.q);
         let scale: Vec<f32> = part(&e.scale)
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
+        let copy = |dst: &mut [u8]| {
+            dst.par_chunks_mut(COPY_CHUNK)
+                .zip(part(&e.q).par_chunks(COPY_CHUNK))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        };
         let data = match fmt {
-            DenseFormat::Int8 => DenseData::Int8 {
-                q: bytemuck::cast_slice::<u8, i8>(q).to_vec(),
-                scale,
-            },
-            _ => DenseData::Int4 {
-                q: q.to_vec(),
-                scale,
-            },
+            DenseFormat::Int8 => {
+                let mut q = vec![0i8; e.q.len as usize];
+                copy(bytemuck::cast_slice_mut(&mut q));
+                DenseData::Int8 { q, scale }
+            }
+            _ => {
+                let mut q = vec![0u8; e.q.len as usize];
+                copy(&mut q);
+                DenseData::Int4 { q, scale }
+            }
         };
         DenseMatrix {
             rows: e.rows,

@@ -761,3 +761,28 @@ fn out_of_range_serve_flags_are_refused_naming_the_flag() {
         assert!(err.contains(flag), "{flag} {value}: {err}");
     }
 }
+
+#[test]
+fn a_client_that_disconnects_during_prefill_cancels_it_between_chunks() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let dir = support::tiny(0);
+    // One token a chunk: the prefill of this prompt takes far longer than the wait below.
+    let s = Server::start(&dir, &["--chunk", "1", "--max-tokens", "8192"]);
+    let body = chat_body(&"word ".repeat(6000), 4, true).to_string();
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    write!(
+        c,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    drop(c);
+    assert!(s.wait_log("(cancelled)", 20), "{}", s.log());
+    let log = s.log();
+    let line = log.lines().find(|l| l.contains("serve 1:")).unwrap();
+    assert!(line.contains("generated 0 "), "{line}");
+    let (st, v) = post_json(&s.url("/v1/chat/completions"), &chat_body("hi", 2, false));
+    assert_eq!(st, 200, "{v}");
+}

@@ -29,6 +29,9 @@ enum BenchKind {
     /// Decode with K3_EXPERT_GB swept and K3_PIPE on/off, the model loaded once: hit %,
     /// GB read, eload, disk busy and s/token per run, as a table and as JSON files.
     Decode(Box<DecodeArgs>),
+    /// Replay a routing trace (`--route-trace`, or a calibrated synthetic one) through every
+    /// cache policy at each budget: hit % and GB read per token.
+    Cache(super::bench_cache::CacheArgs),
 }
 
 #[derive(Args, Debug)]
@@ -77,6 +80,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     match a.what {
         BenchKind::Reader(r) => reader(r),
         BenchKind::Decode(d) => decode(*d),
+        BenchKind::Cache(c) => super::bench_cache::run(c),
     }
 }
 

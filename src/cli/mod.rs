@@ -1,6 +1,8 @@
 //! Subcommands and the flags they share, each flag with its environment-variable alias.
 
+mod bench_cache;
 mod bench_cmd;
+mod cache_args;
 mod chat_cmd;
 mod devices_cmd;
 mod inspect_cmd;

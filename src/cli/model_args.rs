@@ -116,6 +116,19 @@ pub fn ensure_demo() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Ends a job: the routing trace and usage history are written whether or not the job
+/// succeeded (a failed run's trace shows where it was); the job's error comes first.
+fn finish<B: Backend, T>(
+    out: Result<T>,
+    cache: &super::cache_args::CacheArgs,
+    model: &K3Model<B>,
+) -> Result<T> {
+    let fin = cache.finish(model);
+    let out = out?;
+    fin?;
+    Ok(out)
+}
+
 impl ModelArgs {
     /// The progress bar, weight cache and start-up lines these flags ask for.
     fn load_options(&self) -> LoadOptions {
@@ -160,7 +173,7 @@ impl ModelArgs {
                 }
                 let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
                 self.stream.configure(&mut model)?;
-                job.run(&mut model)
+                finish(job.run(&mut model), &self.stream.cache, &model)
             }
             Selected::Cpu { fallback } => {
                 if let Some(line) = fallback {
@@ -175,7 +188,7 @@ impl ModelArgs {
                 }
                 let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
                 self.stream.configure(&mut model)?;
-                job.run(&mut model)
+                finish(job.run(&mut model), &self.stream.cache, &model)
             }
         }
     }

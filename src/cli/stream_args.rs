@@ -65,6 +65,8 @@ pub struct StreamArgs {
     /// Longest context the MLA cache is budgeted for, in tokens.
     #[arg(long = "max-tokens", env = "K3_MAXT", default_value_t = 4096)]
     pub max_tokens: usize,
+    #[command(flatten)]
+    pub cache: super::cache_args::CacheArgs,
 }
 
 impl StreamArgs {
@@ -118,6 +120,7 @@ impl StreamArgs {
             if prefetch { "on" } else { "off" }
         );
         model.set_streaming(sc)?;
+        self.cache.configure(model, plan.slots)?;
         model.set_prefetch(prefetch);
         let sel = self.expert_selection()?;
         if !sel.is_exact() {

@@ -623,7 +623,7 @@ mod tests {
         }
         assert!(p.lookup(7));
         assert_eq!(p.len(), 3, "two LRU slots and the one pin held so far");
-        assert!(!p.insert(9).evicted.is_some_and(|e| e == 7));
+        assert_ne!(p.insert(9).evicted, Some(7));
         assert!(!p.pins.contains(&9), "only half the slots are pinned");
         assert!(
             chunk(&mut p, &[8]).is_empty(),

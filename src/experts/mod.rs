@@ -2,6 +2,8 @@
 
 pub mod aligned_buf;
 pub mod cache_policy;
+pub mod cache_policy_sim;
+pub mod cache_policy_synth;
 pub mod disk_meter;
 pub mod expert_cache;
 pub mod expert_reader;

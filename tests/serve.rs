@@ -786,3 +786,14 @@ fn a_client_that_disconnects_during_prefill_cancels_it_between_chunks() {
     let (st, v) = post_json(&s.url("/v1/chat/completions"), &chat_body("hi", 2, false));
     assert_eq!(st, 200, "{v}");
 }
+
+#[test]
+fn the_snapshot_budget_is_reported_at_start_and_one_too_small_is_warned_about() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &[]);
+    assert!(s.wait_log("state snapshots: up to 4 of", 5), "{}", s.log());
+    let s = Server::start(&dir, &["--snapshot-mb", "0"]);
+    assert!(s.wait_log("none is kept", 5), "{}", s.log());
+    let s = Server::start(&dir, &["--snapshots", "0"]);
+    assert!(s.wait_log("state snapshots off", 5), "{}", s.log());
+}

@@ -147,6 +147,23 @@ pub fn run_engine<B: Backend>(
 ) -> Result<()> {
     let mut session = Session::new(model, chunk)?;
     session.set_snapshot_limits(snapshots);
+    let one = model.snapshot_bytes() + model.vocab_size() * 4;
+    if snapshots.count == 0 {
+        eprintln!("[K3] serve: state snapshots off: a resent conversation that diverges from the held one is prefilled from its start");
+    } else if one > snapshots.bytes {
+        eprintln!(
+            "[K3] serve: WARNING: one state snapshot takes {:.1} MB, more than --snapshot-mb {:.0}: none is kept",
+            one as f64 / 1e6,
+            snapshots.bytes as f64 / (1 << 20) as f64
+        );
+    } else {
+        eprintln!(
+            "[K3] serve: state snapshots: up to {} of {:.1} MB each, {:.0} MB at most",
+            snapshots.count.min(snapshots.bytes / one),
+            one as f64 / 1e6,
+            snapshots.bytes as f64 / (1 << 20) as f64
+        );
+    }
     let eos = model.ckpt.config.eos_token_ids.clone();
     while let Ok(job) = jobs.recv() {
         shared.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);

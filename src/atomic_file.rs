@@ -31,12 +31,18 @@ pub fn partial_path(path: &Path) -> PathBuf {
 impl AtomicFile {
     /// Starts writing `path` (under `path.partial` until committed).
     pub fn create(path: &Path) -> Result<Self> {
+        Self::with_buffer(path, BUFFER_BYTES)
+    }
+
+    /// [`AtomicFile::create`] with a write buffer of `bytes` (many files open at once
+    /// each take a small one).
+    pub fn with_buffer(path: &Path, bytes: usize) -> Result<Self> {
         let tmp = partial_path(path);
         let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         Ok(Self {
             path: path.to_path_buf(),
             tmp,
-            out: Some(BufWriter::with_capacity(BUFFER_BYTES, file)),
+            out: Some(BufWriter::with_capacity(bytes, file)),
             written: 0,
         })
     }
@@ -53,26 +59,39 @@ impl AtomicFile {
 
     /// Appends `bytes`; an error names the file and the offset.
     pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
-        let out = self.writer()?;
+        let Some(out) = self.out.as_mut() else {
+            return Err(self.closed());
+        };
+        let (tmp, at) = (&self.tmp, self.written);
         out.write_all(bytes).with_context(|| {
             format!(
                 "writing {} at byte {} (disk full?)",
-                self.tmp.display(),
-                self.written
+                tmp.display(),
+                reached(tmp, at)
             )
         })?;
         self.written += bytes.len() as u64;
         Ok(())
     }
 
-    /// Flushes and syncs the file, then renames it to its destination.
+    /// Flushes and syncs the file, then renames it to its destination; on failure the
+    /// temporary file is removed.
     pub fn commit(mut self) -> Result<u64> {
         let out = self.out.take().ok_or_else(|| self.closed())?;
+        let done = self.finish(out);
+        if done.is_err() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+        done
+    }
+
+    fn finish(&self, out: BufWriter<File>) -> Result<u64> {
         let at = self.written;
         let file = out.into_inner().map_err(|e| {
             anyhow::Error::new(e.into_error()).context(format!(
-                "flushing {} at byte {at} (disk full?)",
-                self.tmp.display()
+                "flushing {} at byte {} of {at} (disk full?)",
+                self.tmp.display(),
+                reached(&self.tmp, at)
             ))
         })?;
         file.sync_all()
@@ -82,11 +101,6 @@ impl AtomicFile {
             format!("renaming {} to {}", self.tmp.display(), self.path.display())
         })?;
         Ok(self.written)
-    }
-
-    fn writer(&mut self) -> Result<&mut BufWriter<File>> {
-        let closed = self.closed();
-        self.out.as_mut().ok_or(closed)
     }
 
     fn closed(&self) -> anyhow::Error {
@@ -103,6 +117,15 @@ impl Drop for AtomicFile {
             // Uncommitted: the partial file must not outlive the failed write.
             let _ = std::fs::remove_file(&self.tmp);
         }
+    }
+}
+
+/// Where a failed write stopped: the bytes that reached `tmp` (what is buffered had not),
+/// or `fallback` when its size cannot be read (`/dev/full` has none).
+fn reached(tmp: &Path, fallback: u64) -> u64 {
+    match std::fs::metadata(tmp) {
+        Ok(m) if m.is_file() => m.len(),
+        _ => fallback,
     }
 }
 
@@ -143,6 +166,20 @@ mod tests {
             b"old",
             "the old file is kept"
         );
+        assert!(!partial_path(&path).exists());
+    }
+
+    #[test]
+    fn a_failed_commit_removes_the_partial_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // The destination is a non-empty directory: the rename fails after the sync.
+        let path = dir.path().join("d");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("x"), b"x").unwrap();
+        let mut f = AtomicFile::create(&path).unwrap();
+        f.write_all(b"bytes").unwrap();
+        let e = format!("{:#}", f.commit().unwrap_err());
+        assert!(e.contains("renaming"), "{e}");
         assert!(!partial_path(&path).exists());
     }
 

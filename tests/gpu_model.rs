@@ -122,6 +122,8 @@ fn gpu_model_matches_cpu_layer_by_layer_and_in_greedy_tokens() {
     )
     .unwrap();
     let layers = cm.ckpt.config.num_hidden_layers;
+    assert_eq!(tg.finish().unwrap(), layers);
+    assert_eq!(tc.finish().unwrap(), layers);
     for i in 0..layers {
         let g = read_f32(&Trace::layer_file(dirs[0].path(), i));
         let c = read_f32(&Trace::layer_file(dirs[1].path(), i));

@@ -268,8 +268,11 @@ impl super::model_args::ModelJob for DecodeJob<'_> {
                             let total = g.prefill_stats.plus(&g.decode_stats);
                             let json = stats::run_json(ids.len(), &g, &total);
                             let path = o.join(format!("run-{gb}-{pipe}-{run}.json"));
-                            std::fs::write(&path, serde_json::to_string_pretty(&json)?)
-                                .with_context(|| format!("writing {}", path.display()))?;
+                            k3::atomic_file::write_atomically(
+                                &path,
+                                serde_json::to_string_pretty(&json)?.as_bytes(),
+                            )
+                            .with_context(|| format!("writing {}", path.display()))?;
                         }
                     }
                 }

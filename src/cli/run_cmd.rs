@@ -6,6 +6,7 @@ use super::threads;
 use super::token_output::TokenOutput;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use k3::atomic_file::write_atomically;
 use k3::backend::Backend;
 use k3::generate::{generate, GenerateOptions};
 use k3::model::trace::Trace;
@@ -172,7 +173,22 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
         }
         Ok(())
     };
-    let g = generate(model, &ids, &opts, &mut pick, &mut on_token)?;
+    let g = generate(model, &ids, &opts, &mut pick, &mut on_token);
+    if let Some(t) = &trace {
+        match &g {
+            Ok(_) => {
+                t.finish()?;
+            }
+            // The layers recorded before the failure are what finds it (a non-finite
+            // layer): keep them, whole rows each; a trace whose own write failed is gone.
+            Err(_) => {
+                if let Err(e) = t.finish() {
+                    eprintln!("[K3] {e:#}");
+                }
+            }
+        }
+    }
+    let g = g?;
     output.finish()?;
     if ngen < a.ngen && g.tokens.len() == ngen && !g.tokens.last().is_some_and(|t| stop.contains(t))
     {
@@ -201,7 +217,7 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
     }
     if let Some(path) = &a.stats_json {
         let json = stats::run_json(ids.len(), &g, &total);
-        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+        write_atomically(path, serde_json::to_string_pretty(&json)?.as_bytes())
             .with_context(|| format!("writing --stats-json {}", path.display()))?;
     }
     if let Some(path) = &a.dump_logits {
@@ -218,5 +234,6 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
 
 fn write_logits(path: &Path, logits: &[f32]) -> Result<()> {
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    std::fs::write(path, bytes).with_context(|| format!("writing logits to {}", path.display()))
+    write_atomically(path, &bytes)
+        .with_context(|| format!("writing --dump-logits {}", path.display()))
 }

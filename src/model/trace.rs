@@ -1,13 +1,31 @@
 //! Per-layer hidden-state dumps (`--trace DIR` / `K3_TRACE`) for comparing backends.
 
-use anyhow::{Context, Result};
-use std::fs::{self, OpenOptions};
-use std::io::Write;
+use crate::atomic_file::AtomicFile;
+use anyhow::{anyhow, bail, Context, Result};
+use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+/// Write buffer of each layer's file: a trace holds one open file per layer.
+const LAYER_BUFFER_BYTES: usize = 64 << 10;
 
 /// Appends each layer's output rows to `DIR/layer_NNN.f32` (little-endian f32, `[pos, H]`).
+/// The files are written under temporary names ([`AtomicFile`]) and appear under their
+/// real names at [`Trace::finish`]; a failed write (a full disk) discards the whole trace,
+/// so no layer file that stops short is ever left to compare against.
 pub struct Trace {
     dir: PathBuf,
+    files: Mutex<Files>,
+}
+
+#[derive(Default)]
+struct Files {
+    /// Layer `i`'s file at index `i`, opened on its first record.
+    open: Vec<Option<AtomicFile>>,
+    /// Why the trace was discarded, once a write failed.
+    failed: Option<String>,
+    /// Set by [`Trace::finish`]: later records are refused.
+    finished: bool,
 }
 
 impl Trace {
@@ -18,7 +36,9 @@ impl Trace {
                 fs::read_dir(dir).with_context(|| format!("reading trace dir {}", dir.display()))?
             {
                 let p = e?.path();
-                if p.extension().is_some_and(|x| x == "f32") {
+                // A killed run's temporary files go too.
+                let name = p.file_name().unwrap_or_default().to_string_lossy();
+                if name.ends_with(".f32") || name.ends_with(".f32.partial") {
                     fs::remove_file(&p).with_context(|| format!("clearing {}", p.display()))?;
                 }
             }
@@ -26,6 +46,7 @@ impl Trace {
         fs::create_dir_all(dir).with_context(|| format!("creating trace dir {}", dir.display()))?;
         Ok(Self {
             dir: dir.to_path_buf(),
+            files: Mutex::default(),
         })
     }
 
@@ -34,16 +55,97 @@ impl Trace {
         dir.join(format!("layer_{i:03}.f32"))
     }
 
+    fn lock(&self) -> Result<MutexGuard<'_, Files>> {
+        self.files
+            .lock()
+            .map_err(|_| anyhow!("trace {} poisoned", self.dir.display()))
+    }
+
     /// Appends rows of layer `i`'s output.
     pub fn record(&self, i: usize, rows: &[f32]) -> Result<()> {
-        let path = Self::layer_file(&self.dir, i);
-        let mut f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        let mut files = self.lock()?;
+        if let Some(why) = &files.failed {
+            bail!("trace {} was discarded: {why}", self.dir.display());
+        }
+        if files.finished {
+            bail!(
+                "internal: trace {} recorded after it finished",
+                self.dir.display()
+            );
+        }
+        if files.open.len() <= i {
+            files.open.resize_with(i + 1, || None);
+        }
         let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
-        f.write_all(&bytes)
-            .with_context(|| format!("writing {}", path.display()))
+        let wrote = match &mut files.open[i] {
+            Some(f) => f.write_all(&bytes),
+            slot @ None => {
+                AtomicFile::with_buffer(&Self::layer_file(&self.dir, i), LAYER_BUFFER_BYTES)
+                    .and_then(|mut f| {
+                        let r = f.write_all(&bytes);
+                        *slot = Some(f);
+                        r
+                    })
+            }
+        };
+        if let Err(e) = wrote {
+            // Dropping the open files removes their temporary names.
+            files.open.clear();
+            files.failed = Some(format!("{e:#}"));
+            return Err(e.context(format!("tracing layer {i} to {}", self.dir.display())));
+        }
+        Ok(())
+    }
+
+    /// Syncs every layer's file and renames it into place; returns how many there are.
+    /// A trace whose write failed reports that failure here too.
+    pub fn finish(&self) -> Result<usize> {
+        let mut files = self.lock()?;
+        if let Some(why) = &files.failed {
+            bail!("trace {} was discarded: {why}", self.dir.display());
+        }
+        files.finished = true;
+        let open = std::mem::take(&mut files.open);
+        let mut n = 0;
+        for f in open.into_iter().flatten() {
+            if let Err(e) = f.commit() {
+                files.failed = Some(format!("{e:#}"));
+                return Err(e.context(format!("finishing trace {}", self.dir.display())));
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_files_appear_whole_at_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Trace::create(dir.path()).unwrap();
+        t.record(0, &[1.0, 2.0]).unwrap();
+        t.record(1, &[3.0]).unwrap();
+        t.record(0, &[4.0]).unwrap();
+        assert!(!Trace::layer_file(dir.path(), 0).exists());
+        assert_eq!(t.finish().unwrap(), 2);
+        let bytes = std::fs::read(Trace::layer_file(dir.path(), 0)).unwrap();
+        let want: Vec<u8> = [1.0f32, 2.0, 4.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(bytes, want);
+        assert!(t.record(0, &[5.0]).is_err(), "no record after finish");
+    }
+
+    #[test]
+    fn a_trace_dropped_unfinished_leaves_no_layer_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Trace::create(dir.path()).unwrap();
+        t.record(0, &[1.0]).unwrap();
+        drop(t);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

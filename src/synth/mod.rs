@@ -119,6 +119,23 @@ fn synthesize_as(opts: &SynthOptions, out: &Path, force: bool) -> Result<SynthSu
     let cfg = Config::from_json_str(&config_text, "synthesized config.json")
         .context("the synthesized config does not parse (a preset bug)")?;
     prepare_dir(out, force)?;
+    if force {
+        // The index and config are written last: removing the old ones first means a run
+        // that fails part way (a full disk) never leaves an index over a mix of old and new
+        // shards that loads as valid. Both are files this run replaces.
+        for name in [INDEX_FILE, "config.json"] {
+            let p = out.join(name);
+            match fs::remove_file(&p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(anyhow::Error::new(e).context(format!(
+                        "removing the old {} before rewriting it",
+                        p.display()
+                    )))
+                }
+                _ => {}
+            }
+        }
+    }
     write_file(
         &out.join(MARKER_FILE),
         &pretty(&json!({

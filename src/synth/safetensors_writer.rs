@@ -2,11 +2,11 @@
 //! then the tensor bytes are appended in whatever chunks the caller produces, so no
 //! tensor or shard is ever held whole in memory.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+
+use crate::atomic_file::AtomicFile;
 
 /// Capacity of the write buffer; larger writes bypass it.
 const WRITE_BUFFER_BYTES: usize = 1 << 20;
@@ -52,30 +52,26 @@ pub(crate) fn header_bytes(entries: &[HeaderEntry]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// A shard being written: header done, data appended by [`ShardWriter::write`].
+/// A shard being written: header done, data appended by [`ShardWriter::write`]. It lives
+/// under a temporary name ([`AtomicFile`]) until [`ShardWriter::finish`], so a failed write
+/// (a full disk) leaves no shard under the real name.
 pub(crate) struct ShardWriter {
-    file: BufWriter<File>,
-    path: PathBuf,
+    file: AtomicFile,
     expected: u64,
     written: u64,
 }
-
-pub(crate) use crate::atomic_file::partial_path;
 
 impl ShardWriter {
     /// Starts the shard `path` (written under a temporary name until [`ShardWriter::finish`])
     /// with the header for `entries`.
     pub(crate) fn create(path: &Path, entries: &[HeaderEntry]) -> Result<ShardWriter> {
         let header = header_bytes(entries)?;
-        let tmp = partial_path(path);
-        let file =
-            File::create(&tmp).with_context(|| format!("creating shard {}", tmp.display()))?;
-        let mut file = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
+        let mut file = AtomicFile::with_buffer(path, WRITE_BUFFER_BYTES)
+            .with_context(|| format!("creating shard {}", path.display()))?;
         file.write_all(&header)
-            .with_context(|| format!("writing the header of {}", path.display()))?;
+            .with_context(|| format!("writing the header of shard {}", path.display()))?;
         Ok(ShardWriter {
             file,
-            path: path.to_path_buf(),
             expected: entries.iter().map(|e| e.bytes).sum(),
             written: 0,
         })
@@ -87,38 +83,27 @@ impl ShardWriter {
         if after > self.expected {
             bail!(
                 "shard {}: data overruns the header ({after} > {} bytes)",
-                self.path.display(),
+                self.file.path().display(),
                 self.expected
             );
         }
-        self.file
-            .write_all(bytes)
-            .with_context(|| format!("writing {} (disk full?)", self.path.display()))?;
+        self.file.write_all(bytes)?;
         self.written = after;
         Ok(())
     }
 
-    /// Flushes the shard after checking every announced byte was written; returns the
-    /// data size.
-    pub(crate) fn finish(mut self) -> Result<u64> {
+    /// Syncs the shard and renames it into place after checking every announced byte was
+    /// written; returns the data size.
+    pub(crate) fn finish(self) -> Result<u64> {
         if self.written != self.expected {
             bail!(
                 "shard {}: wrote {} data bytes, header announced {}",
-                self.path.display(),
+                self.file.path().display(),
                 self.written,
                 self.expected
             );
         }
-        let tmp = partial_path(&self.path);
-        self.file
-            .flush()
-            .with_context(|| format!("flushing {} (disk full?)", tmp.display()))?;
-        self.file
-            .get_ref()
-            .sync_all()
-            .with_context(|| format!("syncing {} (disk full?)", tmp.display()))?;
-        std::fs::rename(&tmp, &self.path)
-            .with_context(|| format!("renaming {} into place", tmp.display()))?;
+        self.file.commit()?;
         Ok(self.written)
     }
 }

@@ -79,8 +79,7 @@ pub fn write_synthetic_tokenizer(
         model.push('\n');
     }
     let model_path = dir.join("tiktoken.model");
-    std::fs::write(&model_path, model)
-        .with_context(|| format!("writing {}", model_path.display()))?;
+    crate::atomic_file::write_atomically(&model_path, model.as_bytes())?;
 
     let mut decoder = serde_json::Map::new();
     for (id, name) in &specials {
@@ -108,8 +107,7 @@ pub fn write_synthetic_tokenizer(
     }
     let config_path = dir.join("tokenizer_config.json");
     let text = serde_json::to_string_pretty(&config)?;
-    std::fs::write(&config_path, text)
-        .with_context(|| format!("writing {}", config_path.display()))?;
+    crate::atomic_file::write_atomically(&config_path, text.as_bytes())?;
     Ok(())
 }
 

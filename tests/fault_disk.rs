@@ -1,0 +1,166 @@
+//! A full disk while k3 writes: the real binary runs under a file-size limit
+//! (`RLIMIT_FSIZE`, with SIGXFSZ ignored so a write past it fails with EFBIG, as a full
+//! disk fails with ENOSPC). Each write that fails names the file and the byte offset, and
+//! leaves nothing under the real name that loads as valid afterwards.
+#![cfg(target_os = "linux")]
+
+mod support;
+
+use k3::checkpoint::Checkpoint;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Runs `k3 ARGS` with every file it writes limited to `limit` bytes.
+fn k3_limited(limit: u64, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_k3"));
+    cmd.args(args)
+        .env("RAYON_NUM_THREADS", "2")
+        .env_remove("K3_EXPERT_GB")
+        .env_remove("K3_TRACE")
+        .env_remove("K3_MAXT");
+    // SAFETY: between fork and exec the closure calls only async-signal-safe functions
+    // (signal, setrlimit) and touches no memory the parent's other threads could hold locked.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let lim = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.output().unwrap()
+}
+
+/// The file names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Asserts the run failed with a write error naming `file` and a byte offset.
+fn assert_write_error(out: &Output, file: &str) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "the run succeeded: {err}");
+    assert!(err.contains(file), "the error does not name {file}: {err}");
+    assert!(err.contains("at byte"), "no byte offset: {err}");
+    assert!(err.contains("disk full?"), "{err}");
+    err
+}
+
+#[test]
+fn synth_on_a_full_disk_names_the_shard_and_leaves_no_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m");
+    // The tiny preset's second shard is 274,244 bytes, its first 261,436.
+    let run = k3_limited(
+        270_000,
+        &["synth", "--preset", "tiny", out.to_str().unwrap()],
+    );
+    assert_write_error(&run, "model-00002-of-00006.safetensors");
+    let files = names(&out);
+    assert!(files.iter().all(|f| !f.ends_with(".partial")), "{files:?}");
+    assert!(
+        !files
+            .iter()
+            .any(|f| f == "model-00002-of-00006.safetensors"),
+        "a cut shard under its real name: {files:?}"
+    );
+    assert!(Checkpoint::open(&out, &[]).is_err(), "{files:?} opened");
+}
+
+#[test]
+fn synth_force_on_a_full_disk_never_leaves_old_and_new_shards_under_one_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m");
+    let ok = k3_limited(
+        u64::MAX,
+        &["synth", "--preset", "tiny", out.to_str().unwrap()],
+    );
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    Checkpoint::open(&out, &[]).unwrap();
+    // Seed 1 over seed 0: shard 1 is replaced, shard 2 fails; the old index would list
+    // the new shard 1 beside the old rest, and load.
+    let run = k3_limited(
+        270_000,
+        &[
+            "synth",
+            "--preset",
+            "tiny",
+            "--seed",
+            "1",
+            "--force",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_write_error(&run, "model-00002-of-00006.safetensors");
+    assert!(
+        Checkpoint::open(&out, &[]).is_err(),
+        "a mix of two seeds opened: {:?}",
+        names(&out)
+    );
+}
+
+#[test]
+fn run_dumps_on_a_full_disk_name_the_file_and_are_not_left_behind() {
+    let model = support::tiny(0);
+    let model = model.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let ids = ["--ids", "768,5,300,17,999,42", "--ngen", "3", "--quiet"];
+
+    let logits = tmp.path().join("logits.f32");
+    let mut args = vec!["run", model, "--dump-logits", logits.to_str().unwrap()];
+    args.extend(ids);
+    let run = k3_limited(4096, &args);
+    assert_write_error(&run, "logits.f32");
+    assert!(!logits.exists(), "a cut logits dump");
+
+    let stats = tmp.path().join("stats.json");
+    let mut args = vec!["run", model, "--stats-json", stats.to_str().unwrap()];
+    args.extend(ids);
+    let run = k3_limited(64, &args);
+    assert_write_error(&run, "stats.json");
+    assert!(!stats.exists(), "a cut stats file");
+
+    let trace = tmp.path().join("trace");
+    let mut args = vec!["run", model, "--trace", trace.to_str().unwrap()];
+    args.extend(ids);
+    let run = k3_limited(1000, &args);
+    assert_write_error(&run, "layer_000.f32");
+    let left = names(&trace);
+    assert!(
+        left.is_empty(),
+        "a trace that stops short was left: {left:?}"
+    );
+
+    // The same runs without the limit write every file.
+    let mut args = vec!["run", model, "--dump-logits", logits.to_str().unwrap()];
+    args.extend(["--stats-json", stats.to_str().unwrap()]);
+    args.extend(["--trace", trace.to_str().unwrap()]);
+    args.extend(ids);
+    let run = k3_limited(u64::MAX, &args);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(std::fs::metadata(&logits).unwrap().len() > 4096);
+    serde_json::from_slice::<serde_json::Value>(&std::fs::read(&stats).unwrap()).unwrap();
+    assert!(names(&trace)
+        .iter()
+        .all(|f| f.starts_with("layer_") && f.ends_with(".f32")));
+    assert!(!names(&trace).is_empty());
+}

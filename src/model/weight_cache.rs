@@ -202,14 +202,34 @@ struct Builder {
     file: AtomicFile,
     key: Key,
     entries: Vec<Entry>,
+}
+
+/// One matrix on its way to the writer thread: name, format, shape, value and scale bytes.
+struct Parts {
+    name: String,
+    format: &'static str,
+    rows: usize,
+    cols: usize,
+    q: Vec<u8>,
+    scale: Vec<u8>,
+}
+
+/// A cache being written on its own thread, so that writing overlaps quantizing.
+struct Building {
+    tx: std::sync::mpsc::SyncSender<Parts>,
+    writer: std::thread::JoinHandle<Result<(u64, PathBuf)>>,
     /// Why the previous file was not used, for the report.
     replaced: Option<String>,
 }
 
+/// Matrices queued for the writer thread beyond the one it writes: the queue holds copies,
+/// so it is short.
+const WRITE_QUEUE: usize = 1;
+
 enum State {
     Off,
     Hit(Reader),
-    Build(Builder),
+    Build(Building),
     /// The cache could not be written; the load goes on without it.
     Failed(String),
 }
@@ -276,10 +296,9 @@ impl WeightCache {
         let mut failures = Vec::new();
         for p in order {
             match Builder::create(p, key.clone()) {
-                Ok(mut b) => {
-                    b.replaced = replaced.map(|(_, why)| why);
+                Ok(b) => {
                     return WeightCache {
-                        state: State::Build(b),
+                        state: State::Build(b.spawn(replaced.map(|(_, why)| why))),
                         notes: Vec::new(),
                     };
                 }
@@ -340,15 +359,27 @@ impl WeightCache {
         }
     }
 
-    /// Records a matrix this load quantized. A write that fails ends the cache with a
-    /// warning; the load goes on.
+    /// Records a matrix this load quantized: a copy goes to the writer thread. A write
+    /// that fails ends the cache with a warning at [`Self::finish`]; the load goes on.
     pub fn store(&mut self, name: &str, m: &DenseMatrix) {
         let State::Build(b) = &mut self.state else {
             return;
         };
-        if let Err(e) = b.add(name, m) {
-            self.state = State::Failed(format!("{e:#}"));
-        }
+        let (format, q, scale): (_, &[u8], &[f32]) = match &m.data {
+            DenseData::Int8 { q, scale } => ("int8", bytemuck::cast_slice(q), scale),
+            DenseData::Int4 { q, scale } => ("int4", q, scale),
+            _ => return,
+        };
+        let parts = Parts {
+            name: name.to_string(),
+            format,
+            rows: m.rows,
+            cols: m.cols,
+            q: parallel_copy(q),
+            scale: bytemuck::cast_slice(scale).to_vec(),
+        };
+        // A send fails only once the writer thread has ended, which `finish` reports.
+        let _ = b.tx.send(parts);
     }
 
     /// Ends the load: completes a cache being written and returns the start-up line's
@@ -368,8 +399,16 @@ impl WeightCache {
                 format!("off: cannot be written ({why}); quantized this start only")
             }
             State::Build(b) => {
-                let replaced = b.replaced.clone();
-                match b.commit() {
+                let Building {
+                    tx,
+                    writer,
+                    replaced,
+                } = b;
+                drop(tx);
+                let done = writer
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow!("the cache writer thread panicked")));
+                match done {
                     Ok((bytes, path)) => {
                         let built = format!("built ({:.0} MB, {})", mb(bytes), path.display());
                         match replaced {
@@ -490,6 +529,15 @@ impl Reader {
     }
 }
 
+/// A copy of `src`, made by every core.
+fn parallel_copy(src: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; src.len()];
+    out.par_chunks_mut(COPY_CHUNK)
+        .zip(src.par_chunks(COPY_CHUNK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+    out
+}
+
 /// The value and scale byte counts of a `[rows, cols]` matrix in `format`.
 fn part_lens(format: &str, rows: usize, cols: usize) -> Option<(u64, u64)> {
     let (q, s) = match format {
@@ -542,7 +590,6 @@ impl Builder {
             file,
             key,
             entries: Vec::new(),
-            replaced: None,
         })
     }
 
@@ -559,23 +606,42 @@ impl Builder {
         })
     }
 
-    fn add(&mut self, name: &str, m: &DenseMatrix) -> Result<()> {
-        let (format, q, scale): (_, &[u8], &[f32]) = match &m.data {
-            DenseData::Int8 { q, scale } => ("int8", bytemuck::cast_slice(q), scale),
-            DenseData::Int4 { q, scale } => ("int4", q, scale),
-            _ => return Ok(()),
-        };
-        let q = self.part(q)?;
-        let scale = self.part(bytemuck::cast_slice(scale))?;
+    fn add(&mut self, p: Parts) -> Result<()> {
+        let q = self.part(&p.q)?;
+        let scale = self.part(&p.scale)?;
         self.entries.push(Entry {
-            name: name.to_string(),
-            format: format.to_string(),
-            rows: m.rows,
-            cols: m.cols,
+            name: p.name,
+            format: p.format.to_string(),
+            rows: p.rows,
+            cols: p.cols,
             q,
             scale,
         });
         Ok(())
+    }
+
+    /// Moves the file to a writer thread that writes each matrix it is sent, then the table,
+    /// and commits once the sender is dropped. After an error it drains the queue and
+    /// returns the error (the partial file is removed).
+    fn spawn(mut self, replaced: Option<String>) -> Building {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Parts>(WRITE_QUEUE);
+        let writer = std::thread::spawn(move || {
+            let mut failed = None;
+            for parts in rx {
+                if failed.is_none() {
+                    failed = self.add(parts).err();
+                }
+            }
+            match failed {
+                Some(e) => Err(e),
+                None => self.commit(),
+            }
+        });
+        Building {
+            tx,
+            writer,
+            replaced,
+        }
     }
 
     fn commit(mut self) -> Result<(u64, PathBuf)> {

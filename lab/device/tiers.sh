@@ -10,7 +10,12 @@
 # raw output under $OUT.
 #
 #   usage: K3BIN=.devbin/k3-tiers bash lab/device/tiers.sh [SNAP] [EXPERTS]
+# ROUNDS (2) prefill rounds, NGEN (24) decode tokens, SPLITS ("1:0 0:1 0.5:0.5 1:1 2:0",
+# host GB:VRAM GB) the decode runs.
 set -u
+ROUNDS=${ROUNDS:-2}
+NGEN=${NGEN:-24}
+SPLITS=${SPLITS:-"1:0 0:1 0.5:0.5 1:1 2:0"}
 SNAP=${1:-/tmp/k3slice64}
 EXPERTS=${2:-64}
 K=${K3BIN:-.devbin/k3}
@@ -31,21 +36,19 @@ pre() { # name, gpu-expert-gb, carry on|off
     echo "$1: prefill_s $(field "$OUT/$1.json" prefill_s) gpu_hits $(field "$OUT/$1.json" gpu_hits) ids $(cat "$OUT/$1.ids" | tr '\n' ' ')"
 }
 pre warmup 0 on
-for r in 1 2; do
+for r in $(seq 1 "$ROUNDS"); do
     pre "tier_on_$r" 60 on
     pre "tier_off_carry_$r" 0 on
     pre "tier_off_nocarry_$r" 0 off
 done
 DPROMPT=$(seq -s, 1000 97 1700) # 8 ids
 dec() { # name, expert-gb, gpu-expert-gb
-    K3_DIRECT=1 timeout 200 "$K" run "$SNAP" --ids "$DPROMPT" --ngen 24 --ignore-eos --quiet \
+    K3_DIRECT=1 timeout 200 "$K" run "$SNAP" --ids "$DPROMPT" --ngen "$NGEN" --ignore-eos --quiet \
         --backend gpu --expert-gb "$2" --gpu-expert-gb "$3" \
         --stats-json "$OUT/$1.json" > "$OUT/$1.ids" 2> "$OUT/$1.err"
     local j="$OUT/$1.json"
     echo "$1: decode tok/s $(field "$j" decode_tok_per_s) | $(grep '\[K3\] tiers' "$OUT/$1.err") | $(grep '\[K3\] disk' "$OUT/$1.err")"
 }
-dec ram1_vram0 1 0
-dec ram0_vram1 0 1
-dec ram05_vram05 0.5 0.5
-dec ram1_vram1 1 1
-dec ram2_vram0 2 0
+for sp in $SPLITS; do
+    dec "ram${sp%%:*}_vram${sp##*:}" "${sp%%:*}" "${sp##*:}"
+done

@@ -72,7 +72,11 @@ impl GpuBackend {
         let slot =
             reuse.filter(|&k| k < REUSED_ARENAS && aligned && po.max(so) <= REUSED_ARENA_BYTES);
         let Some(k) = slot else {
+            // A new buffer written through the queue, as the tier's slots are: a buffer
+            // mapped at creation costs wgpu a zero-filled staging copy of its whole size.
+            // Queue writes need 4-byte sizes; other host parts are written at creation.
             let made = |size: u64, parts: &[(u64, PartSrc<'_>)], label: &str| match all_host(parts)
+                .filter(|_| !aligned)
             {
                 Some(h) => self.ctx.buffer_from_parts(size, &h, label),
                 None => {

@@ -33,7 +33,13 @@ struct Pending {
 struct Moves {
     promoted: Vec<TierKey>,
     pending: Vec<Pending>,
+    /// Readback buffers whose bytes have been taken, unmapped, for the next demotions:
+    /// making a mapped buffer of an expert's size for each one costs more than its copy.
+    free: Vec<wgpu::Buffer>,
 }
+
+/// Readback buffers kept for reuse, at most.
+const FREE_READBACKS: usize = 64;
 
 /// Promotions and demotions of the VRAM tier, waiting for the expert source to take them.
 pub(in crate::backend::gpu) struct Mailbox {
@@ -111,6 +117,9 @@ impl TierExchange for Mailbox {
                     });
                     let e = got.and_then(|view| LoadedExpert::from_parts(p.key.id, &view, p.lens));
                     p.buf.unmap();
+                    if m.free.len() < FREE_READBACKS {
+                        m.free.push(p.buf);
+                    }
                     demoted.push((p.key.layer, e?));
                 }
                 // A failed readback loses the expert: its next use reads it from disk.
@@ -150,11 +159,19 @@ impl GpuBackend {
         };
         let m = (i * d) as u64;
         let (hp, hs) = (m / 2, m / BLOCK as u64);
-        let buf = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("expert tier demotion"),
-            size: 3 * (hp + hs),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
+        let size = 3 * (hp + hs);
+        let kept = {
+            let mut m = self.exchange.lock()?;
+            let at = m.free.iter().position(|b| b.size() == size);
+            at.map(|k| m.free.swap_remove(k))
+        };
+        let buf = kept.unwrap_or_else(|| {
+            self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("expert tier demotion"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
         });
         // Laid out as LoadedExpert::weights reads its parts: w1, w2, w3, packed then scales.
         let (up, down) = (&pool.up, &pool.down);

@@ -150,3 +150,72 @@ impl Carry {
             .sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::gpu::{GpuBackend, GpuOptions};
+
+    fn set(g: &GpuBackend, bytes: u64) -> ArenaSet {
+        let a = || super::super::Arena {
+            packed: g.ctx.buffer(bytes, "test packed"),
+            scales: g.ctx.buffer(16, "test scales"),
+            huge: false,
+        };
+        ArenaSet { up: a(), down: a() }
+    }
+
+    /// A pass keeps what it used and made; the next pass of the layer sees it, the one after
+    /// only what that pass used again; over budget nothing is kept.
+    #[test]
+    fn generations_follow_the_passes_of_a_layer() {
+        let opts = GpuOptions {
+            allow_cpu_adapter: true,
+            ..Default::default()
+        };
+        let Ok(g) = GpuBackend::new(&opts) else {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true but no GPU adapter"
+            );
+            return;
+        };
+        let mut c = Carry::new(1 << 20);
+        let key = |id| ExpertKey { layer: 3, id };
+        assert_eq!(c.pin(3, &[1, 2]), vec![false, false]);
+        let (a, b) = (c.new_set_id(), c.new_set_id());
+        assert!(c.keep(
+            3,
+            (32, 64),
+            &HashSet::new(),
+            vec![(a, set(&g, 64), vec![(1, 0), (2, 1)])]
+        ));
+        assert!(
+            c.find(key(1)).is_none(),
+            "kept for the next pass, not this one"
+        );
+        assert_eq!(c.pin(3, &[1, 2, 5]), vec![true, true, false]);
+        assert_eq!(c.pin(4, &[1]), vec![false], "another layer holds nothing");
+        let (set_a, slot, _) = c.find(key(2)).unwrap();
+        assert_eq!((set_a, slot), (a, 1));
+        // This pass reuses set a and makes b for expert 5.
+        let reused: HashSet<u64> = [a].into();
+        assert!(c.keep(3, (32, 64), &reused, vec![(b, set(&g, 64), vec![(5, 0)])]));
+        assert_eq!(c.experts(), 3);
+        assert_eq!(c.pin(3, &[5, 1]), vec![true, true]);
+        // A pass that keeps nothing (decode) leaves nothing for the next one.
+        assert_eq!(c.pin(3, &[5, 1]), vec![false, false]);
+        assert_eq!((c.experts(), c.held()), (0, 0));
+        // Over budget: not kept.
+        let mut small = Carry::new(100);
+        let id = small.new_set_id();
+        assert!(!small.keep(
+            3,
+            (32, 64),
+            &HashSet::new(),
+            vec![(id, set(&g, 4096), vec![(1, 0)])]
+        ));
+        assert_eq!(small.pin(3, &[1]), vec![false]);
+        assert!(!Carry::default().keep(3, (32, 64), &HashSet::new(), Vec::new()));
+    }
+}

@@ -14,7 +14,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::AttnKind;
 use crate::experts::{ExpertSource, StreamConfig};
 use crate::stats::Stats;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use std::time::Instant;
 
 enum Attn<B: Backend> {
@@ -318,7 +318,10 @@ impl<B: Backend> K3Model<B> {
                         &self.selection,
                         next.as_ref().map(|(m, x)| NextMoe { moe: m, x }),
                         stats,
-                    )?
+                    )
+                    .with_context(|| {
+                        format!("layer {i} (MoE) at position {} of the context", st.pos)
+                    })?
                 }
             };
             h = b.add(&p, &f)?;

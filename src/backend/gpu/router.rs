@@ -5,7 +5,7 @@ use super::context::Dispatch;
 use super::shaders::Shader;
 use super::GpuBackend;
 use crate::backend::{Route, RouterParams};
-use anyhow::{ensure, Result};
+use anyhow::{bail, ensure, Result};
 
 /// Most experts per token the kernel's selection list holds.
 pub const MAX_TOP_K: usize = 64;
@@ -53,13 +53,27 @@ impl GpuBackend {
         });
         let bytes = self.ctx.read(&out, 0, (logits.rows * k * 8) as u64)?;
         let words: &[u32] = bytemuck::cast_slice(&bytes);
-        Ok(words
+        let routes: Vec<Route> = words
             .chunks_exact(2 * k)
             .map(|row| {
                 row.chunks_exact(2)
                     .map(|pw| (pw[0], f32::from_bits(pw[1])))
                     .collect()
             })
-            .collect())
+            .collect();
+        // The GPU checks no hidden state per layer (that would cost a readback each); a
+        // non-finite router input makes its weights non-finite, and this readback is
+        // already here, so the MoE layer that first sees one is named (by its caller).
+        if let Some(row) = routes
+            .iter()
+            .position(|r| r.iter().any(|(_, w)| !w.is_finite()))
+        {
+            bail!(
+                "the router's input holds a non-finite value (NaN or Inf) in row {row} of the \
+                 chunk: this layer's attention or an earlier layer produced it (the weights or \
+                 the input are broken); nothing after it is computed"
+            );
+        }
+        Ok(routes)
     }
 }

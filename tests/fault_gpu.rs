@@ -1,0 +1,87 @@
+//! No silent garbage on the GPU: a non-finite hidden state is named by the MoE layer whose
+//! router first sees it (the router's readback is the one the GPU already makes).
+
+mod support;
+
+use k3::backend::gpu::{GpuBackend, GpuOptions};
+use k3::checkpoint::Checkpoint;
+use k3::experts::{ExpertReader, IoMode, StreamConfig};
+use k3::generate::prefill;
+use k3::model::{FormatPolicy, K3Model};
+use k3::stats::Stats;
+use serde_json::Value;
+
+const PROMPT: [u32; 6] = [768, 5, 300, 17, 999, 42];
+
+/// A copy of the tiny model with every value of the stored tensor whose name ends with
+/// `suffix` set to bf16 NaN.
+fn with_nan_tensor(suffix: &str) -> tempfile::TempDir {
+    let copy = support::copy_dir(&support::tiny(0));
+    let mut hit = false;
+    for e in std::fs::read_dir(copy.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        for (k, v) in header.as_object().unwrap() {
+            if k.ends_with(suffix) {
+                assert_eq!(v["dtype"], "BF16", "{k}");
+                let o = &v["data_offsets"];
+                let (a, b) = (
+                    o[0].as_u64().unwrap() as usize,
+                    o[1].as_u64().unwrap() as usize,
+                );
+                for pair in bytes[8 + n + a..8 + n + b].chunks_exact_mut(2) {
+                    pair.copy_from_slice(&0x7FC0u16.to_le_bytes());
+                }
+                hit = true;
+            }
+        }
+        std::fs::write(&p, bytes).unwrap();
+    }
+    assert!(hit, "no tensor ends with {suffix}");
+    copy
+}
+
+#[test]
+fn a_non_finite_hidden_state_on_the_gpu_names_the_moe_layer() {
+    let ck = Checkpoint::open(&support::tiny(0), &[]).unwrap();
+    let layer = (0..ck.config.num_hidden_layers)
+        .find(|&l| ExpertReader::locate(&ck, l, 0).is_ok())
+        .unwrap();
+    let copy = with_nan_tensor(&format!("model.layers.{layer}.input_layernorm.weight"));
+    let opts = GpuOptions {
+        allow_cpu_adapter: true,
+        ..Default::default()
+    };
+    let g = match GpuBackend::new(&opts) {
+        Ok(g) => g,
+        Err(e) => {
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("CI=true but no usable GPU adapter: {e:#}");
+            }
+            eprintln!("skipping: no usable GPU adapter: {e:#}");
+            return;
+        }
+    };
+    let ck = Checkpoint::open(copy.path(), &[]).unwrap();
+    let mut m = K3Model::load(ck, g, FormatPolicy::default(), false).unwrap();
+    m.set_streaming(StreamConfig {
+        mode: IoMode::Buffered,
+        pipe: false,
+        load_threads: 1,
+        slots_per_layer: 0,
+    })
+    .unwrap();
+    let mut st = m.new_state().unwrap();
+    let e = prefill(&m, &mut st, &PROMPT, 32, false, &mut Stats::default(), None).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains(&format!("layer {layer} (MoE)")),
+        "the layer is not named: {msg}"
+    );
+    assert!(msg.contains("non-finite value (NaN or Inf)"), "{msg}");
+}

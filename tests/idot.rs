@@ -82,3 +82,15 @@ fn idot_logits_stay_near_the_exact_path_on_every_kernel() {
         }
     }
 }
+
+#[test]
+fn a_bad_k3_idot_is_refused_naming_the_flag() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k3"))
+        .args(["run", "--demo", "--backend", "cpu", "--ngen", "1"])
+        .env("K3_IDOT", "2")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--idot") && err.contains('2'), "{err}");
+}

@@ -78,7 +78,7 @@ pub struct ModelArgs {
     /// Quantize the dense weights at every start instead of keeping them in the
     /// quantized-weight cache (a file next to the snapshot when writable, else under the
     /// user's cache directory, rebuilt when the snapshot or the K3_*BITS choices change).
-    #[arg(long, env = "K3_NO_WEIGHT_CACHE")]
+    #[arg(long, env = "K3_NO_WEIGHT_CACHE", value_parser = clap::builder::FalseyValueParser::new())]
     pub no_weight_cache: bool,
     #[command(flatten)]
     pub stream: StreamArgs,

@@ -53,9 +53,9 @@ pub struct RoutingModel {
 /// The model fitted by [`fit`] on the default grid (`k3 bench cache --fit` reruns it).
 pub const FITTED: RoutingModel = RoutingModel {
     sigma: 0.3,
-    set_size: 16,
-    drift: 0.0,
-    reuse: 0.6,
+    set_size: 40,
+    drift: 0.02,
+    reuse: 0.7,
 };
 
 /// The shape of a generated trace.

@@ -224,3 +224,54 @@ fn exclusive_tiers_keep_the_logits_for_every_split_and_hold_each_expert_once() {
     assert!(s.tier_promotions > 0);
     assert!(h + t > (2 * layers).max(4), "{h} in RAM + {t} in VRAM");
 }
+
+/// `k3 run` on the GPU says what the two tiers keep together, prints the `[K3] tiers` line
+/// and writes the per-tier counters to `--stats-json`.
+#[test]
+fn the_run_reports_each_tier() {
+    if gpu_model().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("stats.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k3"))
+        .arg("run")
+        .arg(support::tiny(0))
+        .args([
+            "--ids",
+            "1,2,3,4,5",
+            "--ngen",
+            "3",
+            "--quiet",
+            "--backend",
+            "gpu",
+        ])
+        .args([
+            "--expert-gb",
+            "0",
+            "--gpu-expert-gb",
+            "0.00001",
+            "--stats-json",
+        ])
+        .arg(&json)
+        .env("K3_DIRECT", "0")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // 1e4 B: three slots of 3264 B; the host cache keeps one a layer.
+    let ck = k3::checkpoint::Checkpoint::open(&support::tiny(0), &[]).unwrap();
+    let host = ck.config.moe_layer_count();
+    let line = format!(
+        "expert tier: 3 slots (0.0 GB; asked 0.00001 GB) | with the host cache's {host}: {} experts",
+        host + 3
+    );
+    assert!(err.contains(&line), "{line} in {err}");
+    assert!(err.contains("[K3] tiers: VRAM hits "), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let t = &v["total"];
+    let n = |k: &str| t[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    assert_eq!(n("gpu_hits") + n("ram_hits"), n("expert_hits"));
+    assert!(n("tier_promotions") > 0, "{v}");
+    let _ = n("tier_demotions");
+}

@@ -132,7 +132,7 @@ impl StreamArgs {
             );
         }
         model.set_expert_selection(sel)?;
-        self.configure_gpu_tier(model)?;
+        self.configure_gpu_tier(model, plan.slots)?;
         Ok(sc)
     }
 
@@ -169,8 +169,9 @@ impl StreamArgs {
     }
 
     /// Sizes the backend's VRAM expert tier (see [`tier_size`]) and prints `[K3-GPU] expert
-    /// tier: ...` when the backend has one.
-    fn configure_gpu_tier<B: Backend>(&self, model: &K3Model<B>) -> Result<()> {
+    /// tier: ...` when the backend has one, with what it and the host cache of `host_slots` a
+    /// layer keep together (they are exclusive: an expert lives in one of them).
+    fn configure_gpu_tier<B: Backend>(&self, model: &K3Model<B>, host_slots: usize) -> Result<()> {
         let asked = self.gpu_tier_gb()?;
         let cfg = &model.ckpt.config;
         let tier = |bytes: u64| {
@@ -188,8 +189,17 @@ impl StreamArgs {
         }
         let size = tier_size(asked, || model.backend.free_device_memory())?;
         let n = tier(size.bytes)?.unwrap_or(0);
+        let host = host_slots * cfg.moe_layer_count();
+        let kept = if n > 0 {
+            format!(
+                " | with the host cache's {host}: {} experts, each in one",
+                host + n
+            )
+        } else {
+            String::new()
+        };
         eprintln!(
-            "[K3-GPU] expert tier: {n} slots ({:.1} GB; {})",
+            "[K3-GPU] expert tier: {n} slots ({:.1} GB; {}){kept}",
             n as f64 * cfg.expert_bytes() as f64 / 1e9,
             size.why
         );

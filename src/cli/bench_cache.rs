@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use k3::experts::cache_policy::PolicyKind;
-use k3::experts::cache_policy_sim::{dedup_factor, replay, usage_of};
+use k3::experts::cache_policy_sim::{dedup_factor, replay, replay_optimal, usage_of};
 use k3::experts::cache_policy_synth::{
     self as synth, RoutingModel, TraceShape, FITTED, TARGET_DEDUP_32, TARGET_HIT_44GB,
     TARGET_HIT_8GB,
@@ -45,6 +45,10 @@ pub struct CacheArgs {
     /// Synthetic: seed of the measured session.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Synthetic: route with SET,DRIFT,REUSE (working-set size, drift, reuse probability)
+    /// instead of the fitted model, to see how a policy fares off the fit.
+    #[arg(long, value_name = "SET,DRIFT,REUSE")]
+    routing: Option<String>,
     /// Synthetic: also write the generated trace here.
     #[arg(long)]
     write_trace: Option<PathBuf>,
@@ -92,7 +96,8 @@ pub fn run(a: CacheArgs) -> Result<()> {
                 decode: a.decode,
                 seed: a.seed,
             };
-            let t = synth::generate(&FITTED, &shape);
+            let model = routing_model(a.routing.as_deref())?;
+            let t = synth::generate(&model, &shape);
             if let Some(w) = &a.write_trace {
                 t.write(w)?;
                 eprintln!("[K3] synthetic trace written to {}", w.display());
@@ -100,7 +105,7 @@ pub fn run(a: CacheArgs) -> Result<()> {
             let sessions: Vec<RouteTrace> = (0..a.history_sessions)
                 .map(|i| {
                     synth::generate(
-                        &FITTED,
+                        &model,
                         &TraceShape {
                             seed: a.seed + 1000 + i as u64,
                             ..shape
@@ -135,7 +140,11 @@ pub fn run(a: CacheArgs) -> Result<()> {
     println!("|---|---|---|---|---|---|");
     // A recorded trace may come from a model with fewer layers than the full K3: slots per
     // layer are sized for its own MoE layers and expert size.
-    let moe_layers = h.moe_layers.len();
+    // A synthetic trace stands for the full K3 whatever --layers simulates.
+    let moe_layers = match &a.trace {
+        Some(_) => h.moe_layers.len(),
+        None => synth::K3_LAYERS - 1,
+    };
     for &gb in &gbs {
         let slots = requested_slots(gb, h.expert_bytes, moe_layers, h.experts);
         let lru = replay(&trace, PolicyKind::Lru, slots, None).hit_percent();
@@ -150,6 +159,13 @@ pub fn run(a: CacheArgs) -> Result<()> {
                     .map(|k| (format!("{}+pins", k.name()), Some(hist))),
             );
         }
+        let opt = replay_optimal(&trace, slots);
+        println!(
+            "| {gb} | {slots} | optimal (offline bound) | {:.1} | {:.2} | {:+.1} |",
+            opt.hit_percent(),
+            opt.bytes_per_token() / 1e9,
+            opt.hit_percent() - lru
+        );
         for (name, hist) in rows {
             let kind: PolicyKind = name.trim_end_matches("+pins").parse()?;
             let r = replay(&trace, kind, slots, hist);
@@ -162,6 +178,28 @@ pub fn run(a: CacheArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The fitted model, or the one `--routing SET,DRIFT,REUSE` states.
+fn routing_model(s: Option<&str>) -> Result<RoutingModel> {
+    let Some(s) = s else {
+        return Ok(FITTED);
+    };
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    let bad = || anyhow::anyhow!("--routing: {s:?} is not SET,DRIFT,REUSE (e.g. 16,0.0,0.6)");
+    let [set, drift, reuse] = parts[..] else {
+        return Err(bad());
+    };
+    let m = RoutingModel {
+        sigma: FITTED.sigma,
+        set_size: set.parse().map_err(|_| bad())?,
+        drift: drift.parse().map_err(|_| bad())?,
+        reuse: reuse.parse().map_err(|_| bad())?,
+    };
+    if !(0.0..=1.0).contains(&m.drift) || !(0.0..=1.0).contains(&m.reuse) {
+        bail!("--routing: drift and reuse are probabilities in [0, 1], got {s:?}");
+    }
+    Ok(m)
 }
 
 /// The usage history that the routes of `traces` (run one after another) leave.

@@ -18,7 +18,11 @@ use std::sync::Arc;
 pub struct CacheArgs {
     /// Which expert a full layer cache gives up: lru, lfu-decay (decayed use counts) or 2q
     /// (scan-resistant); docs/tuning.md compares them. Never changes the output.
-    #[arg(long = "cache-policy", env = "K3_CACHE_POLICY", default_value = "lru")]
+    #[arg(
+        long = "cache-policy",
+        env = "K3_CACHE_POLICY",
+        default_value = "lfu-decay"
+    )]
     pub cache_policy: PolicyKind,
     /// Pin each layer's most used experts (at most half its slots) from the usage history of
     /// earlier runs: off, on (pins, and this run's use is added to the history at the end),
@@ -85,7 +89,7 @@ impl CacheArgs {
                 None => eprintln!("[K3] usage pins: no history at {} yet", path.display()),
             }
         }
-        if self.cache_policy != PolicyKind::Lru {
+        if self.cache_policy != PolicyKind::LfuDecay {
             eprintln!("[K3] expert cache policy: {}", self.cache_policy);
         }
         model.experts_mut().set_cache_setup(CacheSetup {

@@ -73,7 +73,7 @@ impl CacheSetup {
 }
 
 /// Half-life of LFU-decay's use counts, in lookups of the layer (a decode token makes 16).
-pub const LFU_HALF_LIFE_LOOKUPS: f64 = 512.0;
+pub const LFU_HALF_LIFE_LOOKUPS: f64 = 64.0;
 
 /// What [`SlotPolicy::insert`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

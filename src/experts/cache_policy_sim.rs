@@ -86,6 +86,76 @@ pub fn replay(
     }
 }
 
+/// The offline optimum (Belady's MIN, which may also decline to keep a read expert): with
+/// the whole trace known, a full cache gives up the expert needed again furthest ahead. No
+/// policy can beat it, so it bounds what any policy can gain over LRU on a trace.
+pub fn replay_optimal(trace: &RouteTrace, slots: usize) -> SimResult {
+    // Per layer, the chunk index of each record, then each (record, expert)'s next use.
+    let mut by_layer: HashMap<usize, Vec<Vec<u32>>> = HashMap::new();
+    for r in &trace.records {
+        by_layer
+            .entry(r.layer)
+            .or_default()
+            .push(load_order(&r.load, &r.experts));
+    }
+    let (mut lookups, mut hits) = (0u64, 0u64);
+    for chunks in by_layer.values() {
+        // next[c][i]: the chunk where chunks[c][i] is needed next (usize::MAX: never).
+        let mut next: Vec<Vec<usize>> = chunks.iter().map(|c| vec![usize::MAX; c.len()]).collect();
+        let mut seen: HashMap<u32, usize> = HashMap::new();
+        for (c, ids) in chunks.iter().enumerate().rev() {
+            for (i, id) in ids.iter().enumerate() {
+                if let Some(&n) = seen.get(id) {
+                    next[c][i] = n;
+                }
+            }
+            for &id in ids {
+                seen.insert(id, c);
+            }
+        }
+        // Held experts keyed by next use: (next chunk, id).
+        let mut held: std::collections::BTreeSet<(usize, u32)> = Default::default();
+        let mut next_of: HashMap<u32, usize> = HashMap::new();
+        for (c, ids) in chunks.iter().enumerate() {
+            let mut misses = Vec::new();
+            for (i, &id) in ids.iter().enumerate() {
+                lookups += 1;
+                if let Some(n) = next_of.remove(&id) {
+                    hits += 1;
+                    held.remove(&(n, id));
+                    held.insert((next[c][i], id));
+                    next_of.insert(id, next[c][i]);
+                } else {
+                    misses.push((id, next[c][i]));
+                }
+            }
+            for (id, n) in misses {
+                if slots == 0 || n == usize::MAX {
+                    continue;
+                }
+                if held.len() >= slots {
+                    let Some(&(far, victim)) = held.last() else {
+                        continue;
+                    };
+                    if far <= n {
+                        continue;
+                    }
+                    held.remove(&(far, victim));
+                    next_of.remove(&victim);
+                }
+                held.insert((n, id));
+                next_of.insert(id, n);
+            }
+        }
+    }
+    SimResult {
+        lookups,
+        hits,
+        tokens: trace.tokens(),
+        expert_bytes: trace.header.expert_bytes,
+    }
+}
+
 /// The usage a trace teaches: selections per (layer, expert), `layers × experts`.
 pub fn usage_of(trace: &RouteTrace) -> Vec<f64> {
     let e = trace.header.experts;
@@ -149,5 +219,13 @@ mod tests {
         assert!((dedup_factor(&t) - 6.0 / 5.0).abs() < 1e-12);
         let none = replay(&t, PolicyKind::Lru, 0, None);
         assert_eq!(none.hits, 0);
+        // One slot: only 3 is needed again, and both LRU and the optimum keep it.
+        let opt = replay_optimal(&t, 1);
+        assert_eq!((opt.lookups, opt.hits), (5, 1));
+        let lru1 = replay(&t, PolicyKind::Lru, 1, None);
+        assert_eq!(lru1.hits, 1, "LRU with one slot keeps 3, the last read");
+        let t2 = trace(&[&[&[1, 2]], &[&[3, 4]], &[&[1, 5]]]);
+        assert_eq!(replay(&t2, PolicyKind::Lru, 1, None).hits, 0);
+        assert_eq!(replay_optimal(&t2, 1).hits, 1, "MIN keeps 1 for its reuse");
     }
 }

@@ -489,3 +489,43 @@ fn a_bad_container_tensor_is_refused_naming_it() {
     let e = load_err(snap.path());
     assert!(e.contains("scale 1 of its `.qs` is NaN"), "{e}");
 }
+
+/// `k3 run` on a snapshot copy: (stdout, stderr), with `env` set.
+fn k3_run(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> (String, String) {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_k3"));
+    c.args([
+        "run",
+        dir.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--ids",
+        "1,7,3",
+    ])
+    .args(["--ngen", "4", "--quiet"])
+    .args(extra)
+    .env_remove("K3_NO_WEIGHT_CACHE");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    (String::from_utf8_lossy(&o.stdout).into_owned(), err)
+}
+
+#[test]
+fn the_run_command_builds_then_hits_the_cache_next_to_the_snapshot() {
+    let snap = support::copy_dir(&support::tiny(0));
+    let (off, e) = k3_run(snap.path(), &["--no-weight-cache"], &[]);
+    assert!(e.contains("weight cache: off"), "{e}");
+    assert!(!snap.path().join(FILE_NAME).exists());
+    let (_, e) = k3_run(snap.path(), &[], &[("K3_NO_WEIGHT_CACHE", "1")]);
+    assert!(e.contains("weight cache: off"), "{e}");
+    let (built, e) = k3_run(snap.path(), &[], &[]);
+    assert!(e.contains("weight cache: built ("), "{e}");
+    assert!(snap.path().join(FILE_NAME).is_file());
+    let (hit, e) = k3_run(snap.path(), &[], &[]);
+    assert!(e.contains("weight cache: hit ("), "{e}");
+    assert_eq!(built, off);
+    assert_eq!(hit, off);
+}

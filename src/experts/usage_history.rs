@@ -187,7 +187,11 @@ impl UsageHistory {
             );
         }
         let per_layer = (0..self.layers)
-            .map(|l| run[l * self.experts..(l + 1) * self.experts].iter().sum::<f64>())
+            .map(|l| {
+                run[l * self.experts..(l + 1) * self.experts]
+                    .iter()
+                    .sum::<f64>()
+            })
             .fold(0.0f64, f64::max);
         let keep = (-per_layer / HALF_LIFE_SELECTIONS).exp2();
         for (c, r) in self.counts.iter_mut().zip(run) {

@@ -164,3 +164,33 @@ fn run_dumps_on_a_full_disk_name_the_file_and_are_not_left_behind() {
         .all(|f| f.starts_with("layer_") && f.ends_with(".f32")));
     assert!(!names(&trace).is_empty());
 }
+
+#[test]
+fn a_route_trace_on_a_full_disk_names_the_file_and_is_not_left_behind() {
+    let model = support::tiny(0);
+    let tmp = tempfile::tempdir().unwrap();
+    let routes = tmp.path().join("routes.jsonl");
+    let args = [
+        "run",
+        model.to_str().unwrap(),
+        "--route-trace",
+        routes.to_str().unwrap(),
+        "--ids",
+        "768,5,300,17,999,42",
+        "--ngen",
+        "3",
+        "--quiet",
+    ];
+    let run = k3_limited(u64::MAX, &args);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let whole = std::fs::metadata(&routes).unwrap().len();
+    std::fs::remove_file(&routes).unwrap();
+    let run = k3_limited(whole / 2, &args);
+    assert_write_error(&run, "routes.jsonl");
+    assert!(!routes.exists(), "a cut route trace");
+    assert!(names(tmp.path()).is_empty(), "{:?}", names(tmp.path()));
+}

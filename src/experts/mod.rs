@@ -17,5 +17,5 @@ pub mod usage_history;
 
 pub use expert_reader::{ExpertReader, LoadedExpert};
 pub use lent_memory::{LentRegion, ReadLender};
-pub use shard_io::IoMode;
+pub use shard_io::{FaultPlan, IoMode, ReadFault};
 pub use source::{ExpertSource, StreamConfig, Supplied};

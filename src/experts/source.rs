@@ -2,7 +2,6 @@
 //! cached experts at once, misses as the loader pool delivers them.
 
 use super::cache_policy::CacheSetup;
-use crate::model::route_trace::RouteTap;
 use super::disk_meter::DiskMeter;
 use super::expert_cache::LayerCache;
 use super::expert_reader::{ExpertReader, LoadedExpert};
@@ -12,6 +11,7 @@ use super::prefetch::Prefetcher;
 use super::shard_io::IoMode;
 use crate::backend::TierExchange;
 use crate::checkpoint::Checkpoint;
+use crate::model::route_trace::RouteTap;
 use crate::stats::Stats;
 use anyhow::{anyhow, Result};
 use std::collections::{HashMap, VecDeque};

@@ -7,10 +7,9 @@ mod support;
 
 use k3::backend::gpu::{GpuBackend, GpuOptions};
 use k3::backend::ExpertResidency;
-use k3::checkpoint::Checkpoint;
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
-use k3::model::{FormatPolicy, K3Model, Logits};
+use k3::model::{K3Model, Logits};
 use k3::stats::Stats;
 
 const PROMPT: [u32; 11] = [768, 5, 300, 17, 17, 999, 42, 0, 511, 7, 88];
@@ -27,25 +26,7 @@ fn stream(pipe: bool, slots: usize) -> StreamConfig {
 /// The tiny model on the GPU, or None (skip) without an adapter; under CI=true a missing
 /// adapter fails.
 fn gpu_model() -> Option<K3Model<GpuBackend>> {
-    let opts = GpuOptions {
-        allow_cpu_adapter: true,
-        poison_reused: true,
-        ..Default::default()
-    };
-    let g = match GpuBackend::new(&opts) {
-        Ok(g) => g,
-        Err(e) => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("CI=true but no usable GPU adapter: {e:#}");
-            }
-            eprintln!("skipping GPU tier test: no usable adapter: {e:#}");
-            return None;
-        }
-    };
-    let ck = Checkpoint::open(&support::tiny(0), &[]).unwrap();
-    let mut m = K3Model::load(ck, g, FormatPolicy::default(), false).unwrap();
-    m.set_streaming(stream(false, 0)).unwrap();
-    Some(m)
+    support::gpu_model(&support::tiny(0), GpuOptions::default(), stream(false, 0))
 }
 
 fn argmax(v: &[f32]) -> u32 {

@@ -134,21 +134,10 @@ fn without_the_pipe_prefetch_reads_nothing_ahead() {
 
 /// The GPU model, or None (skip) without an adapter; under CI=true a missing adapter fails.
 fn gpu_model() -> Option<K3Model<GpuBackend>> {
-    let opts = GpuOptions {
-        allow_cpu_adapter: true,
+    let g = support::gpu_backend(GpuOptions {
         poison_reused: true,
         ..Default::default()
-    };
-    let g = match GpuBackend::new(&opts) {
-        Ok(g) => g,
-        Err(e) => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("CI=true but no usable GPU adapter: {e:#}");
-            }
-            eprintln!("skipping GPU prefetch test: no usable adapter: {e:#}");
-            return None;
-        }
-    };
+    })?;
     let ck = Checkpoint::open(&support::tiny(0), &[]).unwrap();
     Some(K3Model::load(ck, g, FormatPolicy::default(), false).unwrap())
 }

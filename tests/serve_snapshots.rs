@@ -7,7 +7,6 @@ mod support;
 
 use k3::backend::gpu::{GpuBackend, GpuOptions};
 use k3::backend::Backend;
-use k3::checkpoint::Checkpoint;
 use k3::experts::{IoMode, StreamConfig};
 use k3::model::{FormatPolicy, K3Model};
 use k3::session::{DecodeOptions, Flow, Generation, Session, SnapshotLimits};
@@ -30,25 +29,7 @@ fn cpu() -> K3Model<k3::backend::cpu::CpuBackend> {
 }
 
 fn gpu() -> Option<K3Model<GpuBackend>> {
-    let opts = GpuOptions {
-        allow_cpu_adapter: true,
-        poison_reused: true,
-        ..Default::default()
-    };
-    let g = match GpuBackend::new(&opts) {
-        Ok(g) => g,
-        Err(e) => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("CI=true but no usable GPU adapter: {e:#}");
-            }
-            eprintln!("skipping GPU snapshot test: no usable adapter: {e:#}");
-            return None;
-        }
-    };
-    let ck = Checkpoint::open(&support::tiny(0), &[]).unwrap();
-    let mut m = K3Model::load(ck, g, FormatPolicy::default(), false).unwrap();
-    m.set_streaming(serial()).unwrap();
-    Some(m)
+    support::gpu_model(&support::tiny(0), GpuOptions::default(), serial())
 }
 
 fn argmax(v: &[f32]) -> u32 {

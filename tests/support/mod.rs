@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use k3::backend::cpu::CpuBackend;
+use k3::backend::gpu::{GpuBackend, GpuOptions};
 use k3::checkpoint::Checkpoint;
 use k3::experts::StreamConfig;
 use k3::model::{FormatPolicy, K3Model};
@@ -62,6 +63,40 @@ pub fn cpu_model(dir: &Path, policy: FormatPolicy, sc: StreamConfig) -> K3Model<
     let mut m = K3Model::load(ck, CpuBackend::new(), policy, false).unwrap();
     m.set_streaming(sc).unwrap();
     m
+}
+
+/// A GPU backend with `opts` on any adapter (lavapipe included), or None (the test skips)
+/// without one; under CI=true a missing adapter fails the test instead.
+pub fn gpu_backend(opts: GpuOptions) -> Option<GpuBackend> {
+    let opts = GpuOptions {
+        allow_cpu_adapter: true,
+        ..opts
+    };
+    match GpuBackend::new(&opts) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true but no usable GPU adapter: {e:#}"
+            );
+            eprintln!("skipping a GPU test: no usable adapter: {e:#}");
+            None
+        }
+    }
+}
+
+/// The model at `dir` on the GPU with `opts` plus reused buffers poisoned with NaN (a kernel
+/// that leaves part of its output unwritten shows in the comparison), streaming `sc`; None
+/// as [`gpu_backend`].
+pub fn gpu_model(dir: &Path, opts: GpuOptions, sc: StreamConfig) -> Option<K3Model<GpuBackend>> {
+    let g = gpu_backend(GpuOptions {
+        poison_reused: true,
+        ..opts
+    })?;
+    let ck = Checkpoint::open(dir, &[]).unwrap();
+    let mut m = K3Model::load(ck, g, FormatPolicy::default(), false).unwrap();
+    m.set_streaming(sc).unwrap();
+    Some(m)
 }
 
 /// Copies a checkpoint directory (so a test may damage its copy).

@@ -194,3 +194,78 @@ fn a_route_trace_on_a_full_disk_names_the_file_and_is_not_left_behind() {
     assert!(!routes.exists(), "a cut route trace");
     assert!(names(tmp.path()).is_empty(), "{:?}", names(tmp.path()));
 }
+
+/// Runs `args` without a limit, then with half the size of the file `written` it wrote:
+/// the limited run still succeeds (these files are a cache and a history, never the job's
+/// result) with a warning naming the file, and leaves neither it nor its partial behind.
+fn optional_file_on_a_full_disk(args: &[&str], written: &Path, warning: &str) {
+    let run = k3_limited(u64::MAX, args);
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success(), "{err}");
+    let whole = std::fs::metadata(written)
+        .unwrap_or_else(|e| panic!("{} not written: {e}\n{err}", written.display()))
+        .len();
+    std::fs::remove_file(written).unwrap();
+    let limited = k3_limited(whole / 2, args);
+    let err = String::from_utf8_lossy(&limited.stderr).into_owned();
+    assert!(
+        limited.status.success(),
+        "a full disk failed the run: {err}"
+    );
+    assert_eq!(limited.stdout, run.stdout, "the job's output changed");
+    assert!(err.contains(warning), "no '{warning}' warning: {err}");
+    let name = written.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(err.contains(&name) && err.contains("at byte"), "{err}");
+    assert!(!written.exists(), "a cut {name} was left");
+    let dir = written.parent().unwrap();
+    assert!(
+        names(dir).iter().all(|f| !f.ends_with(".partial")),
+        "{:?}",
+        names(dir)
+    );
+}
+
+#[test]
+fn a_weight_cache_on_a_full_disk_is_a_warning_and_is_not_left_behind() {
+    let copy = support::copy_dir(&support::tiny(0));
+    let model = copy.path().to_str().unwrap();
+    let args = [
+        "run",
+        model,
+        "--ids",
+        "768,5,300,17,999,42",
+        "--ngen",
+        "3",
+        "--quiet",
+    ];
+    optional_file_on_a_full_disk(&args, &copy.path().join("k3-weights.cache"), "weight cache");
+    // The next start finds no cut file to trust: it builds the cache again.
+    let run = k3_limited(u64::MAX, &args);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success() && err.contains("weight cache: built"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_usage_history_on_a_full_disk_is_a_warning_and_is_not_left_behind() {
+    let model = support::tiny(0);
+    let tmp = tempfile::tempdir().unwrap();
+    let usage = tmp.path().join("usage.bin");
+    let args = [
+        "run",
+        model.to_str().unwrap(),
+        "--no-weight-cache",
+        "--usage-pins",
+        "on",
+        "--usage-file",
+        usage.to_str().unwrap(),
+        "--ids",
+        "768,5,300,17,999,42",
+        "--ngen",
+        "3",
+        "--quiet",
+    ];
+    optional_file_on_a_full_disk(&args, &usage, "usage history not saved");
+}

@@ -3,32 +3,11 @@
 
 mod support;
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 /// Runs `k3 chat` on the tiny model with `input` on standard input.
 fn chat(input: &[u8]) -> Output {
-    let dir = support::tiny(0);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_k3"))
-        .args([
-            "chat",
-            dir.to_str().unwrap(),
-            "--max-answer",
-            "6",
-            "--think",
-            "0",
-            "--quiet",
-        ])
-        .env("RAYON_NUM_THREADS", "2")
-        .env_remove("K3_EXPERT_GB")
-        .env_remove("K3_THINK")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    child.wait_with_output().unwrap()
+    support::chat(&[], input)
 }
 
 #[test]

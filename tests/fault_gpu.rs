@@ -9,42 +9,8 @@ use k3::experts::{ExpertReader, IoMode, StreamConfig};
 use k3::generate::prefill;
 use k3::model::{FormatPolicy, K3Model};
 use k3::stats::Stats;
-use serde_json::Value;
 
 const PROMPT: [u32; 6] = [768, 5, 300, 17, 999, 42];
-
-/// A copy of the tiny model with every value of the stored tensor whose name ends with
-/// `suffix` set to bf16 NaN.
-fn with_nan_tensor(suffix: &str) -> tempfile::TempDir {
-    let copy = support::copy_dir(&support::tiny(0));
-    let mut hit = false;
-    for e in std::fs::read_dir(copy.path()).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_none_or(|x| x != "safetensors") {
-            continue;
-        }
-        let mut bytes = std::fs::read(&p).unwrap();
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-        for (k, v) in header.as_object().unwrap() {
-            if k.ends_with(suffix) {
-                assert_eq!(v["dtype"], "BF16", "{k}");
-                let o = &v["data_offsets"];
-                let (a, b) = (
-                    o[0].as_u64().unwrap() as usize,
-                    o[1].as_u64().unwrap() as usize,
-                );
-                for pair in bytes[8 + n + a..8 + n + b].chunks_exact_mut(2) {
-                    pair.copy_from_slice(&0x7FC0u16.to_le_bytes());
-                }
-                hit = true;
-            }
-        }
-        std::fs::write(&p, bytes).unwrap();
-    }
-    assert!(hit, "no tensor ends with {suffix}");
-    copy
-}
 
 #[test]
 fn a_non_finite_hidden_state_on_the_gpu_names_the_moe_layer() {
@@ -52,7 +18,7 @@ fn a_non_finite_hidden_state_on_the_gpu_names_the_moe_layer() {
     let layer = (0..ck.config.num_hidden_layers)
         .find(|&l| ExpertReader::locate(&ck, l, 0).is_ok())
         .unwrap();
-    let copy = with_nan_tensor(&format!("model.layers.{layer}.input_layernorm.weight"));
+    let copy = support::with_nan_tensor(&format!("model.layers.{layer}.input_layernorm.weight"));
     let Some(g) = support::gpu_backend(GpuOptions::default()) else {
         return;
     };

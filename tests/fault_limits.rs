@@ -56,29 +56,7 @@ fn an_index_just_under_the_limit_still_opens() {
 /// Runs `k3 chat` on the tiny model with a context of `context` tokens and `input` on
 /// standard input; returns (status, stdout, stderr).
 fn chat(context: usize, input: &[u8]) -> (std::process::ExitStatus, String, String) {
-    use std::process::{Command, Stdio};
-    let dir = support::tiny(0);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_k3"))
-        .args([
-            "chat",
-            dir.to_str().unwrap(),
-            "--max-answer",
-            "6",
-            "--think",
-            "0",
-        ])
-        .args(["--quiet", "--max-tokens", &context.to_string()])
-        .env("RAYON_NUM_THREADS", "2")
-        .env_remove("K3_EXPERT_GB")
-        .env_remove("K3_THINK")
-        .env_remove("K3_MAXT")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = support::chat(&["--max-tokens", &context.to_string()], input);
     (
         out.status,
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -109,35 +109,9 @@ fn a_shard_overwritten_in_place_while_experts_stream_is_reported() {
     }
 }
 
-/// The tiny model with every value of the stored tensor whose name ends with `suffix` set to
-/// bf16 NaN.
-fn with_nan_tensor(suffix: &str) -> tempfile::TempDir {
-    let copy = support::copy_dir(&support::tiny(0));
-    for p in shards(copy.path()) {
-        let mut bytes = std::fs::read(&p).unwrap();
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-        for (k, v) in header.as_object().unwrap() {
-            if k.ends_with(suffix) {
-                assert_eq!(v["dtype"], "BF16", "{k}");
-                let o = &v["data_offsets"];
-                let (a, b) = (
-                    o[0].as_u64().unwrap() as usize,
-                    o[1].as_u64().unwrap() as usize,
-                );
-                for pair in bytes[8 + n + a..8 + n + b].chunks_exact_mut(2) {
-                    pair.copy_from_slice(&0x7FC0u16.to_le_bytes());
-                }
-            }
-        }
-        std::fs::write(&p, bytes).unwrap();
-    }
-    copy
-}
-
 #[test]
 fn a_non_finite_hidden_state_stops_the_run_naming_the_layer() {
-    let copy = with_nan_tensor("model.layers.1.post_attention_layernorm.weight");
+    let copy = support::with_nan_tensor("model.layers.1.post_attention_layernorm.weight");
     let m = support::cpu_model(
         copy.path(),
         FormatPolicy::default(),

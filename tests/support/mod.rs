@@ -99,6 +99,69 @@ pub fn gpu_model(dir: &Path, opts: GpuOptions, sc: StreamConfig) -> Option<K3Mod
     Some(m)
 }
 
+/// A copy of the tiny model with every value of the stored tensor whose name ends with
+/// `suffix` set to bf16 NaN.
+pub fn with_nan_tensor(suffix: &str) -> tempfile::TempDir {
+    let copy = copy_dir(&tiny(0));
+    let mut hit = false;
+    for e in std::fs::read_dir(copy.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        for (k, v) in header.as_object().unwrap() {
+            if k.ends_with(suffix) {
+                assert_eq!(v["dtype"], "BF16", "{k}");
+                let o = &v["data_offsets"];
+                let (a, b) = (
+                    o[0].as_u64().unwrap() as usize,
+                    o[1].as_u64().unwrap() as usize,
+                );
+                for pair in bytes[8 + n + a..8 + n + b].chunks_exact_mut(2) {
+                    pair.copy_from_slice(&0x7FC0u16.to_le_bytes());
+                }
+                hit = true;
+            }
+        }
+        std::fs::write(&p, bytes).unwrap();
+    }
+    assert!(hit, "no tensor ends with {suffix}");
+    copy
+}
+
+/// Runs `k3 chat` on the tiny model (6-token answers, no think channel, quiet) with `extra`
+/// flags and `input` on standard input.
+pub fn chat(extra: &[&str], input: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let dir = tiny(0);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_k3"))
+        .args([
+            "chat",
+            dir.to_str().unwrap(),
+            "--max-answer",
+            "6",
+            "--think",
+            "0",
+            "--quiet",
+        ])
+        .args(extra)
+        .env("RAYON_NUM_THREADS", "2")
+        .env_remove("K3_EXPERT_GB")
+        .env_remove("K3_THINK")
+        .env_remove("K3_MAXT")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// Copies a checkpoint directory (so a test may damage its copy).
 pub fn copy_dir(src: &Path) -> tempfile::TempDir {
     let dst = tempfile::Builder::new()

@@ -84,13 +84,11 @@ pub struct ModelArgs {
     pub stream: StreamArgs,
 }
 
-/// Where `--demo` keeps its synthesized model.
+/// Where `--demo` keeps its synthesized model: k3's directory under the user's cache
+/// directory, the same place as the weight cache's fallback.
 fn demo_dir() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("k3")
+    k3::platform::cache_dir::user_cache_dir()
+        .unwrap_or_else(|| std::env::temp_dir().join("k3"))
         .join(format!("demo-tiny-v{}", env!("CARGO_PKG_VERSION")))
 }
 

@@ -8,6 +8,7 @@
 //! scales in one fixed order that every kernel shares, so all kernels give the same bits;
 //! the only error against the exact path is the activations' rounding to int8.
 
+use super::kernel;
 use super::mxfp4::{self, Mxfp4View};
 use super::round_half_away;
 use super::simd::{self, E2M1_TWICE};
@@ -102,7 +103,7 @@ impl IdotKernel {
     pub fn for_level(level: simd::SimdLevel) -> IdotKernel {
         let family: &[IdotKernel] = match level {
             simd::SimdLevel::Portable => &[],
-            simd::SimdLevel::Avx2Fma => &[Self::Avx512Vnni, Self::Avx2],
+            simd::SimdLevel::Avx2Fma | simd::SimdLevel::Avx512 => &[Self::Avx512Vnni, Self::Avx2],
             simd::SimdLevel::Neon => &[Self::NeonDot, Self::Neon],
         };
         family
@@ -297,14 +298,7 @@ fn fold(sums: &[i32], wscales: &[u8], xscales: &[f32]) -> f32 {
     for g in n..sums.len() {
         tail += (sums[g] as f32 * simd::mxfp4_half_scale(wscales[g])) * xscales[g];
     }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-        width /= 2;
-    }
-    acc[0] + tail
+    kernel::fold_lanes(acc) + tail
 }
 
 /// `y[t, r] = Σ_c w[r, c] · x[t, c]` with x quantized (`y: [x.rows, w.rows]`), on `kernel`.

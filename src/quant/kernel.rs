@@ -58,15 +58,21 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in ta.iter().zip(tb) {
         tail += x * y;
     }
-    // Pairwise fold keeps the reduction order fixed and short.
-    let mut width = LANES / 2;
+    fold_lanes(acc) + tail
+}
+
+/// The sum of `N` (a power of two) partial sums, folded pairwise (lanes `i` and `i + N/2`,
+/// then halves again): a fixed, short reduction order that the SIMD kernels reproduce.
+#[inline]
+pub(crate) fn fold_lanes<const N: usize>(mut acc: [f32; N]) -> f32 {
+    let mut width = N / 2;
     while width > 0 {
         for i in 0..width {
             acc[i] += acc[i + width];
         }
         width /= 2;
     }
-    acc[0] + tail
+    acc[0]
 }
 
 /// `y[t, r] = Σ_c w[r, c] · x[t, c]` for `x: [n, cols]`, `y: [n, rows]`, both row-major.

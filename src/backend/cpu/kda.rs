@@ -4,6 +4,7 @@ use super::elementwise::{sigmoid, silu, softplus};
 use super::norm::inv_rms;
 use super::CpuAct;
 use crate::backend::{KdaDims, KdaStepInputs, KdaStepWeights};
+use crate::quant::simd::{self, vector, SimdLevel};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
@@ -68,8 +69,21 @@ fn decay(d: &KdaDims, a_log: f32, z: &[f32], dt_bias: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// Advances the state by the chunk's rows in order and returns the gated head outputs.
+/// Advances the state by the chunk's rows in order and returns the gated head outputs, on
+/// the process's SIMD level.
 pub fn kda_step(
+    d: &KdaDims,
+    w: &KdaStepWeights<CpuAct>,
+    st: &mut KdaState,
+    inp: KdaStepInputs<'_, CpuAct>,
+) -> Result<CpuAct> {
+    kda_step_at(simd::level(), d, w, st, inp)
+}
+
+/// [`kda_step`] with the delta rule on `level`'s vector kernels (panics if this CPU cannot
+/// run `level`).
+pub fn kda_step_at(
+    level: SimdLevel,
     d: &KdaDims,
     w: &KdaStepWeights<CpuAct>,
     st: &mut KdaState,
@@ -110,29 +124,8 @@ pub fn kda_step(
                     &f[hs.clone()],
                     &w.dt_bias.data[hs.clone()],
                 );
-                let b = sigmoid(beta[h]);
-                for (row, gi) in s.chunks_mut(dk).zip(&g) {
-                    let alpha = gi.exp();
-                    row.iter_mut().for_each(|x| *x *= alpha);
-                }
-                let mut u = vec![0.0f32; dk];
-                for (row, &ki) in s.chunks(dk).zip(&kh) {
-                    for (uj, &sj) in u.iter_mut().zip(row) {
-                        *uj += sj * ki;
-                    }
-                }
-                let delta: Vec<f32> = vh.iter().zip(&u).map(|(&vj, &uj)| b * (vj - uj)).collect();
-                for (row, &ki) in s.chunks_mut(dk).zip(&kh) {
-                    for (sj, &dj) in row.iter_mut().zip(&delta) {
-                        *sj += ki * dj;
-                    }
-                }
-                o.iter_mut().for_each(|x| *x = 0.0);
-                for (row, &qi) in s.chunks(dk).zip(&qh) {
-                    for (oj, &sj) in o.iter_mut().zip(row) {
-                        *oj += sj * qi;
-                    }
-                }
+                let alpha: Vec<f32> = g.iter().map(|gi| gi.exp()).collect();
+                vector::kda_delta_step(level, s, &alpha, &kh, &qh, vh, sigmoid(beta[h]), o);
                 let r = inv_rms(o, d.norm_eps);
                 for ((oj, &wn), &gj) in o.iter_mut().zip(&w.o_norm.data).zip(&gate[hs]) {
                     *oj = *oj * r * wn * sigmoid(gj);

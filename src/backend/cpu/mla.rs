@@ -3,6 +3,7 @@
 use super::norm::inv_rms;
 use super::CpuAct;
 use crate::backend::{MlaAttnWeights, MlaDims};
+use crate::quant::simd::{self, vector, SimdLevel};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
@@ -24,8 +25,21 @@ impl MlaCache {
     }
 }
 
-/// Appends each row's latent to the cache and attends causally, head by head.
+/// Appends each row's latent to the cache and attends causally, head by head, on the
+/// process's SIMD level.
 pub fn mla_attend(
+    d: &MlaDims,
+    w: &MlaAttnWeights<CpuAct>,
+    cache: &mut MlaCache,
+    q: &CpuAct,
+    c: &CpuAct,
+) -> Result<CpuAct> {
+    mla_attend_at(simd::level(), d, w, cache, q, c)
+}
+
+/// [`mla_attend`] on `level`'s vector kernels (panics if this CPU cannot run `level`).
+pub fn mla_attend_at(
+    level: SimdLevel,
     d: &MlaDims,
     w: &MlaAttnWeights<CpuAct>,
     cache: &mut MlaCache,
@@ -58,39 +72,18 @@ pub fn mla_attend(
             .par_chunks_mut(d.v)
             .enumerate()
             .for_each(|(hh, o)| {
-                let q_nope = &qt[hh * qw..hh * qw + nope];
-                let q_rope = &qt[hh * qw + nope..(hh + 1) * qw];
-                let wk = &w.wk.data[hh * nope * kv..(hh + 1) * nope * kv];
-                let mut q_abs = vec![0.0f32; kv];
-                for (row, &qi) in wk.chunks(kv).zip(q_nope) {
-                    for (a, &wv) in q_abs.iter_mut().zip(row) {
-                        *a += qi * wv;
-                    }
-                }
-                let scores: Vec<f64> = (0..cache_ref.len)
-                    .map(|p| {
-                        let l = &cache_ref.latent[p * kv..(p + 1) * kv];
-                        let rr = &cache_ref.rope[p * r..(p + 1) * r];
-                        let dot: f32 = q_abs.iter().zip(l).map(|(a, b)| a * b).sum::<f32>()
-                            + q_rope.iter().zip(rr).map(|(a, b)| a * b).sum::<f32>();
-                        f64::from(dot * scale)
-                    })
-                    .collect();
-                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = exps.iter().sum();
-                let mut ctx = vec![0.0f32; kv];
-                for (p, e) in exps.iter().enumerate() {
-                    let pr = (e / total) as f32;
-                    let l = &cache_ref.latent[p * kv..(p + 1) * kv];
-                    for (cv, &lv) in ctx.iter_mut().zip(l) {
-                        *cv += pr * lv;
-                    }
-                }
-                let wv = &w.wv.data[hh * d.v * kv..(hh + 1) * d.v * kv];
-                for (ov, row) in o.iter_mut().zip(wv.chunks(kv)) {
-                    *ov = row.iter().zip(&ctx).map(|(a, b)| a * b).sum();
-                }
+                let head = vector::MlaHead {
+                    q_nope: &qt[hh * qw..hh * qw + nope],
+                    q_rope: &qt[hh * qw + nope..(hh + 1) * qw],
+                    wk: &w.wk.data[hh * nope * kv..(hh + 1) * nope * kv],
+                    wv: &w.wv.data[hh * d.v * kv..(hh + 1) * d.v * kv],
+                    latent: &cache_ref.latent,
+                    rope: &cache_ref.rope,
+                    positions: cache_ref.len,
+                    kv_lora: kv,
+                    scale,
+                };
+                vector::mla_head(level, &head, o);
             });
     }
     CpuAct::new(out, q.rows, h * d.v)

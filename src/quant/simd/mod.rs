@@ -9,6 +9,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod idot_neon;
 #[cfg(target_arch = "x86_64")]
@@ -16,6 +18,7 @@ pub(crate) mod idot_x86;
 mod layout;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+pub mod vector;
 
 use anyhow::{bail, Result};
 use std::sync::OnceLock;
@@ -35,6 +38,8 @@ pub enum SimdLevel {
     Portable,
     /// x86-64 AVX2 with FMA.
     Avx2Fma,
+    /// x86-64 AVX-512 (foundation), with AVX2 and FMA.
+    Avx512,
     /// aarch64 Advanced SIMD (NEON).
     Neon,
 }
@@ -45,6 +50,7 @@ impl SimdLevel {
         match self {
             Self::Portable => "portable",
             Self::Avx2Fma => "avx2+fma",
+            Self::Avx512 => "avx512",
             Self::Neon => "neon",
         }
     }
@@ -58,6 +64,10 @@ impl SimdLevel {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
             }
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512 => {
+                Self::Avx2Fma.is_supported() && std::arch::is_x86_feature_detected!("avx512f")
+            }
             #[cfg(target_arch = "aarch64")]
             Self::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             _ => false,
@@ -66,7 +76,7 @@ impl SimdLevel {
 
     /// Every level this CPU can run, portable first, the fastest last.
     pub fn available() -> Vec<SimdLevel> {
-        [Self::Portable, Self::Avx2Fma, Self::Neon]
+        [Self::Portable, Self::Avx2Fma, Self::Avx512, Self::Neon]
             .into_iter()
             .filter(|l| l.is_supported())
             .collect()
@@ -77,14 +87,16 @@ impl SimdLevel {
         Self::available().pop().unwrap_or(SimdLevel::Portable)
     }
 
-    /// Parses a `K3_SIMD` value: `auto`, `portable`, `avx2` (or `avx2+fma`), `neon`.
+    /// Parses a `K3_SIMD` value: `auto`, `portable`, `avx2` (or `avx2+fma`), `avx512`,
+    /// `neon`.
     pub fn from_name(name: &str) -> Result<SimdLevel> {
         let level = match name.trim().to_ascii_lowercase().as_str() {
             "auto" | "" => return Ok(Self::detect()),
             "portable" => Self::Portable,
             "avx2" | "avx2+fma" => Self::Avx2Fma,
+            "avx512" => Self::Avx512,
             "neon" => Self::Neon,
-            other => bail!("K3_SIMD={other:?}: use auto, portable, avx2 or neon"),
+            other => bail!("K3_SIMD={other:?}: use auto, portable, avx2, avx512 or neon"),
         };
         if !level.is_supported() {
             bail!(
@@ -158,7 +170,7 @@ impl EncodedRows<'_> {
 pub(crate) fn prepare(level: SimdLevel, x: &[f32]) -> Vec<f32> {
     match level {
         SimdLevel::Avx2Fma => layout::top_byte_lanes(x),
-        SimdLevel::Neon => layout::pair_split(x),
+        SimdLevel::Neon | SimdLevel::Avx512 => layout::pair_split(x),
         SimdLevel::Portable => Vec::new(),
     }
 }
@@ -180,6 +192,13 @@ pub(crate) fn dot_tokens<const T: usize>(
             // SAFETY: a level other than Portable only reaches here after
             // `is_supported()` confirmed AVX2 and FMA (checked by every matmul entry).
             unsafe { avx2::dot_tokens(w, r, xs, xp) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => {
+            debug_assert!(level.is_supported());
+            // SAFETY: AVX-512F, AVX2 and FMA were confirmed by `is_supported()` at the
+            // matmul entry.
+            unsafe { avx512::dot_tokens(w, r, xs, xp) }
         }
         #[cfg(target_arch = "aarch64")]
         SimdLevel::Neon => {

@@ -5,6 +5,8 @@ mod cli;
 use clap::Parser;
 
 fn main() {
+    // The start-up figure counts from here.
+    k3::stats::process_start();
     let args = cli::Cli::parse();
     if let Err(e) = cli::dispatch(args) {
         eprintln!("k3: error: {e:#}");

@@ -9,7 +9,6 @@ use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::{GpuBackend, GpuOptions};
 use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
-use k3::experts::{IoMode, StreamConfig};
 use k3::model::loader::{LoadOptions, Loader};
 use k3::model::weight_cache::{WeightCache, WeightCacheSetting, FILE_NAME};
 use k3::model::{FormatPolicy, K3Model, Logits};
@@ -22,15 +21,6 @@ use std::path::{Path, PathBuf};
 
 const IDS: [u32; 5] = [1, 7, 3, 12, 5];
 
-fn serial() -> StreamConfig {
-    StreamConfig {
-        mode: IoMode::Buffered,
-        pipe: false,
-        load_threads: 1,
-        slots_per_layer: 0,
-    }
-}
-
 fn opts(setting: WeightCacheSetting) -> LoadOptions {
     LoadOptions {
         progress: false,
@@ -40,7 +30,7 @@ fn opts(setting: WeightCacheSetting) -> LoadOptions {
 }
 
 fn logits<B: Backend>(mut m: K3Model<B>) -> Vec<u32> {
-    m.set_streaming(serial()).unwrap();
+    m.set_streaming(support::serial_stream()).unwrap();
     let mut st = m.new_state().unwrap();
     let out = m
         .forward(&mut st, &IDS, Logits::All, &mut Stats::default(), None)
@@ -528,4 +518,78 @@ fn the_run_command_builds_then_hits_the_cache_next_to_the_snapshot() {
     assert!(e.contains("weight cache: hit ("), "{e}");
     assert_eq!(built, off);
     assert_eq!(hit, off);
+}
+
+#[test]
+fn a_model_dropped_while_its_cache_is_written_leaves_the_whole_file() {
+    let snap = support::copy_dir(&support::tiny(0));
+    let cache = tempfile::tempdir().unwrap();
+    let policy = FormatPolicy::default();
+    let setting = WeightCacheSetting::Dirs(vec![cache.path().into()]);
+    let ck = Checkpoint::open(snap.path(), &[]).unwrap();
+    let m = K3Model::load_with(ck, CpuBackend::new(), policy, &opts(setting)).unwrap();
+    let words = m.startup().cache.clone();
+    assert!(words.starts_with("writing "), "{words}");
+    // Dropped at once, the write perhaps still under way: the drop waits for it.
+    drop(m);
+    let s = state(snap.path(), policy, cache.path());
+    assert!(s.starts_with("hit ("), "{s}");
+    let left: Vec<_> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec![FILE_NAME.to_string()]);
+}
+
+#[test]
+fn the_run_reports_its_start_up_and_the_cache_write_apart() {
+    let snap = support::copy_dir(&support::tiny(0));
+    let out = tempfile::tempdir().unwrap();
+    let json = out.path().join("stats.json");
+    let args = ["--stats-json", json.to_str().unwrap()];
+    let startup = |e: &str| -> serde_json::Value {
+        assert!(e.contains("[K3] start-up: ready in "), "{e}");
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        v["startup"].clone()
+    };
+    let (_, e) = k3_run(snap.path(), &args, &[]);
+    let s = startup(&e);
+    assert!(e.contains("weight cache: built ("), "{e}");
+    let (ready, dense) = (
+        s["ready_s"].as_f64().unwrap(),
+        s["dense_load_s"].as_f64().unwrap(),
+    );
+    assert!(ready > 0.0 && dense > 0.0 && dense <= ready, "{s}");
+    assert!(
+        s["weight_cache"].as_str().unwrap().starts_with("writing "),
+        "{s}"
+    );
+    let w = &s["weight_cache_write"];
+    assert_eq!(w["built"], true, "{s}");
+    let len = std::fs::metadata(snap.path().join(FILE_NAME))
+        .unwrap()
+        .len();
+    assert_eq!(w["bytes"].as_u64(), Some(len), "{s}");
+    let (write, after, waited) = (
+        w["write_s"].as_f64().unwrap(),
+        w["after_ready_s"].as_f64().unwrap(),
+        w["waited_s"].as_f64().unwrap(),
+    );
+    assert!(
+        write > 0.0 && (0.0..=write).contains(&after) && waited >= 0.0,
+        "{s}"
+    );
+    // The warm start reads it and writes nothing.
+    let (_, e) = k3_run(snap.path(), &args, &[]);
+    let s = startup(&e);
+    assert!(
+        s["weight_cache"].as_str().unwrap().starts_with("hit ("),
+        "{s}"
+    );
+    assert!(s["weight_cache_write"].is_null(), "{s}");
+    // Without the cache there is nothing to write either.
+    let (_, e) = k3_run(snap.path(), &["--no-weight-cache", args[0], args[1]], &[]);
+    let s = startup(&e);
+    assert_eq!(s["weight_cache"], "off", "{s}");
+    assert!(s["weight_cache_write"].is_null(), "{s}");
 }

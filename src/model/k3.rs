@@ -4,7 +4,7 @@ use super::expert_selection::ExpertSelection;
 use super::format_policy::FormatPolicy;
 use super::glu_mlp::GluMlp;
 use super::kda::Kda;
-use super::loader::{LoadOptions, Loader};
+use super::loader::{LoadOptions, Loader, Startup};
 use super::mla::Mla;
 use super::moe::{Moe, NextMoe};
 use super::trace::Trace;
@@ -72,6 +72,7 @@ pub struct K3Model<B: Backend> {
     experts: ExpertSource,
     selection: ExpertSelection,
     prefetch: bool,
+    startup: Startup,
 }
 
 impl<B: Backend> K3Model<B> {
@@ -96,6 +97,7 @@ impl<B: Backend> K3Model<B> {
         policy: FormatPolicy,
         opts: &LoadOptions,
     ) -> Result<Self> {
+        let process = crate::stats::process_start();
         let cfg = ckpt.config.clone();
         let cache = WeightCache::open(&ckpt, &policy, &opts.weight_cache);
         let ld = Loader::with_cache(&ckpt, &backend, opts.progress, cache);
@@ -132,7 +134,9 @@ impl<B: Backend> K3Model<B> {
             "model.output_attn_res_proj.weight",
         )?;
         let head = ld.matrix("lm_head.weight", policy.head)?;
-        for line in ld.finish() {
+        let dense_s = ld.elapsed_s();
+        let (lines, cache_words, pending) = ld.finish_in_background(opts.announce);
+        for line in lines {
             if opts.announce {
                 eprintln!("{line}");
             }
@@ -155,7 +159,25 @@ impl<B: Backend> K3Model<B> {
             experts,
             selection: ExpertSelection::exact(),
             prefetch: false,
+            startup: Startup::new(
+                process.elapsed().as_secs_f64(),
+                dense_s,
+                cache_words,
+                pending,
+            ),
         })
+    }
+
+    /// How the start went: time to ready, the dense load, the weight cache.
+    pub fn startup(&self) -> &Startup {
+        &self.startup
+    }
+
+    /// Waits for a weight-cache write the start left to the background (the model runs
+    /// meanwhile) and returns the start's figures with its outcome.
+    pub fn finish_startup(&mut self) -> &Startup {
+        self.startup.wait_for_cache_write();
+        &self.startup
     }
 
     /// Fresh state: zero KDA states, empty MLA caches.

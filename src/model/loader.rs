@@ -1,6 +1,6 @@
 //! Turns checkpoint tensors into backend-resident weights, checked against the schema.
 
-use super::weight_cache::{WeightCache, WeightCacheSetting};
+use super::weight_cache::{PendingWrite, WeightCache, WeightCacheSetting, WriteReport};
 use crate::backend::Backend;
 use crate::checkpoint::schema::{self, dense_tensors, TensorSpec};
 use crate::checkpoint::{Checkpoint, Dtype, TensorView};
@@ -30,6 +30,85 @@ impl Default for LoadOptions {
             weight_cache: WeightCacheSetting::Off,
             announce: false,
         }
+    }
+}
+
+/// How a model's start went, for the stats lines and `--stats-json`.
+pub struct Startup {
+    /// Seconds from the process's start ([`crate::stats::process_start`]) to the model
+    /// ready: what a user waits before the prompt is read.
+    pub ready_s: f64,
+    /// Of those, seconds loading the dense weights.
+    pub dense_s: f64,
+    /// The weight cache's words when the model was ready (`hit (…)`, `writing … in the
+    /// background`, `off`, …).
+    pub cache: String,
+    /// The cache write left to the background, until waited for.
+    pending: Option<PendingWrite>,
+    /// How that write ended, once waited for.
+    pub write: Option<WriteReport>,
+}
+
+impl Startup {
+    /// A start that took `ready_s` (`dense_s` of it loading) and left `pending` to finish.
+    pub fn new(ready_s: f64, dense_s: f64, cache: String, pending: Option<PendingWrite>) -> Self {
+        Self {
+            ready_s,
+            dense_s,
+            cache,
+            pending,
+            write: None,
+        }
+    }
+
+    /// Waits for a cache write still under way (printing its progress when the load was
+    /// announced) and returns how it ended; `None` when the start wrote no cache.
+    pub fn wait_for_cache_write(&mut self) -> Option<&WriteReport> {
+        if let Some(p) = self.pending.take() {
+            self.write = Some(p.wait());
+        }
+        self.write.as_ref()
+    }
+
+    /// Whether a cache write is still under way.
+    pub fn writing(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| !p.is_done())
+    }
+
+    /// `[K3] start-up: ready in Rs (dense weights Ds) | weight cache: …`
+    pub fn line(&self) -> String {
+        let cache = match &self.write {
+            Some(w) if w.built => format!(
+                "{} in {:.1}s ({:.1}s after ready, {:.1}s waited for)",
+                w.line, w.write_s, w.after_ready_s, w.waited_s
+            ),
+            Some(w) => w.line.clone(),
+            None => self.cache.clone(),
+        };
+        format!(
+            "[K3] start-up: ready in {:.1}s (dense weights {:.1}s) | weight cache: {cache}",
+            self.ready_s, self.dense_s
+        )
+    }
+
+    /// The start's figures for `--stats-json`.
+    pub fn json(&self) -> serde_json::Value {
+        let write = self.write.as_ref().map(|w| {
+            serde_json::json!({
+                "built": w.built,
+                "bytes": w.bytes,
+                "write_s": w.write_s,
+                "after_ready_s": w.after_ready_s,
+                "waited_s": w.waited_s,
+                "state": w.line,
+            })
+        });
+        serde_json::json!({
+            "ready_s": self.ready_s,
+            "dense_load_s": self.dense_s,
+            "weight_cache": self.cache,
+            "weight_cache_write": write,
+        })
     }
 }
 
@@ -194,16 +273,30 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.backend.load_matrix(m)
     }
 
-    /// Closes the progress bar and completes the weight cache; returns the start-up lines
-    /// (the dense load's time and the weight cache's state, then any notes).
+    /// Closes the progress bar and completes the weight cache, waiting for its write;
+    /// returns the start-up lines (the dense load's time and the weight cache's state, then
+    /// any notes).
     pub fn finish(&self) -> Vec<String> {
+        let (mut lines, _, pending) = self.finish_in_background(false);
+        if let Some(p) = pending {
+            let r = p.wait();
+            lines[0] = format!("{} | weight cache: {}", self.loaded_line(), r.line);
+        }
+        lines
+    }
+
+    /// Closes the progress bar and hands a weight cache still being written to the
+    /// returned [`PendingWrite`] (the model is ready; the file is finished while it runs;
+    /// `announce`: its progress and outcome go to stderr); returns the start-up lines and
+    /// the weight cache's words among them.
+    pub fn finish_in_background(
+        &self,
+        announce: bool,
+    ) -> (Vec<String>, String, Option<PendingWrite>) {
         self.bar.finish_and_clear();
         let cache = self.cache.replace(WeightCache::off());
-        let (state, notes) = cache.finish();
-        let mut lines = vec![format!(
-            "[K3] dense weights loaded in {:.1}s | weight cache: {state}",
-            self.started.elapsed().as_secs_f64()
-        )];
+        let (state, notes, pending) = cache.finish_in_background(announce);
+        let mut lines = vec![format!("{} | weight cache: {state}", self.loaded_line())];
         let (i8s, i4s) = self.container.get();
         if i8s + i4s > 0 {
             lines.push(format!(
@@ -213,6 +306,15 @@ impl<'a, B: Backend> Loader<'a, B> {
             ));
         }
         lines.extend(notes);
-        lines
+        (lines, state, pending)
+    }
+
+    /// Seconds since the loader was made.
+    pub fn elapsed_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    fn loaded_line(&self) -> String {
+        format!("[K3] dense weights loaded in {:.1}s", self.elapsed_s())
     }
 }

@@ -14,34 +14,36 @@
 //! matrix, its name, format, shape, and the offset, length and xxh3 of its values and of
 //! its scales), and a 32-byte trailer (table offset, table length, xxh3 of the table,
 //! `K3WCEND\0`). The trailer lets the file be written in one pass as matrices are made.
+//!
+//! A start that builds the cache does not wait for the disk: copies of the matrices go to a
+//! writer thread as they are quantized, and the model is ready once the last one is queued.
+//! The writer then drops to the lowest CPU and disk priority the OS offers, finishes the
+//! file, syncs it and renames it into place while the model runs ([`PendingWrite`]); a
+//! process that ends first waits for it with a progress line, so the next start finds the
+//! whole file or, after a failure that is reported, none.
 
 use super::format_policy::FormatPolicy;
-use crate::atomic_file::AtomicFile;
 use crate::checkpoint::{Checkpoint, CONFIG_FILE};
-use crate::quant::{int4, DenseData, DenseFormat, DenseMatrix};
-use anyhow::{anyhow, bail, Context, Result};
-use memmap2::Mmap;
-use rayon::prelude::*;
+use crate::quant::{DenseData, DenseFormat, DenseMatrix};
+use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use xxhash_rust::xxh3::xxh3_64;
+
+mod file_format;
+mod write_queue;
+
+use file_format::{parallel_copy, Builder, Reader};
+use write_queue::{Queue, WriterGone, MAX_BACKLOG};
 
 /// Version of the cache layout and of the encodings it holds; a file of another version is
 /// stale.
 pub const FORMAT_VERSION: u32 = 1;
 /// The cache's file name in the snapshot directory.
 pub const FILE_NAME: &str = "k3-weights.cache";
-const MAGIC: &[u8; 8] = b"K3WCACHE";
-const END_MAGIC: &[u8; 8] = b"K3WCEND\0";
-const HEADER_BYTES: u64 = 16;
-const TRAILER_BYTES: u64 = 32;
-const ALIGN: u64 = 64;
-/// Largest table accepted: the full model's table is well under a megabyte.
-const MAX_TABLE_BYTES: u64 = 64 << 20;
-/// Bytes one thread copies at a time out of the map.
-const COPY_CHUNK: usize = 4 << 20;
-
 /// Whether, and where, the loader keeps the quantized-weight cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WeightCacheSetting {
@@ -71,31 +73,6 @@ struct FileKey {
     len: u64,
     /// Seconds and nanoseconds since the Unix epoch, where the filesystem records it.
     modified: Option<(u64, u32)>,
-}
-
-/// One cached matrix.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Entry {
-    name: String,
-    format: String,
-    rows: usize,
-    cols: usize,
-    q: Part,
-    scale: Part,
-}
-
-/// A byte range of the file and its xxh3.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-struct Part {
-    offset: u64,
-    len: u64,
-    xxh3: u64,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Table {
-    key: Key,
-    entries: Vec<Entry>,
 }
 
 fn format_name(f: DenseFormat) -> &'static str {
@@ -188,22 +165,6 @@ fn candidates(ckpt: &Checkpoint, setting: &WeightCacheSetting) -> Vec<PathBuf> {
     }
 }
 
-/// A cache file that checked out: its map and table.
-struct Reader {
-    path: PathBuf,
-    map: Mmap,
-    entries: Vec<Entry>,
-    used: usize,
-    bytes: u64,
-}
-
-/// A cache file being written as the matrices are quantized.
-struct Builder {
-    file: AtomicFile,
-    key: Key,
-    entries: Vec<Entry>,
-}
-
 /// One matrix on its way to the writer thread: name, format, shape, value and scale bytes.
 struct Parts {
     name: String,
@@ -214,17 +175,34 @@ struct Parts {
     scale: Vec<u8>,
 }
 
-/// A cache being written on its own thread, so that writing overlaps quantizing.
+impl Parts {
+    fn bytes(&self) -> u64 {
+        (self.q.len() + self.scale.len()) as u64
+    }
+}
+
+/// What the writer thread has done so far, for the progress line.
+#[derive(Default)]
+struct Progress {
+    written: AtomicU64,
+    syncing: AtomicBool,
+}
+
+/// What the writer thread returns: the file's bytes and path, and when it was committed.
+type Written = Result<(u64, PathBuf, Instant)>;
+
+/// A cache being written on its own thread, so that writing overlaps quantizing and the run.
 struct Building {
-    tx: std::sync::mpsc::SyncSender<Parts>,
-    writer: std::thread::JoinHandle<Result<(u64, PathBuf)>>,
+    queue: Arc<Queue>,
+    progress: Arc<Progress>,
+    writer: std::thread::JoinHandle<Written>,
+    path: PathBuf,
+    /// Bytes of matrices sent to the writer.
+    sent: u64,
+    started: Instant,
     /// Why the previous file was not used, for the report.
     replaced: Option<String>,
 }
-
-/// Matrices queued for the writer thread beyond the one it writes: the queue holds copies,
-/// so it is short.
-const WRITE_QUEUE: usize = 1;
 
 enum State {
     Off,
@@ -360,7 +338,8 @@ impl WeightCache {
     }
 
     /// Records a matrix this load quantized: a copy goes to the writer thread. A write
-    /// that fails ends the cache with a warning at [`Self::finish`]; the load goes on.
+    /// that fails ends the cache with a warning once the write is waited for; the load
+    /// goes on.
     pub fn store(&mut self, name: &str, m: &DenseMatrix) {
         let State::Build(b) = &mut self.state else {
             return;
@@ -378,15 +357,29 @@ impl WeightCache {
             q: parallel_copy(q),
             scale: bytemuck::cast_slice(scale).to_vec(),
         };
-        // A send fails only once the writer thread has ended, which `finish` reports.
-        let _ = b.tx.send(parts);
+        b.sent += parts.bytes();
+        // Once the writer thread has ended the copy is dropped; its end is reported.
+        b.queue.send(parts);
     }
 
-    /// Ends the load: completes a cache being written and returns the start-up line's
-    /// words (`hit (…)`, `built (N MB, …)`, `stale (…), rebuilt (N MB, …)`, `off`), with any
-    /// notes gathered on the way.
+    /// Ends the load and waits for a cache being written; returns the start-up line's
+    /// words (`hit (…)`, `built (N MB, …)`, `stale (…), rebuilt: built (N MB, …)`, `off`),
+    /// with any notes gathered on the way.
     pub fn finish(self) -> (String, Vec<String>) {
-        let mb = |b: u64| b as f64 / 1e6;
+        let (line, notes, pending) = self.finish_in_background(false);
+        match pending {
+            Some(p) => (p.wait().line, notes),
+            None => (line, notes),
+        }
+    }
+
+    /// Ends the load without waiting for the disk: returns the start-up line's words, the
+    /// notes, and the write still under way, if any (`announce`: it prints its progress and,
+    /// when dropped unwaited, its outcome on stderr).
+    pub fn finish_in_background(
+        self,
+        announce: bool,
+    ) -> (String, Vec<String>, Option<PendingWrite>) {
         let line = match self.state {
             State::Off => "off".to_string(),
             State::Hit(r) => format!(
@@ -399,266 +392,373 @@ impl WeightCache {
                 format!("off: cannot be written ({why}); quantized this start only")
             }
             State::Build(b) => {
-                let Building {
-                    tx,
-                    writer,
-                    replaced,
-                } = b;
-                drop(tx);
-                let done = writer
-                    .join()
-                    .unwrap_or_else(|_| Err(anyhow!("the cache writer thread panicked")));
-                match done {
-                    Ok((bytes, path)) => {
-                        let built = format!("built ({:.0} MB, {})", mb(bytes), path.display());
-                        match replaced {
-                            Some(why) => format!("stale or corrupt ({why}), rebuilt: {built}"),
-                            None => built,
-                        }
-                    }
-                    Err(e) => format!("off: cannot be written ({e:#}); quantized this start only"),
+                b.queue.close();
+                let writing = format!(
+                    "writing {:.0} MB to {} in the background",
+                    mb(b.sent),
+                    b.path.display()
+                );
+                let line = match &b.replaced {
+                    Some(why) => format!("stale or corrupt ({why}), rebuilding: {writing}"),
+                    None => writing,
+                };
+                let pending = PendingWrite {
+                    building: Some(b),
+                    ready: Instant::now(),
+                    announce,
+                };
+                return (line, self.notes, Some(pending));
+            }
+        };
+        (line, self.notes, None)
+    }
+}
+
+fn mb(b: u64) -> f64 {
+    b as f64 / 1e6
+}
+
+/// Seconds between progress lines while a process waits for the cache write.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// A cache file still being written after the load: the writer thread finishes it while
+/// the model runs. [`PendingWrite::wait`] (or dropping it) waits for the file to be whole
+/// and in place, or for the write to fail, which leaves no file.
+pub struct PendingWrite {
+    building: Option<Building>,
+    /// When the load handed the rest of the write to the background.
+    ready: Instant,
+    announce: bool,
+}
+
+/// How a background cache write ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WriteReport {
+    /// The cache's words for the stats line: `built (N MB, path)`, `stale or corrupt (…),
+    /// rebuilt: built (…)`, or `off: cannot be written (…)`.
+    pub line: String,
+    /// Whether the file is whole and in place.
+    pub built: bool,
+    /// The file's bytes (0 when it was not written).
+    pub bytes: u64,
+    /// Seconds from the writer's start (the load's first matrix) to the file in place.
+    pub write_s: f64,
+    /// Of those, seconds after the model was ready.
+    pub after_ready_s: f64,
+    /// Seconds the process waited for the write (it ended before the writer).
+    pub waited_s: f64,
+}
+
+impl WriteReport {
+    /// `[K3] weight cache: built (…) in Ws, As of it after the model was ready, Ps waited for`
+    pub fn stats_line(&self) -> String {
+        if self.built {
+            format!(
+                "[K3] weight cache: {} in {:.1}s, {:.1}s of it after the model was ready, {:.1}s waited for",
+                self.line, self.write_s, self.after_ready_s, self.waited_s
+            )
+        } else {
+            format!("[K3] weight cache: {}", self.line)
+        }
+    }
+}
+
+impl PendingWrite {
+    /// Whether the writer thread is done (the file in place, or the write failed).
+    pub fn is_done(&self) -> bool {
+        self.building
+            .as_ref()
+            .is_none_or(|b| b.writer.is_finished())
+    }
+
+    /// Waits for the write to end (with a progress line on stderr when announced and it is
+    /// still under way) and says how it ended.
+    pub fn wait(mut self) -> WriteReport {
+        self.end()
+    }
+
+    fn end(&mut self) -> WriteReport {
+        let Some(b) = self.building.take() else {
+            return WriteReport {
+                line: "off".to_string(),
+                built: false,
+                bytes: 0,
+                write_s: 0.0,
+                after_ready_s: 0.0,
+                waited_s: 0.0,
+            };
+        };
+        let waiting = Instant::now();
+        let mut shown = None::<Instant>;
+        while !b.writer.is_finished() {
+            if self.announce && shown.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+                let written = b.progress.written.load(Ordering::Relaxed);
+                let step = if b.progress.syncing.load(Ordering::Relaxed) {
+                    "syncing it to disk".to_string()
+                } else {
+                    format!("{:.0} MB written", mb(written))
+                };
+                eprintln!(
+                    "[K3] weight cache: finishing the write of {:.0} MB to {} ({step}) ...",
+                    mb(b.sent),
+                    b.path.display()
+                );
+                shown = Some(Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let waited_s = waiting.elapsed().as_secs_f64();
+        let done = b
+            .writer
+            .join()
+            .unwrap_or_else(|_| Err(anyhow!("the cache writer thread panicked")));
+        match done {
+            Ok((bytes, path, at)) => {
+                let built = format!("built ({:.0} MB, {})", mb(bytes), path.display());
+                WriteReport {
+                    line: match b.replaced {
+                        Some(why) => format!("stale or corrupt ({why}), rebuilt: {built}"),
+                        None => built,
+                    },
+                    built: true,
+                    bytes,
+                    write_s: at.saturating_duration_since(b.started).as_secs_f64(),
+                    after_ready_s: at.saturating_duration_since(self.ready).as_secs_f64(),
+                    waited_s,
                 }
             }
-        };
-        (line, self.notes)
+            Err(e) => WriteReport {
+                line: format!(
+                    "off: cannot be written ({e:#}); quantized this start only, the next start \
+                     quantizes again"
+                ),
+                built: false,
+                bytes: 0,
+                write_s: waiting.saturating_duration_since(b.started).as_secs_f64(),
+                after_ready_s: 0.0,
+                waited_s,
+            },
+        }
     }
 }
 
-fn read_u64(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    u64::from_le_bytes(a)
-}
-
-impl Reader {
-    /// Maps `path` and checks it through: header, trailer, table, key, every range and
-    /// every checksum. Any failure says what was wrong.
-    fn open(path: &Path, key: &Key) -> Result<Reader> {
-        let file = std::fs::File::open(path).context("cannot open it")?;
-        // SAFETY: the map is read-only. k3 replaces a cache file only by renaming a new one
-        // over it, which leaves this mapping's file intact; a process that truncated the file
-        // in place would be writing where only k3 writes.
-        // Populated: every page is read in with the mapping rather than one fault at a time.
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
-            .context("cannot map it")?;
-        let len = map.len() as u64;
-        if len < HEADER_BYTES + TRAILER_BYTES {
-            bail!("truncated: {len} bytes");
-        }
-        if &map[..8] != MAGIC {
-            bail!("not a k3 weight cache (bad magic)");
-        }
-        let t = &map[(len - TRAILER_BYTES) as usize..];
-        if &t[24..32] != END_MAGIC {
-            bail!("truncated or corrupt: no end marker");
-        }
-        let (table_off, table_len, table_hash) =
-            (read_u64(t), read_u64(&t[8..]), read_u64(&t[16..]));
-        if table_len > MAX_TABLE_BYTES
-            || table_off < HEADER_BYTES
-            || table_off.checked_add(table_len) != Some(len - TRAILER_BYTES)
-        {
-            bail!(
-                "corrupt: the table at {table_off} (+{table_len}) does not fit the {len}-byte file"
-            );
-        }
-        let table = &map[table_off as usize..(table_off + table_len) as usize];
-        if xxh3_64(table) != table_hash {
-            bail!("corrupt: table checksum mismatch");
-        }
-        let table: Table = serde_json::from_slice(table).context("corrupt: table is not valid")?;
-        if table.key != *key {
-            bail!("stale: {}", key_difference(&table.key, key));
-        }
-        for e in &table.entries {
-            check_entry(e, table_off).with_context(|| format!("corrupt: entry `{}`", e.name))?;
-        }
-        table.entries.par_iter().try_for_each(|e| {
-            for (what, p) in [("values", &e.q), ("scales", &e.scale)] {
-                let bytes = &map[p.offset as usize..(p.offset + p.len) as usize];
-                if xxh3_64(bytes) != p.xxh3 {
-                    return Err(anyhow!(
-                        "corrupt: checksum of `{}` {what} (bytes {}..{}) mismatch",
-                        e.name,
-                        p.offset,
-                        p.offset + p.len
-                    ));
-                }
+impl Drop for PendingWrite {
+    /// A write nobody waited for is waited for here, so a process never ends with the file
+    /// half written; its outcome is printed when the load was announced.
+    fn drop(&mut self) {
+        if self.building.is_some() {
+            let r = self.end();
+            if self.announce {
+                eprintln!("{}", r.stats_line());
             }
-            Ok(())
-        })?;
-        Ok(Reader {
-            path: path.to_path_buf(),
-            map,
-            entries: table.entries,
-            used: 0,
-            bytes: len,
-        })
-    }
-
-    /// Copies entry `e` (checked at open) out of the map, in parallel: a start from the
-    /// cache is this copy, and the pages it touches fault in on every core at once.
-    fn matrix(&self, e: &Entry, fmt: DenseFormat) -> DenseMatrix {
-        let part = |p: &Part| &self.map[p.offset as usize..(p.offset + p.len) as usize];
-        let scale: Vec<f32> = part(&e.scale)
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        let copy = |dst: &mut [u8]| {
-            dst.par_chunks_mut(COPY_CHUNK)
-                .zip(part(&e.q).par_chunks(COPY_CHUNK))
-                .for_each(|(d, s)| d.copy_from_slice(s));
-        };
-        let data = match fmt {
-            DenseFormat::Int8 => {
-                let mut q = vec![0i8; e.q.len as usize];
-                copy(bytemuck::cast_slice_mut(&mut q));
-                DenseData::Int8 { q, scale }
-            }
-            _ => {
-                let mut q = vec![0u8; e.q.len as usize];
-                copy(&mut q);
-                DenseData::Int4 { q, scale }
-            }
-        };
-        DenseMatrix {
-            rows: e.rows,
-            cols: e.cols,
-            data,
         }
     }
-}
-
-/// A copy of `src`, made by every core.
-fn parallel_copy(src: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; src.len()];
-    out.par_chunks_mut(COPY_CHUNK)
-        .zip(src.par_chunks(COPY_CHUNK))
-        .for_each(|(d, s)| d.copy_from_slice(s));
-    out
-}
-
-/// The value and scale byte counts of a `[rows, cols]` matrix in `format`.
-fn part_lens(format: &str, rows: usize, cols: usize) -> Option<(u64, u64)> {
-    let (q, s) = match format {
-        "int8" => (rows.checked_mul(cols)?, rows),
-        "int4" => (
-            rows.checked_mul(int4::row_bytes(cols))?,
-            rows.checked_mul(int4::row_groups(cols))?,
-        ),
-        _ => return None,
-    };
-    Some((q as u64, (s as u64).checked_mul(4)?))
-}
-
-fn check_entry(e: &Entry, data_end: u64) -> Result<()> {
-    let (q, s) = part_lens(&e.format, e.rows, e.cols)
-        .ok_or_else(|| anyhow!("format {} [{}, {}] is not cached", e.format, e.rows, e.cols))?;
-    for (p, want) in [(&e.q, q), (&e.scale, s)] {
-        if p.len != want {
-            bail!(
-                "{} bytes where {} [{}, {}] needs {want}",
-                p.len,
-                e.format,
-                e.rows,
-                e.cols
-            );
-        }
-        let end = p.offset.saturating_add(p.len);
-        if p.offset < HEADER_BYTES || end > data_end {
-            bail!(
-                "bytes {}..{end} lie outside the data (which ends at {data_end})",
-                p.offset
-            );
-        }
-    }
-    Ok(())
 }
 
 impl Builder {
-    fn create(path: &Path, key: Key) -> Result<Builder> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let mut file = AtomicFile::create(path)?;
-        let mut header = Vec::with_capacity(HEADER_BYTES as usize);
-        header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        header.extend_from_slice(&[0u8; 4]);
-        file.write_all(&header)?;
-        Ok(Builder {
-            file,
-            key,
-            entries: Vec::new(),
-        })
-    }
-
-    fn part(&mut self, bytes: &[u8]) -> Result<Part> {
-        let pad = (ALIGN - self.file.written() % ALIGN) % ALIGN;
-        self.file
-            .write_all(&[0u8; ALIGN as usize][..pad as usize])?;
-        let offset = self.file.written();
-        self.file.write_all(bytes)?;
-        Ok(Part {
-            offset,
-            len: bytes.len() as u64,
-            xxh3: xxh3_64(bytes),
-        })
-    }
-
-    fn add(&mut self, p: Parts) -> Result<()> {
-        let q = self.part(&p.q)?;
-        let scale = self.part(&p.scale)?;
-        self.entries.push(Entry {
-            name: p.name,
-            format: p.format.to_string(),
-            rows: p.rows,
-            cols: p.cols,
-            q,
-            scale,
-        });
-        Ok(())
-    }
-
     /// Moves the file to a writer thread that writes each matrix it is sent, then the table,
-    /// and commits once the sender is dropped. After an error it drains the queue and
+    /// and commits once the queue is closed. After an error it stops taking matrices and
     /// returns the error (the partial file is removed).
     fn spawn(mut self, replaced: Option<String>) -> Building {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Parts>(WRITE_QUEUE);
+        let queue = Arc::new(Queue::new(MAX_BACKLOG));
+        let progress = Arc::new(Progress::default());
+        let path = self.file.path().to_path_buf();
+        let (q, prog) = (Arc::clone(&queue), Arc::clone(&progress));
         let writer = std::thread::spawn(move || {
-            let mut failed = None;
-            for parts in rx {
-                if failed.is_none() {
-                    failed = self.add(parts).err();
+            let _gone = WriterGone(Arc::clone(&q));
+            // While the load runs it may wait for this thread (a full backlog), so the thread
+            // keeps its priority; once the model is ready its reads and compute come first
+            // and this file can wait (a process that ends before it waits for it).
+            let mut background = false;
+            while let Some(parts) = q.recv() {
+                if !background && q.is_closed() {
+                    crate::platform::thread_priority::to_background();
+                    background = true;
                 }
+                self.add(parts)?;
+                prog.written.store(self.file.written(), Ordering::Relaxed);
             }
-            match failed {
-                Some(e) => Err(e),
-                None => self.commit(),
+            if !background {
+                crate::platform::thread_priority::to_background();
             }
+            prog.syncing.store(true, Ordering::Relaxed);
+            let (bytes, path) = self.commit()?;
+            Ok((bytes, path, Instant::now()))
         });
         Building {
-            tx,
+            queue,
+            progress,
             writer,
+            path,
+            sent: 0,
+            started: Instant::now(),
             replaced,
         }
     }
+}
 
-    fn commit(mut self) -> Result<(u64, PathBuf)> {
-        let table = serde_json::to_vec(&Table {
-            key: self.key.clone(),
-            entries: std::mem::take(&mut self.entries),
-        })?;
-        let table_off = self.file.written();
-        self.file.write_all(&table)?;
-        let mut trailer = Vec::with_capacity(TRAILER_BYTES as usize);
-        trailer.extend_from_slice(&table_off.to_le_bytes());
-        trailer.extend_from_slice(&(table.len() as u64).to_le_bytes());
-        trailer.extend_from_slice(&xxh3_64(&table).to_le_bytes());
-        trailer.extend_from_slice(END_MAGIC);
-        self.file.write_all(&trailer)?;
-        let path = self.file.path().to_path_buf();
-        let bytes = self.file.commit()?;
-        Ok((bytes, path))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> Key {
+        Key {
+            version: FORMAT_VERSION,
+            policy: "dense=int4 mla=int8 head=int8".into(),
+            files: vec![file_key(Path::new("/nowhere/config.json"), 1, None)],
+        }
+    }
+
+    /// An int8 matrix of `rows` x `cols` with recognisable bytes.
+    fn parts(name: &str, rows: usize, cols: usize) -> Parts {
+        Parts {
+            name: name.into(),
+            format: "int8",
+            rows,
+            cols,
+            q: (0..rows * cols).map(|i| (i % 251) as u8).collect(),
+            scale: (0..rows).flat_map(|r| (r as f32).to_le_bytes()).collect(),
+        }
+    }
+
+    fn pause(b: &Building, on: bool) {
+        b.queue.set_paused(on);
+    }
+
+    fn building(path: &Path) -> Building {
+        Builder::create(path, key()).unwrap().spawn(None)
+    }
+
+    fn ends_before_writer(path: &Path) -> (WriteReport, bool) {
+        let mut b = building(path);
+        pause(&b, true);
+        for (i, rows) in [64usize, 128, 32].into_iter().enumerate() {
+            let p = parts(&format!("m{i}"), rows, 4096);
+            b.sent += p.bytes();
+            b.queue.send(p);
+        }
+        let cache = WeightCache {
+            state: State::Build(b),
+            notes: Vec::new(),
+        };
+        let (line, _, pending) = cache.finish_in_background(false);
+        assert!(line.starts_with("writing 1 MB to "), "{line}");
+        let pending = pending.unwrap();
+        let running = !pending.is_done();
+        assert!(
+            !path.exists(),
+            "the file is in place before the writer wrote it"
+        );
+        let b = pending.building.as_ref().unwrap();
+        let queue = Arc::clone(&b.queue);
+        let resume = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            queue.set_paused(false);
+        });
+        let r = pending.wait();
+        resume.join().unwrap();
+        (r, running)
+    }
+
+    #[test]
+    fn a_process_that_ends_while_the_writer_writes_waits_for_a_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let (r, running) = ends_before_writer(&path);
+        assert!(running, "the writer was done before the load ended");
+        assert!(r.built, "{}", r.line);
+        assert!(r.waited_s >= 0.09, "did not wait: {r:?}");
+        assert_eq!(r.bytes, std::fs::metadata(&path).unwrap().len());
+        assert!(!crate::atomic_file::partial_path(&path).exists());
+        let read = Reader::open(&path, &key()).unwrap();
+        assert_eq!(read.entries.len(), 3);
+        let m = read.matrix(&read.entries[1], DenseFormat::Int8);
+        let DenseData::Int8 { q, scale } = m.data else {
+            panic!("not int8")
+        };
+        let want = parts("m1", 128, 4096);
+        assert_eq!(bytemuck::cast_slice::<i8, u8>(&q), &want.q[..]);
+        assert_eq!(bytemuck::cast_slice::<f32, u8>(&scale), &want.scale[..]);
+    }
+
+    #[test]
+    fn dropping_the_pending_write_waits_for_it_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let mut b = building(&path);
+        pause(&b, true);
+        let p = parts("m", 256, 4096);
+        b.sent += p.bytes();
+        b.queue.send(p);
+        let queue = Arc::clone(&b.queue);
+        let cache = WeightCache {
+            state: State::Build(b),
+            notes: Vec::new(),
+        };
+        let (_, _, pending) = cache.finish_in_background(false);
+        let resume = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            queue.set_paused(false);
+        });
+        drop(pending);
+        resume.join().unwrap();
+        assert!(Reader::open(&path, &key()).is_ok());
+        assert!(!crate::atomic_file::partial_path(&path).exists());
+    }
+
+    #[test]
+    fn a_write_that_fails_after_the_load_leaves_no_file_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        // The destination turns into a non-empty directory while the writer waits: its
+        // rename into place fails after everything was written and synced.
+        let path = dir.path().join(FILE_NAME);
+        let mut b = building(&path);
+        pause(&b, true);
+        let p = parts("m", 16, 4096);
+        b.sent += p.bytes();
+        b.queue.send(p);
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("x"), b"x").unwrap();
+        pause(&b, false);
+        let cache = WeightCache {
+            state: State::Build(b),
+            notes: Vec::new(),
+        };
+        let (_, _, pending) = cache.finish_in_background(false);
+        let r = pending.unwrap().wait();
+        assert!(!r.built && r.bytes == 0, "{r:?}");
+        assert!(
+            r.line.contains("cannot be written") && r.line.contains("renaming"),
+            "{}",
+            r.line
+        );
+        assert!(r.stats_line().starts_with("[K3] weight cache: off: "));
+        assert!(!crate::atomic_file::partial_path(&path).exists());
+    }
+
+    #[test]
+    fn the_load_waits_only_for_a_backlog_past_its_bound() {
+        let q = Arc::new(Queue::new(1000));
+        q.set_paused(true);
+        // A first matrix larger than the bound is taken at once (nothing is queued).
+        let big = 2000;
+        q.send(Parts {
+            name: "big".into(),
+            format: "int8",
+            rows: 1,
+            cols: big,
+            q: vec![0; big],
+            scale: vec![0; 4],
+        });
+        let q2 = Arc::clone(&q);
+        let second = std::thread::spawn(move || q2.send(parts("small", 1, 64)));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!second.is_finished(), "a full backlog took more");
+        q.set_paused(false);
+        assert_eq!(q.recv().map(|p| p.name), Some("big".to_string()));
+        second.join().unwrap();
+        q.close();
+        assert_eq!(q.recv().map(|p| p.name), Some("small".to_string()));
+        assert!(q.recv().is_none());
     }
 }

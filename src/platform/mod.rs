@@ -5,4 +5,5 @@ pub mod available_memory;
 pub mod cache_dir;
 pub mod map_advice;
 pub mod positional_read;
+pub mod thread_priority;
 pub mod uncached_read;

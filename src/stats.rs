@@ -1,6 +1,15 @@
 //! Counters and timers behind the `[K3]` stats lines users parse.
 
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+static PROCESS_START: OnceLock<Instant> = OnceLock::new();
+
+/// When this process started, as k3 knows it: the first call's time (`main` makes the first
+/// call; a library user's clock starts at its first load).
+pub fn process_start() -> Instant {
+    *PROCESS_START.get_or_init(Instant::now)
+}
 
 /// Decode/prefill counters, accumulated over a run.
 #[derive(Clone, Debug, Default)]
@@ -140,14 +149,23 @@ pub fn decode_line(tokens: usize, secs: f64, s: &Stats) -> String {
 }
 
 /// `[K3] tiers: VRAM hits %llu | RAM hits %llu | misses %llu | promoted %llu demoted %llu`,
-/// or `None` when the backend has no tier in play (no VRAM hit, nothing moved).
-pub fn tiers_line(s: &Stats) -> Option<String> {
+/// or `None` when the backend has no tier in play (no VRAM hit, nothing moved). With a
+/// unified pool of `pool_slots` (the only expert cache):
+/// `[K3] tiers: unified pool of %d slots | hits %llu | misses %llu | read into it %llu`.
+pub fn tiers_line(s: &Stats, pool_slots: Option<usize>) -> Option<String> {
+    let misses = s.expert_lookups.saturating_sub(s.expert_hits);
+    if let Some(n) = pool_slots {
+        return Some(format!(
+            "[K3] tiers: unified pool of {n} slots | hits {} | misses {misses} | read into it {}",
+            s.gpu_expert_hits, s.tier_promotions
+        ));
+    }
     (s.gpu_expert_hits + s.tier_promotions + s.tier_demotions > 0).then(|| {
         format!(
             "[K3] tiers: VRAM hits {} | RAM hits {} | misses {} | promoted {} demoted {}",
             s.gpu_expert_hits,
             s.ram_expert_hits(),
-            s.expert_lookups.saturating_sub(s.expert_hits),
+            misses,
             s.tier_promotions,
             s.tier_demotions
         )

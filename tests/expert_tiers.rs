@@ -6,10 +6,10 @@
 mod support;
 
 use k3::backend::gpu::{GpuBackend, GpuOptions};
-use k3::backend::ExpertResidency;
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
 use k3::model::{K3Model, Logits};
+use k3::sampling::argmax_lowest;
 use k3::stats::Stats;
 
 const PROMPT: [u32; 11] = [768, 5, 300, 17, 17, 999, 42, 0, 511, 7, 88];
@@ -24,19 +24,14 @@ fn stream(pipe: bool, slots: usize) -> StreamConfig {
 }
 
 /// The tiny model on the GPU, or None (skip) without an adapter; under CI=true a missing
-/// adapter fails.
+/// adapter fails. The discrete GPU's tiers even on unified memory (lavapipe), whose single
+/// pool tests/unified_pool.rs covers.
 fn gpu_model() -> Option<K3Model<GpuBackend>> {
-    support::gpu_model(&support::tiny(0), GpuOptions::default(), stream(false, 0))
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
+    let opts = GpuOptions {
+        expert_pool: Some(false),
+        ..GpuOptions::default()
+    };
+    support::gpu_model(&support::tiny(0), opts, stream(false, 0))
 }
 
 /// Logits of a chunked prefill (chunks of `chunk`) and six greedy steps, and the counters
@@ -48,7 +43,7 @@ fn run(m: &K3Model<GpuBackend>, chunk: usize) -> (Vec<f32>, Stats, Stats) {
     let mut all = logits.clone();
     let mut dec = Stats::default();
     for _ in 0..6 {
-        let t = argmax(&logits);
+        let t = argmax_lowest(&logits);
         logits = m
             .forward(&mut st, &[t], Logits::Last, &mut dec, None)
             .unwrap();
@@ -59,14 +54,7 @@ fn run(m: &K3Model<GpuBackend>, chunk: usize) -> (Vec<f32>, Stats, Stats) {
 
 /// Sizes the tier to `slots` experts and the carry to `carry` bytes.
 fn configure(m: &K3Model<GpuBackend>, slots: usize, carry: u64) {
-    let cfg = &m.ckpt.config;
-    let (i, d) = (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size);
-    let all = cfg.num_experts * cfg.moe_layer_count();
-    let got = m
-        .backend
-        .configure_expert_tier((slots * cfg.expert_bytes()) as u64, all, i, d)
-        .unwrap();
-    assert_eq!(got, Some(slots.min(all)));
+    support::size_expert_tier(m, slots);
     m.backend.set_chunk_carry_budget(carry).unwrap();
 }
 
@@ -236,6 +224,7 @@ fn the_run_reports_each_tier() {
         ])
         .arg(&json)
         .env("K3_DIRECT", "0")
+        .env("K3_LAB_EXPERT_POOL", "off")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -255,4 +244,129 @@ fn the_run_reports_each_tier() {
     assert_eq!(n("gpu_hits") + n("ram_hits"), n("expert_hits"));
     assert!(n("tier_promotions") > 0, "{v}");
     let _ = n("tier_demotions");
+}
+
+/// A demoted expert is read where the GPU copied it back: the host cache holds the mapped
+/// readback itself, not a copy, and gives the buffer back when it drops the expert, so
+/// demotions reuse buffers rather than make one each; the logits stay those of the plain
+/// path.
+#[test]
+fn demoted_experts_stay_in_their_readback_buffers() {
+    let Some(mut m) = gpu_model() else { return };
+    let layers = m.ckpt.config.moe_layer_count();
+    configure(&m, 0, 0);
+    let (want, _, _) = run(&m, 4);
+    let (host, tier) = (1, 2);
+    m.set_streaming(stream(true, host)).unwrap();
+    configure(&m, tier, 0);
+    let made0 = m.backend.demotion_readbacks().made;
+    let mut demotions = 0;
+    for pass in 0..4 {
+        let (got, pre, dec) = run(&m, 4);
+        assert_eq!(got, want, "pass {pass}: logits changed");
+        demotions += pre.plus(&dec).tier_demotions + settle(&m).tier_demotions;
+        let (h, t, both) = held(&m);
+        assert_eq!(both, 0, "pass {pass}: an expert held by both tiers");
+        assert!(
+            h <= host * layers && t <= tier,
+            "pass {pass}: {h} in RAM, {t} in VRAM"
+        );
+        // While the tier takes every upload, the host cache holds only demoted experts.
+        let rb = m.backend.demotion_readbacks();
+        assert!(h > 0, "pass {pass}: nothing demoted into the host cache");
+        assert_eq!(
+            rb.held, h as u64,
+            "pass {pass}: {rb:?} for {h} demoted experts"
+        );
+    }
+    let rb = m.backend.demotion_readbacks();
+    let made = rb.made - made0;
+    assert!(
+        demotions > 2 * (host * layers + tier) as u64,
+        "{demotions} demotions: the test needs more churn"
+    );
+    assert!(
+        made * 2 <= demotions,
+        "{made} readback buffers made for {demotions} demotions"
+    );
+    // Dropping the host cache gives every buffer back.
+    m.set_streaming(stream(true, 0)).unwrap();
+    assert_eq!(m.backend.demotion_readbacks().held, 0);
+}
+
+/// Prefetch asks the VRAM tier as well as the host cache which experts it holds, and a
+/// guess about an expert the tier holds is not read; asking pins nothing and marks nothing
+/// used, so a run that asks about every expert between steps evicts exactly as one that
+/// does not.
+#[test]
+fn prefetch_skips_what_the_tier_holds_and_asking_changes_nothing() {
+    let Some(mut m) = gpu_model() else { return };
+    let cfg = m.ckpt.config.clone();
+    let layers: Vec<usize> = (0..cfg.num_hidden_layers)
+        .filter(|&l| cfg.is_moe_layer(l))
+        .collect();
+    let all = cfg.num_experts * layers.len();
+    let ids: Vec<u32> = (0..cfg.num_experts as u32).collect();
+    configure(&m, 0, 0);
+    let (want, _, _) = run(&m, 4);
+    // Everything fits the tier: once warm, nothing is guessed and nothing is read.
+    m.set_streaming(stream(true, 0)).unwrap();
+    configure(&m, all, 0);
+    m.set_prefetch(true);
+    let (first, _, _) = run(&m, 4);
+    assert_eq!(first, want);
+    let (second, pre, dec) = run(&m, 4);
+    assert_eq!(second, want);
+    let s = pre.plus(&dec);
+    assert_eq!(s.gpu_expert_hits, s.expert_lookups, "{s:?}");
+    assert_eq!(s.prefetch_guesses, 0, "guessed what the tier holds: {s:?}");
+    assert_eq!(s.bytes_streamed + s.prefetch_wasted_bytes, 0, "{s:?}");
+    // What the source says the tier holds is what the tier holds.
+    for &l in &layers {
+        let nowhere = m.experts().held_nowhere(l, &ids).unwrap();
+        assert!(nowhere.is_empty(), "layer {l}: {nowhere:?}");
+    }
+    // A small tier that evicts: asking about every expert between the steps changes no
+    // count, so it moved no expert's recency and pinned none. No host cache and no pipe:
+    // when a demotion lands and how a layer's experts arrive in batches depend on timing,
+    // the tier's evictions of one batch a layer do not.
+    m.set_prefetch(false);
+    let mut counts = Vec::new();
+    for ask in [false, true] {
+        m.set_streaming(stream(false, 0)).unwrap();
+        configure(&m, all / 2, 0);
+        let mut st = m.new_state().unwrap();
+        let mut s = Stats::default();
+        let mut logits = prefill(&m, &mut st, &PROMPT, 4, false, &mut s, None).unwrap();
+        let mut got = logits.clone();
+        for _ in 0..6 {
+            if ask {
+                for &l in &layers {
+                    let nowhere = m.experts().held_nowhere(l, &ids).unwrap();
+                    for id in &ids {
+                        let in_tier = m.backend.tier_holds(l, *id).unwrap();
+                        let cached = m.experts().cached(l, &[*id]).unwrap()[0];
+                        assert_eq!(
+                            nowhere.contains(id),
+                            !in_tier && !cached,
+                            "layer {l} expert {id}"
+                        );
+                    }
+                }
+            }
+            let t = argmax_lowest(&logits);
+            logits = m
+                .forward(&mut st, &[t], Logits::Last, &mut s, None)
+                .unwrap();
+            got.extend_from_slice(&logits);
+        }
+        assert_eq!(got, want, "asking {ask}: logits changed");
+        counts.push((s.gpu_expert_hits, s.tier_promotions, s.bytes_streamed));
+    }
+    let c = counts[0];
+    assert!(
+        c.0 > 0 && c.1 > all as u64 / 2,
+        "no hits or no evictions: {c:?}"
+    );
+    assert_eq!(counts[0], counts[1], "asking moved experts");
 }

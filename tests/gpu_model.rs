@@ -3,6 +3,7 @@
 
 mod support;
 
+use k3::sampling::argmax_lowest;
 use support::rel_l2;
 
 use k3::backend::gpu::{GpuBackend, GpuOptions, ReadStaging};
@@ -19,15 +20,6 @@ const LAYER_TOL: f64 = 1e-4;
 const CHUNK_TOL: f64 = 1e-5;
 const GREEDY_STEPS: usize = 16;
 
-fn serial() -> StreamConfig {
-    StreamConfig {
-        mode: IoMode::Buffered,
-        pipe: false,
-        load_threads: 1,
-        slots_per_layer: 0,
-    }
-}
-
 /// The GPU model, or None (skip) without an adapter; under CI=true a missing adapter fails.
 fn gpu_model() -> Option<K3Model<GpuBackend>> {
     gpu_model_with(ReadStaging::Auto)
@@ -38,21 +30,11 @@ fn gpu_model_with(read_staging: ReadStaging) -> Option<K3Model<GpuBackend>> {
         read_staging,
         ..Default::default()
     };
-    support::gpu_model(&support::tiny(0), opts, serial())
+    support::gpu_model(&support::tiny(0), opts, support::serial_stream())
 }
 
 fn read_f32(p: &std::path::Path) -> Vec<f32> {
     bytemuck::pod_collect_to_vec(&std::fs::read(p).unwrap())
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Greedy continuation: prefill, then one token at a time.
@@ -67,7 +49,7 @@ fn greedy_stats<B: Backend>(m: &K3Model<B>) -> (Vec<u32>, Stats) {
     let mut logits = prefill(m, &mut st, &PROMPT, 4, false, &mut stats, None).unwrap();
     let mut out = Vec::new();
     for _ in 0..GREEDY_STEPS {
-        let t = argmax(&logits);
+        let t = argmax_lowest(&logits);
         out.push(t);
         logits = m
             .forward(&mut st, &[t], Logits::Last, &mut stats, None)
@@ -79,7 +61,11 @@ fn greedy_stats<B: Backend>(m: &K3Model<B>) -> (Vec<u32>, Stats) {
 #[test]
 fn gpu_model_matches_cpu_layer_by_layer_and_in_greedy_tokens() {
     let Some(gm) = gpu_model() else { return };
-    let cm = support::cpu_model(&support::tiny(0), FormatPolicy::default(), serial());
+    let cm = support::cpu_model(
+        &support::tiny(0),
+        FormatPolicy::default(),
+        support::serial_stream(),
+    );
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let tg = Trace::create(dirs[0].path()).unwrap();
     let tc = Trace::create(dirs[1].path()).unwrap();
@@ -165,7 +151,11 @@ fn gpu_chunked_prefill_matches_token_by_token() {
 fn gpu_expert_tier_keeps_the_tokens_and_skips_the_disk_on_hits() {
     let Some(gm) = gpu_model() else { return };
     let cfg = gm.ckpt.config.clone();
-    let cm = support::cpu_model(&support::tiny(0), FormatPolicy::default(), serial());
+    let cm = support::cpu_model(
+        &support::tiny(0),
+        FormatPolicy::default(),
+        support::serial_stream(),
+    );
     let want = greedy(&cm);
     let (off, s_off) = greedy_stats(&gm);
     assert_eq!(off, want, "GPU without the tier vs CPU");
@@ -220,6 +210,7 @@ fn run_k3_out(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
         "K3_VK_GB",
         "K3_LAB_INT4_DECODE",
         "K3_LAB_STAGE_X",
+        "K3_LAB_EXPERT_POOL",
     ] {
         cmd.env_remove(v);
     }
@@ -272,6 +263,9 @@ fn int4_decode_choices_give_the_same_tokens() {
     assert!(!ok && err.contains("K3_LAB_STAGE_X"), "{err}");
 }
 
+/// The discrete GPU's tier (lavapipe would otherwise run the unified pool: tests/unified_pool.rs).
+const TWO_TIERS: (&str, &str) = ("K3_LAB_EXPERT_POOL", "off");
+
 #[test]
 fn cli_prints_the_tier_on_the_gpu_and_the_cpu_ignores_it() {
     if gpu_model().is_none() {
@@ -289,7 +283,7 @@ fn cli_prints_the_tier_on_the_gpu_and_the_cpu_ignores_it() {
             "--stats-json",
             j,
         ],
-        &[],
+        &[TWO_TIERS],
     );
     assert!(ok, "{err}");
     assert!(err.contains("[K3-GPU] expert tier: "), "{err}");
@@ -302,11 +296,11 @@ fn cli_prints_the_tier_on_the_gpu_and_the_cpu_ignores_it() {
             "{key}: {v}"
         );
     }
-    let (ok, err) = run_k3(&["--backend", "gpu"], &[("K3_VK_GB", "0")]);
+    let (ok, err) = run_k3(&["--backend", "gpu"], &[("K3_VK_GB", "0"), TWO_TIERS]);
     assert!(ok, "{err}");
     assert!(err.contains("[K3-GPU] expert tier: 0 slots"), "{err}");
     // No size asked: the line says how the default was decided (free VRAM, or why not).
-    let (ok, err) = run_k3(&["--backend", "gpu"], &[]);
+    let (ok, err) = run_k3(&["--backend", "gpu"], &[TWO_TIERS]);
     assert!(ok, "{err}");
     assert!(
         err.contains("expert tier: ") && err.contains("default"),
@@ -394,7 +388,7 @@ fn logits_run<B: Backend>(m: &K3Model<B>) -> Vec<f32> {
     let mut logits = prefill(m, &mut st, &PROMPT, 4, false, &mut stats, None).unwrap();
     let mut all = logits.clone();
     for _ in 0..6 {
-        let t = argmax(&logits);
+        let t = argmax_lowest(&logits);
         logits = m
             .forward(&mut st, &[t], Logits::Last, &mut stats, None)
             .unwrap();

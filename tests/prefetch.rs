@@ -151,8 +151,7 @@ fn gpu_prefetch_on_and_off_give_identical_logits_and_count_every_guess() {
     let (i, d) = (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size);
     let all = cfg.num_experts * cfg.moe_layer_count();
     let eb = cfg.expert_bytes() as u64;
-    // No VRAM tier, and a tier of 3 slots (a guess may then be an expert the tier holds:
-    // read for nothing, counted as waste, never computed with).
+    // No VRAM tier, and a tier of 3 slots (a guess skips the experts the tier holds).
     for tier in [0usize, 3] {
         for sc in configs() {
             let mut runs = Vec::new();

@@ -7,39 +7,28 @@ mod support;
 
 use k3::backend::gpu::{GpuBackend, GpuOptions};
 use k3::backend::Backend;
-use k3::experts::{IoMode, StreamConfig};
 use k3::model::{FormatPolicy, K3Model};
+use k3::sampling::argmax_lowest;
 use k3::session::{DecodeOptions, Flow, Generation, Session, SnapshotLimits};
 use support::rel_l2;
 
 const P1: [u32; 11] = [768, 5, 300, 17, 17, 999, 42, 0, 511, 7, 88];
 const GEN: usize = 6;
 
-fn serial() -> StreamConfig {
-    StreamConfig {
-        mode: IoMode::Buffered,
-        pipe: false,
-        load_threads: 1,
-        slots_per_layer: 0,
-    }
-}
-
 fn cpu() -> K3Model<k3::backend::cpu::CpuBackend> {
-    support::cpu_model(&support::tiny(0), FormatPolicy::default(), serial())
+    support::cpu_model(
+        &support::tiny(0),
+        FormatPolicy::default(),
+        support::serial_stream(),
+    )
 }
 
 fn gpu() -> Option<K3Model<GpuBackend>> {
-    support::gpu_model(&support::tiny(0), GpuOptions::default(), serial())
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
+    support::gpu_model(
+        &support::tiny(0),
+        GpuOptions::default(),
+        support::serial_stream(),
+    )
 }
 
 /// Greedy generation of `n` tokens; returns it with the logits each token was picked from.
@@ -54,7 +43,7 @@ fn greedy<B: Backend>(s: &mut Session<'_, B>, prompt: &[u32], n: usize) -> (Gene
             },
             &mut |logits, _| {
                 seen.extend_from_slice(logits);
-                argmax(logits)
+                argmax_lowest(logits)
             },
             &mut |_| Ok(Flow::Continue),
         )

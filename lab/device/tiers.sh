@@ -6,12 +6,15 @@
 #     experts from host memory and the figure is the uploads, not the disk.
 #  2. Decode from disk (O_DIRECT) with the host cache and the VRAM tier split: RAM only,
 #     VRAM only, half and half (exclusive tiers: their sum), and the whole budget in RAM.
+#  3. With K3OLD set (another build), the splits of OLDSPLITS again on each binary, in
+#     DROUNDS alternated rounds: new, old, new, old ...
 # Prints one line a run (prefill s from --stats-json, hits by tier, GB read) and keeps the
 # raw output under $OUT.
 #
 #   usage: K3BIN=.devbin/k3-tiers bash lab/device/tiers.sh [SNAP] [EXPERTS]
-# ROUNDS (2) prefill rounds, NGEN (24) decode tokens, SPLITS ("1:0 0:1 0.5:0.5 1:1 2:0",
-# host GB:VRAM GB) the decode runs.
+# ROUNDS (2) prefill rounds (0: no prefill runs), NGEN (24) decode tokens, SPLITS
+# ("1:0 0:1 0.5:0.5 1:1 2:0", host GB:VRAM GB) the decode runs, K3OLD (unset) the build to
+# compare with, OLDSPLITS ("1:1"), DROUNDS (2).
 set -u
 ROUNDS=${ROUNDS:-2}
 NGEN=${NGEN:-24}
@@ -35,20 +38,28 @@ pre() { # name, gpu-expert-gb, carry on|off
         --stats-json "$OUT/$1.json" > "$OUT/$1.ids" 2> "$OUT/$1.err"
     echo "$1: prefill_s $(field "$OUT/$1.json" prefill_s) gpu_hits $(field "$OUT/$1.json" gpu_hits) ids $(cat "$OUT/$1.ids" | tr '\n' ' ')"
 }
-pre warmup 0 on
+[ "$ROUNDS" -gt 0 ] && pre warmup 0 on
 for r in $(seq 1 "$ROUNDS"); do
     pre "tier_on_$r" 60 on
     pre "tier_off_carry_$r" 0 on
     pre "tier_off_nocarry_$r" 0 off
 done
 DPROMPT=$(seq -s, 1000 97 1700) # 8 ids
-dec() { # name, expert-gb, gpu-expert-gb
-    K3_DIRECT=1 timeout 200 "$K" run "$SNAP" --ids "$DPROMPT" --ngen "$NGEN" --ignore-eos --quiet \
+dec() { # name, expert-gb, gpu-expert-gb [binary]
+    K3_DIRECT=1 timeout 200 "${4:-$K}" run "$SNAP" --ids "$DPROMPT" --ngen "$NGEN" --ignore-eos --quiet \
         --backend gpu --expert-gb "$2" --gpu-expert-gb "$3" \
         --stats-json "$OUT/$1.json" > "$OUT/$1.ids" 2> "$OUT/$1.err"
     local j="$OUT/$1.json"
-    echo "$1: decode tok/s $(field "$j" decode_tok_per_s) | $(grep '\[K3\] tiers' "$OUT/$1.err") | $(grep '\[K3\] disk' "$OUT/$1.err")"
+    echo "$1: decode tok/s $(field "$j" decode_tok_per_s) demotions $(field "$j" tier_demotions) prefetch wasted $(field "$j" prefetch_wasted_bytes) B | $(grep '\[K3\] tiers' "$OUT/$1.err") | $(grep '\[K3\] disk' "$OUT/$1.err")"
 }
 for sp in $SPLITS; do
     dec "ram${sp%%:*}_vram${sp##*:}" "${sp%%:*}" "${sp##*:}"
 done
+if [ -n "${K3OLD:-}" ]; then
+    for r in $(seq 1 "${DROUNDS:-2}"); do
+        for sp in ${OLDSPLITS:-1:1}; do
+            dec "new_ram${sp%%:*}_vram${sp##*:}_$r" "${sp%%:*}" "${sp##*:}"
+            dec "old_ram${sp%%:*}_vram${sp##*:}_$r" "${sp%%:*}" "${sp##*:}" "$K3OLD"
+        done
+    done
+fi

@@ -27,6 +27,10 @@ pub trait TierExchange: Send + Sync {
     fn takes_uploads(&self) -> bool;
     /// Whether evicted experts should come back to host memory (the host cache has slots).
     fn want_demotions(&self, yes: bool);
+    /// Which of `ids` (experts of `layer`) the tier holds now, one flag per id, without
+    /// pinning them or marking them used: a guess about a later layer must not change what
+    /// the running layer may evict.
+    fn holds(&self, layer: usize, ids: &[u32]) -> Vec<bool>;
     /// The moves since the last call; demotions whose bytes have not arrived yet wait for a
     /// later call.
     fn take_moves(&self) -> Result<TierMoves>;
@@ -73,6 +77,16 @@ pub trait ExpertResidency {
     /// for a backend without a tier.
     fn tier_exchange(&self) -> Option<Arc<dyn TierExchange>> {
         None
+    }
+    /// Whether the resident tier is the single expert pool of a unified-memory adapter: its
+    /// slots are host RAM, so the expert budget sizes them and the host cache keeps nothing
+    /// between layers (an expert the pool evicts is dropped, not demoted).
+    fn unified_pool(&self) -> bool {
+        false
+    }
+    /// Slots of the resident tier as last configured (0 for a backend without one).
+    fn expert_tier_slots(&self) -> Result<usize> {
+        Ok(0)
     }
     /// Device memory free now, after everything allocated so far; it sizes the expert tier
     /// when no size is asked for. A backend without device memory keeps the default.

@@ -21,12 +21,21 @@ pub struct LoadedExpert {
     parts: [Range<usize>; 6],
 }
 
+/// Host-visible memory a backend hands over with an expert's bytes in it (a mapped
+/// readback of its VRAM tier), read where it is: the expert needs no copy of its own.
+pub trait HostBytes: Send + Sync {
+    /// The bytes.
+    fn bytes(&self) -> &[u8];
+}
+
 /// Where a loaded expert's bytes are.
 enum ExpertBytes {
     /// Host memory of our own.
     Host(AlignedBuf),
     /// A region the backend lent (its upload staging), handed to it as it is.
     Lent(Box<dyn LentRegion>),
+    /// Host memory the backend handed over, read in place.
+    Handed(Box<dyn HostBytes>),
 }
 
 impl LoadedExpert {
@@ -53,15 +62,27 @@ impl LoadedExpert {
         }
         let mut buf = AlignedBuf::new(total);
         buf.copy_from_slice(bytes);
-        let mut at = 0;
-        let parts = lens.map(|n| {
-            at += n;
-            at - n..at
-        });
         Ok(Self {
             id,
             buf: ExpertBytes::Host(buf),
-            parts,
+            parts: back_to_back(lens),
+        })
+    }
+
+    /// An expert of id `id` whose six tensors lie back to back in `mem`, as for
+    /// [`LoadedExpert::from_parts`], kept where they are: the bytes are not copied.
+    pub fn from_handed(id: u32, mem: Box<dyn HostBytes>, lens: [usize; 6]) -> Result<Self> {
+        let total: usize = lens.iter().sum();
+        let have = mem.bytes().len();
+        if total != have {
+            return Err(anyhow!(
+                "internal: expert {id}: {have} bytes for parts of {total}"
+            ));
+        }
+        Ok(Self {
+            id,
+            buf: ExpertBytes::Handed(mem),
+            parts: back_to_back(lens),
         })
     }
 
@@ -74,18 +95,22 @@ impl LoadedExpert {
                 dims: (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size),
                 parts: self.parts.clone().map(|p| p.start as u64..p.end as u64),
             }),
-            ExpertBytes::Host(_) => None,
+            ExpertBytes::Host(_) | ExpertBytes::Handed(_) => None,
         }
     }
 
     /// Views the bytes as the expert's three MXFP4 matrices (gate w1, down w2, up w3).
     pub fn weights(&self, cfg: &Config) -> Result<ExpertWeights<'_>> {
         let (i, d) = (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size);
-        let ExpertBytes::Host(buf) = &self.buf else {
-            return Err(anyhow!(
-                "internal: expert {} was read into memory the backend lent; hand it over with staged()",
-                self.id
-            ));
+        let buf: &[u8] = match &self.buf {
+            ExpertBytes::Host(b) => b,
+            ExpertBytes::Handed(h) => h.bytes(),
+            ExpertBytes::Lent(_) => {
+                return Err(anyhow!(
+                    "internal: expert {} was read into memory the backend lent; hand it over with staged()",
+                    self.id
+                ))
+            }
         };
         let p = |k: usize| &buf[self.parts[k].clone()];
         Ok(ExpertWeights {
@@ -97,6 +122,15 @@ impl LoadedExpert {
                 .with_context(|| format!("expert {} w3", self.id))?,
         })
     }
+}
+
+/// The ranges of six parts of `lens` bytes lying back to back from 0.
+fn back_to_back(lens: [usize; 6]) -> [Range<usize>; 6] {
+    let mut at = 0;
+    lens.map(|n| {
+        at += n;
+        at - n..at
+    })
 }
 
 /// Reads experts through a [`ShardIo`].
@@ -190,6 +224,7 @@ impl ExpertReader {
                 match &mut buf {
                     ExpertBytes::Lent(r) => refuse_nan_scales(path, r.bytes_mut(), &parts)?,
                     ExpertBytes::Host(b) => refuse_nan_scales(path, b, &parts)?,
+                    ExpertBytes::Handed(h) => refuse_nan_scales(path, h.bytes(), &parts)?,
                 }
                 return Ok(LoadedExpert { id, buf, parts });
             }

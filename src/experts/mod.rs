@@ -15,7 +15,7 @@ pub mod shard_io;
 pub mod source;
 pub mod usage_history;
 
-pub use expert_reader::{ExpertReader, LoadedExpert};
+pub use expert_reader::{ExpertReader, HostBytes, LoadedExpert};
 pub use lent_memory::{LentRegion, ReadLender};
 pub use shard_io::{FaultPlan, IoMode, ReadFault};
 pub use source::{ExpertSource, StreamConfig, Supplied};

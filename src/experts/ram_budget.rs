@@ -1,6 +1,7 @@
 //! The RAM clamp: how many expert slots per layer fit beside the dense weights, the page
 //! cache, activations, the MLA cache and the KDA state. `K3_EXPERT_GB` is a request; this
-//! decides what is granted.
+//! decides what is granted. On a unified-memory GPU the request (with `K3_GPU_GB`) is one
+//! pool of slots shared by every MoE layer, clamped here once as the RAM it is.
 
 use anyhow::Result;
 use std::fmt;
@@ -35,6 +36,9 @@ pub struct BudgetInputs {
     pub experts: usize,
     /// `K3_RAM_OVERCOMMIT=1`: keep one slot per layer even when it does not fit.
     pub overcommit: bool,
+    /// The request is one pool of slots shared by every MoE layer (the GPU tier of a
+    /// unified-memory adapter), not a host cache of slots per layer.
+    pub pool: bool,
 }
 
 /// The granted cache size and the numbers behind it.
@@ -52,10 +56,12 @@ pub struct BudgetPlan {
     pub kda_gb: f64,
     /// Left for experts, GB.
     pub for_experts_gb: f64,
-    /// Slots per layer that `K3_EXPERT_GB` asked for.
+    /// Slots per layer that `K3_EXPERT_GB` asked for (in a pool: slots in all).
     pub requested_slots: usize,
-    /// Slots per layer granted.
+    /// Slots per layer granted to the host cache (0 in a pool: it keeps nothing).
     pub slots: usize,
+    /// Slots granted to the unified pool, shared by every MoE layer (0 without one).
+    pub pool_slots: usize,
     /// Resident + reserve + granted cache, GB.
     pub projected_peak_gb: f64,
 }
@@ -94,6 +100,19 @@ pub fn requested_slots(
     slots.clamp(1, experts.max(1))
 }
 
+/// Slots in all a unified pool of `request_gb` buys: at least one per layer (as the host
+/// cache's floor), at most every routed expert.
+pub fn requested_pool_slots(
+    request_gb: f64,
+    slot_bytes: u64,
+    moe_layers: usize,
+    experts: usize,
+) -> usize {
+    let slots = (request_gb.max(0.0) * 1e9 / slot_bytes.max(1) as f64).floor() as usize;
+    let layers = moe_layers.max(1);
+    slots.clamp(layers, experts.max(1) * layers)
+}
+
 /// Applies the clamp: the cache may only shrink to fit.
 pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
     let budget_gb = i
@@ -101,23 +120,30 @@ pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
         .unwrap_or(i.resident_gb + AVAILABLE_SHARE * i.available_gb);
     let reserve_gb = PAGE_CACHE_GB + ACTIVATIONS_GB + i.kv_gb + i.kda_gb;
     let for_experts_gb = budget_gb - i.resident_gb - reserve_gb;
-    let per_slot_gb = i.slot_bytes as f64 * i.moe_layers as f64 / 1e9;
-    let requested = requested_slots(i.request_gb, i.slot_bytes, i.moe_layers, i.experts);
+    // A host cache grows by a slot in every layer at once, a pool by one slot.
+    let (per_slot_gb, requested, least) = if i.pool {
+        let layers = i.moe_layers.max(1);
+        let r = requested_pool_slots(i.request_gb, i.slot_bytes, i.moe_layers, i.experts);
+        (i.slot_bytes as f64 / 1e9, r, layers)
+    } else {
+        let r = requested_slots(i.request_gb, i.slot_bytes, i.moe_layers, i.experts);
+        (i.slot_bytes as f64 * i.moe_layers as f64 / 1e9, r, 1)
+    };
     let fit = if per_slot_gb > 0.0 {
         (for_experts_gb / per_slot_gb).floor().max(0.0) as usize
     } else {
         requested
     };
-    let slots = if fit >= 1 {
+    let slots = if fit >= least {
         requested.min(fit)
     } else if i.overcommit {
-        1
+        least
     } else {
         return Err(RamBudgetError {
             budget_gb,
             resident_gb: i.resident_gb,
             reserve_gb,
-            needed_gb: per_slot_gb,
+            needed_gb: per_slot_gb * least as f64,
             moe_layers: i.moe_layers,
             slot_mb: i.slot_bytes as f64 / 1e6,
         });
@@ -130,7 +156,8 @@ pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
         kda_gb: i.kda_gb,
         for_experts_gb,
         requested_slots: requested,
-        slots,
+        slots: if i.pool { 0 } else { slots },
+        pool_slots: if i.pool { slots } else { 0 },
         projected_peak_gb: i.resident_gb + reserve_gb + slots as f64 * per_slot_gb,
     })
 }
@@ -139,17 +166,24 @@ impl fmt::Display for BudgetPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "[K3][RAM_GB={:.1}] resident {:.1} + reserve {:.1} (page cache {PAGE_CACHE_GB:.1} + act {ACTIVATIONS_GB:.1} + KV {:.1} + KDA {:.1}) -> {:.1} GB for experts; cache {}->{}/layer (projected peak {:.1} GB)",
+            "[K3][RAM_GB={:.1}] resident {:.1} + reserve {:.1} (page cache {PAGE_CACHE_GB:.1} + act {ACTIVATIONS_GB:.1} + KV {:.1} + KDA {:.1}) -> {:.1} GB for experts; ",
             self.budget_gb,
             self.resident_gb,
             self.reserve_gb,
             self.kv_gb,
             self.kda_gb,
             self.for_experts_gb.max(0.0),
-            self.requested_slots,
-            self.slots,
-            self.projected_peak_gb
-        )
+        )?;
+        if self.pool_slots > 0 {
+            write!(
+                f,
+                "unified pool {}->{} slots",
+                self.requested_slots, self.pool_slots
+            )?;
+        } else {
+            write!(f, "cache {}->{}/layer", self.requested_slots, self.slots)?;
+        }
+        write!(f, " (projected peak {:.1} GB)", self.projected_peak_gb)
     }
 }
 
@@ -186,6 +220,7 @@ mod tests {
             moe_layers: 92,
             experts: 896,
             overcommit: false,
+            pool: false,
         }
     }
 
@@ -252,5 +287,50 @@ mod tests {
         })
         .unwrap();
         assert_eq!(p.slots, 1);
+    }
+
+    #[test]
+    fn a_pool_is_clamped_once_in_slots_of_one_expert() {
+        let pool = BudgetInputs {
+            pool: true,
+            ..inputs()
+        };
+        // 64e9 / 17547264 = 3647.3 -> 3647 slots in all; 83.5 GB left for experts fits 4758.
+        let p = plan(&pool).unwrap();
+        assert_eq!((p.requested_slots, p.pool_slots, p.slots), (3647, 3647, 0));
+        let peak = 20.0 + 4.5 + 3647.0 * 17_547_264.0 / 1e9;
+        assert!((p.projected_peak_gb - peak).abs() < 1e-9);
+        let s = p.to_string();
+        assert!(
+            s.contains("GB for experts; unified pool 3647->3647 slots (projected peak"),
+            "{s}"
+        );
+        // Clamped by RAM as one pool: floor(21.9e9 / 17547264) = 1248, not 13 x 92 = 1196.
+        let small = plan(&BudgetInputs {
+            available_gb: 30.0,
+            ..pool.clone()
+        })
+        .unwrap();
+        assert_eq!((small.pool_slots, small.slots), (1248, 0));
+        // The floor is one slot a layer, the ceiling every expert.
+        assert_eq!(requested_pool_slots(0.0, 17_547_264, 92, 896), 92);
+        assert_eq!(requested_pool_slots(1e6, 17_547_264, 92, 896), 92 * 896);
+        // Less than a slot a layer left: refused, or one a layer when overcommitted.
+        let e = plan(&BudgetInputs {
+            ram_gb: Some(25.0),
+            ..pool.clone()
+        })
+        .unwrap_err();
+        assert!(
+            (e.needed_gb - 92.0 * 17_547_264.0 / 1e9).abs() < 1e-9,
+            "{e}"
+        );
+        let p = plan(&BudgetInputs {
+            ram_gb: Some(25.0),
+            overcommit: true,
+            ..pool
+        })
+        .unwrap();
+        assert_eq!(p.pool_slots, 92);
     }
 }

@@ -256,9 +256,24 @@ impl ExpertSource {
         })
     }
 
-    /// Reads ahead the experts `ids` (canonical order) guessed for `layer`, those the host
-    /// cache does not hold, behind the reads of the layer running now (`prefetch.rs`).
-    /// Without the pipe there is no loader to read ahead: nothing happens.
+    /// Those of `ids` (experts of `layer`) that neither the host cache nor the backend's
+    /// tier holds now, asked without touching either's recency or pins.
+    pub fn held_nowhere(&self, layer: usize, ids: &[u32]) -> Result<Vec<u32>> {
+        let cached = self.cached(layer, ids)?;
+        let in_tier = match &self.exchange {
+            Some(x) => x.holds(layer, ids),
+            None => vec![false; ids.len()],
+        };
+        Ok(ids
+            .iter()
+            .zip(cached.iter().zip(in_tier))
+            .filter_map(|(&id, (&c, t))| (!c && !t).then_some(id))
+            .collect())
+    }
+
+    /// Reads ahead the experts `ids` (canonical order) guessed for `layer`, those no cache
+    /// (host or the backend's tier) holds, behind the reads of the layer running now
+    /// (`prefetch.rs`). Without the pipe there is no loader to read ahead: nothing happens.
     pub fn prefetch(
         &self,
         ck: &Checkpoint,
@@ -269,12 +284,7 @@ impl ExpertSource {
         let Some(pool) = &self.pool else {
             return Ok(());
         };
-        let cached = self.cached(layer, ids)?;
-        let uncached: Vec<u32> = ids
-            .iter()
-            .zip(cached)
-            .filter_map(|(&id, c)| (!c).then_some(id))
-            .collect();
+        let uncached = self.held_nowhere(layer, ids)?;
         self.prefetch
             .issue(pool, ck, &self.reader, layer, &uncached, stats)
     }

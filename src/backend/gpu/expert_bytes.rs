@@ -17,11 +17,13 @@ const BLOCK: usize = 32;
 pub(super) enum PartSrc<'a> {
     /// In host memory.
     Host(&'a [u8]),
-    /// `len` bytes at `offset` of a lent staging buffer.
+    /// `len` bytes at `offset` of a lent staging buffer; `huge` unless its expert's scales
+    /// were scanned while mapped and none exceeds [`FAST_SCALE_MAX`].
     Device {
         buf: &'a wgpu::Buffer,
         offset: u64,
         len: u64,
+        huge: bool,
     },
 }
 
@@ -62,7 +64,8 @@ const SCAN_CHUNK: usize = 64 << 10;
 
 impl MatSrc<'_> {
     /// Whether the matrix may hold a scale above [`FAST_SCALE_MAX`]: scanned where its scale
-    /// bytes are in host memory (a 17th of the matrix), assumed where they are on the device.
+    /// bytes are in host memory (a 17th of the matrix), as scanned in lent staging where that
+    /// is readable host RAM, assumed where they are on the device.
     pub fn may_have_huge_scales(&self) -> bool {
         match self.scales {
             // Spread over threads, as the upload's copy of the same bytes is (one thread
@@ -72,7 +75,7 @@ impl MatSrc<'_> {
                 part.chunks(64)
                     .any(|c| c.iter().fold(0u8, |m, &s| m.max(s)) > FAST_SCALE_MAX)
             }),
-            PartSrc::Device { .. } => true,
+            PartSrc::Device { huge, .. } => huge,
         }
     }
 }
@@ -136,11 +139,15 @@ impl<'a> ExpertSrc<'a> {
                 want[k % 2]
             );
         }
+        // Scanned before the buffer is unmapped for the device, where that is cheap.
+        let scales = [1, 3, 5].map(|k| s.parts[k].clone());
+        let huge = lent.any_byte_above(&scales, FAST_SCALE_MAX).unwrap_or(true);
         let (buf, lead) = lent.for_device();
         let part = |k: usize| PartSrc::Device {
             buf,
             offset: lead + s.parts[k].start,
             len: s.parts[k].end - s.parts[k].start,
+            huge,
         };
         let mat = |k: usize| MatSrc {
             packed: part(k),
@@ -190,6 +197,7 @@ impl GpuBackend {
                 buf: src,
                 offset,
                 len,
+                ..
             } = p
             {
                 self.ctx.copy(src, offset, buf, o, len);

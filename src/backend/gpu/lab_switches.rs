@@ -7,10 +7,11 @@
 //! |---|---|---|---|
 //! | `K3_LAB_CHUNK_FROM` | tokens | 16 | prefill chunks of at least this many tokens run their matmuls through the tiled chunk kernel, smaller ones one matvec per token (0: always the matvec) |
 //! | `K3_LAB_SUBMIT_EVERY` | 1..=4096 | 4096 | the host submits recorded work after this many passes (4096: only at readbacks) |
-//! | `K3_LAB_READ_STAGING` | auto, on, off | auto | whether streamed experts are read straight into mapped upload buffers (auto: on a discrete GPU whose staging is host memory) |
+//! | `K3_LAB_READ_STAGING` | auto, on, off | auto | whether streamed experts are read straight into mapped upload buffers (auto: on a discrete GPU whose staging is host memory, and in the unified expert pool) |
 //! | `K3_LAB_INT4_DECODE` | auto, digits, float | auto | how one-token int4 matvecs meet x (auto: digits where the int4 matrices of one input have 32768 rows or more together) |
 //! | `K3_LAB_STAGE_X` | on, off | on | whether the one-token int4 (outside digits) and MXFP4 matvecs copy x into workgroup memory first |
 //! | `K3_LAB_CHUNK_CARRY` | on, off | on | whether a prefill chunk's expert uploads outside the VRAM tier are kept for the next chunk of the layer |
+//! | `K3_LAB_EXPERT_POOL` | auto, on, off | auto | whether the expert tier is the single expert pool, the host cache keeping nothing (auto: where CPU and GPU share memory); off keeps the discrete GPU's host cache + VRAM tier |
 
 use super::chunk_gemm::ChunkGemm;
 use super::context::{GpuOptions, Int4Decode, MatvecShape, ReadStaging};
@@ -34,6 +35,8 @@ pub struct LabSwitches {
     pub stage_x: bool,
     /// `K3_LAB_CHUNK_CARRY=off`.
     pub no_chunk_carry: bool,
+    /// `K3_LAB_EXPERT_POOL` (`None`: auto).
+    pub expert_pool: Option<bool>,
 }
 
 impl LabSwitches {
@@ -82,6 +85,12 @@ impl LabSwitches {
             Some("off") => true,
             Some(v) => bail!("K3_LAB_CHUNK_CARRY must be on or off, got {v:?}"),
         };
+        let expert_pool = match get("K3_LAB_EXPERT_POOL").as_deref().map(str::trim) {
+            None | Some("auto") => None,
+            Some("on") => Some(true),
+            Some("off") => Some(false),
+            Some(v) => bail!("K3_LAB_EXPERT_POOL must be auto, on or off, got {v:?}"),
+        };
         Ok(Self {
             chunk_from,
             submit_every,
@@ -89,6 +98,7 @@ impl LabSwitches {
             int4_decode,
             stage_x,
             no_chunk_carry,
+            expert_pool,
         })
     }
 
@@ -107,6 +117,7 @@ impl LabSwitches {
             submit_every: self.submit_every.or(opts.submit_every),
             read_staging: self.read_staging,
             no_chunk_carry: self.no_chunk_carry || opts.no_chunk_carry,
+            expert_pool: self.expert_pool.or(opts.expert_pool),
             matvec: Some(MatvecShape {
                 int4_decode: self.int4_decode,
                 ..staged(opts.matvec.unwrap_or_default())
@@ -152,6 +163,7 @@ mod tests {
         assert_eq!(opts.submit_every, None);
         assert_eq!(opts.read_staging, ReadStaging::Auto);
         assert!(!opts.no_chunk_carry);
+        assert_eq!(opts.expert_pool, None);
         assert_eq!(opts.matvec, Some(MatvecShape::default()));
         assert_eq!(opts.expert_matvec, Some(MatvecShape::experts()));
         assert_eq!(opts.expert_down_matvec, Some(MatvecShape::expert_down()));
@@ -166,6 +178,7 @@ mod tests {
             ("K3_LAB_INT4_DECODE", "digits"),
             ("K3_LAB_STAGE_X", "off"),
             ("K3_LAB_CHUNK_CARRY", "off"),
+            ("K3_LAB_EXPERT_POOL", "off"),
         ])
         .unwrap();
         let opts = s.apply(GpuOptions {
@@ -177,6 +190,7 @@ mod tests {
         assert_eq!(opts.submit_every, Some(64));
         assert_eq!(opts.read_staging, ReadStaging::Off);
         assert!(opts.no_chunk_carry);
+        assert_eq!(opts.expert_pool, Some(false));
         let m = opts.matvec.unwrap();
         assert_eq!((m.int4_decode, m.stage_x), (Some(Int4Decode::Digits), 0));
         assert_eq!(opts.expert_matvec.unwrap().stage_x, 0);
@@ -185,10 +199,12 @@ mod tests {
         let float = lookup(&[
             ("K3_LAB_INT4_DECODE", "float"),
             ("K3_LAB_READ_STAGING", "on"),
+            ("K3_LAB_EXPERT_POOL", "on"),
         ])
         .unwrap();
         assert_eq!(float.int4_decode, Some(Int4Decode::Float));
         assert_eq!(float.read_staging, ReadStaging::On);
+        assert_eq!(float.expert_pool, Some(true));
     }
 
     #[test]
@@ -201,6 +217,7 @@ mod tests {
             ("K3_LAB_INT4_DECODE", "half"),
             ("K3_LAB_STAGE_X", "yes"),
             ("K3_LAB_CHUNK_CARRY", "1"),
+            ("K3_LAB_EXPERT_POOL", "yes"),
         ] {
             let err = lookup(&[(name, value)]).unwrap_err().to_string();
             assert!(err.contains(name) && err.contains(value), "{err}");

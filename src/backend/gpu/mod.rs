@@ -67,18 +67,28 @@ pub struct GpuBackend {
     poison_reused: bool,
     /// Upload staging lent to the expert readers (see [`GpuOptions::read_staging`]).
     lender: Option<Arc<StagingLender>>,
+    /// The tier is the single expert pool of a unified-memory adapter
+    /// ([`GpuOptions::expert_pool`]).
+    unified_pool: bool,
 }
 
 impl GpuBackend {
     /// Opens the adapter `opts` selects.
     pub fn new(opts: &GpuOptions) -> Result<Self> {
         let ctx = GpuContext::new(opts)?;
+        let unified_pool = opts
+            .expert_pool
+            .unwrap_or_else(|| upload_path::unified_memory(ctx.info.device_type));
+        // In the pool a read lands in lent staging and one device copy puts it in its slot.
         let lend = match opts.read_staging {
             ReadStaging::On => true,
             ReadStaging::Off => false,
-            ReadStaging::Auto => upload_path::of(&ctx.adapter) == UploadPath::HostMemory,
+            ReadStaging::Auto => {
+                unified_pool || upload_path::of(&ctx.adapter) == UploadPath::HostMemory
+            }
         };
-        let lender = lend.then(|| Arc::new(StagingLender::new(ctx.device.clone())));
+        let shared = upload_path::unified_memory(ctx.info.device_type);
+        let lender = lend.then(|| Arc::new(StagingLender::new(ctx.device.clone(), shared)));
         let exchange = Arc::new(moe::Mailbox::new(ctx.device.clone()));
         Ok(Self {
             ctx,
@@ -90,6 +100,7 @@ impl GpuBackend {
             pool: (!opts.no_buffer_reuse).then(|| Arc::new(BufferPool::default())),
             poison_reused: opts.poison_reused,
             lender,
+            unified_pool,
         })
     }
 
@@ -339,6 +350,14 @@ impl ExpertResidency for GpuBackend {
 
     fn tier_exchange(&self) -> Option<Arc<dyn TierExchange>> {
         Some(self.exchange.clone())
+    }
+
+    fn unified_pool(&self) -> bool {
+        self.unified_pool
+    }
+
+    fn expert_tier_slots(&self) -> Result<usize> {
+        Ok(self.tier()?.book.capacity())
     }
 
     fn configure_expert_tier(

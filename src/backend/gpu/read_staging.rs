@@ -12,8 +12,9 @@
 use crate::experts::aligned_buf::IO_ALIGN;
 use crate::experts::{LentRegion, ReadLender};
 use std::any::Any;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 /// Buffers on their way back (unmapped, their map requested) past which `lend` makes no
 /// new one: the read goes to host memory instead, so a GPU slower than the disk cannot make
@@ -28,6 +29,11 @@ pub struct StagingLender {
     device: wgpu::Device,
     pool: Arc<Mutex<Pool>>,
     refused: AtomicBool,
+    /// The adapter shares memory with the CPU: the mapped memory is ordinary host RAM, as
+    /// fast to read as the engine's own buffers (on a discrete GPU it may be
+    /// write-combined), and a loader thread does not poll the device for buffers coming
+    /// back.
+    unified: bool,
 }
 
 /// Buffers not lent out now.
@@ -46,12 +52,15 @@ fn lock(pool: &Mutex<Pool>) -> MutexGuard<'_, Pool> {
 }
 
 impl StagingLender {
-    /// A lender of buffers made on `device`.
-    pub fn new(device: wgpu::Device) -> Self {
+    /// A lender of buffers made on `device`; `unified` when the adapter shares memory with
+    /// the CPU, so the MoE may scan a lent expert's scale bytes in the mapping as it scans
+    /// host bytes.
+    pub fn new(device: wgpu::Device, unified: bool) -> Self {
         Self {
             device,
             pool: Arc::default(),
             refused: AtomicBool::new(false),
+            unified,
         }
     }
 
@@ -89,8 +98,13 @@ impl ReadLender for StagingLender {
         let size = (len + IO_ALIGN).div_ceil(4) as u64 * 4;
         let mut got = self.take_free(size);
         if got.is_none() && lock(&self.pool).remapping > 0 {
-            // Let finished maps come back before making another buffer.
-            let _ = self.device.poll(wgpu::PollType::Poll);
+            // Let finished maps come back before making another buffer. Not on unified
+            // memory: there the poll, inside the loader's read, waits on the device the
+            // engine thread submits to and keeps the loader off the disk (docs/tuning.md,
+            // the unified pool); the engine's own polls, every MoE layer, bring them back.
+            if !self.unified {
+                let _ = self.device.poll(wgpu::PollType::Poll);
+            }
             got = self.take_free(size);
             if got.is_none() && lock(&self.pool).remapping >= MAX_REMAPPING {
                 return None;
@@ -113,6 +127,8 @@ impl ReadLender for StagingLender {
             lead,
             len,
             pool: Arc::downgrade(&self.pool),
+            readable: self.unified,
+            above: OnceLock::new(),
         }))
     }
 
@@ -133,9 +149,48 @@ pub struct LentStaging {
     lead: usize,
     len: usize,
     pool: Weak<Mutex<Pool>>,
+    /// [`StagingLender::new`]'s `readable`.
+    readable: bool,
+    /// Whether a byte of the ranges [`LentStaging::any_byte_above`] scanned exceeded its
+    /// limit, once scanned.
+    above: OnceLock<bool>,
 }
 
 impl LentStaging {
+    /// Whether any byte in `ranges` (of the region) exceeds `limit`: scanned while the
+    /// region is still mapped in readable memory, the answer kept for later calls; `None`
+    /// when it cannot be read cheaply (a discrete GPU's mapping, or already handed to the
+    /// device unscanned). A region holds one expert, so one answer serves every call.
+    pub fn any_byte_above(&self, ranges: &[Range<u64>], limit: u8) -> Option<bool> {
+        if let Some(&a) = self.above.get() {
+            return Some(a);
+        }
+        if !self.readable {
+            return None;
+        }
+        let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        let view = v.as_mut()?;
+        let base = view.slice(..).as_raw_element_ptr();
+        let mut above = false;
+        for r in ranges {
+            let (start, end) = (r.start as usize, r.end as usize);
+            if start > end || end > self.len {
+                return None;
+            }
+            // SAFETY: the view keeps the buffer mapped while the lock is held, `lend`
+            // checked `lead + len` against the mapped size and `end <= len` holds; the
+            // region's only writer is the reader, whose `&mut` borrow ended when the read
+            // returned the expert, and the bytes are only read here.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(base.as_ptr().add(self.lead + start), end - start)
+            };
+            above |= bytes
+                .chunks(64)
+                .any(|c| c.iter().fold(0u8, |m, &b| m.max(b)) > limit);
+        }
+        Some(*self.above.get_or_init(|| above))
+    }
+
     /// The buffer, unmapped for the device, and the offset of the region in it. The copies
     /// recorded from it must be submitted before the expert is dropped.
     pub fn for_device(&self) -> (&wgpu::Buffer, u64) {

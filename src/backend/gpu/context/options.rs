@@ -58,6 +58,9 @@ pub struct GpuOptions {
     /// Keep nothing of a prefill chunk's expert uploads for the next chunk
     /// (`K3_LAB_CHUNK_CARRY=off`: every chunk uploads its experts again, to measure against).
     pub no_chunk_carry: bool,
+    /// Whether the expert tier is the single expert pool of a unified-memory adapter
+    /// (`K3_LAB_EXPERT_POOL`); `None` = on exactly where CPU and GPU share memory.
+    pub expert_pool: Option<bool>,
     /// Compose every kernel from this directory's WGSL files instead of the text built in
     /// (shader work: a variant is measured without a rebuild; the benchmarks' `wgsl=DIR`).
     pub wgsl_dir: Option<PathBuf>,
@@ -86,8 +89,9 @@ pub fn default_matvec_checks() -> wgpu::ShaderRuntimeChecks {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ReadStaging {
     /// On a discrete GPU whose upload staging is host memory (`k3 devices`: no resizable
-    /// BAR). Where it is VRAM the read buffer's one copy is already the transfer; where CPU
-    /// and GPU share memory reads into lent buffers took longer (docs/perf.md#decode-from-disk).
+    /// BAR), and in the unified expert pool ([`GpuOptions::expert_pool`]), where a read
+    /// lands in GPU-visible memory and one device copy moves it into its slot. Where staging
+    /// is VRAM the read buffer's one copy is already the transfer.
     #[default]
     Auto,
     /// Always (measurements; a read that fails into it falls back to host memory).

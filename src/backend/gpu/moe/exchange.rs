@@ -1,19 +1,22 @@
 //! The VRAM tier's side of the exchange with the host cache ([`TierExchange`]): an expert
 //! lives in one of them. An expert uploaded into a slot is promoted (the host cache drops
 //! its copy); an expert evicted from a slot is demoted: its slot is copied into a readback
-//! buffer before the new expert overwrites it, and once that copy has landed the bytes go
-//! back to the host cache. A download over the bus costs no disk read, where dropping the
-//! expert would cost one on its next use, and keeping a host copy while it sits in VRAM
-//! would hold it twice. The copy is only read once the GPU has finished it (every MoE layer
-//! waits for its routing readback, so by the next layer it has), never waited for here.
+//! buffer before the new expert overwrites it, and once that copy has landed the mapped
+//! buffer itself goes to the host cache, which reads the expert there (no host copy of
+//! 17.5 MB on the engine thread) and gives the buffer back for the next demotion when it
+//! drops the expert. A download over the bus costs no disk read, where dropping the expert
+//! would cost one on its next use, and keeping a host copy while it sits in VRAM would hold
+//! it twice. The copy is only read once the GPU has finished it (every MoE layer waits for
+//! its routing readback, so by the next layer it has), never waited for here.
 
 use super::super::GpuBackend;
 use super::tier::TierState;
 use super::BLOCK;
 use crate::backend::{ExpertKey, TierExchange, TierKey, TierMoves};
-use crate::experts::LoadedExpert;
+use crate::experts::{HostBytes, LoadedExpert};
 use anyhow::{anyhow, Result};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A demotion's readback: not done, done, failed.
@@ -33,13 +36,77 @@ struct Pending {
 struct Moves {
     promoted: Vec<TierKey>,
     pending: Vec<Pending>,
-    /// Readback buffers whose bytes have been taken, unmapped, for the next demotions:
-    /// making a mapped buffer of an expert's size for each one costs more than its copy.
-    free: Vec<wgpu::Buffer>,
 }
 
 /// Readback buffers kept for reuse, at most.
 const FREE_READBACKS: usize = 64;
+
+/// Unmapped readback buffers for the next demotions: making a mapped buffer of an expert's
+/// size for each one costs more than its copy.
+#[derive(Default)]
+struct FreeReadbacks {
+    bufs: Mutex<Vec<wgpu::Buffer>>,
+    /// Readback buffers made so far.
+    made: AtomicU64,
+    /// Readbacks whose expert is alive (held by the host cache or in use).
+    held: AtomicU64,
+}
+
+impl FreeReadbacks {
+    /// A free buffer of `size` bytes, if one is kept.
+    fn take(&self, size: u64) -> Option<wgpu::Buffer> {
+        let mut f = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        let at = f.iter().position(|b| b.size() == size)?;
+        Some(f.swap_remove(at))
+    }
+
+    /// Keeps `buf` (unmapped) for a later demotion, while fewer than [`FREE_READBACKS`] are.
+    fn give(&self, buf: wgpu::Buffer) {
+        let mut f = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        if f.len() < FREE_READBACKS {
+            f.push(buf);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.bufs.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// A demoted expert's bytes where the GPU copied them: a mapped readback buffer, unmapped
+/// and kept for the next demotion once the host cache drops the expert.
+struct Readback {
+    view: Option<wgpu::BufferView>,
+    buf: wgpu::Buffer,
+    free: Arc<FreeReadbacks>,
+}
+
+impl HostBytes for Readback {
+    fn bytes(&self) -> &[u8] {
+        self.view.as_deref().unwrap_or(&[])
+    }
+}
+
+impl Drop for Readback {
+    fn drop(&mut self) {
+        // The view goes first: a buffer unmaps only without views.
+        self.view = None;
+        self.buf.unmap();
+        self.free.held.fetch_sub(1, Ordering::Relaxed);
+        self.free.give(self.buf.clone());
+    }
+}
+
+/// Counts of the demotions' readback buffers ([`GpuBackend::demotion_readbacks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Readbacks {
+    /// Made since the backend started.
+    pub made: u64,
+    /// Holding a demoted expert's bytes now (the host cache reads them there).
+    pub held: u64,
+    /// Unmapped, kept for the next demotions.
+    pub free: u64,
+}
 
 /// Promotions and demotions of the VRAM tier, waiting for the expert source to take them.
 pub(in crate::backend::gpu) struct Mailbox {
@@ -49,6 +116,11 @@ pub(in crate::backend::gpu) struct Mailbox {
     /// The host cache wants evicted experts back.
     demote: AtomicBool,
     moves: Mutex<Moves>,
+    /// The experts the tier's slots hold, as the prefetcher asks about them: kept here so
+    /// the question neither waits for the tier's lock nor pins or marks an expert used.
+    resident: Mutex<HashSet<TierKey>>,
+    /// Shared with the readbacks the host cache holds, which give their buffers back here.
+    free: Arc<FreeReadbacks>,
 }
 
 impl Mailbox {
@@ -59,6 +131,8 @@ impl Mailbox {
             takes: AtomicBool::new(false),
             demote: AtomicBool::new(false),
             moves: Mutex::default(),
+            resident: Mutex::default(),
+            free: Arc::default(),
         }
     }
 
@@ -72,20 +146,50 @@ impl Mailbox {
     pub(in crate::backend::gpu) fn reset(&self, slots: usize) -> Result<()> {
         self.takes.store(slots > 0, Ordering::Relaxed);
         *self.lock()? = Moves::default();
+        self.resident_set().clear();
         Ok(())
     }
 
     /// `key` was uploaded into a slot; a demotion of it still on its way is dropped (the
     /// tier holds it again).
     fn promoted(&self, key: ExpertKey) -> Result<()> {
+        self.resident_set().insert((key.layer, key.id));
         let mut m = self.lock()?;
         m.pending.retain(|p| p.key != key);
         m.promoted.push((key.layer, key.id));
         Ok(())
     }
 
+    /// `key` left its slot.
+    fn evicted(&self, key: ExpertKey) {
+        self.resident_set().remove(&(key.layer, key.id));
+    }
+
+    fn resident_set(&self) -> MutexGuard<'_, HashSet<TierKey>> {
+        // A set of keys is whole after any panic: a poisoned lock is taken as it is.
+        self.resident.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn demotes(&self) -> bool {
         self.demote.load(Ordering::Relaxed)
+    }
+
+    /// The expert of a finished readback, its bytes left in the mapped buffer.
+    fn landed(&self, p: Pending) -> Result<LoadedExpert> {
+        let view = p.buf.get_mapped_range(..).map_err(|e| {
+            anyhow!(
+                "reading back expert {} of layer {}: {e:?}",
+                p.key.id,
+                p.key.layer
+            )
+        })?;
+        self.free.held.fetch_add(1, Ordering::Relaxed);
+        let mem = Readback {
+            view: Some(view),
+            buf: p.buf,
+            free: self.free.clone(),
+        };
+        LoadedExpert::from_handed(p.key.id, Box::new(mem), p.lens)
     }
 }
 
@@ -98,6 +202,11 @@ impl TierExchange for Mailbox {
         self.demote.store(yes, Ordering::Relaxed);
     }
 
+    fn holds(&self, layer: usize, ids: &[u32]) -> Vec<bool> {
+        let r = self.resident_set();
+        ids.iter().map(|&id| r.contains(&(layer, id))).collect()
+    }
+
     fn take_moves(&self) -> Result<TierMoves> {
         // Runs the callbacks of readbacks the GPU has finished; waits for nothing.
         let _ = self.device.poll(wgpu::PollType::Poll);
@@ -107,21 +216,7 @@ impl TierExchange for Mailbox {
         let mut waiting = Vec::new();
         for p in std::mem::take(&mut m.pending) {
             match p.state.load(Ordering::Acquire) {
-                MAPPED => {
-                    let got = p.buf.get_mapped_range(..).map_err(|e| {
-                        anyhow!(
-                            "reading back expert {} of layer {}: {e:?}",
-                            p.key.id,
-                            p.key.layer
-                        )
-                    });
-                    let e = got.and_then(|view| LoadedExpert::from_parts(p.key.id, &view, p.lens));
-                    p.buf.unmap();
-                    if m.free.len() < FREE_READBACKS {
-                        m.free.push(p.buf);
-                    }
-                    demoted.push((p.key.layer, e?));
-                }
+                MAPPED => demoted.push((p.key.layer, self.landed(p)?)),
                 // A failed readback loses the expert: its next use reads it from disk.
                 FAILED => {}
                 _ => waiting.push(p),
@@ -133,6 +228,17 @@ impl TierExchange for Mailbox {
 }
 
 impl GpuBackend {
+    /// The demotions' readback buffers: made since the backend started, holding a demoted
+    /// expert now, and kept free for the next demotions.
+    pub fn demotion_readbacks(&self) -> Readbacks {
+        let f = &self.exchange.free;
+        Readbacks {
+            made: f.made.load(Ordering::Relaxed),
+            held: f.held.load(Ordering::Relaxed),
+            free: f.len() as u64,
+        }
+    }
+
     /// Records that `key` went into a tier slot.
     pub(super) fn note_promoted(&self, key: ExpertKey) -> Result<()> {
         self.exchange.promoted(key)
@@ -146,6 +252,7 @@ impl GpuBackend {
         slot: usize,
         victim: ExpertKey,
     ) -> Result<()> {
+        self.exchange.evicted(victim);
         if !self.exchange.demotes() {
             return Ok(());
         }
@@ -160,12 +267,8 @@ impl GpuBackend {
         let m = (i * d) as u64;
         let (hp, hs) = (m / 2, m / BLOCK as u64);
         let size = 3 * (hp + hs);
-        let kept = {
-            let mut m = self.exchange.lock()?;
-            let at = m.free.iter().position(|b| b.size() == size);
-            at.map(|k| m.free.swap_remove(k))
-        };
-        let buf = kept.unwrap_or_else(|| {
+        let buf = self.exchange.free.take(size).unwrap_or_else(|| {
+            self.exchange.free.made.fetch_add(1, Ordering::Relaxed);
             self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("expert tier demotion"),
                 size,

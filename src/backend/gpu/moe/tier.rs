@@ -102,6 +102,13 @@ impl GpuBackend {
             .holds(crate::backend::ExpertKey { layer, id }))
     }
 
+    /// Experts in the VRAM tier now whose slot may hold a scale above the MXFP4 kernel's
+    /// fast path (their dispatches keep the per-element path).
+    pub fn tier_slots_with_huge_scales(&self) -> Result<usize> {
+        let t = self.tier()?;
+        Ok(t.huge.len())
+    }
+
     /// Experts the chunk carry holds now, and their device bytes.
     pub fn carried_experts(&self) -> Result<(usize, u64)> {
         let c = self.carry()?;

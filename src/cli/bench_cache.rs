@@ -5,7 +5,9 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use k3::experts::cache_policy::PolicyKind;
-use k3::experts::cache_policy_sim::{dedup_factor, replay, replay_optimal, usage_of};
+use k3::experts::cache_policy_sim::{
+    dedup_factor, replay, replay_best_fixed_set, replay_optimal, usage_of,
+};
 use k3::experts::cache_policy_synth::{
     self as synth, RoutingModel, TraceShape, FITTED, TARGET_DEDUP_32, TARGET_HIT_44GB,
     TARGET_HIT_8GB,
@@ -45,9 +47,10 @@ pub struct CacheArgs {
     /// Synthetic: seed of the measured session.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Synthetic: route with SET,DRIFT,REUSE (working-set size, drift, reuse probability)
-    /// instead of the fitted model, to see how a policy fares off the fit.
-    #[arg(long, value_name = "SET,DRIFT,REUSE")]
+    /// Synthetic: route with SET,DRIFT,REUSE[,SIGMA] (working-set size, drift, reuse
+    /// probability, spread of log popularity, 0.3 by default) instead of the fitted model, to
+    /// see how a policy fares off the fit.
+    #[arg(long, value_name = "SET,DRIFT,REUSE[,SIGMA]")]
     routing: Option<String>,
     /// Synthetic: also write the generated trace here.
     #[arg(long)]
@@ -79,6 +82,7 @@ pub fn run(a: CacheArgs) -> Result<()> {
         return fit(&a);
     }
     let gbs = parse_gbs(&a.expert_gb)?;
+    let mut synthetic = None;
     let (trace, history) = match &a.trace {
         Some(p) => {
             let t = RouteTrace::read(p)?;
@@ -118,6 +122,7 @@ pub fn run(a: CacheArgs) -> Result<()> {
             } else {
                 Some(history_of(&sessions)?)
             };
+            synthetic = Some((model, shape));
             (t, h)
         }
     };
@@ -145,8 +150,12 @@ pub fn run(a: CacheArgs) -> Result<()> {
         Some(_) => h.moe_layers.len(),
         None => synth::K3_LAYERS - 1,
     };
-    for &gb in &gbs {
-        let slots = requested_slots(gb, h.expert_bytes, moe_layers, h.experts);
+    let all_slots: Vec<usize> = gbs
+        .iter()
+        .map(|&gb| requested_slots(gb, h.expert_bytes, moe_layers, h.experts))
+        .collect();
+    let oracle = synthetic.map(|(m, shape)| synth::replay_state_oracle(&m, &shape, &all_slots));
+    for (i, (&gb, &slots)) in gbs.iter().zip(&all_slots).enumerate() {
         let lru = replay(&trace, PolicyKind::Lru, slots, None).hit_percent();
         let mut rows: Vec<(String, Option<&UsageHistory>)> = PolicyKind::ALL
             .iter()
@@ -166,6 +175,21 @@ pub fn run(a: CacheArgs) -> Result<()> {
             opt.bytes_per_token() / 1e9,
             opt.hit_percent() - lru
         );
+        if let Some(o) = oracle.as_ref().and_then(|o| o.get(i)) {
+            println!(
+                "| {gb} | {slots} | knows the model's state (online bound) | {:.1} | {:.2} | {:+.1} |",
+                o.hit_percent(),
+                o.bytes_per_token() / 1e9,
+                o.hit_percent() - lru
+            );
+        }
+        let fixed = replay_best_fixed_set(&trace, slots);
+        println!(
+            "| {gb} | {slots} | best fixed set (hindsight) | {:.1} | {:.2} | {:+.1} |",
+            fixed.hit_percent(),
+            fixed.bytes_per_token() / 1e9,
+            fixed.hit_percent() - lru
+        );
         for (name, hist) in rows {
             let kind: PolicyKind = name.trim_end_matches("+pins").parse()?;
             let r = replay(&trace, kind, slots, hist);
@@ -177,21 +201,38 @@ pub fn run(a: CacheArgs) -> Result<()> {
             );
         }
     }
+    println!(
+        "optimal: Belady's MIN, knowing the whole trace (no policy beats it). knows the \
+         model's state (synthetic traces): before each chunk, holds the experts the routing \
+         model makes most likely next; no online policy expects more. best fixed set: the \
+         most used experts of each layer, held from the start (a bound only when the context \
+         never changes). docs/tuning.md#routing-traces-and-cache-policies"
+    );
     Ok(())
 }
 
-/// The fitted model, or the one `--routing SET,DRIFT,REUSE` states.
+/// The fitted model, or the one `--routing SET,DRIFT,REUSE[,SIGMA]` states.
 fn routing_model(s: Option<&str>) -> Result<RoutingModel> {
     let Some(s) = s else {
         return Ok(FITTED);
     };
     let parts: Vec<&str> = s.split(',').map(str::trim).collect();
-    let bad = || anyhow::anyhow!("--routing: {s:?} is not SET,DRIFT,REUSE (e.g. 16,0.0,0.6)");
-    let [set, drift, reuse] = parts[..] else {
-        return Err(bad());
+    let bad =
+        || anyhow::anyhow!("--routing: {s:?} is not SET,DRIFT,REUSE[,SIGMA] (e.g. 16,0.0,0.6)");
+    let (set, drift, reuse, sigma) = match parts[..] {
+        [set, drift, reuse] => (set, drift, reuse, None),
+        [set, drift, reuse, sigma] => (set, drift, reuse, Some(sigma)),
+        _ => return Err(bad()),
     };
+    let sigma = match sigma {
+        Some(x) => x.parse::<f64>().map_err(|_| bad())?,
+        None => FITTED.sigma,
+    };
+    if !(sigma.is_finite() && (0.0..=4.0).contains(&sigma)) {
+        bail!("--routing: SIGMA is a spread of log popularity in [0, 4], got {s:?}");
+    }
     let m = RoutingModel {
-        sigma: FITTED.sigma,
+        sigma,
         set_size: set.parse().map_err(|_| bad())?,
         drift: drift.parse().map_err(|_| bad())?,
         reuse: reuse.parse().map_err(|_| bad())?,

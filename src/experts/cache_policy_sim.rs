@@ -156,6 +156,41 @@ pub fn replay_optimal(trace: &RouteTrace, slots: usize) -> SimResult {
     }
 }
 
+/// The best fixed set in hindsight: each layer holds, from the first chunk on and without
+/// reading them, the `slots` experts its chunks look up most often (ties to the lower id).
+///
+/// When a trace's chunks are independent draws given a context that does not change (the
+/// fitted routing model of `cache_policy_synth.rs`, drift 0), this bounds every online
+/// policy, prefetching included: what a cache holds at a chunk depends only on earlier
+/// chunks, so its expected hits there are at most those of the most likely `slots` experts,
+/// and on the trace itself the most used set scores at least as well as the most likely one.
+/// On a trace whose context moves it bounds nothing (an adaptive policy can beat it).
+pub fn replay_best_fixed_set(trace: &RouteTrace, slots: usize) -> SimResult {
+    let mut uses: HashMap<usize, HashMap<u32, u64>> = HashMap::new();
+    let mut lookups = 0u64;
+    for r in &trace.records {
+        let layer = uses.entry(r.layer).or_default();
+        for id in load_order(&r.load, &r.experts) {
+            lookups += 1;
+            *layer.entry(id).or_default() += 1;
+        }
+    }
+    let hits = uses
+        .values()
+        .map(|layer| {
+            let mut counts: Vec<(u64, u32)> = layer.iter().map(|(&id, &n)| (n, id)).collect();
+            counts.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            counts.iter().take(slots).map(|&(n, _)| n).sum::<u64>()
+        })
+        .sum();
+    SimResult {
+        lookups,
+        hits,
+        tokens: trace.tokens(),
+        expert_bytes: trace.header.expert_bytes,
+    }
+}
+
 /// The usage a trace teaches: selections per (layer, expert), `layers × experts`.
 pub fn usage_of(trace: &RouteTrace) -> Vec<f64> {
     let e = trace.header.experts;
@@ -227,5 +262,93 @@ mod tests {
         let t2 = trace(&[&[&[1, 2]], &[&[3, 4]], &[&[1, 5]]]);
         assert_eq!(replay(&t2, PolicyKind::Lru, 1, None).hits, 0);
         assert_eq!(replay_optimal(&t2, 1).hits, 1, "MIN keeps 1 for its reuse");
+    }
+
+    #[test]
+    fn the_best_fixed_set_holds_the_most_used_from_the_start() {
+        // Distinct lookups: chunk 1 {1, 2, 3}, chunk 2 {3, 4}: 3 is used twice, the rest once.
+        let t = trace(&[&[&[1, 2], &[2, 3]], &[&[3, 4]]]);
+        let one = replay_best_fixed_set(&t, 1);
+        assert_eq!(
+            (one.lookups, one.hits),
+            (5, 2),
+            "{{3}}, its first use a hit too"
+        );
+        assert_eq!(
+            replay_best_fixed_set(&t, 2).hits,
+            3,
+            "{{3, 1}}: ties go to the lower id"
+        );
+        assert_eq!(replay_best_fixed_set(&t, 0).hits, 0);
+        assert_eq!(replay_best_fixed_set(&t, 9).hits, 5);
+    }
+
+    /// The most hits any schedule of held sets can get: after each chunk's lookups the cache
+    /// may keep any subset of what it held and what the chunk read, up to `slots`.
+    fn exhaustive(chunks: &[u32], slots: usize) -> u64 {
+        fn best(
+            chunks: &[u32],
+            slots: usize,
+            c: usize,
+            held: u32,
+            memo: &mut HashMap<(usize, u32), u64>,
+        ) -> u64 {
+            let Some(&now) = chunks.get(c) else {
+                return 0;
+            };
+            if let Some(&v) = memo.get(&(c, held)) {
+                return v;
+            }
+            let hits = u64::from((held & now).count_ones());
+            let pool = held | now;
+            // Every subset of the pool, by the standard submask walk.
+            let mut sub = pool;
+            let mut top = 0;
+            loop {
+                if sub.count_ones() as usize <= slots {
+                    top = top.max(best(chunks, slots, c + 1, sub, memo));
+                }
+                if sub == 0 {
+                    break;
+                }
+                sub = (sub - 1) & pool;
+            }
+            memo.insert((c, held), hits + top);
+            hits + top
+        }
+        best(chunks, slots, 0, 0, &mut HashMap::new())
+    }
+
+    #[test]
+    fn the_optimum_equals_an_exhaustive_search_on_small_traces() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
+        for _ in 0..300 {
+            // 4 to 9 chunks over 7 experts, one token each of 1 to 4 distinct experts.
+            let chunks: Vec<Vec<u32>> = (0..rng.random_range(4..10))
+                .map(|_| {
+                    let mut row: Vec<u32> = (0..rng.random_range(1..5))
+                        .map(|_| rng.random_range(0..7))
+                        .collect();
+                    row.sort_unstable();
+                    row.dedup();
+                    row
+                })
+                .collect();
+            let rows: Vec<Vec<&[u32]>> = chunks.iter().map(|r| vec![r.as_slice()]).collect();
+            let refs: Vec<&[&[u32]]> = rows.iter().map(Vec::as_slice).collect();
+            let t = trace(&refs);
+            let masks: Vec<u32> = chunks
+                .iter()
+                .map(|r| r.iter().fold(0, |m, &e| m | 1 << e))
+                .collect();
+            for slots in 0..5 {
+                assert_eq!(
+                    replay_optimal(&t, slots).hits,
+                    exhaustive(&masks, slots),
+                    "{chunks:?}, {slots} slots"
+                );
+            }
+        }
     }
 }

@@ -11,7 +11,7 @@
 //!   member the token has not picked yet (uniform), else a popularity draw it has not picked.
 
 use super::cache_policy::PolicyKind;
-use super::cache_policy_sim::{dedup_factor, replay};
+use super::cache_policy_sim::{dedup_factor, replay, SimResult};
 use crate::model::route_trace::{RouteTrace, TraceHeader, TraceRecord};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -76,6 +76,10 @@ pub struct TraceShape {
 
 struct LayerGen {
     cdf: Vec<f64>,
+    /// Experts by popularity, the most popular first.
+    by_popularity: Vec<u32>,
+    /// Each expert's place in `by_popularity`.
+    rank: Vec<usize>,
     set: Vec<u32>,
 }
 
@@ -97,8 +101,21 @@ impl LayerGen {
                 acc
             })
             .collect();
+        let weight = |e: usize| cdf[e] - if e == 0 { 0.0 } else { cdf[e - 1] };
+        let mut by_popularity: Vec<u32> = (0..experts as u32).collect();
+        by_popularity.sort_by(|&a, &b| {
+            weight(b as usize)
+                .total_cmp(&weight(a as usize))
+                .then(a.cmp(&b))
+        });
+        let mut rank = vec![0; experts];
+        for (i, &e) in by_popularity.iter().enumerate() {
+            rank[e as usize] = i;
+        }
         let mut g = Self {
             cdf,
+            by_popularity,
+            rank,
             set: Vec::new(),
         };
         while g.set.len() < m.set_size.min(experts) {
@@ -151,6 +168,68 @@ impl LayerGen {
 
 /// A trace of the full K3's shape routed by `m`: the prompt in chunks, then decode.
 pub fn generate(m: &RoutingModel, shape: &TraceShape) -> RouteTrace {
+    generate_observed(m, shape, |_, _, _| {})
+}
+
+/// What a cache that knew the routing model's hidden state would hit: before each chunk,
+/// each layer holds the `slots` experts most likely to be used next (the working set, then
+/// the most popular; an expert need not have been read to be held), for every entry of
+/// `slots`, on the trace [`generate`] gives for `m` and `shape`.
+///
+/// Given that state, the next chunk's routes do not depend on earlier ones, so no online
+/// policy (one that sees only past routes, prefetching included) expects more hits: this is
+/// the bound on what a better policy could gain on the model, where the offline optimum also
+/// knows which of the near-flat draws come next.
+pub fn replay_state_oracle(
+    m: &RoutingModel,
+    shape: &TraceShape,
+    slots: &[usize],
+) -> Vec<SimResult> {
+    let mut hits = vec![0u64; slots.len()];
+    let mut lookups = 0u64;
+    let mut held = vec![false; K3_EXPERTS];
+    let mut chosen: Vec<u32> = Vec::new();
+    let trace = generate_observed(m, shape, |g, set, load| {
+        lookups += load.len() as u64;
+        let mut members = set.to_vec();
+        members.sort_by_key(|&e| g.rank[e as usize]);
+        for (h, &c) in hits.iter_mut().zip(slots) {
+            chosen.clear();
+            chosen.extend(members.iter().copied().take(c));
+            for &e in &g.by_popularity {
+                if chosen.len() >= c {
+                    break;
+                }
+                if !set.contains(&e) {
+                    chosen.push(e);
+                }
+            }
+            for &e in &chosen {
+                held[e as usize] = true;
+            }
+            *h += load.iter().filter(|&&e| held[e as usize]).count() as u64;
+            for &e in &chosen {
+                held[e as usize] = false;
+            }
+        }
+    });
+    hits.into_iter()
+        .map(|hits| SimResult {
+            lookups,
+            hits,
+            tokens: trace.tokens(),
+            expert_bytes: trace.header.expert_bytes,
+        })
+        .collect()
+}
+
+/// [`generate`], calling `observe` with each layer's generator, its working set before the
+/// chunk and the chunk's distinct experts, for every record in order.
+fn generate_observed(
+    m: &RoutingModel,
+    shape: &TraceShape,
+    mut observe: impl FnMut(&LayerGen, &[u32], &[u32]),
+) -> RouteTrace {
     let moe: Vec<usize> = (1..=shape.moe_layers.min(K3_LAYERS - 1)).collect();
     let header = TraceHeader::new(
         K3_LAYERS,
@@ -185,10 +264,12 @@ pub fn generate(m: &RoutingModel, shape: &TraceShape) -> RouteTrace {
     let w = 1.0 / K3_TOP_K as f32;
     for (pos, n) in chunks {
         for (g, &layer) in gens.iter_mut().zip(&moe) {
+            let before = g.set.clone();
             let experts: Vec<Vec<u32>> = (0..n).map(|_| g.token(m, K3_TOP_K, &mut rng)).collect();
             let mut load: Vec<u32> = experts.iter().flatten().copied().collect();
             load.sort_unstable();
             load.dedup();
+            observe(g, &before, &load);
             t.records.push(TraceRecord {
                 pos,
                 layer,
@@ -360,6 +441,44 @@ mod tests {
         assert!((p.hit_44gb - 50.9).abs() < 0.06, "{p:?}");
         assert!((p.dedup_32 - 2.62).abs() < 0.006, "{p:?}");
         assert!(p.loss() < 20.0, "{p:?}");
+    }
+
+    #[test]
+    fn no_policy_beats_the_state_oracle_and_on_the_fit_it_is_under_lru_plus_5_at_75_and_188_gb() {
+        // The fitted model and the runner-up of the fit (a drifting working set), in the
+        // shape of `k3 bench cache` on fewer layers.
+        let drifting = RoutingModel {
+            set_size: 20,
+            drift: 0.05,
+            reuse: 0.7,
+            ..FITTED
+        };
+        let shape = TraceShape {
+            moe_layers: 8,
+            prompt: 256,
+            chunk: 32,
+            decode: 1000,
+            seed: 11,
+        };
+        let budgets = [18.0, 75.0, 188.0];
+        let slots: Vec<usize> = budgets.iter().map(|&gb| k3_slots(gb)).collect();
+        for m in [FITTED, drifting] {
+            let t = generate(&m, &shape);
+            let oracle = replay_state_oracle(&m, &shape, &slots);
+            for ((&gb, &c), o) in budgets.iter().zip(&slots).zip(&oracle) {
+                let lru = replay(&t, PolicyKind::Lru, c, None);
+                assert_eq!(o.lookups, lru.lookups, "the oracle replays the same trace");
+                for kind in PolicyKind::ALL {
+                    let r = replay(&t, kind, c, None);
+                    assert!(r.hits <= o.hits, "{m:?} {gb} GB {kind}: {r:?} over {o:?}");
+                }
+                let gain = o.hit_percent() - lru.hit_percent();
+                assert!(gain > 0.0, "{m:?} {gb} GB: the oracle gains {gain:.2}");
+                if m == FITTED && gb > 50.0 {
+                    assert!(gain < 5.0, "{m:?} {gb} GB: the oracle gains {gain:.2}");
+                }
+            }
+        }
     }
 
     #[test]

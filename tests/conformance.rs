@@ -8,6 +8,7 @@
 
 mod support;
 
+use k3::sampling::argmax_lowest;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -135,16 +136,6 @@ fn run_ok(mut cmd: Command, what: &str) {
     );
 }
 
-fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, v) in row.iter().enumerate() {
-        if *v > row[best] {
-            best = i;
-        }
-    }
-    best
-}
-
 fn check_fixture(name: &str) {
     let fx = load_fixture(name);
     let tmp = tempfile::tempdir().unwrap();
@@ -198,7 +189,7 @@ fn check_fixture(name: &str) {
         .enumerate()
     {
         let r = rel_l2(a, b);
-        let (ta, tb) = (argmax(a), argmax(b));
+        let (ta, tb) = (argmax_lowest(a), argmax_lowest(b));
         eprintln!("{name} pos {pos:2}: rel L2 {r:.3e}, argmax ours {ta} llama.cpp {tb}");
         worst = worst.max(r);
         // Written so that a NaN distance fails too.

@@ -24,23 +24,14 @@ fn logits_with(sc: StreamConfig, chunk: usize, policy: FormatPolicy) -> Vec<f32>
     .unwrap()
 }
 
-fn serial() -> StreamConfig {
-    StreamConfig {
-        mode: IoMode::Buffered,
-        pipe: false,
-        load_threads: 1,
-        slots_per_layer: 0,
-    }
-}
-
 #[test]
 fn chunk_sizes_give_bit_identical_logits() {
-    let one = logits_with(serial(), 1, FormatPolicy::default());
+    let one = logits_with(support::serial_stream(), 1, FormatPolicy::default());
     assert_eq!(one.len(), PROMPT.len() * 1024);
     assert!(one.iter().all(|v| v.is_finite()), "logits must be finite");
     for chunk in [3, 32] {
         assert_eq!(
-            logits_with(serial(), chunk, FormatPolicy::default()),
+            logits_with(support::serial_stream(), chunk, FormatPolicy::default()),
             one,
             "chunk {chunk}"
         );
@@ -49,7 +40,7 @@ fn chunk_sizes_give_bit_identical_logits() {
 
 #[test]
 fn pipe_direct_io_and_cache_sizes_do_not_change_logits() {
-    let base = logits_with(serial(), 4, FormatPolicy::exact());
+    let base = logits_with(support::serial_stream(), 4, FormatPolicy::exact());
     for sc in [
         StreamConfig {
             mode: IoMode::Direct,
@@ -112,7 +103,11 @@ fn cache_counts_hits_per_unique_expert() {
 
 #[test]
 fn token_id_out_of_range_is_a_clear_error() {
-    let m = support::cpu_model(&support::tiny(0), FormatPolicy::default(), serial());
+    let m = support::cpu_model(
+        &support::tiny(0),
+        FormatPolicy::default(),
+        support::serial_stream(),
+    );
     let mut st = m.new_state().unwrap();
     let e = prefill(
         &m,
@@ -136,7 +131,7 @@ fn token_id_out_of_range_is_a_clear_error() {
 fn prefill_error_after_start_up(spoil: impl Fn(&std::path::Path)) -> String {
     let copy = support::copy_dir(&support::tiny(0));
     let dir = copy.path().to_path_buf();
-    let m = support::cpu_model(&dir, FormatPolicy::default(), serial());
+    let m = support::cpu_model(&dir, FormatPolicy::default(), support::serial_stream());
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "safetensors") {

@@ -105,7 +105,15 @@ impl ModelJob for RunJob<'_> {
     }
 }
 
-fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<()> {
+/// Waits for a weight-cache write the start left to the background, so the run's figures
+/// hold its outcome, and prints the start-up line.
+fn finish_startup<B: Backend>(model: &mut K3Model<B>) -> serde_json::Value {
+    let s = model.finish_startup();
+    eprintln!("{}", s.line());
+    s.json()
+}
+
+fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Result<()> {
     let cfg = &model.ckpt.config;
     let text = a.prompt.clone().or_else(|| a.prompt_flag.clone());
     let tok = if a.ids.is_some() {
@@ -190,6 +198,7 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
     }
     let g = g?;
     output.finish()?;
+    let startup = finish_startup(model);
     if ngen < a.ngen && g.tokens.len() == ngen && !g.tokens.last().is_some_and(|t| stop.contains(t))
     {
         eprintln!(
@@ -205,7 +214,17 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
     let total = g.prefill_stats.plus(&g.decode_stats);
     eprintln!("{}", stats::time_line(&total, stats::rss_gb()));
     eprintln!("{}", stats::disk_line(&total));
-    if let Some(line) = stats::tiers_line(&total) {
+    let pool = (model.backend.unified_pool())
+        .then(|| model.backend.expert_tier_slots())
+        .transpose()?;
+    let tiers = match pool {
+        Some(n) => serde_json::json!({"expert_tiers": "unified pool", "pool_slots": n}),
+        None if model.backend.expert_tier_slots()? > 0 => {
+            serde_json::json!({"expert_tiers": "host cache + VRAM tier"})
+        }
+        None => serde_json::json!({"expert_tiers": "host cache"}),
+    };
+    if let Some(line) = stats::tiers_line(&total, pool) {
         eprintln!("{line}");
     }
     if let Some(line) = stats::prefetch_line(&total) {
@@ -216,7 +235,11 @@ fn run_model<B: Backend>(model: &K3Model<B>, a: &RunArgs, dir: &Path) -> Result<
         eprintln!("{line}");
     }
     if let Some(path) = &a.stats_json {
-        let json = stats::run_json(ids.len(), &g, &total);
+        let mut json = stats::run_json(ids.len(), &g, &total);
+        json["startup"] = startup;
+        if let (Some(all), Some(tiers)) = (json.as_object_mut(), tiers.as_object()) {
+            all.extend(tiers.clone());
+        }
         write_atomically(path, serde_json::to_string_pretty(&json)?.as_bytes())
             .with_context(|| format!("writing --stats-json {}", path.display()))?;
     }

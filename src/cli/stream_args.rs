@@ -4,7 +4,9 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use k3::backend::{Backend, FreeDeviceMemory};
+use k3::experts::cache_policy::PolicyKind;
 use k3::experts::ram_budget::{self, BudgetInputs};
+use k3::experts::usage_history::PinMode;
 use k3::experts::{IoMode, StreamConfig};
 use k3::model::expert_selection::ExpertSelection;
 use k3::model::state_size::{state_size, StateSize};
@@ -18,6 +20,8 @@ pub const MAX_CONTEXT: usize = 1 << 22;
 #[derive(Args, Debug, Clone)]
 pub struct StreamArgs {
     /// Expert cache request in GB (1e9 bytes) for all MoE layers together; clamped to RAM.
+    /// On a GPU that shares memory with the CPU (Apple Silicon) it sizes the single expert
+    /// pool instead, with `--gpu-expert-gb`.
     #[arg(long, env = "K3_EXPERT_GB", default_value_t = 8.0)]
     pub expert_gb: f64,
     /// 1: uncached expert reads (O_DIRECT on Linux, F_NOCACHE on macOS,
@@ -44,8 +48,9 @@ pub struct StreamArgs {
     /// VRAM expert tier in GB (1e9 bytes) on the GPU backend; 0 turns it off. Default: the
     /// free VRAM after loading minus max(2 GB, 10%), or off where the adapter cannot report
     /// free VRAM (DX12, Vulkan without VK_EXT_memory_budget) or its memory is host RAM
-    /// (CPU-type, integrated GPUs, Apple Silicon). `K3_VK_GB` is read
-    /// when `K3_GPU_GB` is unset. The CPU backend ignores it.
+    /// (CPU-type, integrated GPUs, Apple Silicon). There the tier is the single expert pool
+    /// and this adds to `--expert-gb`. `K3_VK_GB` is read when `K3_GPU_GB` is unset. The CPU
+    /// backend ignores it.
     #[arg(long = "gpu-expert-gb", env = "K3_GPU_GB")]
     pub gpu_expert_gb: Option<f64>,
     /// Keep each token's heaviest routed experts until they hold this share of its routing
@@ -88,17 +93,25 @@ impl StreamArgs {
         let cfg = &model.ckpt.config;
         let mem = ram_budget::probe()?;
         let StateSize { kv_gb, kda_gb } = state_size(cfg, self.max_tokens);
+        // On unified memory both budgets are one pool of RAM, clamped as such.
+        let pool = model.backend.unified_pool();
+        let request_gb = if pool {
+            self.expert_gb + self.gpu_tier_gb()?.unwrap_or(0.0)
+        } else {
+            self.expert_gb
+        };
         let plan = ram_budget::plan(&BudgetInputs {
             ram_gb: self.ram_gb,
             resident_gb: mem.resident_gb,
             available_gb: mem.available_gb,
             kv_gb,
             kda_gb,
-            request_gb: self.expert_gb,
+            request_gb,
             slot_bytes: cfg.expert_bytes() as u64,
             moe_layers: cfg.moe_layer_count(),
             experts: cfg.num_experts,
             overcommit: self.ram_overcommit == 1,
+            pool,
         })?;
         eprintln!("{plan}");
         let sc = StreamConfig {
@@ -132,7 +145,18 @@ impl StreamArgs {
             );
         }
         model.set_expert_selection(sel)?;
-        self.configure_gpu_tier(model, plan.slots)?;
+        if pool {
+            self.configure_pool(model, plan.pool_slots)?;
+            if self.cache.cache_policy != PolicyKind::LfuDecay
+                || self.cache.usage_pins != PinMode::Off
+            {
+                eprintln!(
+                    "[K3] --cache-policy and --usage-pins choose for the host cache, which the unified pool replaces: the pool evicts the least recently used expert and pins none"
+                );
+            }
+        } else {
+            self.configure_gpu_tier(model, plan.slots)?;
+        }
         Ok(sc)
     }
 
@@ -166,6 +190,29 @@ impl StreamArgs {
             bail!("K3_GPU_GB / K3_VK_GB / --gpu-expert-gb must be a number of GB >= 0, got {gb}");
         }
         Ok(Some(gb))
+    }
+
+    /// Sizes the unified pool to `slots` (granted by the RAM clamp from `K3_EXPERT_GB` plus
+    /// `K3_GPU_GB`) and prints `[K3-GPU] expert tier: unified pool ...`.
+    fn configure_pool<B: Backend>(&self, model: &K3Model<B>, slots: usize) -> Result<()> {
+        let cfg = &model.ckpt.config;
+        let eb = cfg.expert_bytes() as u64;
+        let n = model
+            .backend
+            .configure_expert_tier(
+                slots as u64 * eb,
+                cfg.num_experts * cfg.moe_layer_count(),
+                cfg.moe_intermediate_size,
+                cfg.routed_expert_hidden_size,
+            )?
+            .unwrap_or(0);
+        eprintln!(
+            "[K3-GPU] expert tier: unified pool of {n} slots ({:.1} GB; --expert-gb {} + --gpu-expert-gb {}, clamped to RAM) | the only expert cache: no host copies, evicted experts dropped",
+            n as f64 * eb as f64 / 1e9,
+            self.expert_gb,
+            self.gpu_tier_gb()?.unwrap_or(0.0)
+        );
+        Ok(())
     }
 
     /// Sizes the backend's VRAM expert tier (see [`tier_size`]) and prints `[K3-GPU] expert

@@ -5,8 +5,9 @@
 
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::{GpuBackend, GpuOptions};
+use k3::backend::ExpertResidency;
 use k3::checkpoint::Checkpoint;
-use k3::experts::StreamConfig;
+use k3::experts::{IoMode, StreamConfig};
 use k3::model::{FormatPolicy, K3Model};
 use k3::synth::{synthesize, Preset, SynthOptions};
 use std::path::{Path, PathBuf};
@@ -57,6 +58,17 @@ pub fn tiny(seed: u64) -> PathBuf {
         .clone()
 }
 
+/// Streaming with no concurrency: buffered reads, no pipe, one loader thread, no host slots
+/// beyond the default, so counters and read order are the same on every run.
+pub fn serial_stream() -> StreamConfig {
+    StreamConfig {
+        mode: IoMode::Buffered,
+        pipe: false,
+        load_threads: 1,
+        slots_per_layer: 0,
+    }
+}
+
 /// Loads a CPU model from `dir` with `policy` and streaming settings `sc`.
 pub fn cpu_model(dir: &Path, policy: FormatPolicy, sc: StreamConfig) -> K3Model<CpuBackend> {
     let ck = Checkpoint::open(dir, &[]).unwrap();
@@ -99,11 +111,44 @@ pub fn gpu_model(dir: &Path, opts: GpuOptions, sc: StreamConfig) -> Option<K3Mod
     Some(m)
 }
 
+/// Sizes `m`'s VRAM expert tier (or unified pool) to `slots` experts, as the CLI does from
+/// its budgets, and checks it got them (at most every expert).
+pub fn size_expert_tier(m: &K3Model<GpuBackend>, slots: usize) {
+    let cfg = &m.ckpt.config;
+    let (i, d) = (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size);
+    let all = cfg.num_experts * cfg.moe_layer_count();
+    let got = m
+        .backend
+        .configure_expert_tier((slots * cfg.expert_bytes()) as u64, all, i, d)
+        .unwrap();
+    assert_eq!(got, Some(slots.min(all)));
+}
+
 /// A copy of the tiny model with every value of the stored tensor whose name ends with
 /// `suffix` set to bf16 NaN.
 pub fn with_nan_tensor(suffix: &str) -> tempfile::TempDir {
+    let (copy, hits) = with_edited_tensors(|k, v, data| {
+        if !k.ends_with(suffix) {
+            return false;
+        }
+        assert_eq!(v["dtype"], "BF16", "{k}");
+        for pair in data.chunks_exact_mut(2) {
+            pair.copy_from_slice(&0x7FC0u16.to_le_bytes());
+        }
+        true
+    });
+    assert!(hits > 0, "no tensor ends with {suffix}");
+    copy
+}
+
+/// A copy of the tiny model whose stored tensors `edit` may change in place: it is called
+/// with each tensor's name, header entry and bytes, and says whether it changed them.
+/// Returns the copy and the number of tensors changed.
+pub fn with_edited_tensors(
+    mut edit: impl FnMut(&str, &serde_json::Value, &mut [u8]) -> bool,
+) -> (tempfile::TempDir, usize) {
     let copy = copy_dir(&tiny(0));
-    let mut hit = false;
+    let mut hits = 0;
     for e in std::fs::read_dir(copy.path()).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_none_or(|x| x != "safetensors") {
@@ -113,23 +158,17 @@ pub fn with_nan_tensor(suffix: &str) -> tempfile::TempDir {
         let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
         let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
         for (k, v) in header.as_object().unwrap() {
-            if k.ends_with(suffix) {
-                assert_eq!(v["dtype"], "BF16", "{k}");
-                let o = &v["data_offsets"];
-                let (a, b) = (
-                    o[0].as_u64().unwrap() as usize,
-                    o[1].as_u64().unwrap() as usize,
-                );
-                for pair in bytes[8 + n + a..8 + n + b].chunks_exact_mut(2) {
-                    pair.copy_from_slice(&0x7FC0u16.to_le_bytes());
-                }
-                hit = true;
+            let o = &v["data_offsets"];
+            let (Some(a), Some(b)) = (o[0].as_u64(), o[1].as_u64()) else {
+                continue; // __metadata__
+            };
+            if edit(k, v, &mut bytes[8 + n + a as usize..8 + n + b as usize]) {
+                hits += 1;
             }
         }
         std::fs::write(&p, bytes).unwrap();
     }
-    assert!(hit, "no tensor ends with {suffix}");
-    copy
+    (copy, hits)
 }
 
 /// Runs `k3 chat` on the tiny model (6-token answers, no think channel, quiet) with `extra`

@@ -76,9 +76,8 @@ impl GpuBackend {
     /// Opens the adapter `opts` selects.
     pub fn new(opts: &GpuOptions) -> Result<Self> {
         let ctx = GpuContext::new(opts)?;
-        let unified_pool = opts
-            .expert_pool
-            .unwrap_or_else(|| upload_path::unified_memory(ctx.info.device_type));
+        let shared = upload_path::unified_memory(ctx.info.device_type);
+        let unified_pool = opts.expert_pool.unwrap_or(shared);
         // In the pool a read lands in lent staging and one device copy puts it in its slot.
         let lend = match opts.read_staging {
             ReadStaging::On => true,
@@ -87,7 +86,6 @@ impl GpuBackend {
                 unified_pool || upload_path::of(&ctx.adapter) == UploadPath::HostMemory
             }
         };
-        let shared = upload_path::unified_memory(ctx.info.device_type);
         let lender = lend.then(|| Arc::new(StagingLender::new(ctx.device.clone(), shared)));
         let exchange = Arc::new(moe::Mailbox::new(ctx.device.clone()));
         Ok(Self {

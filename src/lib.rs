@@ -16,3 +16,4 @@ pub mod session;
 pub mod stats;
 pub mod synth;
 pub mod tokenizer;
+pub mod unique_json;

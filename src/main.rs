@@ -7,6 +7,7 @@ use clap::Parser;
 fn main() {
     // The start-up figure counts from here.
     k3::stats::process_start();
+    k3::platform::file_size_signal::ignore_file_size_signal();
     let args = cli::Cli::parse();
     if let Err(e) = cli::dispatch(args) {
         eprintln!("k3: error: {e:#}");

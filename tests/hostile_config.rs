@@ -98,7 +98,7 @@ fn an_oversized_config_file_is_refused_before_it_is_parsed() {
     std::fs::write(&path, format!("[{}]", ints.join(","))).unwrap();
     let e = format!("{:#}", Config::from_file(&path).unwrap_err());
     assert!(e.contains(&path.display().to_string()), "{e}");
-    assert!(e.contains("is not a model config"), "{e}");
+    assert!(e.contains("too large for a model config"), "{e}");
 }
 
 #[test]

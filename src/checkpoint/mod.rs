@@ -171,15 +171,17 @@ impl Checkpoint {
         let row_bytes = cols * e.dtype.size();
         let offset = e.range.start + (r * row_bytes) as u64;
         let mut buf = vec![0u8; row_bytes];
-        std::fs::File::open(path)
-            .and_then(|f| crate::platform::positional_read::read_exact_at(&f, &mut buf, offset))
-            .with_context(|| {
+        let f =
+            crate::platform::input_file::open(path, crate::platform::input_file::FileKind::Shard)?;
+        crate::platform::positional_read::read_exact_at(&f.file, &mut buf, offset).with_context(
+            || {
                 format!(
                     "reading row {r} of `{canon}` ({row_bytes} bytes at offset {offset}) from {} \
                      (was the shard truncated or replaced?)",
                     path.display()
                 )
-            })?;
+            },
+        )?;
         let view = TensorView {
             name: canon,
             dtype: e.dtype,

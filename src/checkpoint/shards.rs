@@ -4,11 +4,11 @@
 use super::file_stamp::FileStamp;
 use super::schema::canonical_name;
 use super::tensor::Dtype;
+use crate::platform::input_file::{self, FileKind, InputFile};
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::Mmap;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// Index file of a sharded snapshot.
@@ -19,7 +19,7 @@ pub const SINGLE_FILE: &str = "model.safetensors";
 const MAX_HEADER_BYTES: u64 = 100_000_000;
 /// Largest `model.safetensors.index.json` read: the K3 release's lists every expert tensor
 /// and is a few MB; a larger file would cost many times its size as a JSON tree.
-pub const MAX_INDEX_BYTES: u64 = 64 << 20;
+pub const MAX_INDEX_BYTES: u64 = FileKind::ShardIndex.max_bytes();
 /// Bytes of the little-endian header length that starts every safetensors file.
 const LEN_BYTES: u64 = 8;
 
@@ -64,10 +64,10 @@ pub fn check_dir(dir: &Path, what: &str) -> Result<()> {
 /// Reads the snapshot's shard list and maps every shard that holds text-model tensors.
 pub fn open_shards(dir: &Path, extra_dirs: &[PathBuf]) -> Result<ShardSet> {
     let index_path = dir.join(INDEX_FILE);
-    let (shard_names, indexed) = if index_path.exists() {
+    let (shard_names, indexed) = if input_file::is_present(&index_path) {
         let (names, map) = read_index(&index_path)?;
         (names, Some(map))
-    } else if dir.join(SINGLE_FILE).exists() {
+    } else if input_file::is_present(&dir.join(SINGLE_FILE)) {
         (vec![SINGLE_FILE.to_string()], None)
     } else {
         bail!(
@@ -114,36 +114,14 @@ pub fn open_shards(dir: &Path, extra_dirs: &[PathBuf]) -> Result<ShardSet> {
 
 /// Reads the index with [`parse_index`].
 fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
-    use std::io::Read;
-    let cannot = || format!("{}: cannot read the shard index", path.display());
-    let file = File::open(path).with_context(cannot)?;
-    let len = file.metadata().with_context(cannot)?.len();
-    let too_large = |len: u64| {
-        anyhow!(
-            "{}: {len} bytes is too large for a shard index (the limit is {MAX_INDEX_BYTES} bytes)",
-            path.display()
-        )
-    };
-    if len > MAX_INDEX_BYTES {
-        return Err(too_large(len));
-    }
-    let mut bytes = Vec::with_capacity(len as usize);
-    // The file may grow after its size was read: never read past the limit.
-    file.take(MAX_INDEX_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .with_context(cannot)?;
-    if bytes.len() as u64 > MAX_INDEX_BYTES {
-        return Err(too_large(bytes.len() as u64));
-    }
-    let text = String::from_utf8(bytes)
-        .with_context(|| format!("{}: the shard index is not UTF-8 text", path.display()))?;
+    let text = input_file::read_text(path, FileKind::ShardIndex)?;
     parse_index(&text, path)
 }
 
 /// Parses index text: shard file names holding text tensors (sorted) and canonical
 /// tensor name → shard file name; `path` names the index in errors.
 pub fn parse_index(text: &str, path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
-    let root: Value = serde_json::from_str(text)
+    let root: Value = crate::unique_json::parse_str(text)
         .with_context(|| format!("{}: not valid JSON", path.display()))?;
     let map = root
         .get("weight_map")
@@ -197,14 +175,9 @@ fn locate(name: &str, dir: &Path, extra_dirs: &[PathBuf]) -> Result<(PathBuf, Op
     );
     for (d, from) in candidates {
         let p = d.join(name);
-        match std::fs::metadata(&p) {
-            Ok(m) if m.is_file() => return Ok((p, from)),
-            Ok(m) => bail!(
-                "{}: is {}, not a regular file: a shard must be a safetensors file",
-                p.display(),
-                file_kind(&m)
-            ),
-            Err(_) => {}
+        // A special file is opened, judged and named by the shard's own open.
+        if std::fs::metadata(&p).is_ok() {
+            return Ok((p, from));
         }
     }
     let searched: Vec<String> = std::iter::once(dir)
@@ -217,41 +190,8 @@ fn locate(name: &str, dir: &Path, extra_dirs: &[PathBuf]) -> Result<(PathBuf, Op
     )
 }
 
-/// What a non-regular file is, for error messages.
-pub fn file_kind(meta: &std::fs::Metadata) -> &'static str {
-    let t = meta.file_type();
-    if t.is_dir() {
-        return "a directory";
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_fifo() {
-            return "a FIFO";
-        }
-        if t.is_char_device() || t.is_block_device() {
-            return "a device";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-    }
-    "neither a file nor a directory"
-}
-
 fn map_shard(path: PathBuf) -> Result<Shard> {
-    let file =
-        File::open(&path).with_context(|| format!("{}: cannot open shard", path.display()))?;
-    let meta = file
-        .metadata()
-        .with_context(|| format!("{}: cannot stat shard", path.display()))?;
-    if !meta.is_file() {
-        bail!(
-            "{}: is {}, not a regular file: a shard must be a safetensors file",
-            path.display(),
-            file_kind(&meta)
-        );
-    }
+    let InputFile { file, meta } = input_file::open(&path, FileKind::Shard)?;
     let len = meta.len();
     if len < LEN_BYTES {
         bail!(
@@ -300,11 +240,12 @@ pub fn parse_header(
     let data_start = LEN_BYTES + header_len;
     let data_len = file_len - data_start;
     let header = &file[LEN_BYTES as usize..data_start as usize];
-    let header: Value = serde_json::from_slice(header)
+    let header: Value = crate::unique_json::parse_slice(header)
         .with_context(|| format!("{path}: the safetensors header is not valid JSON"))?;
     let header = header
         .as_object()
         .ok_or_else(|| anyhow!("{path}: the safetensors header is not a JSON object"))?;
+    let mut ranges: Vec<(std::ops::Range<u64>, &str)> = Vec::new();
     for (stored, info) in header {
         if stored == "__metadata__" {
             continue;
@@ -314,9 +255,25 @@ pub fn parse_header(
         };
         let entry = parse_entry(index, info, data_start, data_len)
             .with_context(|| format!("{path}: tensor `{stored}`"))?;
+        ranges.push((entry.range.clone(), stored));
         if entries.insert(canon.to_string(), entry).is_some() {
             bail!(
                 "{path}: tensor `{canon}` appears twice in the checkpoint (with and without the language_model. prefix, or in two shards)"
+            );
+        }
+    }
+    // Two tensors over the same bytes would load each other's values.
+    ranges.retain(|(r, _)| !r.is_empty());
+    ranges.sort_by_key(|(r, _)| (r.start, r.end));
+    for w in ranges.windows(2) {
+        let ((a, an), (b, bn)) = (&w[0], &w[1]);
+        if b.start < a.end {
+            bail!(
+                "{path}: tensors `{an}` (bytes {}..{}) and `{bn}` (bytes {}..{}) overlap: corrupt header",
+                a.start,
+                a.end,
+                b.start,
+                b.end
             );
         }
     }

@@ -95,7 +95,7 @@ fn demo_dir() -> PathBuf {
 /// The demo model, synthesized on first use.
 pub fn ensure_demo() -> Result<PathBuf> {
     let dir = demo_dir();
-    if !dir.join("tiktoken.model").exists() {
+    if !k3::platform::input_file::is_present(&dir.join("tiktoken.model")) {
         eprintln!(
             "[K3] demo: synthesizing the tiny model into {}",
             dir.display()

@@ -2,7 +2,7 @@
 
 /// Largest `config.json` read: the published one is a few KB, and a config of hundreds of
 /// MB would cost gigabytes as a JSON tree before any field is checked.
-pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+pub const MAX_CONFIG_BYTES: u64 = crate::platform::input_file::FileKind::ModelConfig.max_bytes();
 
 /// Largest value accepted for each dimension: far above Kimi K3's own (in brackets), low
 /// enough that every product the engine forms of two or three of them fits in 64 bits, and

@@ -10,7 +10,8 @@ mod parse;
 
 pub use limits::MAX_CONFIG_BYTES;
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::platform::input_file::{self, FileKind};
+use anyhow::{anyhow, Context, Result};
 use serde_json::Value;
 use std::path::Path;
 
@@ -107,33 +108,14 @@ pub const MXFP4_GROUP: usize = 32;
 impl Config {
     /// Reads and validates `config.json`; every error starts with the path.
     pub fn from_file(path: &Path) -> Result<Config> {
-        let len = std::fs::metadata(path)
-            .with_context(|| {
-                format!(
-                    "{}: cannot read the model config (is this a K3 snapshot directory?)",
-                    path.display()
-                )
-            })?
-            .len();
-        if len > MAX_CONFIG_BYTES {
-            bail!(
-                "{}: {len} bytes is not a model config (a config.json is a few KB; the limit is {MAX_CONFIG_BYTES})",
-                path.display()
-            );
-        }
-        let text = std::fs::read_to_string(path).with_context(|| {
-            format!(
-                "{}: cannot read the model config (is this a K3 snapshot directory?)",
-                path.display()
-            )
-        })?;
+        let text = input_file::read_text(path, FileKind::ModelConfig)?;
         Config::from_json_str(&text, &path.display().to_string())
     }
 
     /// Parses and validates a config from JSON text; `origin` prefixes every error.
     pub fn from_json_str(text: &str, origin: &str) -> Result<Config> {
-        let root: Value =
-            serde_json::from_str(text).with_context(|| format!("{origin}: not valid JSON"))?;
+        let root: Value = crate::unique_json::parse_str(text)
+            .with_context(|| format!("{origin}: not valid JSON"))?;
         parse::parse(&root).map_err(|e| anyhow!("{origin}: {e:#}"))
     }
 

@@ -4,6 +4,7 @@
 
 use super::aligned_buf::{round_up, AlignedBuf, IO_ALIGN};
 use crate::checkpoint::file_stamp::FileStamp;
+use crate::platform::input_file::{self, FileKind};
 use crate::platform::positional_read::read_at;
 use crate::platform::uncached_read;
 use anyhow::{anyhow, Context, Result};
@@ -135,8 +136,9 @@ impl ShardIo {
         if let Some(f) = map.get(path) {
             return Ok(f.clone());
         }
-        let buffered =
-            File::open(path).with_context(|| format!("opening expert shard {}", path.display()))?;
+        let buffered = input_file::open(path, FileKind::Shard)
+            .with_context(|| format!("opening expert shard {}", path.display()))?
+            .file;
         let direct = if self.mode == IoMode::Direct {
             self.open_direct(path)
         } else {

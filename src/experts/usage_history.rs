@@ -10,6 +10,7 @@
 //! FNV-1a 64-bit hash of every byte before it.
 
 use crate::atomic_file::write_atomically;
+use crate::platform::input_file::{self, FileKind};
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
 
@@ -101,10 +102,10 @@ impl UsageHistory {
     /// is no file; an error naming the file and what is wrong when it is corrupt or belongs
     /// to another model shape (the caller reports it and starts empty).
     pub fn load(path: &Path, layers: usize, experts: usize) -> Result<Option<Self>> {
-        let bytes = match std::fs::read(path) {
+        let bytes = match input_file::read(path, FileKind::UsageHistory) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => bail!("usage history {}: {e}", path.display()),
+            Err(e) if input_file::is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(e),
         };
         Self::parse(&bytes, layers, experts)
             .map(Some)

@@ -18,9 +18,10 @@
 
 use crate::atomic_file::AtomicFile;
 use crate::backend::Route;
+use crate::platform::input_file::{self, FileKind};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -134,9 +135,10 @@ impl RouteTrace {
 
     /// Reads and checks a trace, naming the file, line and field of what is wrong.
     pub fn read(path: &Path) -> Result<Self> {
-        let f = std::fs::File::open(path)
-            .with_context(|| format!("opening route trace {}", path.display()))?;
-        let mut lines = BufReader::new(f).lines();
+        let kind = FileKind::RouteTrace;
+        let f = input_file::open(path, kind)?.file;
+        // Bounded: a file that grows while it is read stops at the kind's bound.
+        let mut lines = BufReader::new(f.take(kind.max_bytes())).lines();
         let first = lines
             .next()
             .transpose()

@@ -3,6 +3,8 @@
 
 pub mod available_memory;
 pub mod cache_dir;
+pub mod file_size_signal;
+pub mod input_file;
 pub mod map_advice;
 pub mod positional_read;
 pub mod thread_priority;

@@ -39,11 +39,13 @@ const MAX_ENCODE_CHARS: usize = 400_000;
 /// ... and cuts runs of whitespace / non-whitespace longer than this (tiktoken issue 195).
 const MAX_NO_WHITESPACES_CHARS: usize = 25_000;
 
-/// Reads `tiktoken.model` (size-limited, see [`super::file_limits`]) and parses it with
+/// Reads `tiktoken.model` (through [`crate::platform::input_file`]) and parses it with
 /// [`parse_tiktoken_model`].
 pub fn read_tiktoken_model(path: &Path) -> Result<Vec<Vec<u8>>> {
-    let text =
-        super::file_limits::read_limited_text(path, super::file_limits::MAX_TIKTOKEN_MODEL_BYTES)?;
+    let text = crate::platform::input_file::read_text(
+        path,
+        crate::platform::input_file::FileKind::TiktokenModel,
+    )?;
     parse_tiktoken_model(&text, path)
 }
 

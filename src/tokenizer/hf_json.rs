@@ -2,6 +2,7 @@
 //! encoding runs through the `tokenizers` crate, decoding through the byte table of
 //! every id built here from the byte-level vocabulary.
 
+use crate::platform::input_file::{self, FileKind};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -92,8 +93,7 @@ fn has_byte_level_pre_tokenizer(p: Option<&PreTokenizerWrapper>) -> bool {
 /// and DeepSeek ship). Other kinds (sentencepiece-style Metaspace, WordPiece, ...) are
 /// refused: their ids have no fixed byte string, which streaming decode needs.
 pub fn from_file(path: &Path) -> Result<HfParts> {
-    let bytes =
-        super::file_limits::read_limited(path, super::file_limits::MAX_TOKENIZER_JSON_BYTES)?;
+    let bytes = input_file::read(path, FileKind::TokenizerJson)?;
     from_bytes(&bytes, path)
 }
 
@@ -104,7 +104,8 @@ pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<HfParts> {
     // panic left in its parser still becomes an error naming the file.
     let text = std::str::from_utf8(bytes)
         .map_err(|e| anyhow!("{}: not valid JSON: not UTF-8: {e}", path.display()))?;
-    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
+    // Duplicate keys too: the crate keeps the last of two equal vocabulary entries.
+    if let Err(e) = crate::unique_json::check_str(text) {
         bail!("{}: not valid JSON: {e}", path.display());
     }
     let mut with_special = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes))

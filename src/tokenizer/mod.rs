@@ -3,12 +3,12 @@
 
 pub mod bpe;
 pub mod chat;
-pub mod file_limits;
 pub mod hf_json;
 pub mod special;
 pub mod stream_decode;
 pub mod synthetic;
 
+use crate::platform::input_file::is_present;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -45,9 +45,11 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let model = dir.join("tiktoken.model");
         let config = dir.join("tokenizer_config.json");
-        if !model.is_file() {
+        // Whatever is under a tokenizer file's name is opened and judged (a FIFO or device
+        // there is named as such), so only an empty name counts as missing.
+        if !is_present(&model) {
             let json = dir.join("tokenizer.json");
-            if json.is_file() {
+            if is_present(&json) {
                 return Self::from_hf_json(&json);
             }
             bail!(
@@ -56,7 +58,7 @@ impl Tokenizer {
                 dir.display()
             );
         }
-        if !config.is_file() {
+        if !is_present(&config) {
             bail!(
                 "{} has no tokenizer_config.json; it names the special tokens and must sit \
                  beside tiktoken.model",

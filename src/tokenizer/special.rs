@@ -26,11 +26,11 @@ pub struct AddedToken {
 pub const MAX_ADDED_TOKENS: u32 = 1 << 16;
 
 /// Reads `added_tokens_decoder` from a `tokenizer_config.json` (size-limited, see
-/// [`super::file_limits`]) with [`parse_added_tokens`].
+/// [`crate::platform::input_file`]) with [`parse_added_tokens`].
 pub fn read_added_tokens(path: &Path) -> Result<BTreeMap<u32, AddedToken>> {
-    let text = super::file_limits::read_limited_text(
+    let text = crate::platform::input_file::read_text(
         path,
-        super::file_limits::MAX_TOKENIZER_CONFIG_BYTES,
+        crate::platform::input_file::FileKind::TokenizerConfig,
     )?;
     parse_added_tokens(&text, path)
 }
@@ -38,7 +38,7 @@ pub fn read_added_tokens(path: &Path) -> Result<BTreeMap<u32, AddedToken>> {
 /// Parses `added_tokens_decoder` from `tokenizer_config.json` text; `path` names the file
 /// in errors. A token with empty content is refused: it would match everywhere in text.
 pub fn parse_added_tokens(text: &str, path: &Path) -> Result<BTreeMap<u32, AddedToken>> {
-    let json: serde_json::Value = serde_json::from_str(text)
+    let json: serde_json::Value = crate::unique_json::parse_str(text)
         .with_context(|| format!("{} is not valid JSON", path.display()))?;
     let Some(decoder) = json.get("added_tokens_decoder") else {
         return Ok(BTreeMap::new());

@@ -2,7 +2,6 @@
 //! kernels that reduce across a workgroup get one of two reduction preludes, subgroup
 //! operations when the adapter has them, workgroup memory otherwise.
 
-use anyhow::Context;
 use std::path::Path;
 
 /// Subgroup reductions (subgroup size read at run time).
@@ -159,7 +158,10 @@ impl Shader {
     pub fn source_from(self, subgroups: bool, dir: &Path) -> anyhow::Result<String> {
         self.compose(subgroups, &mut |name| {
             let path = dir.join(name);
-            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+            crate::platform::input_file::read_text(
+                &path,
+                crate::platform::input_file::FileKind::ShaderSource,
+            )
         })
     }
 

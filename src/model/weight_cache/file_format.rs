@@ -4,6 +4,7 @@
 
 use super::{key_difference, Key, Parts, FORMAT_VERSION};
 use crate::atomic_file::AtomicFile;
+use crate::platform::input_file::{self, FileKind};
 use crate::quant::{int4, DenseData, DenseFormat, DenseMatrix};
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::Mmap;
@@ -73,7 +74,7 @@ impl Reader {
     /// Maps `path` and checks it through: header, trailer, table, key, every range and
     /// every checksum. Any failure says what was wrong.
     pub(super) fn open(path: &Path, key: &Key) -> Result<Reader> {
-        let file = std::fs::File::open(path).context("cannot open it")?;
+        let file = input_file::open(path, FileKind::WeightCache)?.file;
         // SAFETY: the map is read-only. k3 replaces a cache file only by renaming a new one
         // over it, which leaves this mapping's file intact; a process that truncated the file
         // in place would be writing where only k3 writes.

@@ -1,0 +1,225 @@
+//! Every file k3 reads, replaced by each kind of special file (a FIFO, a symlink to
+//! `/dev/zero` and to `/dev/urandom`, a directory, a socket): each load ends at once with an
+//! error naming the file and what it is, instead of hanging on the FIFO or reading the device
+//! until memory runs out. Run as a table: one row per (file, special kind).
+
+#![cfg(unix)]
+
+mod support;
+
+use k3::checkpoint::Checkpoint;
+use k3::config::Config;
+use k3::experts::usage_history::UsageHistory;
+use k3::model::route_trace::RouteTrace;
+use k3::model::weight_cache::{WeightCache, WeightCacheSetting, FILE_NAME};
+use k3::model::FormatPolicy;
+use k3::tokenizer::Tokenizer;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A special file to put where k3 expects a regular one, and the words that name it.
+#[derive(Clone, Copy, Debug)]
+enum Special {
+    Fifo,
+    DevZero,
+    DevUrandom,
+    Directory,
+    Socket,
+}
+
+const SPECIALS: [Special; 5] = [
+    Special::Fifo,
+    Special::DevZero,
+    Special::DevUrandom,
+    Special::Directory,
+    Special::Socket,
+];
+
+impl Special {
+    /// What the error calls it.
+    fn named(self) -> &'static str {
+        match self {
+            Special::Fifo => "is a FIFO",
+            Special::DevZero | Special::DevUrandom => "is a device",
+            Special::Directory => "is a directory",
+            Special::Socket => "is a socket",
+        }
+    }
+
+    /// Replaces whatever is at `path` by this special file.
+    fn put(self, path: &Path) {
+        let _ = std::fs::remove_file(path);
+        match self {
+            Special::Fifo => {
+                let ok = std::process::Command::new("mkfifo")
+                    .arg(path)
+                    .status()
+                    .unwrap()
+                    .success();
+                assert!(ok, "mkfifo {}", path.display());
+            }
+            Special::DevZero => std::os::unix::fs::symlink("/dev/zero", path).unwrap(),
+            Special::DevUrandom => std::os::unix::fs::symlink("/dev/urandom", path).unwrap(),
+            Special::Directory => std::fs::create_dir(path).unwrap(),
+            Special::Socket => {
+                // The listener is dropped; the socket file stays.
+                std::os::unix::net::UnixListener::bind(path).unwrap();
+            }
+        }
+    }
+}
+
+/// Runs `load` on a thread and returns its error text; a load that does not end within the
+/// limit is the hang this file guards against.
+fn error_within_limit(what: &str, load: impl FnOnce() -> String + Send + 'static) -> String {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(load());
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("{what}: the load hung"))
+}
+
+fn err_of<T>(r: anyhow::Result<T>) -> String {
+    match r {
+        Ok(_) => "loaded".to_string(),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+/// A copy of the tiny snapshot.
+fn snapshot() -> tempfile::TempDir {
+    support::copy_dir(&support::tiny(0))
+}
+
+fn first_shard(dir: &Path) -> PathBuf {
+    let mut shards: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    shards.sort();
+    shards.remove(0)
+}
+
+/// Where in a snapshot a row's file is.
+type Target = fn(&Path) -> PathBuf;
+
+/// One row: the file `name` in a fresh snapshot replaced by `special`, loaded by `load`.
+fn row(
+    file: &str,
+    special: Special,
+    target: impl FnOnce(&Path) -> PathBuf,
+    load: impl FnOnce(PathBuf) -> String + Send + 'static,
+) {
+    let snap = snapshot();
+    let path = target(snap.path());
+    special.put(&path);
+    let root = snap.path().to_path_buf();
+    let e = error_within_limit(&format!("{file} as {special:?}"), move || load(root));
+    let shown = path.file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        e.contains(&shown) && e.contains(special.named()) && e.contains("not a regular file"),
+        "{file} as {special:?}: {e}"
+    );
+    assert!(
+        !e.contains("has no"),
+        "{file} as {special:?} called missing: {e}"
+    );
+    drop(snap);
+}
+
+#[test]
+fn snapshot_files_replaced_by_special_files_are_named_as_what_they_are() {
+    let cases: [(&str, Target); 5] = [
+        ("config.json", |d| d.join("config.json")),
+        ("index", |d| d.join(k3::checkpoint::shards::INDEX_FILE)),
+        ("shard", first_shard),
+        ("tiktoken.model", |d| d.join("tiktoken.model")),
+        ("tokenizer_config.json", |d| d.join("tokenizer_config.json")),
+    ];
+    for (file, target) in cases {
+        for special in SPECIALS {
+            let tokenizer = file.starts_with("tok") || file.starts_with("tik");
+            row(file, special, target, move |dir| {
+                if tokenizer {
+                    err_of(Tokenizer::from_dir(&dir))
+                } else {
+                    err_of(Checkpoint::open(&dir, &[]))
+                }
+            });
+        }
+    }
+    // config.json read alone, as `k3 inspect` does first.
+    for special in SPECIALS {
+        row(
+            "config.json",
+            special,
+            |d| d.join("config.json"),
+            |d| err_of(Config::from_file(&d.join("config.json"))),
+        );
+    }
+}
+
+#[test]
+fn a_special_file_as_tokenizer_json_is_named_as_what_it_is() {
+    for special in SPECIALS {
+        let snap = snapshot();
+        std::fs::remove_file(snap.path().join("tiktoken.model")).unwrap();
+        let json = snap.path().join("tokenizer.json");
+        special.put(&json);
+        let dir = snap.path().to_path_buf();
+        let e = error_within_limit("tokenizer.json", move || err_of(Tokenizer::from_dir(&dir)));
+        assert!(
+            e.contains("tokenizer.json") && e.contains(special.named()),
+            "{special:?}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_special_file_as_the_weight_cache_is_reported_and_never_read() {
+    for special in SPECIALS {
+        let snap = support::tiny(0);
+        let cache = tempfile::tempdir().unwrap();
+        special.put(&cache.path().join(FILE_NAME));
+        let dir = cache.path().to_path_buf();
+        let words = error_within_limit("weight cache", move || {
+            let ck = Checkpoint::open(&snap, &[]).unwrap();
+            let c = WeightCache::open(
+                &ck,
+                &FormatPolicy::default(),
+                &WeightCacheSetting::Dirs(vec![dir]),
+            );
+            c.finish().0
+        });
+        assert!(
+            words.contains(FILE_NAME) && words.to_lowercase().contains(&special.named().to_lowercase()),
+            "{special:?}: {words}"
+        );
+    }
+}
+
+#[test]
+fn a_special_file_as_usage_history_or_route_trace_is_named() {
+    for special in SPECIALS {
+        let dir = tempfile::tempdir().unwrap();
+        let usage = dir.path().join(".k3_usage");
+        special.put(&usage);
+        let e = error_within_limit("usage history", move || {
+            err_of(UsageHistory::load(&usage, 4, 8))
+        });
+        assert!(
+            e.contains(".k3_usage") && e.contains(special.named()) && e.contains("usage history"),
+            "{special:?}: {e}"
+        );
+        let trace = dir.path().join("routes.jsonl");
+        special.put(&trace);
+        let e = error_within_limit("route trace", move || err_of(RouteTrace::read(&trace)));
+        assert!(
+            e.contains("routes.jsonl") && e.contains(special.named()) && e.contains("route trace"),
+            "{special:?}: {e}"
+        );
+    }
+}

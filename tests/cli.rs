@@ -89,6 +89,15 @@ fn bad_inputs_exit_nonzero_with_a_message_that_names_the_cause() {
         "{}",
         stderr(&o)
     );
+    for p in ["2", "-0.5", "NaN"] {
+        let flag = format!("--expert-top-p={p}");
+        let o = k3(&["run", d, "--ids", "1", "--quiet", &flag]);
+        assert!(
+            !o.status.success() && stderr(&o).contains("--expert-top-p"),
+            "--expert-top-p {p}: {}",
+            stderr(&o)
+        );
+    }
     let o = k3(&["run", d, "--ids", "1", "--quiet", "--gpu-profile", "2"]);
     assert!(
         !o.status.success() && stderr(&o).contains("--gpu-profile"),

@@ -113,3 +113,27 @@ fn kimi_k3_sized_values_still_pass() {
     t["vocab_size"] = json!(163840);
     Config::from_json_str(&cfg.to_string(), "config.json").unwrap();
 }
+
+#[test]
+fn special_token_ids_outside_the_vocabulary_are_refused_naming_the_field() {
+    // tiny: vocab_size 32.
+    for id in [json!(32), json!(1_000_000_000u64)] {
+        for field in ["bos_token_id", "eos_token_id", "pad_token_id"] {
+            let e = refused(|c| c[field] = id.clone());
+            assert!(
+                e.contains(field) && e.contains("not below vocab_size 32"),
+                "{field} = {id}: {e}"
+            );
+        }
+        let e = refused(|c| c["eos_token_id"] = json!([2, id.clone()]));
+        assert!(
+            e.contains("eos_token_id") && e.contains("vocab_size"),
+            "{e}"
+        );
+    }
+    let e = refused(|c| {
+        c.as_object_mut().unwrap().remove("eos_token_id");
+        text(c)["eos_token_id"] = json!(40);
+    });
+    assert!(e.contains("text_config.eos_token_id"), "{e}");
+}

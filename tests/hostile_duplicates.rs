@@ -43,7 +43,8 @@ fn a_config_key_given_twice_is_refused_naming_it() {
         Config::from_json_str(&text, "config.json").unwrap_err()
     );
     assert!(
-        e.contains("config.json") && e.contains("key `eos_token_id` appears twice in the top-level object"),
+        e.contains("config.json")
+            && e.contains("key `eos_token_id` appears twice in the top-level object"),
         "{e}"
     );
 }

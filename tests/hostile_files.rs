@@ -195,7 +195,10 @@ fn a_special_file_as_the_weight_cache_is_reported_and_never_read() {
             c.finish().0
         });
         assert!(
-            words.contains(FILE_NAME) && words.to_lowercase().contains(&special.named().to_lowercase()),
+            words.contains(FILE_NAME)
+                && words
+                    .to_lowercase()
+                    .contains(&special.named().to_lowercase()),
             "{special:?}: {words}"
         );
     }

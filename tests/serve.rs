@@ -747,6 +747,8 @@ fn out_of_range_serve_flags_are_refused_naming_the_flag() {
         ("--max-connections", "0"),
         ("--header-timeout", "0"),
         ("--max-answer", "0"),
+        ("--max-messages", "0"),
+        ("--max-messages", "2000000"),
         ("--snapshots", "65"),
         ("--snapshot-mb", "2000000"),
     ] {

@@ -122,3 +122,82 @@ fn a_non_finite_hidden_state_stops_the_run_naming_the_layer() {
     let msg = format!("{e:#}");
     assert!(msg.contains("layer 1 produced a non-finite value"), "{msg}");
 }
+
+/// The tiny model with element 0 of every stored tensor ending in `suffix` set to `value`.
+fn with_first_value(suffix: &str, value: f32) -> tempfile::TempDir {
+    let (copy, hits) = support::with_edited_tensors(|k, v, data| {
+        if !k.ends_with(suffix) {
+            return false;
+        }
+        match v["dtype"].as_str() {
+            Some("BF16") => data[..2].copy_from_slice(&half::bf16::from_f32(value).to_le_bytes()),
+            Some("F32") => data[..4].copy_from_slice(&value.to_le_bytes()),
+            other => panic!("{k}: dtype {other:?}"),
+        }
+        true
+    });
+    assert!(hits > 0, "no tensor ends with {suffix}");
+    copy
+}
+
+#[test]
+fn a_non_finite_router_weight_or_bias_is_refused_at_load_on_every_backend() {
+    use k3::backend::cpu::CpuBackend;
+    use k3::backend::gpu::GpuOptions;
+    use k3::checkpoint::Checkpoint;
+    use k3::model::K3Model;
+    for suffix in ["gate.weight", "gate.e_score_correction_bias"] {
+        for value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let copy = with_first_value(suffix, value);
+            let load_err = |e: anyhow::Error| format!("{e:#}");
+            let ck = Checkpoint::open(copy.path(), &[]).unwrap();
+            let cpu = K3Model::load(ck, CpuBackend::new(), FormatPolicy::default(), false)
+                .err()
+                .map(load_err)
+                .unwrap_or_else(|| panic!("{suffix} = {value}: the CPU loaded it"));
+            assert!(
+                cpu.contains(suffix) && cpu.contains("element 0") && cpu.contains(".safetensors"),
+                "{suffix} = {value}: {cpu}"
+            );
+            // The check is the loader's, before any backend sees the values: one GPU case.
+            if !value.is_nan() {
+                continue;
+            }
+            if let Some(g) = support::gpu_backend(GpuOptions::default()) {
+                let ck = Checkpoint::open(copy.path(), &[]).unwrap();
+                let gpu = K3Model::load(ck, g, FormatPolicy::default(), false)
+                    .err()
+                    .map(load_err)
+                    .unwrap_or_else(|| panic!("{suffix} = {value}: the GPU loaded it"));
+                assert!(gpu.contains(suffix), "{suffix} = {value}: {gpu}");
+            }
+        }
+    }
+}
+
+#[test]
+fn an_embedding_stored_transposed_is_refused_at_load_naming_it() {
+    use k3::backend::cpu::CpuBackend;
+    use k3::checkpoint::Checkpoint;
+    use k3::model::K3Model;
+    let copy = support::copy_dir(&support::tiny(0));
+    let name = "model.embed_tokens.weight";
+    let stored = format!("{}{name}", k3::checkpoint::schema::LANGUAGE_MODEL_PREFIX);
+    let path = support::tiny_ckpt::shard_holding(copy.path(), &stored);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let shape = header[&stored]["shape"].as_array_mut().unwrap();
+    shape.swap(0, 1);
+    let mut text = serde_json::to_vec(&header).unwrap();
+    assert!(text.len() <= n, "the edited header grew");
+    text.resize(n, b' ');
+    bytes[8..8 + n].copy_from_slice(&text);
+    std::fs::write(&path, bytes).unwrap();
+    let ck = Checkpoint::open(copy.path(), &[]).unwrap();
+    let e = match K3Model::load(ck, CpuBackend::new(), FormatPolicy::default(), false) {
+        Ok(_) => panic!("a transposed embedding loaded"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains(name) && e.contains("expected"), "{e}");
+}

@@ -120,6 +120,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if a.max_answer == 0 {
         bail!("--max-answer must be at least 1");
     }
+    // 0 started a server that refused every request.
+    if a.max_messages == 0 || a.max_messages > 1 << 20 {
+        bail!(
+            "--max-messages must be between 1 and {}, got {}",
+            1 << 20,
+            a.max_messages
+        );
+    }
     let sampling = a.sampling.config();
     sampling.validate()?;
     let dir = match &a.model {

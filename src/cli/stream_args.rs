@@ -164,7 +164,7 @@ impl StreamArgs {
     /// engine.
     fn expert_selection(&self) -> Result<ExpertSelection> {
         let p = self.expert_top_p;
-        if !p.is_finite() || p < 0.0 {
+        if !(0.0..=1.0).contains(&p) {
             bail!("--expert-top-p / K3_TOPP must be a share between 0 and 1, got {p}");
         }
         ExpertSelection {

@@ -172,9 +172,9 @@ pub(super) fn parse(root_value: &Value) -> Result<Config> {
         }
     }
 
-    let bos_token_id = token_field(&root, &text, "bos_token_id")?;
-    let pad_token_id = token_field(&root, &text, "pad_token_id")?;
-    let eos_token_ids = eos_field(&root, &text)?;
+    let bos_token_id = token_field(&root, &text, "bos_token_id", vocab_size)?;
+    let pad_token_id = token_field(&root, &text, "pad_token_id", vocab_size)?;
+    let eos_token_ids = eos_field(&root, &text, vocab_size)?;
 
     Ok(Config {
         hidden_size,
@@ -259,17 +259,26 @@ fn layer_schedule(lin: &Obj<'_>, layers: usize) -> Result<Vec<AttnKind>> {
 }
 
 /// A token id looked up at the root first, then in `text_config`.
-fn token_field(root: &Obj<'_>, text: &Obj<'_>, name: &str) -> Result<Option<u32>> {
+fn token_field(root: &Obj<'_>, text: &Obj<'_>, name: &str, vocab: usize) -> Result<Option<u32>> {
     for obj in [root, text] {
         if let Some(v) = obj.opt(name) {
-            return as_token(v, &obj.field_name(name)).map(Some);
+            let field = obj.field_name(name);
+            return in_vocab(as_token(v, &field)?, &field, vocab).map(Some);
         }
     }
     Ok(None)
 }
 
+/// A token id must index the vocabulary (the embedding and the logits have `vocab` rows).
+fn in_vocab(id: u32, field: &str, vocab: usize) -> Result<u32> {
+    if id as usize >= vocab {
+        bail!("{field}: token id {id} is not below vocab_size {vocab} (no such token)");
+    }
+    Ok(id)
+}
+
 /// `eos_token_id`: an int or a list of ints, at the root first, then in `text_config`.
-fn eos_field(root: &Obj<'_>, text: &Obj<'_>) -> Result<Vec<u32>> {
+fn eos_field(root: &Obj<'_>, text: &Obj<'_>, vocab: usize) -> Result<Vec<u32>> {
     let name = "eos_token_id";
     for obj in [root, text] {
         let Some(v) = obj.opt(name) else { continue };
@@ -277,9 +286,9 @@ fn eos_field(root: &Obj<'_>, text: &Obj<'_>) -> Result<Vec<u32>> {
         let ids = match v {
             Value::Array(list) => list
                 .iter()
-                .map(|x| as_token(x, &field))
+                .map(|x| in_vocab(as_token(x, &field)?, &field, vocab))
                 .collect::<Result<Vec<u32>>>()?,
-            other => vec![as_token(other, &field)?],
+            other => vec![in_vocab(as_token(other, &field)?, &field, vocab)?],
         };
         if ids.is_empty() {
             bail!("{field}: the list is empty (generation needs a stop token)");

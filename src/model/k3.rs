@@ -101,6 +101,9 @@ impl<B: Backend> K3Model<B> {
         let cfg = ckpt.config.clone();
         let cache = WeightCache::open(&ckpt, &policy, &opts.weight_cache);
         let ld = Loader::with_cache(&ckpt, &backend, opts.progress, cache);
+        // The embedding is read a row at a time, never loaded: its stored shape is checked
+        // here, or a transposed one would surface only at the first matmul, unnamed.
+        ld.check_stored("model.embed_tokens.weight")?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for (i, kind) in cfg.layer_kinds.iter().enumerate() {
             let p = format!("model.layers.{i}.");

@@ -180,9 +180,34 @@ impl<'a, B: Backend> Loader<'a, B> {
         Ok(v)
     }
 
+    /// Checks a tensor's stored dtype and shape against the schema without reading it.
+    pub fn check_stored(&self, name: &str) -> Result<()> {
+        self.ckpt.tensor_spec(self.spec(name)?).map(|_| ())
+    }
+
     /// A vector (norm weight, bias) widened to f32.
     pub fn vector(&self, name: &str) -> Result<Vec<f32>> {
         self.view(name)?.to_f32()
+    }
+
+    /// A vector whose values decide something (the router's bias picks experts): a NaN or
+    /// infinity there still gives finite-looking outputs, so it is refused at load.
+    pub fn decision_vector(&self, name: &str) -> Result<Vec<f32>> {
+        let view = self.view(name)?;
+        let v = view.to_f32()?;
+        refuse_non_finite(name, &v, view.file)?;
+        Ok(v)
+    }
+
+    /// [`Self::matrix`] for a matrix whose products decide something (the router's gate):
+    /// its stored values are checked for NaN and infinity before it loads.
+    pub fn decision_matrix(&self, name: &str, fmt: DenseFormat) -> Result<B::Mat> {
+        let view = self.ckpt.tensor_spec(self.spec(name)?)?;
+        // A repacked container's U8 values have finite-checked scales (schema.rs).
+        if view.dtype != Dtype::U8 {
+            refuse_non_finite(name, &view.to_f32()?, view.file)?;
+        }
+        self.matrix(name, fmt)
     }
 
     /// A vector uploaded as a `[1, len]` activation.
@@ -317,4 +342,17 @@ impl<'a, B: Backend> Loader<'a, B> {
     fn loaded_line(&self) -> String {
         format!("[K3] dense weights loaded in {:.1}s", self.elapsed_s())
     }
+}
+
+/// Refuses a tensor holding NaN or infinity, naming it, its shard and the first such index.
+fn refuse_non_finite(name: &str, values: &[f32], file: &std::path::Path) -> Result<()> {
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        bail!(
+            "{}: tensor `{name}` holds {} at element {i}: the router would choose experts \
+             from it; the checkpoint is corrupt (re-download the shard)",
+            file.display(),
+            values[i]
+        );
+    }
+    Ok(())
 }

@@ -55,8 +55,8 @@ impl<B: Backend> Moe<B> {
         };
         Ok(Self {
             layer: i,
-            gate: ld.matrix(&format!("{p}gate.weight"), DenseFormat::Bf16)?,
-            bias: ld.vector(&format!("{p}gate.e_score_correction_bias"))?,
+            gate: ld.decision_matrix(&format!("{p}gate.weight"), DenseFormat::Bf16)?,
+            bias: ld.decision_vector(&format!("{p}gate.e_score_correction_bias"))?,
             down: ld.matrix(&format!("{p}routed_expert_down_proj.weight"), policy.dense)?,
             up: ld.matrix(&format!("{p}routed_expert_up_proj.weight"), policy.dense)?,
             norm: if cfg.latent_moe_use_norm {

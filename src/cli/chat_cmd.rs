@@ -253,15 +253,26 @@ fn chat_loop<B: Backend>(
                 ids.len() + max_answer - 1
             );
         }
-        let (reasoning, content) = split_answer(&tok, &answer_ids, thinking)?;
+        let (reasoning, content) = split_answer(
+            &tok,
+            &answer_ids,
+            thinking,
+            &model.ckpt.config.eos_token_ids,
+        )?;
         history.push(Message::assistant(content, reasoning));
     }
     Ok(())
 }
 
-/// The answer's think and response texts, for the next turn's rendering.
-fn split_answer(tok: &Tokenizer, ids: &[u32], thinking: bool) -> Result<(Option<String>, String)> {
-    let mut splitter = ChatSplitter::new(tok, thinking, &[])?;
+/// The answer's think and response texts, for the next turn's rendering (`eos` ends it
+/// as it ended the generation).
+fn split_answer(
+    tok: &Tokenizer,
+    ids: &[u32],
+    thinking: bool,
+    eos: &[u32],
+) -> Result<(Option<String>, String)> {
+    let mut splitter = ChatSplitter::new(tok, thinking, eos)?;
     let (mut think, mut resp) = (String::new(), String::new());
     let mut push = |ev: ChatEvent| {
         if let ChatEvent::Text { channel, text } = ev {

@@ -319,8 +319,25 @@ pub enum ChatEvent {
     Stop,
 }
 
-/// Separates generated ids into channels and hides the structural tokens
-/// (`<|open|>NAME ...<|sep|>`, `<|close|>NAME<|sep|>`, other specials).
+/// Longest tag text (between `<|open|>`/`<|close|>` and `<|sep|>`) the splitter waits
+/// for. K3's tags (`call tool="NAME" index="N"`, `argument key="K" type="T"`) are far
+/// shorter; a longer run cannot be a tag and is shown as text, so the stream never stays
+/// silent behind a marker that no `<|sep|>` follows.
+pub const MAX_TAG_BYTES: usize = 160;
+
+/// A tag being read: the marker and the ids after it, kept to be shown as text if no
+/// `<|sep|>` completes the tag.
+struct PendingTag {
+    marker: u32,
+    ids: Vec<u32>,
+    bytes: Vec<u8>,
+}
+
+/// Separates generated ids into channels and hides the structural tokens it consumes:
+/// complete tags (`<|open|>NAME ...<|sep|>`, `<|close|>NAME<|sep|>`) and the stop token.
+/// Every other id reaches the caller as text: a marker that no `<|sep|>` completes (a
+/// special token inside, more than [`MAX_TAG_BYTES`], or the end of the stream) is shown
+/// as written, and a special token outside a tag appears by its name.
 pub struct ChatSplitter<'a> {
     open: u32,
     close: u32,
@@ -329,8 +346,7 @@ pub struct ChatSplitter<'a> {
     /// Open tags, outermost first; the generation prompt leaves `message` and the
     /// first channel open.
     stack: Vec<String>,
-    /// Bytes of a tag being read: `(closing, bytes)`.
-    tag: Option<(bool, Vec<u8>)>,
+    tag: Option<PendingTag>,
     decoder: StreamDecoder<'a>,
     tok: &'a Tokenizer,
     stopped: bool,
@@ -366,6 +382,13 @@ impl<'a> ChatSplitter<'a> {
         })
     }
 
+    /// A splitter that never stops: end-of-turn and eos ids are shown as text, for a
+    /// generation that runs past them (`ignore_eos`).
+    pub fn without_stops(mut self) -> Self {
+        self.stop_ids.clear();
+        self
+    }
+
     /// The channel that text generated now belongs to.
     pub fn channel(&self) -> Channel {
         self.stack
@@ -392,52 +415,94 @@ impl<'a> ChatSplitter<'a> {
             return Ok(events);
         }
         if self.stop_ids.contains(&id) {
+            self.abandon_tag(&mut events)?;
             self.flush(&mut events);
             events.push(ChatEvent::Stop);
             self.stopped = true;
         } else if id == self.open || id == self.close {
+            self.abandon_tag(&mut events)?;
             self.flush(&mut events);
-            self.tag = Some((id == self.close, Vec::new()));
-        } else if id == self.sep {
-            if let Some((closing, bytes)) = self.tag.take() {
-                let text = String::from_utf8_lossy(&bytes);
-                let name = text.split_whitespace().next().unwrap_or("").to_string();
-                if closing {
-                    if let Some(pos) = self.stack.iter().rposition(|t| *t == name) {
-                        self.stack.truncate(pos);
-                    }
-                } else {
-                    self.stack.push(name);
-                }
+            self.tag = Some(PendingTag {
+                marker: id,
+                ids: Vec::new(),
+                bytes: Vec::new(),
+            });
+        } else if id == self.sep && self.tag.is_some() {
+            if let Some(tag) = self.tag.take() {
+                self.enter(&tag);
             }
-        } else if let Some((_, bytes)) = self.tag.as_mut() {
-            bytes.extend_from_slice(self.tok.piece(id, true)?);
+        } else if self.tok.is_special(id) {
+            // Not part of any tag: shown by name, after what came before it.
+            self.abandon_tag(&mut events)?;
+            self.flush(&mut events);
+            self.literal(id, &mut events)?;
+        } else if let Some(tag) = self.tag.as_mut() {
+            tag.ids.push(id);
+            tag.bytes.extend_from_slice(self.tok.piece(id, true)?);
+            if tag.bytes.len() > MAX_TAG_BYTES {
+                self.abandon_tag(&mut events)?;
+            }
         } else {
             let text = self.decoder.push(id)?;
-            if !text.is_empty() {
-                events.push(ChatEvent::Text {
-                    channel: self.channel(),
-                    text,
-                });
-            }
+            self.text(text, &mut events);
         }
         Ok(events)
     }
 
-    /// Ends the stream early (for example at a length limit), flushing held-back bytes.
+    /// Ends the stream (at a length limit, a stop string, a cancel): an unfinished tag and
+    /// held-back bytes are flushed as text.
     pub fn finish(&mut self) -> Vec<ChatEvent> {
         let mut events = Vec::new();
+        // Ids of a pending tag were decoded once already, so this cannot fail.
+        let _ = self.abandon_tag(&mut events);
         self.flush(&mut events);
         events
     }
 
-    fn flush(&mut self, events: &mut Vec<ChatEvent>) {
-        let text = self.decoder.finish();
+    /// A completed tag opens or closes a section.
+    fn enter(&mut self, tag: &PendingTag) {
+        let text = String::from_utf8_lossy(&tag.bytes);
+        let name = text.split_whitespace().next().unwrap_or("").to_string();
+        if tag.marker == self.close {
+            if let Some(pos) = self.stack.iter().rposition(|t| *t == name) {
+                self.stack.truncate(pos);
+            }
+        } else {
+            self.stack.push(name);
+        }
+    }
+
+    /// A pending tag that cannot complete: its marker and ids become text.
+    fn abandon_tag(&mut self, events: &mut Vec<ChatEvent>) -> Result<()> {
+        let Some(tag) = self.tag.take() else {
+            return Ok(());
+        };
+        self.literal(tag.marker, events)?;
+        for id in tag.ids {
+            let text = self.decoder.push(id)?;
+            self.text(text, events);
+        }
+        Ok(())
+    }
+
+    /// A special token's name as text.
+    fn literal(&mut self, id: u32, events: &mut Vec<ChatEvent>) -> Result<()> {
+        let name = String::from_utf8_lossy(self.tok.piece(id, true)?).into_owned();
+        self.text(name, events);
+        Ok(())
+    }
+
+    fn text(&self, text: String, events: &mut Vec<ChatEvent>) {
         if !text.is_empty() {
             events.push(ChatEvent::Text {
                 channel: self.channel(),
                 text,
             });
         }
+    }
+
+    fn flush(&mut self, events: &mut Vec<ChatEvent>) {
+        let text = self.decoder.finish();
+        self.text(text, events);
     }
 }

@@ -16,7 +16,7 @@ use anyhow::{bail, Result};
 
 pub use chat::{
     chat_prompt, render_chat, render_chat_with, Channel, ChatEvent, ChatOptions, ChatSplitter,
-    Message, Piece, Prompt, Role, ThinkingEffort,
+    Message, Piece, Prompt, Role, ThinkingEffort, MAX_TAG_BYTES,
 };
 pub use stream_decode::StreamDecoder;
 

@@ -257,6 +257,14 @@ fn the_api_key_is_required_on_the_api_but_not_on_health() {
     let (st, _, v) = post(&chat, &body, Some("s3cret"));
     assert_eq!(st, 200, "{v}");
     assert_eq!(get(&s.url("/v1/models"), None).0, 401);
+    // Anthropic's routes answer in Anthropic's error shape, the 401 included.
+    let msg = json!({"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+    for path in ["/v1/messages", "/v1/messages/count_tokens"] {
+        let (st, _, v) = post(&s.url(path), &msg.to_string(), None);
+        assert_eq!(st, 401, "{path}: {v}");
+        assert_eq!(v["type"], "error", "{path}: {v}");
+        assert_eq!(v["error"]["type"], "authentication_error", "{path}: {v}");
+    }
     assert_eq!(get(&s.url("/metrics"), Some("s3cret")).0, 200);
     assert_eq!(get(&s.url("/health"), None).0, 200);
 }
@@ -732,6 +740,12 @@ fn connections_are_bounded_and_slow_headers_time_out() {
     assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
     // Then the server answers as before; a wrong method is an OpenAI error too.
     assert_eq!(get(&s.url("/health"), None).0, 200);
+    // Every 503 answered over the limit is counted.
+    let (_, metrics) = get(&s.url("/metrics"), None);
+    assert!(
+        metrics.contains("k3_requests_total{status=\"503\"} 6\n"),
+        "{metrics}"
+    );
     let (st, body) = get(&s.url("/v1/chat/completions"), None);
     assert_eq!(st, 405, "{body}");
     assert!(body.contains("invalid_request_error"), "{body}");

@@ -1,5 +1,5 @@
-//! Real clients against `k3 serve`: the official `openai` Python client and a headless
-//! Chromium loading the web page. Where the client is missing the test says so and
+//! Real clients against `k3 serve`: the official `openai` and `anthropic` Python clients
+//! (a chat, and a tool loop) and a headless Chromium loading the web page. Where the client is missing the test says so and
 //! passes, except under CI=true, where a missing client fails it.
 
 mod serve_support;
@@ -42,6 +42,30 @@ fn the_openai_python_client_chats_streams_and_reads_errors() {
     }
     assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
     assert!(out.contains("openai client: ok"), "{out}");
+}
+
+#[test]
+fn a_tool_loop_through_the_openai_and_anthropic_clients_loses_no_text() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_clients/tool_loop.py");
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &[]);
+    let model = dir.file_name().unwrap().to_str().unwrap();
+    let o = match Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{}", s.addr))
+        .arg(model)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => return missing(&format!("python3 cannot start: {e}")),
+    };
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if o.status.code() == Some(3) {
+        return missing(out.trim());
+    }
+    assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
+    assert!(out.contains("tool loop: ok"), "{out}");
 }
 
 fn chromium() -> Option<&'static str> {
@@ -199,8 +223,18 @@ fn the_web_page_streams_an_answer_in_a_headless_browser() {
         dom.contains("<div class=\"turn user\">Hello</div>"),
         "{dom}"
     );
-    assert!(dom.contains("tok/s"), "{dom}");
+    let stats = b.eval(&session, "document.querySelector('.stats').textContent");
+    assert!(stats.as_str().is_some_and(|t| t.contains("tok/s")), "{dom}");
     assert!(!dom.contains("class=\"error\""), "{dom}");
+    // The live chart has the engine's figures of the last tokens.
+    let points = b.eval(&session, "chart.points.length");
+    assert!(points.as_u64().is_some_and(|n| n >= 1), "{points}\n{dom}");
+    let legend = b.eval(&session, "document.getElementById('legend').textContent");
+    let legend = legend.as_str().unwrap_or("");
+    assert!(
+        legend.contains("tok/s ") && legend.contains("expert hit ") && legend.contains("GB/s"),
+        "{legend}"
+    );
     // What it shows is what the server streamed: the greedy answer to the same turn.
     let (st, v) = serve_support::post_json(
         &s.url("/v1/chat/completions"),
@@ -210,5 +244,74 @@ fn the_web_page_streams_an_answer_in_a_headless_browser() {
     assert_eq!(st, 200, "{v}");
     let answer = b.eval(&session, "document.querySelector('.answer').textContent");
     assert_eq!(answer, v["choices"][0]["message"]["content"], "{dom}");
+    let _ = b.call(None, "Browser.close", json!({}));
+}
+
+/// Waits until the page's status reads `done`.
+fn wait_done(b: &mut Browser, session: &str, s: &Server) {
+    let t = std::time::Instant::now();
+    let status = "(document.getElementById('status') || {}).textContent";
+    while b.eval(session, status) != json!("done") {
+        assert!(
+            t.elapsed().as_secs() < 60,
+            "the page never finished: {}",
+            s.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_web_page_does_not_resend_a_failed_turn_and_shows_thinking_as_it_streams() {
+    let Some(binary) = chromium() else {
+        return missing("no chromium to run the page in (apt-get install chromium)");
+    };
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--api-key", "k3y"]);
+    let profile = tempfile::tempdir().unwrap();
+    let mut b = Browser::start(binary, profile.path());
+    // Without the key the turn fails (401): it is shown as failed and left out of the history.
+    let target = b.call(
+        None,
+        "Target.createTarget",
+        json!({"url": s.url("/?autotest=First")}),
+    );
+    let attached = b.call(
+        None,
+        "Target.attachToTarget",
+        json!({"targetId": target["targetId"], "flatten": true}),
+    );
+    let session = attached["sessionId"].as_str().unwrap().to_string();
+    wait_done(&mut b, &session, &s);
+    assert_eq!(b.eval(&session, "history.length"), json!(0));
+    assert_eq!(
+        b.eval(
+            &session,
+            "document.querySelectorAll('.turn.failed .error').length"
+        ),
+        json!(1)
+    );
+    // With the key, a thinking turn: the think section is open while it streams.
+    b.eval(
+        &session,
+        "document.getElementById('key').value = 'k3y'; window.seenOpen = false; \
+         new MutationObserver(() => { for (const d of document.querySelectorAll('details')) \
+           if (d.open && d.textContent.length > 'thinking'.length) window.seenOpen = true; }) \
+           .observe(document.getElementById('log'), {subtree: true, childList: true, \
+             characterData: true, attributes: true}); \
+         send('Second', {temperature: 0, maxTokens: 12, thinking: true}); true",
+    );
+    wait_done(&mut b, &session, &s);
+    assert_eq!(b.eval(&session, "history.length"), json!(2));
+    assert_eq!(b.eval(&session, "history[0].content"), json!("Second"));
+    assert_eq!(b.eval(&session, "window.seenOpen"), json!(true));
+    // Once the turn ends the thinking is collapsed, and can be opened again.
+    assert_eq!(
+        b.eval(
+            &session,
+            "[...document.querySelectorAll('details')].pop().open"
+        ),
+        json!(false)
+    );
     let _ = b.call(None, "Browser.close", json!({}));
 }

@@ -289,3 +289,283 @@ fn keys_compare_by_every_byte() {
         assert!(!keys_match(k, b"abc"), "{k:?}");
     }
 }
+
+fn chat_err(v: Value) -> k3::serve::api_error::ApiError {
+    chat_request(v.to_string().as_bytes(), &Limits::default(), &DEFAULTS).unwrap_err()
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+#[test]
+fn unknown_fields_are_refused_by_name_and_null_ones_count_as_left_out() {
+    for (body, field) in [
+        (
+            json!({"messages": user("x"), "logit_bias": {"50256": -100}}),
+            "logit_bias",
+        ),
+        (
+            json!({"messages": user("x"), "temprature": 0.5}),
+            "temprature",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]}),
+            "messages[0].audio",
+        ),
+        (
+            json!({"messages": user("x"), "stream_options": {"include_obfuscation": true}}),
+            "stream_options.include_obfuscation",
+        ),
+        (
+            json!({"messages": user("x"), "chat_template_kwargs": {"tools_first": true}}),
+            "chat_template_kwargs.tools_first",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "cache": 1}]}]}),
+            "messages[0].content[0].cache",
+        ),
+        (
+            json!({"messages": user("x"), "prompt": "also this"}),
+            "prompt",
+        ),
+    ] {
+        let e = chat_err(body.clone());
+        assert_eq!(
+            (e.status, e.param.as_deref()),
+            (400, Some(field)),
+            "{body}: {e:?}"
+        );
+        assert!(e.message.contains(field), "{e:?}");
+    }
+    let e = chat_err(json!({"messages": user("x"), "logit_bias": {"1": 2}}));
+    assert!(
+        e.message.starts_with("logit_bias is not supported"),
+        "{e:?}"
+    );
+    // What the openai client sends back from an earlier answer: nulls, an echoed index.
+    let r = req(json!({
+        "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": null, "refusal": null, "audio": null,
+             "function_call": null, "annotations": null,
+             "tool_calls": [{"id": "c", "index": 0, "type": "function",
+                             "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "ok"}],
+        "logit_bias": null, "functions": null, "user": "u-1"}));
+    assert_eq!(r.messages[1].tool_calls[0].name, "f");
+    // A type error names its path.
+    for (body, field) in [
+        (
+            json!({"messages": user("x"), "temperature": "hot"}),
+            "temperature",
+        ),
+        (
+            json!({"messages": user("x"), "stream_options": {"include_usage": 1}}),
+            "stream_options.include_usage",
+        ),
+        (
+            json!({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}]}),
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x", "name": 5}]}),
+            "messages[0].name",
+        ),
+    ] {
+        let e = chat_err(body.clone());
+        assert_eq!(e.param.as_deref(), Some(field), "{body}: {e:?}");
+    }
+}
+
+#[test]
+fn completions_refuse_chat_fields_and_several_prompts() {
+    let comp = |v: Value| {
+        k3::serve::request::completion_request(
+            v.to_string().as_bytes(),
+            &Limits::default(),
+            &DEFAULTS,
+        )
+    };
+    for (body, field) in [
+        (json!({"prompt": "a", "messages": user("x")}), "messages"),
+        (
+            json!({"prompt": "a", "reasoning_effort": "low"}),
+            "reasoning_effort",
+        ),
+        (json!({"prompt": ["a", "b"]}), "prompt"),
+        (json!({"prompt": "a", "echo": true}), "echo"),
+        (json!({"prompt": "a", "logprobs": 9}), "logprobs"),
+    ] {
+        let e = comp(body.clone()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(field), "{body}: {e:?}");
+    }
+    let r = comp(json!({"prompt": ["one"], "n": 3, "logprobs": 2})).unwrap();
+    assert_eq!((r.prompt.as_str(), r.params.n), ("one", 3));
+    assert_eq!(r.params.logprobs, Some(2));
+}
+
+#[test]
+fn seeds_are_random_unless_given() {
+    let a = req(json!({"messages": user("x"), "temperature": 1}));
+    let b = req(json!({"messages": user("x"), "temperature": 1}));
+    assert!(!a.params.seed_given && !b.params.seed_given);
+    assert_ne!(a.params.sampling.seed, b.params.sampling.seed);
+    let c = req(json!({"messages": user("x"), "seed": -1}));
+    assert!(c.params.seed_given);
+    assert_eq!(c.params.sampling.seed, u64::MAX);
+}
+
+#[test]
+fn reasoning_effort_switches_thinking_and_names_the_effort() {
+    use k3::tokenizer::ThinkingEffort;
+    let off = Defaults {
+        thinking: false,
+        ..DEFAULTS
+    };
+    let read = |v: Value, d: &Defaults| {
+        chat_request(v.to_string().as_bytes(), &Limits::default(), d).unwrap()
+    };
+    for (effort, thinking, named) in [
+        ("none", false, None),
+        ("minimal", false, None),
+        ("low", true, Some(ThinkingEffort::Low)),
+        ("medium", true, Some(ThinkingEffort::Medium)),
+        ("high", true, Some(ThinkingEffort::High)),
+    ] {
+        for d in [&DEFAULTS, &off] {
+            let r = read(
+                json!({"messages": user("x"), "reasoning_effort": effort}),
+                d,
+            );
+            assert_eq!(r.thinking, thinking, "{effort}");
+            if let Some(e) = named {
+                assert_eq!(r.effort, Some(e), "{effort}");
+            }
+        }
+    }
+    let r = read(json!({"messages": user("x")}), &off);
+    assert!(!r.thinking);
+}
+
+#[test]
+fn n_is_bounded_and_logprobs_and_formats_are_read() {
+    use k3::serve::request::{ResponseFormat, MAX_CHOICES};
+    let r = req(json!({"messages": user("x"), "n": MAX_CHOICES}));
+    assert_eq!(r.params.n, MAX_CHOICES);
+    for n in [0, MAX_CHOICES + 1] {
+        let e = chat_err(json!({"messages": user("x"), "n": n}));
+        assert_eq!(e.param.as_deref(), Some("n"), "{e:?}");
+    }
+    let r = req(json!({"messages": user("x"), "logprobs": true, "top_logprobs": 5}));
+    assert_eq!(r.params.logprobs, Some(5));
+    let e = chat_err(json!({"messages": user("x"), "logprobs": true, "top_logprobs": 21}));
+    assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+    let e = chat_err(json!({"messages": user("x"), "top_logprobs": 2}));
+    assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+    let r = req(
+        json!({"messages": user("x"), "response_format": {"type": "json_schema",
+        "json_schema": {"name": "p", "strict": true, "schema": {"type": "object"}}}}),
+    );
+    assert_eq!(
+        r.response_format,
+        ResponseFormat::JsonSchema {
+            name: "p".into(),
+            schema: json!({"type": "object"}),
+            strict: true
+        }
+    );
+    let e = chat_err(json!({"messages": user("x"), "response_format": {"type": "yaml"}}));
+    assert_eq!(e.param.as_deref(), Some("response_format.type"));
+}
+
+#[test]
+fn features_not_implemented_are_refused_in_one_place_naming_the_field() {
+    use k3::serve::refused::{self, Api};
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    for (body, field) in [
+        (json!({"messages": user("x"), "logprobs": true}), "logprobs"),
+        (
+            json!({"messages": user("x"), "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            json!({"messages": user("x"), "tools": tools, "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": user("x"), "tools": tools,
+                   "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+            "tool_choice",
+        ),
+    ] {
+        let e = refused::chat(&req(body.clone()), Api::OpenAi).unwrap_err();
+        assert_eq!(
+            (e.status, e.param.as_deref()),
+            (400, Some(field)),
+            "{body}: {e:?}"
+        );
+    }
+    assert!(refused::chat(
+        &req(json!({"messages": user("x"), "tools": tools})),
+        Api::OpenAi
+    )
+    .is_ok());
+    let any = json!({"max_tokens": 5, "messages": user("x"),
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}});
+    let r = anthropic::messages_request(any.to_string().as_bytes(), &Limits::default(), &DEFAULTS)
+        .unwrap();
+    let e = refused::chat(&r, Api::Anthropic).unwrap_err();
+    assert!(e.message.contains("\"any\""), "{e:?}");
+}
+
+#[test]
+fn anthropic_fields_are_typed_and_thinking_is_off_unless_asked() {
+    let read = |v: Value| {
+        anthropic::messages_request(v.to_string().as_bytes(), &Limits::default(), &DEFAULTS)
+    };
+    // The server default thinks (DEFAULTS.thinking); Anthropic's API does not unless asked.
+    let r = read(json!({"max_tokens": 5, "messages": user("x")})).unwrap();
+    assert!(!r.thinking);
+    for (body, field) in [
+        (
+            json!({"max_tokens": 5, "messages": user("x"), "top_logprobs": 2}),
+            "top_logprobs",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": user("x"), "thinking": {"type": "enabled", "budget": 3}}),
+            "thinking.budget",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": user("x"), "tools": [{"name": "web", "type": "web_search_20250305"}]}),
+            "tools[0].type",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": user("x"), "tools": [{"name": "f"}], "tool_choice": {"type": "tool", "name": "g"}}),
+            "tool_choice.name",
+        ),
+        (
+            json!({"max_tokens": "5", "messages": user("x")}),
+            "max_tokens",
+        ),
+    ] {
+        let e = read(body.clone()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(field), "{body}: {e:?}");
+    }
+    let r = read(
+        json!({"max_tokens": 5, "messages": user("x"), "metadata": {"user_id": "u"},
+        "tools": [{"name": "f", "cache_control": {"type": "ephemeral"}}],
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}}),
+    )
+    .unwrap();
+    assert!(r.single_tool_call);
+    // count_tokens takes the same body without max_tokens.
+    let r = anthropic::read_request(
+        json!({"messages": user("x")}).to_string().as_bytes(),
+        &Limits::default(),
+        &DEFAULTS,
+        anthropic::MessagesRoute::CountTokens,
+    )
+    .unwrap();
+    assert_eq!(r.messages.len(), 1);
+}

@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use k3::backend::Backend;
 use k3::model::K3Model;
+use k3::serve::http::ReasoningFormat;
 use k3::serve::request::{Defaults, Limits};
 use k3::serve::{serve, ServeOptions};
 use k3::session::SnapshotLimits;
@@ -68,6 +69,11 @@ pub struct ServeArgs {
     /// Thinking when a request does not say: 1 opens the think channel, 0 answers directly.
     #[arg(long, env = "K3_THINK", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub think: u8,
+    /// Where an OpenAI chat answer's think text goes: `separate` in `reasoning_content`,
+    /// `inline` inside `content` wrapped in `<think>…</think>` (for clients that ignore
+    /// `reasoning_content`).
+    #[arg(long, env = "K3_REASONING_FORMAT", value_enum, default_value_t = ReasoningFormat::Separate)]
+    pub reasoning_format: ReasoningFormat,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -171,6 +177,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         http_threads: 2,
         max_connections: a.max_connections,
         header_timeout: Duration::from_secs(a.header_timeout),
+        reasoning_format: a.reasoning_format,
     };
     a.load.with_model(&dir, ServeJob { dir: &dir, opts })
 }

@@ -1,12 +1,17 @@
-//! Anthropic's `POST /v1/messages` translated onto the same engine: the request becomes a
-//! chat request (text, thinking, tool_use and tool_result blocks, tools, tool_choice), the
-//! outcome becomes a `message` or its stream of events.
+//! Anthropic's `POST /v1/messages` on the same engine: the typed body becomes the one
+//! internal chat request (text, thinking, tool_use and tool_result blocks, tools,
+//! tool_choice), the outcome a `message` or its stream of events, errors Anthropic's shape.
 
 use super::api_error::ApiError;
-use super::engine::{Event, Field, FinishReason, Outcome};
-use super::request::{chat_request, parse_object, ChatRequest, Defaults, Limits};
+use super::body_json::{from_value, parse_body, refuse_unknown, Unknown};
+use super::engine::{Delta, Event, Field, FinishReason, Outcome};
+use super::request::{
+    self, ChatRequest, Defaults, Limits, ResponseFormat, SamplingFields, ToolChoice,
+};
 use super::sse::SseFrame;
+use crate::tokenizer::ThinkingEffort;
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 type R<T> = Result<T, ApiError>;
@@ -117,99 +122,204 @@ fn translate_message(m: &Value, i: usize, out: &mut Vec<Value>) -> R<()> {
     Ok(())
 }
 
-/// Translates a `/v1/messages` body to OpenAI's shape (what [`chat_request`] reads).
-pub fn translate(m: &Map<String, Value>) -> R<Value> {
-    let mut o = Map::new();
+/// Anthropic's `tool_choice`.
+#[derive(Deserialize)]
+struct ToolChoiceBody {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    name: Option<String>,
+    disable_parallel_tool_use: Option<bool>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// Anthropic's `thinking`.
+#[derive(Deserialize)]
+struct ThinkingBody {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    /// Accepted; the model's own stop rule and `max_tokens` bound the thinking.
+    #[allow(dead_code)]
+    budget_tokens: Option<u64>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// One declared tool.
+#[derive(Deserialize)]
+struct ToolBody {
+    name: Option<String>,
+    description: Option<Value>,
+    input_schema: Option<Value>,
+    /// `"custom"` or left out; Anthropic's server tools (`web_search_...`) are refused.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    /// Prompt-caching hints: accepted, the engine keeps the prefix it holds anyway.
+    #[allow(dead_code)]
+    cache_control: Option<Value>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// The body of `/v1/messages` (and `/v1/messages/count_tokens`) as sent.
+#[derive(Deserialize)]
+struct MessagesBody {
+    model: Option<String>,
+    max_tokens: Option<u64>,
+    messages: Option<Value>,
+    system: Option<Value>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<u64>,
+    stop_sequences: Option<Vec<String>>,
+    stream: Option<bool>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<ToolChoiceBody>,
+    thinking: Option<ThinkingBody>,
+    /// `{"user_id": ...}`: accepted and not used.
+    #[allow(dead_code)]
+    metadata: Option<Value>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// Which route reads the body: `count_tokens` needs no `max_tokens`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MessagesRoute {
+    /// `/v1/messages`
+    Messages,
+    /// `/v1/messages/count_tokens`
+    CountTokens,
+}
+
+/// Reads a `/v1/messages` body into a chat request. Thinking is on only when `thinking`
+/// asks for it, as Anthropic's API has it (the server's `--think` is for OpenAI clients).
+pub fn messages_request(body: &[u8], limits: &Limits, defaults: &Defaults) -> R<ChatRequest> {
+    read_request(body, limits, defaults, MessagesRoute::Messages)
+}
+
+/// Reads a `/v1/messages` or `/v1/messages/count_tokens` body.
+pub fn read_request(
+    body: &[u8],
+    limits: &Limits,
+    defaults: &Defaults,
+    route: MessagesRoute,
+) -> R<ChatRequest> {
+    let b: MessagesBody = parse_body(body)?;
+    refuse_unknown(&b.unknown, "")?;
+    let max_tokens = match (b.max_tokens, route) {
+        (Some(n), _) => Some(("max_tokens", n)),
+        (None, MessagesRoute::CountTokens) => None,
+        (None, MessagesRoute::Messages) => {
+            return Err(field_err("max_tokens", "a whole number (it is required)"))
+        }
+    };
     let mut messages = Vec::new();
-    match m.get("system") {
-        None | Some(Value::Null) => {}
-        Some(v) => messages.push(json!({"role": "system", "content": blocks_text(v, "system")?})),
+    if let Some(v) = b.system.as_ref().filter(|v| !v.is_null()) {
+        messages.push(json!({"role": "system", "content": blocks_text(v, "system")?}));
     }
-    let Some(Value::Array(msgs)) = m.get("messages") else {
+    let Some(Value::Array(msgs)) = b.messages.as_ref() else {
         return Err(field_err("messages", "an array"));
     };
     for (i, msg) in msgs.iter().enumerate() {
         translate_message(msg, i, &mut messages)?;
     }
-    o.insert("messages".into(), Value::Array(messages));
-    match m.get("max_tokens") {
-        Some(v @ Value::Number(_)) => {
-            o.insert("max_tokens".into(), v.clone());
-        }
-        _ => return Err(field_err("max_tokens", "a whole number (it is required)")),
-    }
-    for (from, to) in [
-        ("model", "model"),
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("top_k", "top_k"),
-        ("stream", "stream"),
-        ("stop_sequences", "stop"),
-    ] {
-        if let Some(v) = m.get(from) {
-            o.insert(to.into(), v.clone());
-        }
-    }
-    if let Some(tools) = m.get("tools") {
-        let Value::Array(a) = tools else {
-            return Err(field_err("tools", "an array"));
-        };
-        let t: Vec<Value> = a
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let name = t
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| field_err(&format!("tools[{i}].name"), "a string"))?;
-                let mut f = json!({"name": name});
-                if let Some(d) = t.get("description") {
-                    f["description"] = d.clone();
-                }
-                if let Some(s) = t.get("input_schema") {
-                    f["parameters"] = s.clone();
-                }
-                Ok(json!({"type": "function", "function": f}))
-            })
-            .collect::<R<_>>()?;
-        o.insert("tools".into(), Value::Array(t));
-    }
-    if let Some(tc) = m.get("tool_choice") {
-        let choice = match tc.get("type").and_then(Value::as_str) {
-            Some("auto") => json!("auto"),
-            Some("any") => json!("required"),
-            Some("none") => json!("none"),
-            Some("tool") => {
-                json!({"type": "function", "function": {"name": tc.get("name").cloned().unwrap_or(Value::Null)}})
+    let messages = request::messages(Some(Value::Array(messages)), limits)?;
+    let fields = SamplingFields {
+        temperature: b.temperature,
+        top_p: b.top_p,
+        top_k: b.top_k,
+        max_tokens,
+        stop: ("stop_sequences", b.stop_sequences.unwrap_or_default()),
+        stream: b.stream,
+        model: b.model,
+        ..SamplingFields::default()
+    };
+    let params = fields.params(limits, &defaults.sampling)?;
+    let tools: Vec<Value> = b
+        .tools
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let f = format!("tools[{i}]");
+            if !t.is_object() {
+                return Err(field_err(&f, "an object"));
             }
-            _ => {
-                return Err(field_err(
-                    "tool_choice.type",
-                    "one of auto, any, tool, none",
-                ))
+            let t: ToolBody = from_value(t, &f)?;
+            refuse_unknown(&t.unknown, &f)?;
+            if let Some(kind) = t.kind.as_deref().filter(|k| *k != "custom") {
+                return Err(ApiError::field(
+                    &format!("{f}.type"),
+                    format!("{kind:?} tools are not supported (custom tools only)"),
+                ));
             }
-        };
-        o.insert("tool_choice".into(), choice);
-    }
-    if let Some(th) = m.get("thinking") {
-        let on = match th.get("type").and_then(Value::as_str) {
-            Some("enabled") => true,
-            Some("disabled") => false,
-            _ => return Err(field_err("thinking.type", "\"enabled\" or \"disabled\"")),
-        };
-        o.insert(
-            "chat_template_kwargs".into(),
-            json!({"enable_thinking": on}),
-        );
-    }
-    Ok(Value::Object(o))
-}
-
-/// Reads a `/v1/messages` body into a chat request.
-pub fn messages_request(body: &[u8], limits: &Limits, defaults: &Defaults) -> R<ChatRequest> {
-    let m = parse_object(body)?;
-    let openai = translate(&m)?;
-    chat_request(openai.to_string().as_bytes(), limits, defaults)
+            let name = t
+                .name
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| field_err(&format!("{f}.name"), "a non-empty string"))?;
+            let mut func = json!({"name": name});
+            if let Some(d) = t.description {
+                func["description"] = d;
+            }
+            if let Some(s) = t.input_schema {
+                func["parameters"] = s;
+            }
+            Ok(json!({"type": "function", "function": func}))
+        })
+        .collect::<R<_>>()?;
+    let mut single_tool_call = false;
+    let tool_choice = match b.tool_choice {
+        None => ToolChoice::Auto,
+        Some(tc) => {
+            refuse_unknown(&tc.unknown, "tool_choice")?;
+            single_tool_call = tc.disable_parallel_tool_use == Some(true);
+            match tc.kind.as_deref() {
+                Some("auto") => ToolChoice::Auto,
+                Some("none") => ToolChoice::None,
+                Some("any") if tools.is_empty() => {
+                    return Err(ApiError::field(
+                        "tool_choice",
+                        "\"any\" needs at least one tool in `tools`",
+                    ))
+                }
+                Some("any") => ToolChoice::Required,
+                Some("tool") => {
+                    let name = tc
+                        .name
+                        .ok_or_else(|| ApiError::field("tool_choice.name", "is missing"))?;
+                    request::named_tool(&name, &tools, "tool_choice.name")?
+                }
+                _ => {
+                    return Err(field_err(
+                        "tool_choice.type",
+                        "one of auto, any, tool, none",
+                    ))
+                }
+            }
+        }
+    };
+    let thinking = match b.thinking {
+        None => false,
+        Some(th) => {
+            refuse_unknown(&th.unknown, "thinking")?;
+            match th.kind.as_deref() {
+                Some("enabled") => true,
+                Some("disabled") => false,
+                _ => return Err(field_err("thinking.type", "\"enabled\" or \"disabled\"")),
+            }
+        }
+    };
+    Ok(ChatRequest {
+        messages,
+        tools,
+        tool_choice,
+        single_tool_call,
+        response_format: ResponseFormat::Text,
+        thinking,
+        effort: Some(ThinkingEffort::Max),
+        params,
+    })
 }
 
 /// Anthropic's error shape.
@@ -229,7 +339,8 @@ pub fn error_response(e: ApiError) -> Response {
 
 /// `stop_reason` and `stop_sequence` of an outcome.
 fn stop_reason(o: &Outcome) -> (&'static str, Value) {
-    match (o.finish, &o.stop_string) {
+    let c = o.first();
+    match (c.finish, &c.stop_string) {
         (FinishReason::ToolCalls, _) => ("tool_use", Value::Null),
         (FinishReason::Length, _) => ("max_tokens", Value::Null),
         (FinishReason::Stop, Some(s)) => ("stop_sequence", json!(s)),
@@ -248,13 +359,14 @@ fn usage(o: &Outcome) -> Value {
 /// A whole `message`.
 pub fn message(id: &str, model: &str, o: &Outcome) -> Value {
     let mut content = Vec::new();
-    if !o.reasoning.is_empty() {
-        content.push(json!({"type": "thinking", "thinking": o.reasoning, "signature": ""}));
+    let first = o.first();
+    if !first.reasoning.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": first.reasoning, "signature": ""}));
     }
-    if !o.content.is_empty() {
-        content.push(json!({"type": "text", "text": o.content}));
+    if !first.content.is_empty() {
+        content.push(json!({"type": "text", "text": first.content}));
     }
-    for (i, c) in o.tool_calls.iter().enumerate() {
+    for (i, c) in first.tool_calls.iter().enumerate() {
         let input: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
         content.push(json!({"type": "tool_use", "id": format!("toolu_{id}_{i}"), "name": c.name, "input": input}));
     }
@@ -275,6 +387,7 @@ pub fn message(id: &str, model: &str, o: &Outcome) -> Value {
 pub struct StreamEvents {
     id: String,
     model: String,
+    input_tokens: usize,
     open: Option<Field>,
     index: usize,
 }
@@ -286,11 +399,12 @@ fn event(kind: &'static str, data: Value) -> SseFrame {
 }
 
 impl StreamEvents {
-    /// Events for answer `id`.
-    pub fn new(id: &str, model: &str) -> Self {
+    /// Events for answer `id` to a prompt of `input_tokens`.
+    pub fn new(id: &str, model: &str, input_tokens: usize) -> Self {
         Self {
             id: id.to_string(),
             model: model.to_string(),
+            input_tokens,
             open: None,
             index: 0,
         }
@@ -303,7 +417,7 @@ impl StreamEvents {
             json!({"message": {
                 "id": format!("msg_{}", self.id), "type": "message", "role": "assistant",
                 "model": self.model, "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": 0, "output_tokens": 0},
+                "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
             }}),
         )]
     }
@@ -319,7 +433,7 @@ impl StreamEvents {
     pub fn frame(&mut self, ev: Event) -> (Vec<SseFrame>, bool) {
         let mut out = Vec::new();
         match ev {
-            Event::Delta(field, text) => {
+            Event::Delta(Delta { field, text, .. }) => {
                 if self.open != Some(field) {
                     self.close(&mut out);
                     let block = match field {
@@ -344,7 +458,7 @@ impl StreamEvents {
             }
             Event::Done(o) => {
                 self.close(&mut out);
-                for (i, c) in o.tool_calls.iter().enumerate() {
+                for (i, c) in o.first().tool_calls.iter().enumerate() {
                     let block = json!({"type": "tool_use", "id": format!("toolu_{}_{i}", self.id), "name": c.name, "input": {}});
                     out.push(event(
                         "content_block_start",

@@ -74,11 +74,13 @@ async fn refuse(mut stream: TcpStream, answer: Arc<[u8]>) {
     .await;
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then drains the connections.
+/// Serves `app` on `listener` until `shutdown` resolves, then drains the connections;
+/// `on_refusal` runs for each connection answered 503 over the limit.
 pub async fn serve_connections(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
+    on_refusal: Arc<dyn Fn() + Send + Sync>,
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
@@ -105,8 +107,10 @@ pub async fn serve_connections(
             // Over the limit: answer 503 on a slot of its own, or (in a flood of them) close.
             if let Ok(r) = refusals.clone().try_acquire_owned() {
                 let answer = answer.clone();
+                let on_refusal = on_refusal.clone();
                 tokio::spawn(async move {
                     let _r = r;
+                    on_refusal();
                     refuse(stream, answer).await;
                 });
             }

@@ -4,6 +4,7 @@
 //! streams what it generates back to the request's handler. An error or a panic in a job
 //! answers that job with an error and leaves the engine serving.
 
+use super::live::LiveFigures;
 use super::metrics::{GenerationSample, Metrics};
 use super::reply::{parse_reply, pieces_from_ids, ToolCallOut};
 use super::request::GenParams;
@@ -11,7 +12,9 @@ use super::stop_strings::StopStrings;
 use crate::backend::Backend;
 use crate::model::K3Model;
 use crate::sampling::Sampler;
-use crate::session::{DecodeOptions, Finish, Flow, Session, SnapshotLimits};
+use crate::session::{
+    DecodeOptions, Finish, Flow, Generation, Session, SnapshotLimits, TokenEvent,
+};
 use crate::stats::Stats;
 use crate::tokenizer::{Channel, ChatEvent, ChatSplitter, StreamDecoder, Tokenizer};
 use anyhow::Result;
@@ -28,6 +31,8 @@ pub enum JobKind {
     Chat {
         /// The generation prompt opened the think channel.
         thinking: bool,
+        /// Only the first tool call is kept (`parallel_tool_calls: false`).
+        single_tool_call: bool,
     },
     /// Plain text continuation.
     Completion,
@@ -43,6 +48,8 @@ pub struct Job {
     pub params: GenParams,
     /// Chat or completion.
     pub kind: JobKind,
+    /// Think text goes into `content` inside `<think>…</think>` (`--reasoning-format inline`).
+    pub inline_reasoning: bool,
     /// Where the job's events go.
     pub events: UnboundedSender<Event>,
     /// Raised when the client went away (or the server stops).
@@ -82,9 +89,9 @@ impl FinishReason {
     }
 }
 
-/// How a job ended.
+/// One choice of an answer.
 #[derive(Clone, Debug)]
-pub struct Outcome {
+pub struct ChoiceOut {
     /// The think-channel text.
     pub reasoning: String,
     /// The response text.
@@ -93,11 +100,23 @@ pub struct Outcome {
     pub tool_calls: Vec<ToolCallOut>,
     /// Why it ended.
     pub finish: FinishReason,
+    /// The stop string that ended it, if one did.
+    pub stop_string: Option<String>,
+    /// Tokens it generated.
+    pub completion_tokens: usize,
+}
+
+/// How a job ended.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The choices (`n` of them), in order.
+    pub choices: Vec<ChoiceOut>,
     /// Prompt tokens.
     pub prompt_tokens: usize,
-    /// Prompt tokens reused from the engine's state.
+    /// Prompt tokens reused from the engine's state (for the first choice; later choices
+    /// restart from the state at the prompt's end).
     pub cached_tokens: usize,
-    /// Tokens generated.
+    /// Tokens generated, over all choices.
     pub completion_tokens: usize,
     /// Seconds from the job's start to its first token.
     pub ttft_secs: f64,
@@ -109,15 +128,33 @@ pub struct Outcome {
     pub stats: Stats,
     /// Whether the job was cancelled.
     pub cancelled: bool,
-    /// The stop string that ended it, if one did.
-    pub stop_string: Option<String>,
+    /// The seed of the first choice's sampler (choice `i` uses `seed + i`).
+    pub seed: u64,
+}
+
+impl Outcome {
+    /// The first choice (every job has at least one).
+    pub fn first(&self) -> &ChoiceOut {
+        &self.choices[0]
+    }
+}
+
+/// A piece of streamed text.
+#[derive(Clone, Debug)]
+pub struct Delta {
+    /// The choice it belongs to.
+    pub choice: usize,
+    /// Reasoning or content.
+    pub field: Field,
+    /// The text.
+    pub text: String,
 }
 
 /// What the engine sends a handler.
 #[derive(Clone, Debug)]
 pub enum Event {
-    /// New text of one field.
-    Delta(Field, String),
+    /// New text of one choice's field.
+    Delta(Delta),
     /// The job ended.
     Done(Box<Outcome>),
     /// The job failed (the engine goes on).
@@ -133,6 +170,8 @@ pub struct EngineShared {
     pub current: Mutex<Option<Arc<AtomicBool>>>,
     /// Raised at shutdown: jobs still queued end at once, cancelled.
     pub stopping: AtomicBool,
+    /// The figures of the last decode steps.
+    pub live: LiveFigures,
 }
 
 /// Serves jobs until every sender of `jobs` is gone, keeping state snapshots within
@@ -175,7 +214,9 @@ pub fn run_engine<B: Backend>(
             job.cancel.store(true, Ordering::SeqCst);
         }
         let started = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| run_job(&mut session, tok, &eos, &job)));
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            run_job(&mut session, tok, &eos, &job, &shared.live)
+        }));
         let event = match result {
             Ok(Ok(outcome)) => {
                 shared.metrics.add(&GenerationSample {
@@ -185,6 +226,8 @@ pub fn run_engine<B: Backend>(
                     prefill_secs: outcome.prefill_secs,
                     decode_secs: outcome.decode_secs,
                     ttft_secs: (outcome.completion_tokens > 0).then_some(outcome.ttft_secs),
+                    queue_secs: started.duration_since(job.queued).as_secs_f64(),
+                    request_secs: job.queued.elapsed().as_secs_f64(),
                     stats: outcome.stats.clone(),
                 });
                 eprintln!(
@@ -197,7 +240,7 @@ pub fn run_engine<B: Backend>(
                     outcome.ttft_secs,
                     outcome.prefill_secs,
                     outcome.decode_secs,
-                    outcome.finish.as_str(),
+                    outcome.first().finish.as_str(),
                     if outcome.cancelled { " (cancelled)" } else { "" }
                 );
                 Event::Done(Box::new(outcome))
@@ -233,11 +276,15 @@ pub fn run_engine<B: Backend>(
     Ok(())
 }
 
-/// Turns generated text into events: the think channel as reasoning, the rest as content
-/// through the stop strings; the tools channel is held for parsing at the end.
+/// Turns one choice's generated text into events: the think channel as reasoning (or as
+/// `<think>…</think>` inside content when inline), the rest as content through the stop
+/// strings; the tools channel is held for parsing at the end.
 struct Streamer<'a> {
     events: &'a UnboundedSender<Event>,
     cancel: &'a AtomicBool,
+    choice: usize,
+    inline: bool,
+    in_think: bool,
     stops: StopStrings,
     reasoning: String,
     content: String,
@@ -248,13 +295,40 @@ impl Streamer<'_> {
         if text.is_empty() {
             return;
         }
+        let (field, text) = match (self.inline, field) {
+            (false, f) => (f, text),
+            (true, Field::Reasoning) if !self.in_think => {
+                self.in_think = true;
+                (Field::Content, format!("<think>{text}"))
+            }
+            (true, Field::Reasoning) => (Field::Content, text),
+            (true, Field::Content) if self.in_think => {
+                self.in_think = false;
+                (Field::Content, format!("</think>{text}"))
+            }
+            (true, Field::Content) => (Field::Content, text),
+        };
         match field {
             Field::Reasoning => self.reasoning.push_str(&text),
             Field::Content => self.content.push_str(&text),
         }
-        if self.events.send(Event::Delta(field, text)).is_err() {
+        let delta = Delta {
+            choice: self.choice,
+            field,
+            text,
+        };
+        if self.events.send(Event::Delta(delta)).is_err() {
             // The handler is gone: the client disconnected.
             self.cancel.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Closes an inline think section left open at the end.
+    fn end_think(&mut self) {
+        if self.in_think {
+            self.in_think = false;
+            self.inline = false;
+            self.send(Field::Content, "</think>".to_string());
         }
     }
 
@@ -283,20 +357,77 @@ enum Output<'t> {
     Text(StreamDecoder<'t>),
 }
 
+/// Runs a job's choices one after another from the same prompt: the first prefills it,
+/// the later ones go back to the state snapshot taken at its end (or prefill again when
+/// snapshots are off), each with its own sampler (`seed + i`).
 fn run_job<B: Backend>(
     session: &mut Session<'_, B>,
     tok: &Tokenizer,
     eos: &[u32],
     job: &Job,
+    live: &LiveFigures,
 ) -> Result<Outcome> {
     let t0 = Instant::now();
+    let n = job.params.n.max(1);
+    let mut out = Outcome {
+        choices: Vec::with_capacity(n),
+        prompt_tokens: job.ids.len(),
+        cached_tokens: 0,
+        completion_tokens: 0,
+        ttft_secs: 0.0,
+        prefill_secs: 0.0,
+        decode_secs: 0.0,
+        stats: Stats::default(),
+        cancelled: false,
+        seed: job.params.sampling.seed,
+    };
+    let mut ttft = None;
+    for choice in 0..n {
+        let (c, g) = run_choice(session, tok, eos, job, choice, &mut |ev| {
+            ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+            if ev.index > 0 {
+                live.push(ev.secs, &ev.stats);
+            }
+        })?;
+        if choice == 0 {
+            out.cached_tokens = g.cached_tokens;
+        }
+        out.completion_tokens += g.tokens.len();
+        out.prefill_secs += g.prefill_secs;
+        out.decode_secs += g.decode_secs;
+        out.stats = out.stats.plus(&g.prefill_stats.plus(&g.decode_stats));
+        out.choices.push(c);
+        if g.finish == Finish::Cancelled {
+            out.cancelled = true;
+            break;
+        }
+    }
+    out.ttft_secs = ttft.unwrap_or(0.0);
+    Ok(out)
+}
+
+fn run_choice<B: Backend>(
+    session: &mut Session<'_, B>,
+    tok: &Tokenizer,
+    eos: &[u32],
+    job: &Job,
+    choice: usize,
+    on_token: &mut dyn FnMut(&TokenEvent),
+) -> Result<(ChoiceOut, Generation)> {
     let p = &job.params;
-    let mut sampler = Sampler::new(p.sampling)?;
+    let mut sampling = p.sampling;
+    sampling.seed = sampling.seed.wrapping_add(choice as u64);
+    let mut sampler = Sampler::new(sampling)?;
     let mut stop_ids = eos.to_vec();
     let mut output = match job.kind {
-        JobKind::Chat { thinking } => {
+        JobKind::Chat { thinking, .. } => {
             stop_ids.extend(tok.special_id("<|end_of_msg|>"));
-            Output::Chat(Box::new(ChatSplitter::new(tok, thinking, &[])?))
+            let splitter = ChatSplitter::new(tok, thinking, eos)?;
+            Output::Chat(Box::new(if p.ignore_eos {
+                splitter.without_stops()
+            } else {
+                splitter
+            }))
         }
         JobKind::Completion => Output::Text(StreamDecoder::new(tok, false)),
     };
@@ -306,11 +437,13 @@ fn run_job<B: Backend>(
     let mut st = Streamer {
         events: &job.events,
         cancel: &job.cancel,
+        choice,
+        inline: job.inline_reasoning,
+        in_think: false,
         stops: StopStrings::new(&p.stop),
         reasoning: String::new(),
         content: String::new(),
     };
-    let mut ttft = None;
     let (presence, frequency) = (p.presence_penalty, p.frequency_penalty);
     let prompt_len = job.ids.len();
     let mut scratch = Vec::new();
@@ -338,7 +471,7 @@ fn run_job<B: Backend>(
         ..DecodeOptions::default()
     };
     let g = session.generate(&job.ids, &opts, &mut pick, &mut |ev| {
-        ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+        on_token(ev);
         match &mut output {
             Output::Chat(s) => {
                 let evs = s.push(ev.id)?;
@@ -368,11 +501,19 @@ fn run_job<B: Backend>(
     let tail = st.stops.finish();
     st.send(Field::Content, tail);
     let mut tool_calls = Vec::new();
-    if let JobKind::Chat { thinking } = job.kind {
+    if let JobKind::Chat {
+        thinking,
+        single_tool_call,
+    } = job.kind
+    {
         let reply = parse_reply(&pieces_from_ids(tok, &g.tokens), thinking);
         tool_calls = reply.tool_calls;
+        if single_tool_call {
+            tool_calls.truncate(1);
+        }
         st.send(Field::Content, reply.unparsed_tools);
     }
+    st.end_think();
     let finish = if !tool_calls.is_empty() {
         FinishReason::ToolCalls
     } else if g.finish == Finish::Length && !st.stops.hit() {
@@ -380,19 +521,13 @@ fn run_job<B: Backend>(
     } else {
         FinishReason::Stop
     };
-    Ok(Outcome {
+    let c = ChoiceOut {
         reasoning: st.reasoning,
         content: st.content,
         tool_calls,
         finish,
-        prompt_tokens: prompt_len,
-        cached_tokens: g.cached_tokens,
-        completion_tokens: g.tokens.len(),
-        ttft_secs: ttft.unwrap_or(0.0),
-        prefill_secs: g.prefill_secs,
-        decode_secs: g.decode_secs,
-        stats: g.prefill_stats.plus(&g.decode_stats),
-        cancelled: g.finish == Finish::Cancelled,
         stop_string: st.stops.matched().map(str::to_string),
-    })
+        completion_tokens: g.tokens.len(),
+    };
+    Ok((c, g))
 }

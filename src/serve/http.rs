@@ -3,14 +3,15 @@
 
 use super::anthropic;
 use super::api_error::ApiError;
-use super::engine::{EngineShared, Event, Field, Job, JobKind, Outcome};
+use super::engine::{Delta, EngineShared, Event, Field, Job, JobKind, Outcome};
 use super::openai;
 use super::prompt::render_request;
+use super::refused::{self, Api};
 use super::request::{chat_request, completion_request, Defaults, GenParams, Limits};
 use super::sse::{event_stream, SseFrame};
 use crate::tokenizer::Tokenizer;
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -51,7 +52,23 @@ pub struct App {
     pub body_timeout: Duration,
     /// Request ids.
     pub next_id: AtomicU64,
+    /// Where a chat answer's think text goes.
+    pub reasoning_format: ReasoningFormat,
 }
+
+/// Where a chat answer's think text goes (`--reasoning-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReasoningFormat {
+    /// In `reasoning_content`, apart from `content`.
+    #[default]
+    Separate,
+    /// Inside `content`, wrapped in `<think>…</think>`, for clients that ignore
+    /// `reasoning_content`.
+    Inline,
+}
+
+/// The header that reports the seed a request's sampler used.
+pub const SEED_HEADER: &str = "x-k3-seed";
 
 /// The page at `/`.
 const PAGE: &str = include_str!("page.html");
@@ -63,9 +80,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .fallback(|| async { ApiError::status(404, "no such route").into_response() })
         .method_not_allowed_fallback(|| async {
             ApiError::status(405, "this route does not take that method").into_response()
@@ -93,20 +112,52 @@ fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
     headers.get("x-api-key").map(HeaderValue::as_bytes)
 }
 
-/// The key check (everything but `/` and `/health`) and the status counter.
+/// Whether a path is Anthropic's, whose errors have Anthropic's shape.
+fn anthropic_path(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
+}
+
+/// The key check (everything but `/` and `/health`), an immediate 413 for a declared
+/// `Content-Length` over the body limit, and the status counter.
 async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let open = matches!(req.uri().path(), "/" | "/health");
-    let resp = match (&app.api_key, open) {
+    let path = req.uri().path();
+    let open = matches!(path, "/" | "/health");
+    let anthropic = anthropic_path(path);
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let refusal = match (&app.api_key, open) {
         (Some(key), false)
             if !bearer(req.headers()).is_some_and(|k| keys_match(k, key.as_bytes())) =>
         {
-            ApiError::status(
+            Some(ApiError::status(
                 401,
-                "a valid API key is required: Authorization: Bearer KEY",
-            )
-            .into_response()
+                "a valid API key is required: Authorization: Bearer KEY (or x-api-key: KEY)",
+            ))
         }
-        _ => next.run(req).await,
+        _ if declared.is_some_and(|n| n > app.body_limit as u64) => Some(ApiError::status(
+            413,
+            format!(
+                "the request body is over {} bytes (--max-body-mb)",
+                app.body_limit
+            ),
+        )),
+        _ => None,
+    };
+    let resp = match refusal {
+        Some(e) if anthropic => anthropic::error_response(e),
+        Some(e) => {
+            let mut r = e.into_response();
+            if r.status().as_u16() == 413 {
+                // The body is not read: the connection cannot carry another request.
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            r
+        }
+        None => next.run(req).await,
     };
     app.shared.metrics.count_status(resp.status().as_u16());
     resp
@@ -121,6 +172,7 @@ async fn health(State(app): State<Arc<App>>) -> Json<Value> {
         "backend": app.backend_name,
         "queue_depth": m.queue_depth.load(Ordering::Relaxed),
         "state": if busy { "busy" } else { "idle" },
+        "live": app.shared.live.snapshot(),
     }))
 }
 
@@ -134,6 +186,23 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     Json(openai::models(&app.model_name))
+}
+
+async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    if id == app.model_name {
+        return Json(openai::model_entry(&app.model_name)).into_response();
+    }
+    ApiError {
+        param: Some("model".into()),
+        ..ApiError::status(
+            404,
+            format!(
+                "model {id:?} is not served here; this server serves {:?}",
+                app.model_name
+            ),
+        )
+    }
+    .into_response()
 }
 
 /// Raises a job's cancel flag when the handler or its stream is dropped (the client left).
@@ -199,12 +268,14 @@ impl App {
         }
     }
 
-    /// Checks the prompt against the context and queues the job.
+    /// Checks the prompt against the context and queues the job; `inline_reasoning` puts
+    /// think text into content.
     fn submit(
         &self,
         ids: Vec<u32>,
         mut params: GenParams,
         kind: JobKind,
+        inline_reasoning: bool,
     ) -> Result<(String, UnboundedReceiver<Event>, CancelOnDrop), ApiError> {
         params
             .sampling
@@ -233,6 +304,7 @@ impl App {
             ids,
             params,
             kind,
+            inline_reasoning,
             events: tx,
             cancel: cancel.clone(),
             queued: Instant::now(),
@@ -279,34 +351,52 @@ where
         .into_response()
 }
 
+/// Adds the seed header to a response.
+fn with_seed(mut r: Response, seed: u64) -> Response {
+    r.headers_mut().insert(SEED_HEADER, HeaderValue::from(seed));
+    r
+}
+
 async fn chat(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
     let app = &app;
     let bytes = app.body(body).await?;
     let req = chat_request(&bytes, &app.limits, &app.defaults)?;
+    refused::chat(&req, Api::OpenAi)?;
     app.check_model(&req.params)?;
     let ids = app
         .tok
         .encode_prompt(&render_request(&req)?)
         .map_err(|e| ApiError::status(400, format!("encoding the prompt: {e:#}")))?;
     let (stream, include_usage) = (req.params.stream, req.params.include_usage);
+    let (seed, n) = (req.params.sampling.seed, req.params.n);
     let kind = JobKind::Chat {
         thinking: req.thinking,
+        single_tool_call: req.single_tool_call,
     };
-    let (id, mut rx, guard) = app.submit(ids, req.params, kind)?;
+    let inline = app.reasoning_format == ReasoningFormat::Inline;
+    let (id, mut rx, guard) = app.submit(ids, req.params, kind, inline)?;
     let model = app.model_name.clone();
     if !stream {
         let o = wait_outcome(&mut rx).await?;
         drop(guard);
-        return Ok(Json(openai::chat_completion(&id, &model, &o)).into_response());
+        let r = Json(openai::chat_completion(&id, &model, &o)).into_response();
+        return Ok(with_seed(r, seed));
     }
-    let role = json!({"role": "assistant", "content": ""});
-    let first = vec![SseFrame::from(
-        openai::chat_chunk(&id, &model, role, None).to_string(),
-    )];
+    let first: Vec<SseFrame> = (0..n)
+        .map(|i| {
+            let role = json!({"role": "assistant", "content": ""});
+            SseFrame::from(openai::chat_chunk(&id, &model, i, role, None).to_string())
+        })
+        .collect();
     let frame = move |ev: Event| match ev {
-        Event::Delta(field, text) => (
+        Event::Delta(Delta {
+            choice,
+            field,
+            text,
+        }) => (
             vec![SseFrame::from(
-                openai::chat_chunk(&id, &model, openai::text_delta(field, &text), None).to_string(),
+                openai::chat_chunk(&id, &model, choice, openai::text_delta(field, &text), None)
+                    .to_string(),
             )],
             false,
         ),
@@ -326,41 +416,60 @@ async fn chat(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiEr
             true,
         ),
     };
-    Ok(sse_response(event_stream(first, rx, guard, frame)))
+    Ok(with_seed(
+        sse_response(event_stream(first, rx, guard, frame)),
+        seed,
+    ))
 }
 
 async fn completions(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
     let app = &app;
     let bytes = app.body(body).await?;
     let req = completion_request(&bytes, &app.limits, &app.defaults)?;
+    refused::completion(&req)?;
     app.check_model(&req.params)?;
     let ids = app
         .tok
         .try_encode(&req.prompt)
         .map_err(|e| ApiError::field("prompt", format!("{e:#}")))?;
-    let stream = req.params.stream;
-    let (id, mut rx, guard) = app.submit(ids, req.params, JobKind::Completion)?;
+    let (stream, seed) = (req.params.stream, req.params.sampling.seed);
+    let (id, mut rx, guard) = app.submit(ids, req.params, JobKind::Completion, false)?;
     let model = app.model_name.clone();
     if !stream {
         let o = wait_outcome(&mut rx).await?;
         drop(guard);
-        return Ok(Json(openai::completion(&id, &model, &o)).into_response());
+        let r = Json(openai::completion(&id, &model, &o)).into_response();
+        return Ok(with_seed(r, seed));
     }
     let frame = move |ev: Event| match ev {
-        Event::Delta(Field::Content, text) => (
+        Event::Delta(Delta {
+            choice,
+            field: Field::Content,
+            text,
+        }) => (
             vec![SseFrame::from(
-                openai::completion_chunk(&id, &model, &text, None).to_string(),
+                openai::completion_chunk(&id, &model, choice, &text, None).to_string(),
             )],
             false,
         ),
-        Event::Delta(Field::Reasoning, _) => (Vec::new(), false),
+        Event::Delta(_) => (Vec::new(), false),
         Event::Done(o) => {
-            let mut last = openai::completion_chunk(&id, &model, "", Some(o.finish.as_str()));
-            last["usage"] = openai::usage(&o);
-            (
-                vec![SseFrame::from(last.to_string()), SseFrame::done()],
-                true,
-            )
+            let mut out: Vec<SseFrame> = o
+                .choices
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let mut last =
+                        openai::completion_chunk(&id, &model, i, "", Some(c.finish.as_str()));
+                    if i + 1 == o.choices.len() {
+                        last["usage"] = openai::usage(&o);
+                        last["system_fingerprint"] = json!(openai::fingerprint(o.seed));
+                    }
+                    SseFrame::from(last.to_string())
+                })
+                .collect();
+            out.push(SseFrame::done());
+            (out, true)
         }
         Event::Failed(m) => (
             vec![
@@ -370,7 +479,10 @@ async fn completions(State(app): State<Arc<App>>, body: Body) -> Result<Response
             true,
         ),
     };
-    Ok(sse_response(event_stream(Vec::new(), rx, guard, frame)))
+    Ok(with_seed(
+        sse_response(event_stream(Vec::new(), rx, guard, frame)),
+        seed,
+    ))
 }
 
 async fn messages(State(app): State<Arc<App>>, body: Body) -> Response {
@@ -380,27 +492,59 @@ async fn messages(State(app): State<Arc<App>>, body: Body) -> Response {
     }
 }
 
+/// A chat request's prompt ids.
+fn chat_ids(app: &App, req: &super::request::ChatRequest) -> Result<Vec<u32>, ApiError> {
+    app.tok
+        .encode_prompt(&render_request(req)?)
+        .map_err(|e| ApiError::status(400, format!("encoding the prompt: {e:#}")))
+}
+
 async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError> {
     let bytes = app.body(body).await?;
     let req = anthropic::messages_request(&bytes, &app.limits, &app.defaults)?;
+    refused::chat(&req, Api::Anthropic)?;
     app.check_model(&req.params)?;
-    let ids = app
-        .tok
-        .encode_prompt(&render_request(&req)?)
-        .map_err(|e| ApiError::status(400, format!("encoding the prompt: {e:#}")))?;
-    let stream = req.params.stream;
+    let ids = chat_ids(app, &req)?;
+    let input_tokens = ids.len();
+    let (stream, seed) = (req.params.stream, req.params.sampling.seed);
     let kind = JobKind::Chat {
         thinking: req.thinking,
+        single_tool_call: req.single_tool_call,
     };
-    let (id, mut rx, guard) = app.submit(ids, req.params, kind)?;
+    let (id, mut rx, guard) = app.submit(ids, req.params, kind, false)?;
     let model = app.model_name.clone();
     if !stream {
         let o = wait_outcome(&mut rx).await?;
         drop(guard);
-        return Ok(Json(anthropic::message(&id, &model, &o)).into_response());
+        let r = Json(anthropic::message(&id, &model, &o)).into_response();
+        return Ok(with_seed(r, seed));
     }
-    let mut events = anthropic::StreamEvents::new(&id, &model);
+    let mut events = anthropic::StreamEvents::new(&id, &model, input_tokens);
     let first = events.start();
     let frame = move |ev: Event| events.frame(ev);
-    Ok(sse_response(event_stream(first, rx, guard, frame)))
+    Ok(with_seed(
+        sse_response(event_stream(first, rx, guard, frame)),
+        seed,
+    ))
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's tokens, as `/v1/messages` would
+/// render it, without generating.
+async fn count_tokens(State(app): State<Arc<App>>, body: Body) -> Response {
+    let inner = async {
+        let bytes = app.body(body).await?;
+        let req = anthropic::read_request(
+            &bytes,
+            &app.limits,
+            &app.defaults,
+            anthropic::MessagesRoute::CountTokens,
+        )?;
+        app.check_model(&req.params)?;
+        let ids = chat_ids(&app, &req)?;
+        Ok::<_, ApiError>(Json(json!({"input_tokens": ids.len()})).into_response())
+    };
+    match inner.await {
+        Ok(r) => r,
+        Err(e) => anthropic::error_response(e),
+    }
 }

@@ -1,5 +1,6 @@
 //! Counters of the server, written as Prometheus text at `/metrics`.
 
+use super::histogram::{Histogram, DURATION_BUCKETS, TOKEN_BUCKETS};
 use crate::stats::Stats;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -24,7 +25,7 @@ pub struct Metrics {
     pub snapshot_bytes: AtomicUsize,
 }
 
-#[derive(Default, Clone)]
+#[derive(Clone)]
 struct Totals {
     prompt_tokens: u64,
     cached_tokens: u64,
@@ -32,11 +33,33 @@ struct Totals {
     generated_tokens: u64,
     prefill_secs: f64,
     decode_secs: f64,
-    ttft_secs: f64,
-    ttft_count: u64,
+    ttft: Histogram,
+    per_token: Histogram,
+    queue_wait: Histogram,
+    duration: Histogram,
     last_prefill_tps: f64,
     last_decode_tps: f64,
     stats: Stats,
+}
+
+impl Default for Totals {
+    fn default() -> Self {
+        Self {
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            prefilled_tokens: 0,
+            generated_tokens: 0,
+            prefill_secs: 0.0,
+            decode_secs: 0.0,
+            ttft: Histogram::new(DURATION_BUCKETS),
+            per_token: Histogram::new(TOKEN_BUCKETS),
+            queue_wait: Histogram::new(DURATION_BUCKETS),
+            duration: Histogram::new(DURATION_BUCKETS),
+            last_prefill_tps: 0.0,
+            last_decode_tps: 0.0,
+            stats: Stats::default(),
+        }
+    }
 }
 
 /// What one finished generation adds.
@@ -53,6 +76,10 @@ pub struct GenerationSample {
     pub decode_secs: f64,
     /// Seconds from the start of the job to its first token, if one came.
     pub ttft_secs: Option<f64>,
+    /// Seconds the request waited in the queue.
+    pub queue_secs: f64,
+    /// Seconds from queueing to the end of the job.
+    pub request_secs: f64,
     /// Engine counters (prefill and decode).
     pub stats: Stats,
 }
@@ -79,9 +106,14 @@ impl Metrics {
         t.prefill_secs += s.prefill_secs;
         t.decode_secs += s.decode_secs;
         if let Some(x) = s.ttft_secs {
-            t.ttft_secs += x;
-            t.ttft_count += 1;
+            t.ttft.observe(x);
         }
+        if s.generated_tokens > 1 && s.decode_secs > 0.0 {
+            t.per_token
+                .observe(s.decode_secs / (s.generated_tokens - 1) as f64);
+        }
+        t.queue_wait.observe(s.queue_secs);
+        t.duration.observe(s.request_secs);
         if prefilled > 0 && s.prefill_secs > 0.0 {
             t.last_prefill_tps = prefilled as f64 / s.prefill_secs;
         }
@@ -150,18 +182,6 @@ impl Metrics {
             format!("{:.3}", t.last_decode_tps),
         );
         metric(
-            "k3_time_to_first_token_seconds_sum",
-            "counter",
-            "Sum of times to first token.",
-            format!("{:.6}", t.ttft_secs),
-        );
-        metric(
-            "k3_time_to_first_token_seconds_count",
-            "counter",
-            "Requests with a first token.",
-            t.ttft_count.to_string(),
-        );
-        metric(
             "k3_expert_hit_ratio",
             "gauge",
             "Experts found cached, of those needed.",
@@ -216,6 +236,26 @@ impl Metrics {
             "gauge",
             "Bytes the state snapshots take.",
             self.snapshot_bytes.load(Ordering::Relaxed).to_string(),
+        );
+        t.ttft.render(
+            "k3_time_to_first_token_seconds",
+            "Seconds from a request's start in the engine to its first token.",
+            &mut o,
+        );
+        t.per_token.render(
+            "k3_time_per_output_token_seconds",
+            "Seconds per generated token after the first (each request's mean).",
+            &mut o,
+        );
+        t.queue_wait.render(
+            "k3_queue_wait_seconds",
+            "Seconds a request waited for the engine.",
+            &mut o,
+        );
+        t.duration.render(
+            "k3_request_duration_seconds",
+            "Seconds from a request's queueing to the end of its generation.",
+            &mut o,
         );
         let _ = writeln!(
             o,

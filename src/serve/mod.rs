@@ -5,12 +5,16 @@
 
 pub mod anthropic;
 pub mod api_error;
+pub mod body_json;
 pub mod connections;
 pub mod engine;
+pub mod histogram;
 pub mod http;
+pub mod live;
 pub mod metrics;
 pub mod openai;
 pub mod prompt;
+pub mod refused;
 pub mod reply;
 pub mod request;
 pub mod sse;
@@ -60,6 +64,8 @@ pub struct ServeOptions {
     pub max_connections: usize,
     /// Longest wait for a request's headers.
     pub header_timeout: Duration,
+    /// Where a chat answer's think text goes.
+    pub reasoning_format: http::ReasoningFormat,
 }
 
 /// Serves `model` until SIGINT or SIGTERM: binds, prints the address, runs the HTTP side
@@ -100,6 +106,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         body_limit: opts.body_limit,
         body_timeout: opts.body_timeout,
         next_id: AtomicU64::new(1),
+        reasoning_format: opts.reasoning_format,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(opts.http_threads.max(1))
@@ -118,10 +125,12 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)
                     .context("handing the socket to the runtime")?;
+                let counter = http_shared.clone();
                 connections::serve_connections(
                     listener,
                     http::router(app),
                     limits,
+                    Arc::new(move || counter.metrics.count_status(503)),
                     shutdown_signal(http_shared),
                 )
                 .await;

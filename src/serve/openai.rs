@@ -1,7 +1,7 @@
 //! OpenAI response bodies: chat completions, their streamed chunks, text completions,
 //! the model list and usage.
 
-use super::engine::{Field, Outcome};
+use super::engine::{ChoiceOut, Field, Outcome};
 use super::reply::ToolCallOut;
 use serde_json::{json, Value};
 
@@ -59,34 +59,69 @@ fn tool_calls_json(calls: &[ToolCallOut], id: &str, with_index: bool) -> Value {
     )
 }
 
+fn chat_message(id: &str, c: &ChoiceOut, choice: usize) -> Value {
+    let mut message = json!({"role": "assistant", "content": c.content});
+    if !c.reasoning.is_empty() {
+        message["reasoning_content"] = json!(c.reasoning);
+    }
+    if !c.tool_calls.is_empty() {
+        message["tool_calls"] = tool_calls_json(&c.tool_calls, &choice_id(id, choice), false);
+    }
+    message
+}
+
+/// The id tool calls of a choice are named after (choice 0 keeps the answer's id).
+fn choice_id(id: &str, choice: usize) -> String {
+    if choice == 0 {
+        id.to_string()
+    } else {
+        format!("{id}_{choice}")
+    }
+}
+
 /// A whole `chat.completion`.
 pub fn chat_completion(id: &str, model: &str, o: &Outcome) -> Value {
-    let mut message = json!({"role": "assistant", "content": o.content});
-    if !o.reasoning.is_empty() {
-        message["reasoning_content"] = json!(o.reasoning);
-    }
-    if !o.tool_calls.is_empty() {
-        message["tool_calls"] = tool_calls_json(&o.tool_calls, id, false);
-    }
+    let choices: Vec<Value> = o
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({"index": i, "message": chat_message(id, c, i), "logprobs": null,
+                   "finish_reason": c.finish.as_str()})
+        })
+        .collect();
     json!({
         "id": format!("chatcmpl-{id}"),
         "object": "chat.completion",
         "created": now_secs(),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": o.finish.as_str()}],
+        "system_fingerprint": fingerprint(o.seed),
+        "choices": choices,
         "usage": usage(o),
         "timings": timings(o),
     })
 }
 
-/// One `chat.completion.chunk` with `delta` and `finish_reason`.
-pub fn chat_chunk(id: &str, model: &str, delta: Value, finish: Option<&str>) -> Value {
+/// `system_fingerprint`: names the sampler's seed, so a client can replay an answer by
+/// sending it back as `seed`.
+pub fn fingerprint(seed: u64) -> String {
+    format!("k3-seed-{seed}")
+}
+
+/// One `chat.completion.chunk` of choice `index` with `delta` and `finish_reason`.
+pub fn chat_chunk(
+    id: &str,
+    model: &str,
+    index: usize,
+    delta: Value,
+    finish: Option<&str>,
+) -> Value {
     json!({
         "id": format!("chatcmpl-{id}"),
         "object": "chat.completion.chunk",
         "created": now_secs(),
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        "choices": [{"index": index, "delta": delta, "logprobs": null, "finish_reason": finish}],
     })
 }
 
@@ -98,21 +133,27 @@ pub fn text_delta(field: Field, text: &str) -> Value {
     }
 }
 
-/// The chunks that end a streamed chat answer: tool calls (if any), the finish reason,
-/// and the usage chunk when asked for.
+/// The chunks that end a streamed chat answer: per choice its tool calls (if any) and
+/// finish reason, then the usage chunk when asked for.
 pub fn chat_final_chunks(id: &str, model: &str, o: &Outcome, include_usage: bool) -> Vec<Value> {
     let mut out = Vec::new();
-    if !o.tool_calls.is_empty() {
-        out.push(chat_chunk(
-            id,
-            model,
-            json!({"tool_calls": tool_calls_json(&o.tool_calls, id, true)}),
-            None,
-        ));
+    for (i, c) in o.choices.iter().enumerate() {
+        if !c.tool_calls.is_empty() {
+            out.push(chat_chunk(
+                id,
+                model,
+                i,
+                json!({"tool_calls": tool_calls_json(&c.tool_calls, &choice_id(id, i), true)}),
+                None,
+            ));
+        }
+        let mut last = chat_chunk(id, model, i, json!({}), Some(c.finish.as_str()));
+        if i + 1 == o.choices.len() {
+            last["timings"] = timings(o);
+            last["system_fingerprint"] = json!(fingerprint(o.seed));
+        }
+        out.push(last);
     }
-    let mut last = chat_chunk(id, model, json!({}), Some(o.finish.as_str()));
-    last["timings"] = timings(o);
-    out.push(last);
     if include_usage {
         let mut u = json!({
             "id": format!("chatcmpl-{id}"),
@@ -129,31 +170,51 @@ pub fn chat_final_chunks(id: &str, model: &str, o: &Outcome, include_usage: bool
 
 /// A whole `text_completion`.
 pub fn completion(id: &str, model: &str, o: &Outcome) -> Value {
+    let choices: Vec<Value> = o
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({"index": i, "text": c.content, "logprobs": null, "finish_reason": c.finish.as_str()})
+        })
+        .collect();
     json!({
         "id": format!("cmpl-{id}"),
         "object": "text_completion",
         "created": now_secs(),
         "model": model,
-        "choices": [{"index": 0, "text": o.content, "logprobs": null, "finish_reason": o.finish.as_str()}],
+        "system_fingerprint": fingerprint(o.seed),
+        "choices": choices,
         "usage": usage(o),
     })
 }
 
-/// One streamed `text_completion` chunk.
-pub fn completion_chunk(id: &str, model: &str, text: &str, finish: Option<&str>) -> Value {
+/// One streamed `text_completion` chunk of choice `index`.
+pub fn completion_chunk(
+    id: &str,
+    model: &str,
+    index: usize,
+    text: &str,
+    finish: Option<&str>,
+) -> Value {
     json!({
         "id": format!("cmpl-{id}"),
         "object": "text_completion",
         "created": now_secs(),
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+        "choices": [{"index": index, "text": text, "logprobs": null, "finish_reason": finish}],
     })
+}
+
+/// One entry of `/v1/models`, also `/v1/models/{id}`.
+pub fn model_entry(model: &str) -> Value {
+    json!({"id": model, "object": "model", "created": 0, "owned_by": "k3"})
 }
 
 /// `/v1/models`.
 pub fn models(model: &str) -> Value {
     json!({
         "object": "list",
-        "data": [{"id": model, "object": "model", "created": 0, "owned_by": "k3"}],
+        "data": [model_entry(model)],
     })
 }

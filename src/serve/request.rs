@@ -1,10 +1,22 @@
-//! OpenAI request bodies (`/v1/chat/completions`, `/v1/completions`) read from JSON into
-//! checked values; every error names the field at fault.
+//! The one internal request the engine runs — [`ChatRequest`] or [`CompletionRequest`],
+//! both carrying [`GenParams`] — and the OpenAI bodies (`/v1/chat/completions`,
+//! `/v1/completions`) read into typed structs that become it. Anthropic's body converges
+//! onto the same [`ChatRequest`] (`anthropic.rs`). Every error names the field at fault;
+//! a field the server does not know is a 400 naming it ([`super::body_json`]), and fields
+//! it reads but does not implement are refused in one place ([`super::refused`]).
 
 use super::api_error::ApiError;
+use super::body_json::{from_value, parse_body, refuse_unknown, Unknown};
 use crate::sampling::SamplerConfig;
 use crate::tokenizer::ThinkingEffort;
+use serde::Deserialize;
 use serde_json::{Map, Value};
+
+/// Choices one request may ask for (`n`); more is a 400.
+pub const MAX_CHOICES: usize = 8;
+
+/// Alternatives per token `top_logprobs` may ask for, as OpenAI allows.
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Limits a request must stay inside.
 #[derive(Clone, Copy, Debug)]
@@ -99,18 +111,39 @@ pub enum ToolChoice {
     Function(String),
 }
 
+/// `response_format`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum ResponseFormat {
+    /// Free text (`{"type": "text"}` or no field).
+    #[default]
+    Text,
+    /// Any JSON object (`json_object`).
+    JsonObject,
+    /// JSON that validates against a schema (`json_schema`).
+    JsonSchema {
+        /// `json_schema.name`.
+        name: String,
+        /// `json_schema.schema` (an empty object when left out).
+        schema: Value,
+        /// `json_schema.strict`.
+        strict: bool,
+    },
+}
+
 /// What every generation request carries besides its prompt.
 #[derive(Clone, Debug)]
 pub struct GenParams {
     /// The `model` field, if given.
     pub model: Option<String>,
-    /// Sampling settings.
+    /// Sampling settings; the seed is the request's, or a random one ([`Self::seed_given`]).
     pub sampling: SamplerConfig,
+    /// Whether the request named its seed (otherwise `sampling.seed` is random).
+    pub seed_given: bool,
     /// OpenAI's presence penalty (subtracted once from every id already generated).
     pub presence_penalty: f32,
     /// OpenAI's frequency penalty (subtracted per occurrence).
     pub frequency_penalty: f32,
-    /// Tokens to generate at most.
+    /// Tokens to generate at most (per choice).
     pub max_tokens: usize,
     /// Stop strings.
     pub stop: Vec<String>,
@@ -120,9 +153,14 @@ pub struct GenParams {
     pub include_usage: bool,
     /// Keep generating past end-of-turn and end-of-sequence ids (llama.cpp's `ignore_eos`).
     pub ignore_eos: bool,
+    /// Choices to generate (`n`), each its own sampling stream from the same prompt.
+    pub n: usize,
+    /// Token log-probabilities: `Some(k)` reports the chosen token's and `k` alternatives
+    /// (chat `logprobs` + `top_logprobs`, completions `logprobs`).
+    pub logprobs: Option<usize>,
 }
 
-/// A checked `/v1/chat/completions` request.
+/// A checked chat request (`/v1/chat/completions` or `/v1/messages`).
 #[derive(Clone, Debug)]
 pub struct ChatRequest {
     /// The conversation.
@@ -131,6 +169,10 @@ pub struct ChatRequest {
     pub tools: Vec<Value>,
     /// `tool_choice`.
     pub tool_choice: ToolChoice,
+    /// Whether only one tool call may come (`parallel_tool_calls: false`).
+    pub single_tool_call: bool,
+    /// `response_format`.
+    pub response_format: ResponseFormat,
     /// Open the think channel.
     pub thinking: bool,
     /// The thinking effort announced (`reasoning_effort`).
@@ -150,13 +192,171 @@ pub struct CompletionRequest {
 
 type R<T> = Result<T, ApiError>;
 
-/// Parses a body as a JSON object.
-pub fn parse_object(body: &[u8]) -> R<Map<String, Value>> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::status(400, format!("the body is not valid JSON: {e}")))?;
+/// What a request gets for the fields it leaves out (the server's flags).
+#[derive(Clone, Copy, Debug)]
+pub struct Defaults {
+    /// Sampling settings (the seed is drawn per request).
+    pub sampling: SamplerConfig,
+    /// Whether chat opens the think channel.
+    pub thinking: bool,
+}
+
+/// The sampling and limit fields every route reads, as sent.
+#[derive(Default)]
+pub struct SamplingFields {
+    /// `temperature`
+    pub temperature: Option<f64>,
+    /// `top_p`
+    pub top_p: Option<f64>,
+    /// `top_k`
+    pub top_k: Option<u64>,
+    /// `min_p`
+    pub min_p: Option<f64>,
+    /// `repetition_penalty` or `repeat_penalty` (the first names it)
+    pub repetition_penalty: Option<(&'static str, f64)>,
+    /// `seed`
+    pub seed: Option<serde_json::Number>,
+    /// `presence_penalty`
+    pub presence_penalty: Option<f64>,
+    /// `frequency_penalty`
+    pub frequency_penalty: Option<f64>,
+    /// The token limit and the field that gave it.
+    pub max_tokens: Option<(&'static str, u64)>,
+    /// Stop strings, already split, with the field name.
+    pub stop: (&'static str, Vec<String>),
+    /// `stream`
+    pub stream: Option<bool>,
+    /// `stream_options.include_usage`
+    pub include_usage: Option<bool>,
+    /// `ignore_eos`
+    pub ignore_eos: Option<bool>,
+    /// `n`
+    pub n: Option<u64>,
+    /// `model`
+    pub model: Option<String>,
+}
+
+fn in_range(field: &str, x: f64, lo: f64, hi: f64) -> R<f32> {
+    if !x.is_finite() || x < lo || x > hi {
+        return Err(ApiError::field(
+            field,
+            format!("{x} is outside [{lo}, {hi}]"),
+        ));
+    }
+    Ok(x as f32)
+}
+
+/// A seed for a request that names none: each request samples its own stream.
+pub fn random_seed() -> u64 {
+    rand::random()
+}
+
+impl SamplingFields {
+    /// Checks the fields against `limits` and builds the parameters on `base`.
+    pub fn params(self, limits: &Limits, base: &SamplerConfig) -> R<GenParams> {
+        let mut s = *base;
+        if let Some(t) = self.temperature {
+            s.temperature = in_range("temperature", t, 0.0, 100.0)?;
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(ApiError::field("top_p", format!("{p} is outside (0, 1]")));
+            }
+            s.top_p = p as f32;
+        }
+        if let Some(k) = self.top_k {
+            s.top_k = usize::try_from(k).unwrap_or(usize::MAX);
+        }
+        if let Some(p) = self.min_p {
+            s.min_p = in_range("min_p", p, 0.0, 1.0)?;
+        }
+        if let Some((field, r)) = self.repetition_penalty {
+            if !(r > 0.0 && r <= 100.0) {
+                return Err(ApiError::field(field, format!("{r} is outside (0, 100]")));
+            }
+            s.repetition_penalty = r as f32;
+        }
+        let seed_given = self.seed.is_some();
+        s.seed = match &self.seed {
+            Some(n) => n
+                .as_u64()
+                .or_else(|| n.as_i64().map(|i| i as u64))
+                .ok_or_else(|| ApiError::field("seed", "must be a whole number"))?,
+            None => random_seed(),
+        };
+        let penalty = |field: &str, v: Option<f64>| -> R<f32> {
+            v.map(|p| in_range(field, p, -2.0, 2.0))
+                .transpose()
+                .map(|p| p.unwrap_or(0.0))
+        };
+        let presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
+        let frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
+        let max_tokens = match self.max_tokens {
+            Some((field, n)) => {
+                if n == 0 || n > limits.max_tokens as u64 {
+                    return Err(ApiError::field(
+                        field,
+                        format!("{n} is outside 1..={}", limits.max_tokens),
+                    ));
+                }
+                n as usize
+            }
+            None => limits.default_max_tokens,
+        };
+        let (stop_field, stop) = self.stop;
+        if stop.len() > limits.max_stop {
+            return Err(ApiError::field(
+                stop_field,
+                format!("{} stop strings, at most {}", stop.len(), limits.max_stop),
+            ));
+        }
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::field(
+                stop_field,
+                "stop strings must not be empty",
+            ));
+        }
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_CHOICES as u64).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::field(
+                    "n",
+                    format!("{n} is outside 1..={MAX_CHOICES} (this server's limit)"),
+                ))
+            }
+        };
+        Ok(GenParams {
+            model: self.model,
+            sampling: s,
+            seed_given,
+            presence_penalty,
+            frequency_penalty,
+            max_tokens,
+            stop,
+            stream: self.stream.unwrap_or(false),
+            include_usage: self.include_usage.unwrap_or(false),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            n,
+            logprobs: None,
+        })
+    }
+}
+
+/// `stop`: a string or an array of strings.
+fn stop_strings(v: Option<Value>) -> R<Vec<String>> {
     match v {
-        Value::Object(m) => Ok(m),
-        _ => Err(ApiError::status(400, "the body must be a JSON object")),
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s]),
+        Some(Value::Array(a)) => a
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(s) => Ok(s),
+                v => Err(type_error(&format!("stop[{i}]"), "a string", &v)),
+            })
+            .collect(),
+        Some(v) => Err(type_error("stop", "a string or an array of strings", &v)),
     }
 }
 
@@ -172,168 +372,127 @@ fn type_error(field: &str, want: &str, got: &Value) -> ApiError {
     ApiError::field(field, format!("must be {want}, got {kind}"))
 }
 
-fn opt<'a>(m: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
-    m.get(field).filter(|v| !v.is_null())
+/// `stream_options`.
+#[derive(Deserialize)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+    #[serde(flatten)]
+    unknown: Unknown,
 }
 
-fn get_bool(m: &Map<String, Value>, field: &str) -> R<Option<bool>> {
-    match opt(m, field) {
-        None => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => Err(type_error(field, "a boolean", v)),
-    }
+/// `chat_template_kwargs` (vLLM's and llama.cpp's way to switch thinking).
+#[derive(Deserialize)]
+struct TemplateKwargs {
+    enable_thinking: Option<bool>,
+    thinking: Option<bool>,
+    thinking_effort: Option<String>,
+    #[serde(flatten)]
+    unknown: Unknown,
 }
 
-fn get_f32(m: &Map<String, Value>, field: &str) -> R<Option<f32>> {
-    match opt(m, field) {
-        None => Ok(None),
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(x) if x.is_finite() && x.abs() <= f32::MAX as f64 => Ok(Some(x as f32)),
-            _ => Err(ApiError::field(field, "must be a finite number")),
-        },
-        Some(v) => Err(type_error(field, "a number", v)),
-    }
+/// The body of `/v1/chat/completions` and `/v1/completions` as sent: every field either
+/// route reads, typed; the rest lands in `unknown` and is refused.
+#[derive(Deserialize)]
+struct OpenAiBody {
+    model: Option<String>,
+    messages: Option<Value>,
+    prompt: Option<Value>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<u64>,
+    min_p: Option<f64>,
+    repetition_penalty: Option<f64>,
+    repeat_penalty: Option<f64>,
+    seed: Option<serde_json::Number>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    stop: Option<Value>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    ignore_eos: Option<bool>,
+    n: Option<u64>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    response_format: Option<Value>,
+    reasoning_effort: Option<String>,
+    chat_template_kwargs: Option<TemplateKwargs>,
+    logprobs: Option<Value>,
+    top_logprobs: Option<u64>,
+    /// An end-user id for abuse monitoring: accepted and not used.
+    #[allow(dead_code)]
+    user: Option<String>,
+    #[serde(flatten)]
+    unknown: Unknown,
 }
 
-fn get_u64(m: &Map<String, Value>, field: &str) -> R<Option<u64>> {
-    match opt(m, field) {
-        None => Ok(None),
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(x) => Ok(Some(x)),
-            None => Err(ApiError::field(field, "must be a whole number >= 0")),
-        },
-        Some(v) => Err(type_error(field, "a whole number", v)),
-    }
-}
-
-fn get_str<'a>(m: &'a Map<String, Value>, field: &str) -> R<Option<&'a str>> {
-    match opt(m, field) {
-        None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(v) => Err(type_error(field, "a string", v)),
-    }
-}
-
-fn in_range(field: &str, x: f32, lo: f32, hi: f32) -> R<f32> {
-    if x < lo || x > hi {
-        return Err(ApiError::field(
-            field,
-            format!("{x} is outside [{lo}, {hi}]"),
-        ));
-    }
-    Ok(x)
-}
-
-/// The fields shared by both endpoints.
-fn gen_params(m: &Map<String, Value>, limits: &Limits, base: &SamplerConfig) -> R<GenParams> {
-    let mut s = *base;
-    if let Some(t) = get_f32(m, "temperature")? {
-        s.temperature = in_range("temperature", t, 0.0, 100.0)?;
-    }
-    if let Some(p) = get_f32(m, "top_p")? {
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(ApiError::field("top_p", format!("{p} is outside (0, 1]")));
-        }
-        s.top_p = p;
-    }
-    if let Some(k) = get_u64(m, "top_k")? {
-        s.top_k = usize::try_from(k).unwrap_or(usize::MAX);
-    }
-    if let Some(p) = get_f32(m, "min_p")? {
-        s.min_p = in_range("min_p", p, 0.0, 1.0)?;
-    }
-    for field in ["repetition_penalty", "repeat_penalty"] {
-        if let Some(r) = get_f32(m, field)? {
-            if r <= 0.0 || r > 100.0 {
-                return Err(ApiError::field(field, format!("{r} is outside (0, 100]")));
+impl OpenAiBody {
+    /// The shared fields, and the field a route does not take refused by name.
+    fn sampling_fields(&mut self) -> R<SamplingFields> {
+        refuse_unknown(&self.unknown, "")?;
+        let include_usage = match self.stream_options.take() {
+            None => None,
+            Some(o) => {
+                refuse_unknown(&o.unknown, "stream_options")?;
+                o.include_usage
             }
-            s.repetition_penalty = r;
-        }
-    }
-    if let Some(seed) = opt(m, "seed") {
-        s.seed = match seed {
-            Value::Number(n) => n
-                .as_u64()
-                .or_else(|| n.as_i64().map(|i| i as u64))
-                .ok_or_else(|| ApiError::field("seed", "must be a whole number"))?,
-            v => return Err(type_error("seed", "a whole number", v)),
         };
+        let max_tokens = self
+            .max_completion_tokens
+            .map(|n| ("max_completion_tokens", n))
+            .or(self.max_tokens.map(|n| ("max_tokens", n)));
+        let repetition_penalty = self
+            .repetition_penalty
+            .map(|r| ("repetition_penalty", r))
+            .or(self.repeat_penalty.map(|r| ("repeat_penalty", r)));
+        Ok(SamplingFields {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty,
+            seed: self.seed.take(),
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            max_tokens,
+            stop: ("stop", stop_strings(self.stop.take())?),
+            stream: self.stream,
+            include_usage,
+            ignore_eos: self.ignore_eos,
+            n: self.n,
+            model: self.model.take(),
+        })
     }
-    let presence_penalty = get_f32(m, "presence_penalty")?
-        .map(|p| in_range("presence_penalty", p, -2.0, 2.0))
-        .transpose()?
-        .unwrap_or(0.0);
-    let frequency_penalty = get_f32(m, "frequency_penalty")?
-        .map(|p| in_range("frequency_penalty", p, -2.0, 2.0))
-        .transpose()?
-        .unwrap_or(0.0);
-    let mut max_tokens = None;
-    for field in ["max_completion_tokens", "max_tokens"] {
-        if let Some(n) = get_u64(m, field)? {
-            if n == 0 || n > limits.max_tokens as u64 {
-                return Err(ApiError::field(
-                    field,
-                    format!("{n} is outside 1..={}", limits.max_tokens),
-                ));
-            }
-            max_tokens.get_or_insert(n as usize);
-        }
-    }
-    let stop = match opt(m, "stop") {
-        None => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .enumerate()
-            .map(|(i, v)| match v {
-                Value::String(s) => Ok(s.clone()),
-                v => Err(type_error(&format!("stop[{i}]"), "a string", v)),
-            })
-            .collect::<R<Vec<_>>>()?,
-        Some(v) => return Err(type_error("stop", "a string or an array of strings", v)),
-    };
-    if stop.len() > limits.max_stop {
-        return Err(ApiError::field(
-            "stop",
-            format!("{} stop strings, at most {}", stop.len(), limits.max_stop),
-        ));
-    }
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::field("stop", "stop strings must not be empty"));
-    }
-    let include_usage = match opt(m, "stream_options") {
-        None => false,
-        Some(Value::Object(o)) => get_bool(o, "include_usage")
-            .map_err(|e| ApiError::field("stream_options.include_usage", e.message))?
-            .unwrap_or(false),
-        Some(v) => return Err(type_error("stream_options", "an object", v)),
-    };
-    Ok(GenParams {
-        model: get_str(m, "model")?.map(str::to_string),
-        sampling: s,
-        presence_penalty,
-        frequency_penalty,
-        max_tokens: max_tokens.unwrap_or(limits.default_max_tokens),
-        stop,
-        stream: get_bool(m, "stream")?.unwrap_or(false),
-        include_usage,
-        ignore_eos: get_bool(m, "ignore_eos")?.unwrap_or(false),
-    })
+}
+
+fn not_for_route(field: &str, route: &str, instead: &str) -> ApiError {
+    ApiError::field(field, format!("is not a field of {route}; {instead}"))
 }
 
 /// Text of a `content` field: a string, null, or an array of `{"type":"text","text":...}`.
-fn content_text(v: Option<&Value>, field: &str) -> R<String> {
+fn content_text(v: Option<Value>, field: &str) -> R<String> {
+    #[derive(Deserialize)]
+    struct Part {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        text: Option<String>,
+        #[serde(flatten)]
+        unknown: Unknown,
+    }
     match v {
         None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::String(s)) => Ok(s),
         Some(Value::Array(parts)) => {
             let mut out = String::new();
-            for (i, p) in parts.iter().enumerate() {
+            for (i, p) in parts.into_iter().enumerate() {
                 let f = format!("{field}[{i}]");
-                let Value::Object(o) = p else {
-                    return Err(type_error(&f, "an object", p));
-                };
-                match get_str(o, "type").map_err(|e| ApiError::field(&f, e.message))? {
+                if !p.is_object() {
+                    return Err(type_error(&f, "an object", &p));
+                }
+                let part: Part = from_value(p, &f)?;
+                match part.kind.as_deref() {
                     Some("text") | Some("input_text") => {}
                     Some(other) => {
                         return Err(ApiError::field(
@@ -343,69 +502,107 @@ fn content_text(v: Option<&Value>, field: &str) -> R<String> {
                     }
                     None => return Err(ApiError::field(&format!("{f}.type"), "is missing")),
                 }
-                match o.get("text") {
-                    Some(Value::String(s)) => out.push_str(s),
-                    Some(v) => return Err(type_error(&format!("{f}.text"), "a string", v)),
+                refuse_unknown(&part.unknown, &f)?;
+                match part.text {
+                    Some(s) => out.push_str(&s),
                     None => return Err(ApiError::field(&format!("{f}.text"), "is missing")),
                 }
             }
             Ok(out)
         }
-        Some(v) => Err(type_error(field, "a string or an array of text parts", v)),
+        Some(v) => Err(type_error(field, "a string or an array of text parts", &v)),
     }
 }
 
-fn tool_calls_in(v: Option<&Value>, field: &str) -> R<Vec<ToolCallIn>> {
-    let Some(v) = v.filter(|v| !v.is_null()) else {
+/// One tool call of an assistant message as sent.
+#[derive(Deserialize)]
+struct ToolCallBody {
+    id: Option<String>,
+    #[serde(rename = "type")]
+    #[allow(dead_code)]
+    kind: Option<String>,
+    function: Option<FunctionBody>,
+    /// Some clients put the function's fields at the call's level.
+    name: Option<String>,
+    arguments: Option<Value>,
+    /// The position in a streamed delta, echoed back by some clients.
+    #[allow(dead_code)]
+    index: Option<u64>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+#[derive(Deserialize)]
+struct FunctionBody {
+    name: Option<String>,
+    arguments: Option<Value>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+fn tool_calls_in(v: Option<Vec<Value>>, field: &str) -> R<Vec<ToolCallIn>> {
+    let Some(a) = v else {
         return Ok(Vec::new());
     };
-    let Value::Array(a) = v else {
-        return Err(type_error(field, "an array", v));
-    };
-    a.iter()
+    a.into_iter()
         .enumerate()
         .map(|(i, c)| {
             let f = format!("{field}[{i}]");
-            let Value::Object(o) = c else {
-                return Err(type_error(&f, "an object", c));
+            if !c.is_object() {
+                return Err(type_error(&f, "an object", &c));
+            }
+            let call: ToolCallBody = from_value(c, &f)?;
+            refuse_unknown(&call.unknown, &f)?;
+            let (name, arguments) = match call.function {
+                Some(func) => {
+                    refuse_unknown(&func.unknown, &format!("{f}.function"))?;
+                    (func.name, func.arguments)
+                }
+                None => (call.name, call.arguments),
             };
-            let func = match o.get("function") {
-                Some(Value::Object(fo)) => fo,
-                Some(v) => return Err(type_error(&format!("{f}.function"), "an object", v)),
-                None => o,
-            };
-            let name = get_str(func, "name")
-                .map_err(|e| ApiError::field(&format!("{f}.function.name"), e.message))?
-                .ok_or_else(|| ApiError::field(&format!("{f}.function.name"), "is missing"))?;
-            let arguments = match func.get("arguments") {
+            let name =
+                name.ok_or_else(|| ApiError::field(&format!("{f}.function.name"), "is missing"))?;
+            let arguments = match arguments {
                 None | Some(Value::Null) => Value::Object(Map::new()),
-                Some(a @ (Value::String(_) | Value::Object(_))) => a.clone(),
+                Some(a @ (Value::String(_) | Value::Object(_))) => a,
                 Some(v) => {
                     return Err(type_error(
                         &format!("{f}.function.arguments"),
                         "a JSON object or a string",
-                        v,
+                        &v,
                     ))
                 }
             };
             Ok(ToolCallIn {
-                id: get_str(o, "id")
-                    .map_err(|e| ApiError::field(&format!("{f}.id"), e.message))?
-                    .map(str::to_string),
-                name: name.to_string(),
+                id: call.id,
+                name,
                 arguments,
             })
         })
         .collect()
 }
 
+/// One message of `messages` as sent.
+#[derive(Deserialize)]
+struct MessageBody {
+    role: Option<String>,
+    content: Option<Value>,
+    reasoning_content: Option<String>,
+    reasoning: Option<String>,
+    tool_calls: Option<Vec<Value>>,
+    tool_call_id: Option<String>,
+    name: Option<String>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
 /// Reads the `messages` array.
-pub fn messages(v: Option<&Value>, limits: &Limits) -> R<Vec<ApiMessage>> {
-    let Some(v) = v else {
+pub fn messages(v: Option<Value>, limits: &Limits) -> R<Vec<ApiMessage>> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
         return Err(ApiError::field("messages", "is missing"));
     };
     let Value::Array(a) = v else {
-        return Err(type_error("messages", "an array", v));
+        return Err(type_error("messages", "an array", &v));
     };
     if a.is_empty() {
         return Err(ApiError::field(
@@ -419,16 +616,15 @@ pub fn messages(v: Option<&Value>, limits: &Limits) -> R<Vec<ApiMessage>> {
             format!("{} messages, at most {}", a.len(), limits.max_messages),
         ));
     }
-    a.iter()
+    a.into_iter()
         .enumerate()
         .map(|(i, m)| {
             let f = format!("messages[{i}]");
-            let Value::Object(o) = m else {
-                return Err(type_error(&f, "an object", m));
-            };
-            let role = match get_str(o, "role")
-                .map_err(|e| ApiError::field(&format!("{f}.role"), e.message))?
-            {
+            if !m.is_object() {
+                return Err(type_error(&f, "an object", &m));
+            }
+            let m: MessageBody = from_value(m, &f)?;
+            let role = match m.role.as_deref() {
                 Some("system") | Some("developer") => ApiRole::System,
                 Some("user") => ApiRole::User,
                 Some("assistant") => ApiRole::Assistant,
@@ -441,42 +637,42 @@ pub fn messages(v: Option<&Value>, limits: &Limits) -> R<Vec<ApiMessage>> {
                 }
                 None => return Err(ApiError::field(&format!("{f}.role"), "is missing")),
             };
-            let reasoning = match opt(o, "reasoning_content").or_else(|| opt(o, "reasoning")) {
-                None => None,
-                Some(Value::String(s)) => Some(s.clone()),
-                Some(v) => {
-                    return Err(type_error(&format!("{f}.reasoning_content"), "a string", v))
-                }
-            };
-            let text = |field: &str| -> R<Option<String>> {
-                get_str(o, field)
-                    .map(|s| s.map(str::to_string))
-                    .map_err(|e| ApiError::field(&format!("{f}.{field}"), e.message))
-            };
+            refuse_unknown(&m.unknown, &f)?;
             Ok(ApiMessage {
                 role,
-                content: content_text(o.get("content"), &format!("{f}.content"))?,
-                reasoning,
-                tool_calls: tool_calls_in(o.get("tool_calls"), &format!("{f}.tool_calls"))?,
-                tool_call_id: text("tool_call_id")?,
-                name: text("name")?,
+                content: content_text(m.content, &format!("{f}.content"))?,
+                reasoning: m.reasoning_content.or(m.reasoning),
+                tool_calls: tool_calls_in(m.tool_calls, &format!("{f}.tool_calls"))?,
+                tool_call_id: m.tool_call_id,
+                name: m.name,
             })
         })
         .collect()
 }
 
-fn tools(m: &Map<String, Value>) -> R<Vec<Value>> {
-    let Some(v) = opt(m, "tools") else {
+/// Checks `tools`: each one `{"type": "function", "function": {"name": ...}}`.
+pub fn tools(v: Option<Value>) -> R<Vec<Value>> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
         return Ok(Vec::new());
     };
     let Value::Array(a) = v else {
-        return Err(type_error("tools", "an array", v));
+        return Err(type_error("tools", "an array", &v));
     };
     for (i, t) in a.iter().enumerate() {
         let f = format!("tools[{i}]");
         let Value::Object(o) = t else {
             return Err(type_error(&f, "an object", t));
         };
+        match o.get("type") {
+            None => {}
+            Some(Value::String(s)) if s == "function" => {}
+            Some(v) => {
+                return Err(ApiError::field(
+                    &format!("{f}.type"),
+                    format!("{v} tools are not supported (function only)"),
+                ))
+            }
+        }
         let func = match o.get("function") {
             Some(Value::Object(fo)) => fo,
             Some(v) => return Err(type_error(&format!("{f}.function"), "an object", v)),
@@ -494,7 +690,7 @@ fn tools(m: &Map<String, Value>) -> R<Vec<Value>> {
             None => return Err(ApiError::field(&format!("{f}.function.name"), "is missing")),
         }
     }
-    Ok(a.clone())
+    Ok(a)
 }
 
 /// The function name a tool declaration names.
@@ -502,13 +698,24 @@ pub fn tool_name(tool: &Value) -> Option<&str> {
     tool.get("function")?.get("name")?.as_str()
 }
 
-fn tool_choice(m: &Map<String, Value>, tools: &[Value]) -> R<ToolChoice> {
-    let choice = match opt(m, "tool_choice") {
-        None => ToolChoice::Auto,
+/// Checks a chosen function against the declared tools.
+pub fn named_tool(name: &str, tools: &[Value], field: &str) -> R<ToolChoice> {
+    if !tools.iter().any(|t| tool_name(t) == Some(name)) {
+        return Err(ApiError::field(
+            field,
+            format!("{name:?} is not among the declared tools"),
+        ));
+    }
+    Ok(ToolChoice::Function(name.to_string()))
+}
+
+fn tool_choice(v: Option<Value>, tools: &[Value]) -> R<ToolChoice> {
+    let choice = match v {
+        None | Some(Value::Null) => ToolChoice::Auto,
         Some(Value::String(s)) => match s.as_str() {
             "auto" => ToolChoice::Auto,
             "none" => ToolChoice::None,
-            "required" | "any" => ToolChoice::Required,
+            "required" => ToolChoice::Required,
             other => {
                 return Err(ApiError::field(
                     "tool_choice",
@@ -520,18 +727,11 @@ fn tool_choice(m: &Map<String, Value>, tools: &[Value]) -> R<ToolChoice> {
             let name = o
                 .get("function")
                 .and_then(|f| f.get("name"))
-                .or_else(|| o.get("name"))
                 .and_then(Value::as_str)
                 .ok_or_else(|| ApiError::field("tool_choice.function.name", "is missing"))?;
-            if !tools.iter().any(|t| tool_name(t) == Some(name)) {
-                return Err(ApiError::field(
-                    "tool_choice.function.name",
-                    format!("{name:?} is not among the declared tools"),
-                ));
-            }
-            ToolChoice::Function(name.to_string())
+            named_tool(name, tools, "tool_choice.function.name")?
         }
-        Some(v) => return Err(type_error("tool_choice", "a string or an object", v)),
+        Some(v) => return Err(type_error("tool_choice", "a string or an object", &v)),
     };
     if tools.is_empty() && matches!(choice, ToolChoice::Required) {
         return Err(ApiError::field(
@@ -542,68 +742,136 @@ fn tool_choice(m: &Map<String, Value>, tools: &[Value]) -> R<ToolChoice> {
     Ok(choice)
 }
 
-fn effort(s: &str, field: &str) -> R<ThinkingEffort> {
-    Ok(match s {
-        "low" | "minimal" => ThinkingEffort::Low,
+fn response_format(v: Option<Value>) -> R<ResponseFormat> {
+    #[derive(Deserialize)]
+    struct Body {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        json_schema: Option<SchemaBody>,
+        #[serde(flatten)]
+        unknown: Unknown,
+    }
+    #[derive(Deserialize)]
+    struct SchemaBody {
+        name: Option<String>,
+        schema: Option<Value>,
+        strict: Option<bool>,
+        #[allow(dead_code)]
+        description: Option<String>,
+        #[serde(flatten)]
+        unknown: Unknown,
+    }
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(ResponseFormat::Text);
+    };
+    if !v.is_object() {
+        return Err(type_error("response_format", "an object", &v));
+    }
+    let b: Body = from_value(v, "response_format")?;
+    refuse_unknown(&b.unknown, "response_format")?;
+    match b.kind.as_deref() {
+        Some("text") => Ok(ResponseFormat::Text),
+        Some("json_object") => Ok(ResponseFormat::JsonObject),
+        Some("json_schema") => {
+            let s = b
+                .json_schema
+                .ok_or_else(|| ApiError::field("response_format.json_schema", "is missing"))?;
+            refuse_unknown(&s.unknown, "response_format.json_schema")?;
+            Ok(ResponseFormat::JsonSchema {
+                name: s.name.unwrap_or_default(),
+                schema: s.schema.unwrap_or_else(|| Value::Object(Map::new())),
+                strict: s.strict.unwrap_or(false),
+            })
+        }
+        Some(other) => Err(ApiError::field(
+            "response_format.type",
+            format!("{other:?} is not one of text, json_object, json_schema"),
+        )),
+        None => Err(ApiError::field("response_format.type", "is missing")),
+    }
+}
+
+/// The template's `thinking_effort` for a `reasoning_effort` or `thinking_effort` value;
+/// `None` turns thinking off (`none`, `minimal`).
+pub fn effort(s: &str, field: &str) -> R<Option<ThinkingEffort>> {
+    Ok(Some(match s {
+        "none" | "minimal" => return Ok(None),
+        "low" => ThinkingEffort::Low,
         "medium" => ThinkingEffort::Medium,
         "high" => ThinkingEffort::High,
         "max" => ThinkingEffort::Max,
         other => {
             return Err(ApiError::field(
                 field,
-                format!("{other:?} is not one of low, medium, high, max"),
+                format!("{other:?} is not one of none, minimal, low, medium, high, max"),
             ))
         }
-    })
-}
-
-/// What a request gets for the fields it leaves out (the server's flags).
-#[derive(Clone, Copy, Debug)]
-pub struct Defaults {
-    /// Sampling settings.
-    pub sampling: SamplerConfig,
-    /// Whether chat opens the think channel.
-    pub thinking: bool,
+    }))
 }
 
 /// Reads a `/v1/chat/completions` body.
 pub fn chat_request(body: &[u8], limits: &Limits, defaults: &Defaults) -> R<ChatRequest> {
-    let m = parse_object(body)?;
-    let params = gen_params(&m, limits, &defaults.sampling)?;
-    let messages = messages(m.get("messages"), limits)?;
-    let tools = tools(&m)?;
-    let tool_choice = tool_choice(&m, &tools)?;
+    let mut b: OpenAiBody = parse_body(body)?;
+    let fields = b.sampling_fields()?;
+    if b.prompt.as_ref().is_some_and(|p| !p.is_null()) {
+        return Err(not_for_route(
+            "prompt",
+            "/v1/chat/completions",
+            "send `messages`, or use /v1/completions",
+        ));
+    }
+    let mut params = fields.params(limits, &defaults.sampling)?;
+    params.logprobs = match b.logprobs.take() {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {
+            if b.top_logprobs.is_some() {
+                return Err(ApiError::field("top_logprobs", "needs `logprobs: true`"));
+            }
+            None
+        }
+        Some(Value::Bool(true)) => {
+            let k = b.top_logprobs.unwrap_or(0);
+            if k > MAX_TOP_LOGPROBS as u64 {
+                return Err(ApiError::field(
+                    "top_logprobs",
+                    format!("{k} is outside 0..={MAX_TOP_LOGPROBS}"),
+                ));
+            }
+            Some(k as usize)
+        }
+        Some(v) => return Err(type_error("logprobs", "a boolean", &v)),
+    };
+    let messages = messages(b.messages.take(), limits)?;
+    let tools = tools(b.tools.take())?;
+    let tool_choice = tool_choice(b.tool_choice.take(), &tools)?;
     let mut thinking = defaults.thinking;
     let mut effort_v = Some(ThinkingEffort::Max);
-    match opt(&m, "chat_template_kwargs") {
-        None => {}
-        Some(Value::Object(k)) => {
-            for field in ["enable_thinking", "thinking"] {
-                if let Some(b) = get_bool(k, field).map_err(|e| {
-                    ApiError::field(&format!("chat_template_kwargs.{field}"), e.message)
-                })? {
-                    thinking = b;
-                }
-            }
-            if let Some(s) = get_str(k, "thinking_effort")
-                .map_err(|e| ApiError::field("chat_template_kwargs.thinking_effort", e.message))?
-            {
-                effort_v = Some(effort(s, "chat_template_kwargs.thinking_effort")?);
+    if let Some(k) = b.chat_template_kwargs.take() {
+        refuse_unknown(&k.unknown, "chat_template_kwargs")?;
+        if let Some(on) = k.thinking.or(k.enable_thinking) {
+            thinking = on;
+        }
+        if let Some(s) = k.thinking_effort.as_deref() {
+            match effort(s, "chat_template_kwargs.thinking_effort")? {
+                Some(e) => effort_v = Some(e),
+                None => thinking = false,
             }
         }
-        Some(v) => return Err(type_error("chat_template_kwargs", "an object", v)),
     }
-    if let Some(s) = get_str(&m, "reasoning_effort")? {
-        if s == "none" {
-            thinking = false;
-        } else {
-            effort_v = Some(effort(s, "reasoning_effort")?);
+    if let Some(s) = b.reasoning_effort.as_deref() {
+        match effort(s, "reasoning_effort")? {
+            Some(e) => {
+                thinking = true;
+                effort_v = Some(e);
+            }
+            None => thinking = false,
         }
     }
     Ok(ChatRequest {
         messages,
         tools,
         tool_choice,
+        single_tool_call: b.parallel_tool_calls == Some(false),
+        response_format: response_format(b.response_format.take())?,
         thinking,
         effort: effort_v,
         params,
@@ -616,15 +884,58 @@ pub fn completion_request(
     limits: &Limits,
     defaults: &Defaults,
 ) -> R<CompletionRequest> {
-    let m = parse_object(body)?;
-    let params = gen_params(&m, limits, &defaults.sampling)?;
-    let prompt = match m.get("prompt") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            a[0].as_str().unwrap_or_default().to_string()
+    let mut b: OpenAiBody = parse_body(body)?;
+    let fields = b.sampling_fields()?;
+    for (field, set) in [
+        (
+            "messages",
+            b.messages.as_ref().is_some_and(|v| !v.is_null()),
+        ),
+        ("tools", b.tools.as_ref().is_some_and(|v| !v.is_null())),
+        (
+            "tool_choice",
+            b.tool_choice.as_ref().is_some_and(|v| !v.is_null()),
+        ),
+        ("parallel_tool_calls", b.parallel_tool_calls.is_some()),
+        (
+            "response_format",
+            b.response_format.as_ref().is_some_and(|v| !v.is_null()),
+        ),
+        ("reasoning_effort", b.reasoning_effort.is_some()),
+        ("chat_template_kwargs", b.chat_template_kwargs.is_some()),
+        ("top_logprobs", b.top_logprobs.is_some()),
+    ] {
+        if set {
+            return Err(not_for_route(
+                field,
+                "/v1/completions",
+                "it belongs to /v1/chat/completions",
+            ));
         }
-        Some(v) => return Err(type_error("prompt", "a string", v)),
-        None => return Err(ApiError::field("prompt", "is missing")),
+    }
+    let mut params = fields.params(limits, &defaults.sampling)?;
+    params.logprobs = match b.logprobs.take() {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(k) if k <= 5 => Some(k as usize),
+            _ => return Err(ApiError::field("logprobs", format!("{n} is outside 0..=5"))),
+        },
+        Some(v) => return Err(type_error("logprobs", "a whole number", &v)),
+    };
+    let prompt = match b.prompt.take() {
+        Some(Value::String(s)) => s,
+        Some(Value::Array(mut a)) if a.len() == 1 && a[0].is_string() => match a.pop() {
+            Some(Value::String(s)) => s,
+            _ => String::new(),
+        },
+        Some(Value::Array(a)) if a.len() > 1 => {
+            return Err(ApiError::field(
+                "prompt",
+                "several prompts in one request are not supported; send one string",
+            ))
+        }
+        None | Some(Value::Null) => return Err(ApiError::field("prompt", "is missing")),
+        Some(v) => return Err(type_error("prompt", "a string", &v)),
     };
     if prompt.is_empty() {
         return Err(ApiError::field("prompt", "must not be empty"));

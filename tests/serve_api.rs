@@ -1,0 +1,292 @@
+//! The API surface of `k3 serve` over real HTTP: every field either works or is refused
+//! naming it, `n` choices, seeds, reasoning switches and formats, the model and token
+//! count routes, Anthropic's event shapes, the metrics histograms and the early 413.
+
+mod serve_support;
+mod support;
+
+use serde_json::{json, Value};
+use serve_support::*;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// POSTs JSON; returns (status, the `x-k3-seed` header, body).
+fn post_seed(url: &str, body: &Value) -> (u16, Option<u64>, Value) {
+    let mut resp = agent()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .expect("POST");
+    let seed = resp
+        .headers()
+        .get("x-k3-seed")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (resp.status().as_u16(), seed, v)
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+#[test]
+fn fields_work_or_are_refused_naming_them() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let chat = s.url("/v1/chat/completions");
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    for (body, field) in [
+        (
+            json!({"messages": user("x"), "logit_bias": {"1": 3}}),
+            "logit_bias",
+        ),
+        (json!({"messages": user("x"), "logprobs": true}), "logprobs"),
+        (
+            json!({"messages": user("x"), "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            json!({"messages": user("x"), "tools": tools, "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (json!({"messages": user("x"), "n": 9}), "n"),
+    ] {
+        let (st, _, v) = post(&chat, &body.to_string(), None);
+        assert_eq!(st, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], field, "{body}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    }
+    let (st, _, v) = post(
+        &s.url("/v1/completions"),
+        &json!({"prompt": "a", "suffix": "b"}).to_string(),
+        None,
+    );
+    assert_eq!((st, &v["error"]["param"]), (400, &json!("suffix")), "{v}");
+    // Anthropic refusals keep Anthropic's shape.
+    let (st, _, v) = post(
+        &s.url("/v1/messages"),
+        &json!({"max_tokens": 4, "messages": user("x"), "service_tier": "auto"}).to_string(),
+        None,
+    );
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("service_tier"),
+        "{v}"
+    );
+}
+
+#[test]
+fn n_choices_sample_their_own_streams_from_one_prefill() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let chat = s.url("/v1/chat/completions");
+    let body = json!({"messages": user("Tell me something"), "n": 3, "max_tokens": 12,
+                      "temperature": 1.5, "seed": 11, "ignore_eos": true});
+    let (st, seed, v) = post_seed(&chat, &body);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(seed, Some(11));
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{v}");
+    let texts: Vec<&str> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            assert_eq!(c["index"], i);
+            assert_eq!(c["finish_reason"], "length");
+            c["message"]["content"].as_str().unwrap()
+        })
+        .collect();
+    assert!(
+        texts[0] != texts[1] || texts[1] != texts[2],
+        "three samples are identical: {texts:?}"
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 36, "{v}");
+    // The later choices restart from the prompt's end, not from a new prefill.
+    assert!(s.wait_log("generated 36", 5), "{}", s.log());
+    // The same seed gives the same choices, streamed too.
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let (st, chunks) = post_stream(&chat, &stream);
+    assert_eq!(st, 200);
+    let mut streamed = [String::new(), String::new(), String::new()];
+    let mut finishes = 0;
+    for ch in &chunks {
+        if let Some(c) = ch["choices"].get(0) {
+            let i = c["index"].as_u64().unwrap() as usize;
+            if let Some(t) = c["delta"]["content"].as_str() {
+                streamed[i].push_str(t);
+            }
+            finishes += usize::from(c["finish_reason"].is_string());
+        }
+    }
+    assert_eq!(finishes, 3);
+    assert_eq!(streamed.to_vec(), texts);
+}
+
+#[test]
+fn each_request_without_a_seed_gets_its_own_and_reports_it() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let chat = s.url("/v1/chat/completions");
+    let body = json!({"messages": user("Pick a word"), "max_tokens": 16,
+                      "temperature": 2, "ignore_eos": true});
+    let (_, a, va) = post_seed(&chat, &body);
+    let (_, b, vb) = post_seed(&chat, &body);
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_ne!(a, b);
+    assert_eq!(va["system_fingerprint"], format!("k3-seed-{a}"));
+    let text = |v: &Value| {
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_ne!(text(&va), text(&vb), "two unseeded samples are the same");
+    // Sending the reported seed back replays the answer.
+    let mut again = body.clone();
+    again["seed"] = json!(a);
+    let (_, c, vc) = post_seed(&chat, &again);
+    assert_eq!(c, Some(a));
+    assert_eq!(text(&vc), text(&va));
+}
+
+#[test]
+fn reasoning_effort_and_the_inline_reasoning_format() {
+    let dir = support::tiny(0);
+    let separate = Server::start(&dir, &["--think", "0"]);
+    let inline = Server::start(&dir, &["--think", "0", "--reasoning-format", "inline"]);
+    let body = json!({"messages": user("Why is the sky blue?"), "max_tokens": 24,
+                      "temperature": 0, "reasoning_effort": "high"});
+    let (st, v) = post_json(&separate.url("/v1/chat/completions"), &body);
+    assert_eq!(st, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    let reasoning = m["reasoning_content"].as_str().unwrap_or("").to_string();
+    let content = m["content"].as_str().unwrap().to_string();
+    assert!(
+        !reasoning.is_empty(),
+        "reasoning_effort high opens the think channel: {v}"
+    );
+    let (st, v) = post_json(&inline.url("/v1/chat/completions"), &body);
+    assert_eq!(st, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    assert!(m["reasoning_content"].is_null(), "{v}");
+    assert_eq!(
+        m["content"].as_str().unwrap(),
+        format!("<think>{reasoning}</think>{content}")
+    );
+    // none turns thinking off again.
+    let mut off = body.clone();
+    off["reasoning_effort"] = json!("none");
+    let (_, v) = post_json(&separate.url("/v1/chat/completions"), &off);
+    assert!(
+        v["choices"][0]["message"]["reasoning_content"].is_null(),
+        "{v}"
+    );
+}
+
+#[test]
+fn model_and_token_count_routes_and_anthropic_shapes() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "1"]);
+    let name = dir.file_name().unwrap().to_str().unwrap();
+    let (st, body) = get(&s.url(&format!("/v1/models/{name}")), None);
+    assert_eq!(st, 200, "{body}");
+    let m: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (m["id"].as_str(), m["object"].as_str()),
+        (Some(name), Some("model"))
+    );
+    let (st, body) = get(&s.url("/v1/models/gpt-4o"), None);
+    assert_eq!(st, 404, "{body}");
+    assert!(body.contains("not_found_error"), "{body}");
+
+    let msg = json!({"max_tokens": 6, "temperature": 0, "system": "Be brief.",
+                     "messages": user("Good morning")});
+    let (st, _, counted) = post(
+        &s.url("/v1/messages/count_tokens"),
+        &json!({"system": "Be brief.", "messages": user("Good morning")}).to_string(),
+        None,
+    );
+    assert_eq!(st, 200, "{counted}");
+    let input = counted["input_tokens"].as_u64().unwrap();
+    assert!(input > 5, "{counted}");
+    // Without `thinking` the answer has no thinking block, although --think 1.
+    let (st, v) = post_json(&s.url("/v1/messages"), &msg);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["usage"]["input_tokens"].as_u64().unwrap()
+            + v["usage"]["cache_read_input_tokens"].as_u64().unwrap(),
+        input,
+        "{v}"
+    );
+    for block in v["content"].as_array().unwrap() {
+        assert_ne!(block["type"], "thinking", "{v}");
+    }
+    // message_start reports the prompt's tokens.
+    let mut stream = msg.clone();
+    stream["stream"] = json!(true);
+    let (st, events) = post_stream(&s.url("/v1/messages"), &stream);
+    assert_eq!(st, 200);
+    assert_eq!(events[0]["type"], "message_start", "{events:?}");
+    assert_eq!(events[0]["message"]["usage"]["input_tokens"], input);
+    assert_eq!(events.last().unwrap()["type"], "message_stop");
+    let (st, _, v) = post(
+        &s.url("/v1/messages/count_tokens"),
+        &json!({"messages": []}).to_string(),
+        None,
+    );
+    assert_eq!((st, v["type"].as_str()), (400, Some("error")), "{v}");
+}
+
+#[test]
+fn metrics_are_histograms_and_an_oversized_body_is_refused_at_once() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--max-body-mb", "1"]);
+    let (st, v) = post_json(
+        &s.url("/v1/chat/completions"),
+        &json!({"messages": user("hi"), "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{v}");
+    // A declared Content-Length over the limit: 413 before any body byte is sent.
+    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    c.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 5000000\r\n\r\n",
+    )
+    .unwrap();
+    let t = std::time::Instant::now();
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 413");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let (_, m) = get(&s.url("/metrics"), None);
+    for name in [
+        "k3_time_to_first_token_seconds",
+        "k3_time_per_output_token_seconds",
+        "k3_queue_wait_seconds",
+        "k3_request_duration_seconds",
+    ] {
+        assert!(
+            m.contains(&format!("# TYPE {name} histogram")),
+            "{name}\n{m}"
+        );
+        assert!(
+            m.contains(&format!("{name}_bucket{{le=\"0.5\"}}")),
+            "{name}\n{m}"
+        );
+        assert!(
+            m.contains(&format!("{name}_bucket{{le=\"+Inf\"}} 1\n")),
+            "{name}\n{m}"
+        );
+        assert!(m.contains(&format!("{name}_count 1\n")), "{name}\n{m}");
+    }
+    assert!(m.contains("k3_requests_total{status=\"413\"} 1\n"), "{m}");
+}

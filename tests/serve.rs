@@ -450,6 +450,15 @@ fn tools_and_tool_results_are_accepted_and_anthropic_messages_answer() {
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
         "tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
         "max_tokens": 4, "temperature": 0});
+    // A forced call is refused until constrained decoding forces it (docs/api.md).
+    let (st, v) = post_json(&s.url("/v1/chat/completions"), &body);
+    assert_eq!(
+        (st, &v["error"]["param"]),
+        (400, &json!("tool_choice")),
+        "{v}"
+    );
+    let mut body = body;
+    body["tool_choice"] = json!("auto");
     let (st, v) = post_json(&s.url("/v1/chat/completions"), &body);
     assert_eq!(st, 200, "{v}");
     let finish = v["choices"][0]["finish_reason"].as_str().unwrap();

@@ -147,11 +147,17 @@ async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
         _ => None,
     };
     let resp = match refusal {
-        Some(e) if anthropic => anthropic::error_response(e),
         Some(e) => {
-            let mut r = e.into_response();
+            if e.status == 413 {
+                drain_briefly(req.into_body(), app.body_limit).await;
+            }
+            let mut r = if anthropic {
+                anthropic::error_response(e)
+            } else {
+                e.into_response()
+            };
             if r.status().as_u16() == 413 {
-                // The body is not read: the connection cannot carry another request.
+                // The body was not read whole: the connection cannot carry another request.
                 r.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
@@ -162,6 +168,26 @@ async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
     app.shared.metrics.count_status(resp.status().as_u16());
     resp
 }
+
+/// Reads and drops what arrives of an oversized body for a moment (up to four times the
+/// limit, at most [`DRAIN_SECS`]), so a client still sending reads the 413 instead of a
+/// reset, and one that sends nothing gets it at once.
+async fn drain_briefly(body: Body, limit: usize) {
+    let mut data = body.into_data_stream();
+    let read = async {
+        let mut seen = 0usize;
+        while let Some(Ok(chunk)) = data.next().await {
+            seen = seen.saturating_add(chunk.len());
+            if seen > limit.saturating_mul(4) {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(DRAIN_SECS), read).await;
+}
+
+/// Longest wait for the rest of an oversized body before its 413.
+const DRAIN_SECS: u64 = 1;
 
 async fn health(State(app): State<Arc<App>>) -> Json<Value> {
     let m = &app.shared.metrics;

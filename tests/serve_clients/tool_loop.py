@@ -124,7 +124,8 @@ def anthropic_turn(client, model, messages, tool_choice):
     args = dict(
         model=model,
         max_tokens=24,
-        temperature=0,
+        # Sent as an extra field: recent clients no longer take `temperature` as an argument.
+        extra_body={"temperature": 0},
         messages=messages,
         tools=[{"name": "get_weather", "description": "The weather in a city.",
                 "input_schema": TOOLS[0]["function"]["parameters"]}],
@@ -152,7 +153,8 @@ def anthropic_turn(client, model, messages, tool_choice):
     assert stream_uses == [(b.name, b.input) for b in uses], (stream_uses, uses)
     assert start is not None and start > 0, "message_start without input_tokens"
     counted = client.messages.count_tokens(
-        model=model, messages=messages, tools=args["tools"]).input_tokens
+        model=model, messages=messages, tools=args["tools"], tool_choice=tool_choice,
+    ).input_tokens
     assert counted == start, (counted, start)
     return m, uses
 

@@ -90,6 +90,25 @@ impl Sampler {
     /// Picks the next id from `logits` (one per vocabulary id), penalising ids in
     /// `history`. NaN logits count as -inf. Panics if `logits` is empty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let work = self.penalized(logits, history);
+        self.draw(&work)
+    }
+
+    /// [`Self::sample`], also returning the chosen id's log-probability and the `top_n`
+    /// most likely ids' (see [`TokenLogprobs`] for which distribution that is).
+    pub fn sample_with_logprobs(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        top_n: usize,
+    ) -> (u32, TokenLogprobs) {
+        let work = self.penalized(logits, history);
+        let id = self.draw(&work);
+        (id, logprobs_of(&work, self.cfg.temperature, id, top_n))
+    }
+
+    /// The logits with NaN as -inf and the repetition penalty applied.
+    fn penalized(&self, logits: &[f32], history: &[u32]) -> Vec<f32> {
         assert!(
             !logits.is_empty(),
             "Sampler::sample needs at least one logit"
@@ -116,8 +135,14 @@ impl Sampler {
                 };
             }
         }
+        work
+    }
+
+    /// Draws an id from penalised logits: top-k, top-p, min-p, then temperature.
+    fn draw(&mut self, work: &[f32]) -> u32 {
+        let cfg = self.cfg;
         if cfg.temperature == 0.0 {
-            return argmax_lowest(&work);
+            return argmax_lowest(work);
         }
 
         let cand = &mut self.cand;
@@ -169,6 +194,60 @@ impl Sampler {
         // Rounding left u above the last cumulative sum: the last candidate it is.
         cand[cand.len() - 1].0
     }
+}
+
+/// The log-probabilities of one sampled token. They are taken over the whole vocabulary
+/// from the logits the sampler draws from — after the repetition penalty (and whatever the
+/// caller applied: presence/frequency penalties, the grammar mask) and divided by the
+/// temperature (1 when greedy) — before top-k, top-p and min-p cut the tail: vLLM's
+/// "processed" log-probabilities, the model's distribution as sampling shaped it. Ids the
+/// grammar masked have probability 0 and never appear among the alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The chosen id.
+    pub id: u32,
+    /// Its natural-log probability.
+    pub logprob: f32,
+    /// The most likely ids and their log-probabilities, most likely first (lowest id first
+    /// among equals), at most the number asked for and only ids with probability > 0.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// [`TokenLogprobs`] of `id` under `logits / temperature` (temperature 0 counts as 1).
+pub fn logprobs_of(logits: &[f32], temperature: f32, id: u32, top_n: usize) -> TokenLogprobs {
+    let t = if temperature > 0.0 {
+        temperature as f64
+    } else {
+        1.0
+    };
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| ((l as f64 - max) / t).exp()).sum();
+    let log_z = max / t + sum.ln();
+    let lp = |l: f32| (l as f64 / t - log_z) as f32;
+    let logprob = logits
+        .get(id as usize)
+        .map_or(f32::NEG_INFINITY, |&l| lp(l));
+    let mut top: Vec<(u32, f32)> = Vec::new();
+    if top_n > 0 {
+        let mut ids: Vec<u32> = (0..logits.len() as u32)
+            .filter(|&i| logits[i as usize] > f32::NEG_INFINITY)
+            .collect();
+        let order = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        if ids.len() > top_n {
+            ids.select_nth_unstable_by(top_n - 1, order);
+            ids.truncate(top_n);
+        }
+        ids.sort_by(order);
+        top = ids
+            .into_iter()
+            .map(|i| (i, lp(logits[i as usize])))
+            .collect();
+    }
+    TokenLogprobs { id, logprob, top }
 }
 
 /// Probabilities of `logits / temperature`, stabilised by the largest logit.

@@ -9,9 +9,11 @@ use clap::Args;
 use k3::atomic_file::write_atomically;
 use k3::backend::Backend;
 use k3::generate::{generate, GenerateOptions};
+use k3::grammar::{GrammarCompiler, OutputConstraint, ReplyFrame};
 use k3::model::trace::Trace;
 use k3::model::K3Model;
 use k3::stats;
+use k3::token_picker::TokenPicker;
 use k3::tokenizer::{ChatOptions, ChatSplitter, Message, StreamDecoder, Tokenizer};
 use std::path::{Path, PathBuf};
 
@@ -60,10 +62,44 @@ pub struct RunArgs {
     /// Write every counter of the run as JSON to this file.
     #[arg(long, value_name = "PATH")]
     pub stats_json: Option<PathBuf>,
+    /// Constrain the output to a JSON object (with --chat: the response), through the
+    /// grammar engine.
+    #[arg(long, env = "K3_JSON", conflicts_with = "json_schema", value_parser = clap::builder::FalseyValueParser::new())]
+    pub json: bool,
+    /// Constrain the output to JSON valid against the JSON schema in this file.
+    #[arg(
+        long,
+        env = "K3_JSON_SCHEMA",
+        value_name = "FILE",
+        conflicts_with = "ids"
+    )]
+    pub json_schema: Option<PathBuf>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub load: ModelArgs,
+}
+
+/// The output constraint of --json / --json-schema, if any.
+fn output_constraint(a: &RunArgs) -> Result<Option<OutputConstraint>> {
+    if a.json {
+        return Ok(Some(OutputConstraint::JsonObject));
+    }
+    let Some(path) = &a.json_schema else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--json-schema: cannot read {}", path.display()))?;
+    let schema: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "--json-schema: {} is not JSON; give a file holding one JSON schema",
+            path.display()
+        )
+    })?;
+    Ok(Some(OutputConstraint::JsonSchema {
+        schema,
+        strict: true,
+    }))
 }
 
 /// Parses `"1, 2,3"` into ids, naming the bad entry.
@@ -171,10 +207,30 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
         stop_ids: &stop,
         trace: trace.as_ref(),
     };
-    let mut sampler = k3::sampling::Sampler::new(a.sampling.config())?;
-    let mut pick = |logits: &[f32], hist: &[u32]| sampler.sample(logits, hist);
+    let constraint = match (output_constraint(a)?, &tok) {
+        (None, _) => None,
+        (Some(_), None) => bail!("--json and --json-schema need a text prompt, not --ids"),
+        (Some(c), Some(tk)) => {
+            let frame = if a.chat {
+                ReplyFrame::Chat {
+                    thinking,
+                    think_tokens: ngen / 2,
+                }
+            } else {
+                ReplyFrame::Bare
+            };
+            let compiler = GrammarCompiler::new(tk, &cfg.eos_token_ids)?;
+            Some(compiler.constrain(&c, frame)?)
+        }
+    };
+    let sampler = k3::sampling::Sampler::new(a.sampling.config())?;
+    let picker = std::cell::RefCell::new(TokenPicker::new(sampler, constraint, None));
+    let mut pick = |logits: &[f32], hist: &[u32]| picker.borrow_mut().pick(logits, hist);
     let quiet = a.load.quiet;
     let mut on_token = |ev: &k3::generate::TokenEvent| -> Result<()> {
+        if let Some(e) = picker.borrow_mut().take_error() {
+            return Err(e);
+        }
         output.push(ev.id)?;
         if !quiet && ev.index > 0 {
             eprintln!("{}", stats::token_line(ev.index, ev.secs, &ev.stats));

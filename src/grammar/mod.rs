@@ -1,0 +1,10 @@
+//! Grammar-constrained sampling through llguidance: a reply's shape (JSON, a JSON schema,
+//! a forced tool call in K3's format) becomes a token mask applied to the logits before
+//! each sample, over a trie of the K3 vocabulary.
+
+pub mod constraint;
+pub mod reply_grammar;
+pub mod token_env;
+
+pub use constraint::{GrammarCompiler, TokenConstraint};
+pub use reply_grammar::{reply_lark, OutputConstraint, ReplyFrame, ToolSchema};

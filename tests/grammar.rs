@@ -1,0 +1,330 @@
+//! Grammar-constrained sampling and log-probabilities through the library: the random tiny
+//! model, which left alone writes no JSON, writes JSON that parses and validates against
+//! the schema, and forced tool calls in K3's format whose arguments validate; bad schemas
+//! are refused with a reason.
+
+mod support;
+
+use k3::generate::{generate, GenerateOptions};
+use k3::grammar::{GrammarCompiler, OutputConstraint, ReplyFrame, ToolSchema};
+use k3::model::FormatPolicy;
+use k3::sampling::{logprobs_of, Sampler, SamplerConfig};
+use k3::serve::reply::{parse_reply, pieces_from_ids};
+use k3::token_picker::TokenPicker;
+use k3::tokenizer::{ChatOptions, Message, Tokenizer};
+use serde_json::{json, Value};
+use std::cell::RefCell;
+use support::{cpu_model, serial_stream, tiny};
+
+struct Run {
+    tokens: Vec<u32>,
+    logprobs: Vec<k3::sampling::TokenLogprobs>,
+}
+
+/// Generates up to `ngen` tokens from `prompt` on the tiny model under `c` in `frame`.
+fn constrained(
+    prompt: &[u32],
+    c: Option<(&OutputConstraint, ReplyFrame)>,
+    cfg: SamplerConfig,
+    ngen: usize,
+    top_logprobs: Option<usize>,
+) -> Run {
+    let dir = tiny(7);
+    let model = cpu_model(&dir, FormatPolicy::default(), serial_stream());
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let eos = model.ckpt.config.eos_token_ids.clone();
+    let constraint = c.map(|(c, frame)| {
+        GrammarCompiler::new(&tok, &eos)
+            .unwrap()
+            .constrain(c, frame)
+            .unwrap()
+    });
+    let mut stop = eos.clone();
+    stop.extend(tok.special_id("<|end_of_msg|>"));
+    let picker = RefCell::new(TokenPicker::new(
+        Sampler::new(cfg).unwrap(),
+        constraint,
+        top_logprobs,
+    ));
+    let logprobs = RefCell::new(Vec::new());
+    let opts = GenerateOptions {
+        ngen,
+        chunk: 16,
+        all_logits: false,
+        stop_ids: &stop,
+        trace: None,
+    };
+    let g = generate(
+        &model,
+        prompt,
+        &opts,
+        &mut |l, h| picker.borrow_mut().pick(l, h),
+        &mut |_ev| {
+            let mut p = picker.borrow_mut();
+            if let Some(e) = p.take_error() {
+                return Err(e);
+            }
+            logprobs.borrow_mut().extend(p.take_logprobs());
+            Ok(())
+        },
+    )
+    .unwrap();
+    Run {
+        tokens: g.tokens,
+        logprobs: logprobs.into_inner(),
+    }
+}
+
+fn chat_prompt(tok: &Tokenizer, thinking: bool) -> Vec<u32> {
+    tok.encode_chat(
+        &[Message::user("Give me a JSON object describing a cat.")],
+        &ChatOptions::generation(thinking),
+    )
+    .unwrap()
+}
+
+fn tokenizer() -> Tokenizer {
+    Tokenizer::from_dir(&tiny(7)).unwrap()
+}
+
+fn sampled(seed: u64) -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.8,
+        seed,
+        ..SamplerConfig::default()
+    }
+}
+
+fn no_think() -> ReplyFrame {
+    ReplyFrame::Chat {
+        thinking: false,
+        think_tokens: 0,
+    }
+}
+
+fn assert_valid(schema: &Value, v: &Value) {
+    let validator = jsonschema::validator_for(schema).unwrap();
+    let errors: Vec<String> = validator.iter_errors(v).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{v} does not validate: {errors:?}");
+}
+
+#[test]
+fn unconstrained_tiny_model_writes_no_json() {
+    // The premise of the tests below: left alone the random model does not write JSON.
+    let tok = tokenizer();
+    let run = constrained(&chat_prompt(&tok, false), None, sampled(1), 48, None);
+    let reply = parse_reply(&pieces_from_ids(&tok, &run.tokens), false);
+    assert!(serde_json::from_str::<Value>(&reply.content).is_err());
+}
+
+#[test]
+fn json_object_parses_in_a_chat_reply() {
+    let tok = tokenizer();
+    for (seed, cfg) in [
+        (0, SamplerConfig::default()),
+        (1, sampled(1)),
+        (2, sampled(2)),
+    ] {
+        let run = constrained(
+            &chat_prompt(&tok, false),
+            Some((&OutputConstraint::JsonObject, no_think())),
+            cfg,
+            400,
+            None,
+        );
+        assert_eq!(
+            run.tokens.last(),
+            tok.special_id("<|end_of_msg|>").as_ref(),
+            "seed {seed}: the reply ends its message"
+        );
+        let reply = parse_reply(&pieces_from_ids(&tok, &run.tokens), false);
+        let v: Value = serde_json::from_str(&reply.content)
+            .unwrap_or_else(|e| panic!("seed {seed}: {:?} is not JSON: {e}", reply.content));
+        assert!(v.is_object(), "seed {seed}: {v}");
+    }
+}
+
+#[test]
+fn json_schema_validates_with_and_without_thinking() {
+    let tok = tokenizer();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 30},
+            "color": {"enum": ["black", "white", "tabby"]},
+            "indoor": {"type": "boolean"}
+        },
+        "required": ["name", "age", "color", "indoor"],
+        "additionalProperties": false
+    });
+    let c = OutputConstraint::JsonSchema {
+        schema: schema.clone(),
+        strict: true,
+    };
+    for thinking in [false, true] {
+        let frame = ReplyFrame::Chat {
+            thinking,
+            think_tokens: 12,
+        };
+        let run = constrained(
+            &chat_prompt(&tok, thinking),
+            Some((&c, frame)),
+            sampled(3),
+            400,
+            None,
+        );
+        let reply = parse_reply(&pieces_from_ids(&tok, &run.tokens), thinking);
+        let v: Value = serde_json::from_str(&reply.content)
+            .unwrap_or_else(|e| panic!("thinking {thinking}: {:?}: {e}", reply.content));
+        assert_valid(&schema, &v);
+    }
+}
+
+#[test]
+fn bare_frame_is_json_then_eos() {
+    let tok = tokenizer();
+    let schema = json!({"type": "array", "items": {"type": "integer"}, "maxItems": 4});
+    let c = OutputConstraint::JsonSchema {
+        schema: schema.clone(),
+        strict: false,
+    };
+    let prompt = tok.try_encode("Numbers:").unwrap();
+    let run = constrained(&prompt, Some((&c, ReplyFrame::Bare)), sampled(4), 200, None);
+    let text = tok.decode(&run.tokens, false).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    assert_valid(&schema, &v);
+}
+
+#[test]
+fn forced_tool_call_is_k3_format_with_valid_arguments() {
+    let tok = tokenizer();
+    let weather = json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 16},
+            "unit": {"enum": ["c", "f"]}
+        },
+        "required": ["city", "unit"],
+        "additionalProperties": false
+    });
+    let time = json!({
+        "type": "object",
+        "properties": {"zone": {"type": "string", "maxLength": 8}},
+        "required": ["zone"],
+        "additionalProperties": false
+    });
+    let tools = vec![
+        ToolSchema {
+            name: "get_weather".into(),
+            parameters: weather.clone(),
+        },
+        ToolSchema {
+            name: "get_time".into(),
+            parameters: time.clone(),
+        },
+    ];
+    for (seed, offered) in [(5, tools.clone()), (6, tools[1..].to_vec())] {
+        let c = OutputConstraint::ToolCall {
+            tools: offered.clone(),
+        };
+        let run = constrained(
+            &chat_prompt(&tok, false),
+            Some((&c, no_think())),
+            sampled(seed),
+            400,
+            None,
+        );
+        let reply = parse_reply(&pieces_from_ids(&tok, &run.tokens), false);
+        assert_eq!(reply.tool_calls.len(), 1, "seed {seed}: {reply:?}");
+        assert!(reply.unparsed_tools.is_empty(), "{reply:?}");
+        let call = &reply.tool_calls[0];
+        let tool = offered
+            .iter()
+            .find(|t| t.name == call.name)
+            .unwrap_or_else(|| panic!("{} was not offered", call.name));
+        let args: Value = serde_json::from_str(&call.arguments).unwrap();
+        assert_valid(&tool.parameters, &args);
+    }
+}
+
+#[test]
+fn logprobs_are_the_sampled_distribution() {
+    let tok = tokenizer();
+    let prompt = tok.try_encode("Once upon a time").unwrap();
+    // Greedy: the chosen id is the most likely one.
+    let run = constrained(&prompt, None, SamplerConfig::default(), 6, Some(5));
+    assert_eq!(run.logprobs.len(), run.tokens.len());
+    for (lp, &id) in run.logprobs.iter().zip(&run.tokens) {
+        assert_eq!(lp.id, id);
+        assert_eq!(lp.top.len(), 5);
+        assert_eq!(lp.top[0], (id, lp.logprob));
+        assert!(lp.logprob <= 0.0);
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+    }
+    // Under a grammar the masked ids have no probability: every alternative is allowed.
+    let c = OutputConstraint::JsonObject;
+    let run = constrained(
+        &chat_prompt(&tok, false),
+        Some((&c, no_think())),
+        sampled(8),
+        60,
+        Some(20),
+    );
+    let open = tok.special_id("<|open|>").unwrap();
+    for lp in &run.logprobs {
+        assert!(lp.top.iter().all(|&(id, l)| id != open && l.is_finite()));
+        let total: f32 = lp.top.iter().map(|&(_, l)| l.exp()).sum();
+        assert!(total <= 1.0 + 1e-4, "{total}");
+    }
+    // The first step of a JSON object can only open it.
+    assert_eq!(
+        tok.decode(&[run.tokens[0]], false).unwrap().chars().next(),
+        Some('{')
+    );
+}
+
+#[test]
+fn logprobs_follow_the_temperature() {
+    let logits = [2.0f32, 1.0, 0.0, f32::NEG_INFINITY];
+    let lp = logprobs_of(&logits, 0.5, 1, 10);
+    let z: f64 = [4.0f64, 2.0, 0.0].iter().map(|x| x.exp()).sum();
+    assert!((lp.logprob as f64 - (2.0 - z.ln())).abs() < 1e-5);
+    assert_eq!(lp.top.len(), 3, "the -inf id is left out");
+    let greedy = logprobs_of(&logits, 0.0, 0, 1);
+    let z1: f64 = [2.0f64, 1.0, 0.0].iter().map(|x| x.exp()).sum();
+    assert!((greedy.logprob as f64 - (2.0 - z1.ln())).abs() < 1e-5);
+}
+
+#[test]
+fn bad_schemas_are_refused_with_a_reason() {
+    let dir = tiny(7);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let g = GrammarCompiler::new(&tok, &[tok.special_id("<|end_of_msg|>").unwrap()]).unwrap();
+    let err = |schema: Value, strict: bool| {
+        g.constrain(
+            &OutputConstraint::JsonSchema { schema, strict },
+            ReplyFrame::Bare,
+        )
+        .err()
+        .map(|e| format!("{e:#}"))
+    };
+    let e = err(json!(false), true).unwrap();
+    assert!(e.contains("no value satisfies it"), "{e}");
+    let e = err(json!([1, 2]), false).unwrap();
+    assert!(e.contains("must be an object"), "{e}");
+    let e = err(
+        json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}),
+        true,
+    )
+    .unwrap();
+    assert!(e.contains("does not compile"), "{e}");
+    let e = err(json!({"type": "object", "x-guidance": 3}), true).unwrap();
+    assert!(e.contains("x-guidance"), "{e}");
+    assert!(GrammarCompiler::new(&tok, &[]).is_err());
+    let e = GrammarCompiler::new(&tok, &[u32::MAX])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("outside the tokenizer"), "{e}");
+}

@@ -192,8 +192,9 @@ fn tools_are_declared_and_tool_turns_rendered_in_k3s_format() {
         "<|open|>message role=\"user\"<|sep|>Paris?<|close|>message<|sep|><|end_of_msg|>",
         "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|><|close|>response<|sep|>",
         "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>json type=\"object\"<|sep|>{\"City\":\"Paris\"}<|close|>json<|sep|><|close|>call<|sep|>",
-        "<|open|>call tool=\"get_time\" index=\"2\"<|sep|><|open|>argument key=\"n\" type=\"number\"<|sep|>2<|close|>argument<|sep|>",
-        "<|open|>argument key=\"tz\" type=\"string\"<|sep|>CET<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>",
+        // Arguments in the order sent, as the template's `arguments.items()` writes them.
+        "<|open|>call tool=\"get_time\" index=\"2\"<|sep|><|open|>argument key=\"tz\" type=\"string\"<|sep|>CET<|close|>argument<|sep|>",
+        "<|open|>argument key=\"n\" type=\"number\"<|sep|>2<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>",
         "<|close|>message<|sep|><|end_of_msg|>",
         // Results in the order of the calls they answer.
         "<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>sunny<|close|>message<|sep|><|end_of_msg|>",

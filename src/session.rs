@@ -16,8 +16,9 @@ use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// Largest prefill chunk accepted (`K3_CHUNK`).
-pub const MAX_CHUNK: usize = 512;
+/// Largest prefill chunk accepted (`K3_CHUNK`): an upper bound on the prefill window,
+/// which memory and the backend's limits bound further ([`K3Model::prefill_window`]).
+pub const MAX_CHUNK: usize = 1 << 22;
 
 /// What the decode loop should do after a token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,7 +116,13 @@ pub fn check_chunk(chunk: usize) -> Result<()> {
     Ok(())
 }
 
-/// Runs the prompt through the model `chunk` tokens at a time. Returns the logits of
+/// Tokens one forward pass of a prompt takes: the model's prefill window, at most `chunk`.
+pub fn window<B: Backend>(model: &K3Model<B>, chunk: usize) -> usize {
+    chunk.min(model.prefill_window()).max(1)
+}
+
+/// Runs the prompt through the model in windows of at most `chunk` tokens ([`window`]),
+/// layer-major within each window. Returns the logits of
 /// every prompt position when `all` is set, else those of the last position.
 pub fn prefill<B: Backend>(
     model: &K3Model<B>,
@@ -132,14 +139,23 @@ pub fn prefill<B: Backend>(
     }
     let want = if all { Logits::All } else { Logits::Last };
     let mut out = Vec::new();
-    for c in ids.chunks(chunk) {
-        let logits = model.forward(st, c, want, stats, trace)?;
+    let progress = model.progress();
+    progress.begin(ids.len(), model.layer_count());
+    for c in ids.chunks(window(model, chunk)) {
+        let logits = match model.forward(st, c, want, stats, trace) {
+            Ok(l) => l,
+            Err(e) => {
+                progress.end();
+                return Err(e);
+            }
+        };
         if all {
             out.extend(logits);
         } else {
             out = logits;
         }
     }
+    progress.end();
     Ok(out)
 }
 
@@ -176,7 +192,8 @@ pub struct Session<'m, B: Backend> {
 }
 
 impl<'m, B: Backend> Session<'m, B> {
-    /// An empty conversation; prompts are prefilled `chunk` tokens at a time.
+    /// An empty conversation; prompts are prefilled in windows of at most `chunk` tokens
+    /// (and at most the model's prefill window).
     pub fn new(model: &'m K3Model<B>, chunk: usize) -> Result<Self> {
         check_chunk(chunk)?;
         Ok(Self {
@@ -274,7 +291,19 @@ impl<'m, B: Backend> Session<'m, B> {
             Logits::Last
         };
         let v = self.model.vocab_size();
-        for c in ids.chunks(self.chunk) {
+        let progress = self.model.progress().clone();
+        if ids.len() > 1 {
+            progress.begin(ids.len(), self.model.layer_count());
+        }
+        // Ends the progress on every way out of the loop.
+        struct End<'a>(&'a crate::model::prefill_progress::PrefillProgress);
+        impl Drop for End<'_> {
+            fn drop(&mut self) {
+                self.0.end();
+            }
+        }
+        let _end = (ids.len() > 1).then(|| End(&progress));
+        for c in ids.chunks(window(self.model, self.chunk)) {
             if cancelled(opts.cancel) {
                 return Ok(false);
             }

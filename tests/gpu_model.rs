@@ -148,6 +148,54 @@ fn gpu_chunked_prefill_matches_token_by_token() {
 }
 
 #[test]
+fn gpu_whole_prompt_window_in_sub_batches_matches_token_by_token() {
+    let long: Vec<u32> = (0..40).map(|i| (i * 37 % 700) as u32).collect();
+    // An 8 KiB binding cap: sub-batches of a few rows, the head a row or two at a time,
+    // the routed experts' pairs over several calls, and windows of a few tokens.
+    for max_binding in [None, Some(8192)] {
+        let opts = GpuOptions {
+            max_binding,
+            ..Default::default()
+        };
+        let Some(mut gm) = support::gpu_model(&support::tiny(0), opts, support::serial_stream())
+        else {
+            return;
+        };
+        if max_binding.is_none() {
+            assert!(gm.prefill_window() >= long.len());
+            gm.set_sub_batch_rows(7);
+        } else {
+            assert!(gm.sub_batch_rows() < long.len() && gm.prefill_window() < long.len());
+        }
+        let one = prefill(
+            &gm,
+            &mut gm.new_state().unwrap(),
+            &long,
+            1,
+            true,
+            &mut Stats::default(),
+            None,
+        )
+        .unwrap();
+        let got = prefill(
+            &gm,
+            &mut gm.new_state().unwrap(),
+            &long,
+            k3::generate::MAX_CHUNK,
+            true,
+            &mut Stats::default(),
+            None,
+        )
+        .unwrap();
+        let e = rel_l2(&got, &one);
+        assert!(
+            e <= CHUNK_TOL,
+            "binding {max_binding:?}: logits rel L2 {e:e} vs token by token"
+        );
+    }
+}
+
+#[test]
 fn gpu_expert_tier_keeps_the_tokens_and_skips_the_disk_on_hits() {
     let Some(gm) = gpu_model() else { return };
     let cfg = gm.ckpt.config.clone();

@@ -1053,6 +1053,9 @@ fn batched_moe_matches_cpu() {
     // A small binding cap splits the experts into several batches.
     for g in gpus(Some(8192)).into_iter().chain(chunked_gpu(Some(8192))) {
         moe_case(&g, &mut rng, 4, 64, 64, 5);
+        // A prefill window's (token, expert) pairs past what one call's pair buffers hold
+        // (16 of 2·64 values in 8 KiB) go in several calls, in list order.
+        moe_case(&g, &mut rng, 24, 64, 64, 5);
     }
 }
 

@@ -3,9 +3,11 @@
 mod support;
 
 use k3::experts::{IoMode, StreamConfig};
-use k3::generate::prefill;
+use k3::generate::{prefill, MAX_CHUNK};
+use k3::model::route_trace::{RouteTap, TraceHeader};
 use k3::model::FormatPolicy;
 use k3::stats::Stats;
+use std::sync::Arc;
 
 const PROMPT: [u32; 11] = [768, 5, 300, 17, 17, 999, 42, 0, 511, 7, 88];
 
@@ -36,6 +38,92 @@ fn chunk_sizes_give_bit_identical_logits() {
             "chunk {chunk}"
         );
     }
+}
+
+/// A prompt long enough that the tiny model's 8 experts a layer are routed many times.
+fn long_prompt() -> Vec<u32> {
+    (0..60).map(|i| (i * 37 % 700) as u32).collect()
+}
+
+#[test]
+fn whole_prompt_window_and_its_sub_batches_match_token_by_token() {
+    let long = long_prompt();
+    let mut m = support::cpu_model(
+        &support::tiny(0),
+        FormatPolicy::default(),
+        support::serial_stream(),
+    );
+    let run = |m: &k3::model::K3Model<_>, chunk: usize| {
+        let mut st = m.new_state().unwrap();
+        prefill(m, &mut st, &long, chunk, true, &mut Stats::default(), None).unwrap()
+    };
+    let one = run(&m, 1);
+    // The default bound: one window of the whole prompt, layer-major.
+    assert_eq!(run(&m, MAX_CHUNK), one, "whole-prompt window");
+    // The same window with every op but the routed experts in sub-batches of 7 rows.
+    assert_eq!(m.set_sub_batch_rows(7), 7);
+    assert_eq!(run(&m, MAX_CHUNK), one, "sub-batches of 7 rows");
+    assert_eq!(run(&m, 16), one, "windows of 16 in sub-batches of 7");
+}
+
+#[test]
+fn a_window_reads_each_routed_expert_once_a_layer() {
+    let long = long_prompt();
+    // No host cache beyond the layer's own pass: what a chunk reads, the next reads again.
+    let m = support::cpu_model(
+        &support::tiny(0),
+        FormatPolicy::default(),
+        support::serial_stream(),
+    );
+    let cfg = m.ckpt.config.clone();
+    let header = TraceHeader::new(
+        cfg.num_hidden_layers,
+        (0..cfg.num_hidden_layers)
+            .filter(|&l| cfg.is_moe_layer(l))
+            .collect(),
+        cfg.num_experts,
+        cfg.num_experts_per_token,
+        cfg.expert_bytes() as u64,
+        "test".into(),
+    );
+    let mut m = m;
+    let tap = Arc::new(RouteTap::new(header, None));
+    m.experts_mut().set_route_tap(Some(tap.clone()));
+    let mut whole = Stats::default();
+    prefill(
+        &m,
+        &mut m.new_state().unwrap(),
+        &long,
+        MAX_CHUNK,
+        false,
+        &mut whole,
+        None,
+    )
+    .unwrap();
+    let distinct = tap.usage().unwrap().iter().filter(|&&c| c > 0.0).count() as u64;
+    assert!(distinct > 0);
+    assert_eq!(
+        whole.bytes_streamed,
+        distinct * cfg.expert_bytes() as u64,
+        "one window reads each (layer, expert) it routes to exactly once"
+    );
+    let mut chunked = Stats::default();
+    prefill(
+        &m,
+        &mut m.new_state().unwrap(),
+        &long,
+        4,
+        false,
+        &mut chunked,
+        None,
+    )
+    .unwrap();
+    assert!(
+        chunked.bytes_streamed > whole.bytes_streamed,
+        "chunks of 4 read experts again: {} vs {} bytes",
+        chunked.bytes_streamed,
+        whole.bytes_streamed
+    );
 }
 
 #[test]

@@ -225,6 +225,15 @@ pub trait Backend: ExpertResidency {
     fn shape(&self, x: &Self::Act) -> (usize, usize);
     /// Rows `start..start+count` of an activation, as a new activation.
     fn slice_rows(&self, x: &Self::Act, start: usize, count: usize) -> Result<Self::Act>;
+    /// The rows of `parts` one after another, as a new activation (all of one width).
+    fn concat_rows(&self, parts: &[&Self::Act]) -> Result<Self::Act>;
+    /// The most rows one op call may take when its widest per-row buffer is `row_bytes`
+    /// bytes: the adapter's binding and dispatch limits on a GPU, no bound on the CPU.
+    /// Callers split larger prompt windows into sub-batches of at most this many rows.
+    fn max_rows(&self, row_bytes: usize) -> usize {
+        let _ = row_bytes;
+        usize::MAX
+    }
     /// Makes a dense weight resident.
     fn load_matrix(&self, m: DenseMatrix) -> Result<Self::Mat>;
     /// Fresh zero state for a KDA layer.

@@ -78,3 +78,18 @@ pub fn expert_shapes(w: &ExpertWeights<'_>, d: usize) -> Result<usize> {
     );
     Ok(i)
 }
+
+/// The parts of a row concatenation: at least one, all of one width. Returns the width.
+pub fn concat_rows(parts: impl IntoIterator<Item = Shape>) -> Result<usize> {
+    let mut cols = None;
+    for (i, (_, c)) in parts.into_iter().enumerate() {
+        match cols {
+            None => cols = Some(c),
+            Some(w) => ensure!(
+                w == c,
+                "concat_rows: part {i} has {c} columns, the first has {w}"
+            ),
+        }
+    }
+    cols.ok_or_else(|| anyhow::anyhow!("concat_rows: no parts"))
+}

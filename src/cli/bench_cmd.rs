@@ -32,6 +32,10 @@ enum BenchKind {
     /// Replay a routing trace (`--route-trace`, or a calibrated synthetic one) through every
     /// cache policy at each budget: hit % and GB read per token.
     Cache(super::bench_cache::CacheArgs),
+    /// Prefill a long prompt with the default window (the whole prompt) and with
+    /// `--chunk 32`, each from empty caches: time, expert GB read, GB read ÷ the GB of the
+    /// distinct experts routed per layer (summed), tok/s.
+    Prefill(Box<super::bench_prefill::PrefillArgs>),
 }
 
 #[derive(Args, Debug)]
@@ -81,6 +85,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchKind::Reader(r) => reader(r),
         BenchKind::Decode(d) => decode(*d),
         BenchKind::Cache(c) => super::bench_cache::run(c),
+        BenchKind::Prefill(p) => super::bench_prefill::run(*p),
     }
 }
 
@@ -247,7 +252,7 @@ impl super::model_args::ModelJob for DecodeJob<'_> {
                         sa.configure(model)?;
                         let opts = GenerateOptions {
                             ngen: a.ngen,
-                            chunk: a.load.chunk,
+                            chunk: a.load.chunk_bound(),
                             all_logits: false,
                             stop_ids: &[],
                             trace: None,

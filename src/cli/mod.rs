@@ -2,6 +2,7 @@
 
 mod bench_cache;
 mod bench_cmd;
+mod bench_prefill;
 mod cache_args;
 mod chat_cmd;
 mod devices_cmd;

@@ -9,9 +9,11 @@ use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::lab_switches::LabSwitches;
 use k3::backend::gpu::GpuOptions;
 use k3::backend::select::{select, BackendKind, Selected};
-use k3::backend::Backend;
+use k3::backend::{Backend, FreeDeviceMemory};
 use k3::checkpoint::Checkpoint;
+use k3::experts::{ram_budget, StreamConfig};
 use k3::model::loader::LoadOptions;
+use k3::model::prefill_window::{bytes_per_token, window_for_bytes};
 use k3::model::weight_cache::WeightCacheSetting;
 use k3::model::{FormatPolicy, K3Model};
 use k3::quant::idot::IdotKernel;
@@ -69,9 +71,11 @@ pub struct ModelArgs {
     /// Load-time format of lm_head (4, 8, 16, 32).
     #[arg(long, env = "K3_HEAD_BITS", default_value_t = 8)]
     pub head_bits: u32,
-    /// Prefill chunk: tokens per pass through each layer (1..512).
-    #[arg(long, env = "K3_CHUNK", default_value_t = 32)]
-    pub chunk: usize,
+    /// Prefill window bound: at most this many prompt tokens per pass through each layer
+    /// (each routed expert is read once a layer per pass). Unset: the whole prompt, as far
+    /// as memory and the GPU's limits allow (the `[K3] prefill window` line says how far).
+    #[arg(long, env = "K3_CHUNK", value_name = "TOKENS")]
+    pub chunk: Option<usize>,
     /// Hide the loading progress bar and the per-token lines.
     #[arg(long)]
     pub quiet: bool,
@@ -128,6 +132,65 @@ fn finish<B: Backend, T>(
 }
 
 impl ModelArgs {
+    /// `--chunk` as the bound on the prefill window: the whole prompt when unset.
+    pub fn chunk_bound(&self) -> usize {
+        self.chunk.unwrap_or(k3::session::MAX_CHUNK)
+    }
+
+    /// Sets the model's prefill window: `--chunk` at most, and what memory allows (half the
+    /// free VRAM on a GPU with its own memory; otherwise the RAM clamp's activation reserve
+    /// plus half of the RAM the expert cache leaves), and prints the `[K3] prefill window`
+    /// line. Turns on the `[K3] prefill` progress lines unless `--quiet`.
+    fn configure_window<B: Backend>(
+        &self,
+        model: &mut K3Model<B>,
+        sc: &StreamConfig,
+    ) -> Result<()> {
+        let cfg = &model.ckpt.config;
+        let per_token = bytes_per_token(cfg);
+        let (budget, place) = match model.backend.free_device_memory()? {
+            FreeDeviceMemory::Bytes(free) if !model.backend.unified_pool() => {
+                (free / 2, "half the free VRAM")
+            }
+            _ => {
+                let mem = ram_budget::probe()?;
+                let cache_gb = sc.slots_per_layer as f64
+                    * cfg.moe_layer_count() as f64
+                    * cfg.expert_bytes() as f64
+                    / 1e9;
+                let left = ram_budget::AVAILABLE_SHARE * mem.available_gb
+                    - ram_budget::PAGE_CACHE_GB
+                    - cache_gb;
+                let gb = ram_budget::ACTIVATIONS_GB + (left / 2.0).max(0.0);
+                ((gb * 1e9) as u64, "RAM beside the expert cache")
+            }
+        };
+        let by_memory = window_for_bytes(cfg, budget);
+        // No prompt is longer than the context.
+        let context = self.stream.max_tokens;
+        let bound = self.chunk_bound().min(context);
+        let w = model.set_prefill_window(bound.min(by_memory));
+        let why = if self.chunk.is_some_and(|c| c <= w) {
+            "--chunk / K3_CHUNK".to_string()
+        } else if w < by_memory.min(bound) {
+            format!(
+                "the adapter's limits on one dispatch or binding ({} tokens)",
+                model.max_window()
+            )
+        } else if w == context && context < by_memory {
+            "the context (--max-tokens / K3_MAXT)".to_string()
+        } else {
+            format!("memory: {:.1} GB, {place}", budget as f64 / 1e9)
+        };
+        eprintln!(
+            "[K3] prefill window: {w} tokens a pass (each routed expert read once a layer per pass) | {:.2} MB of activations a token, {:.1} GB at the full window | bound: {why}",
+            per_token as f64 / 1e6,
+            (w as u64 * per_token) as f64 / 1e9,
+        );
+        model.progress().set_print(!self.quiet);
+        Ok(())
+    }
+
     /// The progress bar, weight cache and start-up lines these flags ask for.
     fn load_options(&self) -> LoadOptions {
         LoadOptions {
@@ -145,7 +208,7 @@ impl ModelArgs {
     /// cache, then runs `job` on it.
     pub fn with_model<J: ModelJob>(&self, dir: &Path, job: J) -> Result<J::Out> {
         let policy = FormatPolicy::from_bits(self.bits, self.mla_bits, self.head_bits)?;
-        k3::session::check_chunk(self.chunk)?;
+        k3::session::check_chunk(self.chunk_bound())?;
         let extra = self
             .dirs
             .as_deref()
@@ -170,7 +233,8 @@ impl ModelArgs {
                     eprintln!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
                 }
                 let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
-                self.stream.configure(&mut model)?;
+                let sc = self.stream.configure(&mut model)?;
+                self.configure_window(&mut model, &sc)?;
                 finish(job.run(&mut model), &self.stream.cache, &model)
             }
             Selected::Cpu { fallback } => {
@@ -185,7 +249,8 @@ impl ModelArgs {
                     eprintln!("[K3] K3_IDOT=1: routed experts on int8 activations (not exact)");
                 }
                 let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
-                self.stream.configure(&mut model)?;
+                let sc = self.stream.configure(&mut model)?;
+                self.configure_window(&mut model, &sc)?;
                 finish(job.run(&mut model), &self.stream.cache, &model)
             }
         }

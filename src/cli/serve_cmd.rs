@@ -167,7 +167,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             thinking: a.think == 1,
         },
         context,
-        chunk: a.load.chunk,
+        chunk: a.load.chunk_bound(),
         snapshots: SnapshotLimits {
             count: a.snapshots,
             bytes: a.snapshot_mb << 20,

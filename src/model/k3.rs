@@ -7,6 +7,8 @@ use super::kda::Kda;
 use super::loader::{LoadOptions, Loader, Startup};
 use super::mla::Mla;
 use super::moe::{Moe, NextMoe};
+use super::prefill_progress::PrefillProgress;
+use super::prefill_window::{moe_row_bytes, sub_batches, widest_row_bytes};
 use super::trace::Trace;
 use super::weight_cache::WeightCache;
 use crate::backend::{Backend, Glu};
@@ -15,6 +17,7 @@ use crate::config::AttnKind;
 use crate::experts::{ExpertSource, StreamConfig};
 use crate::stats::Stats;
 use anyhow::{bail, Context, Result};
+use std::sync::Arc;
 use std::time::Instant;
 
 enum Attn<B: Backend> {
@@ -73,6 +76,13 @@ pub struct K3Model<B: Backend> {
     selection: ExpertSelection,
     prefetch: bool,
     startup: Startup,
+    /// Rows of one op call outside the routed experts (the backend's limits).
+    sub_rows: usize,
+    /// Rows of one head matmul when every row's logits are wanted.
+    head_rows: usize,
+    /// Tokens one forward pass takes at most (the prefill window).
+    window: usize,
+    progress: Arc<PrefillProgress>,
 }
 
 impl<B: Backend> K3Model<B> {
@@ -148,6 +158,9 @@ impl<B: Backend> K3Model<B> {
         ckpt.release_mapped_pages();
         let experts = ExpertSource::with_lender(StreamConfig::default(), backend.read_lender())?
             .with_tier_exchange(backend.tier_exchange());
+        let sub_rows = backend.max_rows(widest_row_bytes(&cfg));
+        let head_rows = backend.max_rows(cfg.vocab_size * 4);
+        let window = backend.max_rows(moe_row_bytes(&cfg));
         Ok(Self {
             glu: Glu::Situ {
                 beta: cfg.situ_beta,
@@ -162,6 +175,10 @@ impl<B: Backend> K3Model<B> {
             experts,
             selection: ExpertSelection::exact(),
             prefetch: false,
+            sub_rows,
+            head_rows,
+            window,
+            progress: Arc::default(),
             startup: Startup::new(
                 process.elapsed().as_secs_f64(),
                 dense_s,
@@ -169,6 +186,43 @@ impl<B: Backend> K3Model<B> {
                 pending,
             ),
         })
+    }
+
+    /// The most tokens one forward pass may take on this backend: the MoE layer runs the
+    /// whole window at once, so its widest row bounds it (no bound on the CPU).
+    pub fn max_window(&self) -> usize {
+        self.backend.max_rows(moe_row_bytes(&self.ckpt.config))
+    }
+
+    /// Tokens one forward pass takes at most: prompts are prefilled in windows of this
+    /// many tokens, each routed expert read once a layer per window.
+    pub fn prefill_window(&self) -> usize {
+        self.window
+    }
+
+    /// Sets the prefill window (what memory allows, see `prefill_window::window_for_bytes`),
+    /// within [`Self::max_window`]; returns the window set.
+    pub fn set_prefill_window(&mut self, tokens: usize) -> usize {
+        self.window = tokens.clamp(1, self.max_window());
+        self.window
+    }
+
+    /// Rows of one op call outside the routed experts.
+    pub fn sub_batch_rows(&self) -> usize {
+        self.sub_rows
+    }
+
+    /// Lowers the sub-batch rows below what the backend's limits allow (tests split small
+    /// windows this way); returns the rows set.
+    pub fn set_sub_batch_rows(&mut self, rows: usize) -> usize {
+        let cap = self.backend.max_rows(widest_row_bytes(&self.ckpt.config));
+        self.sub_rows = rows.clamp(1, cap);
+        self.sub_rows
+    }
+
+    /// The progress of the prefill running now, shared with readers on other threads.
+    pub fn progress(&self) -> &Arc<PrefillProgress> {
+        &self.progress
     }
 
     /// How the start went: time to ready, the dense load, the weight cache.
@@ -236,6 +290,11 @@ impl<B: Backend> K3Model<B> {
         &self.experts
     }
 
+    /// Layers of the model.
+    pub fn layer_count(&self) -> usize {
+        self.layers.len()
+    }
+
     /// Vocabulary size (width of a logits row).
     pub fn vocab_size(&self) -> usize {
         self.ckpt.config.vocab_size
@@ -257,8 +316,11 @@ impl<B: Backend> K3Model<B> {
             .upload(&rows, ids.len(), self.ckpt.config.hidden_size)
     }
 
-    /// Runs `ids` (one chunk) through every layer, advancing `st`, and returns the logits
-    /// of the last row or of every row, row-major.
+    /// Runs `ids` (one window of the prompt) through every layer, advancing `st`, and
+    /// returns the logits of the last row or of every row, row-major. The pass is
+    /// layer-major: every row goes through layer L (each routed expert read once for all
+    /// the rows that chose it) before any goes to layer L+1. Outside the routed experts the
+    /// rows run in sub-batches within the backend's limits ([`Self::sub_batch_rows`]).
     pub fn forward(
         &self,
         st: &mut State<B>,
@@ -277,82 +339,110 @@ impl<B: Backend> K3Model<B> {
         if let Some(tap) = self.experts.route_tap() {
             tap.begin_chunk(st.pos)?;
         }
-        let mut h = self.embed(ids)?;
-        let mut bank: Vec<B::Act> = Vec::new();
+        let parts = sub_batches(ids.len(), self.sub_rows);
+        let mut h: Vec<B::Act> = parts
+            .iter()
+            .map(|r| self.embed(&ids[r.clone()]))
+            .collect::<Result<_>>()?;
+        // bank[e][j]: bank entry e of sub-batch j.
+        let mut bank: Vec<Vec<B::Act>> = Vec::new();
+        self.progress.window_started(ids.len());
         // Reads guessed for a next layer run between the layers' own streams, so the disk
         // is metered over the whole pass rather than per layer.
         let (busy0, bytes0) = self.experts.disk_totals();
         let (stats_busy, stats_bytes) = (stats.disk_busy, stats.bytes_streamed);
+        let mut layer_bytes0 = bytes0;
         for (i, (layer, ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
             let t0 = Instant::now();
-            let p = h;
-            let x = if bank.is_empty() {
-                b.rmsnorm(&p, &layer.input_norm, h_dim, eps)?
-            } else {
-                let refs: Vec<&B::Act> = bank.iter().collect();
-                let mixed = b.attn_res_mix(&refs, &p, &layer.w_attn_res, eps)?;
-                b.rmsnorm(&mixed, &layer.input_norm, h_dim, eps)?
-            };
-            let a = match (&layer.attn, ls) {
-                (Attn::Kda(k), LayerState::Kda(s)) => k.forward(b, s, &x)?,
-                (Attn::Mla(m), LayerState::Mla(c)) => m.forward(b, c, &x)?,
-                _ => bail!("internal: layer {i} state does not match its attention kind"),
-            };
-            // The raw layer input is banked after the mix; the prefix restarts at a bank.
-            let p = if i % cfg.attn_res_block_size == 0 {
-                bank.push(p);
-                a
-            } else {
-                b.add(&p, &a)?
-            };
+            let banks = i % cfg.attn_res_block_size == 0;
+            let mut entry = Vec::new();
+            let mut ps = Vec::with_capacity(parts.len());
+            for (j, hj) in h.into_iter().enumerate() {
+                let x = if bank.is_empty() {
+                    b.rmsnorm(&hj, &layer.input_norm, h_dim, eps)?
+                } else {
+                    let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
+                    let mixed = b.attn_res_mix(&refs, &hj, &layer.w_attn_res, eps)?;
+                    b.rmsnorm(&mixed, &layer.input_norm, h_dim, eps)?
+                };
+                let a = match (&layer.attn, &mut *ls) {
+                    (Attn::Kda(k), LayerState::Kda(s)) => k.forward(b, s, &x)?,
+                    (Attn::Mla(m), LayerState::Mla(c)) => m.forward(b, c, &x)?,
+                    _ => bail!("internal: layer {i} state does not match its attention kind"),
+                };
+                // The raw layer input is banked after the mix; the prefix restarts at a bank.
+                ps.push(if banks {
+                    entry.push(hj);
+                    a
+                } else {
+                    b.add(&hj, &a)?
+                });
+            }
+            if banks {
+                bank.push(entry);
+            }
             stats.attn += t0.elapsed();
             let t1 = Instant::now();
-            let refs: Vec<&B::Act> = bank.iter().collect();
-            let f_in = b.rmsnorm(
-                &b.attn_res_mix(&refs, &p, &layer.w_mlp_res, eps)?,
-                &layer.post_norm,
-                h_dim,
-                eps,
-            )?;
-            let f = match &layer.ffn {
-                Ffn::Dense(mlp) => mlp.forward(b, &f_in, self.glu)?,
+            let ffn_in = |j: usize, p: &B::Act, w: &B::Act, norm: &B::Act| -> Result<B::Act> {
+                let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
+                b.rmsnorm(&b.attn_res_mix(&refs, p, w, eps)?, norm, h_dim, eps)
+            };
+            let f_in: Vec<B::Act> = ps
+                .iter()
+                .enumerate()
+                .map(|(j, p)| ffn_in(j, p, &layer.w_mlp_res, &layer.post_norm))
+                .collect::<Result<_>>()?;
+            let fs: Vec<B::Act> = match &layer.ffn {
+                Ffn::Dense(mlp) => f_in
+                    .iter()
+                    .map(|x| mlp.forward(b, x, self.glu))
+                    .collect::<Result<_>>()?,
                 Ffn::Moe(moe) => {
                     let next = match self.layers.get(i + 1) {
                         Some(n) if self.prefetch => match &n.ffn {
                             // The next layer's own mix and norm over what exists now: its
                             // attention's output is all its router input lacks.
-                            Ffn::Moe(m) => Some((
-                                m,
-                                b.rmsnorm(
-                                    &b.attn_res_mix(&refs, &p, &n.w_mlp_res, eps)?,
-                                    &n.post_norm,
-                                    h_dim,
-                                    eps,
-                                )?,
-                            )),
+                            Ffn::Moe(m) => {
+                                let xs: Vec<B::Act> = ps
+                                    .iter()
+                                    .enumerate()
+                                    .map(|(j, p)| ffn_in(j, p, &n.w_mlp_res, &n.post_norm))
+                                    .collect::<Result<_>>()?;
+                                Some((m, whole(b, xs)?))
+                            }
                             Ffn::Dense(_) => None,
                         },
                         _ => None,
                     };
-                    moe.forward(
-                        b,
-                        &self.ckpt,
-                        &self.experts,
-                        &f_in,
-                        self.glu,
-                        &self.selection,
-                        next.as_ref().map(|(m, x)| NextMoe { moe: m, x }),
-                        stats,
-                    )
-                    .with_context(|| {
-                        format!("layer {i} (MoE) at position {} of the context", st.pos)
-                    })?
+                    let x = whole(b, f_in)?;
+                    let f = moe
+                        .forward(
+                            b,
+                            &self.ckpt,
+                            &self.experts,
+                            &x,
+                            self.glu,
+                            &self.selection,
+                            next.as_ref().map(|(m, x)| NextMoe { moe: m, x }),
+                            stats,
+                        )
+                        .with_context(|| {
+                            format!("layer {i} (MoE) at position {} of the context", st.pos)
+                        })?;
+                    split(b, f, &parts)?
                 }
             };
-            h = b.add(&p, &f)?;
+            h = ps
+                .iter()
+                .zip(&fs)
+                .map(|(p, f)| b.add(p, f))
+                .collect::<Result<_>>()?;
             stats.moe += t1.elapsed();
             if trace.is_some() || b.downloads_are_free() {
-                let host = b.download(&h)?;
+                let mut host = Vec::with_capacity(ids.len() * h_dim);
+                for hj in &h {
+                    host.extend(b.download(hj)?);
+                }
                 if let Some(at) = first_non_finite(&host) {
                     bail!(
                         "layer {i} produced a non-finite value (NaN or Inf) in its output at \
@@ -365,34 +455,55 @@ impl<B: Backend> K3Model<B> {
                     t.record(i, &host)?;
                 }
             }
+            let (_, layer_bytes1) = self.experts.disk_totals();
+            self.progress
+                .layer_done(layer_bytes1.saturating_sub(layer_bytes0));
+            layer_bytes0 = layer_bytes1;
         }
         let (busy1, bytes1) = self.experts.disk_totals();
         stats.disk_busy = stats_busy + busy1.saturating_sub(busy0);
         stats.bytes_streamed = stats_bytes + (bytes1 - bytes0);
         let t2 = Instant::now();
-        let h = match want {
-            Logits::All => h,
-            Logits::Last => b.slice_rows(&h, ids.len() - 1, 1)?,
-        };
-        let last_bank: Vec<B::Act> = match want {
-            Logits::All => Vec::new(),
-            Logits::Last => bank
-                .iter()
-                .map(|e| b.slice_rows(e, ids.len() - 1, 1))
-                .collect::<Result<_>>()?,
-        };
-        let refs: Vec<&B::Act> = if want == Logits::All {
-            bank.iter().collect()
-        } else {
-            last_bank.iter().collect()
-        };
-        let out = b.rmsnorm(
-            &b.attn_res_mix(&refs, &h, &self.w_out, eps)?,
-            &self.final_norm,
-            h_dim,
-            eps,
-        )?;
-        let logits = b.download(&b.matmul(&self.head, &out)?)?;
+        let last = parts.len() - 1;
+        let mut logits = Vec::new();
+        match want {
+            Logits::All => {
+                for (j, hj) in h.iter().enumerate() {
+                    let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
+                    let out = b.rmsnorm(
+                        &b.attn_res_mix(&refs, hj, &self.w_out, eps)?,
+                        &self.final_norm,
+                        h_dim,
+                        eps,
+                    )?;
+                    let rows = parts[j].len();
+                    for r in sub_batches(rows, self.head_rows) {
+                        let piece = if r.len() == rows {
+                            b.matmul(&self.head, &out)?
+                        } else {
+                            b.matmul(&self.head, &b.slice_rows(&out, r.start, r.len())?)?
+                        };
+                        logits.extend(b.download(&piece)?);
+                    }
+                }
+            }
+            Logits::Last => {
+                let rows = parts[last].len();
+                let hl = b.slice_rows(&h[last], rows - 1, 1)?;
+                let last_bank: Vec<B::Act> = bank
+                    .iter()
+                    .map(|e| b.slice_rows(&e[last], rows - 1, 1))
+                    .collect::<Result<_>>()?;
+                let refs: Vec<&B::Act> = last_bank.iter().collect();
+                let out = b.rmsnorm(
+                    &b.attn_res_mix(&refs, &hl, &self.w_out, eps)?,
+                    &self.final_norm,
+                    h_dim,
+                    eps,
+                )?;
+                logits = b.download(&b.matmul(&self.head, &out)?)?;
+            }
+        }
         stats.head += t2.elapsed();
         if let Some(at) = first_non_finite(&logits) {
             bail!(
@@ -408,9 +519,32 @@ impl<B: Backend> K3Model<B> {
                     }
             );
         }
+        self.progress.window_done();
         st.pos += ids.len();
         Ok(logits)
     }
+}
+
+/// The sub-batches as one activation (the one itself when there is only one).
+fn whole<B: Backend>(b: &B, mut parts: Vec<B::Act>) -> Result<B::Act> {
+    if parts.len() == 1 {
+        if let Some(p) = parts.pop() {
+            return Ok(p);
+        }
+    }
+    let refs: Vec<&B::Act> = parts.iter().collect();
+    b.concat_rows(&refs)
+}
+
+/// `x` cut into the row ranges `parts` (`x` itself when there is only one).
+fn split<B: Backend>(b: &B, x: B::Act, parts: &[std::ops::Range<usize>]) -> Result<Vec<B::Act>> {
+    if parts.len() == 1 {
+        return Ok(vec![x]);
+    }
+    parts
+        .iter()
+        .map(|r| b.slice_rows(&x, r.start, r.len()))
+        .collect()
 }
 
 /// Index of the first NaN or infinity in `v`.

@@ -8,6 +8,8 @@ pub mod kda;
 pub mod loader;
 pub mod mla;
 pub mod moe;
+pub mod prefill_progress;
+pub mod prefill_window;
 pub mod route_trace;
 pub mod state_size;
 pub mod state_snapshot;

@@ -54,6 +54,8 @@ pub struct App {
     pub next_id: AtomicU64,
     /// Where a chat answer's think text goes.
     pub reasoning_format: ReasoningFormat,
+    /// The running prefill's progress, for `/health`.
+    pub prefill: Arc<crate::model::prefill_progress::PrefillProgress>,
 }
 
 /// Where a chat answer's think text goes (`--reasoning-format`).
@@ -199,6 +201,7 @@ async fn health(State(app): State<Arc<App>>) -> Json<Value> {
         "queue_depth": m.queue_depth.load(Ordering::Relaxed),
         "state": if busy { "busy" } else { "idle" },
         "live": app.shared.live.snapshot(),
+        "prefill": app.prefill.view(),
     }))
 }
 

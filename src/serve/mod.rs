@@ -107,6 +107,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         body_timeout: opts.body_timeout,
         next_id: AtomicU64::new(1),
         reasoning_format: opts.reasoning_format,
+        prefill: model.progress().clone(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(opts.http_threads.max(1))

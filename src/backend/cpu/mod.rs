@@ -137,6 +137,17 @@ impl Backend for CpuBackend {
         )
     }
 
+    fn concat_rows(&self, parts: &[&CpuAct]) -> Result<CpuAct> {
+        let cols =
+            crate::backend::shape_checks::concat_rows(parts.iter().map(|a| (a.rows, a.cols)))?;
+        let rows = parts.iter().map(|a| a.rows).sum();
+        let mut data = Vec::with_capacity(rows * cols);
+        for a in parts {
+            data.extend_from_slice(&a.data);
+        }
+        CpuAct::new(data, rows, cols)
+    }
+
     fn load_matrix(&self, m: DenseMatrix) -> Result<DenseMatrix> {
         Ok(m)
     }

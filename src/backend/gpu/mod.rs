@@ -241,6 +241,32 @@ impl Backend for GpuBackend {
         Ok(out)
     }
 
+    fn concat_rows(&self, parts: &[&GpuAct]) -> Result<GpuAct> {
+        let cols =
+            crate::backend::shape_checks::concat_rows(parts.iter().map(|a| (a.rows, a.cols)))?;
+        let rows: usize = parts.iter().map(|a| a.rows).sum();
+        let row = (cols * 4) as u64;
+        ensure!(
+            rows as u64 * row <= self.ctx.max_binding,
+            "concat_rows: {rows} rows of {cols} values exceed the adapter's binding limit of {} B",
+            self.ctx.max_binding
+        );
+        let out = self.alloc(rows, cols);
+        let mut at = 0u64;
+        for a in parts.iter().filter(|a| a.rows > 0) {
+            self.ctx.copy(&a.buf, 0, &out.buf, at, a.bytes());
+            at += a.bytes();
+        }
+        Ok(out)
+    }
+
+    fn max_rows(&self, row_bytes: usize) -> usize {
+        let by_binding = (self.ctx.max_binding / (row_bytes.max(1) as u64)) as usize;
+        by_binding
+            .min(self.ctx.limits.max_compute_workgroups_per_dimension as usize)
+            .max(1)
+    }
+
     fn load_matrix(&self, m: DenseMatrix) -> Result<GpuMat> {
         self.load_matrix_op(m)
     }

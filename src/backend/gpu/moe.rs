@@ -60,6 +60,26 @@ impl GpuBackend {
         if experts.is_empty() {
             return Ok(());
         }
+        // A prefill window can route more (token, expert) pairs to one call than a dispatch
+        // or a pair buffer holds: the experts go in consecutive groups that fit, each group
+        // a call of its own. The list order, and so every row's summation order, stays.
+        let cap = self.max_pairs_per_call(z.cols, experts);
+        let pairs: usize = experts.iter().map(|e| e.tokens.len()).sum();
+        if pairs > cap {
+            let mut start = 0;
+            while start < experts.len() {
+                let mut end = start;
+                let mut n = 0;
+                while end < experts.len() && (end == start || n + experts[end].tokens.len() <= cap)
+                {
+                    n += experts[end].tokens.len();
+                    end += 1;
+                }
+                self.moe_accumulate_op(out, z, &experts[start..end], glu)?;
+                start = end;
+            }
+            return Ok(());
+        }
         let tier = self.tier()?;
         let (srcs, i) = self.expert_sources(experts, z.cols, &tier)?;
         let placed = self.place_experts(experts, &srcs, (i, z.cols), z.rows, tier)?;
@@ -71,6 +91,23 @@ impl GpuBackend {
         }
         self.dispatch_experts(out, z, &placed.sets, &rt, tile, i, glu);
         Ok(())
+    }
+
+    /// The most (token, expert) pairs one call dispatches: the grid's limit per dimension,
+    /// and the pair buffers (`[pairs, 2I]`, `[pairs, d]`) within one binding each.
+    fn max_pairs_per_call(&self, d: usize, experts: &[ExpertAssignment<'_>]) -> usize {
+        let i = experts
+            .iter()
+            .find_map(|e| match (&e.weights, &e.staged) {
+                (Some(w), _) => Some(w.w1.rows),
+                (None, Some(st)) => Some(st.dims.0),
+                (None, None) => None,
+            })
+            .unwrap_or(d);
+        let widest = (2 * i).max(d).max(1) as u64 * 4;
+        let by_binding = (self.ctx.max_binding / widest) as usize;
+        let by_grid = self.ctx.limits.max_compute_workgroups_per_dimension as usize;
+        by_binding.min(by_grid).max(1)
     }
 
     /// Where each expert's bytes are (host views, a lent staging buffer, or `None`: resident

@@ -1,0 +1,181 @@
+//! `k3 bench prefill`: a long prompt prefilled with the default window and with `--chunk 32`
+//! (or the `--chunks` given), each run from an empty expert cache: time, expert GB read,
+//! GB read ÷ the GB of the distinct experts the prompt routes to in each layer (summed over
+//! layers: what reading each routed expert once a layer costs), and tokens per second.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use k3::backend::Backend;
+use k3::model::route_trace::{RouteTap, TraceHeader};
+use k3::model::K3Model;
+use k3::stats::Stats;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Flags of `k3 bench prefill`.
+#[derive(Args, Debug)]
+pub struct PrefillArgs {
+    /// Snapshot directory.
+    model: PathBuf,
+    /// Prompt length in tokens (ids drawn from a fixed seed, below the special tokens).
+    #[arg(long, default_value_t = 1024)]
+    tokens: usize,
+    /// Window bounds to compare with the default one (the whole prompt), comma separated;
+    /// 0 leaves a case out.
+    #[arg(long, default_value = "32")]
+    chunks: String,
+    /// Rounds; each round runs every case once, in turn.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Seed of the prompt's ids.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The prompt's ids (comma separated) instead of `--tokens` drawn ones, to prefill the
+    /// same prompt as another engine.
+    #[arg(long)]
+    ids: Option<String>,
+    #[command(flatten)]
+    load: super::model_args::ModelArgs,
+}
+
+/// Runs `k3 bench prefill`.
+pub fn run(a: PrefillArgs) -> Result<()> {
+    super::threads::init(a.load.threads)?;
+    if a.tokens == 0 {
+        bail!("--tokens must be at least 1");
+    }
+    if a.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let mut chunks: Vec<Option<usize>> = vec![None];
+    for t in a.chunks.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let c: usize = t
+            .parse()
+            .with_context(|| format!("--chunks: {t:?} is not a number of tokens"))?;
+        if c > 0 {
+            k3::session::check_chunk(c)?;
+            chunks.push(Some(c));
+        }
+    }
+    a.load.with_model(&a.model, PrefillJob { a: &a, chunks })
+}
+
+struct PrefillJob<'a> {
+    a: &'a PrefillArgs,
+    chunks: Vec<Option<usize>>,
+}
+
+/// `n` prompt ids from `seed`: a fixed xorshift stream below the first special token.
+fn prompt_ids(n: usize, seed: u64, vocab: usize, first_special: Option<u32>) -> Vec<u32> {
+    let top = first_special
+        .map_or(vocab, |s| (s as usize).min(vocab))
+        .max(2) as u64;
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (1 + x % (top - 1)) as u32
+        })
+        .collect()
+}
+
+/// One case's figures.
+struct Run {
+    secs: f64,
+    read_gb: f64,
+    distinct_gb: f64,
+}
+
+impl super::model_args::ModelJob for PrefillJob<'_> {
+    type Out = ();
+    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+        let PrefillJob { a, chunks } = self;
+        let cfg = model.ckpt.config.clone();
+        let ids = match &a.ids {
+            Some(list) => super::run_cmd::parse_ids(list)?,
+            None => prompt_ids(a.tokens, a.seed, cfg.vocab_size, cfg.bos_token_id),
+        };
+        if ids.is_empty() {
+            bail!("--ids: give at least one token id");
+        }
+        let default_window = model.prefill_window();
+        let kept_tap = model.experts().route_tap().cloned();
+        println!(
+            "| case | window | tokens | prefill s | tok/s | expert GB read | GB of distinct experts per layer, summed | read ÷ distinct |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+        for round in 0..a.rounds {
+            for &chunk in &chunks {
+                let r = one_run(model, &a.load, &ids, chunk, &cfg)?;
+                let window = chunk
+                    .map_or(default_window, |c| c.min(default_window))
+                    .min(ids.len());
+                let name = chunk.map_or("default".to_string(), |c| format!("--chunk {c}"));
+                println!(
+                    "| {name} (round {round}) | {window} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} |",
+                    ids.len(),
+                    r.secs,
+                    ids.len() as f64 / r.secs.max(1e-9),
+                    r.read_gb,
+                    r.distinct_gb,
+                    r.read_gb / r.distinct_gb.max(1e-12)
+                );
+            }
+        }
+        model.experts_mut().set_route_tap(kept_tap);
+        Ok(())
+    }
+}
+
+/// One prefill of `ids` in windows of at most `chunk`, from empty expert caches (the host
+/// cache and the GPU tier are sized again, so the last run's experts are not hits).
+fn one_run<B: Backend>(
+    model: &mut K3Model<B>,
+    load: &super::model_args::ModelArgs,
+    ids: &[u32],
+    chunk: Option<usize>,
+    cfg: &k3::config::Config,
+) -> Result<Run> {
+    load.stream.configure(model)?;
+    let moe_layers: Vec<usize> = (0..cfg.num_hidden_layers)
+        .filter(|&l| cfg.is_moe_layer(l))
+        .collect();
+    let header = TraceHeader::new(
+        cfg.num_hidden_layers,
+        moe_layers,
+        cfg.num_experts,
+        cfg.num_experts_per_token,
+        cfg.expert_bytes() as u64,
+        "k3 bench prefill".into(),
+    );
+    let tap = Arc::new(RouteTap::new(header, None));
+    model.experts_mut().set_route_tap(Some(tap.clone()));
+    let mut st = model.new_state()?;
+    let mut stats = Stats::default();
+    let bound = chunk.unwrap_or(k3::session::MAX_CHUNK);
+    let t = Instant::now();
+    k3::session::prefill(model, &mut st, ids, bound, false, &mut stats, None)?;
+    let secs = t.elapsed().as_secs_f64();
+    let distinct = tap.usage()?.iter().filter(|&&c| c > 0.0).count();
+    Ok(Run {
+        secs,
+        read_gb: stats.bytes_streamed as f64 / 1e9,
+        distinct_gb: distinct as f64 * cfg.expert_bytes() as f64 / 1e9,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prompt_ids;
+
+    #[test]
+    fn prompt_ids_are_fixed_and_below_the_special_tokens() {
+        let a = prompt_ids(500, 1, 1024, Some(900));
+        assert_eq!(a, prompt_ids(500, 1, 1024, Some(900)));
+        assert_ne!(a, prompt_ids(500, 2, 1024, Some(900)));
+        assert!(a.iter().all(|&t| (1..900).contains(&t)));
+    }
+}

@@ -14,6 +14,7 @@
 #                     "k3_gpu k3_cpu c_long c_default"
 #   K3_CHUNKS ("")    window bounds k3 bench prefill runs beside its default (--chunks)
 #   C_LONG (1024)     K3_CHUNK of the c_long run (the C engine clamps it to 512)
+#   K3_FLAGS ("")     extra flags of the k3 runs (e.g. "--gpu-expert-gb 0": no VRAM tier)
 #   RUN_TIMEOUT (400) seconds a run may take
 # Both engines read experts with O_DIRECT (K3_DIRECT=1) and use no usage history (the C
 # engine AUTOPIN=0 USAGE_SAVE=0 K3_VK=0, k3 --usage-pins off); the C engine runs --ngen 0,
@@ -34,6 +35,7 @@ STEP=${STEP:-97}
 CONFIGS=${CONFIGS:-k3_gpu k3_cpu c_long c_default}
 K3_CHUNKS=${K3_CHUNKS:-}
 C_LONG=${C_LONG:-1024}
+K3_FLAGS=${K3_FLAGS:-}
 RUN_TIMEOUT=${RUN_TIMEOUT:-400}
 DIR=${OUT:-/tmp/prefill_side_by_side}
 mkdir -p "$DIR"
@@ -81,7 +83,7 @@ run() { # run name, round
     k3_gpu | k3_cpu)
         local backend=${1#k3_}
         env K3_DIRECT=1 timeout "$RUN_TIMEOUT" "$K3BIN" bench prefill "$SNAP" --backend "$backend" \
-            --ids "$IDS_K" --chunks "$K3_CHUNKS" --expert-gb "$EXPERT_GB" --usage-pins off \
+            --ids "$IDS_K" --chunks "$K3_CHUNKS" --expert-gb "$EXPERT_GB" --usage-pins off $K3_FLAGS \
             > "$f.table" 2> "$f"
         cat "$f.table" >> "$f"
         local line

@@ -68,7 +68,43 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// Absorbed MLA over `q`'s rows. The score pass runs one grid row and one
+    /// `[total]` row of scores per (token, head), so a window whose rows would exceed the
+    /// grid or a binding attends in consecutive blocks of tokens, each appending its latents
+    /// before it attends: causal attention sees the same positions either way.
     pub(super) fn mla_attend_op(
+        &self,
+        d: &MlaDims,
+        w: &MlaAttnWeights<GpuAct>,
+        cache: &mut GpuMlaCache,
+        q: &GpuAct,
+        c: &GpuAct,
+    ) -> Result<GpuAct> {
+        let n = q.rows;
+        let h = d.heads.max(1);
+        let total = cache.len + n;
+        let by_grid = self.ctx.limits.max_compute_workgroups_per_dimension as usize / h;
+        let by_scores = (self.ctx.max_binding / (h as u64 * total.max(1) as u64 * 4)) as usize;
+        let per = by_grid.min(by_scores).max(1);
+        if n <= per || c.rows != n {
+            return self.mla_attend_block(d, w, cache, q, c);
+        }
+        let out = self.alloc(n, h * d.v);
+        let row = (h * d.v * 4) as u64;
+        let mut start = 0;
+        while start < n {
+            let len = per.min(n - start);
+            let qb = crate::backend::Backend::slice_rows(self, q, start, len)?;
+            let cb = crate::backend::Backend::slice_rows(self, c, start, len)?;
+            let ob = self.mla_attend_block(d, w, cache, &qb, &cb)?;
+            self.ctx
+                .copy(&ob.buf, 0, &out.buf, start as u64 * row, len as u64 * row);
+            start += len;
+        }
+        Ok(out)
+    }
+
+    fn mla_attend_block(
         &self,
         d: &MlaDims,
         w: &MlaAttnWeights<GpuAct>,

@@ -255,3 +255,37 @@ fn a_prompt_longer_than_the_context_is_refused_and_generation_stops_at_it() {
         assert!(stderr(&o).contains("--max-tokens"), "{}", stderr(&o));
     }
 }
+
+#[test]
+fn bench_prefill_reads_each_routed_expert_once_in_the_default_window() {
+    let dir = support::tiny(0);
+    let d = dir.to_str().unwrap();
+    let o = k3(&[
+        "bench", "prefill", d, "--tokens", "300", "--chunks", "8", "--backend", "cpu",
+        "--expert-gb", "0", "--direct", "0",
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("[K3] prefill window:"), "{err}");
+    assert!(err.contains("[K3] prefill: 300/300 tokens"), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let ratio = |case: &str| -> f64 {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(case))
+            .unwrap_or_else(|| panic!("no {case} row in:\n{out}"));
+        line.split('|').nth(8).unwrap().trim().parse().unwrap()
+    };
+    assert_eq!(ratio("| default"), 1.0, "{out}");
+    assert!(ratio("| --chunk 8") > 1.0, "{out}");
+    for (args, want) in [
+        (&["--tokens", "0"][..], "--tokens must be at least 1"),
+        (&["--chunks", "x"][..], "--chunks: \"x\" is not a number"),
+        (&["--ids", "1,x"][..], "\"x\" is not a token id"),
+    ] {
+        let mut all = vec!["bench", "prefill", d, "--backend", "cpu"];
+        all.extend_from_slice(args);
+        let o = k3(&all);
+        assert!(!o.status.success() && stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+}

@@ -95,6 +95,7 @@ fn chat_completions_models_health_and_metrics() {
     assert_eq!(h["backend"], "cpu");
     assert_eq!(h["queue_depth"], 0);
     assert_eq!(h["state"], "idle");
+    assert_eq!(h["prefill"], Value::Null, "no prefill runs: {h}");
     let (st, body) = get(&s.url("/metrics"), None);
     assert_eq!(st, 200);
     for line in [

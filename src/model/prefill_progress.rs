@@ -127,10 +127,11 @@ impl PrefillProgress {
         let finished = tokens > 0 && self.tokens_done.load(Ordering::Relaxed) >= tokens;
         let layers_done = if finished {
             layers
-        } else if window == 0 {
-            0
         } else {
-            (tl.saturating_sub(done_before) / window).min(layers)
+            tl.saturating_sub(done_before)
+                .checked_div(window)
+                .unwrap_or(0)
+                .min(layers)
         };
         let eta_s = (tl > 0 && total >= tl).then(|| elapsed_s * (total - tl) as f64 / tl as f64);
         ProgressView {

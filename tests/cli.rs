@@ -261,8 +261,19 @@ fn bench_prefill_reads_each_routed_expert_once_in_the_default_window() {
     let dir = support::tiny(0);
     let d = dir.to_str().unwrap();
     let o = k3(&[
-        "bench", "prefill", d, "--tokens", "300", "--chunks", "8", "--backend", "cpu",
-        "--expert-gb", "0", "--direct", "0",
+        "bench",
+        "prefill",
+        d,
+        "--tokens",
+        "300",
+        "--chunks",
+        "8",
+        "--backend",
+        "cpu",
+        "--expert-gb",
+        "0",
+        "--direct",
+        "0",
     ]);
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
@@ -286,6 +297,10 @@ fn bench_prefill_reads_each_routed_expert_once_in_the_default_window() {
         let mut all = vec!["bench", "prefill", d, "--backend", "cpu"];
         all.extend_from_slice(args);
         let o = k3(&all);
-        assert!(!o.status.success() && stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+        assert!(
+            !o.status.success() && stderr(&o).contains(want),
+            "{args:?}: {}",
+            stderr(&o)
+        );
     }
 }

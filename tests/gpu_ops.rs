@@ -1245,9 +1245,9 @@ fn kda_step_matches_cpu_across_chunks() {
 fn mla_attend_matches_cpu_as_the_cache_grows() {
     let mut rng = StdRng::seed_from_u64(9);
     let c = CpuBackend::new();
-    // A 128 KiB binding cap: the longer calls' scores exceed one binding, so they attend in
+    // A 256 KiB binding cap: the longer calls' scores exceed one binding, so they attend in
     // blocks of tokens, each appending its latents first.
-    for g in gpus(None).into_iter().chain(gpus(Some(1 << 17))) {
+    for g in gpus(None).into_iter().chain(gpus(Some(1 << 18))) {
         // nope 7: the query absorption's 4-way unrolled sum also takes its remainder loop.
         for (heads, kv, nope, rope, v) in [(3, 40, 8, 4, 12), (9, 64, 16, 6, 16), (2, 32, 7, 4, 8)]
         {

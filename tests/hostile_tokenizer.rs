@@ -277,3 +277,18 @@ fn a_tokenizer_json_with_invalid_utf8_in_a_string_is_an_error_not_a_panic() {
         "{err}"
     );
 }
+
+#[test]
+fn a_megabyte_added_token_is_refused_naming_the_file_the_id_and_its_length() {
+    let big = format!("<|{}|>", "x".repeat(1 << 20));
+    let dir = tiktoken_dir(|c| add_token(c, "4000", &big));
+    let err = load_err(dir.path());
+    assert!(
+        err.contains("tokenizer_config.json")
+            && err.contains("added_tokens_decoder[4000]")
+            && err.contains(&big.len().to_string()),
+        "{}",
+        &err[..err.len().min(400)]
+    );
+    assert!(!err.contains("NFA"), "the regex build was reached");
+}

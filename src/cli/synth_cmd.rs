@@ -11,10 +11,11 @@ pub struct SynthArgs {
     /// Size preset: tiny (tests, seconds), small (CPU benchmarks), k3-slice (real K3 dimensions, tens of GB).
     #[arg(long, default_value = "tiny")]
     pub preset: String,
-    /// Number of layers (overrides the preset).
+    /// Number of layers (overrides the preset; at most 1024).
     #[arg(long)]
     pub layers: Option<usize>,
-    /// Routed experts per MoE layer (overrides the preset).
+    /// Routed experts per MoE layer (overrides the preset; at most 65536, and at most
+    /// 262144 over all MoE layers).
     #[arg(long)]
     pub experts: Option<usize>,
     /// Seed: the same seed writes the same bytes.

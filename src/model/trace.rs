@@ -106,15 +106,28 @@ impl Trace {
         }
         files.finished = true;
         let open = std::mem::take(&mut files.open);
-        let mut n = 0;
+        let mut placed: Vec<PathBuf> = Vec::new();
         for f in open.into_iter().flatten() {
+            let path = f.path().to_path_buf();
             if let Err(e) = f.commit() {
                 files.failed = Some(format!("{e:#}"));
-                return Err(e.context(format!("finishing trace {}", self.dir.display())));
+                // The layers already renamed into place would be a trace that stops at a
+                // layer: they go too, and what cannot be removed is named.
+                let left: Vec<String> = placed
+                    .iter()
+                    .filter(|p| fs::remove_file(p).is_err())
+                    .map(|p| p.display().to_string())
+                    .collect();
+                let what = if left.is_empty() {
+                    "the trace is discarded".to_string()
+                } else {
+                    format!("the trace is discarded, but these remain: {}", left.join(", "))
+                };
+                return Err(e.context(format!("finishing trace {}: {what}", self.dir.display())));
             }
-            n += 1;
+            placed.push(path);
         }
-        Ok(n)
+        Ok(placed.len())
     }
 }
 
@@ -138,6 +151,22 @@ mod tests {
             .collect();
         assert_eq!(bytes, want);
         assert!(t.record(0, &[5.0]).is_err(), "no record after finish");
+    }
+
+    #[test]
+    fn a_layer_that_fails_at_finish_takes_the_layers_already_in_place_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Trace::create(dir.path()).unwrap();
+        t.record(0, &[1.0]).unwrap();
+        t.record(1, &[2.0]).unwrap();
+        // Layer 1 cannot be renamed into place: a directory holds its name.
+        let blocker = Trace::layer_file(dir.path(), 1);
+        std::fs::create_dir(&blocker).unwrap();
+        std::fs::write(blocker.join("x"), b"x").unwrap();
+        let e = format!("{:#}", t.finish().unwrap_err());
+        assert!(e.contains("the trace is discarded"), "{e}");
+        assert!(!Trace::layer_file(dir.path(), 0).exists(), "layer 0 was left");
+        assert!(!crate::atomic_file::partial_path(&blocker).exists());
     }
 
     #[test]

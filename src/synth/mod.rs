@@ -4,6 +4,7 @@
 
 mod layout;
 mod presets;
+pub use presets::{MAX_EXPERTS, MAX_LAYERS, MAX_ROUTED_EXPERTS};
 mod random_weights;
 mod safetensors_writer;
 

@@ -12,6 +12,14 @@ const SMALL_SHARD_BYTES: u64 = 32 * 1024 * 1024;
 /// Shard budget of `k3-slice`, close to the published shards' order of size.
 const K3_SHARD_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 
+/// Most layers `--layers` asks for: the bound config.json's `num_hidden_layers` is checked
+/// against (src/config/limits.rs).
+pub const MAX_LAYERS: usize = 1 << 10;
+/// Most routed experts per layer `--experts` asks for (the config's `num_experts` bound).
+pub const MAX_EXPERTS: usize = 1 << 16;
+/// Most routed experts over all MoE layers (the config's bound on layers x experts).
+pub const MAX_ROUTED_EXPERTS: usize = 1 << 18;
+
 /// Every dimension a preset fixes, after `--layers` / `--experts` overrides.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Dims {
@@ -119,6 +127,13 @@ impl Dims {
                 max_shard_bytes: K3_SHARD_BYTES,
             },
         };
+        // Bounded before anything is sized by them: 2^32 layers aborted on an 8 GB list.
+        if let Some(layers) = opts.layers.filter(|&l| l > MAX_LAYERS) {
+            bail!("--layers {layers}: at most {MAX_LAYERS} (the largest a config may state)");
+        }
+        if let Some(experts) = opts.experts.filter(|&e| e > MAX_EXPERTS) {
+            bail!("--experts {experts}: at most {MAX_EXPERTS} (the largest a config may state)");
+        }
         if let Some(layers) = opts.layers {
             // Layer 0 is dense (first_k_dense_replace = 1): a checkpoint with routed experts
             // needs at least one more layer.
@@ -136,20 +151,35 @@ impl Dims {
             // A slice with fewer experts than the preset's top-k routes to all of them.
             d.top_k = d.top_k.min(experts);
         }
+        let routed = (d.layers - 1) * d.experts;
+        if routed > MAX_ROUTED_EXPERTS {
+            bail!(
+                "--layers {} x --experts {}: {routed} routed experts, at most {MAX_ROUTED_EXPERTS} \
+                 (the largest a config may state)",
+                d.layers,
+                d.experts
+            );
+        }
         Ok(d)
     }
 
     /// 1-based indices of the full-attention (MLA) layers.
     pub(crate) fn full_attn_layers(&self) -> Vec<usize> {
         (1..=self.layers)
-            .filter(|i| i % self.full_attn_period == 0 || *i == self.layers)
+            .filter(|&i| self.is_full_attn(i))
             .collect()
     }
 
     /// 1-based indices of the KDA layers.
     pub(crate) fn kda_layers(&self) -> Vec<usize> {
-        let full = self.full_attn_layers();
-        (1..=self.layers).filter(|i| !full.contains(i)).collect()
+        (1..=self.layers)
+            .filter(|&i| !self.is_full_attn(i))
+            .collect()
+    }
+
+    /// Whether 1-based layer `i` is a full-attention (MLA) layer.
+    fn is_full_attn(&self, i: usize) -> bool {
+        i % self.full_attn_period == 0 || i == self.layers
     }
 }
 
@@ -296,6 +326,34 @@ mod tests {
         assert_eq!(full[..2], [4, 8]);
         assert_eq!(full[22..], [92, 93]);
         assert_eq!(k3_93.kda_layers().len(), 69);
+    }
+
+    #[test]
+    fn sizes_past_the_stated_maximum_are_refused_and_the_maximum_is_a_valid_config() {
+        for (layers, experts, words) in [
+            (
+                Some(1usize << 32),
+                None,
+                "--layers 4294967296: at most 1024",
+            ),
+            (Some(1_000_000), None, "--layers 1000000: at most 1024"),
+            (None, Some(usize::MAX), "--experts"),
+            (
+                Some(MAX_LAYERS),
+                Some(MAX_EXPERTS),
+                "routed experts, at most 262144",
+            ),
+        ] {
+            let e = Dims::from_options(&opts(Preset::Tiny, layers, experts)).unwrap_err();
+            assert!(e.to_string().contains(words), "{e}");
+        }
+        // The largest accepted sizes are a config k3 loads.
+        for (layers, experts) in [(MAX_LAYERS, 256), (5, MAX_EXPERTS)] {
+            let d = Dims::from_options(&opts(Preset::Tiny, Some(layers), Some(experts))).unwrap();
+            assert_eq!(d.kda_layers().len() + d.full_attn_layers().len(), layers);
+            let text = root_config(&d).to_string();
+            crate::config::Config::from_json_str(&text, "synth").unwrap();
+        }
     }
 
     #[test]

@@ -104,7 +104,21 @@ impl Tokenizer {
             );
         }
         let names = special::special_table(ranks.len() as u32, added, config)?;
-        Self::from_parts(ranks, names, bpe::KIMI_PAT_STR)
+        let n_base = ranks.len();
+        // A regex build error names neither file nor token: say which token is the longest.
+        let longest = names
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, n)| n.len())
+            .map(|(i, n)| (n_base + i, n.len()));
+        Self::from_parts(ranks, names, bpe::KIMI_PAT_STR).map_err(|e| match longest {
+            Some((id, len)) => e.context(format!(
+                "{}: building the special-token matcher failed; its longest token is id {id}, \
+                 {len} bytes",
+                config.display()
+            )),
+            None => e.context(format!("{}: building the BPE failed", model.display())),
+        })
     }
 
     fn from_parts(ranks: Vec<Vec<u8>>, names: Vec<String>, pattern: &str) -> Result<Self> {

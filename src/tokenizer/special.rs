@@ -25,6 +25,10 @@ pub struct AddedToken {
 /// a mistyped id (2^31, 4e9) is refused before the special table is sized by it.
 pub const MAX_ADDED_TOKENS: u32 = 1 << 16;
 
+/// Longest added token, in bytes: Kimi's are under 32. The specials become one alternation
+/// regex, and a token of a megabyte overflows its NFA size limit.
+pub const MAX_ADDED_TOKEN_BYTES: usize = 1024;
+
 /// Reads `added_tokens_decoder` from a `tokenizer_config.json` (size-limited, see
 /// [`crate::platform::input_file`]) with [`parse_added_tokens`].
 pub fn read_added_tokens(path: &Path) -> Result<BTreeMap<u32, AddedToken>> {
@@ -68,6 +72,14 @@ pub fn parse_added_tokens(text: &str, path: &Path) -> Result<BTreeMap<u32, Added
                 "{}: `added_tokens_decoder[{id}]` has empty `content`; an added token needs \
                  text (an empty one matches everywhere and encoding never ends)",
                 path.display()
+            );
+        }
+        if content.len() > MAX_ADDED_TOKEN_BYTES {
+            bail!(
+                "{}: `added_tokens_decoder[{id}]` is {} bytes long; an added token may be at \
+                 most {MAX_ADDED_TOKEN_BYTES} bytes (the special tokens are matched by one regex)",
+                path.display(),
+                content.len()
             );
         }
         let special = entry

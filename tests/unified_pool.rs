@@ -102,7 +102,14 @@ fn lavapipe_runs_the_pool_by_default_and_the_switch_turns_it_off() {
     let Some(g) = support::gpu_backend(GpuOptions::default()) else {
         return;
     };
-    let unified = k3::backend::gpu::upload_path::unified_memory(g.ctx.info.device_type);
+    // The adapter's own fact, or the Apple profile's (K3_GPU_LIMITS) on any adapter.
+    let unified = k3::backend::gpu::upload_path::unified_memory(g.ctx.info.device_type)
+        || g.ctx.profile != k3::backend::gpu::LimitsProfile::Native;
+    assert_eq!(
+        g.ctx.unified_memory, unified,
+        "{:?}",
+        g.ctx.info.device_type
+    );
     assert_eq!(g.unified_pool(), unified, "{:?}", g.ctx.info.device_type);
     let Some(off) = support::gpu_backend(GpuOptions {
         expert_pool: Some(false),

@@ -7,7 +7,7 @@ use anyhow::Result;
 use clap::{Args, ValueEnum};
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::lab_switches::LabSwitches;
-use k3::backend::gpu::GpuOptions;
+use k3::backend::gpu::{GpuOptions, LimitsProfile};
 use k3::backend::select::{select, BackendKind, Selected};
 use k3::backend::{Backend, FreeDeviceMemory};
 use k3::checkpoint::Checkpoint;
@@ -47,6 +47,17 @@ pub struct ModelArgs {
     /// GPU adapter to use: a substring of its name (see `k3 devices`).
     #[arg(long, value_name = "NAME")]
     pub adapter: Option<String>,
+    /// GPU limits profile: request and plan with the limits and features wgpu's Metal
+    /// backend reports for that Apple GPU family (apple-m1, apple-m3, apple-m5), each limit
+    /// the lower of the profile's and the adapter's, on whatever adapter is present;
+    /// native = the adapter's own (see `k3 devices --gpu-limits`).
+    #[arg(
+        long = "gpu-limits",
+        env = "K3_GPU_LIMITS",
+        value_name = "PROFILE",
+        default_value = "native"
+    )]
+    pub gpu_limits: LimitsProfile,
     /// GPU: 1 = time every kernel on the GPU (timestamp queries) and print the time per
     /// kernel at the end. Each submission then waits for the GPU, so the run itself is slower.
     #[arg(long, env = "K3_GPU_PROFILE", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
@@ -223,6 +234,7 @@ impl ModelArgs {
         // Experiment switches (`K3_LAB_*`) over the user's settings.
         let gpu = LabSwitches::from_env()?.apply(GpuOptions {
             adapter: self.adapter.clone(),
+            limits: Some(self.gpu_limits),
             profile: self.gpu_profile == 1,
             ..GpuOptions::default()
         });

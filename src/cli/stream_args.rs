@@ -5,12 +5,14 @@ use anyhow::{bail, Result};
 use clap::Args;
 use k3::backend::{Backend, FreeDeviceMemory};
 use k3::experts::cache_policy::PolicyKind;
+use k3::experts::pressure_guard::{CacheSize, PressureGuard};
 use k3::experts::ram_budget::{self, BudgetInputs};
 use k3::experts::usage_history::PinMode;
 use k3::experts::{IoMode, StreamConfig};
 use k3::model::expert_selection::ExpertSelection;
 use k3::model::state_size::{state_size, StateSize};
 use k3::model::K3Model;
+use k3::platform::memory_pressure;
 
 /// Longest context accepted: K3's published context is 256K tokens; beyond a few million
 /// the MLA cache alone outgrows any machine's memory.
@@ -67,6 +69,11 @@ pub struct StreamArgs {
     /// below W (off by default: exact). Saves its read; changes the output (docs/tuning.md).
     #[arg(long = "skip-uncached-below", value_name = "W")]
     pub skip_uncached_below: Option<f32>,
+    /// on: when the OS reports memory pressure (macOS's memory-pressure dispatch source,
+    /// Linux PSI in /proc/pressure/memory), shrink the expert cache (a warning keeps 3/4,
+    /// critical half) instead of letting the machine compress or swap; off: keep its size.
+    #[arg(long = "memory-pressure", env = "K3_MEMORY_PRESSURE", default_value = "on", value_parser = ["on", "off"])]
+    pub memory_pressure: String,
     /// Longest context the MLA cache is budgeted for, in tokens.
     #[arg(long = "max-tokens", env = "K3_MAXT", default_value_t = 4096)]
     pub max_tokens: usize,
@@ -112,6 +119,7 @@ impl StreamArgs {
             experts: cfg.num_experts,
             overcommit: self.ram_overcommit == 1,
             pool,
+            ceiling_gb: ram_budget::os_footprint_ceiling_gb(),
         })?;
         eprintln!("{plan}");
         let sc = StreamConfig {
@@ -145,6 +153,7 @@ impl StreamArgs {
             );
         }
         model.set_expert_selection(sel)?;
+        self.install_pressure_guard(model, pool, &plan);
         if pool {
             self.configure_pool(model, plan.pool_slots)?;
             if self.cache.cache_policy != PolicyKind::LfuDecay
@@ -158,6 +167,37 @@ impl StreamArgs {
             self.configure_gpu_tier(model, plan.slots)?;
         }
         Ok(sc)
+    }
+
+    /// Installs the memory-pressure guard over the cache `plan` granted, when
+    /// `--memory-pressure on` and the OS has a signal; the start-up line says which.
+    fn install_pressure_guard<B: Backend>(
+        &self,
+        model: &mut K3Model<B>,
+        pool: bool,
+        plan: &ram_budget::BudgetPlan,
+    ) {
+        let (size, floor) = if pool {
+            (
+                CacheSize::Pool(plan.pool_slots),
+                model.ckpt.config.moe_layer_count(),
+            )
+        } else {
+            (CacheSize::PerLayer(plan.slots), 1)
+        };
+        let guard = if self.memory_pressure == "off" {
+            eprintln!("[K3] memory pressure: ignored (--memory-pressure off)");
+            None
+        } else {
+            match memory_pressure::os_source() {
+                Ok(source) => Some(PressureGuard::new(source, size, floor)),
+                Err(why) => {
+                    eprintln!("[K3] memory pressure: no signal ({why}); the cache keeps its size");
+                    None
+                }
+            }
+        };
+        model.set_pressure_guard(guard);
     }
 
     /// The expert selection the flags ask for: `K3_TOPP` 0 or >= 1 is off, as in the C

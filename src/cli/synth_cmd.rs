@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use k3::synth::{synthesize, synthesize_over, Preset, SynthOptions};
+use k3::synth::{synthesize, synthesize_over, write_config_only, Preset, SynthOptions};
 use std::path::PathBuf;
 
 /// Flags of `k3 synth`.
@@ -27,6 +27,10 @@ pub struct SynthArgs {
     /// nothing else there is deleted or changed.
     #[arg(long)]
     pub force: bool,
+    /// Write only config.json, no tensors (seconds, any preset): enough for
+    /// `k3 inspect --plan`, e.g. `--preset k3-slice --layers 93` for the full K3's plan.
+    #[arg(long = "config-only", env = "K3_SYNTH_CONFIG_ONLY", value_parser = clap::builder::FalseyValueParser::new())]
+    pub config_only: bool,
 }
 
 /// Runs `k3 synth`.
@@ -39,6 +43,11 @@ pub fn run(a: SynthArgs) -> Result<()> {
         seed: a.seed,
         progress: true,
     };
+    if a.config_only {
+        let path = write_config_only(&opts, &a.out, a.force)?;
+        eprintln!("[K3] synth: config only -> {}", path.display());
+        return Ok(());
+    }
     let s = if a.force {
         synthesize_over(&opts, &a.out)?
     } else {

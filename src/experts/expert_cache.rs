@@ -80,6 +80,24 @@ impl LayerCache {
     pub fn eviction_order(&self) -> Vec<u32> {
         self.policy.eviction_order()
     }
+
+    /// This cache cut to `capacity` slots run by `kind` with `pins`: the experts the policy
+    /// would evict last are offered to the smaller cache, least valuable first, and the
+    /// rest are dropped (memory pressure). A capacity at or above this one keeps it whole.
+    pub fn shrunk(mut self, capacity: usize, kind: PolicyKind, pins: &[u32]) -> Self {
+        if capacity >= self.capacity {
+            return self;
+        }
+        let order = self.policy.eviction_order();
+        let keep = &order[order.len().saturating_sub(capacity)..];
+        let mut next = Self::with_policy(capacity, kind, pins);
+        for id in keep {
+            if let Some(e) = self.slots.remove(id) {
+                next.insert(e);
+            }
+        }
+        next
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +116,15 @@ mod tests {
         assert!(c.get(2).is_none());
         c.insert(fake_expert(3));
         assert_eq!(c.len(), 2, "re-inserting a held expert evicts nothing");
+        c.insert(fake_expert(4));
+        let order = c.eviction_order();
+        let small = c.shrunk(1, PolicyKind::Lru, &[]);
+        assert_eq!((small.capacity(), small.len()), (1, 1));
+        assert_eq!(
+            small.eviction_order(),
+            vec![order[1]],
+            "the most recent stays"
+        );
     }
 
     #[test]

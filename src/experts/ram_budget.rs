@@ -12,6 +12,19 @@ pub const PAGE_CACHE_GB: f64 = 2.5;
 pub const ACTIVATIONS_GB: f64 = 1.2;
 /// Share of the OS-reported available memory the engine may take.
 pub const AVAILABLE_SHARE: f64 = 0.88;
+/// Share of physical RAM the footprint stays under on macOS: past it the memory
+/// compressor starts and every phase slows 3-5x, compute included (the C engine measured
+/// the edge near 100 GB of an M5 Max's 128, docs/platforms.md).
+pub const MACOS_FOOTPRINT_SHARE: f64 = 100.0 / 128.0;
+
+/// The footprint ceiling of this machine, GB: [`MACOS_FOOTPRINT_SHARE`] of its RAM on
+/// macOS, none elsewhere (or where the RAM cannot be read).
+pub fn os_footprint_ceiling_gb() -> Option<f64> {
+    if !cfg!(target_os = "macos") {
+        return None;
+    }
+    crate::platform::available_memory::total_bytes().map(|b| b as f64 / 1e9 * MACOS_FOOTPRINT_SHARE)
+}
 
 /// Everything the clamp needs, injected so the arithmetic is testable.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +52,9 @@ pub struct BudgetInputs {
     /// The request is one pool of slots shared by every MoE layer (the GPU tier of a
     /// unified-memory adapter), not a host cache of slots per layer.
     pub pool: bool,
+    /// The footprint the OS tolerates before it compresses memory, GB
+    /// ([`os_footprint_ceiling_gb`]); a measured budget stays under it, `RAM_GB` does not.
+    pub ceiling_gb: Option<f64>,
 }
 
 /// The granted cache size and the numbers behind it.
@@ -64,6 +80,8 @@ pub struct BudgetPlan {
     pub pool_slots: usize,
     /// Resident + reserve + granted cache, GB.
     pub projected_peak_gb: f64,
+    /// The footprint ceiling when it lowered the budget, GB.
+    pub capped_at_gb: Option<f64>,
 }
 
 /// Even one slot per layer does not fit: the run must stop (exit code 2).
@@ -115,9 +133,12 @@ pub fn requested_pool_slots(
 
 /// Applies the clamp: the cache may only shrink to fit.
 pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
-    let budget_gb = i
-        .ram_gb
-        .unwrap_or(i.resident_gb + AVAILABLE_SHARE * i.available_gb);
+    let measured = i.resident_gb + AVAILABLE_SHARE * i.available_gb;
+    let capped_at_gb = match (i.ram_gb, i.ceiling_gb) {
+        (None, Some(c)) if c < measured => Some(c),
+        _ => None,
+    };
+    let budget_gb = i.ram_gb.or(capped_at_gb).unwrap_or(measured);
     let reserve_gb = PAGE_CACHE_GB + ACTIVATIONS_GB + i.kv_gb + i.kda_gb;
     let for_experts_gb = budget_gb - i.resident_gb - reserve_gb;
     // A host cache grows by a slot in every layer at once, a pool by one slot.
@@ -159,6 +180,7 @@ pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
         slots: if i.pool { 0 } else { slots },
         pool_slots: if i.pool { slots } else { 0 },
         projected_peak_gb: i.resident_gb + reserve_gb + slots as f64 * per_slot_gb,
+        capped_at_gb,
     })
 }
 
@@ -183,7 +205,15 @@ impl fmt::Display for BudgetPlan {
         } else {
             write!(f, "cache {}->{}/layer", self.requested_slots, self.slots)?;
         }
-        write!(f, " (projected peak {:.1} GB)", self.projected_peak_gb)
+        write!(f, " (projected peak {:.1} GB)", self.projected_peak_gb)?;
+        if let Some(c) = self.capped_at_gb {
+            write!(
+                f,
+                "; budget held to the macOS compression ceiling {c:.1} GB ({:.0}% of RAM)",
+                MACOS_FOOTPRINT_SHARE * 100.0
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -221,6 +251,7 @@ mod tests {
             experts: 896,
             overcommit: false,
             pool: false,
+            ceiling_gb: None,
         }
     }
 
@@ -287,6 +318,40 @@ mod tests {
         })
         .unwrap();
         assert_eq!(p.slots, 1);
+    }
+
+    #[test]
+    fn the_macos_ceiling_holds_a_measured_budget_but_not_ram_gb() {
+        // Measured budget 108 GB; a 100 GB ceiling lowers it and the line says so.
+        let p = plan(&BudgetInputs {
+            ceiling_gb: Some(100.0),
+            ..inputs()
+        })
+        .unwrap();
+        assert!((p.budget_gb - 100.0).abs() < 1e-9);
+        assert_eq!(p.capped_at_gb, Some(100.0));
+        assert!(
+            p.to_string()
+                .ends_with("; budget held to the macOS compression ceiling 100.0 GB (78% of RAM)"),
+            "{p}"
+        );
+        // A ceiling above the measured budget changes nothing.
+        let p = plan(&BudgetInputs {
+            ceiling_gb: Some(200.0),
+            ..inputs()
+        })
+        .unwrap();
+        assert_eq!(p.capped_at_gb, None);
+        assert!((p.budget_gb - 108.0).abs() < 1e-9);
+        // RAM_GB is the user's own budget: the ceiling does not apply to it.
+        let p = plan(&BudgetInputs {
+            ram_gb: Some(120.0),
+            ceiling_gb: Some(100.0),
+            ..inputs()
+        })
+        .unwrap();
+        assert!((p.budget_gb - 120.0).abs() < 1e-9);
+        assert_eq!(p.capped_at_gb, None);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::model::route_trace::RouteTap;
 use crate::stats::Stats;
 use anyhow::{anyhow, Result};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -50,6 +51,8 @@ pub struct ExpertSource {
     meter: Arc<DiskMeter>,
     pool: Option<LoaderPool>,
     caches: Mutex<HashMap<usize, LayerCache>>,
+    /// Slots per layer memory pressure has cut the cache to (`usize::MAX`: not cut).
+    pressure_cap: AtomicUsize,
     cache_setup: CacheSetup,
     route_tap: Option<Arc<RouteTap>>,
     prefetch: Prefetcher,
@@ -127,6 +130,7 @@ impl ExpertSource {
             meter,
             pool,
             caches: Mutex::new(HashMap::new()),
+            pressure_cap: AtomicUsize::new(usize::MAX),
             cache_setup: CacheSetup::default(),
             route_tap: None,
             prefetch: Prefetcher::default(),
@@ -180,11 +184,41 @@ impl ExpertSource {
     ) -> &'m mut LayerCache {
         caches.entry(layer).or_insert_with(|| {
             LayerCache::with_policy(
-                self.cfg.slots_per_layer,
+                self.slots_per_layer(),
                 self.cache_setup.kind,
                 self.cache_setup.pins_for(layer),
             )
         })
+    }
+
+    /// Slots every layer's cache has now: the configured ones, or fewer once memory
+    /// pressure cut them ([`ExpertSource::shrink_host_cache`]).
+    pub fn slots_per_layer(&self) -> usize {
+        self.cfg
+            .slots_per_layer
+            .min(self.pressure_cap.load(Ordering::Relaxed))
+    }
+
+    /// Cuts every layer's host cache to `slots` (memory pressure): each keeps the experts
+    /// its policy values most. Returns the experts dropped.
+    pub fn shrink_host_cache(&self, slots: usize) -> Result<usize> {
+        self.pressure_cap.fetch_min(slots, Ordering::Relaxed);
+        let mut caches = self
+            .caches
+            .lock()
+            .map_err(|_| anyhow!("expert cache poisoned"))?;
+        let mut dropped = 0;
+        for (&layer, lc) in caches.iter_mut() {
+            let before = lc.len();
+            let old = std::mem::replace(lc, LayerCache::new(0));
+            *lc = old.shrunk(
+                slots,
+                self.cache_setup.kind,
+                self.cache_setup.pins_for(layer),
+            );
+            dropped += before - lc.len();
+        }
+        Ok(dropped)
     }
 
     /// Runs every layer cache with `setup` (policy and pins), from empty caches.

@@ -14,6 +14,7 @@ use super::weight_cache::WeightCache;
 use crate::backend::{Backend, Glu};
 use crate::checkpoint::Checkpoint;
 use crate::config::AttnKind;
+use crate::experts::pressure_guard::{CacheSize, PressureGuard};
 use crate::experts::{ExpertSource, StreamConfig};
 use crate::stats::Stats;
 use anyhow::{bail, Context, Result};
@@ -83,6 +84,8 @@ pub struct K3Model<B: Backend> {
     /// Tokens one forward pass takes at most (the prefill window).
     window: usize,
     progress: Arc<PrefillProgress>,
+    /// Shrinks the expert cache when the OS reports memory pressure (off when `None`).
+    pressure: Option<PressureGuard>,
 }
 
 impl<B: Backend> K3Model<B> {
@@ -179,6 +182,7 @@ impl<B: Backend> K3Model<B> {
             head_rows,
             window,
             progress: Arc::default(),
+            pressure: None,
             startup: Startup::new(
                 process.elapsed().as_secs_f64(),
                 dense_s,
@@ -285,6 +289,54 @@ impl<B: Backend> K3Model<B> {
         self.prefetch
     }
 
+    /// Installs the memory-pressure guard over the expert cache (`None`: off).
+    pub fn set_pressure_guard(&mut self, guard: Option<PressureGuard>) {
+        self.pressure = guard;
+    }
+
+    /// The expert cache's size as the pressure guard last set it, when one is installed.
+    pub fn pressure_cache_size(&self) -> Option<CacheSize> {
+        self.pressure.as_ref().map(PressureGuard::size)
+    }
+
+    /// Shrinks the expert cache when the guard's source reports memory pressure: the host
+    /// cache keeps its most valued experts, the unified pool starts over smaller.
+    fn relieve_memory_pressure(&self) -> Result<()> {
+        let Some(shrink) = self.pressure.as_ref().and_then(|g| g.poll(Instant::now())) else {
+            return Ok(());
+        };
+        let cfg = &self.ckpt.config;
+        let eb = cfg.expert_bytes() as f64;
+        let layers = cfg.moe_layer_count() as f64;
+        let (gb, what) = match (shrink.before, shrink.after) {
+            (CacheSize::Pool(a), CacheSize::Pool(b)) => {
+                self.backend.configure_expert_tier(
+                    b as u64 * cfg.expert_bytes() as u64,
+                    cfg.num_experts * cfg.moe_layer_count(),
+                    cfg.moe_intermediate_size,
+                    cfg.routed_expert_hidden_size,
+                )?;
+                (
+                    (a - b) as f64 * eb / 1e9,
+                    format!("unified pool {a}->{b} slots (it starts over empty)"),
+                )
+            }
+            (CacheSize::PerLayer(a), CacheSize::PerLayer(b)) => {
+                self.experts.shrink_host_cache(b)?;
+                (
+                    (a - b) as f64 * eb * layers / 1e9,
+                    format!("host cache {a}->{b} slots/layer"),
+                )
+            }
+            (a, b) => bail!("internal: the pressure guard turned {a:?} into {b:?}"),
+        };
+        eprintln!(
+            "[K3] memory pressure {} ({}): {what}, {gb:.1} GB handed back",
+            shrink.level, shrink.from
+        );
+        Ok(())
+    }
+
     /// The expert source (for disk counters).
     pub fn experts(&self) -> &ExpertSource {
         &self.experts
@@ -332,6 +384,7 @@ impl<B: Backend> K3Model<B> {
         if ids.is_empty() {
             bail!("forward: empty chunk");
         }
+        self.relieve_memory_pressure()?;
         let b = &self.backend;
         let cfg = &self.ckpt.config;
         let eps = cfg.rms_norm_eps;

@@ -1,5 +1,5 @@
-//! How much memory the OS can still give, this process's resident set, and the physical
-//! core count: the inputs of the RAM clamp and of the default thread count.
+//! How much memory the OS can still give, the machine's RAM, this process's resident set,
+//! and the physical core count: the inputs of the RAM clamp and of the default thread count.
 //!
 //! "Available" is what the OS could hand out without swapping: Linux `MemAvailable`; macOS
 //! free + inactive + purgeable pages (`host_statistics64`); Windows `ullAvailPhys`
@@ -72,6 +72,51 @@ pub fn available_bytes() -> Result<u64> {
 #[cfg(not(any(target_os = "linux", target_os = "macos", windows)))]
 pub fn available_bytes() -> Result<u64> {
     anyhow::bail!("cannot measure available memory on this OS: set RAM_GB (or --ram-gb)")
+}
+
+/// Physical RAM of the machine in bytes, or `None` where the OS does not say.
+#[cfg(target_os = "linux")]
+pub fn total_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// Physical RAM of the machine in bytes, or `None` where the OS does not say.
+#[cfg(target_os = "macos")]
+pub fn total_bytes() -> Option<u64> {
+    let mut bytes: u64 = 0;
+    let mut len = std::mem::size_of::<u64>();
+    // SAFETY: the name is a NUL-terminated C string; sysctlbyname writes at most `len`
+    // bytes into `bytes`, which is that large, and sets `len` to what it wrote.
+    let rc = unsafe {
+        libc::sysctlbyname(
+            c"hw.memsize".as_ptr(),
+            (&mut bytes as *mut u64).cast(),
+            &mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    (rc == 0 && len == std::mem::size_of::<u64>()).then_some(bytes)
+}
+
+/// Physical RAM of the machine in bytes, or `None` where the OS does not say.
+#[cfg(windows)]
+pub fn total_bytes() -> Option<u64> {
+    use windows_sys::Win32::System::SystemInformation::{GlobalMemoryStatusEx, MEMORYSTATUSEX};
+    // SAFETY: MEMORYSTATUSEX is plain integers, so all-zero is a valid value.
+    let mut status: MEMORYSTATUSEX = unsafe { std::mem::zeroed() };
+    status.dwLength = std::mem::size_of::<MEMORYSTATUSEX>() as u32;
+    // SAFETY: the struct lives across the call and carries its own size, as the call requires.
+    (unsafe { GlobalMemoryStatusEx(&mut status) } != 0).then_some(status.ullTotalPhys)
+}
+
+/// Physical RAM of the machine in bytes, or `None` where the OS does not say.
+#[cfg(not(any(target_os = "linux", target_os = "macos", windows)))]
+pub fn total_bytes() -> Option<u64> {
+    None
 }
 
 /// Resident set of this process in bytes, or `None` where the OS does not say.
@@ -150,5 +195,7 @@ mod tests {
         // A test binary holds at least a megabyte and far less than what the machine has.
         assert!(rss > 1 << 20 && rss < 1 << 40, "resident {rss}");
         assert!(physical_cores() >= 1);
+        let total = total_bytes().unwrap();
+        assert!(total >= avail && total > rss, "total {total}");
     }
 }

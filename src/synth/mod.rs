@@ -9,7 +9,7 @@ mod random_weights;
 mod safetensors_writer;
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use anyhow::{bail, Context, Result};
@@ -111,6 +111,19 @@ pub fn synthesize(opts: &SynthOptions, out: &Path) -> Result<SynthSummary> {
 /// run writes replace those of the same name; nothing else is deleted or changed.
 pub fn synthesize_over(opts: &SynthOptions, out: &Path) -> Result<SynthSummary> {
     synthesize_as(opts, out, true)
+}
+
+/// Writes only the `config.json` of `opts` into `out` (`k3 synth --config-only`): enough
+/// for `k3 inspect --plan`, whose plan needs no tensor data. A non-empty `out` is refused
+/// unless `force`.
+pub fn write_config_only(opts: &SynthOptions, out: &Path, force: bool) -> Result<PathBuf> {
+    let config_text = pretty(&presets::root_config(&Dims::from_options(opts)?))?;
+    Config::from_json_str(&config_text, "synthesized config.json")
+        .context("the synthesized config does not parse (a preset bug)")?;
+    prepare_dir(out, force)?;
+    let path = out.join("config.json");
+    write_file(&path, &config_text)?;
+    Ok(path)
 }
 
 fn synthesize_as(opts: &SynthOptions, out: &Path, force: bool) -> Result<SynthSummary> {

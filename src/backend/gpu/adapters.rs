@@ -1,7 +1,7 @@
 //! Adapter discovery and choice: which GPUs wgpu sees (honouring `WGPU_BACKEND`), what
 //! they offer, and which one a run uses (`--adapter NAME`, CPU-type adapters only on request).
 
-use super::context::max_binding_bytes;
+use super::context::{max_binding_bytes, EffectiveLimits, LimitsProfile};
 use super::upload_path::{self, UploadPath};
 use anyhow::{bail, Result};
 use std::sync::OnceLock;
@@ -63,14 +63,32 @@ pub struct AdapterReport {
     pub engine_binding: u64,
     /// Where uploads are written.
     pub uploads: UploadPath,
+    /// The limits profile the facts above are under (native: the adapter's own).
+    pub profile: LimitsProfile,
+    /// The limits the profile lowers below the adapter's, `name own->effective`.
+    pub lowered: Vec<String>,
 }
 
 impl AdapterReport {
-    /// Reads an adapter's info, limits and features.
-    pub fn of(a: &wgpu::Adapter) -> Self {
+    /// Reads an adapter's info, and the limits and features the engine opens it with under
+    /// `profile` (the adapter's own under [`LimitsProfile::Native`]).
+    pub fn of(a: &wgpu::Adapter, profile: LimitsProfile) -> Self {
         let info = a.get_info();
-        let l = a.limits();
-        let f = a.features();
+        let own = a.limits();
+        let eff = EffectiveLimits::of(
+            profile,
+            &own,
+            a.features(),
+            &info,
+            upload_path::unified_memory(info.device_type),
+        );
+        let l = eff.limits.clone();
+        let f = eff.features;
+        let binding_backend = if eff.metal_caps {
+            wgpu::Backend::Metal
+        } else {
+            info.backend
+        };
         Self {
             name: info.name.clone(),
             backend: format!("{:?}", info.backend),
@@ -84,20 +102,33 @@ impl AdapterReport {
             invocations: l.max_compute_invocations_per_workgroup,
             storage_buffers: l.max_storage_buffers_per_shader_stage,
             subgroups: f.contains(wgpu::Features::SUBGROUP),
-            subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
+            subgroup_sizes: eff.subgroup_sizes,
             f16: f.contains(wgpu::Features::SHADER_F16),
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
-            unified_memory: upload_path::unified_memory(info.device_type),
-            engine_binding: max_binding_bytes(info.backend, &l, None),
+            unified_memory: eff.unified_memory,
+            engine_binding: max_binding_bytes(binding_backend, &l, None),
             uploads: upload_path::of(a),
+            lowered: eff.lowered(&own),
+            profile,
         }
     }
 
     /// One line per fact, as `k3 devices` prints them.
     pub fn render(&self, index: usize) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let profile = match self.profile {
+            LimitsProfile::Native => String::new(),
+            p => format!(
+                "\n    limits profile: {p} (each limit the lower of {p}'s and this adapter's, the features both have){}",
+                if self.lowered.is_empty() {
+                    String::new()
+                } else {
+                    format!("\n    lowered: {}", self.lowered.join(", "))
+                }
+            ),
+        };
         format!(
-            "[{index}] {}\n    backend: {}  type: {}  driver: {}\n    limits: storage binding {:.0} MiB ({} B), buffer {:.0} MiB, workgroup storage {} B, invocations {}, storage buffers/stage {}\n    features: subgroups {} (size {}..{}), f16 {}, timestamps {}\n    memory: {}; k3 binds at most {:.0} MiB at once\n    uploads: {}",
+            "[{index}] {}\n    backend: {}  type: {}  driver: {}\n    limits: storage binding {:.0} MiB ({} B), buffer {:.0} MiB, workgroup storage {} B, invocations {}, storage buffers/stage {}\n    features: subgroups {} (size {}..{}), f16 {}, timestamps {}\n    memory: {}; k3 binds at most {:.0} MiB at once\n    uploads: {}{profile}",
             self.name,
             self.backend,
             self.device_type,
@@ -132,11 +163,11 @@ fn yes(b: bool) -> &'static str {
     }
 }
 
-/// Reports for every adapter, in enumeration order.
-pub fn list() -> Vec<AdapterReport> {
+/// Reports for every adapter under `profile`, in enumeration order.
+pub fn list(profile: LimitsProfile) -> Vec<AdapterReport> {
     enumerate(&instance())
         .iter()
-        .map(AdapterReport::of)
+        .map(|a| AdapterReport::of(a, profile))
         .collect()
 }
 
@@ -231,8 +262,11 @@ mod tests {
             unified_memory: true,
             engine_binding: 2048 << 20,
             uploads: upload_path::UploadPath::Shared,
+            profile: LimitsProfile::Native,
+            lowered: Vec::new(),
         };
         let text = r.render(0);
+        assert!(!text.contains("limits profile"), "{text}");
         assert!(
             text.contains("memory: unified (CPU and GPU share it); k3 binds at most 2048 MiB"),
             "{text}"
@@ -242,5 +276,16 @@ mod tests {
             ..r
         };
         assert!(discrete.render(1).contains("memory: separate"));
+        let profiled = AdapterReport {
+            profile: LimitsProfile::AppleM1,
+            lowered: vec!["max_storage_buffers_per_shader_stage 1048576->29".into()],
+            ..discrete
+        };
+        let text = profiled.render(2);
+        assert!(
+            text.contains("limits profile: apple-m1 (each limit the lower of apple-m1's and this adapter's, the features both have)")
+                && text.contains("lowered: max_storage_buffers_per_shader_stage 1048576->29"),
+            "{text}"
+        );
     }
 }

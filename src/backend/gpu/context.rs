@@ -5,11 +5,13 @@
 
 mod device_limits;
 mod host_copy;
+pub mod limits_profile;
 mod matvec_shape;
 mod options;
 mod recording;
 
-pub use device_limits::{max_binding_bytes, use_subgroups, MAX_WG};
+pub use device_limits::{max_binding_bytes, use_subgroups, workgroup_size, MAX_WG};
+pub use limits_profile::{EffectiveLimits, LimitsProfile};
 pub use matvec_shape::{x_tile_units, Int4Decode, MatvecShape};
 pub use options::{default_matvec_checks, GpuOptions, ReadStaging, SUBMIT_EVERY};
 pub use recording::Dispatch;
@@ -21,8 +23,8 @@ use super::pipeline_variants::{pipeline_kinds, AdapterShape, PipelineKind, Pipel
 use super::profiler::Profiler;
 use super::shaders::Shader;
 use super::stationary::{CsPlan, Stationary};
+use super::upload_path;
 use anyhow::{anyhow, bail, Context as _, Result};
-use device_limits::workgroup_size;
 use host_copy::{parallel_copy, parallel_copy_parts};
 use recording::Pending;
 use std::collections::{HashMap, HashSet};
@@ -56,10 +58,19 @@ pub struct GpuContext {
     pub queue: wgpu::Queue,
     /// Adapter identity.
     pub info: wgpu::AdapterInfo,
-    /// The limits the device was created with (the adapter's own).
+    /// The limits the device was created with: the adapter's own, or under a limits
+    /// profile the worse of the profile's and the adapter's ([`EffectiveLimits`]).
     pub limits: wgpu::Limits,
     /// Features enabled on the device.
     pub features: wgpu::Features,
+    /// The limits profile the device was opened under (`K3_GPU_LIMITS`).
+    pub profile: LimitsProfile,
+    /// Smallest and largest subgroup the plans hold for (the adapter's, widened to the
+    /// profile's Mac's).
+    pub subgroup_sizes: (u32, u32),
+    /// Whether the engine plans as on a unified-memory machine (the adapter shares memory
+    /// with the CPU, or the profile's Mac does).
+    pub unified_memory: bool,
     /// Whether kernels use subgroup reductions.
     pub subgroups: bool,
     /// Workgroup size of every kernel: the largest power of two ≤ 256 the adapter allows.
@@ -97,7 +108,8 @@ pub struct GpuContext {
 }
 
 impl GpuContext {
-    /// Opens the adapter `opts` selects, with its own limits and the features we use.
+    /// Opens the adapter `opts` selects, with its own limits (or those of the limits
+    /// profile, never above the adapter's) and the features we use.
     pub fn new(opts: &GpuOptions) -> Result<Self> {
         let inst = adapters::instance();
         let adapter = adapters::choose(
@@ -106,7 +118,18 @@ impl GpuContext {
             opts.allow_cpu_adapter,
         )?;
         let info = adapter.get_info();
-        let limits = adapter.limits();
+        let profile = match opts.limits {
+            Some(p) => p,
+            None => LimitsProfile::from_env()?,
+        };
+        let eff = EffectiveLimits::of(
+            profile,
+            &adapter.limits(),
+            adapter.features(),
+            &info,
+            upload_path::unified_memory(info.device_type),
+        );
+        let limits = eff.limits.clone();
         if !adapter
             .get_downlevel_capabilities()
             .flags
@@ -117,7 +140,7 @@ impl GpuContext {
         let wanted = wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
-        let features = adapter.features() & wanted;
+        let features = eff.features & wanted;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("k3"),
             required_features: features,
@@ -143,7 +166,13 @@ impl GpuContext {
                 limits.max_compute_workgroup_storage_size
             );
         }
-        let max_binding = max_binding_bytes(info.backend, &limits, opts.max_binding);
+        // Under an Apple profile the bindings keep below Metal's 4 GiB on any adapter.
+        let binding_backend = if eff.metal_caps {
+            wgpu::Backend::Metal
+        } else {
+            info.backend
+        };
+        let max_binding = max_binding_bytes(binding_backend, &limits, opts.max_binding);
         let subgroups = use_subgroups(features, opts.no_subgroups);
         let matvec = opts.matvec.unwrap_or_default().fitted(wg)?;
         let expert_matvec = opts
@@ -183,7 +212,7 @@ impl GpuContext {
             AdapterShape {
                 wg,
                 shared_bytes: limits.max_compute_workgroup_storage_size,
-                subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
+                subgroup_sizes: eff.subgroup_sizes,
             },
             subgroups,
         );
@@ -194,6 +223,9 @@ impl GpuContext {
             info,
             limits,
             features,
+            profile,
+            subgroup_sizes: eff.subgroup_sizes,
+            unified_memory: eff.unified_memory,
             subgroups,
             wg,
             max_binding,
@@ -222,7 +254,7 @@ impl GpuContext {
     /// rows per item and `items` items, or `None` where the row-split kernel runs.
     pub fn stationary_plan(&self, units: usize, rows: usize, items: usize) -> Option<CsPlan> {
         let sub = if self.subgroups {
-            (self.info.subgroup_min_size, self.info.subgroup_max_size)
+            self.subgroup_sizes
         } else {
             (1, 1)
         };

@@ -31,7 +31,9 @@ pub mod upload_path;
 pub mod vram_budget;
 
 pub use buffers::{GpuAct, GpuKdaState, GpuMlaCache};
-pub use context::{GpuContext, GpuOptions, Int4Decode, MatvecShape, ReadStaging};
+pub use context::{
+    EffectiveLimits, GpuContext, GpuOptions, Int4Decode, LimitsProfile, MatvecShape, ReadStaging,
+};
 pub use matmul::{GpuFormat, GpuMat, DIGITS_FROM_ROWS};
 
 use super::{
@@ -77,7 +79,8 @@ impl GpuBackend {
     pub fn new(opts: &GpuOptions) -> Result<Self> {
         let ctx = GpuContext::new(opts)?;
         let shared = upload_path::unified_memory(ctx.info.device_type);
-        let unified_pool = opts.expert_pool.unwrap_or(shared);
+        // Under an Apple limits profile the pool is the default on any adapter, as on the Mac.
+        let unified_pool = opts.expert_pool.unwrap_or(ctx.unified_memory);
         // In the pool a read lands in lent staging and one device copy puts it in its slot.
         let lend = match opts.read_staging {
             ReadStaging::On => true,
@@ -198,7 +201,14 @@ impl Backend for GpuBackend {
     type MlaCache = GpuMlaCache;
 
     fn name(&self) -> String {
-        format!("gpu: {} ({:?})", self.ctx.info.name, self.ctx.info.backend)
+        let profile = match self.ctx.profile {
+            LimitsProfile::Native => String::new(),
+            p => format!(" under the {p} limits profile"),
+        };
+        format!(
+            "gpu: {} ({:?}){profile}",
+            self.ctx.info.name, self.ctx.info.backend
+        )
     }
 
     fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<GpuAct> {

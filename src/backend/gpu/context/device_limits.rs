@@ -45,7 +45,7 @@ pub fn use_subgroups(features: wgpu::Features, no_subgroups: bool) -> bool {
 }
 
 /// The largest power of two ≤ [`MAX_WG`] that the adapter's workgroup limits allow.
-pub(super) fn workgroup_size(l: &wgpu::Limits) -> Result<u32> {
+pub fn workgroup_size(l: &wgpu::Limits) -> Result<u32> {
     let cap = l
         .max_compute_invocations_per_workgroup
         .min(l.max_compute_workgroup_size_x)

@@ -17,6 +17,9 @@ pub const SUBMIT_EVERY: usize = MAX_PENDING_PASSES;
 pub struct GpuOptions {
     /// Substring of the adapter name to use (`--adapter`).
     pub adapter: Option<String>,
+    /// The limits profile to open the device under (`--gpu-limits`); `None` = the one
+    /// `K3_GPU_LIMITS` names, native when it is unset.
+    pub limits: Option<super::LimitsProfile>,
     /// Accept CPU-type adapters such as lavapipe (explicit `--backend gpu`, tests).
     pub allow_cpu_adapter: bool,
     /// Use the workgroup-memory reductions even when subgroups exist (tests both paths).

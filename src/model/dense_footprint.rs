@@ -1,0 +1,97 @@
+//! The bytes the dense weights take once loaded, from the config's tensor shapes and the
+//! format policy alone (no tensor data: `k3 inspect --plan` plans a machine from a config).
+//! The formats are the loader's: `K3_BITS` for the KDA, MLP, shared-expert and latent
+//! projections, `K3_MLA_BITS` for MLA, `K3_HEAD_BITS` for the head, bf16 for the router and
+//! the KDA gate projections, f32 for MLA's absorbed `kv_b_proj` and every vector. The
+//! embedding table is read a row per token and is not resident.
+
+use super::format_policy::FormatPolicy;
+use crate::checkpoint::schema::{self, TensorClass, TensorSpec};
+use crate::config::Config;
+use crate::quant::DenseFormat;
+
+/// Loaded bytes of a `[rows, cols]` matrix in `fmt`, scales included.
+pub fn matrix_bytes(rows: usize, cols: usize, fmt: DenseFormat) -> u64 {
+    let (r, c) = (rows as u64, cols as u64);
+    match fmt {
+        DenseFormat::F32 => r * c * 4,
+        DenseFormat::Bf16 => r * c * 2,
+        DenseFormat::Int8 => r * c + r * 4,
+        DenseFormat::Int4 => r * c.div_ceil(2) + r * c.div_ceil(64) * 4,
+    }
+}
+
+/// The format the loader gives a 2-D tensor of `spec`'s class and name.
+fn format_of(spec: &TensorSpec, policy: &FormatPolicy) -> DenseFormat {
+    let name = spec.name.as_str();
+    match spec.class {
+        TensorClass::Head => policy.head,
+        TensorClass::Mla if name.ends_with("kv_b_proj.weight") => DenseFormat::F32,
+        TensorClass::Mla => policy.mla,
+        TensorClass::Kda
+            if ["f_a_proj.weight", "f_b_proj.weight", "b_proj.weight"]
+                .iter()
+                .any(|s| name.ends_with(&format!("self_attn.{s}"))) =>
+        {
+            DenseFormat::Bf16
+        }
+        TensorClass::Router => DenseFormat::Bf16,
+        _ => policy.dense,
+    }
+}
+
+/// Resident bytes of each class of dense tensor, in [`TensorClass::ALL`] order (classes of
+/// no bytes left out).
+pub fn dense_footprint(cfg: &Config, policy: &FormatPolicy) -> Vec<(TensorClass, u64)> {
+    let mut by_class: Vec<(TensorClass, u64)> = TensorClass::ALL.iter().map(|&c| (c, 0)).collect();
+    for spec in schema::dense_tensors(cfg) {
+        let bytes = match (spec.class, spec.shape.as_slice()) {
+            (TensorClass::Embedding, _) => 0,
+            (_, &[rows, cols]) => matrix_bytes(rows, cols, format_of(&spec, policy)),
+            // Each attention-residual norm and projection pair loads as one product vector.
+            (TensorClass::AttnRes, _) => spec.numel() as u64 * 2,
+            _ => spec.numel() as u64 * 4,
+        };
+        if let Some(slot) = by_class.iter_mut().find(|(c, _)| *c == spec.class) {
+            slot.1 += bytes;
+        }
+    }
+    by_class.retain(|&(_, b)| b > 0);
+    by_class
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_cost_what_the_quantizers_store() {
+        assert_eq!(matrix_bytes(2, 128, DenseFormat::F32), 1024);
+        assert_eq!(matrix_bytes(2, 128, DenseFormat::Bf16), 512);
+        assert_eq!(matrix_bytes(2, 128, DenseFormat::Int8), 256 + 8);
+        // 64 bytes of nibbles and two f32 scales per row.
+        assert_eq!(matrix_bytes(2, 128, DenseFormat::Int4), 2 * (64 + 8));
+        assert_eq!(matrix_bytes(1, 65, DenseFormat::Int4), 33 + 8);
+    }
+
+    #[test]
+    fn the_tiny_model_footprint_matches_its_shapes() {
+        let opts = crate::synth::SynthOptions {
+            preset: crate::synth::Preset::Tiny,
+            layers: None,
+            experts: None,
+            seed: 0,
+            progress: false,
+        };
+        let text = crate::synth::preset_config(&opts).unwrap().to_string();
+        let cfg = Config::from_json_str(&text, "tiny").unwrap();
+        let f32s = dense_footprint(&cfg, &FormatPolicy::exact());
+        let int4 = dense_footprint(&cfg, &FormatPolicy::default());
+        let total = |v: &[(TensorClass, u64)]| v.iter().map(|x| x.1).sum::<u64>();
+        assert!(total(&int4) < total(&f32s));
+        assert!(!f32s.iter().any(|&(c, _)| c == TensorClass::Embedding));
+        // The head alone in f32: vocab x hidden x 4 bytes.
+        let head = f32s.iter().find(|x| x.0 == TensorClass::Head).unwrap().1;
+        assert_eq!(head, (cfg.vocab_size * cfg.hidden_size * 4) as u64);
+    }
+}

@@ -121,7 +121,10 @@ impl Trace {
                 let what = if left.is_empty() {
                     "the trace is discarded".to_string()
                 } else {
-                    format!("the trace is discarded, but these remain: {}", left.join(", "))
+                    format!(
+                        "the trace is discarded, but these remain: {}",
+                        left.join(", ")
+                    )
                 };
                 return Err(e.context(format!("finishing trace {}: {what}", self.dir.display())));
             }
@@ -165,7 +168,10 @@ mod tests {
         std::fs::write(blocker.join("x"), b"x").unwrap();
         let e = format!("{:#}", t.finish().unwrap_err());
         assert!(e.contains("the trace is discarded"), "{e}");
-        assert!(!Trace::layer_file(dir.path(), 0).exists(), "layer 0 was left");
+        assert!(
+            !Trace::layer_file(dir.path(), 0).exists(),
+            "layer 0 was left"
+        );
         assert!(!crate::atomic_file::partial_path(&blocker).exists());
     }
 

@@ -3,6 +3,7 @@
 
 pub mod atomic_file;
 pub mod backend;
+pub mod canonical_json;
 pub mod checkpoint;
 pub mod config;
 pub mod experts;

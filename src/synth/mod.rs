@@ -285,30 +285,12 @@ fn prepare_dir(out: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
-/// `v` as pretty JSON with every object's keys sorted, so the bytes synth writes do not
-/// depend on whether serde_json keeps insertion order (a feature another crate in the build
-/// may turn on): the conformance fixtures fingerprint these files.
+/// `v` as pretty JSON with sorted keys ([`crate::canonical_json`]): the conformance
+/// fixtures fingerprint these files.
 fn pretty(v: &Value) -> Result<String> {
-    let mut s = serde_json::to_string_pretty(&sorted_keys(v)).context("encoding JSON")?;
+    let mut s = crate::canonical_json::to_string_pretty(v).context("encoding JSON")?;
     s.push('\n');
     Ok(s)
-}
-
-fn sorted_keys(v: &Value) -> Value {
-    match v {
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
-            Value::Object(
-                entries
-                    .into_iter()
-                    .map(|(k, v)| (k.clone(), sorted_keys(v)))
-                    .collect(),
-            )
-        }
-        Value::Array(items) => Value::Array(items.iter().map(sorted_keys).collect()),
-        other => other.clone(),
-    }
 }
 
 /// Writes `text` to `path` through a temporary name, so an interrupted run never leaves a

@@ -106,7 +106,7 @@ pub fn write_synthetic_tokenizer(
         config["unk_token"] = serde_json::json!(name_at(unk));
     }
     let config_path = dir.join("tokenizer_config.json");
-    let text = serde_json::to_string_pretty(&config)?;
+    let text = crate::canonical_json::to_string_pretty(&config)?;
     crate::atomic_file::write_atomically(&config_path, text.as_bytes())?;
     Ok(())
 }

@@ -7,7 +7,7 @@ use crate::checkpoint::file_stamp::FileStamp;
 use crate::platform::input_file::{self, FileKind};
 use crate::platform::positional_read::read_at;
 use crate::platform::uncached_read;
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
@@ -144,6 +144,23 @@ impl ShardIo {
         } else {
             None
         };
+        // The uncached descriptor is a second open by path: it must be the file the checked
+        // open judged, not something swapped in between.
+        if let Some(d) = &direct {
+            let same = input_file::same_file(&buffered, d).with_context(|| {
+                format!(
+                    "comparing the two descriptors of expert shard {}",
+                    path.display()
+                )
+            })?;
+            if !same {
+                bail!(
+                    "expert shard {} was replaced while it was opened: its uncached descriptor \
+                     is another file; leave the snapshot unchanged while k3 runs",
+                    path.display()
+                );
+            }
+        }
         let stamp = buffered
             .metadata()
             .map(|m| FileStamp::of(&m))

@@ -193,6 +193,25 @@ pub fn open(path: &Path, kind: FileKind) -> Result<InputFile> {
     Ok(InputFile { file, meta })
 }
 
+/// Whether `a` and `b` are descriptors of the same file (device and inode on Unix). A
+/// second descriptor opened by path (the uncached one of a shard) is checked against the
+/// first, so a file swapped in between the two opens is refused instead of read. Windows
+/// keeps no FIFO or device under a file path, and its open pins the file, so it has nothing
+/// to compare there and says yes.
+pub fn same_file(a: &File, b: &File) -> std::io::Result<bool> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let (ma, mb) = (a.metadata()?, b.metadata()?);
+        Ok(ma.dev() == mb.dev() && ma.ino() == mb.ino())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (a, b);
+        Ok(true)
+    }
+}
+
 /// Reads all of `path` as a file of `kind` ([`open`]'s checks), never more than its bound
 /// even if it grows while it is read.
 pub fn read(path: &Path, kind: FileKind) -> Result<Vec<u8>> {
@@ -237,6 +256,18 @@ pub fn is_not_found(err: &anyhow::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn same_file_tells_two_opens_of_one_file_from_two_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::write(&a, b"a").unwrap();
+        std::fs::write(&b, b"b").unwrap();
+        let fa = File::open(&a).unwrap();
+        assert!(same_file(&fa, &File::open(&a).unwrap()).unwrap());
+        #[cfg(unix)]
+        assert!(!same_file(&fa, &File::open(&b).unwrap()).unwrap());
+    }
 
     #[test]
     fn a_regular_file_and_a_symlink_to_one_are_read() {

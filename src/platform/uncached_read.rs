@@ -28,7 +28,10 @@ pub fn open_uncached(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_DIRECT)
+        // O_NONBLOCK: a FIFO swapped in for the shard opens at once (and is then refused as
+        // not being the file already checked) instead of waiting for a writer; it changes
+        // nothing for a regular file.
+        .custom_flags(libc::O_DIRECT | libc::O_NONBLOCK)
         .open(path)
 }
 
@@ -36,7 +39,12 @@ pub fn open_uncached(path: &Path) -> io::Result<File> {
 #[cfg(target_os = "macos")]
 pub fn open_uncached(path: &Path) -> io::Result<File> {
     use std::os::fd::AsRawFd;
-    let f = File::open(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_NONBLOCK, as on Linux: a FIFO swapped in for the shard must not block the open.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
     // SAFETY: fcntl on a descriptor this function owns; F_NOCACHE and F_RDAHEAD take an int
     // argument and touch no memory.
     let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_NOCACHE, 1) };
@@ -156,6 +164,32 @@ mod tests {
             ),
         }
         read_ahead_hint(&std::fs::File::open(&path).unwrap(), 0, IO_ALIGN as u64);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_uncached_open_of_a_fifo_returns_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("shard.safetensors");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(made, "mkfifo {}", fifo.display());
+        // The open happens on a thread: a blocking open (no writer ever comes) fails the test
+        // by timing out instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let opened = open_uncached(&fifo).map(|f| f.metadata().map(|m| m.is_file()));
+            let _ = tx.send(opened.map(|m| m.unwrap_or(false)));
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+            // Either refused outright or opened as what it is: never a regular file.
+            Ok(Ok(is_file)) => assert!(!is_file),
+            Ok(Err(_)) => {}
+            Err(_) => panic!("opening a FIFO for uncached reads blocked"),
+        }
     }
 
     #[test]

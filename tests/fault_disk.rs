@@ -13,6 +13,12 @@ use std::process::{Command, Output};
 
 /// Runs `k3 ARGS` with every file it writes limited to `limit` bytes.
 fn k3_limited(limit: u64, args: &[&str]) -> Output {
+    k3_limited_with(limit, args, libc::SIG_IGN)
+}
+
+/// [`k3_limited`] with SIGXFSZ at `disposition` when k3 starts: `SIG_DFL` is what a user's
+/// shell under `ulimit -f` gives, which k3 must turn into an error itself.
+fn k3_limited_with(limit: u64, args: &[&str], disposition: libc::sighandler_t) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_k3"));
     cmd.args(args)
         .env("RAYON_NUM_THREADS", "2")
@@ -23,7 +29,7 @@ fn k3_limited(limit: u64, args: &[&str]) -> Output {
     // (signal, setrlimit) and touches no memory the parent's other threads could hold locked.
     unsafe {
         cmd.pre_exec(move || {
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            libc::signal(libc::SIGXFSZ, disposition);
             let lim = libc::rlimit {
                 rlim_cur: limit,
                 rlim_max: limit,
@@ -163,6 +169,48 @@ fn run_dumps_on_a_full_disk_name_the_file_and_are_not_left_behind() {
         .iter()
         .all(|f| f.starts_with("layer_") && f.ends_with(".f32")));
     assert!(!names(&trace).is_empty());
+}
+
+#[test]
+fn under_ulimit_f_with_the_default_signal_writes_fail_with_an_error_not_a_signal() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m");
+    let run = k3_limited_with(
+        270_000,
+        &["synth", "--preset", "tiny", out.to_str().unwrap()],
+        libc::SIG_DFL,
+    );
+    assert_eq!(run.status.signal(), None, "synth died of a signal");
+    assert_write_error(&run, "model-00002-of-00006.safetensors");
+    let files = names(&out);
+    assert!(files.iter().all(|f| !f.ends_with(".partial")), "{files:?}");
+
+    let model = support::tiny(0);
+    let logits = tmp.path().join("logits.f32");
+    let run = k3_limited_with(
+        4096,
+        &[
+            "run",
+            model.to_str().unwrap(),
+            "--dump-logits",
+            logits.to_str().unwrap(),
+            "--ids",
+            "768,5,300,17,999,42",
+            "--ngen",
+            "1",
+            "--quiet",
+        ],
+        libc::SIG_DFL,
+    );
+    assert_eq!(
+        run.status.signal(),
+        None,
+        "run --dump-logits died of a signal"
+    );
+    assert_write_error(&run, "logits.f32");
+    assert!(names(tmp.path()).iter().all(|f| !f.ends_with(".partial")));
+    assert!(!logits.exists(), "a cut logits dump");
 }
 
 #[test]

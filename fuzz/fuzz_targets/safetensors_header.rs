@@ -16,5 +16,16 @@ fuzz_target!(|data: &[u8]| {
             // Every accepted range lies inside the file.
             assert!(e.range.start <= e.range.end && e.range.end <= data.len() as u64);
         }
+        // No two accepted tensors share a byte (seeds: seed-overlapping-ranges,
+        // seed-duplicate-tensor).
+        let mut ranges: Vec<_> = entries
+            .values()
+            .map(|e| e.range.clone())
+            .filter(|r| !r.is_empty())
+            .collect();
+        ranges.sort_by_key(|r| (r.start, r.end));
+        for w in ranges.windows(2) {
+            assert!(w[0].end <= w[1].start, "accepted overlapping ranges {w:?}");
+        }
     }
 });

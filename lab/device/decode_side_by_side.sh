@@ -16,6 +16,10 @@
 #   CONFIGS           the runs of a round, in order, rotated by one each round:
 #                     "c_cpu c_vk k3_cpu k3_gpu_tier k3_gpu"
 #   RUN_TIMEOUT (150) seconds a run may take
+#   DIRECT (1)        k3's --direct: 0 re-reads experts from the page cache (the fast-SSD
+#                     stand-in; the C engine keeps O_DIRECT)
+# A k3 run kind may end in @VALUE to pass --prefetch VALUE (on, always, off):
+# "k3_gpu@off k3_gpu@always k3_gpu".
 # Both engines read experts with O_DIRECT (K3_DIRECT=1, their default) and use no usage
 # history: the C engine runs with AUTOPIN=0 USAGE_SAVE=0 (else every run would seed pins
 # from the runs before it, which replay the same prompt), k3 with --usage-pins off. CBIN
@@ -57,6 +61,7 @@ START=${START:-1000}
 STEP=${STEP:-97}
 CONFIGS=${CONFIGS:-c_cpu c_vk k3_cpu k3_gpu_tier k3_gpu}
 RUN_TIMEOUT=${RUN_TIMEOUT:-150}
+DIRECT=${DIRECT:-1}
 DIR=${OUT:-/tmp/side_by_side}
 mkdir -p "$DIR"
 if [ -d .gl ] && ls .gl/*.deb > /dev/null 2>&1 \
@@ -125,8 +130,9 @@ row() { # run name, stderr file, is_k3
 }
 
 run() { # run name, round
-    local f="$DIR/$1_$2.txt" g
-    case $1 in
+    local f="$DIR/$1_$2.txt" g pf=on
+    case $1 in *@*) pf=${1#*@} ;; esac
+    case ${1%@*} in
     c_cpu | c_vk)
         [ "$1" = c_vk ] && g=1 || g=0
         env -u K3_GPU_GB K3_VK="$g" K3_VK_GB="$VRAM_GB" COLI_VK_SHADERS="$(dirname "$CBIN")/shaders" \
@@ -136,10 +142,10 @@ run() { # run name, round
         ;;
     k3_cpu | k3_gpu_tier | k3_gpu)
         local backend=gpu tier=0
-        [ "$1" = k3_cpu ] && backend=cpu
-        [ "$1" = k3_gpu_tier ] && tier=$VRAM_GB
-        env -u K3_VK_GB -u K3_GPU_GB K3_DIRECT=1 timeout "$RUN_TIMEOUT" "$K3BIN" run "$SNAP" \
-            --backend "$backend" --ids "$IDS_K" --ngen "$NGEN" --ignore-eos --quiet \
+        [ "${1%@*}" = k3_cpu ] && backend=cpu
+        [ "${1%@*}" = k3_gpu_tier ] && tier=$VRAM_GB
+        env -u K3_VK_GB -u K3_GPU_GB K3_DIRECT="$DIRECT" timeout "$RUN_TIMEOUT" "$K3BIN" run "$SNAP" \
+            --backend "$backend" --ids "$IDS_K" --ngen "$NGEN" --ignore-eos --quiet --prefetch "$pf" \
             --expert-gb "$EXPERT_GB" --gpu-expert-gb "$tier" --usage-pins off \
             --stats-json "${f%.txt}.json" > /dev/null 2> "$f"
         row "$1" "$f" 1

@@ -9,7 +9,7 @@ set -u
 ROUNDS=${1:-2}
 D=$(dirname "$0")
 BASE=${OUT:-/tmp/prefetch_gate}
-export CONFIGS="k3_gpu k3_gpu@off k3_gpu@always k3_cpu k3_cpu@off k3_cpu@always"
+export CONFIGS=${CONFIGS:-"k3_gpu k3_gpu@off k3_gpu@always k3_cpu k3_cpu@off"}
 export RUN_TIMEOUT=${RUN_TIMEOUT:-90}
 echo "== O_DIRECT from the virtual disk"
 OUT=$BASE/direct DIRECT=1 bash "$D/decode_side_by_side.sh" /tmp/k3slice256 "$ROUNDS"

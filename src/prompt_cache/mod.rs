@@ -14,6 +14,7 @@
 pub mod entry_file;
 
 use crate::atomic_file::AtomicFile;
+use crate::platform::input_file::{self, FileKind};
 use anyhow::{Context, Result};
 use entry_file::Entry;
 use std::path::{Path, PathBuf};
@@ -158,7 +159,7 @@ impl PromptCache {
 
     /// Reads and checks the entry at `path`, which must hold `tokens`.
     fn load(&self, path: &Path, tokens: &[u32]) -> Result<Entry> {
-        let file = std::fs::File::open(path).context("opening it")?;
+        let file = input_file::open(path, FileKind::PromptCache)?.file;
         let mut r = std::io::BufReader::with_capacity(1 << 20, file);
         let h = entry_file::read_header(&mut r, self.key, tokens.len())?;
         entry_file::read_body(&mut r, &h, tokens)

@@ -858,12 +858,69 @@ fn the_context_defaults_to_the_checkpoints_and_max_tokens_is_clamped_to_what_is_
         "{}",
         s.log()
     );
+    // The Anthropic API too: its prompt renders shorter, so more of the context is left.
     let body = json!({"max_tokens": 32000, "temperature": 0,
                       "messages": [{"role": "user", "content": "Hello"}]});
     let (st, v) = post_json(&s.url("/v1/messages"), &body);
     assert_eq!(st, 200, "{v}");
+    let u = &v["usage"];
+    let (input, read, output) = (
+        u["input_tokens"].as_u64().unwrap(),
+        u["cache_read_input_tokens"].as_u64().unwrap(),
+        u["output_tokens"].as_u64().unwrap(),
+    );
+    assert!(input + read + output <= 300, "{v}");
     assert!(
-        v["usage"]["output_tokens"].as_u64().unwrap() <= completion,
-        "{v}"
+        s.wait_log(
+            &format!(
+                "max_tokens 32000 clamped to {}: the prompt is {} tokens of a 300-token context",
+                300 - input - read,
+                input + read
+            ),
+            10
+        ),
+        "{}",
+        s.log()
+    );
+}
+
+#[test]
+fn a_restarted_server_loads_a_long_prompt_from_the_prompt_cache_and_answers_the_same() {
+    let dir = support::tiny(0);
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["--prompt-cache", cache.path().to_str().unwrap()];
+    // A preamble of several hundred tokens: the cache keeps prompts of 256 and more.
+    let preamble = "The kite flies over the hill while the bird sings. ".repeat(40);
+    let body = json!({"max_tokens": 8, "temperature": 0, "ignore_eos": true,
+                      "messages": [{"role": "system", "content": preamble},
+                                   {"role": "user", "content": "What flies?"}]});
+    let cold = {
+        let s = Server::start(&dir, &args);
+        let (st, v) = post_json(&s.url("/v1/chat/completions"), &body);
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{v}");
+        assert!(
+            s.wait_log("[K3] prompt cache: stored", 30),
+            "{}",
+            s.log()
+        );
+        v
+    };
+    let prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt >= 256, "{cold}");
+    let s = Server::start(&dir, &args);
+    let (st, warm) = post_json(&s.url("/v1/chat/completions"), &body);
+    assert_eq!(st, 200, "{warm}");
+    assert_eq!(
+        warm["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        Some(prompt),
+        "{warm}"
+    );
+    assert_eq!(warm["choices"], cold["choices"]);
+    assert!(
+        s.log()
+            .contains(&format!("[K3] prompt cache: loaded {prompt} of {prompt} prompt tokens")),
+        "{}",
+        s.log()
     );
 }

@@ -360,3 +360,31 @@ fn a_second_run_loads_the_first_runs_prompt_and_prints_the_same_tokens() {
         "{err}"
     );
 }
+
+#[test]
+fn a_bad_prompt_cache_bound_is_refused_naming_the_flag() {
+    let model = support::tiny(0);
+    for bad in ["-1", "NaN", "inf"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_k3"))
+            .args([
+                "run",
+                model.to_str().unwrap(),
+                "--ids",
+                "5,6",
+                "--ngen",
+                "1",
+            ])
+            .args(["--quiet", "--no-weight-cache"])
+            .arg(format!("--prompt-cache-gb={bad}"))
+            .env("RAYON_NUM_THREADS", "2")
+            .env_remove("K3_NO_PROMPT_CACHE")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad}: {err}");
+        assert!(
+            err.contains("--prompt-cache-gb / K3_PROMPT_CACHE_GB must be a number of GB >= 0"),
+            "{bad}: {err}"
+        );
+    }
+}

@@ -898,12 +898,11 @@ fn a_restarted_server_loads_a_long_prompt_from_the_prompt_cache_and_answers_the_
         let s = Server::start(&dir, &args);
         let (st, v) = post_json(&s.url("/v1/chat/completions"), &body);
         assert_eq!(st, 200, "{v}");
-        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{v}");
-        assert!(
-            s.wait_log("[K3] prompt cache: stored", 30),
-            "{}",
-            s.log()
+        assert_eq!(
+            v["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+            "{v}"
         );
+        assert!(s.wait_log("[K3] prompt cache: stored", 30), "{}", s.log());
         v
     };
     let prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();
@@ -918,8 +917,9 @@ fn a_restarted_server_loads_a_long_prompt_from_the_prompt_cache_and_answers_the_
     );
     assert_eq!(warm["choices"], cold["choices"]);
     assert!(
-        s.log()
-            .contains(&format!("[K3] prompt cache: loaded {prompt} of {prompt} prompt tokens")),
+        s.log().contains(&format!(
+            "[K3] prompt cache: loaded {prompt} of {prompt} prompt tokens"
+        )),
         "{}",
         s.log()
     );

@@ -12,20 +12,22 @@ use std::sync::Arc;
 /// Where prompt states are kept on disk, and how much of it they may take.
 #[derive(Args, Debug, Clone)]
 pub struct PromptCacheArgs {
-    /// Directory of the prompt cache: the state at the end of each prompt, so a later
-    /// request or run whose prompt starts with a stored one prefills only the rest
-    /// [default: `prompts` under the user's cache directory, as for the weight cache].
+    /// Directory of the prompt cache: the state at the end of each prompt of 256 tokens or
+    /// more, so a later request or run (of any process) whose prompt starts with a stored
+    /// one loads it and prefills only the rest [default: `prompts` under the user's cache
+    /// directory, as for the weight cache]. Shared by `run`, `chat` and `serve`.
     #[arg(long = "prompt-cache", env = "K3_PROMPT_CACHE", value_name = "DIR")]
     pub dir: Option<PathBuf>,
     /// Bytes the prompt cache may take on disk, in GB (1e9 bytes); the least recently
-    /// used entries go first. The RAM plan reserves one entry's working set.
+    /// used entries go first, and 0 turns the cache off. The RAM plan reserves one entry's
+    /// working set (the state at the full context, at most this).
     #[arg(
         long = "prompt-cache-gb",
         env = "K3_PROMPT_CACHE_GB",
         default_value_t = 16.0
     )]
     pub gb: f64,
-    /// Neither load nor store prompt states on disk.
+    /// Neither load nor store prompt states on disk (every prompt is prefilled whole).
     #[arg(long = "no-prompt-cache", env = "K3_NO_PROMPT_CACHE", value_parser = clap::builder::FalseyValueParser::new())]
     pub off: bool,
 }

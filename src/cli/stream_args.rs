@@ -10,8 +10,8 @@ use k3::experts::ram_budget::{self, BudgetInputs, ContextAsk, WindowAsk};
 use k3::experts::usage_history::PinMode;
 use k3::experts::{IoMode, StreamConfig};
 use k3::model::expert_selection::ExpertSelection;
-use k3::model::state_size::{state_size, StateSize};
 use k3::model::prefill_window::bytes_per_token;
+use k3::model::state_size::{state_size, StateSize};
 use k3::model::K3Model;
 use k3::platform::memory_pressure;
 use k3::session::SnapshotLimits;
@@ -78,8 +78,11 @@ pub struct StreamArgs {
     pub memory_pressure: String,
     /// Context in tokens (prompt plus answer) [default: the checkpoint's
     /// max_position_embeddings, else 131072, lowered when its MLA cache would take more than
-    /// half the memory left for experts; the start-up `[K3] context:` line says which]. The
-    /// MLA cache grows as it is used; the RAM plan reserves it whole.
+    /// half the memory left for experts (on a GPU with its own memory, half the free VRAM
+    /// beside the margin); the start-up `[K3] context:` line says which]. The MLA cache
+    /// grows as it is used; the memory plan (RAM, or that VRAM) reserves it whole. A prompt
+    /// longer than the context is refused; `k3 serve` clamps a request's max_tokens to what
+    /// the prompt leaves of it.
     #[arg(long = "max-tokens", env = "K3_MAXT")]
     pub max_tokens: Option<usize>,
     /// In-RAM state snapshots the command keeps (set by `k3 serve`), reserved by the plan.

@@ -10,8 +10,8 @@ use super::ram_budget::{
 use crate::backend::gpu::LimitsProfile;
 use crate::checkpoint::schema::TensorClass;
 use crate::config::Config;
-use crate::model::dense_footprint::dense_footprint;
 use crate::model::context::{checkpoint_context, kv_shape};
+use crate::model::dense_footprint::dense_footprint;
 use crate::model::state_size::{state_size, StateSize};
 use crate::model::FormatPolicy;
 use std::fmt;

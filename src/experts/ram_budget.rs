@@ -733,7 +733,10 @@ mod tests {
         let w = p.window.unwrap();
         let want = ((1.2 + (83.5 - cache_gb) / 2.0) * 1e3) as usize;
         assert_eq!((w.tokens, w.by_memory), (want, want));
-        assert_eq!(p.slots, base.slots, "the window does not shrink the granted cache");
+        assert_eq!(
+            p.slots, base.slots,
+            "the window does not shrink the granted cache"
+        );
         // Its bytes beyond the activation reserve are in the projected peak.
         let extra = want as f64 / 1e3 - 1.2;
         assert!(
@@ -741,8 +744,10 @@ mod tests {
             "{p}"
         );
         assert!(
-            p.to_string()
-                .contains(&format!("; prefill window {want} tokens {:.1} GB (projected peak", w.gb)),
+            p.to_string().contains(&format!(
+                "; prefill window {want} tokens {:.1} GB (projected peak",
+                w.gb
+            )),
             "{p}"
         );
         // A bound below what memory allows wins, and costs nothing beyond the reserve.
@@ -781,7 +786,9 @@ mod tests {
         assert!((p.reserve_gb - (3.7 + 0.8)).abs() < 1e-9, "{p}");
         let s = p.to_string();
         assert!(
-            s.contains("(page cache 2.5 + act 1.2 + prompt cache 0.8; KV, KDA and snapshots in VRAM) ->"),
+            s.contains(
+                "(page cache 2.5 + act 1.2 + prompt cache 0.8; KV, KDA and snapshots in VRAM) ->"
+            ),
             "{s}"
         );
         // RAM does not shrink a default context whose cache lives in VRAM.

@@ -11,6 +11,7 @@ pub mod generate;
 pub mod grammar;
 pub mod model;
 pub mod platform;
+pub mod prompt_cache;
 pub mod quant;
 pub mod sampling;
 pub mod serve;

@@ -76,8 +76,11 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     /// Logits of every prompt position fed by this call, when requested.
     pub prompt_logits: Vec<f32>,
-    /// Prompt tokens the session already held (prefix reuse).
+    /// Prompt tokens the session already held (prefix reuse) or loaded from the prompt
+    /// cache on disk.
     pub cached_tokens: usize,
+    /// Of `cached_tokens`, those loaded from the prompt cache on disk.
+    pub disk_cached_tokens: usize,
     /// Prompt tokens fed by this call.
     pub prefilled_tokens: usize,
     /// Seconds in prefill.
@@ -373,6 +376,54 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(pos)
     }
 
+    /// Loads the longest prefix of `prompt` longer than `reused` tokens that the model's
+    /// prompt cache holds, in place of the session's state. Returns the tokens the session
+    /// now holds of `prompt` (`reused` when nothing better was loaded).
+    fn load_cached_prefix(&mut self, prompt: &[u32], reused: usize) -> usize {
+        let Some(pc) = self.model.prompt_cache() else {
+            return reused;
+        };
+        let Some(e) = pc.lookup(prompt, reused) else {
+            return reused;
+        };
+        match self.model.state_from_host(&e.state) {
+            Ok(state) => {
+                self.state = state;
+                self.tokens = e.tokens;
+                self.last_logits = e.logits;
+                // Their MLA rows were the session's own; the loaded ones were computed apart.
+                self.snapshots.clear();
+                self.tokens.len()
+            }
+            Err(err) => {
+                eprintln!(
+                    "[K3] prompt cache: {}: {err:#}; prefilling instead",
+                    pc.dir().display()
+                );
+                reused
+            }
+        }
+    }
+
+    /// Stores the state at the end of the prompt just fed in the model's prompt cache, when
+    /// it has one that wants it; a failure is a warning.
+    fn store_prompt(&self) {
+        let Some(pc) = self.model.prompt_cache() else {
+            return;
+        };
+        if !pc.wants(&self.tokens) {
+            return;
+        }
+        match self.model.state_to_host(&self.state) {
+            Ok(state) => pc.store(crate::prompt_cache::entry_file::Entry {
+                tokens: self.tokens.clone(),
+                logits: self.last_logits.clone(),
+                state,
+            }),
+            Err(err) => eprintln!("[K3] prompt cache: reading the state back: {err:#}; not stored"),
+        }
+    }
+
     /// Brings the session to `prompt` (reusing the prefix it holds), then samples tokens with
     /// `pick` under one stop rule: a stop id, `max_tokens`, `on_token` returning
     /// [`Flow::Stop`], or the cancel flag (checked between prefill chunks and between tokens).
@@ -396,6 +447,13 @@ impl<'m, B: Backend> Session<'m, B> {
             self.reset()?;
             reused = 0;
         }
+        if !opts.all_logits && opts.trace.is_none() {
+            let loaded = self.load_cached_prefix(prompt, reused);
+            if loaded > reused {
+                g.disk_cached_tokens = loaded;
+                reused = loaded;
+            }
+        }
         g.cached_tokens = reused;
         g.prefilled_tokens = prompt.len() - reused;
         let mut prefill_stats = Stats::default();
@@ -413,6 +471,9 @@ impl<'m, B: Backend> Session<'m, B> {
             return Ok(g);
         }
         self.take_snapshot()?;
+        if g.prefilled_tokens > 0 {
+            self.store_prompt();
+        }
         let t1 = Instant::now();
         let mut history = prompt.to_vec();
         let (mut secs, mut step_stats) = (0.0, Stats::default());

@@ -317,3 +317,61 @@ fn a_usage_history_on_a_full_disk_is_a_warning_and_is_not_left_behind() {
     ];
     optional_file_on_a_full_disk(&args, &usage, "usage history not saved");
 }
+
+#[test]
+fn a_prompt_cache_on_a_full_disk_is_a_warning_and_is_not_left_behind() {
+    let model = support::tiny(0);
+    let tmp = tempfile::tempdir().unwrap();
+    let ids: Vec<String> = (0..300u32)
+        .map(|i| ((i * 37 + 5) % 1000).to_string())
+        .collect();
+    let ids = ids.join(",");
+    let args = [
+        "run",
+        model.to_str().unwrap(),
+        "--no-weight-cache",
+        "--prompt-cache",
+        tmp.path().to_str().unwrap(),
+        "--ids",
+        &ids,
+        "--ngen",
+        "3",
+        "--quiet",
+    ];
+    let run = k3_limited(u64::MAX, &args);
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success(), "{err}");
+    let entries = names(tmp.path());
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let entry = tmp.path().join(&entries[0]);
+    let whole = std::fs::metadata(&entry).unwrap().len();
+    std::fs::remove_file(&entry).unwrap();
+    let limited = k3_limited(whole / 2, &args);
+    let err = String::from_utf8_lossy(&limited.stderr).into_owned();
+    assert!(
+        limited.status.success(),
+        "a full disk failed the run: {err}"
+    );
+    assert_eq!(limited.stdout, run.stdout, "the job's output changed");
+    assert!(
+        err.contains("[K3] prompt cache: not stored")
+            && err.contains(&entries[0])
+            && err.contains("at byte")
+            && err.contains("the run goes on"),
+        "{err}"
+    );
+    assert!(names(tmp.path()).is_empty(), "{:?}", names(tmp.path()));
+    // An unwritable directory is a warning too: a file stands where the directory would be.
+    let file = tmp.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let mut args = args.to_vec();
+    args[4] = file.to_str().unwrap();
+    let run2 = k3_limited(u64::MAX, &args);
+    let err = String::from_utf8_lossy(&run2.stderr).into_owned();
+    assert!(run2.status.success(), "{err}");
+    assert_eq!(run2.stdout, run.stdout);
+    assert!(
+        err.contains("[K3] prompt cache: off (creating the prompt cache directory"),
+        "{err}"
+    );
+}

@@ -166,7 +166,7 @@ fn each_bad_request_gets_an_openai_error_naming_its_cause() {
             Some("max_tokens"),
         ),
         (
-            r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":100000}"#,
+            r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":5000000}"#,
             400,
             Some("max_tokens"),
         ),
@@ -221,12 +221,13 @@ fn each_bad_request_gets_an_openai_error_naming_its_cause() {
             }
         );
     }
-    // A prompt longer than the context (--max-tokens 300).
+    // A prompt longer than the context (--max-tokens 300): both numbers.
     let long = "word ".repeat(400);
     let (st, _, v) = post(&chat, &chat_body(&long, 4, false).to_string(), None);
     assert_eq!(st, 400, "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
     assert!(
-        v["error"]["message"].as_str().unwrap().contains("context"),
+        m.contains("the prompt is ") && m.contains("the context holds 300"),
         "{v}"
     );
     // A body over --max-body-mb 1.
@@ -822,4 +823,104 @@ fn the_snapshot_budget_is_reported_at_start_and_one_too_small_is_warned_about() 
     assert!(s.wait_log("none is kept", 5), "{}", s.log());
     let s = Server::start(&dir, &["--snapshots", "0"]);
     assert!(s.wait_log("state snapshots off", 5), "{}", s.log());
+}
+
+#[test]
+fn the_context_defaults_to_the_checkpoints_and_max_tokens_is_clamped_to_what_is_left() {
+    let dir = support::tiny(0);
+    // The tiny config states no max_position_embeddings: the default is 131072 tokens.
+    let s = Server::start(&dir, &[]);
+    let log = s.log();
+    assert!(
+        log.contains("[K3] context: 131072 tokens (default; the checkpoint's config states no max_position_embeddings)")
+            && log.contains("MLA cache 40 values x 2 layers"),
+        "{log}"
+    );
+    drop(s);
+    // A client asking for more than is left (the Anthropic SDK sends 32000) is answered,
+    // its max_tokens clamped to the context that is left, and the log says so.
+    let s = Server::start(&dir, &["--max-tokens", "300"]);
+    let body = json!({"max_tokens": 32000, "temperature": 0, "ignore_eos": true,
+                      "messages": [{"role": "user", "content": "Hello"}]});
+    let (st, v) = post_json(&s.url("/v1/chat/completions"), &body);
+    assert_eq!(st, 200, "{v}");
+    let (prompt, completion) = (
+        v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        v["usage"]["completion_tokens"].as_u64().unwrap(),
+    );
+    assert_eq!(prompt + completion, 300, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert!(
+        s.wait_log(
+            &format!("max_tokens 32000 clamped to {completion}: the prompt is {prompt} tokens of a 300-token context"),
+            10
+        ),
+        "{}",
+        s.log()
+    );
+    // The Anthropic API too: its prompt renders shorter, so more of the context is left.
+    let body = json!({"max_tokens": 32000, "temperature": 0,
+                      "messages": [{"role": "user", "content": "Hello"}]});
+    let (st, v) = post_json(&s.url("/v1/messages"), &body);
+    assert_eq!(st, 200, "{v}");
+    let u = &v["usage"];
+    let (input, read, output) = (
+        u["input_tokens"].as_u64().unwrap(),
+        u["cache_read_input_tokens"].as_u64().unwrap(),
+        u["output_tokens"].as_u64().unwrap(),
+    );
+    assert!(input + read + output <= 300, "{v}");
+    assert!(
+        s.wait_log(
+            &format!(
+                "max_tokens 32000 clamped to {}: the prompt is {} tokens of a 300-token context",
+                300 - input - read,
+                input + read
+            ),
+            10
+        ),
+        "{}",
+        s.log()
+    );
+}
+
+#[test]
+fn a_restarted_server_loads_a_long_prompt_from_the_prompt_cache_and_answers_the_same() {
+    let dir = support::tiny(0);
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["--prompt-cache", cache.path().to_str().unwrap()];
+    // A preamble of several hundred tokens: the cache keeps prompts of 256 and more.
+    let preamble = "The kite flies over the hill while the bird sings. ".repeat(40);
+    let body = json!({"max_tokens": 8, "temperature": 0, "ignore_eos": true,
+                      "messages": [{"role": "system", "content": preamble},
+                                   {"role": "user", "content": "What flies?"}]});
+    let cold = {
+        let s = Server::start(&dir, &args);
+        let (st, v) = post_json(&s.url("/v1/chat/completions"), &body);
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            v["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+            "{v}"
+        );
+        assert!(s.wait_log("[K3] prompt cache: stored", 30), "{}", s.log());
+        v
+    };
+    let prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt >= 256, "{cold}");
+    let s = Server::start(&dir, &args);
+    let (st, warm) = post_json(&s.url("/v1/chat/completions"), &body);
+    assert_eq!(st, 200, "{warm}");
+    assert_eq!(
+        warm["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        Some(prompt),
+        "{warm}"
+    );
+    assert_eq!(warm["choices"], cold["choices"]);
+    assert!(
+        s.log().contains(&format!(
+            "[K3] prompt cache: loaded {prompt} of {prompt} prompt tokens"
+        )),
+        "{}",
+        s.log()
+    );
 }

@@ -244,6 +244,27 @@ pub trait Backend: ExpertResidency {
     fn kda_state_copy(&self, state: &Self::KdaState) -> Result<Self::KdaState>;
     /// Forgets an MLA cache's positions from `len` on; the earlier ones stay as they were.
     fn mla_truncate(&self, cache: &mut Self::MlaCache, len: usize) -> Result<()>;
+    /// A KDA state's values on the host: the q, k and v convolution histories (each
+    /// `[conv_k - 1, width]`), then the delta-rule state `[heads, head_dim, head_dim]`.
+    fn kda_state_read(&self, state: &Self::KdaState) -> Result<Vec<f32>>;
+    /// A KDA state holding `values`, laid out as [`Backend::kda_state_read`] returns them.
+    fn kda_state_write(&self, dims: &KdaDims, values: &[f32]) -> Result<Self::KdaState>;
+    /// An MLA cache's positions on the host: for each, the normalized latent then the rope
+    /// part (`kv_lora + rope` values).
+    fn mla_cache_read(&self, cache: &Self::MlaCache) -> Result<Vec<f32>>;
+    /// An MLA cache holding the positions of `values`, laid out as
+    /// [`Backend::mla_cache_read`] returns them.
+    fn mla_cache_write(&self, dims: &MlaDims, values: &[f32]) -> Result<Self::MlaCache>;
+    /// Positions one MLA cache can hold at most (`None`: as many as memory holds); the
+    /// GPU's cache is one buffer, bounded by the adapter's largest binding.
+    fn mla_cache_max_positions(&self, _dims: &MlaDims) -> Option<usize> {
+        None
+    }
+    /// Whether states, caches and snapshots take host RAM (the CPU, a unified-memory GPU)
+    /// rather than device memory of their own, for the RAM plan and the VRAM budget.
+    fn state_in_host_ram(&self) -> bool {
+        true
+    }
 
     /// `y[t] = W · x[t]` for every row: `[n, in] -> [n, out]`.
     fn matmul(&self, w: &Self::Mat, x: &Self::Act) -> Result<Self::Act>;

@@ -249,7 +249,7 @@ impl super::model_args::ModelJob for DecodeJob<'_> {
                         let mut sa = a.load.stream.clone();
                         sa.expert_gb = gb;
                         sa.pipe = pipe;
-                        sa.configure(model)?;
+                        sa.configure(model, false, a.load.chunk)?;
                         let opts = GenerateOptions {
                             ngen: a.ngen,
                             chunk: a.load.chunk_bound(),

@@ -139,7 +139,7 @@ fn one_run<B: Backend>(
     chunk: Option<usize>,
     cfg: &k3::config::Config,
 ) -> Result<Run> {
-    load.stream.configure(model)?;
+    load.stream.configure(model, false, chunk.or(load.chunk))?;
     let moe_layers: Vec<usize> = (0..cfg.num_hidden_layers)
         .filter(|&l| cfg.is_moe_layer(l))
         .collect();

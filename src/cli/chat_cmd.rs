@@ -119,6 +119,7 @@ struct ChatJob<'a> {
 
 impl ModelJob for ChatJob<'_> {
     type Out = ();
+    const PROMPT_CACHE: bool = true;
     fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
         chat_loop(model, self.a, self.dir, self.stop)
     }
@@ -201,7 +202,7 @@ fn chat_loop<B: Backend>(
         let mut msgs: Vec<Message> = system.iter().map(|s| Message::system(s.clone())).collect();
         msgs.extend(history.iter().cloned());
         let ids = tok.encode_chat(&msgs, &ChatOptions::generation(thinking))?;
-        let context = a.load.stream.max_tokens;
+        let context = model.context();
         if ids.len() > context {
             // The turn cannot be answered; the conversation before it stays as it was.
             history.pop();

@@ -41,9 +41,11 @@ pub struct InspectArgs {
     /// With `--plan`: the expert cache request in GB (default: the largest that fits).
     #[arg(long = "expert-gb", env = "K3_EXPERT_GB", requires = "plan")]
     pub expert_gb: Option<f64>,
-    /// With `--plan`: the context the MLA cache is budgeted for, in tokens.
-    #[arg(long = "max-tokens", env = "K3_MAXT", default_value_t = 4096)]
-    pub max_tokens: usize,
+    /// With `--plan`: the context the MLA cache is budgeted for, in tokens [default: as a
+    /// run decides it: the checkpoint's max_position_embeddings, else 131072, lowered to
+    /// what half the memory left for experts holds].
+    #[arg(long = "max-tokens", env = "K3_MAXT")]
+    pub max_tokens: Option<usize>,
     /// With `--plan`: load-time format of dense matrices (4, 8, 16, 32).
     #[arg(long, env = "K3_BITS", default_value_t = 4)]
     pub bits: u32,
@@ -96,12 +98,13 @@ fn plan(a: &InspectArgs) -> Result<()> {
             bail!("--expert-gb / K3_EXPERT_GB must be a number of GB >= 0, got {e}");
         }
     }
-    if a.max_tokens == 0 || a.max_tokens > super::stream_args::MAX_CONTEXT {
-        bail!(
-            "--max-tokens / K3_MAXT must be between 1 and {} tokens, got {}",
-            super::stream_args::MAX_CONTEXT,
-            a.max_tokens
-        );
+    if let Some(n) = a.max_tokens {
+        if n == 0 || n > super::stream_args::MAX_CONTEXT {
+            bail!(
+                "--max-tokens / K3_MAXT must be between 1 and {} tokens, got {n}",
+                super::stream_args::MAX_CONTEXT,
+            );
+        }
     }
     let machine = Machine {
         ram_gb,

@@ -8,6 +8,7 @@ mod chat_cmd;
 mod devices_cmd;
 mod inspect_cmd;
 mod model_args;
+mod prompt_cache_args;
 mod run_cmd;
 mod sampling_args;
 mod serve_cmd;

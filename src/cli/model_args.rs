@@ -9,11 +9,9 @@ use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::lab_switches::LabSwitches;
 use k3::backend::gpu::{GpuOptions, LimitsProfile};
 use k3::backend::select::{select, BackendKind, Selected};
-use k3::backend::{Backend, FreeDeviceMemory};
+use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
-use k3::experts::{ram_budget, StreamConfig};
 use k3::model::loader::LoadOptions;
-use k3::model::prefill_window::{bytes_per_token, window_for_bytes};
 use k3::model::weight_cache::WeightCacheSetting;
 use k3::model::{FormatPolicy, K3Model};
 use k3::quant::idot::IdotKernel;
@@ -34,6 +32,9 @@ pub enum BackendChoice {
 pub trait ModelJob {
     /// What the job returns.
     type Out;
+    /// Whether the job's sessions use the prompt cache (`run`, `chat`, `serve`; a
+    /// benchmark measures the prefill a cached prompt would skip).
+    const PROMPT_CACHE: bool = false;
     /// Runs the job on `model`.
     fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<Self::Out>;
 }
@@ -148,60 +149,6 @@ impl ModelArgs {
         self.chunk.unwrap_or(k3::session::MAX_CHUNK)
     }
 
-    /// Sets the model's prefill window: `--chunk` at most, and what memory allows (half the
-    /// free VRAM on a GPU with its own memory; otherwise the RAM clamp's activation reserve
-    /// plus half of the RAM the expert cache leaves), and prints the `[K3] prefill window`
-    /// line. Turns on the `[K3] prefill` progress lines unless `--quiet`.
-    fn configure_window<B: Backend>(
-        &self,
-        model: &mut K3Model<B>,
-        sc: &StreamConfig,
-    ) -> Result<()> {
-        let cfg = &model.ckpt.config;
-        let per_token = bytes_per_token(cfg);
-        let (budget, place) = match model.backend.free_device_memory()? {
-            FreeDeviceMemory::Bytes(free) if !model.backend.unified_pool() => {
-                (free / 2, "half the free VRAM")
-            }
-            _ => {
-                let mem = ram_budget::probe()?;
-                let cache_gb = sc.slots_per_layer as f64
-                    * cfg.moe_layer_count() as f64
-                    * cfg.expert_bytes() as f64
-                    / 1e9;
-                let left = ram_budget::AVAILABLE_SHARE * mem.available_gb
-                    - ram_budget::PAGE_CACHE_GB
-                    - cache_gb;
-                let gb = ram_budget::ACTIVATIONS_GB + (left / 2.0).max(0.0);
-                ((gb * 1e9) as u64, "RAM beside the expert cache")
-            }
-        };
-        let by_memory = window_for_bytes(cfg, budget);
-        // No prompt is longer than the context.
-        let context = self.stream.max_tokens;
-        let bound = self.chunk_bound().min(context);
-        let w = model.set_prefill_window(bound.min(by_memory));
-        let why = if self.chunk.is_some_and(|c| c <= w) {
-            "--chunk / K3_CHUNK".to_string()
-        } else if w < by_memory.min(bound) {
-            format!(
-                "the adapter's limits on one dispatch or binding ({} tokens)",
-                model.max_window()
-            )
-        } else if w == context && context < by_memory {
-            "the context (--max-tokens / K3_MAXT)".to_string()
-        } else {
-            format!("memory: {:.1} GB, {place}", budget as f64 / 1e9)
-        };
-        eprintln!(
-            "[K3] prefill window: {w} tokens a pass (each routed expert read once a layer per pass) | {:.2} MB of activations a token, {:.1} GB at the full window | bound: {why}",
-            per_token as f64 / 1e6,
-            (w as u64 * per_token) as f64 / 1e9,
-        );
-        model.progress().set_print(!self.quiet);
-        Ok(())
-    }
-
     /// The progress bar, weight cache and start-up lines these flags ask for.
     fn load_options(&self) -> LoadOptions {
         LoadOptions {
@@ -213,6 +160,24 @@ impl ModelArgs {
             },
             announce: true,
         }
+    }
+
+    /// Opens the prompt cache for `model` under the identity of everything that changes
+    /// its state: the weights and formats, the backend, the integer-dot kernels and the
+    /// expert selection. The prefill window is not part of it: on the CPU every window
+    /// gives the same bits (`tests/model_cpu.rs`), on the GPU the same results within the
+    /// tolerance windows already have, so a state stored under one window serves them all.
+    fn open_prompt_cache<B: Backend>(
+        &self,
+        model: &mut K3Model<B>,
+        policy: &FormatPolicy,
+    ) -> Result<()> {
+        let numerics = format!(
+            "idot {} | experts {:?}",
+            self.idot,
+            self.stream.expert_selection()?,
+        );
+        self.stream.prompt_cache.open(model, policy, &numerics)
     }
 
     /// Opens the checkpoint at `dir`, loads it onto the chosen backend, sizes the expert
@@ -245,8 +210,12 @@ impl ModelArgs {
                     eprintln!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
                 }
                 let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
-                let sc = self.stream.configure(&mut model)?;
-                self.configure_window(&mut model, &sc)?;
+                self.stream
+                    .configure(&mut model, J::PROMPT_CACHE, self.chunk)?;
+                model.progress().set_print(!self.quiet);
+                if J::PROMPT_CACHE {
+                    self.open_prompt_cache(&mut model, &policy)?;
+                }
                 finish(job.run(&mut model), &self.stream.cache, &model)
             }
             Selected::Cpu { fallback } => {
@@ -261,8 +230,12 @@ impl ModelArgs {
                     eprintln!("[K3] K3_IDOT=1: routed experts on int8 activations (not exact)");
                 }
                 let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
-                let sc = self.stream.configure(&mut model)?;
-                self.configure_window(&mut model, &sc)?;
+                self.stream
+                    .configure(&mut model, J::PROMPT_CACHE, self.chunk)?;
+                model.progress().set_print(!self.quiet);
+                if J::PROMPT_CACHE {
+                    self.open_prompt_cache(&mut model, &policy)?;
+                }
                 finish(job.run(&mut model), &self.stream.cache, &model)
             }
         }

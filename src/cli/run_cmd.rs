@@ -136,6 +136,7 @@ struct RunJob<'a> {
 
 impl ModelJob for RunJob<'_> {
     type Out = ();
+    const PROMPT_CACHE: bool = true;
     fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
         run_model(model, self.a, self.dir)
     }
@@ -188,7 +189,7 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
     if let (Some(tk), false) = (&tok, a.ignore_eos) {
         stop.extend(tk.special_id("<|end_of_msg|>"));
     }
-    let context = a.load.stream.max_tokens;
+    let context = model.context();
     if ids.len() > context {
         bail!(
             "context full: the prompt is {} tokens and the context holds {context} \
@@ -262,7 +263,18 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
             ids.len()
         );
     }
-    eprintln!("{}", stats::prefill_line(ids.len(), g.prefill_secs));
+    if g.cached_tokens > 0 {
+        eprintln!(
+            "[K3] prompt cache: {} of {} prompt tokens loaded, {} prefilled",
+            g.cached_tokens,
+            ids.len(),
+            g.prefilled_tokens
+        );
+    }
+    eprintln!(
+        "{}",
+        stats::prefill_line(g.prefilled_tokens, g.prefill_secs)
+    );
     eprintln!(
         "{}",
         stats::decode_line(g.tokens.len(), g.decode_secs, &g.decode_stats)

@@ -2,6 +2,7 @@
 
 use super::model_args::{ModelArgs, ModelJob};
 use super::sampling_args::SamplingArgs;
+use super::stream_args::MAX_CONTEXT;
 use super::threads;
 use anyhow::{bail, Result};
 use clap::Args;
@@ -81,7 +82,7 @@ pub struct ServeArgs {
 }
 
 /// Runs `k3 serve`.
-pub fn run(a: ServeArgs) -> Result<()> {
+pub fn run(mut a: ServeArgs) -> Result<()> {
     threads::init(a.load.threads)?;
     if a.queue == 0 || a.queue > 4096 {
         bail!("--queue must be between 1 and 4096, got {}", a.queue);
@@ -149,7 +150,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .file_name()
             .map_or_else(|| "k3".to_string(), |n| n.to_string_lossy().into_owned()),
     };
-    let context = a.load.stream.max_tokens;
+    let snapshots = SnapshotLimits {
+        count: a.snapshots,
+        bytes: a.snapshot_mb << 20,
+    };
+    // The RAM plan reserves them; the context comes from the plan, once the model is loaded.
+    a.load.stream.snapshots = snapshots;
     let opts = ServeOptions {
         host: a.host.clone(),
         port: a.port,
@@ -158,7 +164,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         queue: a.queue,
         limits: Limits {
             max_messages: a.max_messages,
-            max_tokens: context,
+            // Beyond what is left of the context a request's max_tokens is clamped, not
+            // refused; only a number no context could hold is.
+            max_tokens: MAX_CONTEXT,
             default_max_tokens: a.max_answer,
             ..Limits::default()
         },
@@ -166,12 +174,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
             sampling,
             thinking: a.think == 1,
         },
-        context,
+        context: 0,
         chunk: a.load.chunk_bound(),
-        snapshots: SnapshotLimits {
-            count: a.snapshots,
-            bytes: a.snapshot_mb << 20,
-        },
+        snapshots,
         body_limit: a.max_body_mb << 20,
         body_timeout: Duration::from_secs(a.body_timeout),
         http_threads: 2,
@@ -189,8 +194,10 @@ struct ServeJob<'a> {
 
 impl ModelJob for ServeJob<'_> {
     type Out = ();
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+    const PROMPT_CACHE: bool = true;
+    fn run<B: Backend>(mut self, model: &mut K3Model<B>) -> Result<()> {
         let tok = Tokenizer::from_dir(self.dir)?;
+        self.opts.context = model.context();
         serve(model, tok, self.opts)
     }
 }

@@ -6,13 +6,15 @@ use clap::Args;
 use k3::backend::{Backend, FreeDeviceMemory};
 use k3::experts::cache_policy::PolicyKind;
 use k3::experts::pressure_guard::{CacheSize, PressureGuard};
-use k3::experts::ram_budget::{self, BudgetInputs};
+use k3::experts::ram_budget::{self, BudgetInputs, ContextAsk, WindowAsk};
 use k3::experts::usage_history::PinMode;
 use k3::experts::{IoMode, StreamConfig};
 use k3::model::expert_selection::ExpertSelection;
+use k3::model::prefill_window::bytes_per_token;
 use k3::model::state_size::{state_size, StateSize};
 use k3::model::K3Model;
 use k3::platform::memory_pressure;
+use k3::session::SnapshotLimits;
 
 /// Longest context accepted: K3's published context is 256K tokens; beyond a few million
 /// the MLA cache alone outgrows any machine's memory.
@@ -74,32 +76,79 @@ pub struct StreamArgs {
     /// critical half) instead of letting the machine compress or swap; off: keep its size.
     #[arg(long = "memory-pressure", env = "K3_MEMORY_PRESSURE", default_value = "on", value_parser = ["on", "off"])]
     pub memory_pressure: String,
-    /// Longest context the MLA cache is budgeted for, in tokens.
-    #[arg(long = "max-tokens", env = "K3_MAXT", default_value_t = 4096)]
-    pub max_tokens: usize,
+    /// Context in tokens (prompt plus answer) [default: the checkpoint's
+    /// max_position_embeddings, else 131072, lowered when its MLA cache would take more than
+    /// half the memory left for experts (on a GPU with its own memory, half the free VRAM
+    /// beside the margin); the start-up `[K3] context:` line says which]. The MLA cache
+    /// grows as it is used; the memory plan (RAM, or that VRAM) reserves it whole. A prompt
+    /// longer than the context is refused; `k3 serve` clamps a request's max_tokens to what
+    /// the prompt leaves of it.
+    #[arg(long = "max-tokens", env = "K3_MAXT")]
+    pub max_tokens: Option<usize>,
+    /// In-RAM state snapshots the command keeps (set by `k3 serve`), reserved by the plan.
+    #[arg(skip)]
+    pub snapshots: SnapshotLimits,
     #[command(flatten)]
     pub cache: super::cache_args::CacheArgs,
+    #[command(flatten)]
+    pub prompt_cache: super::prompt_cache_args::PromptCacheArgs,
 }
 
 impl StreamArgs {
-    /// Sizes the cache against measured memory, prints the `[K3][RAM_GB=...]` line, and
-    /// installs the streaming settings in the model.
-    pub fn configure<B: Backend>(&self, model: &mut K3Model<B>) -> Result<StreamConfig> {
+    /// Sizes the cache, the context and the prefill window against measured memory, prints
+    /// the `[K3][RAM_GB=...]`, `[K3] context:` and `[K3] prefill window` lines, and installs
+    /// the streaming settings, the context and the window in the model; `prompt_cache` says
+    /// whether the job uses the prompt cache (its working set is then reserved), `chunk` is
+    /// `--chunk` (the window's bound; `None`: the whole prompt).
+    pub fn configure<B: Backend>(
+        &self,
+        model: &mut K3Model<B>,
+        prompt_cache: bool,
+        chunk: Option<usize>,
+    ) -> Result<StreamConfig> {
         if !(self.expert_gb.is_finite() && self.expert_gb >= 0.0) {
             bail!(
                 "K3_EXPERT_GB / --expert-gb must be a number of GB >= 0, got {}",
                 self.expert_gb
             );
         }
-        if self.max_tokens == 0 || self.max_tokens > MAX_CONTEXT {
-            bail!(
-                "K3_MAXT / --max-tokens must be between 1 and {MAX_CONTEXT} tokens, got {}",
-                self.max_tokens
-            );
-        }
+        // On a discrete GPU the state, the snapshots, the prefill window and the tier share
+        // the free VRAM; an earlier tier (bench reconfigures a loaded model) is handed back
+        // before it is measured.
+        let state_in_ram = model.backend.state_in_host_ram();
+        let device = if state_in_ram {
+            None
+        } else {
+            let has_tier = self.set_tier(model, 0)?.is_some();
+            Some((has_tier, model.backend.free_device_memory()?))
+        };
+        let vram = match device {
+            Some((has_tier, FreeDeviceMemory::Bytes(free))) => Some(VramFree { free, has_tier }),
+            _ => None,
+        };
+        let context = match self.max_tokens {
+            Some(n) if n == 0 || n > MAX_CONTEXT => {
+                bail!("K3_MAXT / --max-tokens must be between 1 and {MAX_CONTEXT} tokens, got {n}")
+            }
+            Some(n) => ContextAsk::Asked(n),
+            None => {
+                let (limit, why) = self.vram_context_limit(model, vram)?;
+                ContextAsk::Default {
+                    limit: limit.min(MAX_CONTEXT),
+                    why,
+                }
+            }
+        };
         let cfg = &model.ckpt.config;
         let mem = ram_budget::probe()?;
-        let StateSize { kv_gb, kda_gb } = state_size(cfg, self.max_tokens);
+        let StateSize { kda_gb, .. } = state_size(cfg, 0);
+        // Snapshots live where the state does: in device memory on a discrete GPU, where
+        // the VRAM budget counts them (`configure_gpu_tier`).
+        let snapshots_gb = if model.backend.state_in_host_ram() {
+            self.snapshot_reserve_gb(model)
+        } else {
+            0.0
+        };
         // On unified memory both budgets are one pool of RAM, clamped as such.
         let pool = model.backend.unified_pool();
         let request_gb = if pool {
@@ -107,12 +156,29 @@ impl StreamArgs {
         } else {
             self.expert_gb
         };
+        let window_bound = chunk
+            .unwrap_or(k3::session::MAX_CHUNK)
+            .min(model.max_window());
+        let per_token = bytes_per_token(cfg);
         let plan = ram_budget::plan(&BudgetInputs {
             ram_gb: self.ram_gb,
             resident_gb: mem.resident_gb,
             available_gb: mem.available_gb,
-            kv_gb,
+            context,
+            kv: k3::model::context::kv_shape(cfg),
             kda_gb,
+            snapshots_gb,
+            prompt_cache_gb: if prompt_cache {
+                self.prompt_cache.plan_gb()?
+            } else {
+                0.0
+            },
+            state_in_ram,
+            // With free VRAM measured the window's activations live there, sized below.
+            window: vram.is_none().then_some(WindowAsk {
+                bound: window_bound,
+                bytes_per_token: per_token,
+            }),
             request_gb,
             slot_bytes: cfg.expert_bytes() as u64,
             moe_layers: cfg.moe_layer_count(),
@@ -122,6 +188,8 @@ impl StreamArgs {
             ceiling_gb: ram_budget::os_footprint_ceiling_gb(),
         })?;
         eprintln!("{plan}");
+        eprintln!("{}", plan.context_line());
+        model.set_context(plan.context);
         let sc = StreamConfig {
             mode: if self.direct == 1 {
                 IoMode::Direct
@@ -163,10 +231,80 @@ impl StreamArgs {
                     "[K3] --cache-policy and --usage-pins choose for the host cache, which the unified pool replaces: the pool evicts the least recently used expert and pins none"
                 );
             }
-        } else {
-            self.configure_gpu_tier(model, plan.slots)?;
         }
+        let bound = window_bound.min(plan.context);
+        let (tokens, by_memory, place) = match (vram, plan.window) {
+            (Some(v), _) => {
+                // The conversation's state and its snapshots take VRAM on a discrete GPU.
+                let state_gb = plan.kv_gb + plan.kda_gb + self.snapshot_reserve_gb(model);
+                let split = vram_split(
+                    if v.has_tier {
+                        self.gpu_tier_gb()?
+                    } else {
+                        Some(0.0)
+                    },
+                    v.free,
+                    (state_gb * 1e9) as u64,
+                    bound as u64 * per_token,
+                );
+                if v.has_tier {
+                    self.configure_gpu_tier(model, plan.slots, &split.tier)?;
+                }
+                let by_memory = (split.window_bytes / per_token.max(1)).max(1) as usize;
+                let place = format!(
+                    "{:.1} GB of VRAM: half of what the margin, the state and the tier leave",
+                    split.window_bytes as f64 / 1e9
+                );
+                (bound.min(by_memory), by_memory, place)
+            }
+            (None, Some(w)) => {
+                // A discrete GPU that cannot report its free VRAM: the tier is as asked, or
+                // off; the window is sized in RAM as on the CPU.
+                if let Some((true, FreeDeviceMemory::Unknown(reason))) = device {
+                    let size = unmeasured_tier(self.gpu_tier_gb()?, reason);
+                    self.configure_gpu_tier(model, plan.slots, &size)?;
+                }
+                (
+                w.tokens,
+                w.by_memory,
+                format!(
+                    "{:.1} GB of RAM: the activation reserve and half of what the expert cache leaves",
+                    w.by_memory as f64 * per_token as f64 / 1e9
+                ),
+                )
+            }
+            (None, None) => bail!("internal: the RAM plan sized no prefill window"),
+        };
+        let w = model.set_prefill_window(tokens);
+        let why = if chunk.is_some_and(|c| c <= w) {
+            "--chunk / K3_CHUNK".to_string()
+        } else if w < by_memory.min(bound) || (w < by_memory && w == model.max_window()) {
+            format!(
+                "the adapter's limits on one dispatch or binding ({} tokens)",
+                model.max_window()
+            )
+        } else if w == plan.context && plan.context < by_memory {
+            "the context".to_string()
+        } else {
+            format!("memory: {place}")
+        };
+        eprintln!(
+            "[K3] prefill window: {w} tokens a pass (each routed expert read once a layer per pass) | {:.2} MB of activations a token, {:.1} GB at the full window | bound: {why}",
+            per_token as f64 / 1e6,
+            (w as u64 * per_token) as f64 / 1e9,
+        );
         Ok(sc)
+    }
+
+    /// Sizes the backend's expert tier to `bytes`; `None` when it has none.
+    fn set_tier<B: Backend>(&self, model: &K3Model<B>, bytes: u64) -> Result<Option<usize>> {
+        let cfg = &model.ckpt.config;
+        model.backend.configure_expert_tier(
+            bytes,
+            cfg.num_experts * cfg.moe_layer_count(),
+            cfg.moe_intermediate_size,
+            cfg.routed_expert_hidden_size,
+        )
     }
 
     /// Installs the memory-pressure guard over the cache `plan` granted, when
@@ -200,9 +338,49 @@ impl StreamArgs {
         model.set_pressure_guard(guard);
     }
 
+    /// The default context's limit ([`K3Model::context_limit`]), lowered on a discrete GPU
+    /// that reports its free VRAM to what [`ram_budget::CONTEXT_SHARE`] of it holds beside
+    /// the tier's margin.
+    fn vram_context_limit<B: Backend>(
+        &self,
+        model: &K3Model<B>,
+        vram: Option<VramFree>,
+    ) -> Result<(usize, String)> {
+        let (limit, why) = model.context_limit();
+        let Some(VramFree { free, .. }) = vram else {
+            return Ok((limit, why));
+        };
+        let room = free.saturating_sub(TIER_MARGIN_MIN_BYTES.max(free / 10)) as f64;
+        let per_token = k3::model::context::kv_shape(&model.ckpt.config).bytes_per_token();
+        let fit = (ram_budget::CONTEXT_SHARE * room / per_token.max(1.0)) as usize
+            / ram_budget::CONTEXT_STEP
+            * ram_budget::CONTEXT_STEP;
+        let fit = fit.max(ram_budget::MIN_DEFAULT_CONTEXT);
+        Ok(if fit < limit {
+            (
+                fit,
+                format!(
+                    "what fits in half the free VRAM ({:.1} GB) beside the margin; {why} is {limit}",
+                    free as f64 / 1e9
+                ),
+            )
+        } else {
+            (limit, why)
+        })
+    }
+
+    /// What the state snapshots take at their limits, in GB: as many as fit in the byte
+    /// limit, at most the count, each one KDA state and a row of logits.
+    fn snapshot_reserve_gb<B: Backend>(&self, model: &K3Model<B>) -> f64 {
+        let each = model.snapshot_bytes() + 4 * model.ckpt.config.vocab_size;
+        let l = self.snapshots;
+        let n = l.count.min(l.bytes / each.max(1));
+        (n * each) as f64 / 1e9
+    }
+
     /// The expert selection the flags ask for: `K3_TOPP` 0 or >= 1 is off, as in the C
     /// engine.
-    fn expert_selection(&self) -> Result<ExpertSelection> {
+    pub(super) fn expert_selection(&self) -> Result<ExpertSelection> {
         let p = self.expert_top_p;
         if !(0.0..=1.0).contains(&p) {
             bail!("--expert-top-p / K3_TOPP must be a share between 0 and 1, got {p}");
@@ -255,27 +433,17 @@ impl StreamArgs {
         Ok(())
     }
 
-    /// Sizes the backend's VRAM expert tier (see [`tier_size`]) and prints `[K3-GPU] expert
-    /// tier: ...` when the backend has one, with what it and the host cache of `host_slots` a
-    /// layer keep together (they are exclusive: an expert lives in one of them).
-    fn configure_gpu_tier<B: Backend>(&self, model: &K3Model<B>, host_slots: usize) -> Result<()> {
-        let asked = self.gpu_tier_gb()?;
+    /// Sizes the backend's VRAM expert tier to `size` (see [`vram_split`]) and prints
+    /// `[K3-GPU] expert tier: ...`, with what it and the host cache of `host_slots` a layer
+    /// keep together (they are exclusive: an expert lives in one of them).
+    fn configure_gpu_tier<B: Backend>(
+        &self,
+        model: &K3Model<B>,
+        host_slots: usize,
+        size: &TierSize,
+    ) -> Result<()> {
         let cfg = &model.ckpt.config;
-        let tier = |bytes: u64| {
-            model.backend.configure_expert_tier(
-                bytes,
-                cfg.num_experts * cfg.moe_layer_count(),
-                cfg.moe_intermediate_size,
-                cfg.routed_expert_hidden_size,
-            )
-        };
-        // Emptying the tier first tells whether the backend has one, and hands an earlier
-        // tier's VRAM back before free memory is measured (bench reconfigures a loaded model).
-        if tier(0)?.is_none() {
-            return Ok(());
-        }
-        let size = tier_size(asked, || model.backend.free_device_memory())?;
-        let n = tier(size.bytes)?.unwrap_or(0);
+        let n = self.set_tier(model, size.bytes)?.unwrap_or(0);
         let host = host_slots * cfg.moe_layer_count();
         let kept = if n > 0 {
             format!(
@@ -307,43 +475,83 @@ struct TierSize {
     why: String,
 }
 
-/// The tier policy: a size asked for always wins (0 turns the tier off); otherwise
-/// `free - margin`, margin = max(2 GB, 10% of free), with free measured by `measure` after
-/// the dense weights are loaded; no measurement keeps the tier off.
-fn tier_size(
-    asked_gb: Option<f64>,
-    measure: impl FnOnce() -> Result<FreeDeviceMemory>,
-) -> Result<TierSize> {
+/// What was measured of a discrete GPU's memory before the plan.
+#[derive(Clone, Copy, Debug)]
+struct VramFree {
+    /// Free VRAM after the dense weights, with no tier, bytes.
+    free: u64,
+    /// Whether the backend keeps a VRAM expert tier.
+    has_tier: bool,
+}
+
+/// A discrete GPU's free VRAM shared out: the expert tier and the prefill window.
+#[derive(Clone, Debug, PartialEq)]
+struct VramSplit {
+    /// The tier.
+    tier: TierSize,
+    /// Bytes the prefill window's activations may take.
+    window_bytes: u64,
+}
+
+/// The VRAM budget of a discrete GPU with `free` bytes free after the dense weights: a
+/// margin of max(2 GB, 10% of free) for other programs and scratch, then `state_bytes` (the
+/// MLA caches at the full context, the KDA state and the snapshots), then the tier and the
+/// prefill window. A tier size asked for always wins (0 turns it off) and the window gets
+/// half of what it leaves; by default the window takes half of the room, at most
+/// `window_max` bytes (its bound), and the tier the rest.
+fn vram_split(asked_gb: Option<f64>, free: u64, state_bytes: u64, window_max: u64) -> VramSplit {
     let gb = |b: u64| b as f64 / 1e9;
+    let margin = TIER_MARGIN_MIN_BYTES.max(free / 10);
+    let room = free.saturating_sub(margin).saturating_sub(state_bytes);
+    let half = |b: u64| (b as f64 * ram_budget::WINDOW_SHARE) as u64;
     if let Some(a) = asked_gb {
-        return Ok(TierSize {
-            bytes: (a * 1e9) as u64,
-            why: if a == 0.0 {
-                "asked 0 = off".into()
-            } else {
-                format!("asked {a} GB")
-            },
-        });
+        let tier = asked_tier(a);
+        let window_bytes = window_max.min(half(room.saturating_sub(tier.bytes)));
+        return VramSplit { tier, window_bytes };
     }
-    Ok(match measure()? {
-        FreeDeviceMemory::Bytes(free) => {
-            let margin = TIER_MARGIN_MIN_BYTES.max(free / 10);
-            let bytes = free.saturating_sub(margin);
-            TierSize {
-                bytes,
-                why: format!(
-                    "default = free VRAM {:.1} GB - margin {:.1} GB{}",
-                    gb(free),
-                    gb(margin),
-                    if bytes == 0 { ": nothing left" } else { "" }
-                ),
-            }
-        }
-        FreeDeviceMemory::Unknown(reason) => TierSize {
+    let window_bytes = window_max.min(half(room));
+    let bytes = room - window_bytes;
+    let state = if state_bytes > 0 {
+        format!(" - state and snapshots {:.1} GB", gb(state_bytes))
+    } else {
+        String::new()
+    };
+    VramSplit {
+        tier: TierSize {
+            bytes,
+            why: format!(
+                "default = free VRAM {:.1} GB - margin {:.1} GB{state} - prefill window {:.1} GB{}",
+                gb(free),
+                gb(margin),
+                gb(window_bytes),
+                if bytes == 0 { ": nothing left" } else { "" }
+            ),
+        },
+        window_bytes,
+    }
+}
+
+/// A tier of `gb` GB asked for (0: off).
+fn asked_tier(gb: f64) -> TierSize {
+    TierSize {
+        bytes: (gb * 1e9) as u64,
+        why: if gb == 0.0 {
+            "asked 0 = off".into()
+        } else {
+            format!("asked {gb} GB")
+        },
+    }
+}
+
+/// The tier where free VRAM cannot be measured (`reason`): as asked, else off.
+fn unmeasured_tier(asked_gb: Option<f64>, reason: &str) -> TierSize {
+    match asked_gb {
+        Some(a) => asked_tier(a),
+        None => TierSize {
             bytes: 0,
             why: format!("default off: {reason}; set K3_GPU_GB to keep experts in VRAM"),
         },
-    })
+    }
 }
 
 #[cfg(test)]
@@ -352,48 +560,68 @@ mod tests {
 
     const G: u64 = 1_000_000_000;
 
-    fn free(bytes: u64) -> impl FnOnce() -> Result<FreeDeviceMemory> {
-        move || Ok(FreeDeviceMemory::Bytes(bytes))
+    #[test]
+    fn vram_default_is_free_minus_the_larger_margin_and_half_goes_to_the_window() {
+        // Large: 10% of 100 GB beats 2 GB; a window bound of 30 GB takes 30 of the 90.
+        let s = vram_split(None, 100 * G, 0, 30 * G);
+        assert_eq!((s.tier.bytes, s.window_bytes), (60 * G, 30 * G));
+        assert!(
+            s.tier
+                .why
+                .contains("free VRAM 100.0 GB - margin 10.0 GB - prefill window 30.0 GB"),
+            "{}",
+            s.tier.why
+        );
+        // A window bound beyond half the room gets half.
+        let s = vram_split(None, 100 * G, 0, u64::MAX);
+        assert_eq!((s.tier.bytes, s.window_bytes), (45 * G, 45 * G));
+        // Small: the 2 GB floor beats 10% of 8 GB.
+        assert_eq!(vram_split(None, 8 * G, 0, 0).tier.bytes, 6 * G);
+        // Below the margin: off, and the line says so.
+        let s = vram_split(None, G, 0, G);
+        assert_eq!((s.tier.bytes, s.window_bytes), (0, 0));
+        assert!(s.tier.why.contains("nothing left"), "{}", s.tier.why);
     }
 
     #[test]
-    fn vram_default_is_free_minus_the_larger_margin() {
-        // Large: 10% of 100 GB beats 2 GB.
-        let s = tier_size(None, free(100 * G)).unwrap();
-        assert_eq!(s.bytes, 90 * G);
+    fn vram_default_leaves_the_state_and_snapshots_out() {
+        // 100 GB free - 10 GB margin - 14.5 GB of MLA cache, KDA state and snapshots.
+        let state = 14_500_000_000;
+        let s = vram_split(None, 100 * G, state, G);
+        assert_eq!(s.tier.bytes, 90 * G - state - G);
         assert!(
-            s.why.contains("free VRAM 100.0 GB - margin 10.0 GB"),
+            s.tier
+                .why
+                .contains("margin 10.0 GB - state and snapshots 14.5 GB - prefill window 1.0 GB"),
             "{}",
-            s.why
+            s.tier.why
         );
-        // Small: the 2 GB floor beats 10% of 8 GB.
-        assert_eq!(tier_size(None, free(8 * G)).unwrap().bytes, 6 * G);
-        // Below the margin: off, and the line says so.
-        let s = tier_size(None, free(G)).unwrap();
-        assert_eq!(s.bytes, 0);
-        assert!(s.why.contains("nothing left"), "{}", s.why);
+        assert_eq!(vram_split(None, 8 * G, 20 * G, G).tier.bytes, 0);
     }
 
     #[test]
     fn vram_unknown_keeps_the_tier_off_and_says_why() {
-        let s = tier_size(None, || Ok(FreeDeviceMemory::Unknown("no budget ext"))).unwrap();
+        let s = unmeasured_tier(None, "no budget ext");
         assert_eq!(s.bytes, 0);
         assert!(
             s.why.contains("no budget ext") && s.why.contains("K3_GPU_GB"),
             "{}",
             s.why
         );
-        // A failing measurement is an error, not a silent 0.
-        assert!(tier_size(None, || anyhow::bail!("device lost")).is_err());
+        assert_eq!(unmeasured_tier(Some(2.0), "no budget ext").bytes, 2 * G);
     }
 
     #[test]
-    fn vram_asked_size_wins_and_zero_turns_the_tier_off() {
-        let never = || -> Result<FreeDeviceMemory> { panic!("an asked size must not measure") };
-        let s = tier_size(Some(1.5), never).unwrap();
-        assert_eq!(s.bytes, 1_500_000_000);
-        let s = tier_size(Some(0.0), never).unwrap();
-        assert_eq!(s.bytes, 0);
-        assert!(s.why.contains("off"), "{}", s.why);
+    fn vram_asked_size_wins_and_the_window_gets_half_of_what_it_leaves() {
+        // 100 GB free - 10 GB margin - 10 GB state - 60 GB asked: the window gets 10 GB.
+        let s = vram_split(Some(60.0), 100 * G, 10 * G, u64::MAX);
+        assert_eq!((s.tier.bytes, s.window_bytes), (60 * G, 10 * G));
+        assert_eq!(s.tier.why, "asked 60 GB");
+        // More than fits is still what was asked; the window is then what nothing leaves.
+        let s = vram_split(Some(500.0), 100 * G, 0, u64::MAX);
+        assert_eq!((s.tier.bytes, s.window_bytes), (500 * G, 0));
+        let s = vram_split(Some(0.0), 100 * G, 0, 2 * G);
+        assert_eq!((s.tier.bytes, s.window_bytes), (0, 2 * G));
+        assert!(s.tier.why.contains("off"), "{}", s.tier.why);
     }
 }

@@ -96,6 +96,9 @@ pub struct Config {
     pub eos_token_ids: Vec<u32>,
     /// Padding token.
     pub pad_token_id: Option<u32>,
+    /// The context the checkpoint states it was built for (`max_position_embeddings`),
+    /// when its config states one.
+    pub max_position_embeddings: Option<usize>,
 }
 
 /// The only routed-expert weight format the engine runs.

@@ -175,6 +175,7 @@ pub(super) fn parse(root_value: &Value) -> Result<Config> {
     let bos_token_id = token_field(&root, &text, "bos_token_id", vocab_size)?;
     let pad_token_id = token_field(&root, &text, "pad_token_id", vocab_size)?;
     let eos_token_ids = eos_field(&root, &text, vocab_size)?;
+    let max_position_embeddings = context_field(&root, &text)?;
 
     Ok(Config {
         hidden_size,
@@ -205,7 +206,19 @@ pub(super) fn parse(root_value: &Value) -> Result<Config> {
         bos_token_id,
         eos_token_ids,
         pad_token_id,
+        max_position_embeddings,
     })
+}
+
+/// `max_position_embeddings` from `text_config`, else the root; absent or `null` is `None`.
+fn context_field(root: &Obj<'_>, text: &Obj<'_>) -> Result<Option<usize>> {
+    const NAME: &str = "max_position_embeddings";
+    for obj in [text, root] {
+        if obj.opt(NAME).is_some() {
+            return obj.positive(NAME).map(Some);
+        }
+    }
+    Ok(None)
 }
 
 /// Builds the 0-based layer schedule from the 1-based `kda_layers` / `full_attn_layers`.

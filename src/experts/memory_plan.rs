@@ -4,10 +4,13 @@
 //! — the same arithmetic as a run's `[K3][RAM_GB=...]` line, with the measurements
 //! replaced by the machine's size.
 
-use super::ram_budget::{self, BudgetInputs, BudgetPlan, RamBudgetError, MACOS_FOOTPRINT_SHARE};
+use super::ram_budget::{
+    self, BudgetInputs, BudgetPlan, ContextAsk, RamBudgetError, MACOS_FOOTPRINT_SHARE,
+};
 use crate::backend::gpu::LimitsProfile;
 use crate::checkpoint::schema::TensorClass;
 use crate::config::Config;
+use crate::model::context::{checkpoint_context, kv_shape};
 use crate::model::dense_footprint::dense_footprint;
 use crate::model::state_size::{state_size, StateSize};
 use crate::model::FormatPolicy;
@@ -29,8 +32,9 @@ pub struct Machine {
     /// An Apple profile plans a Mac (unified pool, compression ceiling); native plans a
     /// machine with a discrete GPU or none (host cache per layer).
     pub profile: LimitsProfile,
-    /// Longest context, tokens (`K3_MAXT`).
-    pub max_tokens: usize,
+    /// The context in tokens (`K3_MAXT`), or `None` for a run's default (the checkpoint's
+    /// limit, lowered to what half the memory left for experts holds).
+    pub max_tokens: Option<usize>,
     /// `K3_EXPERT_GB`, or `None` for the largest cache that fits.
     pub request_gb: Option<f64>,
     /// Load-time formats.
@@ -46,7 +50,7 @@ pub struct MemoryPlan {
     pub dense: Vec<(TensorClass, u64)>,
     /// Their sum, GB.
     pub dense_gb: f64,
-    /// KV and KDA state at `max_tokens`.
+    /// KV and KDA state at the plan's context (`budget.context`).
     pub state: StateSize,
     /// What the OS could still give once the dense weights are resident, GB.
     pub available_gb: f64,
@@ -68,7 +72,13 @@ pub struct MemoryPlan {
 pub fn plan_machine(cfg: &Config, machine: &Machine) -> Result<MemoryPlan, RamBudgetError> {
     let dense = dense_footprint(cfg, &machine.policy);
     let dense_gb = dense.iter().map(|&(_, b)| b).sum::<u64>() as f64 / 1e9;
-    let state = state_size(cfg, machine.max_tokens);
+    let context = match machine.max_tokens {
+        Some(n) => ContextAsk::Asked(n),
+        None => {
+            let (limit, why) = checkpoint_context(cfg);
+            ContextAsk::Default { limit, why }
+        }
+    };
     let mac = machine.profile.device().is_some();
     let available_gb = (machine.ram_gb - machine.os_gb - dense_gb).max(0.0);
     let ceiling_gb = mac.then_some(machine.ram_gb * MACOS_FOOTPRINT_SHARE);
@@ -79,8 +89,13 @@ pub fn plan_machine(cfg: &Config, machine: &Machine) -> Result<MemoryPlan, RamBu
         ram_gb: None,
         resident_gb: dense_gb,
         available_gb,
-        kv_gb: state.kv_gb,
-        kda_gb: state.kda_gb,
+        context,
+        kv: kv_shape(cfg),
+        kda_gb: state_size(cfg, 0).kda_gb,
+        snapshots_gb: 0.0,
+        prompt_cache_gb: 0.0,
+        state_in_ram: true,
+        window: None,
         request_gb: machine.request_gb.unwrap_or(all_gb),
         slot_bytes,
         moe_layers,
@@ -89,6 +104,7 @@ pub fn plan_machine(cfg: &Config, machine: &Machine) -> Result<MemoryPlan, RamBu
         pool: mac,
         ceiling_gb,
     })?;
+    let state = state_size(cfg, budget.context);
     Ok(MemoryPlan {
         machine: machine.clone(),
         dense,
@@ -172,8 +188,8 @@ impl fmt::Display for MemoryPlan {
         )?;
         writeln!(
             f,
-            "  KV (MLA cache)       {:7.2} GB  at {} tokens (K3_MAXT)",
-            self.state.kv_gb, m.max_tokens
+            "  KV (MLA cache)       {:7.2} GB  at {} tokens ({})",
+            self.state.kv_gb, self.budget.context, self.budget.context_why
         )?;
         writeln!(f, "  KDA state            {:7.2} GB", self.state.kda_gb)?;
         writeln!(
@@ -265,7 +281,7 @@ mod tests {
             ram_gb,
             os_gb: MACOS_OS_GB,
             profile: LimitsProfile::AppleM1,
-            max_tokens: 4096,
+            max_tokens: Some(4096),
             request_gb: None,
             policy: FormatPolicy::default(),
         }

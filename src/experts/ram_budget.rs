@@ -1,7 +1,14 @@
 //! The RAM clamp: how many expert slots per layer fit beside the dense weights, the page
-//! cache, activations, the MLA cache and the KDA state. `K3_EXPERT_GB` is a request; this
-//! decides what is granted. On a unified-memory GPU the request (with `K3_GPU_GB`) is one
-//! pool of slots shared by every MoE layer, clamped here once as the RAM it is.
+//! cache, activations, the MLA cache, the KDA state, the state snapshots and the prompt
+//! cache's working set. `K3_EXPERT_GB` is a request; this decides what is granted. On a
+//! unified-memory GPU the request (with `K3_GPU_GB`) is one pool of slots shared by every
+//! MoE layer, clamped here once as the RAM it is.
+//!
+//! It also decides the context when `--max-tokens` does not: K3 has no positional
+//! embedding, so the context is bounded by memory alone. The default is the checkpoint's
+//! limit (or [`DEFAULT_CONTEXT`]) unless its MLA cache would take more than
+//! [`CONTEXT_SHARE`] of the memory left for experts; the cache grows as it is used, but the
+//! plan reserves it whole so that a full context never pushes the expert cache into swap.
 
 use anyhow::Result;
 use std::fmt;
@@ -26,6 +33,59 @@ pub fn os_footprint_ceiling_gb() -> Option<f64> {
     crate::platform::available_memory::total_bytes().map(|b| b as f64 / 1e9 * MACOS_FOOTPRINT_SHARE)
 }
 
+/// The default context when the checkpoint's config states none.
+pub const DEFAULT_CONTEXT: usize = 131_072;
+/// The default context, shrunk to fit memory, is a multiple of this many tokens.
+pub const CONTEXT_STEP: usize = 1024;
+/// Share of the memory left for experts the default context's MLA cache may take.
+pub const CONTEXT_SHARE: f64 = 0.5;
+/// The default context never shrinks below this (the clamp then reports what fits).
+pub const MIN_DEFAULT_CONTEXT: usize = 4096;
+/// Share of the memory the expert cache leaves that the prefill window may take beside
+/// [`ACTIVATIONS_GB`] (the VRAM budget uses the same share of what its tier leaves).
+pub const WINDOW_SHARE: f64 = 0.5;
+
+/// The prefill window the plan sizes in host RAM: at most `bound` tokens (`--chunk`, the
+/// backend's limits), each `bytes_per_token` of activations at the peak of a pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowAsk {
+    /// The most tokens a window may take before memory is counted.
+    pub bound: usize,
+    /// Activation bytes a token of the window holds (`prefill_window::bytes_per_token`).
+    pub bytes_per_token: u64,
+}
+
+/// How the context is chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ContextAsk {
+    /// `--max-tokens` / `K3_MAXT`: exactly this many tokens.
+    Asked(usize),
+    /// As many tokens as memory affords, up to `limit`; `why` names where the limit comes
+    /// from (the checkpoint's config, the default, the adapter's buffer size).
+    Default {
+        /// The most tokens the default may be.
+        limit: usize,
+        /// Where `limit` comes from, for the context line.
+        why: String,
+    },
+}
+
+/// The MLA latent cache's shape: what one token of context costs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvShape {
+    /// MLA layers, each caching every token.
+    pub mla_layers: usize,
+    /// Values cached per token per MLA layer (`kv_lora_rank + qk_rope_head_dim`: 576).
+    pub values_per_token: usize,
+}
+
+impl KvShape {
+    /// Bytes one token of context takes over every MLA layer (f32 values).
+    pub fn bytes_per_token(&self) -> f64 {
+        (self.mla_layers * self.values_per_token * 4) as f64
+    }
+}
+
 /// Everything the clamp needs, injected so the arithmetic is testable.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BudgetInputs {
@@ -35,10 +95,23 @@ pub struct BudgetInputs {
     pub resident_gb: f64,
     /// Memory the OS can still give, GB.
     pub available_gb: f64,
-    /// MLA latent cache at `K3_MAXT` positions, GB.
-    pub kv_gb: f64,
+    /// The context asked for, or the default's limit.
+    pub context: ContextAsk,
+    /// What one token of context costs in the MLA cache.
+    pub kv: KvShape,
     /// KDA recurrent state, GB.
     pub kda_gb: f64,
+    /// In-RAM state snapshots at their limits, GB.
+    pub snapshots_gb: f64,
+    /// The prompt cache's bound (`--prompt-cache-gb`; 0 when off), GB: its working set is
+    /// one entry on the host, the state at the full context, at most this.
+    pub prompt_cache_gb: f64,
+    /// Whether the MLA cache, the KDA state and the snapshots take host RAM (the CPU, a
+    /// unified-memory GPU); on a discrete GPU the VRAM budget counts them instead.
+    pub state_in_ram: bool,
+    /// The prefill window to size from the RAM the expert cache leaves (`None`: its
+    /// activations live in VRAM, sized by the VRAM budget).
+    pub window: Option<WindowAsk>,
     /// `K3_EXPERT_GB`, in GB (1e9 bytes).
     pub request_gb: f64,
     /// Bytes of one cache slot (one expert).
@@ -57,6 +130,17 @@ pub struct BudgetInputs {
     pub ceiling_gb: Option<f64>,
 }
 
+/// The prefill window the RAM plan sized.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowPlan {
+    /// Tokens a pass takes: the bound, the context and memory, whichever is least.
+    pub tokens: usize,
+    /// Tokens memory alone allows.
+    pub by_memory: usize,
+    /// Its activations at the peak of a pass, GB.
+    pub gb: f64,
+}
+
 /// The granted cache size and the numbers behind it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BudgetPlan {
@@ -64,12 +148,27 @@ pub struct BudgetPlan {
     pub budget_gb: f64,
     /// Resident memory, GB.
     pub resident_gb: f64,
-    /// Reserve, GB (page cache + activations + KV + KDA).
+    /// Reserve, GB (page cache + activations + KV + KDA + snapshots + prompt cache).
     pub reserve_gb: f64,
-    /// KV part of the reserve, GB.
+    /// The context in tokens (prompt plus answer).
+    pub context: usize,
+    /// How the context was chosen, for the context line.
+    pub context_why: String,
+    /// The MLA cache's shape behind `kv_gb`.
+    pub kv: KvShape,
+    /// KV part of the reserve (the MLA cache at the full context), GB.
     pub kv_gb: f64,
     /// KDA part of the reserve, GB.
     pub kda_gb: f64,
+    /// Snapshot part of the reserve, GB.
+    pub snapshots_gb: f64,
+    /// Prompt-cache part of the reserve, GB.
+    pub prompt_cache_gb: f64,
+    /// Whether KV, KDA and snapshots are part of the reserve (they take host RAM).
+    pub state_in_ram: bool,
+    /// The prefill window sized in RAM: its tokens, what memory alone allows, and its
+    /// activations in GB (`None` when the VRAM budget sizes it).
+    pub window: Option<WindowPlan>,
     /// Left for experts, GB.
     pub for_experts_gb: f64,
     /// Slots per layer that `K3_EXPERT_GB` asked for (in a pool: slots in all).
@@ -139,7 +238,19 @@ pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
         _ => None,
     };
     let budget_gb = i.ram_gb.or(capped_at_gb).unwrap_or(measured);
-    let reserve_gb = PAGE_CACHE_GB + ACTIVATIONS_GB + i.kv_gb + i.kda_gb;
+    // On a discrete GPU the state and its snapshots live in VRAM (the tier's budget counts
+    // them); the prompt cache's working set is a host copy wherever the state lives.
+    let in_ram = if i.state_in_ram { 1.0 } else { 0.0 };
+    let fixed_gb = PAGE_CACHE_GB + ACTIVATIONS_GB + in_ram * (i.kda_gb + i.snapshots_gb);
+    let (context, context_why) = choose_context(
+        &i.context,
+        i.kv,
+        budget_gb - i.resident_gb - fixed_gb,
+        i.state_in_ram,
+    );
+    let kv_gb = context as f64 * i.kv.bytes_per_token() / 1e9;
+    let prompt_cache_gb = i.prompt_cache_gb.min(kv_gb + i.kda_gb).max(0.0);
+    let reserve_gb = fixed_gb + in_ram * kv_gb + prompt_cache_gb;
     let for_experts_gb = budget_gb - i.resident_gb - reserve_gb;
     // A host cache grows by a slot in every layer at once, a pool by one slot.
     let (per_slot_gb, requested, least) = if i.pool {
@@ -169,32 +280,112 @@ pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
             slot_mb: i.slot_bytes as f64 / 1e6,
         });
     };
+    let cache_gb = slots as f64 * per_slot_gb;
+    let window = i.window.map(|w| {
+        // The activation reserve, and half of what the expert cache leaves.
+        let gb = ACTIVATIONS_GB + WINDOW_SHARE * (for_experts_gb - cache_gb).max(0.0);
+        let by_memory = ((gb * 1e9 / w.bytes_per_token.max(1) as f64) as usize).max(1);
+        let tokens = w.bound.min(context).min(by_memory).max(1);
+        WindowPlan {
+            tokens,
+            by_memory,
+            gb: tokens as f64 * w.bytes_per_token as f64 / 1e9,
+        }
+    });
+    // What the window takes beyond the activation reserve comes out of the spare memory.
+    let window_extra_gb = window.map_or(0.0, |w| (w.gb - ACTIVATIONS_GB).max(0.0));
     Ok(BudgetPlan {
         budget_gb,
         resident_gb: i.resident_gb,
         reserve_gb,
-        kv_gb: i.kv_gb,
+        context,
+        context_why,
+        kv: i.kv,
+        kv_gb,
         kda_gb: i.kda_gb,
+        snapshots_gb: i.snapshots_gb,
+        prompt_cache_gb,
+        state_in_ram: i.state_in_ram,
+        window,
         for_experts_gb,
         requested_slots: requested,
         slots: if i.pool { 0 } else { slots },
         pool_slots: if i.pool { slots } else { 0 },
-        projected_peak_gb: i.resident_gb + reserve_gb + slots as f64 * per_slot_gb,
+        projected_peak_gb: i.resident_gb + reserve_gb + cache_gb + window_extra_gb,
         capped_at_gb,
     })
+}
+
+/// The context for `ask` when `room_gb` is left beside everything but the MLA cache and
+/// the experts, with how it was chosen; with the state outside RAM (`in_ram` false) RAM
+/// does not bound it (the VRAM budget already lowered the limit).
+fn choose_context(ask: &ContextAsk, kv: KvShape, room_gb: f64, in_ram: bool) -> (usize, String) {
+    match ask {
+        ContextAsk::Asked(n) => (*n, "--max-tokens / K3_MAXT".into()),
+        ContextAsk::Default { limit, why } if !in_ram => (*limit, why.clone()),
+        ContextAsk::Default { limit, why } => {
+            let per_token_gb = kv.bytes_per_token() / 1e9;
+            if per_token_gb <= 0.0 {
+                return (*limit, why.clone());
+            }
+            let fit = (CONTEXT_SHARE * room_gb.max(0.0) / per_token_gb).floor();
+            let fit = (fit.min(usize::MAX as f64) as usize) / CONTEXT_STEP * CONTEXT_STEP;
+            if fit >= *limit {
+                (*limit, why.clone())
+            } else {
+                (
+                    fit.max(MIN_DEFAULT_CONTEXT).min(*limit),
+                    format!(
+                        "default: what fits in {:.0}% of the memory left for experts ({why} is {limit}); --max-tokens / K3_MAXT sets it",
+                        CONTEXT_SHARE * 100.0
+                    ),
+                )
+            }
+        }
+    }
+}
+
+impl BudgetPlan {
+    /// The `[K3] context:` line: the tokens, how they were chosen, and what the MLA cache
+    /// costs per token and at the full context.
+    pub fn context_line(&self) -> String {
+        format!(
+            "[K3] context: {} tokens ({}) | MLA cache {} values x {} layers x 4 B = {:.1} KB a token, {:.2} GB at the full context, allocated as used",
+            self.context,
+            self.context_why,
+            self.kv.values_per_token,
+            self.kv.mla_layers,
+            self.kv.bytes_per_token() / 1e3,
+            self.kv_gb,
+        )
+    }
 }
 
 impl fmt::Display for BudgetPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "[K3][RAM_GB={:.1}] resident {:.1} + reserve {:.1} (page cache {PAGE_CACHE_GB:.1} + act {ACTIVATIONS_GB:.1} + KV {:.1} + KDA {:.1}) -> {:.1} GB for experts; ",
+            "[K3][RAM_GB={:.1}] resident {:.1} + reserve {:.1} (page cache {PAGE_CACHE_GB:.1} + act {ACTIVATIONS_GB:.1}",
             self.budget_gb,
             self.resident_gb,
             self.reserve_gb,
-            self.kv_gb,
-            self.kda_gb,
-            self.for_experts_gb.max(0.0),
+        )?;
+        if self.state_in_ram {
+            write!(f, " + KV {:.1} + KDA {:.1}", self.kv_gb, self.kda_gb)?;
+            if self.snapshots_gb > 0.0 {
+                write!(f, " + snapshots {:.1}", self.snapshots_gb)?;
+            }
+        }
+        if self.prompt_cache_gb > 0.0 {
+            write!(f, " + prompt cache {:.1}", self.prompt_cache_gb)?;
+        }
+        if !self.state_in_ram {
+            write!(f, "; KV, KDA and snapshots in VRAM")?;
+        }
+        write!(
+            f,
+            ") -> {:.1} GB for experts; ",
+            self.for_experts_gb.max(0.0)
         )?;
         if self.pool_slots > 0 {
             write!(
@@ -204,6 +395,9 @@ impl fmt::Display for BudgetPlan {
             )?;
         } else {
             write!(f, "cache {}->{}/layer", self.requested_slots, self.slots)?;
+        }
+        if let Some(w) = self.window {
+            write!(f, "; prefill window {} tokens {:.1} GB", w.tokens, w.gb)?;
         }
         write!(f, " (projected peak {:.1} GB)", self.projected_peak_gb)?;
         if let Some(c) = self.capped_at_gb {
@@ -243,8 +437,17 @@ mod tests {
             ram_gb: None,
             resident_gb: 20.0,
             available_gb: 100.0,
-            kv_gb: 0.5,
+            // 0.5 GB of MLA cache: 1M tokens x 1 layer x 125 values x 4 B.
+            context: ContextAsk::Asked(1_000_000),
+            kv: KvShape {
+                mla_layers: 1,
+                values_per_token: 125,
+            },
             kda_gb: 0.3,
+            snapshots_gb: 0.0,
+            prompt_cache_gb: 0.0,
+            state_in_ram: true,
+            window: None,
             request_gb: 64.0,
             slot_bytes: 17_547_264,
             moe_layers: 92,
@@ -397,5 +600,206 @@ mod tests {
         })
         .unwrap();
         assert_eq!(p.pool_slots, 92);
+    }
+
+    /// K3's own MLA cache: 24 layers of 576 values, 55,296 B a token.
+    const K3_KV: KvShape = KvShape {
+        mla_layers: 24,
+        values_per_token: 576,
+    };
+
+    fn default_context(limit: usize) -> ContextAsk {
+        ContextAsk::Default {
+            limit,
+            why: "the checkpoint's max_position_embeddings".into(),
+        }
+    }
+
+    #[test]
+    fn the_default_context_is_the_limit_when_it_fits() {
+        let p = plan(&BudgetInputs {
+            context: default_context(262_144),
+            kv: K3_KV,
+            ..inputs()
+        })
+        .unwrap();
+        assert_eq!(p.context, 262_144);
+        let kv = 262_144.0 * 55_296.0 / 1e9;
+        assert!((p.kv_gb - kv).abs() < 1e-9, "{}", p.kv_gb);
+        assert!((p.reserve_gb - (4.0 + kv)).abs() < 1e-9);
+        let line = p.context_line();
+        assert!(
+            line.starts_with(
+                "[K3] context: 262144 tokens (the checkpoint's max_position_embeddings)"
+            ) && line.contains(
+                "576 values x 24 layers x 4 B = 55.3 KB a token, 14.50 GB at the full context"
+            ),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn the_default_context_shrinks_to_half_the_room_and_an_asked_one_does_not() {
+        // Room beside the fixed reserve: 20 + 8.8 - 20 - 4.0 = 4.8 GB; half of it holds
+        // floor(2.4e9 / 55296) = 43402 tokens -> 43008 (a multiple of 1024).
+        let small = BudgetInputs {
+            available_gb: 10.0,
+            overcommit: true,
+            kv: K3_KV,
+            ..inputs()
+        };
+        let p = plan(&BudgetInputs {
+            context: default_context(131_072),
+            ..small.clone()
+        })
+        .unwrap();
+        assert_eq!(p.context, 43_008);
+        assert!(
+            p.context_why.contains("what fits in 50%"),
+            "{}",
+            p.context_why
+        );
+        assert!(p.context_why.contains("--max-tokens"), "{}", p.context_why);
+        // Never below the floor, however small the room.
+        let tiny = plan(&BudgetInputs {
+            ram_gb: Some(21.0),
+            context: default_context(131_072),
+            ..small.clone()
+        })
+        .unwrap();
+        assert_eq!(tiny.context, MIN_DEFAULT_CONTEXT);
+        // A smaller limit than the floor stays the limit.
+        let short = plan(&BudgetInputs {
+            ram_gb: Some(21.0),
+            context: default_context(2048),
+            ..small.clone()
+        })
+        .unwrap();
+        assert_eq!(short.context, 2048);
+        // Asked is taken as asked, whatever it costs.
+        let asked = plan(&BudgetInputs {
+            context: ContextAsk::Asked(131_072),
+            ..small
+        })
+        .unwrap();
+        assert_eq!(asked.context, 131_072);
+        assert_eq!(asked.context_why, "--max-tokens / K3_MAXT");
+    }
+
+    #[test]
+    fn snapshots_and_the_prompt_cache_are_reserved_and_printed() {
+        let base = plan(&inputs()).unwrap();
+        let p = plan(&BudgetInputs {
+            snapshots_gb: 1.0,
+            prompt_cache_gb: 0.5,
+            ..inputs()
+        })
+        .unwrap();
+        assert!((p.reserve_gb - base.reserve_gb - 1.5).abs() < 1e-9);
+        assert!((base.for_experts_gb - p.for_experts_gb - 1.5).abs() < 1e-9);
+        let s = p.to_string();
+        assert!(
+            s.contains("KV 0.5 + KDA 0.3 + snapshots 1.0 + prompt cache 0.5) ->"),
+            "{s}"
+        );
+        assert!(!base.to_string().contains("snapshots"), "{base}");
+        // The working set is one state at the full context (KV 0.5 + KDA 0.3), at most.
+        let big = plan(&BudgetInputs {
+            prompt_cache_gb: 16.0,
+            ..inputs()
+        })
+        .unwrap();
+        assert!(
+            (big.prompt_cache_gb - 0.8).abs() < 1e-9,
+            "{}",
+            big.prompt_cache_gb
+        );
+    }
+
+    #[test]
+    fn the_window_takes_the_activation_reserve_and_half_of_what_the_cache_leaves() {
+        // 83.5 GB left for experts, the 39-slot request takes 39 x 92 x 17.5 MB = 62.96 GB:
+        // the window may take 1.2 + (83.5 - 62.96) / 2 = 11.47 GB, 11_470 tokens of 1 MB.
+        let ask = |bound| BudgetInputs {
+            window: Some(WindowAsk {
+                bound,
+                bytes_per_token: 1_000_000,
+            }),
+            ..inputs()
+        };
+        let base = plan(&inputs()).unwrap();
+        let cache_gb = 39.0 * 92.0 * 17_547_264.0 / 1e9;
+        let p = plan(&ask(1 << 22)).unwrap();
+        let w = p.window.unwrap();
+        let want = ((1.2 + (83.5 - cache_gb) / 2.0) * 1e3) as usize;
+        assert_eq!((w.tokens, w.by_memory), (want, want));
+        assert_eq!(
+            p.slots, base.slots,
+            "the window does not shrink the granted cache"
+        );
+        // Its bytes beyond the activation reserve are in the projected peak.
+        let extra = want as f64 / 1e3 - 1.2;
+        assert!(
+            (p.projected_peak_gb - base.projected_peak_gb - extra).abs() < 1e-9,
+            "{p}"
+        );
+        assert!(
+            p.to_string().contains(&format!(
+                "; prefill window {want} tokens {:.1} GB (projected peak",
+                w.gb
+            )),
+            "{p}"
+        );
+        // A bound below what memory allows wins, and costs nothing beyond the reserve.
+        let p = plan(&ask(1000)).unwrap();
+        assert_eq!(p.window.unwrap().tokens, 1000);
+        assert!((p.projected_peak_gb - base.projected_peak_gb).abs() < 1e-9);
+        // The context bounds it too.
+        let p = plan(&BudgetInputs {
+            context: ContextAsk::Asked(512),
+            ..ask(1 << 22)
+        })
+        .unwrap();
+        assert_eq!(p.window.unwrap().tokens, 512);
+        // A cache that takes what fits leaves less than a slot row to spare (1.61 GB): the
+        // window keeps the activation reserve (1200 tokens) and half of that at most.
+        let p = plan(&BudgetInputs {
+            request_gb: 1e6,
+            ..ask(1 << 22)
+        })
+        .unwrap();
+        let by_memory = p.window.unwrap().by_memory;
+        assert!((1200..1200 + 808).contains(&by_memory), "{by_memory}");
+    }
+
+    #[test]
+    fn a_state_in_vram_is_not_reserved_in_ram_nor_bounds_the_default_context() {
+        let vram = BudgetInputs {
+            state_in_ram: false,
+            snapshots_gb: 1.0,
+            prompt_cache_gb: 16.0,
+            ..inputs()
+        };
+        let p = plan(&vram).unwrap();
+        // Page cache and activations, and the prompt cache's host copy of one state
+        // (KV 0.5 + KDA 0.3): the MLA cache, KDA state and snapshots live in VRAM.
+        assert!((p.reserve_gb - (3.7 + 0.8)).abs() < 1e-9, "{p}");
+        let s = p.to_string();
+        assert!(
+            s.contains(
+                "(page cache 2.5 + act 1.2 + prompt cache 0.8; KV, KDA and snapshots in VRAM) ->"
+            ),
+            "{s}"
+        );
+        // RAM does not shrink a default context whose cache lives in VRAM.
+        let p = plan(&BudgetInputs {
+            ram_gb: Some(30.0),
+            context: default_context(1 << 30),
+            kv: K3_KV,
+            prompt_cache_gb: 0.0,
+            ..vram
+        })
+        .unwrap();
+        assert_eq!(p.context, 1 << 30);
     }
 }

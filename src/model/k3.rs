@@ -76,6 +76,9 @@ pub struct K3Model<B: Backend> {
     experts: ExpertSource,
     selection: ExpertSelection,
     prefetch: bool,
+    /// Tokens a conversation may hold (prompt plus answer): see `context.rs`.
+    pub(super) context: usize,
+    prompt_cache: Option<std::sync::Arc<crate::prompt_cache::PromptCache>>,
     startup: Startup,
     /// Rows of one op call outside the routed experts (the backend's limits).
     sub_rows: usize,
@@ -178,6 +181,8 @@ impl<B: Backend> K3Model<B> {
             experts,
             selection: ExpertSelection::exact(),
             prefetch: false,
+            context: super::context::checkpoint_context(&cfg).0,
+            prompt_cache: None,
             sub_rows,
             head_rows,
             window,
@@ -335,6 +340,19 @@ impl<B: Backend> K3Model<B> {
             shrink.level, shrink.from
         );
         Ok(())
+    }
+
+    /// Lets sessions on this model load and store prompt states on disk (`None`: off).
+    pub fn set_prompt_cache(
+        &mut self,
+        cache: Option<std::sync::Arc<crate::prompt_cache::PromptCache>>,
+    ) {
+        self.prompt_cache = cache;
+    }
+
+    /// The prompt cache sessions share, when one is on.
+    pub fn prompt_cache(&self) -> Option<&crate::prompt_cache::PromptCache> {
+        self.prompt_cache.as_deref()
     }
 
     /// The expert source (for disk counters).

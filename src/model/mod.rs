@@ -1,9 +1,11 @@
 //! The Kimi K3 model: the layer schedule and its blocks, written against the op interface.
 
+pub mod context;
 pub mod dense_footprint;
 pub mod expert_selection;
 pub mod format_policy;
 pub mod glu_mlp;
+pub mod host_state;
 pub mod k3;
 pub mod kda;
 pub mod loader;

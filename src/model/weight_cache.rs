@@ -119,6 +119,14 @@ fn key_of(ckpt: &Checkpoint, policy: &FormatPolicy) -> Result<Key> {
     })
 }
 
+/// The weight cache's stamp of a model: a hash of its key (the config's and every shard's
+/// path, size and modification time, and the load-time formats), so other caches (the
+/// prompt cache) can name the exact weights their contents were computed with.
+pub fn model_stamp(ckpt: &Checkpoint, policy: &FormatPolicy) -> Result<u64> {
+    let key = key_of(ckpt, policy)?;
+    Ok(xxh3_64(&serde_json::to_vec(&key)?))
+}
+
 /// Why `found` is not `want`, in a few words.
 fn key_difference(found: &Key, want: &Key) -> String {
     if found.version != want.version {

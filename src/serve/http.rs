@@ -324,8 +324,17 @@ impl App {
                 ),
             ));
         }
-        params.max_tokens = params.max_tokens.min(self.context - ids.len());
         let id = format!("{:x}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let left = self.context - ids.len();
+        if params.max_tokens > left {
+            eprintln!(
+                "[K3] serve: request {id}: max_tokens {} clamped to {left}: the prompt is {} tokens of a {}-token context",
+                params.max_tokens,
+                ids.len(),
+                self.context
+            );
+            params.max_tokens = left;
+        }
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let job = Job {

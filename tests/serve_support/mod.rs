@@ -19,8 +19,17 @@ pub struct Server {
 
 impl Server {
     /// Starts `k3 serve DIR --port 0 --backend cpu --quiet EXTRA...` and waits for its address.
+    /// The prompt cache is off unless EXTRA names its directory: servers of different tests
+    /// must not load each other's prompts from the user's cache directory.
     pub fn start(dir: &std::path::Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_k3"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_k3"));
+        cmd.env_remove("K3_PROMPT_CACHE");
+        if extra.contains(&"--prompt-cache") {
+            cmd.env_remove("K3_NO_PROMPT_CACHE");
+        } else {
+            cmd.env("K3_NO_PROMPT_CACHE", "1");
+        }
+        let mut child = cmd
             .arg("serve")
             .arg(dir)
             .args(["--port", "0", "--backend", "cpu", "--quiet"])

@@ -168,6 +168,22 @@ impl Backend for CpuBackend {
         state_copy::mla_truncate(cache, len)
     }
 
+    fn kda_state_read(&self, state: &KdaState) -> Result<Vec<f32>> {
+        Ok(state_copy::kda_state_read(state))
+    }
+
+    fn kda_state_write(&self, dims: &KdaDims, values: &[f32]) -> Result<KdaState> {
+        state_copy::kda_state_write(dims, values)
+    }
+
+    fn mla_cache_read(&self, cache: &MlaCache) -> Result<Vec<f32>> {
+        Ok(state_copy::mla_cache_read(cache))
+    }
+
+    fn mla_cache_write(&self, dims: &MlaDims, values: &[f32]) -> Result<MlaCache> {
+        state_copy::mla_cache_write(dims, values)
+    }
+
     fn matmul(&self, w: &DenseMatrix, x: &CpuAct) -> Result<CpuAct> {
         ensure!(
             x.cols == w.cols,

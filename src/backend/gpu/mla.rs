@@ -29,9 +29,19 @@ fn ctx_chunk_len(total: usize, n: usize, rows: usize, kv: usize, max_z: usize) -
     total.div_ceil(chunks).max(1)
 }
 
+/// Values one cached position takes in the device buffer (padded to whole vec4s).
+fn cache_stride(d: &MlaDims) -> usize {
+    (d.kv_lora + d.rope).div_ceil(4) * 4
+}
+
 impl GpuBackend {
+    /// Positions the largest cache buffer this adapter binds holds.
+    pub(super) fn mla_cache_max_positions_op(&self, d: &MlaDims) -> usize {
+        (self.ctx.max_binding / (cache_stride(d) * 4) as u64) as usize
+    }
+
     pub(super) fn mla_cache_op(&self, d: &MlaDims) -> Result<GpuMlaCache> {
-        let stride = (d.kv_lora + d.rope).div_ceil(4) * 4;
+        let stride = cache_stride(d);
         let capacity = INITIAL_POSITIONS;
         let buf = self.ctx.buffer((capacity * stride * 4) as u64, "mla cache");
         Ok(GpuMlaCache {
@@ -43,11 +53,13 @@ impl GpuBackend {
         })
     }
 
-    fn grow(&self, cache: &mut GpuMlaCache, need: usize) -> Result<()> {
+    pub(super) fn grow(&self, cache: &mut GpuMlaCache, need: usize) -> Result<()> {
         if need <= cache.capacity {
             return Ok(());
         }
-        let capacity = need.max(cache.capacity * 2);
+        // Doubling stops at the binding limit, so a context up to it always fits.
+        let most = self.mla_cache_max_positions_op(&cache.dims);
+        let capacity = need.max((cache.capacity * 2).min(most));
         let bytes = (capacity * cache.stride * 4) as u64;
         ensure!(
             bytes <= self.ctx.max_binding,

@@ -293,8 +293,32 @@ impl Backend for GpuBackend {
         self.kda_state_copy_op(state)
     }
 
+    fn mla_cache_max_positions(&self, dims: &MlaDims) -> Option<usize> {
+        Some(self.mla_cache_max_positions_op(dims))
+    }
+
+    fn state_in_host_ram(&self) -> bool {
+        self.unified_pool()
+    }
+
     fn mla_truncate(&self, cache: &mut GpuMlaCache, len: usize) -> Result<()> {
         self.mla_truncate_op(cache, len)
+    }
+
+    fn kda_state_read(&self, state: &GpuKdaState) -> Result<Vec<f32>> {
+        self.kda_state_read_op(state)
+    }
+
+    fn kda_state_write(&self, dims: &KdaDims, values: &[f32]) -> Result<GpuKdaState> {
+        self.kda_state_write_op(dims, values)
+    }
+
+    fn mla_cache_read(&self, cache: &GpuMlaCache) -> Result<Vec<f32>> {
+        self.mla_cache_read_op(cache)
+    }
+
+    fn mla_cache_write(&self, dims: &MlaDims, values: &[f32]) -> Result<GpuMlaCache> {
+        self.mla_cache_write_op(dims, values)
     }
 
     fn matmul(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {

@@ -1,0 +1,390 @@
+//! The prompt cache on disk: a state stored at the end of a prompt and loaded by a later
+//! session gives the logits a fresh prefill gives, bit for bit (CPU and GPU); stale,
+//! truncated and corrupt entries are refused and removed; concurrent readers all load the
+//! same entry; the directory stays within its bound; `k3 run` shares it across processes.
+
+mod support;
+
+use k3::backend::gpu::GpuOptions;
+use k3::backend::Backend;
+use k3::model::{FormatPolicy, K3Model};
+use k3::prompt_cache::{entry_file, PromptCache, PromptCacheConfig};
+use k3::session::{DecodeOptions, Flow, Generation, Session, MAX_CHUNK};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+/// A prompt of `n` tokens the tiny model knows.
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 37 + salt * 11 + 5) % 1000)
+        .collect()
+}
+
+fn cache(dir: &Path, identity: &str) -> PromptCache {
+    PromptCache::open(
+        PromptCacheConfig {
+            dir: dir.to_path_buf(),
+            max_bytes: 1 << 30,
+            min_tokens: 8,
+        },
+        identity,
+    )
+    .unwrap()
+}
+
+/// Generates one token after `ids` in a fresh session with `chunk`: the generation and the
+/// logits that token was picked from.
+fn logits_after<B: Backend>(m: &K3Model<B>, ids: &[u32], chunk: usize) -> (Generation, Vec<f32>) {
+    let mut s = Session::new(m, chunk).unwrap();
+    let mut seen = Vec::new();
+    let g = s
+        .generate(
+            ids,
+            &DecodeOptions {
+                max_tokens: 1,
+                ..DecodeOptions::default()
+            },
+            &mut |l, _| {
+                seen = l.to_vec();
+                0
+            },
+            &mut |_| Ok(Flow::Continue),
+        )
+        .unwrap();
+    (g, seen)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// How a restored state's logits must match a fresh prefill's.
+#[derive(Clone, Copy)]
+enum Match {
+    /// Bit for bit.
+    Bits,
+    /// Within the relative L2 error windows of another size already have on the GPU
+    /// (`tests/gpu_model.rs`): a stored prefix cuts the prompt where a fresh prefill's one
+    /// window does not.
+    Within(f64),
+}
+
+fn check(got: &[f32], want: &[f32], how: Match, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    match how {
+        Match::Bits => assert_eq!(bits(got), bits(want), "{what}"),
+        Match::Within(tol) => {
+            let e = support::rel_l2(got, want);
+            assert!(e <= tol, "{what}: rel L2 {e:e} > {tol:e}");
+        }
+    }
+}
+
+/// Stores `p`, then checks that a prompt extending it loads it and gives a fresh
+/// prefill's logits (as `how` says), and that `p` itself loads whole, bit for bit.
+fn restore_matches_fresh<B: Backend>(m: &mut K3Model<B>, chunk: usize, how: Match) {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, rest) = (prompt(24, 1), prompt(9, 2));
+    let whole: Vec<u32> = p.iter().chain(&rest).copied().collect();
+    let (fresh_p, l_p) = logits_after(m, &p, chunk);
+    let (_, l_whole) = logits_after(m, &whole, chunk);
+    assert_eq!(fresh_p.disk_cached_tokens, 0);
+
+    m.set_prompt_cache(Some(Arc::new(cache(dir.path(), "restore"))));
+    let (stored, l_stored) = logits_after(m, &p, chunk);
+    assert_eq!(stored.disk_cached_tokens, 0, "nothing was stored yet");
+    assert_eq!(bits(&l_stored), bits(&l_p));
+    m.prompt_cache().unwrap().wait();
+    assert!(m.prompt_cache().unwrap().entry_path(&p).exists());
+
+    let (g, l) = logits_after(m, &whole, chunk);
+    assert_eq!((g.disk_cached_tokens, g.cached_tokens), (24, 24));
+    assert_eq!(g.prefilled_tokens, 9);
+    check(&l, &l_whole, how, "restored + suffix vs a fresh prefill");
+    // The whole prompt was stored in turn; the stored prefix alone loads whole.
+    m.prompt_cache().unwrap().wait();
+    let (g, l) = logits_after(m, &p, chunk);
+    assert_eq!((g.disk_cached_tokens, g.prefilled_tokens), (24, 0));
+    assert_eq!(bits(&l), bits(&l_p));
+    m.set_prompt_cache(None);
+}
+
+#[test]
+fn a_restored_state_gives_a_fresh_prefills_logits_on_the_cpu() {
+    let mut m = support::cpu_model(
+        &support::tiny(0),
+        FormatPolicy::default(),
+        support::serial_stream(),
+    );
+    // Windows of 5 tokens, and the default: the whole prompt in one window, layer-major,
+    // where the restored run feeds only the suffix. The CPU gives the same bits either way,
+    // which is why the prompt cache's key leaves the window out.
+    restore_matches_fresh(&mut m, 5, Match::Bits);
+    restore_matches_fresh(&mut m, MAX_CHUNK, Match::Bits);
+    m.set_sub_batch_rows(7);
+    restore_matches_fresh(&mut m, MAX_CHUNK, Match::Bits);
+}
+
+#[test]
+fn a_restored_state_gives_a_fresh_prefills_logits_on_the_gpu() {
+    let Some(mut m) = support::gpu_model(
+        &support::tiny(0),
+        GpuOptions::default(),
+        support::serial_stream(),
+    ) else {
+        return;
+    };
+    // The stored prefix is whole windows of 8, so both prefills cut the prompt alike.
+    restore_matches_fresh(&mut m, 8, Match::Bits);
+    // One window of the whole prompt against the stored prefix and a window of the rest.
+    restore_matches_fresh(&mut m, MAX_CHUNK, Match::Within(1e-5));
+}
+
+/// A CPU model with a prompt cache in `dir`, and an entry of `p` stored there.
+fn stored(dir: &Path, p: &[u32]) -> (K3Model<k3::backend::cpu::CpuBackend>, std::path::PathBuf) {
+    let mut m = support::cpu_model(
+        &support::tiny(0),
+        FormatPolicy::default(),
+        support::serial_stream(),
+    );
+    m.set_prompt_cache(Some(Arc::new(cache(dir, "faults"))));
+    logits_after(&m, p, 32);
+    let pc = m.prompt_cache().unwrap();
+    pc.wait();
+    let path = pc.entry_path(p);
+    assert!(path.exists());
+    (m, path)
+}
+
+#[test]
+fn stale_truncated_and_corrupt_entries_are_refused_removed_and_prefilled_instead() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = prompt(20, 3);
+    let (m, path) = stored(dir.path(), &p);
+    let good = std::fs::read(&path).unwrap();
+    let (_, want) = {
+        let plain = support::cpu_model(
+            &support::tiny(0),
+            FormatPolicy::default(),
+            support::serial_stream(),
+        );
+        logits_after(&plain, &p, 32)
+    };
+    let mut damaged: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut flipped = good.clone();
+    let at = good.len() - 10;
+    flipped[at] ^= 0x40;
+    damaged.push(("a flipped bit in the last layer", flipped));
+    damaged.push(("cut in half", good[..good.len() / 2].to_vec()));
+    damaged.push(("cut at the end", good[..good.len() - 1].to_vec()));
+    let mut version = good.clone();
+    version[8] = 99;
+    damaged.push(("another layout version", version));
+    let mut longer = good.clone();
+    longer.push(0);
+    damaged.push(("a byte too many", longer));
+    for (what, bytes) in damaged {
+        std::fs::write(&path, &bytes).unwrap();
+        let (g, l) = logits_after(&m, &p, 32);
+        assert_eq!(
+            g.disk_cached_tokens, 0,
+            "{what}: a damaged entry was loaded"
+        );
+        assert_eq!(bits(&l), bits(&want), "{what}");
+        // It was removed, then this run stored a good one again.
+        m.prompt_cache().unwrap().wait();
+        assert_eq!(std::fs::read(&path).unwrap(), good, "{what}");
+    }
+    // The same file under another model's key is refused as stale.
+    let other = cache(dir.path(), "another model");
+    let moved = other.entry_path(&p);
+    std::fs::copy(&path, &moved).unwrap();
+    assert!(other.lookup(&p, 0).is_none());
+    assert!(!moved.exists(), "a stale entry was kept");
+}
+
+#[test]
+fn the_entry_checks_name_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = prompt(12, 4);
+    let (m, path) = stored(dir.path(), &p);
+    let key = m.prompt_cache().unwrap().key();
+    let good = std::fs::read(&path).unwrap();
+    let check = |bytes: &[u8], key: u64| -> String {
+        let mut r = bytes;
+        let r = entry_file::read_header(&mut r, key, p.len())
+            .and_then(|h| entry_file::read_body(&mut r, &h, &p));
+        format!("{:#}", r.unwrap_err())
+    };
+    assert!(check(&good, key ^ 1).starts_with("stale: written for model key"));
+    assert!(check(&good[..good.len() - 4], key).starts_with("truncated: the layer"));
+    let mut bad = good.clone();
+    bad[30] ^= 1;
+    let e = check(&bad, key);
+    assert!(e.starts_with("corrupt:") && e.contains("checksum"), "{e}");
+    assert!(check(b"not an entry at all", key).starts_with("corrupt: not a k3"));
+    let mut r = good.as_slice();
+    let h = entry_file::read_header(&mut r, key, p.len()).unwrap();
+    let e = format!(
+        "{:#}",
+        entry_file::read_body(&mut r, &h, &prompt(12, 5)).unwrap_err()
+    );
+    assert!(e.starts_with("stale: its tokens differ"), "{e}");
+}
+
+#[test]
+fn concurrent_readers_all_load_the_same_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = prompt(30, 6);
+    let (m, _) = stored(dir.path(), &p);
+    let pc = m.prompt_cache().unwrap();
+    let want = pc.lookup(&p, 0).unwrap();
+    std::thread::scope(|s| {
+        let readers: Vec<_> = (0..6).map(|_| s.spawn(|| pc.lookup(&p, 0))).collect();
+        for r in readers {
+            assert_eq!(r.join().unwrap().as_ref(), Some(&want));
+        }
+    });
+}
+
+#[test]
+fn the_directory_keeps_within_its_bound_least_recently_used_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p1, p2, p3) = (prompt(16, 7), prompt(16, 8), prompt(16, 9));
+    let (mut m, path1) = stored(dir.path(), &p1);
+    let one = std::fs::metadata(&path1).unwrap().len();
+    // Room for two entries of this size.
+    let pc = PromptCache::open(
+        PromptCacheConfig {
+            dir: dir.path().to_path_buf(),
+            max_bytes: 2 * one + one / 2,
+            min_tokens: 8,
+        },
+        "faults",
+    )
+    .unwrap();
+    m.set_prompt_cache(Some(Arc::new(pc)));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    logits_after(&m, &p2, 32);
+    m.prompt_cache().unwrap().wait();
+    // A hit makes p1 the most recently used: p2 goes first.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(m.prompt_cache().unwrap().lookup(&p1, 0).is_some());
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    logits_after(&m, &p3, 32);
+    let pc = m.prompt_cache().unwrap();
+    pc.wait();
+    assert!(pc.entry_path(&p1).exists());
+    assert!(
+        !pc.entry_path(&p2).exists(),
+        "the least recently used entry was kept"
+    );
+    assert!(pc.entry_path(&p3).exists());
+}
+
+#[test]
+fn an_entry_larger_than_the_bound_is_not_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = support::cpu_model(
+        &support::tiny(0),
+        FormatPolicy::default(),
+        support::serial_stream(),
+    );
+    let pc = PromptCache::open(
+        PromptCacheConfig {
+            dir: dir.path().to_path_buf(),
+            max_bytes: 1000,
+            min_tokens: 8,
+        },
+        "small",
+    )
+    .unwrap();
+    m.set_prompt_cache(Some(Arc::new(pc)));
+    logits_after(&m, &prompt(16, 10), 32);
+    m.prompt_cache().unwrap().wait();
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+fn k3(args: &[&str]) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_k3"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "2")
+        .env_remove("K3_EXPERT_GB")
+        .env_remove("K3_MAXT")
+        .env_remove("K3_NO_PROMPT_CACHE")
+        .env_remove("K3_PROMPT_CACHE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), err)
+}
+
+#[test]
+fn a_second_run_loads_the_first_runs_prompt_and_prints_the_same_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<String> = prompt(300, 11).iter().map(u32::to_string).collect();
+    let ids = ids.join(",");
+    let model = support::tiny(0);
+    let args = [
+        "run",
+        model.to_str().unwrap(),
+        "--ids",
+        &ids,
+        "--ngen",
+        "4",
+        "--quiet",
+        "--no-weight-cache",
+        "--prompt-cache",
+        dir.path().to_str().unwrap(),
+    ];
+    let (cold, err) = k3(&args);
+    assert!(
+        err.contains("[K3] prompt cache: stored 300 tokens"),
+        "{err}"
+    );
+    let (warm, err) = k3(&args);
+    assert_eq!(warm, cold);
+    assert!(
+        err.contains("[K3] prompt cache: loaded 300 of 300 prompt tokens")
+            && err.contains("300 of 300 prompt tokens loaded, 0 prefilled"),
+        "{err}"
+    );
+    let mut off = args.to_vec();
+    off.push("--no-prompt-cache");
+    let (plain, err) = k3(&off);
+    assert_eq!(plain, cold);
+    assert!(
+        err.contains("[K3] prompt cache: off") && !err.contains("prompt tokens loaded"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_prompt_cache_bound_is_refused_naming_the_flag() {
+    let model = support::tiny(0);
+    for bad in ["-1", "NaN", "inf"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_k3"))
+            .args([
+                "run",
+                model.to_str().unwrap(),
+                "--ids",
+                "5,6",
+                "--ngen",
+                "1",
+            ])
+            .args(["--quiet", "--no-weight-cache"])
+            .arg(format!("--prompt-cache-gb={bad}"))
+            .env("RAYON_NUM_THREADS", "2")
+            .env_remove("K3_NO_PROMPT_CACHE")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad}: {err}");
+        assert!(
+            err.contains("--prompt-cache-gb / K3_PROMPT_CACHE_GB must be a number of GB >= 0"),
+            "{bad}: {err}"
+        );
+    }
+}

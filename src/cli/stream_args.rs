@@ -235,6 +235,7 @@ impl StreamArgs {
         let bound = window_bound.min(plan.context);
         let (tokens, by_memory, place) = match (vram, plan.window) {
             (Some(v), _) => {
+                let reserve_tokens = vram_window_tokens(bound, chunk.is_some());
                 // The conversation's state and its snapshots take VRAM on a discrete GPU.
                 let state_gb = plan.kv_gb + plan.kda_gb + self.snapshot_reserve_gb(model);
                 let split = vram_split(
@@ -245,15 +246,16 @@ impl StreamArgs {
                     },
                     v.free,
                     (state_gb * 1e9) as u64,
-                    bound as u64 * per_token,
+                    reserve_tokens as u64 * per_token,
                 );
                 if v.has_tier {
                     self.configure_gpu_tier(model, plan.slots, &split.tier)?;
                 }
                 let by_memory = (split.window_bytes / per_token.max(1)).max(1) as usize;
                 let place = format!(
-                    "{:.1} GB of VRAM: half of what the margin, the state and the tier leave",
-                    split.window_bytes as f64 / 1e9
+                    "{:.1} GB of VRAM: at most {} tokens' worth unless --chunk asks for more, and at most half of what the margin and the state leave",
+                    split.window_bytes as f64 / 1e9,
+                    reserve_tokens
                 );
                 (bound.min(by_memory), by_memory, place)
             }
@@ -531,6 +533,23 @@ fn vram_split(asked_gb: Option<f64>, free: u64, state_bytes: u64, window_max: u6
     }
 }
 
+/// Most prompt tokens the default prefill window reserves VRAM for on a GPU with its own
+/// memory (`--chunk` asks for more): an agent's preamble of up to 16k tokens reads each
+/// routed expert once, and the expert tier keeps the rest of the room for decode.
+pub const DEFAULT_VRAM_WINDOW_TOKENS: usize = 16_384;
+
+/// Prompt tokens the window reserves VRAM for on a GPU with its own memory: its `bound`
+/// when `--chunk` set it, else at most [`DEFAULT_VRAM_WINDOW_TOKENS`], so the tier, which
+/// every decoded token reads from, keeps the rest and a longer prompt runs in several
+/// windows.
+fn vram_window_tokens(bound: usize, chunk_set: bool) -> usize {
+    if chunk_set {
+        bound
+    } else {
+        bound.min(DEFAULT_VRAM_WINDOW_TOKENS)
+    }
+}
+
 /// A tier of `gb` GB asked for (0: off).
 fn asked_tier(gb: f64) -> TierSize {
     TierSize {
@@ -581,6 +600,16 @@ mod tests {
         let s = vram_split(None, G, 0, G);
         assert_eq!((s.tier.bytes, s.window_bytes), (0, 0));
         assert!(s.tier.why.contains("nothing left"), "{}", s.tier.why);
+    }
+
+    #[test]
+    fn the_default_vram_window_is_bounded_and_chunk_lifts_the_bound() {
+        assert_eq!(
+            vram_window_tokens(131_072, false),
+            DEFAULT_VRAM_WINDOW_TOKENS
+        );
+        assert_eq!(vram_window_tokens(1_000, false), 1_000);
+        assert_eq!(vram_window_tokens(65_536, true), 65_536);
     }
 
     #[test]

@@ -55,6 +55,10 @@ pub struct Stats {
     pub prefetch_unread: u64,
     /// Bytes read for wrong guesses.
     pub prefetch_wasted_bytes: u64,
+    /// MoE layer passes that guessed the layer's experts (`--prefetch`).
+    pub prefetch_rounds: u64,
+    /// MoE layer passes where the prefetch gate judged guessing not to pay and made none.
+    pub prefetch_rounds_skipped: u64,
 }
 
 impl Stats {
@@ -94,6 +98,8 @@ impl Stats {
             prefetch_hits: self.prefetch_hits + o.prefetch_hits,
             prefetch_unread: self.prefetch_unread + o.prefetch_unread,
             prefetch_wasted_bytes: self.prefetch_wasted_bytes + o.prefetch_wasted_bytes,
+            prefetch_rounds: self.prefetch_rounds + o.prefetch_rounds,
+            prefetch_rounds_skipped: self.prefetch_rounds_skipped + o.prefetch_rounds_skipped,
         }
     }
 
@@ -119,6 +125,8 @@ impl Stats {
             prefetch_hits: self.prefetch_hits - earlier.prefetch_hits,
             prefetch_unread: self.prefetch_unread - earlier.prefetch_unread,
             prefetch_wasted_bytes: self.prefetch_wasted_bytes - earlier.prefetch_wasted_bytes,
+            prefetch_rounds: self.prefetch_rounds - earlier.prefetch_rounds,
+            prefetch_rounds_skipped: self.prefetch_rounds_skipped - earlier.prefetch_rounds_skipped,
         }
     }
 }
@@ -213,20 +221,21 @@ pub fn skipped_line(s: &Stats) -> Option<String> {
     })
 }
 
-/// `[K3] prefetch: N guessed reads, H used (P%), U dropped unread, W read for nothing (X GB)`,
-/// or `None`
-/// when nothing was guessed.
-pub fn prefetch_line(s: &Stats) -> Option<String> {
-    (s.prefetch_guesses > 0).then(|| {
+/// `[K3] prefetch PHASE: N guessed reads, H used (P%), U dropped unread, W read for nothing
+/// (X GB) | guessed on G of L layer passes`, or `None` when no pass was judged.
+pub fn prefetch_line(phase: &str, s: &Stats) -> Option<String> {
+    let passes = s.prefetch_rounds + s.prefetch_rounds_skipped;
+    (passes > 0).then(|| {
         format!(
-            "[K3] prefetch: {} guessed reads, {} used ({:.1}%), {} dropped unread, {} read for nothing ({:.2} GB)",
+            "[K3] prefetch {phase}: {} guessed reads, {} used ({:.1}%), {} dropped unread, {} read for nothing ({:.2} GB) | guessed on {} of {passes} layer passes",
             s.prefetch_guesses,
             s.prefetch_hits,
-            100.0 * s.prefetch_hits as f64 / s.prefetch_guesses as f64,
+            100.0 * s.prefetch_hits as f64 / s.prefetch_guesses.max(1) as f64,
             s.prefetch_unread,
             s.prefetch_guesses
                 .saturating_sub(s.prefetch_hits + s.prefetch_unread),
-            s.prefetch_wasted_bytes as f64 / 1e9
+            s.prefetch_wasted_bytes as f64 / 1e9,
+            s.prefetch_rounds
         )
     })
 }
@@ -291,6 +300,8 @@ pub fn run_json(prompt_tokens: usize, g: &impl RunReport, total: &Stats) -> serd
             "prefetch_hits": s.prefetch_hits,
             "prefetch_unread": s.prefetch_unread,
             "prefetch_wasted_bytes": s.prefetch_wasted_bytes,
+            "prefetch_rounds": s.prefetch_rounds,
+            "prefetch_rounds_skipped": s.prefetch_rounds_skipped,
         })
     };
     let ((prefill_s, prefill), (decode_s, decode)) = (g.prefill(), g.decode());
@@ -347,17 +358,19 @@ mod tests {
             decode_line(8, 4.0, &s),
             "[K3] decode 8 tokens in 4.0s (2.00 tok/s) | expert hit 75.0% (3/4) | 2.5 GB streamed"
         );
-        assert_eq!(prefetch_line(&s), None);
+        assert_eq!(prefetch_line("decode", &s), None);
         let p = Stats {
             prefetch_guesses: 8,
             prefetch_hits: 6,
             prefetch_unread: 1,
             prefetch_wasted_bytes: 17_550_000,
+            prefetch_rounds: 3,
+            prefetch_rounds_skipped: 9,
             ..Default::default()
         };
         assert_eq!(
-            prefetch_line(&p).unwrap(),
-            "[K3] prefetch: 8 guessed reads, 6 used (75.0%), 1 dropped unread, 1 read for nothing (0.02 GB)"
+            prefetch_line("decode", &p).unwrap(),
+            "[K3] prefetch decode: 8 guessed reads, 6 used (75.0%), 1 dropped unread, 1 read for nothing (0.02 GB) | guessed on 3 of 12 layer passes"
         );
         assert_eq!(
             time_line(&s, 1.26),

@@ -90,6 +90,20 @@ fn cpu_prefetch_on_and_off_give_identical_logits_and_count_every_guess() {
         let (got, on) = logits_run(&m);
         assert_eq!(got, want, "{sc:?}");
         check_accounting(&on, &off, eb, &format!("{sc:?}"));
+        // Guessing on every pass, whatever the gate judges: the same logits, and as many
+        // judged passes as the gated run, none of them skipped.
+        m.set_streaming(sc).unwrap();
+        m.experts_mut().set_prefetch_always(true);
+        let (got, always) = logits_run(&m);
+        m.experts_mut().set_prefetch_always(false);
+        assert_eq!(got, want, "always, {sc:?}");
+        check_accounting(&always, &off, eb, &format!("always, {sc:?}"));
+        assert_eq!(always.prefetch_rounds_skipped, 0, "{always:?}");
+        assert_eq!(
+            always.prefetch_rounds,
+            on.prefetch_rounds + on.prefetch_rounds_skipped,
+            "{sc:?}"
+        );
     }
 }
 
@@ -198,7 +212,7 @@ fn cli_prints_prefetch_and_overlap_and_refuses_a_bad_value() {
     let (ok, err) = k3_run(&["--prefetch", "on"], &[]);
     assert!(ok, "{err}");
     assert!(err.contains("| prefetch on"), "{err}");
-    assert!(err.contains("[K3] prefetch: "), "{err}");
+    assert!(err.contains("[K3] prefetch decode: "), "{err}");
     assert!(
         err.contains("[K3] overlap: decode wall / max(disk busy, compute) = "),
         "{err}"
@@ -206,7 +220,11 @@ fn cli_prints_prefetch_and_overlap_and_refuses_a_bad_value() {
     let (ok, err) = k3_run(&[], &[("K3_PREFETCH", "off")]);
     assert!(ok, "{err}");
     assert!(err.contains("| prefetch off"), "{err}");
-    assert!(!err.contains("[K3] prefetch: "), "{err}");
+    assert!(!err.contains("[K3] prefetch "), "{err}");
+    let (ok, err) = k3_run(&["--prefetch", "always"], &[]);
+    assert!(ok, "{err}");
+    assert!(err.contains("| prefetch always"), "{err}");
+    assert!(err.contains("[K3] prefetch decode: "), "{err}");
     let (ok, err) = k3_run(&["--prefetch", "maybe"], &[]);
     assert!(!ok);
     assert!(err.contains("--prefetch") && err.contains("maybe"), "{err}");

@@ -295,8 +295,10 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
     if let Some(line) = stats::tiers_line(&total, pool) {
         eprintln!("{line}");
     }
-    if let Some(line) = stats::prefetch_line(&total) {
-        eprintln!("{line}");
+    for (phase, s) in [("prefill", &g.prefill_stats), ("decode", &g.decode_stats)] {
+        if let Some(line) = stats::prefetch_line(phase, s) {
+            eprintln!("{line}");
+        }
     }
     eprintln!("{}", stats::overlap_line(g.decode_secs, &g.decode_stats));
     if let Some(line) = stats::skipped_line(&total) {

@@ -37,8 +37,11 @@ pub struct StreamArgs {
     pub pipe: u8,
     /// on: once a MoE layer has routed, score the next MoE layer's router on the current
     /// hidden state and read the experts it picks ahead, while this layer computes (needs
-    /// the pipe); off: read a layer's experts only once it routes. The logits are the same.
-    #[arg(long, env = "K3_PREFETCH", default_value = "on", value_parser = ["on", "off"])]
+    /// the pipe), for each layer only while its guesses save more disk time than they cost
+    /// (re-tested every 16 passes; docs/tuning.md, "Prefetch"); always: guess on every pass
+    /// even where it does not pay; off: read a layer's experts only once it routes. The
+    /// logits are the same.
+    #[arg(long, env = "K3_PREFETCH", default_value = "on", value_parser = ["on", "always", "off"])]
     pub prefetch: String,
     /// Loader threads for the pipe (1..16).
     #[arg(long, env = "K3_LOAD_THREADS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=16))]
@@ -200,17 +203,24 @@ impl StreamArgs {
             load_threads: self.load_threads as usize,
             slots_per_layer: plan.slots,
         };
-        let prefetch = sc.pipe && self.prefetch == "on";
+        let prefetch = sc.pipe && self.prefetch != "off";
         eprintln!(
             "[K3] expert reads: {} | pipe {} | {} loader threads | prefetch {}",
             sc.mode.describe(),
             if sc.pipe { "on" } else { "off" },
             sc.load_threads,
-            if prefetch { "on" } else { "off" }
+            if prefetch {
+                self.prefetch.as_str()
+            } else {
+                "off"
+            }
         );
         model.set_streaming(sc)?;
         self.cache.configure(model, plan.slots)?;
         model.set_prefetch(prefetch);
+        model
+            .experts_mut()
+            .set_prefetch_always(self.prefetch == "always");
         let sel = self.expert_selection()?;
         if !sel.is_exact() {
             eprintln!(

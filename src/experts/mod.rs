@@ -11,6 +11,7 @@ pub mod lent_memory;
 pub mod loader_pool;
 pub mod memory_plan;
 pub mod prefetch;
+pub mod prefetch_gate;
 pub mod pressure_guard;
 pub mod ram_budget;
 pub mod shard_io;

@@ -11,12 +11,15 @@
 
 use super::expert_reader::{ExpertReader, LoadedExpert};
 use super::loader_pool::{LoadJob, LoaderPool};
+use super::prefetch_gate::{PrefetchGate, RoundOutcome};
 use crate::checkpoint::Checkpoint;
 use crate::stats::Stats;
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// A read guessed for a layer, waiting for that layer to route.
 struct Pending {
@@ -25,10 +28,21 @@ struct Pending {
     rx: Receiver<Result<LoadedExpert>>,
 }
 
-/// The guessed reads of every MoE layer that has not routed yet.
+/// A layer's guess round: what scoring its router ahead took, and the reads it queued.
+#[derive(Default)]
+struct Round {
+    router: Duration,
+    reads: Vec<Pending>,
+}
+
+/// The guessed reads of every MoE layer that has not routed yet, and the gate that decides
+/// which layers guess (`prefetch_gate.rs`).
 #[derive(Default)]
 pub struct Prefetcher {
-    pending: Mutex<HashMap<usize, Vec<Pending>>>,
+    pending: Mutex<HashMap<usize, Round>>,
+    gate: Mutex<PrefetchGate>,
+    /// Guess on every pass, whatever the gate judges (`--prefetch always`).
+    always: AtomicBool,
 }
 
 /// Most experts guessed for one layer: one read per loader thread. The disk idles between
@@ -40,8 +54,37 @@ pub fn guess_limit(top_k: usize, load_threads: usize) -> usize {
 }
 
 impl Prefetcher {
+    /// Guess on every pass (`true`, `--prefetch always`) or where the gate judges it pays.
+    pub fn set_always(&self, always: bool) {
+        self.always.store(always, Ordering::Relaxed);
+    }
+
+    /// Whether guesses are made on every pass ([`Self::set_always`]).
+    pub fn always(&self) -> bool {
+        self.always.load(Ordering::Relaxed)
+    }
+
+    /// Whether `layer` guesses on this pass (the gate's judgement unless [`Self::set_always`];
+    /// counted in `stats`).
+    pub fn should_guess(&self, layer: usize, stats: &mut Stats) -> Result<bool> {
+        let judged = self
+            .gate
+            .lock()
+            .map_err(|_| anyhow!("expert prefetch gate poisoned"))?
+            .should_guess(layer);
+        let guess = judged || self.always.load(Ordering::Relaxed);
+        if guess {
+            stats.prefetch_rounds += 1;
+        } else {
+            stats.prefetch_rounds_skipped += 1;
+        }
+        Ok(guess)
+    }
+
     /// Queues guessed reads of `ids` (experts of `layer` that no cache holds, in canonical
     /// order) behind the running layer's own reads; an expert already guessed is skipped.
+    /// `router` is what scoring the layer's router ahead took, a cost of the round.
+    #[allow(clippy::too_many_arguments)]
     pub fn issue(
         &self,
         pool: &LoaderPool,
@@ -49,13 +92,16 @@ impl Prefetcher {
         reader: &ExpertReader,
         layer: usize,
         ids: &[u32],
+        router: Duration,
         stats: &mut Stats,
     ) -> Result<()> {
         let mut pending = self
             .pending
             .lock()
             .map_err(|_| anyhow!("expert prefetch table poisoned"))?;
-        let list = pending.entry(layer).or_default();
+        let round = pending.entry(layer).or_default();
+        round.router += router;
+        let list = &mut round.reads;
         for &id in ids {
             if list.iter().any(|p| p.id == id) {
                 continue;
@@ -81,35 +127,53 @@ impl Prefetcher {
 
     /// `layer` has routed and must read `misses`: returns the guessed reads among them (in
     /// flight or done; those still queued now lead the loaders' queue), and drops its other
-    /// guesses, counting the bytes of those a loader had already started.
+    /// guesses, counting the bytes of those a loader had already started. The round's
+    /// outcome goes to the gate, its bytes weighed at `disk_rate` (bytes per second).
     pub fn settle(
         &self,
         pool: &LoaderPool,
         layer: usize,
         misses: &[u32],
+        disk_rate: Option<f64>,
         stats: &mut Stats,
     ) -> Result<HashMap<u32, Receiver<Result<LoadedExpert>>>> {
-        let guesses = self
+        let Some(round) = self
             .pending
             .lock()
             .map_err(|_| anyhow!("expert prefetch table poisoned"))?
             .remove(&layer)
-            .unwrap_or_default();
-        if guesses.is_empty() {
+        else {
             return Ok(HashMap::new());
-        }
-        let settled = pool.settle(layer, misses)?;
+        };
+        let settled = if round.reads.is_empty() {
+            Default::default()
+        } else {
+            pool.settle(layer, misses)?
+        };
+        let mut outcome = RoundOutcome {
+            router: round.router,
+            ..RoundOutcome::default()
+        };
         let mut used = HashMap::new();
-        for g in guesses {
+        for g in round.reads {
             if misses.contains(&g.id) {
                 stats.prefetch_hits += 1;
+                // A guess still queued is only moved up: it saved no time.
+                if !settled.promoted.contains(&g.id) {
+                    outcome.useful_bytes += g.bytes;
+                }
                 used.insert(g.id, g.rx);
             } else if settled.dropped.contains(&g.id) {
                 stats.prefetch_unread += 1;
             } else {
                 stats.prefetch_wasted_bytes += g.bytes;
+                outcome.wasted_bytes += g.bytes;
             }
         }
+        self.gate
+            .lock()
+            .map_err(|_| anyhow!("expert prefetch gate poisoned"))?
+            .observe(layer, outcome, disk_rate);
         Ok(used)
     }
 }

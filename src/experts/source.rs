@@ -305,14 +305,36 @@ impl ExpertSource {
             .collect())
     }
 
+    /// Guess the next layer's experts on every pass (`--prefetch always`) instead of where
+    /// the prefetch gate judges it pays (`on`, the default).
+    pub fn set_prefetch_always(&self, always: bool) {
+        self.prefetch.set_always(always);
+    }
+
+    /// Whether guesses are made on every pass ([`Self::set_prefetch_always`]).
+    pub fn prefetch_always(&self) -> bool {
+        self.prefetch.always()
+    }
+
+    /// Whether `layer`'s experts are to be guessed on this pass: never without the pipe (no
+    /// loader reads ahead), else as the prefetch gate judges (`prefetch_gate.rs`).
+    pub fn should_guess(&self, layer: usize, stats: &mut Stats) -> Result<bool> {
+        if self.pool.is_none() {
+            return Ok(false);
+        }
+        self.prefetch.should_guess(layer, stats)
+    }
+
     /// Reads ahead the experts `ids` (canonical order) guessed for `layer`, those no cache
     /// (host or the backend's tier) holds, behind the reads of the layer running now
-    /// (`prefetch.rs`). Without the pipe there is no loader to read ahead: nothing happens.
+    /// (`prefetch.rs`); `router` is what making the guess took. Without the pipe there is
+    /// no loader to read ahead: nothing happens.
     pub fn prefetch(
         &self,
         ck: &Checkpoint,
         layer: usize,
         ids: &[u32],
+        router: std::time::Duration,
         stats: &mut Stats,
     ) -> Result<()> {
         let Some(pool) = &self.pool else {
@@ -320,7 +342,7 @@ impl ExpertSource {
         };
         let uncached = self.held_nowhere(layer, ids)?;
         self.prefetch
-            .issue(pool, ck, &self.reader, layer, &uncached, stats)
+            .issue(pool, ck, &self.reader, layer, &uncached, router, stats)
     }
 
     fn classify(&self, layer: usize, ids: &[u32], resident: &[bool]) -> Result<Vec<Item>> {
@@ -466,7 +488,11 @@ impl ExpertSource {
         let mut next_miss = 0usize;
         // Reads guessed for this layer are already queued or done: they take their miss's
         // place in the order and no place in the window.
-        let mut guessed = self.prefetch.settle(pool, layer, misses, stats)?;
+        let (busy, bytes) = self.meter.totals();
+        let disk_rate = (bytes > 0 && !busy.is_zero()).then(|| bytes as f64 / busy.as_secs_f64());
+        let mut guessed = self
+            .prefetch
+            .settle(pool, layer, misses, disk_rate, stats)?;
         let mut submit_next = |queued: &mut VecDeque<_>| -> Result<()> {
             while let Some(rx) = misses.get(next_miss).and_then(|id| guessed.remove(id)) {
                 queued.push_back(rx);

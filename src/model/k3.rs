@@ -274,6 +274,7 @@ impl<B: Backend> K3Model<B> {
         // The cache policy, pins and routing tap outlive a change of streaming settings.
         next.set_cache_setup(self.experts.cache_setup().clone())?;
         next.set_route_tap(self.experts.route_tap().cloned());
+        next.set_prefetch_always(self.experts.prefetch_always());
         self.experts = next;
         Ok(())
     }

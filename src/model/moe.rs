@@ -209,7 +209,8 @@ impl<B: Backend> Moe<B> {
 
 impl<B: Backend> Moe<B> {
     /// Scores this layer's router on `x` and reads ahead the experts it picks that no cache
-    /// holds: the heaviest first, at most [`guess_limit`] of them.
+    /// holds: the heaviest first, at most [`guess_limit`] of them; nothing on a pass where
+    /// the prefetch gate judges the layer's guesses not to pay.
     fn read_ahead(
         &self,
         b: &B,
@@ -218,13 +219,17 @@ impl<B: Backend> Moe<B> {
         x: &B::Act,
         stats: &mut Stats,
     ) -> Result<()> {
+        if !source.should_guess(self.layer, stats)? {
+            return Ok(());
+        }
         let t = Instant::now();
         let routes = b.router_topk(&b.matmul(&self.gate, x)?, &self.bias, self.router)?;
-        stats.router_wait += t.elapsed();
+        let router = t.elapsed();
+        stats.router_wait += router;
         let limit = guess_limit(self.router.top_k, source.config().load_threads);
         let mut ids = most_chosen(&routes, limit);
         ExpertSource::canonical_order(ck, self.layer, &mut ids)?;
-        source.prefetch(ck, self.layer, &ids, stats)
+        source.prefetch(ck, self.layer, &ids, router, stats)
     }
 }
 

@@ -218,10 +218,12 @@ fn forced_tool_call_is_k3_format_with_valid_arguments() {
         ToolSchema {
             name: "get_weather".into(),
             parameters: weather.clone(),
+            strict: true,
         },
         ToolSchema {
             name: "get_time".into(),
             parameters: time.clone(),
+            strict: false,
         },
     ];
     for (seed, offered) in [(5, tools.clone()), (6, tools[1..].to_vec())] {

@@ -444,23 +444,31 @@ fn tools_and_tool_results_are_accepted_and_anthropic_messages_answer() {
     let s = Server::start(&dir, &[]);
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "Weather in a city", "parameters": {"type": "object",
-        "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+        "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"],
+        "additionalProperties": false}}}]);
     let body = json!({"messages": [
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
             "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
         "tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-        "max_tokens": 4, "temperature": 0});
-    // A forced call is refused until constrained decoding forces it (docs/api.md).
+        "max_tokens": 200, "temperature": 0});
+    // The named function is called, its arguments valid for its schema.
     let (st, v) = post_json(&s.url("/v1/chat/completions"), &body);
-    assert_eq!(
-        (st, &v["error"]["param"]),
-        (400, &json!("tool_choice")),
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{v}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        args["city"]
+            .as_str()
+            .is_some_and(|c| c.chars().count() <= 16),
         "{v}"
     );
     let mut body = body;
     body["tool_choice"] = json!("auto");
+    body["max_tokens"] = json!(4);
     let (st, v) = post_json(&s.url("/v1/chat/completions"), &body);
     assert_eq!(st, 200, "{v}");
     let finish = v["choices"][0]["finish_reason"].as_str().unwrap();

@@ -42,14 +42,14 @@ fn fields_work_or_are_refused_naming_them() {
             json!({"messages": user("x"), "logit_bias": {"1": 3}}),
             "logit_bias",
         ),
-        (json!({"messages": user("x"), "logprobs": true}), "logprobs"),
         (
-            json!({"messages": user("x"), "response_format": {"type": "json_object"}}),
-            "response_format",
+            json!({"messages": user("x"), "logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
         ),
         (
-            json!({"messages": user("x"), "tools": tools, "tool_choice": "required"}),
-            "tool_choice",
+            json!({"messages": user("x"), "response_format": {"type": "json_object"},
+                   "tools": tools, "tool_choice": "required"}),
+            "response_format",
         ),
         (json!({"messages": user("x"), "n": 9}), "n"),
     ] {

@@ -481,43 +481,87 @@ fn n_is_bounded_and_logprobs_and_formats_are_read() {
 }
 
 #[test]
-fn features_not_implemented_are_refused_in_one_place_naming_the_field() {
-    use k3::serve::refused::{self, Api};
-    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
-    for (body, field) in [
-        (json!({"messages": user("x"), "logprobs": true}), "logprobs"),
-        (
-            json!({"messages": user("x"), "response_format": {"type": "json_object"}}),
-            "response_format",
-        ),
-        (
-            json!({"messages": user("x"), "tools": tools, "tool_choice": "required"}),
-            "tool_choice",
-        ),
-        (
-            json!({"messages": user("x"), "tools": tools,
-                   "tool_choice": {"type": "function", "function": {"name": "f"}}}),
-            "tool_choice",
-        ),
-    ] {
-        let e = refused::chat(&req(body.clone()), Api::OpenAi).unwrap_err();
-        assert_eq!(
-            (e.status, e.param.as_deref()),
-            (400, Some(field)),
-            "{body}: {e:?}"
-        );
-    }
-    assert!(refused::chat(
-        &req(json!({"messages": user("x"), "tools": tools})),
-        Api::OpenAi
+fn output_constraints_come_from_response_format_and_forced_tool_choice() {
+    use k3::grammar::{OutputConstraint, ToolSchema};
+    use k3::serve::constrain::{output_constraint, Api};
+    let g_params = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let tools = json!([{"type": "function", "function": {"name": "f"}},
+        {"type": "function", "function": {"name": "g", "strict": true, "parameters": g_params}}]);
+    let of = |body: Value| output_constraint(&req(body), Api::OpenAi);
+    // Nothing constrains a plain request, nor tools the model may leave uncalled.
+    assert!(of(json!({"messages": user("x"), "tools": tools}))
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        of(json!({"messages": user("x"), "response_format": {"type": "json_object"}})).unwrap(),
+        Some((OutputConstraint::JsonObject, "response_format".to_string()))
+    );
+    let schema = json!({"type": "array"});
+    assert_eq!(
+        of(
+            json!({"messages": user("x"), "response_format": {"type": "json_schema",
+            "json_schema": {"name": "n", "schema": schema}}})
+        )
+        .unwrap(),
+        Some((
+            OutputConstraint::JsonSchema {
+                schema,
+                strict: false
+            },
+            "response_format.json_schema.schema".to_string()
+        ))
+    );
+    let f = ToolSchema {
+        name: "f".into(),
+        parameters: json!({"type": "object"}),
+        strict: false,
+    };
+    let g = ToolSchema {
+        name: "g".into(),
+        parameters: g_params,
+        strict: true,
+    };
+    let forced = |tools: Vec<ToolSchema>| {
+        Some((
+            OutputConstraint::ToolCall { tools },
+            "tool_choice".to_string(),
+        ))
+    };
+    assert_eq!(
+        of(json!({"messages": user("x"), "tools": tools, "tool_choice": "required"})).unwrap(),
+        forced(vec![f.clone(), g.clone()])
+    );
+    assert_eq!(
+        of(json!({"messages": user("x"), "tools": tools,
+                  "tool_choice": {"type": "function", "function": {"name": "g"}}}))
+        .unwrap(),
+        forced(vec![g])
+    );
+    let e = of(
+        json!({"messages": user("x"), "tools": tools, "tool_choice": "required",
+                      "response_format": {"type": "json_object"}}),
     )
-    .is_ok());
-    let any = json!({"max_tokens": 5, "messages": user("x"),
-        "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}});
+    .unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("response_format"), "{e:?}");
+    // Anthropic's `any` forces a call too; a schema error names Anthropic's field.
+    let any = json!({"max_tokens": 5, "messages": user("x"), "tool_choice": {"type": "any"},
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}]});
     let r = anthropic::messages_request(any.to_string().as_bytes(), &Limits::default(), &DEFAULTS)
         .unwrap();
-    let e = refused::chat(&r, Api::Anthropic).unwrap_err();
-    assert!(e.message.contains("\"any\""), "{e:?}");
+    assert_eq!(
+        output_constraint(&r, Api::Anthropic).unwrap(),
+        forced(vec![f])
+    );
+    let mut bad = any.clone();
+    bad["tools"][0]["input_schema"] = json!({"type": "string"});
+    let r = anthropic::messages_request(bad.to_string().as_bytes(), &Limits::default(), &DEFAULTS)
+        .unwrap();
+    let e = output_constraint(&r, Api::Anthropic).unwrap_err();
+    assert_eq!(
+        e.param.as_deref(),
+        Some("tools[0].input_schema.type"),
+        "{e:?}"
+    );
 }
 
 #[test]

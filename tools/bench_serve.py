@@ -2,6 +2,7 @@
 """Server overhead of `k3 serve`, measured against `k3 run` on the same model in one run.
 
   python3 tools/bench_serve.py MODEL_DIR [--k3 target/release/k3] [--ngen 64] [--rounds 3] [--no-ttft]
+                               [--no-grammar] [--grammar-only]
                                [--flags "--backend gpu"]   (flags for both run and serve)
 
 1. Decode rate: `k3 run --chat PROMPT --think 0 --ignore-eos --ngen N` (its `[K3] decode`
@@ -15,6 +16,12 @@
    server that holds its prefix (prefix reuse), by one that answered the previous turn
    differently from the history the client resends (the held tokens diverge: a state
    snapshot is restored), and by one whose state was reset first.
+3. Constrained decoding: the same streamed greedy turn on one server, unconstrained
+   (`ignore_eos`) and under `response_format` `json_schema` (one string property whose
+   `minLength` keeps the JSON open for the whole budget), rounds alternating. Reported: the
+   client-side rate of each, the engine's own decode rate of each (its log line), their
+   ratios, and the constraint's compile time (`timings.constraint_compile_s`: the grammar
+   and the first mask) and the trie the server builds once at startup.
 
 Only the standard library is used.
 """
@@ -58,12 +65,15 @@ def post(addr, body, stream):
     return r
 
 
-def stream_turn(addr, messages, ngen):
+def stream_turn(addr, messages, ngen, extra=None, timings=None):
     """Returns (tokens, seconds from the first token's chunk to the end of the stream,
-    seconds to the first token's chunk, cached prompt tokens)."""
+    seconds to the first token's chunk, cached prompt tokens). `extra` adds request fields;
+    `timings`, a dict, receives the answer's `timings`."""
     t0 = time.perf_counter()
-    r = post(addr, {"messages": messages, "max_tokens": ngen, "temperature": 0, "stream": True,
-                    "ignore_eos": True, "stream_options": {"include_usage": True}}, True)
+    body = {"messages": messages, "max_tokens": ngen, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body.update(extra or {})
+    r = post(addr, body, True)
     first = last = None
     usage = None
     while True:
@@ -79,6 +89,8 @@ def stream_turn(addr, messages, ngen):
         msg = json.loads(line[6:])
         if msg.get("usage"):
             usage = msg["usage"]
+        if timings is not None and msg.get("timings"):
+            timings.update(msg["timings"])
         ch = msg.get("choices") or []
         if ch and (ch[0]["delta"].get("content") or ch[0]["delta"].get("reasoning_content")):
             first = first or time.perf_counter()
@@ -115,6 +127,45 @@ def run_rate(k3, model, ngen, extra):
     return float(m.group(2))
 
 
+def engine_rates(log):
+    """The engine's own decode rate of each request in a server log, in order."""
+    return [int(g) / float(d) if float(d) > 0 else 0.0
+            for g, d in re.findall(r"generated (\d+) \|.*\| decode ([\d.]+)s", log)]
+
+
+def grammar_cost(a):
+    """Streamed greedy turns with and without a JSON-schema constraint, alternating."""
+    schema = {"type": "object", "properties": {"story": {"type": "string", "minLength": 8 * a.ngen}},
+              "required": ["story"], "additionalProperties": False}
+    fmt = {"response_format": {"type": "json_schema",
+                               "json_schema": {"name": "story", "schema": schema, "strict": True}}}
+    msgs = [{"role": "user", "content": PROMPT}]
+    server, addr = start_server(a.k3, a.model, a.extra)
+    free, constrained, compile_s = [], [], []
+    try:
+        stream_turn(addr, msgs, 4)  # warm-up
+        for _ in range(a.rounds):
+            tokens, secs, _, _ = stream_turn(addr, msgs, a.ngen)
+            free.append((tokens - 1) / secs if secs > 0 else 0.0)
+            t = {}
+            tokens, secs, _, _ = stream_turn(addr, msgs, a.ngen, fmt, t)
+            constrained.append((tokens - 1) / secs if secs > 0 else 0.0)
+            compile_s.append(t.get("constraint_compile_s", float("nan")))
+    finally:
+        server.terminate()
+        log = server.stderr.read()
+        server.wait()
+    rates = engine_rates(log)[1:]  # the warm-up first
+    e_free, e_con = max(rates[0::2], default=0.0), max(rates[1::2], default=0.0)
+    trie = re.search(r"output constraints: a trie of (\d+) tokens in ([\d.]+) ms", log)
+    print(f"grammar: streamed unconstrained {max(free):.2f} tok/s | json_schema {max(constrained):.2f}"
+          f" tok/s | ratio {max(constrained) / max(free):.3f} | the engine's own decode"
+          f" {e_free:.2f} / {e_con:.2f} tok/s, ratio {e_con / e_free if e_free else 0:.3f}"
+          f" (best of {a.rounds}, {a.ngen} tokens)")
+    print(f"grammar: compile (grammar + first mask) median {sorted(compile_s)[len(compile_s) // 2] * 1e3:.2f} ms"
+          + (f" | trie of {trie.group(1)} tokens built once at startup in {trie.group(2)} ms" if trie else ""))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -122,9 +173,13 @@ def main():
     ap.add_argument("--ngen", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--flags", default="", help="model/backend flags for both commands")
-    ap.add_argument("--no-ttft", action="store_true", help="measure the decode rate only")
+    ap.add_argument("--no-ttft", action="store_true", help="skip the resent-conversation TTFT")
+    ap.add_argument("--no-grammar", action="store_true", help="skip the constrained-decoding cost")
+    ap.add_argument("--grammar-only", action="store_true", help="measure the constrained cost only")
     a = ap.parse_args()
     a.extra = a.flags.split()
+    if a.grammar_only:
+        return grammar_cost(a)
 
     msgs = [{"role": "user", "content": PROMPT}]
     serve_best = run_best = engine_best = 0.0
@@ -152,6 +207,8 @@ def main():
           f" | ratio {serve_best / run_best:.3f} (best of {a.rounds}, {a.ngen} tokens)"
           f" | HTTP threads {http_us:.0f} us CPU per streamed token"
           f" | the engine's own decode {engine_best:.2f} tok/s")
+    if not a.no_grammar:
+        grammar_cost(a)
     if a.no_ttft:
         return
     server, addr = start_server(a.k3, a.model, a.extra)

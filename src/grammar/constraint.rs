@@ -51,7 +51,24 @@ pub struct TokenConstraint {
     mask: Option<SimpleVob>,
 }
 
+impl Clone for TokenConstraint {
+    /// An independent copy (its own parser state and lexer caches), so each of a request's
+    /// choices advances its own constraint.
+    fn clone(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+            mask: self.mask.clone(),
+        }
+    }
+}
+
 impl TokenConstraint {
+    /// Computes the mask of the current step now, so the first pick does not pay for it
+    /// (a server does this where the request is read, off the engine's thread).
+    pub fn prepare(&mut self) -> Result<()> {
+        self.current_mask().map(|_| ())
+    }
+
     /// Sets every logit the grammar does not allow now to -inf (ids past the tokenizer's
     /// vocabulary included). Once the grammar is complete only end-of-sequence ids remain.
     pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<()> {

@@ -35,6 +35,9 @@ pub struct ToolSchema {
     pub name: String,
     /// The JSON schema of its arguments (an object schema; `{}` accepts any object).
     pub parameters: Value,
+    /// Refuse keywords llguidance cannot enforce instead of ignoring them (OpenAI's
+    /// `function.strict`).
+    pub strict: bool,
 }
 
 /// Where the constrained text sits in what the model generates.
@@ -74,7 +77,7 @@ pub fn reply_lark(c: &OutputConstraint, frame: ReplyFrame) -> Result<String> {
             }
             let mut calls = Vec::new();
             for (i, t) in tools.iter().enumerate() {
-                rules.push(json_rule(&format!("args_{i}"), &t.parameters, true)?);
+                rules.push(json_rule(&format!("args_{i}"), &t.parameters, t.strict)?);
                 let open = format!("call tool=\"{}\" index=\"1\"", attr_escape(&t.name));
                 rules.push(format!(
                     "call_{i}: <|open|> {} <|sep|> <|open|> {} <|sep|> args_{i} <|close|> \"json\" <|sep|> <|close|> \"call\" <|sep|>",
@@ -198,6 +201,7 @@ mod tests {
             tools: vec![ToolSchema {
                 name: "f".into(),
                 parameters: json!({}),
+                strict: true,
             }],
         };
         let e = reply_lark(&t, ReplyFrame::Bare).unwrap_err().to_string();

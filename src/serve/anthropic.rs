@@ -433,6 +433,8 @@ impl StreamEvents {
     pub fn frame(&mut self, ev: Event) -> (Vec<SseFrame>, bool) {
         let mut out = Vec::new();
         match ev {
+            // A piece with only log-probabilities: Anthropic reports none.
+            Event::Delta(Delta { text, .. }) if text.is_empty() => (out, false),
             Event::Delta(Delta { field, text, .. }) => {
                 if self.open != Some(field) {
                     self.close(&mut out);

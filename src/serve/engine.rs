@@ -5,6 +5,7 @@
 //! answers that job with an error and leaves the engine serving.
 
 use super::live::LiveFigures;
+use super::logprobs::{LogprobEntry, LogprobWriter};
 use super::metrics::{GenerationSample, Metrics};
 use super::reply::{parse_reply, pieces_from_ids, ToolCallOut};
 use super::request::GenParams;
@@ -16,8 +17,10 @@ use crate::session::{
     DecodeOptions, Finish, Flow, Generation, Session, SnapshotLimits, TokenEvent,
 };
 use crate::stats::Stats;
+use crate::token_picker::TokenPicker;
 use crate::tokenizer::{Channel, ChatEvent, ChatSplitter, StreamDecoder, Tokenizer};
 use anyhow::Result;
+use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -104,6 +107,8 @@ pub struct ChoiceOut {
     pub stop_string: Option<String>,
     /// Tokens it generated.
     pub completion_tokens: usize,
+    /// Every generated token's log-probability, when the request asked for them.
+    pub logprobs: Option<Vec<LogprobEntry>>,
 }
 
 /// How a job ended.
@@ -130,6 +135,8 @@ pub struct Outcome {
     pub cancelled: bool,
     /// The seed of the first choice's sampler (choice `i` uses `seed + i`).
     pub seed: u64,
+    /// Seconds compiling the output constraint took, when the request had one.
+    pub constraint_compile_secs: Option<f64>,
 }
 
 impl Outcome {
@@ -146,8 +153,10 @@ pub struct Delta {
     pub choice: usize,
     /// Reasoning or content.
     pub field: Field,
-    /// The text.
+    /// The text (empty when the piece only carries log-probabilities).
     pub text: String,
+    /// The log-probabilities of the tokens generated since the previous piece.
+    pub logprobs: Vec<LogprobEntry>,
 }
 
 /// What the engine sends a handler.
@@ -288,6 +297,8 @@ struct Streamer<'a> {
     stops: StopStrings,
     reasoning: String,
     content: String,
+    /// Log-probabilities not yet sent: they go with the next piece of text.
+    pending: Vec<LogprobEntry>,
 }
 
 impl Streamer<'_> {
@@ -316,11 +327,31 @@ impl Streamer<'_> {
             choice: self.choice,
             field,
             text,
+            logprobs: std::mem::take(&mut self.pending),
         };
+        self.deliver(delta);
+    }
+
+    fn deliver(&mut self, delta: Delta) {
         if self.events.send(Event::Delta(delta)).is_err() {
             // The handler is gone: the client disconnected.
             self.cancel.store(true, Ordering::SeqCst);
         }
+    }
+
+    /// Sends the log-probabilities of tokens that showed no text (structure, a held-back
+    /// stop string, end of sequence) in a piece of their own.
+    fn flush_logprobs(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let delta = Delta {
+            choice: self.choice,
+            field: Field::Content,
+            text: String::new(),
+            logprobs: std::mem::take(&mut self.pending),
+        };
+        self.deliver(delta);
     }
 
     /// Closes an inline think section left open at the end.
@@ -380,6 +411,7 @@ fn run_job<B: Backend>(
         stats: Stats::default(),
         cancelled: false,
         seed: job.params.sampling.seed,
+        constraint_compile_secs: job.params.constraint.as_ref().map(|c| c.compile_secs),
     };
     let mut ttft = None;
     for choice in 0..n {
@@ -417,7 +449,14 @@ fn run_choice<B: Backend>(
     let p = &job.params;
     let mut sampling = p.sampling;
     sampling.seed = sampling.seed.wrapping_add(choice as u64);
-    let mut sampler = Sampler::new(sampling)?;
+    let constraint = p.constraint.as_ref().map(|c| c.constraint.clone());
+    let picker = RefCell::new(TokenPicker::new(
+        Sampler::new(sampling)?,
+        constraint,
+        p.logprobs,
+    ));
+    let mut writer = LogprobWriter::new(tok);
+    let mut all_logprobs = p.logprobs.map(|_| Vec::new());
     let mut stop_ids = eos.to_vec();
     let mut output = match job.kind {
         JobKind::Chat { thinking, .. } => {
@@ -443,13 +482,14 @@ fn run_choice<B: Backend>(
         stops: StopStrings::new(&p.stop),
         reasoning: String::new(),
         content: String::new(),
+        pending: Vec::new(),
     };
     let (presence, frequency) = (p.presence_penalty, p.frequency_penalty);
     let prompt_len = job.ids.len();
     let mut scratch = Vec::new();
     let mut pick = |logits: &[f32], history: &[u32]| {
         if presence == 0.0 && frequency == 0.0 {
-            return sampler.sample(logits, history);
+            return picker.borrow_mut().pick(logits, history);
         }
         scratch.clear();
         scratch.extend_from_slice(logits);
@@ -462,7 +502,7 @@ fn run_choice<B: Backend>(
                 *l -= presence + frequency * n;
             }
         }
-        sampler.sample(&scratch, history)
+        picker.borrow_mut().pick(&scratch, history)
     };
     let opts = DecodeOptions {
         max_tokens: p.max_tokens,
@@ -471,7 +511,18 @@ fn run_choice<B: Backend>(
         ..DecodeOptions::default()
     };
     let g = session.generate(&job.ids, &opts, &mut pick, &mut |ev| {
+        let mut pk = picker.borrow_mut();
+        if let Some(e) = pk.take_error() {
+            return Err(e);
+        }
         on_token(ev);
+        if let Some(lp) = pk.take_logprobs() {
+            let entry = writer.entry(&lp);
+            if let Some(all) = all_logprobs.as_mut() {
+                all.push(entry.clone());
+            }
+            st.pending.push(entry);
+        }
         match &mut output {
             Output::Chat(s) => {
                 let evs = s.push(ev.id)?;
@@ -482,7 +533,9 @@ fn run_choice<B: Backend>(
                 st.text(Channel::Response, &text);
             }
         }
-        Ok(if st.stops.hit() {
+        // A finished constraint allows only end-of-sequence ids, which `ignore_eos` would
+        // otherwise repeat to the budget's end.
+        Ok(if st.stops.hit() || pk.constraint_finished() {
             Flow::Stop
         } else {
             Flow::Continue
@@ -514,6 +567,7 @@ fn run_choice<B: Backend>(
         st.send(Field::Content, reply.unparsed_tools);
     }
     st.end_think();
+    st.flush_logprobs();
     let finish = if !tool_calls.is_empty() {
         FinishReason::ToolCalls
     } else if g.finish == Finish::Length && !st.stops.hit() {
@@ -528,6 +582,7 @@ fn run_choice<B: Backend>(
         finish,
         stop_string: st.stops.matched().map(str::to_string),
         completion_tokens: g.tokens.len(),
+        logprobs: all_logprobs,
     };
     Ok((c, g))
 }

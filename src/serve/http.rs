@@ -3,12 +3,13 @@
 
 use super::anthropic;
 use super::api_error::ApiError;
+use super::constrain::{self, Api};
 use super::engine::{Delta, EngineShared, Event, Field, Job, JobKind, Outcome};
 use super::openai;
 use super::prompt::render_request;
-use super::refused::{self, Api};
-use super::request::{chat_request, completion_request, Defaults, GenParams, Limits};
+use super::request::{chat_request, completion_request, ChatRequest, Defaults, GenParams, Limits};
 use super::sse::{event_stream, SseFrame};
+use crate::grammar::GrammarCompiler;
 use crate::tokenizer::Tokenizer;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -56,6 +57,8 @@ pub struct App {
     pub reasoning_format: ReasoningFormat,
     /// The running prefill's progress, for `/health`.
     pub prefill: Arc<crate::model::prefill_progress::PrefillProgress>,
+    /// Compiles output constraints (None when the model names no end-of-sequence id).
+    pub grammar: Option<Arc<GrammarCompiler>>,
 }
 
 /// Where a chat answer's think text goes (`--reasoning-format`).
@@ -367,6 +370,25 @@ impl App {
     }
 }
 
+impl App {
+    /// Compiles a chat request's output constraint for a prompt of `prompt_len` tokens, on
+    /// this worker thread (the runtime moves its other tasks away meanwhile).
+    fn constrain(
+        &self,
+        req: &ChatRequest,
+        api: Api,
+        prompt_len: usize,
+    ) -> Result<Option<constrain::RequestConstraint>, ApiError> {
+        let budget = req
+            .params
+            .max_tokens
+            .min(self.context.saturating_sub(prompt_len));
+        tokio::task::block_in_place(|| {
+            constrain::compile(self.grammar.as_deref(), req, api, budget)
+        })
+    }
+}
+
 /// Waits for a job's end; text deltas are already in the outcome.
 pub async fn wait_outcome(rx: &mut UnboundedReceiver<Event>) -> Result<Box<Outcome>, ApiError> {
     while let Some(ev) = rx.recv().await {
@@ -398,13 +420,10 @@ fn with_seed(mut r: Response, seed: u64) -> Response {
 async fn chat(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
     let app = &app;
     let bytes = app.body(body).await?;
-    let req = chat_request(&bytes, &app.limits, &app.defaults)?;
-    refused::chat(&req, Api::OpenAi)?;
+    let mut req = chat_request(&bytes, &app.limits, &app.defaults)?;
     app.check_model(&req.params)?;
-    let ids = app
-        .tok
-        .encode_prompt(&render_request(&req)?)
-        .map_err(|e| ApiError::status(400, format!("encoding the prompt: {e:#}")))?;
+    let ids = chat_ids(app, &req)?;
+    req.params.constraint = app.constrain(&req, Api::OpenAi, ids.len())?;
     let (stream, include_usage) = (req.params.stream, req.params.include_usage);
     let (seed, n) = (req.params.sampling.seed, req.params.n);
     let kind = JobKind::Chat {
@@ -427,14 +446,9 @@ async fn chat(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiEr
         })
         .collect();
     let frame = move |ev: Event| match ev {
-        Event::Delta(Delta {
-            choice,
-            field,
-            text,
-        }) => (
+        Event::Delta(d) => (
             vec![SseFrame::from(
-                openai::chat_chunk(&id, &model, choice, openai::text_delta(field, &text), None)
-                    .to_string(),
+                openai::chat_delta_chunk(&id, &model, &d).to_string(),
             )],
             false,
         ),
@@ -464,7 +478,6 @@ async fn completions(State(app): State<Arc<App>>, body: Body) -> Result<Response
     let app = &app;
     let bytes = app.body(body).await?;
     let req = completion_request(&bytes, &app.limits, &app.defaults)?;
-    refused::completion(&req)?;
     app.check_model(&req.params)?;
     let ids = app
         .tok
@@ -480,13 +493,14 @@ async fn completions(State(app): State<Arc<App>>, body: Body) -> Result<Response
         return Ok(with_seed(r, seed));
     }
     let frame = move |ev: Event| match ev {
-        Event::Delta(Delta {
-            choice,
-            field: Field::Content,
-            text,
-        }) => (
+        Event::Delta(
+            d @ Delta {
+                field: Field::Content,
+                ..
+            },
+        ) => (
             vec![SseFrame::from(
-                openai::completion_chunk(&id, &model, choice, &text, None).to_string(),
+                openai::completion_delta_chunk(&id, &model, &d).to_string(),
             )],
             false,
         ),
@@ -531,7 +545,7 @@ async fn messages(State(app): State<Arc<App>>, body: Body) -> Response {
 }
 
 /// A chat request's prompt ids.
-fn chat_ids(app: &App, req: &super::request::ChatRequest) -> Result<Vec<u32>, ApiError> {
+fn chat_ids(app: &App, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
     app.tok
         .encode_prompt(&render_request(req)?)
         .map_err(|e| ApiError::status(400, format!("encoding the prompt: {e:#}")))
@@ -539,10 +553,10 @@ fn chat_ids(app: &App, req: &super::request::ChatRequest) -> Result<Vec<u32>, Ap
 
 async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError> {
     let bytes = app.body(body).await?;
-    let req = anthropic::messages_request(&bytes, &app.limits, &app.defaults)?;
-    refused::chat(&req, Api::Anthropic)?;
+    let mut req = anthropic::messages_request(&bytes, &app.limits, &app.defaults)?;
     app.check_model(&req.params)?;
     let ids = chat_ids(app, &req)?;
+    req.params.constraint = app.constrain(&req, Api::Anthropic, ids.len())?;
     let input_tokens = ids.len();
     let (stream, seed) = (req.params.stream, req.params.sampling.seed);
     let kind = JobKind::Chat {

@@ -7,20 +7,22 @@ pub mod anthropic;
 pub mod api_error;
 pub mod body_json;
 pub mod connections;
+pub mod constrain;
 pub mod engine;
 pub mod histogram;
 pub mod http;
 pub mod live;
+pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod prompt;
-pub mod refused;
 pub mod reply;
 pub mod request;
 pub mod sse;
 pub mod stop_strings;
 
 use crate::backend::Backend;
+use crate::grammar::GrammarCompiler;
 use crate::model::K3Model;
 use crate::session::SnapshotLimits;
 use crate::tokenizer::Tokenizer;
@@ -90,6 +92,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
             addr.ip()
         );
     }
+    let grammar = grammar_compiler(&tok, &model.ckpt.config.eos_token_ids);
     let tok = Arc::new(tok);
     let shared = Arc::new(EngineShared::default());
     let (jobs_tx, jobs_rx) = mpsc::sync_channel(opts.queue.max(1));
@@ -108,6 +111,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         next_id: AtomicU64::new(1),
         reasoning_format: opts.reasoning_format,
         prefill: model.progress().clone(),
+        grammar,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(opts.http_threads.max(1))
@@ -153,6 +157,27 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
     http?;
     eprintln!("[K3] serve: stopped");
     Ok(())
+}
+
+/// The compiler of output constraints over `tok`'s vocabulary, built once at startup; a
+/// model whose config names no usable end-of-sequence id serves without one (constrained
+/// requests are then refused, naming why).
+fn grammar_compiler(tok: &Tokenizer, eos: &[u32]) -> Option<Arc<GrammarCompiler>> {
+    let t0 = std::time::Instant::now();
+    match GrammarCompiler::new(tok, eos) {
+        Ok(g) => {
+            eprintln!(
+                "[K3] serve: output constraints: a trie of {} tokens in {:.0} ms",
+                tok.vocab_size(),
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+            Some(Arc::new(g))
+        }
+        Err(e) => {
+            eprintln!("[K3] serve: WARNING: no constrained output (response_format, forced tool_choice): {e:#}");
+            None
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM, after cancelling the running generation and marking

@@ -1,7 +1,8 @@
 //! OpenAI response bodies: chat completions, their streamed chunks, text completions,
 //! the model list and usage.
 
-use super::engine::{ChoiceOut, Field, Outcome};
+use super::engine::{ChoiceOut, Delta, Field, Outcome};
+use super::logprobs::{chat_json, completion_json};
 use super::reply::ToolCallOut;
 use serde_json::{json, Value};
 
@@ -29,14 +30,18 @@ pub fn timings(o: &Outcome) -> Value {
     } else {
         0.0
     };
-    json!({
+    let mut t = json!({
         "ttft_s": o.ttft_secs,
         "prefill_s": o.prefill_secs,
         "decode_s": o.decode_secs,
         "decode_tokens_per_s": decode_tps,
         "expert_hit_percent": o.stats.hit_percent(),
         "gb_streamed": o.stats.bytes_streamed as f64 / 1e9,
-    })
+    });
+    if let Some(s) = o.constraint_compile_secs {
+        t["constraint_compile_s"] = json!(s);
+    }
+    t
 }
 
 fn tool_calls_json(calls: &[ToolCallOut], id: &str, with_index: bool) -> Value {
@@ -86,7 +91,8 @@ pub fn chat_completion(id: &str, model: &str, o: &Outcome) -> Value {
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            json!({"index": i, "message": chat_message(id, c, i), "logprobs": null,
+            json!({"index": i, "message": chat_message(id, c, i),
+                   "logprobs": c.logprobs.as_deref().map(chat_json),
                    "finish_reason": c.finish.as_str()})
         })
         .collect();
@@ -133,6 +139,30 @@ pub fn text_delta(field: Field, text: &str) -> Value {
     }
 }
 
+/// The chunk of a streamed piece: its text, and the log-probabilities of the tokens since
+/// the previous chunk when the request asked for them (a piece may carry only those).
+pub fn chat_delta_chunk(id: &str, model: &str, d: &Delta) -> Value {
+    let delta = if d.text.is_empty() {
+        json!({})
+    } else {
+        text_delta(d.field, &d.text)
+    };
+    let mut c = chat_chunk(id, model, d.choice, delta, None);
+    if !d.logprobs.is_empty() {
+        c["choices"][0]["logprobs"] = chat_json(&d.logprobs);
+    }
+    c
+}
+
+/// The `text_completion` chunk of a streamed piece, with its tokens' log-probabilities.
+pub fn completion_delta_chunk(id: &str, model: &str, d: &Delta) -> Value {
+    let mut c = completion_chunk(id, model, d.choice, &d.text, None);
+    if !d.logprobs.is_empty() {
+        c["choices"][0]["logprobs"] = completion_json(&d.logprobs);
+    }
+    c
+}
+
 /// The chunks that end a streamed chat answer: per choice its tool calls (if any) and
 /// finish reason, then the usage chunk when asked for.
 pub fn chat_final_chunks(id: &str, model: &str, o: &Outcome, include_usage: bool) -> Vec<Value> {
@@ -175,7 +205,9 @@ pub fn completion(id: &str, model: &str, o: &Outcome) -> Value {
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            json!({"index": i, "text": c.content, "logprobs": null, "finish_reason": c.finish.as_str()})
+            json!({"index": i, "text": c.content,
+                   "logprobs": c.logprobs.as_deref().map(completion_json),
+                   "finish_reason": c.finish.as_str()})
         })
         .collect();
     json!({

@@ -2,11 +2,11 @@
 //! both carrying [`GenParams`] — and the OpenAI bodies (`/v1/chat/completions`,
 //! `/v1/completions`) read into typed structs that become it. Anthropic's body converges
 //! onto the same [`ChatRequest`] (`anthropic.rs`). Every error names the field at fault;
-//! a field the server does not know is a 400 naming it ([`super::body_json`]), and fields
-//! it reads but does not implement are refused in one place ([`super::refused`]).
+//! a field the server does not know is a 400 naming it ([`super::body_json`]).
 
 use super::api_error::ApiError;
 use super::body_json::{from_value, parse_body, refuse_unknown, Unknown};
+use super::constrain::RequestConstraint;
 use crate::sampling::SamplerConfig;
 use crate::tokenizer::ThinkingEffort;
 use serde::Deserialize;
@@ -158,6 +158,9 @@ pub struct GenParams {
     /// Token log-probabilities: `Some(k)` reports the chosen token's and `k` alternatives
     /// (chat `logprobs` + `top_logprobs`, completions `logprobs`).
     pub logprobs: Option<usize>,
+    /// The compiled output constraint (`response_format`, a forced `tool_choice`), set
+    /// once the prompt is known ([`super::constrain::compile`]).
+    pub constraint: Option<RequestConstraint>,
 }
 
 /// A checked chat request (`/v1/chat/completions` or `/v1/messages`).
@@ -339,6 +342,7 @@ impl SamplingFields {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             n,
             logprobs: None,
+            constraint: None,
         })
     }
 }

@@ -1,0 +1,207 @@
+//! A chat request's output constraint: `response_format` (`json_object`, `json_schema`) or a
+//! forced tool call (OpenAI `tool_choice` `"required"` or a named function, Anthropic
+//! `any` or `tool`) as a grammar over the K3 vocabulary ([`crate::grammar`]). It is compiled
+//! where the request is read, so a schema llguidance cannot compile is a 400 naming its
+//! field and the compile time stays off the engine's thread.
+
+use super::api_error::ApiError;
+use super::request::{tool_name, ChatRequest, ResponseFormat, ToolChoice};
+use crate::grammar::{GrammarCompiler, OutputConstraint, ReplyFrame, TokenConstraint, ToolSchema};
+use serde_json::{json, Value};
+use std::time::Instant;
+
+/// Which API a request came through, so an error names the field as its client wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/chat/completions`
+    OpenAi,
+    /// `/v1/messages`
+    Anthropic,
+}
+
+/// A compiled constraint a job carries; each choice samples under its own copy.
+#[derive(Clone)]
+pub struct RequestConstraint {
+    /// The grammar state at the reply's start, the first step's mask computed.
+    pub constraint: TokenConstraint,
+    /// Seconds the compile took (the grammar and the first step's mask).
+    pub compile_secs: f64,
+}
+
+impl std::fmt::Debug for RequestConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestConstraint")
+            .field("compile_secs", &self.compile_secs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The field a tool's argument schema is in.
+fn schema_field(api: Api, i: usize) -> String {
+    match api {
+        Api::OpenAi => format!("tools[{i}].function.parameters"),
+        Api::Anthropic => format!("tools[{i}].input_schema"),
+    }
+}
+
+/// A declared tool as a forced call may use it: its argument schema an object schema
+/// (`{"type": "object"}` when the declaration has none or leaves the type out).
+fn tool_schema(tool: &Value, i: usize, api: Api) -> Result<ToolSchema, ApiError> {
+    let name = tool_name(tool).unwrap_or_default().to_string();
+    let func = tool.get("function");
+    let mut parameters = func
+        .and_then(|f| f.get("parameters"))
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    match &mut parameters {
+        Value::Object(o) => match o.get("type") {
+            None => {
+                o.insert("type".into(), json!("object"));
+            }
+            Some(Value::String(t)) if t == "object" => {}
+            Some(t) => {
+                return Err(ApiError::field(
+                    &format!("{}.type", schema_field(api, i)),
+                    format!("is {t}; a tool's arguments are an object (\"object\")"),
+                ))
+            }
+        },
+        Value::Bool(true) => parameters = json!({"type": "object"}),
+        _ => {
+            return Err(ApiError::field(
+                &schema_field(api, i),
+                "must be a JSON schema object",
+            ))
+        }
+    }
+    let strict = func
+        .and_then(|f| f.get("strict"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Ok(ToolSchema {
+        name,
+        parameters,
+        strict,
+    })
+}
+
+/// What `req`'s reply must be, if anything constrains it, and the field that asks for it.
+pub fn output_constraint(
+    req: &ChatRequest,
+    api: Api,
+) -> Result<Option<(OutputConstraint, String)>, ApiError> {
+    let forced: Option<Vec<usize>> = match &req.tool_choice {
+        ToolChoice::Auto | ToolChoice::None => None,
+        ToolChoice::Required => Some((0..req.tools.len()).collect()),
+        ToolChoice::Function(name) => Some(
+            (0..req.tools.len())
+                .filter(|&i| tool_name(&req.tools[i]) == Some(name.as_str()))
+                .take(1)
+                .collect(),
+        ),
+    };
+    let format = match &req.response_format {
+        ResponseFormat::Text => None,
+        ResponseFormat::JsonObject => {
+            Some((OutputConstraint::JsonObject, "response_format".to_string()))
+        }
+        ResponseFormat::JsonSchema { schema, strict, .. } => Some((
+            OutputConstraint::JsonSchema {
+                schema: schema.clone(),
+                strict: *strict,
+            },
+            "response_format.json_schema.schema".to_string(),
+        )),
+    };
+    match (forced, format) {
+        (Some(_), Some(_)) => Err(ApiError::field(
+            "response_format",
+            "cannot be combined with a forced tool_choice: the reply is either the tool call or the JSON",
+        )),
+        (None, f) => Ok(f),
+        (Some(ids), None) => {
+            if ids.is_empty() {
+                return Err(ApiError::field(
+                    "tool_choice",
+                    "names no declared tool",
+                ));
+            }
+            let tools = ids
+                .iter()
+                .map(|&i| tool_schema(&req.tools[i], i, api))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Some((
+                OutputConstraint::ToolCall { tools },
+                "tool_choice".to_string(),
+            )))
+        }
+    }
+}
+
+/// Compiles `req`'s output constraint (None when nothing constrains it). `max_tokens` is
+/// the reply's budget; with thinking on, the think channel may take half of it before it
+/// must close. Blocks for the compile: call it where blocking is allowed.
+pub fn compile(
+    compiler: Option<&GrammarCompiler>,
+    req: &ChatRequest,
+    api: Api,
+    max_tokens: usize,
+) -> Result<Option<RequestConstraint>, ApiError> {
+    let Some((c, field)) = output_constraint(req, api)? else {
+        return Ok(None);
+    };
+    let Some(compiler) = compiler else {
+        return Err(ApiError::field(
+            &field,
+            "constrained output needs the model's end-of-sequence id, which its config.json does not name (eos_token_id)",
+        ));
+    };
+    let frame = ReplyFrame::Chat {
+        thinking: req.thinking,
+        think_tokens: max_tokens / 2,
+    };
+    let t0 = Instant::now();
+    let built = compiler
+        .constrain(&c, frame)
+        .and_then(|mut k| k.prepare().map(|()| k));
+    match built {
+        Ok(constraint) => Ok(Some(RequestConstraint {
+            constraint,
+            compile_secs: t0.elapsed().as_secs_f64(),
+        })),
+        Err(e) => Err(ApiError::field(
+            &culprit(compiler, &c, frame, &field, req, api),
+            format!("{e:#}"),
+        )),
+    }
+}
+
+/// The field at fault when a constraint does not compile: for a forced call, the first
+/// offered tool whose schema does not compile alone.
+fn culprit(
+    compiler: &GrammarCompiler,
+    c: &OutputConstraint,
+    frame: ReplyFrame,
+    field: &str,
+    req: &ChatRequest,
+    api: Api,
+) -> String {
+    let OutputConstraint::ToolCall { tools } = c else {
+        return field.to_string();
+    };
+    for t in tools {
+        let alone = OutputConstraint::ToolCall {
+            tools: vec![t.clone()],
+        };
+        if compiler.constrain(&alone, frame).is_err() {
+            if let Some(i) = req
+                .tools
+                .iter()
+                .position(|d| tool_name(d) == Some(t.name.as_str()))
+            {
+                return schema_field(api, i);
+            }
+        }
+    }
+    field.to_string()
+}

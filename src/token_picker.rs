@@ -13,6 +13,8 @@ pub struct TokenPicker {
     constraint: Option<TokenConstraint>,
     /// `Some(n)`: record each step's log-probabilities with the `n` best alternatives.
     top_logprobs: Option<usize>,
+    /// Tokens the reply may still take, when bounded: the constraint closes in time.
+    remaining: Option<usize>,
     scratch: Vec<f32>,
     last: Option<TokenLogprobs>,
     error: Option<Error>,
@@ -30,10 +32,18 @@ impl TokenPicker {
             sampler,
             constraint,
             top_logprobs,
+            remaining: None,
             scratch: Vec::new(),
             last: None,
             error: None,
         }
+    }
+
+    /// Bounds the reply to `max_tokens` picks, so a constraint closes its structure before
+    /// they run out (when the grammar leaves a way to).
+    pub fn with_budget(mut self, max_tokens: usize) -> Self {
+        self.remaining = Some(max_tokens);
+        self
     }
 
     /// The next id. A constraint that fails (a grammar that allows nothing, a token it
@@ -54,7 +64,7 @@ impl TokenPicker {
             Some(c) => {
                 self.scratch.clear();
                 self.scratch.extend_from_slice(logits);
-                c.mask_logits(&mut self.scratch)?;
+                c.mask_logits(&mut self.scratch, self.remaining)?;
                 &self.scratch[..]
             }
             None => logits,
@@ -67,6 +77,9 @@ impl TokenPicker {
             }
             None => self.sampler.sample(logits, history),
         };
+        if let Some(r) = self.remaining.as_mut() {
+            *r = r.saturating_sub(1);
+        }
         if let Some(c) = self.constraint.as_mut() {
             c.commit(id)?;
         }

@@ -41,11 +41,9 @@ fn constrained(
     });
     let mut stop = eos.clone();
     stop.extend(tok.special_id("<|end_of_msg|>"));
-    let picker = RefCell::new(TokenPicker::new(
-        Sampler::new(cfg).unwrap(),
-        constraint,
-        top_logprobs,
-    ));
+    let picker = RefCell::new(
+        TokenPicker::new(Sampler::new(cfg).unwrap(), constraint, top_logprobs).with_budget(ngen),
+    );
     let logprobs = RefCell::new(Vec::new());
     let opts = GenerateOptions {
         ngen,

@@ -223,9 +223,8 @@ fn response_format_json_parses_and_validates_streamed_or_not() {
     let text = v["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(serde_json::from_str::<Value>(text).is_err(), "{text}");
 
-    // Free-form JSON may run past any budget (keys and strings are unbounded); these seeds
-    // close theirs within it.
-    for seed in [4, 9] {
+    // Free-form JSON (keys and strings unbounded) closes before the budget ends.
+    for seed in [1, 2, 5] {
         let body = json!({"messages": user("A cat as JSON"), "max_tokens": 400,
             "temperature": 0.8, "seed": seed, "response_format": {"type": "json_object"}});
         let (st, v) = post_json(&chat, &body);
@@ -235,6 +234,10 @@ fn response_format_json_parses_and_validates_streamed_or_not() {
         let text = c["message"]["content"].as_str().unwrap();
         let parsed: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
         assert!(parsed.is_object(), "{parsed}");
+        assert!(
+            v["usage"]["completion_tokens"].as_u64().unwrap() <= 400,
+            "{v}"
+        );
         assert!(
             v["timings"]["constraint_compile_s"].as_f64().unwrap() > 0.0,
             "{v}"
@@ -272,7 +275,7 @@ fn response_format_json_parses_and_validates_streamed_or_not() {
     let mut thinking = body.clone();
     thinking["n"] = json!(1);
     thinking["reasoning_effort"] = json!("high");
-    thinking["max_tokens"] = json!(240);
+    thinking["max_tokens"] = json!(120);
     thinking["response_format"]["json_schema"]["strict"] = json!(false);
     let (st, v) = post_json(&chat, &thinking);
     assert_eq!(st, 200, "{v}");
@@ -285,8 +288,19 @@ fn response_format_json_parses_and_validates_streamed_or_not() {
     let parsed: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
     assert_valid(&schema, &parsed);
 
-    // Out of budget the JSON is cut where the budget ended, and the answer says so.
-    let short = json!({"messages": user("A cat as JSON"), "max_tokens": 3, "temperature": 0,
+    // A budget that leaves room for the shortest valid reply gets a closed, valid one, the
+    // model's own choices cut short; below that the JSON is cut where the budget ends,
+    // and the answer says so.
+    for seed in [1, 2, 3] {
+        let short = json!({"messages": user("A cat as JSON"), "max_tokens": 72,
+            "temperature": 1.0, "seed": seed, "response_format": format});
+        let (_, v) = post_json(&chat, &short);
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        let parsed: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert_valid(&schema, &parsed);
+    }
+    let short = json!({"messages": user("A cat as JSON"), "max_tokens": 8, "temperature": 0,
         "response_format": format});
     let (_, v) = post_json(&chat, &short);
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");

@@ -225,7 +225,8 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
         }
     };
     let sampler = k3::sampling::Sampler::new(a.sampling.config())?;
-    let picker = std::cell::RefCell::new(TokenPicker::new(sampler, constraint, None));
+    let picker =
+        std::cell::RefCell::new(TokenPicker::new(sampler, constraint, None).with_budget(ngen));
     let mut pick = |logits: &[f32], hist: &[u32]| picker.borrow_mut().pick(logits, hist);
     let quiet = a.load.quiet;
     let mut on_token = |ev: &k3::generate::TokenEvent| -> Result<()> {

@@ -6,6 +6,9 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::SimpleVob;
 use llguidance::{Matcher, ParserFactory};
 
+use std::sync::Arc;
+
+use super::closing::{JsonCursor, TokenTexts};
 use super::reply_grammar::{reply_lark, OutputConstraint, ReplyFrame};
 use super::token_env::K3TokEnv;
 use crate::tokenizer::Tokenizer;
@@ -14,6 +17,7 @@ use crate::tokenizer::Tokenizer;
 /// slices cost milliseconds), shared by every request.
 pub struct GrammarCompiler {
     factory: ParserFactory,
+    texts: Arc<TokenTexts>,
 }
 
 impl GrammarCompiler {
@@ -22,7 +26,10 @@ impl GrammarCompiler {
         let env = K3TokEnv::new(tok, eos_ids)?.into_env();
         let mut factory = ParserFactory::new_simple(&env)?;
         factory.quiet();
-        Ok(Self { factory })
+        Ok(Self {
+            factory,
+            texts: Arc::new(TokenTexts::new(tok, eos_ids)),
+        })
     }
 
     /// A fresh constraint for one reply; a schema llguidance cannot compile is an error
@@ -40,15 +47,27 @@ impl GrammarCompiler {
         Ok(TokenConstraint {
             matcher,
             mask: None,
+            texts: self.texts.clone(),
+            cursor: JsonCursor::default(),
+            shortest: None,
         })
     }
 }
+
+/// Longest run of the shortest-reply estimate: a grammar whose shortest reply is longer
+/// (a huge `minLength`) closes from that many tokens before the budget's end.
+const MAX_CLOSE_STEPS: usize = 1024;
 
 /// The grammar state of one reply.
 pub struct TokenConstraint {
     matcher: Matcher,
     /// The mask of the current step, computed once.
     mask: Option<SimpleVob>,
+    texts: Arc<TokenTexts>,
+    /// Where the reply's JSON stands, for the budget-aware close.
+    cursor: JsonCursor,
+    /// Tokens the shortest reply takes from the start ([`Self::shortest_reply`]).
+    shortest: Option<usize>,
 }
 
 impl Clone for TokenConstraint {
@@ -58,6 +77,9 @@ impl Clone for TokenConstraint {
         Self {
             matcher: self.matcher.deep_clone(),
             mask: self.mask.clone(),
+            texts: self.texts.clone(),
+            cursor: self.cursor.clone(),
+            shortest: self.shortest,
         }
     }
 }
@@ -66,15 +88,70 @@ impl TokenConstraint {
     /// Computes the mask of the current step now, so the first pick does not pay for it
     /// (a server does this where the request is read, off the engine's thread).
     pub fn prepare(&mut self) -> Result<()> {
-        self.current_mask().map(|_| ())
+        self.current_mask()?;
+        self.shortest_reply().map(|_| ())
+    }
+
+    /// Tokens the reply takes from here when every step takes the closing token (the
+    /// lowest allowed id where there is none), found by running a copy of the grammar;
+    /// computed once, at the reply's start, where it covers what the schema requires
+    /// (required keys, enum values, minimum lengths) and the frame. At most
+    /// [`MAX_CLOSE_STEPS`].
+    fn shortest_reply(&mut self) -> Result<usize> {
+        if let Some(n) = self.shortest {
+            return Ok(n);
+        }
+        let mut m = self.matcher.deep_clone();
+        let mut cursor = self.cursor.clone();
+        let mut steps = 0;
+        while steps < MAX_CLOSE_STEPS && !m.is_stopped() {
+            let mask = m
+                .compute_mask_or_eos()
+                .map_err(|e| anyhow!("the output constraint failed: {e}"))?;
+            let Some(id) = self
+                .texts
+                .closing_id(&cursor, |id| mask.is_allowed(id))
+                .or_else(|| mask.first_bit_set().map(|i| i as u32))
+            else {
+                break;
+            };
+            match self.texts.text(id) {
+                Some(bytes) => cursor.push_bytes(bytes),
+                None => cursor.reset(),
+            }
+            steps += 1;
+            if m.consume_token(id).is_err() {
+                break;
+            }
+        }
+        self.shortest = Some(steps);
+        Ok(steps)
     }
 
     /// Sets every logit the grammar does not allow now to -inf (ids past the tokenizer's
     /// vocabulary included). Once the grammar is complete only end-of-sequence ids remain.
-    pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<()> {
+    /// With `remaining` tokens of budget left (this one included) and that near what
+    /// closing the reply takes, only the allowed token that closes fastest is left, when
+    /// there is one ([`super::closing`]).
+    pub fn mask_logits(&mut self, logits: &mut [f32], remaining: Option<usize>) -> Result<()> {
+        let closing = match remaining {
+            Some(r) => r <= self.shortest_reply()? + self.cursor.reserve(),
+            None => false,
+        };
+        let (texts, cursor) = (self.texts.clone(), self.cursor.clone());
         let mask = self.current_mask()?;
         if mask.num_set() == 0 {
             bail!("the output constraint allows no token here (the grammar is stuck)");
+        }
+        if closing {
+            if let Some(id) = texts.closing_id(&cursor, |id| mask.is_allowed(id)) {
+                for (i, l) in logits.iter_mut().enumerate() {
+                    if i != id as usize {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+                return Ok(());
+            }
         }
         let n = mask.len().min(logits.len());
         for (id, l) in logits[..n].iter_mut().enumerate() {
@@ -96,6 +173,10 @@ impl TokenConstraint {
     /// Advances the grammar by the sampled id.
     pub fn commit(&mut self, id: u32) -> Result<()> {
         self.mask = None;
+        match self.texts.text(id) {
+            Some(bytes) => self.cursor.push_bytes(bytes),
+            None => self.cursor.reset(),
+        }
         if self.matcher.is_stopped() {
             // Past the end: only the end-of-sequence ids the mask allowed come here.
             return Ok(());

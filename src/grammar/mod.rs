@@ -2,6 +2,7 @@
 //! a forced tool call in K3's format) becomes a token mask applied to the logits before
 //! each sample, over a trie of the K3 vocabulary.
 
+pub mod closing;
 pub mod constraint;
 pub mod reply_grammar;
 pub mod token_env;

@@ -450,11 +450,9 @@ fn run_choice<B: Backend>(
     let mut sampling = p.sampling;
     sampling.seed = sampling.seed.wrapping_add(choice as u64);
     let constraint = p.constraint.as_ref().map(|c| c.constraint.clone());
-    let picker = RefCell::new(TokenPicker::new(
-        Sampler::new(sampling)?,
-        constraint,
-        p.logprobs,
-    ));
+    let picker = RefCell::new(
+        TokenPicker::new(Sampler::new(sampling)?, constraint, p.logprobs).with_budget(p.max_tokens),
+    );
     let mut writer = LogprobWriter::new(tok);
     let mut all_logprobs = p.logprobs.map(|_| Vec::new());
     let mut stop_ids = eos.to_vec();

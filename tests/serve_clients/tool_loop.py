@@ -110,10 +110,20 @@ def openai_loop(base, model):
                          "arguments": calls[0].function.arguments}}
     messages.append({"role": "assistant", "content": msg.content, "tool_calls": [call]})
     messages.append({"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"})
-    answer, cached2 = openai_turn(client, model, messages, "none")
-    assert not answer.tool_calls, answer
-    if cached is not None and cached2 is not None:
-        assert cached2 > 0, "the second turn reused none of the first turn's prompt"
+    # The forced turn's prompt ends in the template's tool-choice note, where the next turn
+    # has the call: this turn re-reads the conversation. Under `auto` there is no note.
+    answer, _ = openai_turn(client, model, messages, "auto")
+    messages.append({"role": "assistant", "content": answer.content or ""})
+    for i, c in enumerate(answer.tool_calls or []):
+        messages[-1].setdefault("tool_calls", []).append(
+            {"id": c.id, "type": "function",
+             "function": {"name": c.function.name, "arguments": c.function.arguments}})
+        messages.append({"role": "tool", "tool_call_id": c.id, "content": f"result {i}"})
+    messages.append({"role": "user", "content": "And tomorrow?"})
+    final, cached3 = openai_turn(client, model, messages, "none")
+    assert not final.tool_calls, final
+    if cached3 is not None:
+        assert cached3 > 0, "the third turn reused none of the second turn's prompt"
 
 
 def anthropic_turn(client, model, messages, tool_choice, max_tokens=24):
@@ -168,8 +178,15 @@ def anthropic_loop(base, model):
     messages.append({"role": "assistant", "content": content + [use]})
     messages.append({"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": use["id"], "content": "sunny, 21 C"}]})
-    answer, uses = anthropic_turn(client, model, messages, {"type": "none"})
-    assert not uses, answer
+    answer, uses = anthropic_turn(client, model, messages, {"type": "auto"})
+    content = [{"type": "text", "text": b.text} for b in answer.content if b.type == "text" and b.text]
+    uses = [{"type": "tool_use", "id": u.id, "name": u.name, "input": u.input} for u in uses]
+    messages.append({"role": "assistant", "content": (content + uses) or "(nothing)"})
+    results = [{"type": "tool_result", "tool_use_id": u["id"], "content": "ok"} for u in uses]
+    messages.append({"role": "user", "content": results + [{"type": "text", "text": "And tomorrow?"}]})
+    final, uses = anthropic_turn(client, model, messages, {"type": "none"})
+    assert not uses, final
+    assert final.usage.cache_read_input_tokens > 0, "the third turn reused none of the second's"
 
 
 def main() -> None:

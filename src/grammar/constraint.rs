@@ -138,13 +138,18 @@ impl TokenConstraint {
             Some(r) => r <= self.shortest_reply()? + self.cursor.reserve(),
             None => false,
         };
-        let (texts, cursor) = (self.texts.clone(), self.cursor.clone());
-        let mask = self.current_mask()?;
+        self.current_mask()?;
+        let Some(mask) = self.mask.as_ref() else {
+            bail!("the output constraint has no mask");
+        };
         if mask.num_set() == 0 {
             bail!("the output constraint allows no token here (the grammar is stuck)");
         }
         if closing {
-            if let Some(id) = texts.closing_id(&cursor, |id| mask.is_allowed(id)) {
+            if let Some(id) = self
+                .texts
+                .closing_id(&self.cursor, |id| mask.is_allowed(id))
+            {
                 for (i, l) in logits.iter_mut().enumerate() {
                     if i != id as usize {
                         *l = f32::NEG_INFINITY;
@@ -154,9 +159,20 @@ impl TokenConstraint {
             }
         }
         let n = mask.len().min(logits.len());
-        for (id, l) in logits[..n].iter_mut().enumerate() {
-            if !mask.is_allowed(id as u32) {
-                *l = f32::NEG_INFINITY;
+        // A word at a time: inside a string nearly every id is allowed, and a full word
+        // needs no per-id test.
+        for (w, &bits) in mask.as_slice().iter().enumerate() {
+            if bits == u32::MAX {
+                continue;
+            }
+            let base = w * 32;
+            for (b, l) in logits[base.min(n)..(base + 32).min(n)]
+                .iter_mut()
+                .enumerate()
+            {
+                if bits & (1 << b) == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
             }
         }
         for l in &mut logits[n..] {

@@ -137,6 +137,9 @@ pub struct Outcome {
     pub seed: u64,
     /// Seconds compiling the output constraint took, when the request had one.
     pub constraint_compile_secs: Option<f64>,
+    /// Seconds choosing tokens took (penalties, the constraint's mask and advance, the
+    /// sampler), over all choices.
+    pub pick_secs: f64,
 }
 
 impl Outcome {
@@ -412,10 +415,11 @@ fn run_job<B: Backend>(
         cancelled: false,
         seed: job.params.sampling.seed,
         constraint_compile_secs: job.params.constraint.as_ref().map(|c| c.compile_secs),
+        pick_secs: 0.0,
     };
     let mut ttft = None;
     for choice in 0..n {
-        let (c, g) = run_choice(session, tok, eos, job, choice, &mut |ev| {
+        let (c, g, pick_secs) = run_choice(session, tok, eos, job, choice, &mut |ev| {
             ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
             if ev.index > 0 {
                 live.push(ev.secs, &ev.stats);
@@ -427,6 +431,7 @@ fn run_job<B: Backend>(
         out.completion_tokens += g.tokens.len();
         out.prefill_secs += g.prefill_secs;
         out.decode_secs += g.decode_secs;
+        out.pick_secs += pick_secs;
         out.stats = out.stats.plus(&g.prefill_stats.plus(&g.decode_stats));
         out.choices.push(c);
         if g.finish == Finish::Cancelled {
@@ -445,7 +450,7 @@ fn run_choice<B: Backend>(
     job: &Job,
     choice: usize,
     on_token: &mut dyn FnMut(&TokenEvent),
-) -> Result<(ChoiceOut, Generation)> {
+) -> Result<(ChoiceOut, Generation, f64)> {
     let p = &job.params;
     let mut sampling = p.sampling;
     sampling.seed = sampling.seed.wrapping_add(choice as u64);
@@ -485,7 +490,8 @@ fn run_choice<B: Backend>(
     let (presence, frequency) = (p.presence_penalty, p.frequency_penalty);
     let prompt_len = job.ids.len();
     let mut scratch = Vec::new();
-    let mut pick = |logits: &[f32], history: &[u32]| {
+    let mut pick_secs = 0.0;
+    let mut timed_pick = |logits: &[f32], history: &[u32]| {
         if presence == 0.0 && frequency == 0.0 {
             return picker.borrow_mut().pick(logits, history);
         }
@@ -501,6 +507,12 @@ fn run_choice<B: Backend>(
             }
         }
         picker.borrow_mut().pick(&scratch, history)
+    };
+    let mut pick = |logits: &[f32], history: &[u32]| {
+        let t = Instant::now();
+        let id = timed_pick(logits, history);
+        pick_secs += t.elapsed().as_secs_f64();
+        id
     };
     let opts = DecodeOptions {
         max_tokens: p.max_tokens,
@@ -582,5 +594,5 @@ fn run_choice<B: Backend>(
         completion_tokens: g.tokens.len(),
         logprobs: all_logprobs,
     };
-    Ok((c, g))
+    Ok((c, g, pick_secs))
 }

@@ -37,6 +37,7 @@ pub fn timings(o: &Outcome) -> Value {
         "decode_tokens_per_s": decode_tps,
         "expert_hit_percent": o.stats.hit_percent(),
         "gb_streamed": o.stats.bytes_streamed as f64 / 1e9,
+        "pick_s": o.pick_secs,
     });
     if let Some(s) = o.constraint_compile_secs {
         t["constraint_compile_s"] = json!(s);

@@ -491,7 +491,7 @@ fn run_choice<B: Backend>(
     let prompt_len = job.ids.len();
     let mut scratch = Vec::new();
     let mut pick_secs = 0.0;
-    let mut timed_pick = |logits: &[f32], history: &[u32]| {
+    let mut choose = |logits: &[f32], history: &[u32]| {
         if presence == 0.0 && frequency == 0.0 {
             return picker.borrow_mut().pick(logits, history);
         }
@@ -510,7 +510,7 @@ fn run_choice<B: Backend>(
     };
     let mut pick = |logits: &[f32], history: &[u32]| {
         let t = Instant::now();
-        let id = timed_pick(logits, history);
+        let id = choose(logits, history);
         pick_secs += t.elapsed().as_secs_f64();
         id
     };

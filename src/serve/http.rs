@@ -379,6 +379,9 @@ impl App {
         api: Api,
         prompt_len: usize,
     ) -> Result<Option<constrain::RequestConstraint>, ApiError> {
+        if constrain::output_constraint(req, api)?.is_none() {
+            return Ok(None);
+        }
         let budget = req
             .params
             .max_tokens

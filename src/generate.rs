@@ -39,6 +39,7 @@ pub fn generate<B: Backend>(
         cancel: None,
         all_logits: opts.all_logits,
         trace: opts.trace,
+        snapshot_at: None,
     };
     session.generate(prompt, &decode, pick, &mut |ev| {
         on_token(ev)?;

@@ -54,6 +54,10 @@ pub struct DecodeOptions<'a> {
     pub all_logits: bool,
     /// Per-layer hidden dumps.
     pub trace: Option<&'a Trace>,
+    /// A prompt position to keep a state snapshot at besides the prompt's end: where the
+    /// next prompt of the conversation is expected to part from this one (the server's
+    /// tool-choice note), so that prompt resumes there instead of from the start.
+    pub snapshot_at: Option<usize>,
 }
 
 /// One generated token and what producing it cost.
@@ -457,12 +461,30 @@ impl<'m, B: Backend> Session<'m, B> {
         g.cached_tokens = reused;
         g.prefilled_tokens = prompt.len() - reused;
         let mut prefill_stats = Stats::default();
-        let done = self.feed(
-            &prompt[reused..],
-            opts,
-            &mut prefill_stats,
-            &mut g.prompt_logits,
-        );
+        let split = opts
+            .snapshot_at
+            .filter(|&m| m > reused && m < prompt.len())
+            .unwrap_or(reused);
+        let mut done = Ok(true);
+        if split > reused {
+            done = self.feed(
+                &prompt[reused..split],
+                opts,
+                &mut prefill_stats,
+                &mut g.prompt_logits,
+            );
+            if matches!(done, Ok(true)) {
+                self.take_snapshot()?;
+            }
+        }
+        if matches!(done, Ok(true)) {
+            done = self.feed(
+                &prompt[split..],
+                opts,
+                &mut prefill_stats,
+                &mut g.prompt_logits,
+            );
+        }
         g.prefill_stats = prefill_stats;
         self.stats = self.stats.plus(&g.prefill_stats);
         g.prefill_secs = t0.elapsed().as_secs_f64();

@@ -430,3 +430,42 @@ fn constraints_that_cannot_hold_are_refused_naming_the_field() {
         "{v}"
     );
 }
+
+#[test]
+fn the_turn_after_a_forced_call_resumes_before_the_tool_choice_note() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let chat = s.url("/v1/chat/completions");
+    let tools = tools();
+    // The same turn without the note: its prompt is the forced one's but for the note.
+    let plain = json!({"messages": user("What is the weather in Paris?"), "tools": tools,
+        "max_tokens": 1});
+    let (st, v) = post_json(&chat, &plain);
+    assert_eq!(st, 200, "{v}");
+    let without_note = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let first = json!({"messages": user("What is the weather in Paris?"), "tools": tools,
+        "tool_choice": "required", "max_tokens": 300, "temperature": 0.8, "seed": 5});
+    let (st, v) = post_json(&chat, &first);
+    assert_eq!(st, 200, "{v}");
+    let prompt1 = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let msg = v["choices"][0]["message"].clone();
+    let call_id = msg["tool_calls"][0]["id"].clone();
+    // The next turn carries the call and its result where the first carried the note.
+    let second = json!({"messages": [
+            {"role": "user", "content": "What is the weather in Paris?"},
+            msg,
+            {"role": "tool", "tool_call_id": call_id, "content": "{\"temp_c\": 18}"}
+        ], "tools": tools, "max_tokens": 8, "temperature": 0});
+    let (st, v) = post_json(&chat, &second);
+    assert_eq!(st, 200, "{v}");
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    // Everything before the note (the tool declarations and the question) is reused: what
+    // the note-less prompt has beyond it is only the generation prompt (24 tokens in the
+    // tiny model's small vocabulary).
+    assert!(
+        cached < without_note && without_note - cached <= 32 && prompt1 > without_note,
+        "cached {cached}; prompt tokens {prompt1} with the note, {without_note} without: {v}"
+    );
+}

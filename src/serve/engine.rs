@@ -518,6 +518,7 @@ fn run_choice<B: Backend>(
         max_tokens: p.max_tokens,
         stop_ids: &stop_ids,
         cancel: Some(&job.cancel),
+        snapshot_at: p.snapshot_at,
         ..DecodeOptions::default()
     };
     let g = session.generate(&job.ids, &opts, &mut pick, &mut |ev| {

@@ -425,7 +425,8 @@ async fn chat(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiEr
     let bytes = app.body(body).await?;
     let mut req = chat_request(&bytes, &app.limits, &app.defaults)?;
     app.check_model(&req.params)?;
-    let ids = chat_ids(app, &req)?;
+    let (ids, snapshot_at) = chat_ids(app, &req)?;
+    req.params.snapshot_at = snapshot_at;
     req.params.constraint = app.constrain(&req, Api::OpenAi, ids.len())?;
     let (stream, include_usage) = (req.params.stream, req.params.include_usage);
     let (seed, n) = (req.params.sampling.seed, req.params.n);
@@ -547,10 +548,11 @@ async fn messages(State(app): State<Arc<App>>, body: Body) -> Response {
     }
 }
 
-/// A chat request's prompt ids.
-fn chat_ids(app: &App, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+/// A chat request's prompt ids, and how many of them come before the point where the
+/// conversation's next request is expected to part from it (`GenParams::snapshot_at`).
+fn chat_ids(app: &App, req: &ChatRequest) -> Result<(Vec<u32>, Option<usize>), ApiError> {
     app.tok
-        .encode_prompt(&render_request(req)?)
+        .encode_prompt_marked(&render_request(req)?)
         .map_err(|e| ApiError::status(400, format!("encoding the prompt: {e:#}")))
 }
 
@@ -558,7 +560,8 @@ async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError
     let bytes = app.body(body).await?;
     let mut req = anthropic::messages_request(&bytes, &app.limits, &app.defaults)?;
     app.check_model(&req.params)?;
-    let ids = chat_ids(app, &req)?;
+    let (ids, snapshot_at) = chat_ids(app, &req)?;
+    req.params.snapshot_at = snapshot_at;
     req.params.constraint = app.constrain(&req, Api::Anthropic, ids.len())?;
     let input_tokens = ids.len();
     let (stream, seed) = (req.params.stream, req.params.sampling.seed);
@@ -595,7 +598,7 @@ async fn count_tokens(State(app): State<Arc<App>>, body: Body) -> Response {
             anthropic::MessagesRoute::CountTokens,
         )?;
         app.check_model(&req.params)?;
-        let ids = chat_ids(&app, &req)?;
+        let (ids, _) = chat_ids(&app, &req)?;
         Ok::<_, ApiError>(Json(json!({"input_tokens": ids.len()})).into_response())
     };
     match inner.await {

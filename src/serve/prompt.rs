@@ -86,6 +86,11 @@ pub fn render_request(req: &ChatRequest) -> Result<Prompt, ApiError> {
             }
         }
     }
+    // The note below belongs to this turn only: the next request of the conversation
+    // carries the answer there instead, so the server keeps its state before the note.
+    if !req.tools.is_empty() && req.tool_choice != ToolChoice::Auto {
+        p.mark_divergence();
+    }
     match req.tool_choice {
         ToolChoice::Required | ToolChoice::Function(_) if !req.tools.is_empty() => {
             p.internal_system_message(

@@ -161,6 +161,10 @@ pub struct GenParams {
     /// The compiled output constraint (`response_format`, a forced `tool_choice`), set
     /// once the prompt is known ([`super::constrain::compile`]).
     pub constraint: Option<RequestConstraint>,
+    /// Prompt ids before the point where the conversation's next request is expected to
+    /// part from this one (the tool-choice note only this turn carries), set from the
+    /// rendered prompt: the engine keeps a state snapshot there.
+    pub snapshot_at: Option<usize>,
 }
 
 /// A checked chat request (`/v1/chat/completions` or `/v1/messages`).
@@ -343,6 +347,7 @@ impl SamplingFields {
             n,
             logprobs: None,
             constraint: None,
+            snapshot_at: None,
         })
     }
 }

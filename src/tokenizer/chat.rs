@@ -166,6 +166,9 @@ pub enum Piece {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Prompt {
     pieces: Vec<Piece>,
+    /// Pieces before the point where the next request is expected to diverge
+    /// ([`Self::mark_divergence`]).
+    divergence: Option<usize>,
 }
 
 impl Prompt {
@@ -186,12 +189,25 @@ impl Prompt {
         out
     }
 
+    /// Marks the current end as where the next request of the conversation is expected to
+    /// part from this one (before a note only this turn carries), so a server can keep its
+    /// state there. Text pushed next does not merge across the mark.
+    pub fn mark_divergence(&mut self) {
+        self.divergence = Some(self.pieces.len());
+    }
+
+    /// The pieces before [`Self::mark_divergence`]'s mark, if one was set.
+    pub fn divergence(&self) -> Option<usize> {
+        self.divergence
+    }
+
     /// Appends text; adjacent texts merge, as they would in the rendered string.
     pub fn push_text(&mut self, text: &str) {
         if text.is_empty() {
             return;
         }
-        if let Some(Piece::Text(t)) = self.pieces.last_mut() {
+        let at_mark = self.divergence == Some(self.pieces.len());
+        if let (false, Some(Piece::Text(t))) = (at_mark, self.pieces.last_mut()) {
             t.push_str(text);
         } else {
             self.pieces.push(Piece::Text(text.to_string()));

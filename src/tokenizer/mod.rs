@@ -206,18 +206,41 @@ impl Tokenizer {
     pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         for piece in prompt.pieces() {
-            match piece {
-                Piece::Control(name) => match self.special_id(name) {
-                    Some(id) => ids.push(id),
-                    None => bail!(
-                        "the tokenizer has no {name} token; the XTML chat format needs \
-                         <|open|>, <|close|>, <|sep|> and <|end_of_msg|> in tokenizer_config.json"
-                    ),
-                },
-                Piece::Text(t) => ids.extend(self.try_encode(t)?),
-            }
+            ids.extend(self.encode_prompt_piece(piece)?);
         }
         Ok(ids)
+    }
+
+    fn encode_prompt_piece(&self, piece: &Piece) -> Result<Vec<u32>> {
+        match piece {
+            Piece::Control(name) => match self.special_id(name) {
+                Some(id) => Ok(vec![id]),
+                None => bail!(
+                    "the tokenizer has no {name} token; the XTML chat format needs \
+                     <|open|>, <|close|>, <|sep|> and <|end_of_msg|> in tokenizer_config.json"
+                ),
+            },
+            Piece::Text(t) => self.try_encode(t),
+        }
+    }
+
+    /// [`Self::encode_prompt`], with the number of ids before the prompt's divergence mark
+    /// ([`Prompt::mark_divergence`]), if it has one. Pieces encode one by one, so the ids
+    /// before the mark are those of the pieces before it.
+    pub fn encode_prompt_marked(&self, prompt: &Prompt) -> Result<(Vec<u32>, Option<usize>)> {
+        let Some(mark) = prompt.divergence() else {
+            return Ok((self.encode_prompt(prompt)?, None));
+        };
+        let mut ids = Vec::new();
+        let mut at = None;
+        for (i, piece) in prompt.pieces().iter().enumerate() {
+            if i == mark {
+                at = Some(ids.len());
+            }
+            ids.extend(self.encode_prompt_piece(piece)?);
+        }
+        let at = at.unwrap_or(ids.len());
+        Ok((ids, Some(at)))
     }
 
     /// Renders a conversation ([`chat_prompt`]) and encodes it ([`Self::encode_prompt`]).

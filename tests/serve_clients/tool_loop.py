@@ -110,9 +110,11 @@ def openai_loop(base, model):
                          "arguments": calls[0].function.arguments}}
     messages.append({"role": "assistant", "content": msg.content, "tool_calls": [call]})
     messages.append({"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"})
-    # The forced turn's prompt ends in the template's tool-choice note, where the next turn
-    # has the call: this turn re-reads the conversation. Under `auto` there is no note.
-    answer, _ = openai_turn(client, model, messages, "auto")
+    # The forced turn's prompt ends in the template's tool-choice note, where this turn has
+    # the call: the server kept its state before the note, so this turn resumes there.
+    answer, cached2 = openai_turn(client, model, messages, "auto")
+    if cached2 is not None:
+        assert cached2 > 0, "the turn after a forced call reused none of its prompt"
     messages.append({"role": "assistant", "content": answer.content or ""})
     for i, c in enumerate(answer.tool_calls or []):
         messages[-1].setdefault("tool_calls", []).append(
@@ -179,6 +181,8 @@ def anthropic_loop(base, model):
     messages.append({"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": use["id"], "content": "sunny, 21 C"}]})
     answer, uses = anthropic_turn(client, model, messages, {"type": "auto"})
+    # Resumed from the state the server kept before the forced turn's tool-choice note.
+    assert answer.usage.cache_read_input_tokens > 0, "the turn after a forced call reused none"
     content = [{"type": "text", "text": b.text} for b in answer.content if b.type == "text" and b.text]
     uses = [{"type": "tool_use", "id": u.id, "name": u.name, "input": u.input} for u in uses]
     messages.append({"role": "assistant", "content": (content + uses) or "(nothing)"})

@@ -103,7 +103,8 @@ row() { # run name, stderr file, is_k3
     fi
     if [ "$3" = 1 ]; then
         local j=${f%.txt}.json b
-        b=$(json "$j" bytes_streamed)
+        # The decode object's bytes_streamed, whatever order the JSON keys come in.
+        b=$(awk '/"decode": \{/ { d = 1 } d && /"bytes_streamed"/ { gsub(/[^0-9]/, ""); print; exit }' "$j")
         gbt=$(calc "printf \"%.3f\", $b / 1e9 / ($toks - 1)")
         gbs=$(calc "printf \"%.2f\", $b / 1e9 / $secs")
         hit=$(field "$f" '^\[K3\] decode [0-9]+ tokens' 'hit [0-9.]+%')

@@ -11,7 +11,7 @@
 
 use super::expert_reader::{ExpertReader, LoadedExpert};
 use super::loader_pool::{LoadJob, LoaderPool};
-use super::prefetch_gate::{PrefetchGate, RoundOutcome};
+use super::prefetch_gate::{BusyShare, DiskLoad, PrefetchGate, RoundOutcome};
 use crate::checkpoint::Checkpoint;
 use crate::stats::Stats;
 use anyhow::{anyhow, Result};
@@ -41,6 +41,7 @@ struct Round {
 pub struct Prefetcher {
     pending: Mutex<HashMap<usize, Round>>,
     gate: Mutex<PrefetchGate>,
+    busy_share: Mutex<BusyShare>,
     /// Guess on every pass, whatever the gate judges (`--prefetch always`).
     always: AtomicBool,
 }
@@ -128,15 +129,28 @@ impl Prefetcher {
     /// `layer` has routed and must read `misses`: returns the guessed reads among them (in
     /// flight or done; those still queued now lead the loaders' queue), and drops its other
     /// guesses, counting the bytes of those a loader had already started. The round's
-    /// outcome goes to the gate, its bytes weighed at `disk_rate` (bytes per second).
+    /// outcome goes to the gate, weighed with the disk's totals so far (`busy`, the time a
+    /// read was in flight, and the `bytes` read).
     pub fn settle(
         &self,
         pool: &LoaderPool,
         layer: usize,
         misses: &[u32],
-        disk_rate: Option<f64>,
+        (busy, bytes): (Duration, u64),
         stats: &mut Stats,
     ) -> Result<HashMap<u32, Receiver<Result<LoadedExpert>>>> {
+        let share = self
+            .busy_share
+            .lock()
+            .map_err(|_| anyhow!("expert prefetch gate poisoned"))?
+            .sample(std::time::Instant::now(), busy);
+        let disk = match share {
+            Some(busy_share) if bytes > 0 && !busy.is_zero() => Some(DiskLoad {
+                rate: bytes as f64 / busy.as_secs_f64(),
+                busy_share,
+            }),
+            _ => None,
+        };
         let Some(round) = self
             .pending
             .lock()
@@ -173,7 +187,7 @@ impl Prefetcher {
         self.gate
             .lock()
             .map_err(|_| anyhow!("expert prefetch gate poisoned"))?
-            .observe(layer, outcome, disk_rate);
+            .observe(layer, outcome, disk);
         Ok(used)
     }
 }

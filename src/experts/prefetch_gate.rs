@@ -1,19 +1,21 @@
 //! Whether guessing a MoE layer's experts pays, judged per layer from what its guesses did.
 //!
 //! A guess round costs the next layer's router run early (a matmul and, on a GPU, a
-//! readback: `router` time) and the disk time of every guessed read a loader started that
-//! the layer then did not need. It saves the reads a loader started early that the layer
-//! did need: those ran while no demand read was waiting (guesses only take idle loaders),
-//! so the layer waits that much less. Both sides are turned into disk-seconds with the
-//! disk's measured rate, and a layer keeps guessing while, over its recent rounds, the
-//! saved side is the larger. A layer that stops guessing does no router work for it and
+//! readback: `router` time) and, for every guessed read a loader started that the layer
+//! then did not need, its disk time where the disk was busy: a share `u` of it, `u` being
+//! the share of the time the disk had a read in flight lately. It saves, for every read a
+//! loader started early that the layer did need, its disk time where the disk would
+//! otherwise have idled: a share `1 - u`. A disk that never rests gains nothing from
+//! reading a needed expert earlier and loses a read's time to each wrong guess; an idle one
+//! the reverse. Bytes become seconds at the disk's measured rate, and a layer keeps
+//! guessing while, over its recent rounds, the saved side is the larger. A layer that stops guessing does no router work for it and
 //! reads nothing (the floor is zero guesses); every [`RETEST_EVERY`]-th pass it guesses
 //! once more, so a layer whose routing became predictable is found again.
 //!
 //! Guesses never change which experts a layer computes with, so the gate changes speed
 //! only, never logits.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A layer that does not guess tries one round in every this many of its passes.
 pub const RETEST_EVERY: u32 = 16;
@@ -32,6 +34,39 @@ pub struct RoundOutcome {
     pub wasted_bytes: u64,
     /// Time spent scoring the layer's router ahead to make the guesses.
     pub router: Duration,
+}
+
+/// What the disk did lately, as the gate weighs a round with it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DiskLoad {
+    /// Bytes per second while a read is in flight.
+    pub rate: f64,
+    /// Share of the time a read was in flight (0..=1).
+    pub busy_share: f64,
+}
+
+/// The disk's busy share between samples of its cumulative busy time, smoothed over about
+/// the last five samples (one per MoE layer pass).
+#[derive(Debug, Default)]
+pub struct BusyShare {
+    last: Option<(Instant, Duration)>,
+    share: Option<f64>,
+}
+
+impl BusyShare {
+    /// Adds a sample of the disk's cumulative busy time at `now`; returns the smoothed
+    /// share (`None` until two samples span some time).
+    pub fn sample(&mut self, now: Instant, busy: Duration) -> Option<f64> {
+        if let Some((t, b)) = self.last {
+            let wall = now.saturating_duration_since(t).as_secs_f64();
+            if wall > 0.0 {
+                let u = (busy.saturating_sub(b).as_secs_f64() / wall).clamp(0.0, 1.0);
+                self.share = Some(self.share.map_or(u, |s| 0.8 * s + 0.2 * u));
+            }
+        }
+        self.last = Some((now, busy));
+        self.share
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -79,16 +114,18 @@ impl PrefetchGate {
         }
     }
 
-    /// Adds a round's outcome for `layer`, with the disk's measured rate in bytes per second
-    /// (`None` before anything was read: the round then counts its router time only).
-    pub fn observe(&mut self, layer: usize, round: RoundOutcome, disk_rate: Option<f64>) {
-        let to_s = |bytes: u64| disk_rate.map_or(0.0, |r| bytes as f64 / r.max(1.0));
+    /// Adds a round's outcome for `layer`, weighed with what the disk did lately (`None`
+    /// before it has a rate and a busy share: the round then counts its router time only).
+    pub fn observe(&mut self, layer: usize, round: RoundOutcome, disk: Option<DiskLoad>) {
+        let to_s =
+            |bytes: u64, share: f64| disk.map_or(0.0, |d| bytes as f64 / d.rate.max(1.0) * share);
+        let u = disk.map_or(0.0, |d| d.busy_share.clamp(0.0, 1.0));
         let r = self.record(layer);
         let keep = DECAY.powi(r.passes_since_outcome.max(1));
         r.passes_since_outcome = 0;
         r.tried = true;
-        r.saved_s = r.saved_s * keep + to_s(round.useful_bytes);
-        r.cost_s = r.cost_s * keep + to_s(round.wasted_bytes) + round.router.as_secs_f64();
+        r.saved_s = r.saved_s * keep + to_s(round.useful_bytes, 1.0 - u);
+        r.cost_s = r.cost_s * keep + to_s(round.wasted_bytes, u) + round.router.as_secs_f64();
     }
 
     /// Whether `layer` currently judges its guesses to pay (for the stats line).
@@ -110,7 +147,18 @@ impl PrefetchGate {
 mod tests {
     use super::*;
 
-    const RATE: Option<f64> = Some(1e9);
+    /// A disk at 1 GB/s, busy half the time.
+    const RATE: Option<DiskLoad> = Some(DiskLoad {
+        rate: 1e9,
+        busy_share: 0.5,
+    });
+
+    fn disk(busy_share: f64) -> Option<DiskLoad> {
+        Some(DiskLoad {
+            rate: 1e9,
+            busy_share,
+        })
+    }
 
     fn round(useful: u64, wasted: u64, router_ms: u64) -> RoundOutcome {
         RoundOutcome {
@@ -151,9 +199,39 @@ mod tests {
     fn router_time_alone_can_outweigh_the_reads_saved() {
         let mut g = PrefetchGate::default();
         g.should_guess(0);
-        // 1 MB saved at 1 GB/s is 1 ms; the router took 5 ms.
-        g.observe(0, round(1_000_000, 0, 5), RATE);
+        // 2 MB saved at 1 GB/s, half of it idle time, is 1 ms; the router took 5 ms.
+        g.observe(0, round(2_000_000, 0, 5), RATE);
         assert!(!g.should_guess(0));
+    }
+
+    #[test]
+    fn the_same_guesses_pay_on_an_idle_disk_and_not_on_a_saturated_one() {
+        // 70 % of the guessed bytes used, as on the random-routing slice.
+        let r = round(70_000_000, 30_000_000, 0);
+        let mut idle = PrefetchGate::default();
+        let mut busy = PrefetchGate::default();
+        for _ in 0..4 {
+            idle.should_guess(1);
+            idle.observe(1, r, disk(0.4));
+            busy.should_guess(1);
+            busy.observe(1, r, disk(0.95));
+        }
+        assert!(idle.pays(1));
+        assert!(!busy.pays(1));
+    }
+
+    #[test]
+    fn the_busy_share_is_busy_time_over_wall_time_smoothed() {
+        let t0 = Instant::now();
+        let mut b = BusyShare::default();
+        assert_eq!(b.sample(t0, Duration::ZERO), None);
+        let s = b.sample(t0 + Duration::from_secs(1), Duration::from_millis(500));
+        assert_eq!(s, Some(0.5));
+        // A second fully busy: 0.8 x 0.5 + 0.2 x 1.
+        let s = b
+            .sample(t0 + Duration::from_secs(2), Duration::from_millis(1500))
+            .unwrap();
+        assert!((s - 0.6).abs() < 1e-12, "{s}");
     }
 
     #[test]

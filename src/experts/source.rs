@@ -488,11 +488,9 @@ impl ExpertSource {
         let mut next_miss = 0usize;
         // Reads guessed for this layer are already queued or done: they take their miss's
         // place in the order and no place in the window.
-        let (busy, bytes) = self.meter.totals();
-        let disk_rate = (bytes > 0 && !busy.is_zero()).then(|| bytes as f64 / busy.as_secs_f64());
         let mut guessed = self
             .prefetch
-            .settle(pool, layer, misses, disk_rate, stats)?;
+            .settle(pool, layer, misses, self.meter.totals(), stats)?;
         let mut submit_next = |queued: &mut VecDeque<_>| -> Result<()> {
             while let Some(rx) = misses.get(next_miss).and_then(|id| guessed.remove(id)) {
                 queued.push_back(rx);

@@ -100,12 +100,6 @@ fn no_think() -> ReplyFrame {
     }
 }
 
-fn assert_valid(schema: &Value, v: &Value) {
-    let validator = jsonschema::validator_for(schema).unwrap();
-    let errors: Vec<String> = validator.iter_errors(v).map(|e| e.to_string()).collect();
-    assert!(errors.is_empty(), "{v} does not validate: {errors:?}");
-}
-
 #[test]
 fn unconstrained_tiny_model_writes_no_json() {
     // The premise of the tests below: left alone the random model does not write JSON.
@@ -145,17 +139,7 @@ fn json_object_parses_in_a_chat_reply() {
 #[test]
 fn json_schema_validates_with_and_without_thinking() {
     let tok = tokenizer();
-    let schema = json!({
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "maxLength": 12},
-            "age": {"type": "integer", "minimum": 0, "maximum": 30},
-            "color": {"enum": ["black", "white", "tabby"]},
-            "indoor": {"type": "boolean"}
-        },
-        "required": ["name", "age", "color", "indoor"],
-        "additionalProperties": false
-    });
+    let schema = support::cat_schema();
     let c = OutputConstraint::JsonSchema {
         schema: schema.clone(),
         strict: true,
@@ -175,7 +159,7 @@ fn json_schema_validates_with_and_without_thinking() {
         let reply = parse_reply(&pieces_from_ids(&tok, &run.tokens), thinking);
         let v: Value = serde_json::from_str(&reply.content)
             .unwrap_or_else(|e| panic!("thinking {thinking}: {:?}: {e}", reply.content));
-        assert_valid(&schema, &v);
+        support::assert_valid(&schema, &v);
     }
 }
 
@@ -191,7 +175,7 @@ fn bare_frame_is_json_then_eos() {
     let run = constrained(&prompt, Some((&c, ReplyFrame::Bare)), sampled(4), 200, None);
     let text = tok.decode(&run.tokens, false).unwrap();
     let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-    assert_valid(&schema, &v);
+    support::assert_valid(&schema, &v);
 }
 
 #[test]
@@ -244,7 +228,7 @@ fn forced_tool_call_is_k3_format_with_valid_arguments() {
             .find(|t| t.name == call.name)
             .unwrap_or_else(|| panic!("{} was not offered", call.name));
         let args: Value = serde_json::from_str(&call.arguments).unwrap();
-        assert_valid(&tool.parameters, &args);
+        support::assert_valid(&tool.parameters, &args);
     }
 }
 

@@ -14,26 +14,6 @@ fn user(text: &str) -> Value {
     json!([{"role": "user", "content": text}])
 }
 
-fn assert_valid(schema: &Value, v: &Value) {
-    let validator = jsonschema::validator_for(schema).unwrap();
-    let errors: Vec<String> = validator.iter_errors(v).map(|e| e.to_string()).collect();
-    assert!(errors.is_empty(), "{v} does not validate: {errors:?}");
-}
-
-fn cat_schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "maxLength": 12},
-            "age": {"type": "integer", "minimum": 0, "maximum": 30},
-            "color": {"enum": ["black", "white", "tabby"]},
-            "indoor": {"type": "boolean"}
-        },
-        "required": ["name", "age", "color", "indoor"],
-        "additionalProperties": false
-    })
-}
-
 fn tools() -> Value {
     json!([
         {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -244,7 +224,7 @@ fn response_format_json_parses_and_validates_streamed_or_not() {
         );
     }
 
-    let schema = cat_schema();
+    let schema = support::cat_schema();
     let format = json!({"type": "json_schema",
         "json_schema": {"name": "cat", "schema": schema, "strict": true}});
     let body = json!({"messages": user("A cat as JSON"), "max_tokens": 400, "temperature": 0.8,
@@ -256,7 +236,7 @@ fn response_format_json_parses_and_validates_streamed_or_not() {
         assert_eq!(c["finish_reason"], "stop", "{v}");
         let text = c["message"]["content"].as_str().unwrap();
         let parsed: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-        assert_valid(&schema, &parsed);
+        support::assert_valid(&schema, &parsed);
         texts.push(text.to_string());
     }
     // Streamed, the same seed gives the same JSON.
@@ -286,7 +266,7 @@ fn response_format_json_parses_and_validates_streamed_or_not() {
     );
     let text = m["content"].as_str().unwrap();
     let parsed: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-    assert_valid(&schema, &parsed);
+    support::assert_valid(&schema, &parsed);
 
     // A budget that leaves room for the shortest valid reply gets a closed, valid one, the
     // model's own choices cut short; below that the JSON is cut where the budget ends,
@@ -298,7 +278,7 @@ fn response_format_json_parses_and_validates_streamed_or_not() {
         assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
         let text = v["choices"][0]["message"]["content"].as_str().unwrap();
         let parsed: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-        assert_valid(&schema, &parsed);
+        support::assert_valid(&schema, &parsed);
     }
     let short = json!({"messages": user("A cat as JSON"), "max_tokens": 8, "temperature": 0,
         "response_format": format});
@@ -335,7 +315,7 @@ fn forced_tool_calls_validate_against_the_tools_schema() {
             assert_eq!(name, w, "{v}");
         }
         let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
-        assert_valid(&params_of(&tools, name), &args);
+        support::assert_valid(&params_of(&tools, name), &args);
         // Streamed: the same call in the tool_calls chunk.
         let mut streamed = body.clone();
         streamed["stream"] = json!(true);
@@ -378,7 +358,7 @@ fn forced_tool_calls_validate_against_the_tools_schema() {
         if let Some(w) = want {
             assert_eq!(name, w);
         }
-        assert_valid(&params_of(&tools, name), &uses[0]["input"]);
+        support::assert_valid(&params_of(&tools, name), &uses[0]["input"]);
     }
 }
 

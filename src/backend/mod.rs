@@ -105,6 +105,25 @@ pub struct MlaDims {
     pub norm_eps: f32,
 }
 
+impl MlaDims {
+    /// Values a cached position holds: the latent, then the rope part.
+    pub fn cache_row(&self) -> usize {
+        self.kv_lora + self.rope
+    }
+
+    /// How many whole cached positions `values` holds (`mla_cache_write`'s input on every
+    /// backend); anything else is an error.
+    pub fn cache_positions(&self, values: &[f32]) -> Result<usize> {
+        let row = self.cache_row();
+        anyhow::ensure!(
+            row > 0 && values.len() % row == 0,
+            "mla_cache_write: {} values are not whole positions of {row}",
+            values.len()
+        );
+        Ok(values.len() / row)
+    }
+}
+
 /// Weights the absorbed MLA attention needs, split per head from `kv_b_proj`.
 pub struct MlaAttnWeights<A> {
     /// `kv_a_layernorm.weight`, `[1, kv_lora]`.

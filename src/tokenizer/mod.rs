@@ -204,11 +204,7 @@ impl Tokenizer {
     /// Encodes a rendered prompt: control pieces become their special ids, text pieces are
     /// encoded as ordinary text (a special-token string in them stays text).
     pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>> {
-        let mut ids = Vec::new();
-        for piece in prompt.pieces() {
-            ids.extend(self.encode_prompt_piece(piece)?);
-        }
-        Ok(ids)
+        Ok(self.encode_prompt_marked(prompt)?.0)
     }
 
     fn encode_prompt_piece(&self, piece: &Piece) -> Result<Vec<u32>> {
@@ -228,19 +224,18 @@ impl Tokenizer {
     /// ([`Prompt::mark_divergence`]), if it has one. Pieces encode one by one, so the ids
     /// before the mark are those of the pieces before it.
     pub fn encode_prompt_marked(&self, prompt: &Prompt) -> Result<(Vec<u32>, Option<usize>)> {
-        let Some(mark) = prompt.divergence() else {
-            return Ok((self.encode_prompt(prompt)?, None));
-        };
+        let mark = prompt.divergence();
         let mut ids = Vec::new();
         let mut at = None;
         for (i, piece) in prompt.pieces().iter().enumerate() {
-            if i == mark {
+            if Some(i) == mark {
                 at = Some(ids.len());
             }
             ids.extend(self.encode_prompt_piece(piece)?);
         }
-        let at = at.unwrap_or(ids.len());
-        Ok((ids, Some(at)))
+        // A mark after the last piece stands at the end.
+        let at = mark.map(|_| at.unwrap_or(ids.len()));
+        Ok((ids, at))
     }
 
     /// Renders a conversation ([`chat_prompt`]) and encodes it ([`Self::encode_prompt`]).

@@ -213,3 +213,26 @@ pub fn copy_dir(src: &Path) -> tempfile::TempDir {
     }
     dst
 }
+
+/// A small object schema (a string, an integer range, an enum, a boolean; all required, no
+/// others) that constrained-output tests validate against.
+pub fn cat_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 30},
+            "color": {"enum": ["black", "white", "tabby"]},
+            "indoor": {"type": "boolean"}
+        },
+        "required": ["name", "age", "color", "indoor"],
+        "additionalProperties": false
+    })
+}
+
+/// Asserts that `v` validates against the JSON schema `schema`, listing every error.
+pub fn assert_valid(schema: &serde_json::Value, v: &serde_json::Value) {
+    let validator = jsonschema::validator_for(schema).unwrap();
+    let errors: Vec<String> = validator.iter_errors(v).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{v} does not validate: {errors:?}");
+}

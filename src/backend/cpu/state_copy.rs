@@ -71,13 +71,7 @@ pub fn mla_cache_read(c: &MlaCache) -> Vec<f32> {
 
 /// A cache of `d` holding the positions of `values` ([`mla_cache_read`]'s layout).
 pub fn mla_cache_write(d: &MlaDims, values: &[f32]) -> Result<MlaCache> {
-    let row = d.kv_lora + d.rope;
-    ensure!(
-        row > 0 && values.len() % row == 0,
-        "mla_cache_write: {} values are not whole positions of {row}",
-        values.len()
-    );
-    let len = values.len() / row;
+    let (row, len) = (d.cache_row(), d.cache_positions(values)?);
     let mut c = MlaCache::new(d);
     c.latent.reserve(len * d.kv_lora);
     c.rope.reserve(len * d.rope);

@@ -46,7 +46,7 @@ impl GpuBackend {
     }
 
     pub(super) fn mla_cache_read_op(&self, c: &GpuMlaCache) -> Result<Vec<f32>> {
-        let row = c.dims.kv_lora + c.dims.rope;
+        let row = c.dims.cache_row();
         let raw = self.ctx.read(&c.buf, 0, (c.len * c.stride * 4) as u64)?;
         let padded: Vec<f32> = bytemuck::pod_collect_to_vec(&raw);
         let mut v = Vec::with_capacity(c.len * row);
@@ -57,13 +57,7 @@ impl GpuBackend {
     }
 
     pub(super) fn mla_cache_write_op(&self, d: &MlaDims, values: &[f32]) -> Result<GpuMlaCache> {
-        let row = d.kv_lora + d.rope;
-        ensure!(
-            row > 0 && values.len() % row == 0,
-            "mla_cache_write: {} values are not whole positions of {row}",
-            values.len()
-        );
-        let len = values.len() / row;
+        let (row, len) = (d.cache_row(), d.cache_positions(values)?);
         let mut c = self.mla_cache_op(d)?;
         self.grow(&mut c, len)?;
         let mut padded = vec![0.0f32; len * c.stride];

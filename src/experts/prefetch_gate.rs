@@ -122,12 +122,15 @@ impl PrefetchGate {
         }
     }
 
-    /// Adds a round's outcome for `layer`, weighed with what the disk did lately (`None`
-    /// before it has a rate and a busy share: the round then counts its router time only).
+    /// Adds a round's outcome for `layer`, weighed with what the disk did lately. Before the
+    /// disk has a rate and a busy share (`None`, the run's first passes) a round says nothing
+    /// of what its reads saved or cost, so it is not counted and the layer keeps guessing.
     pub fn observe(&mut self, layer: usize, round: RoundOutcome, disk: Option<DiskLoad>) {
-        let to_s =
-            |bytes: u64, share: f64| disk.map_or(0.0, |d| bytes as f64 / d.rate.max(1.0) * share);
-        let u = disk.map_or(0.0, |d| d.busy_share.clamp(0.0, 1.0));
+        let Some(d) = disk else {
+            return;
+        };
+        let to_s = |bytes: u64, share: f64| bytes as f64 / d.rate.max(1.0) * share;
+        let u = d.busy_share.clamp(0.0, 1.0);
         let r = self.record(layer);
         let keep = DECAY.powi(r.passes_since_outcome.max(1));
         r.passes_since_outcome = 0;
@@ -247,6 +250,14 @@ mod tests {
         // about a tenth of it.
         g.observe(2, round(20_000_000, 0, 0), RATE);
         assert!(g.should_guess(2) && g.pays(2));
+    }
+
+    #[test]
+    fn a_round_before_the_disk_is_measured_does_not_stop_a_layer() {
+        let mut g = PrefetchGate::default();
+        g.should_guess(4);
+        g.observe(4, round(0, 0, 50), None);
+        assert!(g.should_guess(4) && g.pays(4));
     }
 
     #[test]

@@ -4,9 +4,10 @@
 
 use k3::sampling::SamplerConfig;
 use k3::serve::anthropic;
+use k3::serve::openai_body::chat_request;
 use k3::serve::prompt::{json_sorted, render_request};
 use k3::serve::reply::{parse_reply, pieces_from_ids, pieces_from_markup};
-use k3::serve::request::{chat_request, ApiRole, Defaults, Limits, ToolChoice};
+use k3::serve::request::{ApiRole, Defaults, Limits, ToolChoice};
 use k3::serve::sse::SseFrame;
 use k3::tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -382,7 +383,7 @@ fn unknown_fields_are_refused_by_name_and_null_ones_count_as_left_out() {
 #[test]
 fn completions_refuse_chat_fields_and_several_prompts() {
     let comp = |v: Value| {
-        k3::serve::request::completion_request(
+        k3::serve::openai_body::completion_request(
             v.to_string().as_bytes(),
             &Limits::default(),
             &DEFAULTS,

@@ -5,9 +5,9 @@
 use super::api_error::ApiError;
 use super::body_json::{from_value, parse_body, refuse_unknown, Unknown};
 use super::engine::{Delta, Event, Field, FinishReason, Outcome};
-use super::request::{
-    self, ChatRequest, Defaults, Limits, ResponseFormat, SamplingFields, ToolChoice,
-};
+use super::openai_body;
+use super::request::{ChatRequest, Defaults, Limits, ResponseFormat, ToolChoice};
+use super::sampling_fields::SamplingFields;
 use super::sse::SseFrame;
 use crate::tokenizer::ThinkingEffort;
 use axum::response::{IntoResponse, Response};
@@ -224,7 +224,7 @@ pub fn read_request(
     for (i, msg) in msgs.iter().enumerate() {
         translate_message(msg, i, &mut messages)?;
     }
-    let messages = request::messages(Some(Value::Array(messages)), limits)?;
+    let messages = openai_body::messages(Some(Value::Array(messages)), limits)?;
     let fields = SamplingFields {
         temperature: b.temperature,
         top_p: b.top_p,
@@ -288,7 +288,7 @@ pub fn read_request(
                     let name = tc
                         .name
                         .ok_or_else(|| ApiError::field("tool_choice.name", "is missing"))?;
-                    request::named_tool(&name, &tools, "tool_choice.name")?
+                    openai_body::named_tool(&name, &tools, "tool_choice.name")?
                 }
                 _ => {
                     return Err(field_err(

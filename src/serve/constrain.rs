@@ -5,7 +5,8 @@
 //! field and the compile time stays off the engine's thread.
 
 use super::api_error::ApiError;
-use super::request::{tool_name, ChatRequest, ResponseFormat, ToolChoice};
+use super::openai_body::tool_name;
+use super::request::{ChatRequest, ResponseFormat, ToolChoice};
 use crate::grammar::{GrammarCompiler, OutputConstraint, ReplyFrame, TokenConstraint, ToolSchema};
 use serde_json::{json, Value};
 use std::time::Instant;

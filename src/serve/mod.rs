@@ -15,9 +15,11 @@ pub mod live;
 pub mod logprobs;
 pub mod metrics;
 pub mod openai;
+pub mod openai_body;
 pub mod prompt;
 pub mod reply;
 pub mod request;
+pub mod sampling_fields;
 pub mod sse;
 pub mod stop_strings;
 

@@ -3,7 +3,8 @@
 //! tool-choice note and the generation prompt. Text stays text ([`Prompt`]).
 
 use super::api_error::ApiError;
-use super::request::{tool_name, ApiMessage, ApiRole, ChatRequest, ToolCallIn, ToolChoice};
+use super::openai_body::tool_name;
+use super::request::{ApiMessage, ApiRole, ChatRequest, ToolCallIn, ToolChoice};
 use crate::tokenizer::{ChatOptions, Message, Prompt};
 use serde_json::Value;
 

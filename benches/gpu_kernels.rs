@@ -12,11 +12,9 @@
 
 use k3::backend::gpu::lab_switches::LabSwitches;
 use k3::backend::gpu::{GpuBackend, GpuOptions};
-use k3::backend::{
-    Backend, ExpertAssignment, ExpertKey, ExpertResidency, ExpertWeights, Glu, MlaAttnWeights,
-    MlaDims,
-};
+use k3::backend::{Backend, ExpertAssignment, ExpertResidency, Glu, MlaAttnWeights, MlaDims};
 use k3::quant::{DenseData, DenseMatrix, Mxfp4View};
+use k3::routed_expert::{ExpertKey, ExpertWeights};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

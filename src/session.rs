@@ -419,7 +419,7 @@ impl<'m, B: Backend> Session<'m, B> {
             return;
         }
         match self.model.state_to_host(&self.state) {
-            Ok(state) => pc.store(crate::prompt_cache::entry_file::Entry {
+            Ok(state) => pc.store(crate::model::prompt_cache::entry_file::Entry {
                 tokens: self.tokens.clone(),
                 logits: self.last_logits.clone(),
                 state,

@@ -7,12 +7,11 @@
 mod support;
 
 use k3::checkpoint::Checkpoint;
-use k3::experts::aligned_buf::AlignedBuf;
-use k3::experts::{
-    ExpertReader, FaultPlan, IoMode, LentRegion, LoadedExpert, ReadFault, ReadLender, StreamConfig,
-};
+use k3::experts::{ExpertReader, FaultPlan, IoMode, ReadFault, StreamConfig};
 use k3::generate::prefill;
 use k3::model::FormatPolicy;
+use k3::platform::aligned_buf::AlignedBuf;
+use k3::routed_expert::{LentRegion, LoadedExpert, ReadLender};
 use k3::stats::Stats;
 use std::any::Any;
 use std::io::ErrorKind;

@@ -12,10 +12,11 @@ use k3::backend::gpu::{
     vram_budget, GpuBackend, GpuMat, GpuOptions, Int4Decode, MatvecShape, DIGITS_FROM_ROWS,
 };
 use k3::backend::{
-    Backend, ExpertAssignment, ExpertKey, ExpertResidency, ExpertWeights, FreeDeviceMemory, Glu,
-    KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
+    Backend, ExpertAssignment, ExpertResidency, FreeDeviceMemory, Glu, KdaDims, KdaStepInputs,
+    KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
 };
 use k3::quant::{DenseFormat, DenseMatrix, Mxfp4View};
+use k3::routed_expert::{ExpertKey, ExpertWeights};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::rel_l2;

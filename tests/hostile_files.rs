@@ -9,8 +9,8 @@ mod support;
 
 use k3::checkpoint::Checkpoint;
 use k3::config::Config;
+use k3::experts::route_trace::RouteTrace;
 use k3::experts::usage_history::UsageHistory;
-use k3::model::route_trace::RouteTrace;
 use k3::model::weight_cache::{WeightCache, WeightCacheSetting, FILE_NAME};
 use k3::model::FormatPolicy;
 use k3::tokenizer::Tokenizer;

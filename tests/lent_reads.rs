@@ -5,8 +5,9 @@
 mod support;
 
 use k3::checkpoint::Checkpoint;
-use k3::experts::aligned_buf::AlignedBuf;
-use k3::experts::{ExpertReader, IoMode, LentRegion, ReadLender};
+use k3::experts::{ExpertReader, IoMode};
+use k3::platform::aligned_buf::AlignedBuf;
+use k3::routed_expert::{LentRegion, ReadLender};
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

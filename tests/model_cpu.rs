@@ -2,9 +2,9 @@
 
 mod support;
 
+use k3::experts::route_trace::{RouteTap, TraceHeader};
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::{prefill, MAX_CHUNK};
-use k3::model::route_trace::{RouteTap, TraceHeader};
 use k3::model::FormatPolicy;
 use k3::stats::Stats;
 use std::sync::Arc;

@@ -7,8 +7,8 @@ mod support;
 
 use k3::backend::gpu::GpuOptions;
 use k3::backend::Backend;
+use k3::model::prompt_cache::{entry_file, PromptCache, PromptCacheConfig};
 use k3::model::{FormatPolicy, K3Model};
-use k3::prompt_cache::{entry_file, PromptCache, PromptCacheConfig};
 use k3::session::{DecodeOptions, Flow, Generation, Session, MAX_CHUNK};
 use std::path::Path;
 use std::process::Command;

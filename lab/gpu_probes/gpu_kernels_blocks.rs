@@ -25,10 +25,8 @@ use k3::backend::gpu::buffers::GpuAct;
 use k3::backend::gpu::chunk_gemm::ChunkGemm;
 use k3::backend::gpu::stationary::Stationary;
 use k3::backend::gpu::{GpuBackend, GpuOptions, Int4Decode, MatvecShape};
-use k3::backend::{
-    Backend, ExpertAssignment, ExpertKey, ExpertResidency, ExpertWeights, Glu, KdaDims,
-    KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
-};
+use k3::backend::{Backend, ExpertAssignment, ExpertResidency, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams};
+use k3::routed_expert::{ExpertKey, ExpertWeights};
 use k3::quant::{DenseData, DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -2,18 +2,15 @@
 //! tier (VRAM on a GPU) and the memory it lends for reads. The model asks these questions
 //! of every backend; one without device memory keeps the defaults (no tier, host reads).
 
-use crate::experts::LoadedExpert;
+use crate::routed_expert::{ExpertKey, LoadedExpert, ReadLender};
 use anyhow::Result;
 use std::sync::Arc;
-
-/// An expert by layer and id, as a backend's tier names it.
-pub type TierKey = (usize, u32);
 
 /// Experts that moved between a backend's tier and the host cache since the last report.
 #[derive(Default)]
 pub struct TierMoves {
     /// Taken into the tier from host bytes: the host cache drops its copy.
-    pub promoted: Vec<TierKey>,
+    pub promoted: Vec<ExpertKey>,
     /// Evicted from the tier, their bytes brought back to host memory: the host cache takes
     /// them as it takes an expert just read.
     pub demoted: Vec<(usize, LoadedExpert)>,
@@ -70,7 +67,7 @@ pub trait ExpertResidency {
     }
     /// Memory this backend lends for expert reads, so they land where it uploads from;
     /// `None` (the default) when reads into host memory serve it as well.
-    fn read_lender(&self) -> Option<Arc<dyn crate::experts::ReadLender>> {
+    fn read_lender(&self) -> Option<Arc<dyn ReadLender>> {
         None
     }
     /// The exchange between this backend's tier and the host cache, `None` (the default)

@@ -11,9 +11,10 @@ pub mod gpu;
 pub mod select;
 pub mod shape_checks;
 
-pub use expert_residency::{ExpertResidency, FreeDeviceMemory, TierExchange, TierKey, TierMoves};
+pub use expert_residency::{ExpertResidency, FreeDeviceMemory, TierExchange, TierMoves};
 
-use crate::quant::{DenseMatrix, Mxfp4View};
+use crate::quant::DenseMatrix;
+use crate::routed_expert::{ExpertKey, ExpertWeights, Route, StagedExpert};
 use anyhow::Result;
 
 /// Shape parameters of one KDA layer, shared by every backend.
@@ -134,40 +135,6 @@ pub struct MlaAttnWeights<A> {
     pub wv: A,
 }
 
-/// The native MXFP4 bytes of one routed expert, borrowed from a shard or a cache slot.
-#[derive(Clone, Copy, Debug)]
-pub struct ExpertWeights<'a> {
-    /// Gate projection `[I, D]`.
-    pub w1: Mxfp4View<'a>,
-    /// Down projection `[D, I]`.
-    pub w2: Mxfp4View<'a>,
-    /// Up projection `[I, D]`.
-    pub w3: Mxfp4View<'a>,
-}
-
-/// A routed expert read into memory its backend lent for the read (see
-/// [`crate::experts::ReadLender`]), which only that backend can use: the lent region, the
-/// expert's `(I, D)`, and where its six tensors lie in the region (w1 packed, w1 scales, w2
-/// packed, w2 scales, w3 packed, w3 scales).
-#[derive(Clone, Debug)]
-pub struct StagedExpert<'a> {
-    /// The region, for its lender to recognize.
-    pub region: &'a dyn std::any::Any,
-    /// `(I, D)`: intermediate and latent widths.
-    pub dims: (usize, usize),
-    /// Byte ranges of the six tensors in the region.
-    pub parts: [std::ops::Range<u64>; 6],
-}
-
-/// Names one routed expert of the model: its MoE layer and its id within the layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ExpertKey {
-    /// Layer index.
-    pub layer: usize,
-    /// Expert id within the layer.
-    pub id: u32,
-}
-
 /// One routed expert and the tokens of the chunk that chose it.
 #[derive(Clone, Debug)]
 pub struct ExpertAssignment<'a> {
@@ -206,9 +173,6 @@ pub struct RouterParams {
     /// `routed_scaling_factor`.
     pub scaling: f32,
 }
-
-/// The chosen experts of one token: `(expert id, weight)`, best first.
-pub type Route = Vec<(u32, f32)>;
 
 /// [`Backend::matmul_many`] of `N` matrices on one input, as an array.
 pub fn matmul_each<B: Backend, const N: usize>(

@@ -1,6 +1,8 @@
 //! Shape checks every backend runs before an op, written once so the messages agree.
 
-use super::{ExpertWeights, KdaDims, MlaDims};
+use super::{KdaDims, MlaDims};
+
+use crate::routed_expert::ExpertWeights;
 use anyhow::{ensure, Result};
 
 /// `(rows, cols)` of an activation.

@@ -6,7 +6,6 @@
 use super::schema::{self, dtype_accepted, shape_accepted, TensorClass};
 use super::Checkpoint;
 use crate::config::{AttnKind, Config};
-use crate::experts::IoMode;
 use anyhow::Result;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -57,8 +56,11 @@ pub struct InspectReport {
     pub problems: Vec<TensorProblem>,
     /// Text tensors present that the schema does not know (informational).
     pub unexpected: Vec<String>,
-    /// How expert reads will go on this snapshot's disk: direct, or why they fall back.
-    pub expert_reads: String,
+    /// The first shard file, where a caller probes how expert reads will go.
+    pub first_shard: Option<PathBuf>,
+    /// How expert reads will go on this snapshot's disk (direct, or why they fall back), as
+    /// the caller that probed the disk put it; printed when set.
+    pub expert_reads: Option<String>,
 }
 
 impl InspectReport {
@@ -164,26 +166,9 @@ pub fn inspect(dir: &Path, extra_dirs: &[PathBuf]) -> Result<InspectReport> {
             banks: cfg.is_bank_layer(i),
         })
         .collect();
-    let expert_reads = if ck.shard_count() == 0 {
-        "no shards".to_string()
-    } else {
-        let first = ck.shard_path(0);
-        match crate::experts::shard_io::probe_direct(first) {
-            Ok(()) => format!(
-                "{} (K3_DIRECT=1, the default), accepted by {}",
-                IoMode::Direct.describe(),
-                first.display()
-            ),
-            Err(why) => format!(
-                "{} refused by {} ({why}): runs read {}",
-                IoMode::Direct.describe(),
-                first.display(),
-                IoMode::Buffered.describe()
-            ),
-        }
-    };
     Ok(InspectReport {
-        expert_reads,
+        expert_reads: None,
+        first_shard: (ck.shard_count() > 0).then(|| ck.shard_path(0).to_path_buf()),
         dir: ck.dir.clone(),
         config: cfg.clone(),
         shard_count: ck.shard_count(),
@@ -281,7 +266,9 @@ impl fmt::Display for InspectReport {
             self.experts_contiguous,
             self.experts_present - self.experts_contiguous
         )?;
-        writeln!(f, "expert reads: {}", self.expert_reads)?;
+        if let Some(reads) = &self.expert_reads {
+            writeln!(f, "expert reads: {reads}")?;
+        }
         if !self.unexpected.is_empty() {
             writeln!(
                 f,

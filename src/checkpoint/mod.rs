@@ -13,9 +13,9 @@ pub use inspect::{inspect, InspectReport};
 pub use schema::{TensorClass, TensorSpec};
 pub use tensor::{Dtype, TensorView};
 
-use crate::backend::ExpertWeights;
 use crate::config::{Config, MXFP4_GROUP};
 use crate::quant::Mxfp4View;
+use crate::routed_expert::ExpertWeights;
 use anyhow::{anyhow, bail, Context, Result};
 use shards::{Entry, Shard};
 use std::collections::HashMap;

@@ -13,8 +13,8 @@ use k3::experts::cache_policy_synth::{
     TARGET_HIT_8GB,
 };
 use k3::experts::ram_budget::requested_slots;
+use k3::experts::route_trace::RouteTrace;
 use k3::experts::usage_history::UsageHistory;
-use k3::model::route_trace::RouteTrace;
 use std::path::PathBuf;
 
 /// Flags of `k3 bench cache`.

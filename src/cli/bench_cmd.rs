@@ -3,9 +3,9 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use k3::checkpoint::Checkpoint;
-use k3::experts::aligned_buf::{round_up, AlignedBuf, IO_ALIGN};
 use k3::experts::{ExpertSource, IoMode, StreamConfig};
 use k3::generate::{generate, GenerateOptions};
+use k3::platform::aligned_buf::{round_up, AlignedBuf, IO_ALIGN};
 use k3::platform::positional_read::read_at;
 use k3::platform::uncached_read::{open_uncached, UNCACHED_MECHANISM};
 use k3::stats::{self, Stats};

@@ -5,9 +5,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use k3::backend::gpu::LimitsProfile;
 use k3::config::Config;
-use k3::experts::memory_plan::{plan_machine, Machine, LINUX_OS_GB, MACOS_OS_GB};
+use k3::engine::memory_plan::{plan_machine, Machine, LINUX_OS_GB, MACOS_OS_GB};
+use k3::experts::IoMode;
 use k3::model::FormatPolicy;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Flags of `k3 inspect`.
 #[derive(Args, Debug)]
@@ -63,7 +64,8 @@ pub fn run(a: InspectArgs) -> Result<()> {
         return plan(&a);
     }
     let extra = a.dirs.as_deref().map(super::split_dirs).unwrap_or_default();
-    let report = k3::checkpoint::inspect::inspect(&a.model, &extra)?;
+    let mut report = k3::checkpoint::inspect(&a.model, &extra)?;
+    report.expert_reads = Some(expert_reads(report.first_shard.as_deref()));
     println!("{report}");
     if !report.is_ok() {
         bail!(
@@ -72,6 +74,27 @@ pub fn run(a: InspectArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// How expert reads will go on the disk of `first_shard`: direct when the OS accepts an
+/// uncached read of it, else buffered and why.
+fn expert_reads(first_shard: Option<&Path>) -> String {
+    let Some(first) = first_shard else {
+        return "no shards".to_string();
+    };
+    match k3::experts::shard_io::probe_direct(first) {
+        Ok(()) => format!(
+            "{} (K3_DIRECT=1, the default), accepted by {}",
+            IoMode::Direct.describe(),
+            first.display()
+        ),
+        Err(why) => format!(
+            "{} refused by {} ({why}): runs read {}",
+            IoMode::Direct.describe(),
+            first.display(),
+            IoMode::Buffered.describe()
+        ),
+    }
 }
 
 /// `k3 inspect --plan`.

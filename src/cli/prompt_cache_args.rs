@@ -4,8 +4,8 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use k3::backend::Backend;
+use k3::model::prompt_cache::{PromptCache, PromptCacheConfig, MIN_TOKENS};
 use k3::model::{FormatPolicy, K3Model};
-use k3::prompt_cache::{PromptCache, PromptCacheConfig, MIN_TOKENS};
 use std::path::PathBuf;
 use std::sync::Arc;
 

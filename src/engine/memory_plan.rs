@@ -4,12 +4,12 @@
 //! — the same arithmetic as a run's `[K3][RAM_GB=...]` line, with the measurements
 //! replaced by the machine's size.
 
-use super::ram_budget::{
-    self, BudgetInputs, BudgetPlan, ContextAsk, RamBudgetError, MACOS_FOOTPRINT_SHARE,
-};
 use crate::backend::gpu::LimitsProfile;
 use crate::checkpoint::schema::TensorClass;
 use crate::config::Config;
+use crate::experts::ram_budget::{
+    self, BudgetInputs, BudgetPlan, ContextAsk, RamBudgetError, MACOS_FOOTPRINT_SHARE,
+};
 use crate::model::context::{checkpoint_context, kv_shape};
 use crate::model::dense_footprint::dense_footprint;
 use crate::model::state_size::{state_size, StateSize};

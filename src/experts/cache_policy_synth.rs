@@ -12,7 +12,7 @@
 
 use super::cache_policy::PolicyKind;
 use super::cache_policy_sim::{dedup_factor, replay, SimResult};
-use crate::model::route_trace::{RouteTrace, TraceHeader, TraceRecord};
+use crate::experts::route_trace::{RouteTrace, TraceHeader, TraceRecord};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -2,7 +2,7 @@
 //! layer's [`SlotPolicy`] (`--cache-policy`), the same code the cache simulator replays.
 
 use super::cache_policy::{PolicyKind, SlotPolicy};
-use super::expert_reader::LoadedExpert;
+use crate::routed_expert::LoadedExpert;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -103,20 +103,19 @@ impl LayerCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::experts::expert_reader::tests_support::fake_expert;
 
     #[test]
     fn evicts_the_least_recently_used() {
         let mut c = LayerCache::new(2);
-        c.insert(fake_expert(1));
-        c.insert(fake_expert(2));
+        c.insert(std::sync::Arc::new(LoadedExpert::empty(1)));
+        c.insert(std::sync::Arc::new(LoadedExpert::empty(2)));
         assert!(c.get(1).is_some(), "touching 1 makes 2 the oldest");
-        c.insert(fake_expert(3));
+        c.insert(std::sync::Arc::new(LoadedExpert::empty(3)));
         assert_eq!(c.eviction_order(), vec![1, 3]);
         assert!(c.get(2).is_none());
-        c.insert(fake_expert(3));
+        c.insert(std::sync::Arc::new(LoadedExpert::empty(3)));
         assert_eq!(c.len(), 2, "re-inserting a held expert evicts nothing");
-        c.insert(fake_expert(4));
+        c.insert(std::sync::Arc::new(LoadedExpert::empty(4)));
         let order = c.eviction_order();
         let small = c.shrunk(1, PolicyKind::Lru, &[]);
         assert_eq!((small.capacity(), small.len()), (1, 1));
@@ -133,7 +132,7 @@ mod tests {
             let mut c = LayerCache::with_policy(2, kind, &[]);
             for id in [1, 2] {
                 assert!(c.get(id).is_none());
-                c.insert(fake_expert(id));
+                c.insert(std::sync::Arc::new(LoadedExpert::empty(id)));
             }
             let before = c.len();
             assert!(c.remove(1), "{kind}");
@@ -142,7 +141,7 @@ mod tests {
             assert_eq!(c.len(), before - 1, "{kind}");
             assert!(!c.eviction_order().contains(&1), "{kind}");
             if c.get(3).is_none() {
-                c.insert(fake_expert(3));
+                c.insert(std::sync::Arc::new(LoadedExpert::empty(3)));
             }
             assert!(c.len() <= 2, "{kind}");
         }
@@ -151,7 +150,7 @@ mod tests {
     #[test]
     fn zero_capacity_caches_nothing() {
         let mut c = LayerCache::new(0);
-        c.insert(fake_expert(7));
+        c.insert(std::sync::Arc::new(LoadedExpert::empty(7)));
         assert!(c.is_empty() && c.get(7).is_none());
     }
 
@@ -161,7 +160,7 @@ mod tests {
             let mut c = LayerCache::with_policy(3, kind, &[5]);
             for id in [5, 1, 2, 3, 4, 6] {
                 if c.get(id).is_none() {
-                    c.insert(fake_expert(id));
+                    c.insert(std::sync::Arc::new(LoadedExpert::empty(id)));
                 }
                 let mut held: Vec<u32> = c.eviction_order();
                 held.sort_unstable();

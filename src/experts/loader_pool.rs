@@ -8,8 +8,9 @@
 //! unread.
 
 use super::disk_meter::DiskMeter;
-use super::expert_reader::{ExpertReader, LoadedExpert};
+use super::expert_reader::ExpertReader;
 use crate::checkpoint::ExpertLocation;
+use crate::routed_expert::LoadedExpert;
 use anyhow::{anyhow, Context, Result};
 use std::collections::VecDeque;
 use std::path::PathBuf;

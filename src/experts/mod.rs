@@ -1,24 +1,21 @@
 //! Routed experts: where their native MXFP4 bytes come from and how they are kept.
 
-pub mod aligned_buf;
 pub mod cache_policy;
 pub mod cache_policy_sim;
 pub mod cache_policy_synth;
 pub mod disk_meter;
 pub mod expert_cache;
 pub mod expert_reader;
-pub mod lent_memory;
 pub mod loader_pool;
-pub mod memory_plan;
 pub mod prefetch;
 pub mod prefetch_gate;
 pub mod pressure_guard;
 pub mod ram_budget;
+pub mod route_trace;
 pub mod shard_io;
 pub mod source;
 pub mod usage_history;
 
-pub use expert_reader::{ExpertReader, HostBytes, LoadedExpert};
-pub use lent_memory::{LentRegion, ReadLender};
+pub use expert_reader::ExpertReader;
 pub use shard_io::{FaultPlan, IoMode, ReadFault};
 pub use source::{ExpertSource, StreamConfig, Supplied};

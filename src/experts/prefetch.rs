@@ -9,10 +9,11 @@
 //! them, as wasted bytes otherwise. The experts a layer computes with, their order and their
 //! bytes are the same with or without guesses, so the logits are too.
 
-use super::expert_reader::{ExpertReader, LoadedExpert};
+use super::expert_reader::ExpertReader;
 use super::loader_pool::{LoadJob, LoaderPool};
 use super::prefetch_gate::{BusyShare, DiskLoad, PrefetchGate, RoundOutcome};
 use crate::checkpoint::Checkpoint;
+use crate::routed_expert::LoadedExpert;
 use crate::stats::Stats;
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;

@@ -17,8 +17,8 @@
 //! offset order). Experts that `--skip-uncached-below` then leaves out are still listed.
 
 use crate::atomic_file::AtomicFile;
-use crate::backend::Route;
 use crate::platform::input_file::{self, FileKind};
+use crate::routed_expert::Route;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read};

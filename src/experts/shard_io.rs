@@ -2,8 +2,8 @@
 //! Linux, F_NOCACHE on macOS, FILE_FLAG_NO_BUFFERING on Windows; see
 //! [`crate::platform::uncached_read`]), or buffered with a read-ahead hint.
 
-use super::aligned_buf::{round_up, AlignedBuf, IO_ALIGN};
 use crate::checkpoint::file_stamp::FileStamp;
+use crate::platform::aligned_buf::{round_up, AlignedBuf, IO_ALIGN};
 use crate::platform::input_file::{self, FileKind};
 use crate::platform::positional_read::read_at;
 use crate::platform::uncached_read;

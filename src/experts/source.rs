@@ -4,14 +4,15 @@
 use super::cache_policy::CacheSetup;
 use super::disk_meter::DiskMeter;
 use super::expert_cache::LayerCache;
-use super::expert_reader::{ExpertReader, LoadedExpert};
-use super::lent_memory::ReadLender;
+use super::expert_reader::ExpertReader;
 use super::loader_pool::{LoadJob, LoaderPool};
 use super::prefetch::Prefetcher;
 use super::shard_io::IoMode;
 use crate::backend::TierExchange;
 use crate::checkpoint::Checkpoint;
-use crate::model::route_trace::RouteTap;
+use crate::experts::route_trace::RouteTap;
+use crate::routed_expert::LoadedExpert;
+use crate::routed_expert::ReadLender;
 use crate::stats::Stats;
 use anyhow::{anyhow, Result};
 use std::collections::{HashMap, VecDeque};
@@ -164,9 +165,9 @@ impl ExpertSource {
             .lock()
             .map_err(|_| anyhow!("expert cache poisoned"))?;
         stats.tier_promotions += moves.promoted.len() as u64;
-        for (layer, id) in moves.promoted {
-            if let Some(lc) = caches.get_mut(&layer) {
-                lc.remove(id);
+        for key in moves.promoted {
+            if let Some(lc) = caches.get_mut(&key.layer) {
+                lc.remove(key.id);
             }
         }
         stats.tier_demotions += moves.demoted.len() as u64;

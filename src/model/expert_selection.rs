@@ -4,7 +4,7 @@
 //! every token gave it less than a weight (`--skip-uncached-below`). The kept weights of a
 //! token are scaled back to the sum its router gave, so the layer's output keeps its scale.
 
-use crate::backend::Route;
+use crate::routed_expert::Route;
 use anyhow::{bail, Result};
 
 /// Which routed experts a layer may leave out.

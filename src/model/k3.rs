@@ -78,7 +78,7 @@ pub struct K3Model<B: Backend> {
     prefetch: bool,
     /// Tokens a conversation may hold (prompt plus answer): see `context.rs`.
     pub(super) context: usize,
-    prompt_cache: Option<std::sync::Arc<crate::prompt_cache::PromptCache>>,
+    prompt_cache: Option<std::sync::Arc<crate::model::prompt_cache::PromptCache>>,
     startup: Startup,
     /// Rows of one op call outside the routed experts (the backend's limits).
     sub_rows: usize,
@@ -346,13 +346,13 @@ impl<B: Backend> K3Model<B> {
     /// Lets sessions on this model load and store prompt states on disk (`None`: off).
     pub fn set_prompt_cache(
         &mut self,
-        cache: Option<std::sync::Arc<crate::prompt_cache::PromptCache>>,
+        cache: Option<std::sync::Arc<crate::model::prompt_cache::PromptCache>>,
     ) {
         self.prompt_cache = cache;
     }
 
     /// The prompt cache sessions share, when one is on.
-    pub fn prompt_cache(&self) -> Option<&crate::prompt_cache::PromptCache> {
+    pub fn prompt_cache(&self) -> Option<&crate::model::prompt_cache::PromptCache> {
         self.prompt_cache.as_deref()
     }
 

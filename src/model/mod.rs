@@ -13,7 +13,7 @@ pub mod mla;
 pub mod moe;
 pub mod prefill_progress;
 pub mod prefill_window;
-pub mod route_trace;
+pub mod prompt_cache;
 pub mod state_size;
 pub mod state_snapshot;
 pub mod trace;

@@ -5,11 +5,12 @@ use super::expert_selection::{drop_experts, keep_top_p, uncached_to_skip, Expert
 use super::format_policy::FormatPolicy;
 use super::glu_mlp::GluMlp;
 use super::loader::Loader;
-use crate::backend::{Backend, ExpertAssignment, ExpertKey, Glu, RouterParams};
+use crate::backend::{Backend, ExpertAssignment, Glu, RouterParams};
 use crate::checkpoint::Checkpoint;
 use crate::experts::prefetch::guess_limit;
 use crate::experts::{ExpertSource, Supplied};
 use crate::quant::DenseFormat;
+use crate::routed_expert::ExpertKey;
 use crate::stats::Stats;
 use anyhow::{anyhow, Result};
 use std::cell::OnceCell;
@@ -235,7 +236,7 @@ impl<B: Backend> Moe<B> {
 
 /// Up to `limit` distinct experts of `routes`, the heaviest first: by the routing weight
 /// the rows gave them together (ties: the smaller id).
-fn most_chosen(routes: &[crate::backend::Route], limit: usize) -> Vec<u32> {
+fn most_chosen(routes: &[crate::routed_expert::Route], limit: usize) -> Vec<u32> {
     let mut weight: HashMap<u32, f64> = HashMap::new();
     for &(e, w) in routes.iter().flatten() {
         *weight.entry(e).or_default() += f64::from(w);
@@ -246,7 +247,7 @@ fn most_chosen(routes: &[crate::backend::Route], limit: usize) -> Vec<u32> {
 }
 
 /// The distinct experts of `routes`, in first-seen order.
-fn distinct_experts(routes: &[crate::backend::Route]) -> Vec<u32> {
+fn distinct_experts(routes: &[crate::routed_expert::Route]) -> Vec<u32> {
     let mut seen = std::collections::HashSet::new();
     routes
         .iter()

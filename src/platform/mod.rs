@@ -1,6 +1,7 @@
 //! What differs between Linux, macOS and Windows, one module per concern, each with the same
 //! interface on every OS: the rest of the engine never names an OS.
 
+pub mod aligned_buf;
 pub mod available_memory;
 pub mod cache_dir;
 pub mod file_size_signal;

@@ -2,7 +2,7 @@
 //! out the memory the engine keeps: `O_DIRECT` on Linux, `F_NOCACHE` with read-ahead off on
 //! macOS, `FILE_FLAG_NO_BUFFERING` on Windows. Linux and Windows want the buffer, the offset
 //! and the length aligned to the device's logical sector; callers align all three to
-//! [`crate::experts::aligned_buf::IO_ALIGN`] (4096), a multiple of the 512- and 4096-byte
+//! [`crate::platform::aligned_buf::IO_ALIGN`] (4096), a multiple of the 512- and 4096-byte
 //! sectors disks report, on every OS.
 //!
 //! Also the read-ahead hint of buffered mode, which only Linux and macOS have.
@@ -136,7 +136,7 @@ pub fn read_ahead_hint(f: &File, offset: u64, len: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::experts::aligned_buf::{AlignedBuf, IO_ALIGN};
+    use crate::platform::aligned_buf::{AlignedBuf, IO_ALIGN};
     use std::io::Write;
 
     #[test]

@@ -9,7 +9,7 @@ pub trait ReadLender: Send + Sync {
     /// A region of at least `len` bytes that starts on an [`IO_ALIGN`] boundary and spans
     /// whole blocks of it, or `None` when none is free now (the read then goes to host memory).
     ///
-    /// [`IO_ALIGN`]: super::aligned_buf::IO_ALIGN
+    /// [`IO_ALIGN`]: crate::platform::aligned_buf::IO_ALIGN
     fn lend(&self, len: usize) -> Option<Box<dyn LentRegion>>;
 
     /// A read into a lent region failed where the same read into host memory succeeded:

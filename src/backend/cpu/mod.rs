@@ -11,10 +11,12 @@ mod state_copy;
 
 use super::{
     Backend, ExpertAssignment, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights,
-    MlaDims, Route, RouterParams,
+    MlaDims, RouterParams,
 };
+
 use crate::quant::idot::IdotKernel;
 use crate::quant::DenseMatrix;
+use crate::routed_expert::Route;
 use anyhow::{ensure, Result};
 
 pub use kda::{conv_silu_step, KdaState};

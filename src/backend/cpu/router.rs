@@ -2,7 +2,8 @@
 
 use super::elementwise::sigmoid;
 use super::CpuAct;
-use crate::backend::{Route, RouterParams};
+use crate::backend::RouterParams;
+use crate::routed_expert::Route;
 use anyhow::{ensure, Result};
 
 /// Keeps the renormalization finite when every chosen score underflows.

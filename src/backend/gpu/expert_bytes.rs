@@ -4,8 +4,8 @@
 
 use super::read_staging::LentStaging;
 use super::GpuBackend;
-use crate::backend::{ExpertWeights, StagedExpert};
 use crate::quant::Mxfp4View;
+use crate::routed_expert::{ExpertWeights, StagedExpert};
 use anyhow::{anyhow, ensure, Result};
 use rayon::prelude::*;
 

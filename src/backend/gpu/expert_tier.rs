@@ -5,7 +5,7 @@
 //! arena (gate+up rows of each slot back to back, then the down rows in a second arena), so
 //! a resident expert is used in place by its slot index, with no copy.
 
-use crate::backend::ExpertKey;
+use crate::routed_expert::ExpertKey;
 use std::collections::{HashMap, HashSet};
 
 /// Bookkeeping of the tier: which expert sits in which slot, recency, pins.

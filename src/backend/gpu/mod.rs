@@ -38,10 +38,12 @@ pub use matmul::{GpuFormat, GpuMat, DIGITS_FROM_ROWS};
 
 use super::{
     Backend, ExpertAssignment, ExpertResidency, FreeDeviceMemory, Glu, KdaDims, KdaStepInputs,
-    KdaStepWeights, MlaAttnWeights, MlaDims, Route, RouterParams, TierExchange,
+    KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams, TierExchange,
 };
-use crate::experts::ReadLender;
+
 use crate::quant::DenseMatrix;
+use crate::routed_expert::ReadLender;
+use crate::routed_expert::Route;
 use anyhow::{anyhow, ensure, Result};
 use buffer_pool::{BufferPool, Lease};
 use read_staging::StagingLender;

@@ -9,8 +9,8 @@
 //! returns. When the expert is dropped the buffer is mapped again; it goes back to the free
 //! list once that map completes (the GPU has finished reading it by then).
 
-use crate::experts::aligned_buf::IO_ALIGN;
-use crate::experts::{LentRegion, ReadLender};
+use crate::platform::aligned_buf::IO_ALIGN;
+use crate::routed_expert::{LentRegion, ReadLender};
 use std::any::Any;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -4,7 +4,8 @@ use super::buffers::GpuAct;
 use super::context::Dispatch;
 use super::shaders::Shader;
 use super::GpuBackend;
-use crate::backend::{Route, RouterParams};
+use crate::backend::RouterParams;
+use crate::routed_expert::Route;
 use anyhow::{bail, ensure, Result};
 
 /// Most experts per token the kernel's selection list holds.

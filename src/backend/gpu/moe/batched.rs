@@ -11,8 +11,9 @@ use super::super::GpuBackend;
 use super::arena::Arena;
 use super::routing::{build_routing, Routing};
 use super::BLOCK;
-use crate::backend::{ExpertAssignment, ExpertWeights};
+use crate::backend::ExpertAssignment;
 use crate::quant::Mxfp4View;
+use crate::routed_expert::ExpertWeights;
 use anyhow::{ensure, Result};
 
 /// Below this many output rows over all its (expert, token) pairs, an MXFP4 dispatch uses

@@ -10,7 +10,7 @@
 //! carry is bounded by a byte budget; a chunk whose uploads do not fit is not kept.
 
 use super::arena::ArenaSet;
-use crate::backend::ExpertKey;
+use crate::routed_expert::ExpertKey;
 use std::collections::{HashMap, HashSet};
 
 /// One generation of a layer's carry: arena sets by id, and where each expert sits.

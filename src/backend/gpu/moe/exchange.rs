@@ -12,8 +12,9 @@
 use super::super::GpuBackend;
 use super::tier::TierState;
 use super::BLOCK;
-use crate::backend::{ExpertKey, TierExchange, TierKey, TierMoves};
-use crate::experts::{HostBytes, LoadedExpert};
+use crate::backend::{TierExchange, TierMoves};
+use crate::routed_expert::ExpertKey;
+use crate::routed_expert::{HostBytes, LoadedExpert};
 use anyhow::{anyhow, Result};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -34,7 +35,7 @@ struct Pending {
 
 #[derive(Default)]
 struct Moves {
-    promoted: Vec<TierKey>,
+    promoted: Vec<ExpertKey>,
     pending: Vec<Pending>,
 }
 
@@ -118,7 +119,7 @@ pub(in crate::backend::gpu) struct Mailbox {
     moves: Mutex<Moves>,
     /// The experts the tier's slots hold, as the prefetcher asks about them: kept here so
     /// the question neither waits for the tier's lock nor pins or marks an expert used.
-    resident: Mutex<HashSet<TierKey>>,
+    resident: Mutex<HashSet<ExpertKey>>,
     /// Shared with the readbacks the host cache holds, which give their buffers back here.
     free: Arc<FreeReadbacks>,
 }
@@ -153,19 +154,19 @@ impl Mailbox {
     /// `key` was uploaded into a slot; a demotion of it still on its way is dropped (the
     /// tier holds it again).
     fn promoted(&self, key: ExpertKey) -> Result<()> {
-        self.resident_set().insert((key.layer, key.id));
+        self.resident_set().insert(key);
         let mut m = self.lock()?;
         m.pending.retain(|p| p.key != key);
-        m.promoted.push((key.layer, key.id));
+        m.promoted.push(key);
         Ok(())
     }
 
     /// `key` left its slot.
     fn evicted(&self, key: ExpertKey) {
-        self.resident_set().remove(&(key.layer, key.id));
+        self.resident_set().remove(&key);
     }
 
-    fn resident_set(&self) -> MutexGuard<'_, HashSet<TierKey>> {
+    fn resident_set(&self) -> MutexGuard<'_, HashSet<ExpertKey>> {
         // A set of keys is whole after any panic: a poisoned lock is taken as it is.
         self.resident.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -204,7 +205,9 @@ impl TierExchange for Mailbox {
 
     fn holds(&self, layer: usize, ids: &[u32]) -> Vec<bool> {
         let r = self.resident_set();
-        ids.iter().map(|&id| r.contains(&(layer, id))).collect()
+        ids.iter()
+            .map(|&id| r.contains(&ExpertKey { layer, id }))
+            .collect()
     }
 
     fn take_moves(&self) -> Result<TierMoves> {

@@ -99,7 +99,7 @@ impl GpuBackend {
         Ok(self
             .tier()?
             .book
-            .holds(crate::backend::ExpertKey { layer, id }))
+            .holds(crate::routed_expert::ExpertKey { layer, id }))
     }
 
     /// Experts in the VRAM tier now whose slot may hold a scale above the MXFP4 kernel's

@@ -2,7 +2,8 @@
 //! checks a file through before any of it is used, and the builder that writes one in a
 //! single pass as matrices arrive.
 
-use super::{key_difference, Key, Parts, FORMAT_VERSION};
+use super::key::{key_difference, Key};
+use super::{Parts, FORMAT_VERSION};
 use crate::atomic_file::AtomicFile;
 use crate::platform::input_file::{self, FileKind};
 use crate::quant::{int4, DenseData, DenseFormat, DenseMatrix};

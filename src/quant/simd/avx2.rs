@@ -10,60 +10,7 @@ use std::arch::x86_64::*;
 
 const _: () = assert!(int4::GROUP == LANE_CHUNK && 2 * mxfp4::BLOCK == LANE_CHUNK);
 
-/// Fused `w[r] · x_t` for every token (see [`super::dot_tokens`]).
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_tokens<const T: usize>(
-    w: &EncodedRows<'_>,
-    r: usize,
-    xs: &[&[f32]; T],
-    xp: &[&[f32]; T],
-) -> [f32; T] {
-    const { assert!(T <= MAX_TOKENS) };
-    let c = w.cols;
-    for t in 0..T {
-        assert!(
-            xs[t].len() == c,
-            "fused dot: x row of {} for {c} columns",
-            xs[t].len()
-        );
-        if w.packs_nibbles() {
-            assert!(
-                xp[t].len() >= c / LANE_CHUNK * LANE_CHUNK,
-                "fused dot: short prepared x"
-            );
-        }
-    }
-    match w.data {
-        Encoded::F32(v) => f32_row(&v[r * c..(r + 1) * c], xs),
-        Encoded::Bf16(b) => bf16_row(&b[r * c..(r + 1) * c], xs),
-        Encoded::Int8 { q, scale } => {
-            let s = scale[r];
-            int8_row(&q[r * c..(r + 1) * c], xs).map(|v| v * s)
-        }
-        Encoded::Int4 { packed, scale } => {
-            let (rb, rg) = (int4::row_bytes(c), int4::row_groups(c));
-            int4_row(
-                &packed[r * rb..(r + 1) * rb],
-                &scale[r * rg..(r + 1) * rg],
-                c,
-                xs,
-                xp,
-            )
-        }
-        Encoded::Mxfp4 { packed, scales } => {
-            let (rb, rs) = (c / 2, c / mxfp4::BLOCK);
-            mxfp4_row(
-                &packed[r * rb..(r + 1) * rb],
-                &scales[r * rs..(r + 1) * rs],
-                xs,
-                xp,
-            )
-        }
-    }
-}
+super::isa_dot_tokens!("avx2,fma", LANE_CHUNK);
 
 /// Pairwise sum of the eight lanes.
 #[inline]

@@ -7,6 +7,71 @@
 //! same bits per output. The portable decode-then-dot kernels stay the reference each
 //! SIMD kernel is tested against.
 
+/// Defines an ISA module's `dot_tokens` (the entry [`dot_tokens`] dispatches to): checks the
+/// token rows against the matrix, slices row `r` of its encoding and hands it to the
+/// module's row kernels (`f32_row`, `bf16_row`, `int8_row`, `int4_row`, `mxfp4_row`), all
+/// compiled with `$features`. `$split` is the column block the module's [`prepare`]d x
+/// comes in. The prologue is written once here; the modules supply only row kernels.
+macro_rules! isa_dot_tokens {
+    ($features:literal, $split:expr) => {
+        /// Fused `w[r] · x_t` for every token (see [`super::dot_tokens`]).
+        ///
+        /// # Safety
+        /// The CPU must have the target features this function enables.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn dot_tokens<const T: usize>(
+            w: &EncodedRows<'_>,
+            r: usize,
+            xs: &[&[f32]; T],
+            xp: &[&[f32]; T],
+        ) -> [f32; T] {
+            const { assert!(T <= MAX_TOKENS) };
+            let c = w.cols;
+            for t in 0..T {
+                assert!(
+                    xs[t].len() == c,
+                    "fused dot: x row of {} for {c} columns",
+                    xs[t].len()
+                );
+                if w.packs_nibbles() {
+                    assert!(
+                        xp[t].len() >= c / $split * $split,
+                        "fused dot: short prepared x"
+                    );
+                }
+            }
+            match w.data {
+                Encoded::F32(v) => f32_row(&v[r * c..(r + 1) * c], xs),
+                Encoded::Bf16(b) => bf16_row(&b[r * c..(r + 1) * c], xs),
+                Encoded::Int8 { q, scale } => {
+                    let s = scale[r];
+                    int8_row(&q[r * c..(r + 1) * c], xs).map(|v| v * s)
+                }
+                Encoded::Int4 { packed, scale } => {
+                    let (rb, rg) = (int4::row_bytes(c), int4::row_groups(c));
+                    int4_row(
+                        &packed[r * rb..(r + 1) * rb],
+                        &scale[r * rg..(r + 1) * rg],
+                        c,
+                        xs,
+                        xp,
+                    )
+                }
+                Encoded::Mxfp4 { packed, scales } => {
+                    let (rb, rs) = (c / 2, c / mxfp4::BLOCK);
+                    mxfp4_row(
+                        &packed[r * rb..(r + 1) * rb],
+                        &scales[r * rs..(r + 1) * rs],
+                        xs,
+                        xp,
+                    )
+                }
+            }
+        }
+    };
+}
+use isa_dot_tokens;
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

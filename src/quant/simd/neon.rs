@@ -12,59 +12,7 @@ use std::arch::aarch64::*;
 
 const _: () = assert!(int4::GROUP == BLOCK_COLS && mxfp4::BLOCK == SPLIT);
 
-/// Fused `w[r] · x_t` for every token (see [`super::dot_tokens`]).
-///
-/// # Safety
-/// The CPU must have NEON.
-#[target_feature(enable = "neon")]
-pub(super) unsafe fn dot_tokens<const T: usize>(
-    w: &EncodedRows<'_>,
-    r: usize,
-    xs: &[&[f32]; T],
-    xp: &[&[f32]; T],
-) -> [f32; T] {
-    const { assert!(T <= MAX_TOKENS) };
-    let c = w.cols;
-    for t in 0..T {
-        assert!(
-            xs[t].len() == c,
-            "fused dot: x row of {} for {c} columns",
-            xs[t].len()
-        );
-        if w.packs_nibbles() {
-            assert!(
-                xp[t].len() >= c / SPLIT * SPLIT,
-                "fused dot: short pair-split x"
-            );
-        }
-    }
-    match w.data {
-        Encoded::F32(v) => f32_row(&v[r * c..(r + 1) * c], xs),
-        Encoded::Bf16(b) => bf16_row(&b[r * c..(r + 1) * c], xs),
-        Encoded::Int8 { q, scale } => {
-            let s = scale[r];
-            int8_row(&q[r * c..(r + 1) * c], xs).map(|v| v * s)
-        }
-        Encoded::Int4 { packed, scale } => {
-            let (rb, rg) = (int4::row_bytes(c), int4::row_groups(c));
-            int4_row(
-                &packed[r * rb..(r + 1) * rb],
-                &scale[r * rg..(r + 1) * rg],
-                c,
-                xs,
-                xp,
-            )
-        }
-        Encoded::Mxfp4 { packed, scales } => {
-            let (rb, rs) = (c / 2, c / mxfp4::BLOCK);
-            mxfp4_row(
-                &packed[r * rb..(r + 1) * rb],
-                &scales[r * rs..(r + 1) * rs],
-                xp,
-            )
-        }
-    }
-}
+super::isa_dot_tokens!("neon", SPLIT);
 
 /// Sixteen signed bytes as four f32 vectors, in order.
 #[inline]
@@ -218,7 +166,12 @@ unsafe fn int4_row<const T: usize>(
 }
 
 #[target_feature(enable = "neon")]
-unsafe fn mxfp4_row<const T: usize>(packed: &[u8], scales: &[u8], xp: &[&[f32]; T]) -> [f32; T] {
+unsafe fn mxfp4_row<const T: usize>(
+    packed: &[u8],
+    scales: &[u8],
+    _xs: &[&[f32]; T],
+    xp: &[&[f32]; T],
+) -> [f32; T] {
     let table = vld1q_s8(E2M1_TWICE.as_ptr());
     let mask = vdupq_n_u8(0x0F);
     let mut row = [vdupq_n_f32(0.0); T];

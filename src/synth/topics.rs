@@ -33,31 +33,35 @@ use super::presets::Dims;
 use crate::checkpoint::schema::LANGUAGE_MODEL_PREFIX;
 use crate::checkpoint::tensor::Dtype;
 
-/// Topics the vocabulary and each layer's experts are split into. With the fitted set size
-/// (below) 32 topics own 768 of K3's 896 experts a layer, disjoint, and a 32-token chunk on
-/// one topic touches its set once: fitted with the set size to the 2.7x dedup of 32-token
-/// prefill chunks.
+/// Topics the vocabulary and each layer's experts are split into: with the set size below,
+/// 32 topics own 768 of K3's 896 experts a layer, disjoint. Chosen, not fitted (the fit
+/// varied the gains and the switching rate).
 pub(crate) const TOPICS: usize = 32;
 /// Experts each topic owns in each MoE layer, as a multiple of top-k (16 owns 24 of K3's 896):
 /// a token takes most of its top-k from this set, so how often two tokens of one topic share
-/// an expert is about (share taken) / (set size); fitted to the hit rate at 4 and 27 slots.
+/// an expert is about (share taken) / (set size). Chosen from a model of routing without the
+/// network (a boost on the set plus independent noise), where 1.5 fitted the figures best.
 const TOPIC_SET_PER_TOP_K: f64 = 1.5;
 /// RMS of the topic direction added to an embedding row, against the random row's 1: the
 /// embedding is one of several entries the attention-residual mix averages at each layer, so
-/// it needs to be several times larger for the topic to survive to the last layer's router
-/// (measured per layer in docs/tuning.md).
-const EMBED_TOPIC_GAIN: f32 = 8.0;
+/// it is larger than the rest for the topic to survive to the last layer's router, and small
+/// enough that the context, not the current token alone, picks the next token (at 8 greedy
+/// text fell into cycles of a few tokens and 32-token chunks deduped 14x).
+const EMBED_TOPIC_GAIN: f32 = 3.0;
 /// Logit a router adds to its topic's experts for an input that is all topic direction (the
 /// random logits have a spread of about 1): how much of a token's top-k comes from its
-/// topic's set; fitted to the hit rate at 59 slots (53 % at 96 GB).
-const ROUTER_TOPIC_GAIN: f32 = 6.0;
+/// topic's set; fitted with [`BRIDGE_SHARE`] to the 2.7x dedup of 32-token chunks and the 4 %
+/// hit rate at 4 slots (3.5 to 4 flatten the curve past 27 slots as the C engine's does, but
+/// dedup 3.1x to 3.2x and hit 11 % at 4 slots).
+const ROUTER_TOPIC_GAIN: f32 = 3.0;
 /// Logit the head adds to the tokens of the topic the hidden state is on: large, so greedy
 /// decoding stays on its topic until a bridge token wins.
-const HEAD_TOPIC_GAIN: f32 = 12.0;
+const HEAD_TOPIC_GAIN: f32 = 8.0;
 /// Share of each topic's tokens that are bridges (input topic differs from output topic):
 /// greedy text moves to another topic about once every 1 / share tokens; fitted with
-/// [`TOPICS`] to the dedup of 32-token chunks, which counts how many topics a chunk spans.
-const BRIDGE_SHARE: f64 = 1.0 / 24.0;
+/// [`ROUTER_TOPIC_GAIN`] to the dedup of 32-token chunks, which counts how many topics a
+/// chunk spans.
+const BRIDGE_SHARE: f64 = 0.2;
 /// A token without a topic (the special tokens).
 const NO_TOPIC: u16 = u16::MAX;
 

@@ -24,6 +24,8 @@ fn tiny_with(layers: usize) -> std::path::PathBuf {
         preset: k3::synth::Preset::Tiny,
         layers: Some(layers),
         experts: None,
+        top_k: None,
+        routing: k3::synth::Routing::Random,
         seed: 0,
         progress: false,
     };

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use k3::checkpoint::schema::{dense_tensors, expert_tensors, LANGUAGE_MODEL_PREFIX};
 use k3::config::Config;
-use k3::synth::{preset_config, synthesize, synthesize_over, Preset, SynthOptions};
+use k3::synth::{preset_config, synthesize, synthesize_over, Preset, Routing, SynthOptions};
 use safetensors::SafeTensors;
 use serde_json::Value;
 
@@ -16,6 +16,8 @@ fn tiny(seed: u64) -> SynthOptions {
         preset: Preset::Tiny,
         layers: None,
         experts: None,
+        top_k: None,
+        routing: Routing::Random,
         seed,
         progress: false,
     }
@@ -360,4 +362,171 @@ fn the_checkpoint_loader_accepts_the_output() {
     assert_eq!(report.experts_expected, experts);
     assert_eq!(report.experts_present, experts);
     assert_eq!(report.experts_contiguous, experts);
+}
+
+fn k3_synth(args: &[&str], out: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_k3"))
+        .arg("synth")
+        .args(args)
+        .arg(out)
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .unwrap()
+}
+
+fn synth_ok(args: &[&str], out: &Path) {
+    let o = k3_synth(args, out);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn routing_random_is_the_default_and_local_adds_topics_to_embedding_router_and_head_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (default, random, local) = (
+        dir.path().join("default"),
+        dir.path().join("random"),
+        dir.path().join("local"),
+    );
+    synth_ok(&[], &default);
+    synth_ok(&["--routing", "random"], &random);
+    synth_ok(&["--routing", "local"], &local);
+    let (default, random, local) = (read_all(&default), read_all(&random), read_all(&local));
+    assert_eq!(
+        default, random,
+        "--routing random must write the default bytes"
+    );
+
+    // Local is the random checkpoint with topic parts added to exactly the rows that route
+    // (embedding, routers, head): every other tensor keeps its bytes.
+    assert_eq!(default["config.json"], local["config.json"]);
+    let (rl, ll) = (locate(&random), locate(&local));
+    assert_eq!(rl.keys().collect::<Vec<_>>(), ll.keys().collect::<Vec<_>>());
+    let names = shard_names(&random);
+    let bytes = |files: &BTreeMap<String, Vec<u8>>, l: &Loc| -> Vec<u8> {
+        let data = &files[&names[l.shard]];
+        let (n, _) = SafeTensors::read_metadata(data).unwrap();
+        data[8 + n + l.start..8 + n + l.end].to_vec()
+    };
+    let mut changed = BTreeSet::new();
+    for (name, l) in &rl {
+        if bytes(&random, l) != bytes(&local, &ll[name]) {
+            changed.insert(name.strip_prefix(LANGUAGE_MODEL_PREFIX).unwrap_or(name));
+        }
+    }
+    let cfg = config_of(&random);
+    let mut want: BTreeSet<String> = ["model.embed_tokens.weight", "lm_head.weight"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    want.extend(
+        (0..cfg.num_hidden_layers)
+            .filter(|&l| cfg.is_moe_layer(l))
+            .map(|l| format!("model.layers.{l}.block_sparse_moe.gate.weight")),
+    );
+    assert_eq!(
+        changed,
+        want.iter().map(String::as_str).collect::<BTreeSet<_>>()
+    );
+    let marker: Value = serde_json::from_slice(&local[".k3-synth.json"]).unwrap();
+    assert_eq!(marker["routing"], "local");
+}
+
+#[test]
+fn a_bad_routing_or_top_k_is_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, words) in [
+        (
+            &["--routing", "topical"][..],
+            "--routing \"topical\": expected one of random, local",
+        ),
+        (&["--top-k", "0"][..], "--top-k 0: need 1 to 8"),
+        (
+            &["--experts", "16", "--top-k", "17"][..],
+            "--top-k 17: need 1 to 16",
+        ),
+    ] {
+        let out = dir.path().join("out");
+        let o = k3_synth(args, &out);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(words),
+            "{args:?}: {err}"
+        );
+        assert!(!out.exists(), "{args:?}: nothing is written");
+    }
+    let out = dir.path().join("k16");
+    synth_ok(&["--experts", "64", "--top-k", "16"], &out);
+    let cfg = config_of(&read_all(&out));
+    assert_eq!((cfg.num_experts, cfg.num_experts_per_token), (64, 16));
+}
+
+/// Selected over distinct experts of whole 32-token chunks of a route trace's tokens, in
+/// position order, over every MoE layer.
+fn dedup_of_32_token_chunks(trace: &Path) -> f64 {
+    let text = fs::read_to_string(trace).unwrap();
+    let mut rows: BTreeMap<u64, BTreeMap<u64, Vec<u64>>> = BTreeMap::new();
+    for line in text.lines().skip(1) {
+        let r: Value = serde_json::from_str(line).unwrap();
+        let pos = r["pos"].as_u64().unwrap();
+        for (i, e) in r["experts"].as_array().unwrap().iter().enumerate() {
+            let ids = e.as_array().unwrap().iter().map(|x| x.as_u64().unwrap());
+            rows.entry(r["layer"].as_u64().unwrap())
+                .or_default()
+                .insert(pos + i as u64, ids.collect());
+        }
+    }
+    let (mut selected, mut distinct) = (0usize, 0usize);
+    for tokens in rows.values() {
+        let tokens: Vec<&Vec<u64>> = tokens.values().collect();
+        for chunk in tokens.chunks_exact(32) {
+            selected += chunk.iter().map(|t| t.len()).sum::<usize>();
+            distinct += chunk
+                .iter()
+                .copied()
+                .flatten()
+                .collect::<BTreeSet<_>>()
+                .len();
+        }
+    }
+    assert!(distinct > 0, "the trace has no whole 32-token chunk");
+    selected as f64 / distinct as f64
+}
+
+#[test]
+fn local_routing_reuses_experts_within_32_token_chunks_of_the_text_it_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut dedup = Vec::new();
+    for routing in ["random", "local"] {
+        let ckpt = dir.path().join(routing);
+        // 64 experts, 4 a token: room for topic sets apart from the rest.
+        synth_ok(
+            &["--experts", "64", "--top-k", "4", "--routing", routing],
+            &ckpt,
+        );
+        let trace = dir.path().join(format!("{routing}.jsonl"));
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_k3"))
+            .args(["run", ckpt.to_str().unwrap(), "--ids", "5,300,17"])
+            .args([
+                "--ngen",
+                "130",
+                "--ignore-eos",
+                "--quiet",
+                "--backend",
+                "cpu",
+            ])
+            .arg("--route-trace")
+            .arg(&trace)
+            .env("RAYON_NUM_THREADS", "2")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        dedup.push(dedup_of_32_token_chunks(&trace));
+    }
+    // Independent routing of 4 of 64 over 32 tokens: 128 picks touch about 56 experts, 2.3x.
+    let (random, local) = (dedup[0], dedup[1]);
+    assert!(random < 2.8, "random routing dedups {random:.2}x");
+    assert!(
+        local > 1.3 * random,
+        "local {local:.2}x against random {random:.2}x"
+    );
 }

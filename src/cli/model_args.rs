@@ -120,6 +120,8 @@ pub fn ensure_demo() -> Result<PathBuf> {
             preset: k3::synth::Preset::Tiny,
             layers: None,
             experts: None,
+            top_k: None,
+            routing: k3::synth::Routing::Random,
             seed: 0,
             progress: false,
         };

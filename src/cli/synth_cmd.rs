@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use k3::synth::{synthesize, synthesize_over, write_config_only, Preset, SynthOptions};
+use k3::synth::{synthesize, synthesize_over, write_config_only, Preset, Routing, SynthOptions};
 use std::path::PathBuf;
 
 /// Flags of `k3 synth`.
@@ -18,6 +18,16 @@ pub struct SynthArgs {
     /// 262144 over all MoE layers).
     #[arg(long)]
     pub experts: Option<usize>,
+    /// Routed experts each token picks (overrides the preset's; 1 to --experts): e.g. K3's
+    /// 16 of 896 on a small preset, so cache sizes scale as a fraction of the experts.
+    #[arg(long = "top-k")]
+    pub top_k: Option<usize>,
+    /// How the weights route: random (the default: tokens pick near-independent experts) or
+    /// local (embedding, router and output rows share topic directions, so consecutive tokens
+    /// of the text the model writes reuse experts as real K3 text does:
+    /// docs/tuning.md#a-checkpoint-with-real-k3-locality).
+    #[arg(long, default_value = "random")]
+    pub routing: String,
     /// Seed: the same seed writes the same bytes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -36,10 +46,13 @@ pub struct SynthArgs {
 /// Runs `k3 synth`.
 pub fn run(a: SynthArgs) -> Result<()> {
     let preset: Preset = a.preset.parse()?;
+    let routing: Routing = a.routing.parse()?;
     let opts = SynthOptions {
         preset,
         layers: a.layers,
         experts: a.experts,
+        top_k: a.top_k,
+        routing,
         seed: a.seed,
         progress: true,
     };

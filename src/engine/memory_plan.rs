@@ -269,6 +269,8 @@ mod tests {
             preset: crate::synth::Preset::K3Slice,
             layers: Some(93),
             experts: None,
+            top_k: None,
+            routing: crate::synth::Routing::Random,
             seed: 0,
             progress: false,
         };

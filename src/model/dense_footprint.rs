@@ -80,6 +80,8 @@ mod tests {
             preset: crate::synth::Preset::Tiny,
             layers: None,
             experts: None,
+            top_k: None,
+            routing: crate::synth::Routing::Random,
             seed: 0,
             progress: false,
         };

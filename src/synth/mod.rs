@@ -7,6 +7,8 @@ mod presets;
 pub use presets::{MAX_EXPERTS, MAX_LAYERS, MAX_ROUTED_EXPERTS};
 mod random_weights;
 mod safetensors_writer;
+mod topics;
+pub use topics::Routing;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -21,6 +23,7 @@ use layout::{plan_shards, shard_file_name, PlannedTensor};
 use presets::Dims;
 use random_weights::{fill, init_for, StreamKey, BLOCK_ELEMS};
 use safetensors_writer::{HeaderEntry, ShardWriter};
+use topics::Topics;
 
 /// Blocks generated per chunk: 4 Mi elements, at most 16 MiB of buffer.
 const CHUNK_BLOCKS: usize = 64;
@@ -79,6 +82,10 @@ pub struct SynthOptions {
     pub layers: Option<usize>,
     /// Overrides the preset's routed expert count (`--experts`).
     pub experts: Option<usize>,
+    /// Overrides the preset's experts per token (`--top-k`).
+    pub top_k: Option<usize>,
+    /// Random routing or topic locality (`--routing`).
+    pub routing: Routing,
     /// Seed of every random value (`--seed`); same seed, same bytes.
     pub seed: u64,
     /// Show a progress bar in bytes on stderr.
@@ -150,16 +157,31 @@ fn synthesize_as(opts: &SynthOptions, out: &Path, force: bool) -> Result<SynthSu
             }
         }
     }
-    write_file(
-        &out.join(MARKER_FILE),
-        &pretty(&json!({
-            "preset": opts.preset.name(),
-            "layers": dims.layers,
-            "experts": dims.experts,
-            "seed": opts.seed,
-        }))?,
-    )?;
+    let mut marker = json!({
+        "preset": opts.preset.name(),
+        "layers": dims.layers,
+        "experts": dims.experts,
+        "seed": opts.seed,
+    });
+    // Only what differs from the defaults is added, so a default run writes the marker it
+    // always wrote.
+    if let Some(map) = marker.as_object_mut() {
+        if opts.top_k.is_some() {
+            map.insert("top_k".into(), json!(dims.top_k));
+        }
+        if opts.routing != Routing::Random {
+            map.insert("routing".into(), json!(opts.routing.name()));
+        }
+    }
+    write_file(&out.join(MARKER_FILE), &pretty(&marker)?)?;
 
+    let topics = (opts.routing == Routing::Local).then(|| {
+        Topics::new(
+            &dims,
+            opts.seed,
+            (0..cfg.num_hidden_layers).filter(|&l| cfg.is_moe_layer(l)),
+        )
+    });
     let shards = plan_shards(&cfg, opts.seed, dims.max_shard_bytes);
     let data_bytes: u64 = shards.iter().flatten().map(PlannedTensor::bytes).sum();
     let bar = progress_bar(opts.progress, data_bytes);
@@ -184,7 +206,14 @@ fn synthesize_as(opts: &SynthOptions, out: &Path, force: bool) -> Result<SynthSu
             .collect();
         let mut writer = ShardWriter::create(&path, &entries)?;
         for t in tensors {
-            write_tensor(&mut writer, t, opts.seed, &mut buffer, &bar)?;
+            write_tensor(
+                &mut writer,
+                t,
+                opts.seed,
+                topics.as_ref(),
+                &mut buffer,
+                &bar,
+            )?;
             weight_map.insert(t.name.clone(), Value::String(file_name.clone()));
         }
         writer.finish()?;
@@ -221,11 +250,13 @@ fn synthesize_as(opts: &SynthOptions, out: &Path, force: bool) -> Result<SynthSu
     Ok(summary)
 }
 
-/// Streams one tensor into the shard in chunks of whole blocks.
+/// Streams one tensor into the shard in chunks of whole blocks, with the topic parts of
+/// `--routing local` added to the rows that carry them.
 fn write_tensor(
     writer: &mut ShardWriter,
     t: &PlannedTensor,
     seed: u64,
+    topics: Option<&Topics>,
     buffer: &mut Vec<u8>,
     bar: &ProgressBar,
 ) -> Result<()> {
@@ -239,6 +270,9 @@ fn write_tensor(
         let n = chunk_elems.min(numel - first) as usize;
         buffer.resize(n * elem, 0);
         fill(key, init, t.dtype, first, buffer);
+        if let Some(topics) = topics {
+            topics.add_to(&t.name, t.dtype, first, buffer);
+        }
         writer
             .write(buffer)
             .with_context(|| format!("writing tensor {}", t.name))?;

@@ -151,6 +151,15 @@ impl Dims {
             // A slice with fewer experts than the preset's top-k routes to all of them.
             d.top_k = d.top_k.min(experts);
         }
+        if let Some(top_k) = opts.top_k {
+            if top_k < 1 || top_k > d.experts {
+                bail!(
+                    "--top-k {top_k}: need 1 to {} (the routed experts per layer)",
+                    d.experts
+                );
+            }
+            d.top_k = top_k;
+        }
         let routed = (d.layers - 1) * d.experts;
         if routed > MAX_ROUTED_EXPERTS {
             bail!(
@@ -299,12 +308,15 @@ pub(crate) fn generation_config(d: &Dims) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::synth::Routing;
 
     fn opts(preset: Preset, layers: Option<usize>, experts: Option<usize>) -> SynthOptions {
         SynthOptions {
             preset,
             layers,
             experts,
+            top_k: None,
+            routing: Routing::Random,
             seed: 0,
             progress: false,
         }

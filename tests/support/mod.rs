@@ -9,7 +9,7 @@ use k3::backend::ExpertResidency;
 use k3::checkpoint::Checkpoint;
 use k3::experts::{IoMode, StreamConfig};
 use k3::model::{FormatPolicy, K3Model};
-use k3::synth::{synthesize, Preset, SynthOptions};
+use k3::synth::{synthesize, Preset, Routing, SynthOptions};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -49,6 +49,8 @@ pub fn tiny(seed: u64) -> PathBuf {
                 preset: Preset::Tiny,
                 layers: None,
                 experts: None,
+                top_k: None,
+                routing: Routing::Random,
                 seed,
                 progress: false,
             };

@@ -4,9 +4,9 @@
 
 use super::int8::{max_abs_bits, not_finite, round_half_away_i32, INFINITY_BITS};
 use super::kernel::RowSource;
+use super::row_quantize::{self, RowFormat};
 use super::simd::{Encoded, EncodedRows};
-use anyhow::{bail, Result};
-use rayon::prelude::*;
+use anyhow::Result;
 
 /// Columns sharing one scale.
 pub const GROUP: usize = 64;
@@ -39,71 +39,39 @@ fn high(b: u8) -> i8 {
 /// Quantizes row-major `[rows, cols]` values; returns `(packed, scale)` in the layout of
 /// [`super::DenseData::Int4`]. Non-finite values are refused (they would poison a group).
 pub fn quantize(rows: usize, cols: usize, w: &[f32]) -> Result<(Vec<u8>, Vec<f32>)> {
-    if rows.checked_mul(cols) != Some(w.len()) {
-        bail!(
-            "int4 quantization: {} values given for a [{rows}, {cols}] matrix",
-            w.len()
-        );
-    }
-    quantize_rows(rows, cols, |r, out| {
-        out.copy_from_slice(&w[r * cols..(r + 1) * cols])
-    })
+    row_quantize::quantize::<Int4Format>(rows, cols, w)
 }
 
-/// [`quantize`] of the rows `row(r, out)` writes as f32, rows in parallel: a source in
-/// another encoding (bf16) never needs a whole f32 copy.
+/// [`quantize`] of the rows `row(r, out)` writes as f32, rows in parallel.
 pub(crate) fn quantize_rows(
     rows: usize,
     cols: usize,
     row: impl Fn(usize, &mut [f32]) + Sync,
 ) -> Result<(Vec<u8>, Vec<f32>)> {
-    let (rb, rg) = (row_bytes(cols), row_groups(cols));
-    let mut packed = vec![0u8; rows * rb];
-    let mut scale = vec![0f32; rows * rg];
-    if cols == 0 {
-        return Ok((packed, scale));
-    }
-    packed
-        .par_chunks_mut(rb)
-        .zip(scale.par_chunks_mut(rg))
-        .enumerate()
-        .try_for_each_init(
-            || (vec![0f32; cols], vec![0i8; cols]),
-            |(src, q), (r, (bytes, scales))| {
-                row(r, src);
-                quantize_row(r, src, q, bytes, scales)
-            },
-        )?;
-    Ok((packed, scale))
+    row_quantize::quantize_rows::<Int4Format>(rows, cols, row)
 }
 
-fn quantize_row(
-    r: usize,
-    src: &[f32],
-    q: &mut [i8],
-    bytes: &mut [u8],
-    scales: &mut [f32],
-) -> Result<()> {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked on the line above.
-        return unsafe { quantize_row_avx2(r, src, q, bytes, scales) };
-    }
-    quantize_row_body(r, src, q, bytes, scales)
-}
+/// int4 as a [`RowFormat`]: a scale per group, the codes packed two a byte.
+struct Int4Format;
 
-/// [`quantize_row_body`] compiled for AVX2: the same operations (true division, the same
-/// rounding), so the same bytes, eight lanes at a time.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn quantize_row_avx2(
-    r: usize,
-    src: &[f32],
-    q: &mut [i8],
-    bytes: &mut [u8],
-    scales: &mut [f32],
-) -> Result<()> {
-    quantize_row_body(r, src, q, bytes, scales)
+impl RowFormat for Int4Format {
+    const NAME: &'static str = "int4";
+    type Stored = u8;
+
+    fn row_lens(cols: usize) -> (usize, usize) {
+        (row_bytes(cols), row_groups(cols))
+    }
+
+    #[inline(always)]
+    fn quantize_row(
+        r: usize,
+        src: &[f32],
+        scratch: &mut [i8],
+        out: &mut [u8],
+        scales: &mut [f32],
+    ) -> Result<()> {
+        quantize_row_body(r, src, scratch, out, scales)
+    }
 }
 
 /// One row: per group `scale = max|w| / 7`, `q = round_half_away(w / scale)` clamped to ±7,
@@ -242,7 +210,10 @@ mod tests {
                     let mut b = vec![0xAAu8; row_bytes(cols)];
                     let mut s = vec![0f32; row_groups(cols)];
                     if dispatched {
-                        quantize_row(0, &src, &mut q, &mut b, &mut s).unwrap();
+                        crate::quant::row_quantize::quantize_row::<Int4Format>(
+                            0, &src, &mut q, &mut b, &mut s,
+                        )
+                        .unwrap();
                     } else {
                         quantize_row_body(0, &src, &mut q, &mut b, &mut s).unwrap();
                     }

@@ -1,9 +1,9 @@
 //! int8 dense matrices: per row symmetric, `w ≈ q · scale`, `scale = max|w| / 127`.
 
 use super::kernel::RowSource;
+use super::row_quantize::{self, RowFormat};
 use super::simd::{Encoded, EncodedRows};
-use anyhow::{bail, Result};
-use rayon::prelude::*;
+use anyhow::Result;
 
 /// Largest magnitude of a quantized value.
 pub const QMAX: f32 = 127.0;
@@ -11,56 +11,39 @@ pub const QMAX: f32 = 127.0;
 /// Quantizes row-major `[rows, cols]` values; returns `(q, scale)` with one scale per row.
 /// An all-zero row gets scale 0. Non-finite values are refused (they would poison the row).
 pub fn quantize(rows: usize, cols: usize, w: &[f32]) -> Result<(Vec<i8>, Vec<f32>)> {
-    if rows.checked_mul(cols) != Some(w.len()) {
-        bail!(
-            "int8 quantization: {} values given for a [{rows}, {cols}] matrix",
-            w.len()
-        );
-    }
-    quantize_rows(rows, cols, |r, out| {
-        out.copy_from_slice(&w[r * cols..(r + 1) * cols])
-    })
+    row_quantize::quantize::<Int8Format>(rows, cols, w)
 }
 
-/// [`quantize`] of the rows `row(r, out)` writes as f32, rows in parallel: a source in
-/// another encoding (bf16) never needs a whole f32 copy.
+/// [`quantize`] of the rows `row(r, out)` writes as f32, rows in parallel.
 pub(crate) fn quantize_rows(
     rows: usize,
     cols: usize,
     row: impl Fn(usize, &mut [f32]) + Sync,
 ) -> Result<(Vec<i8>, Vec<f32>)> {
-    let mut q = vec![0i8; rows * cols];
-    let mut scale = vec![0f32; rows];
-    if cols == 0 {
-        return Ok((q, scale));
-    }
-    q.par_chunks_mut(cols)
-        .zip(scale.par_iter_mut())
-        .enumerate()
-        .try_for_each_init(
-            || vec![0f32; cols],
-            |src, (r, (dst, s))| {
-                row(r, src);
-                quantize_row(r, src, dst, s)
-            },
-        )?;
-    Ok((q, scale))
+    row_quantize::quantize_rows::<Int8Format>(rows, cols, row)
 }
 
-fn quantize_row(r: usize, src: &[f32], dst: &mut [i8], s: &mut f32) -> Result<()> {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked on the line above.
-        return unsafe { quantize_row_avx2(r, src, dst, s) };
-    }
-    quantize_row_body(r, src, dst, s)
-}
+/// int8 as a [`RowFormat`]: one scale per row.
+struct Int8Format;
 
-/// [`quantize_row_body`] compiled for AVX2: the same operations, so the same bytes.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn quantize_row_avx2(r: usize, src: &[f32], dst: &mut [i8], s: &mut f32) -> Result<()> {
-    quantize_row_body(r, src, dst, s)
+impl RowFormat for Int8Format {
+    const NAME: &'static str = "int8";
+    type Stored = i8;
+
+    fn row_lens(cols: usize) -> (usize, usize) {
+        (cols, 1)
+    }
+
+    #[inline(always)]
+    fn quantize_row(
+        r: usize,
+        src: &[f32],
+        _scratch: &mut [i8],
+        out: &mut [i8],
+        scales: &mut [f32],
+    ) -> Result<()> {
+        quantize_row_body(r, src, out, &mut scales[0])
+    }
 }
 
 /// One row: `scale = max|w| / 127`, `q = round_half_away(w / scale)` clamped to ±127.
@@ -213,7 +196,14 @@ pub(crate) mod tests {
                 for dispatched in [true, false] {
                     let (mut q, mut s) = (vec![0i8; cols], 0f32);
                     if dispatched {
-                        quantize_row(0, &src, &mut q, &mut s).unwrap();
+                        crate::quant::row_quantize::quantize_row::<Int8Format>(
+                            0,
+                            &src,
+                            &mut [],
+                            &mut q,
+                            std::slice::from_mut(&mut s),
+                        )
+                        .unwrap();
                     } else {
                         quantize_row_body(0, &src, &mut q, &mut s).unwrap();
                     }

@@ -8,6 +8,7 @@ pub mod int4;
 pub mod int8;
 mod kernel;
 pub mod mxfp4;
+mod row_quantize;
 pub mod simd;
 
 pub use mxfp4::Mxfp4View;

@@ -7,6 +7,7 @@ use super::kda::Kda;
 use super::loader::{LoadOptions, Loader, Startup};
 use super::mla::Mla;
 use super::moe::{Moe, NextMoe};
+use super::pass_observer::PassObserver;
 use super::prefill_progress::PrefillProgress;
 use super::prefill_window::{moe_row_bytes, sub_batches, widest_row_bytes};
 use super::trace::Trace;
@@ -392,6 +393,7 @@ impl<B: Backend> K3Model<B> {
     /// layer-major: every row goes through layer L (each routed expert read once for all
     /// the rows that chose it) before any goes to layer L+1. Outside the routed experts the
     /// rows run in sub-batches within the backend's limits ([`Self::sub_batch_rows`]).
+    /// Stats, progress, the trace and the NaN checks are the [`PassObserver`]'s.
     pub fn forward(
         &self,
         st: &mut State<B>,
@@ -404,138 +406,163 @@ impl<B: Backend> K3Model<B> {
             bail!("forward: empty chunk");
         }
         self.relieve_memory_pressure()?;
-        let b = &self.backend;
         let cfg = &self.ckpt.config;
-        let eps = cfg.rms_norm_eps;
-        let h_dim = cfg.hidden_size;
-        if let Some(tap) = self.experts.route_tap() {
-            tap.begin_chunk(st.pos)?;
-        }
+        // parts[j]: the rows of sub-batch j; h[j]: its hidden states [rows_j, hidden].
         let parts = sub_batches(ids.len(), self.sub_rows);
         let mut h: Vec<B::Act> = parts
             .iter()
             .map(|r| self.embed(&ids[r.clone()]))
             .collect::<Result<_>>()?;
-        // bank[e][j]: bank entry e of sub-batch j.
+        let mut obs = PassObserver::begin(
+            &self.experts,
+            &self.progress,
+            stats,
+            trace,
+            st.pos,
+            ids.len(),
+        )?;
+        // bank[e][j]: bank entry e (a block's banked input, [rows_j, hidden]) of sub-batch j.
         let mut bank: Vec<Vec<B::Act>> = Vec::new();
-        self.progress.window_started(ids.len());
-        // Reads guessed for a next layer run between the layers' own streams, so the disk
-        // is metered over the whole pass rather than per layer.
-        let (busy0, bytes0) = self.experts.disk_totals();
-        let (stats_busy, stats_bytes) = (stats.disk_busy, stats.bytes_streamed);
-        let mut layer_bytes0 = bytes0;
         for (i, (layer, ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
-            let t0 = Instant::now();
-            let banks = i % cfg.attn_res_block_size == 0;
-            let mut entry = Vec::new();
-            let mut ps = Vec::with_capacity(parts.len());
-            for (j, hj) in h.into_iter().enumerate() {
-                let x = if bank.is_empty() {
-                    b.rmsnorm(&hj, &layer.input_norm, h_dim, eps)?
-                } else {
-                    let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
-                    let mixed = b.attn_res_mix(&refs, &hj, &layer.w_attn_res, eps)?;
-                    b.rmsnorm(&mixed, &layer.input_norm, h_dim, eps)?
-                };
-                let a = match (&layer.attn, &mut *ls) {
-                    (Attn::Kda(k), LayerState::Kda(s)) => k.forward(b, s, &x)?,
-                    (Attn::Mla(m), LayerState::Mla(c)) => m.forward(b, c, &x)?,
-                    _ => bail!("internal: layer {i} state does not match its attention kind"),
-                };
-                // The raw layer input is banked after the mix; the prefix restarts at a bank.
-                ps.push(if banks {
-                    entry.push(hj);
-                    a
-                } else {
-                    b.add(&hj, &a)?
-                });
-            }
-            if banks {
-                bank.push(entry);
-            }
-            stats.attn += t0.elapsed();
-            let t1 = Instant::now();
-            let ffn_in = |j: usize, p: &B::Act, w: &B::Act, norm: &B::Act| -> Result<B::Act> {
-                let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
-                b.rmsnorm(&b.attn_res_mix(&refs, p, w, eps)?, norm, h_dim, eps)
-            };
-            let f_in: Vec<B::Act> = ps
-                .iter()
-                .enumerate()
-                .map(|(j, p)| ffn_in(j, p, &layer.w_mlp_res, &layer.post_norm))
-                .collect::<Result<_>>()?;
-            let fs: Vec<B::Act> = match &layer.ffn {
-                Ffn::Dense(mlp) => f_in
-                    .iter()
-                    .map(|x| mlp.forward(b, x, self.glu))
-                    .collect::<Result<_>>()?,
-                Ffn::Moe(moe) => {
-                    let next = match self.layers.get(i + 1) {
-                        Some(n) if self.prefetch => match &n.ffn {
-                            // The next layer's own mix and norm over what exists now: its
-                            // attention's output is all its router input lacks.
-                            Ffn::Moe(m) => {
-                                let xs: Vec<B::Act> = ps
-                                    .iter()
-                                    .enumerate()
-                                    .map(|(j, p)| ffn_in(j, p, &n.w_mlp_res, &n.post_norm))
-                                    .collect::<Result<_>>()?;
-                                Some((m, whole(b, xs)?))
-                            }
-                            Ffn::Dense(_) => None,
-                        },
-                        _ => None,
-                    };
-                    let x = whole(b, f_in)?;
-                    let f = moe
-                        .forward(
-                            b,
-                            &self.ckpt,
-                            &self.experts,
-                            &x,
-                            self.glu,
-                            &self.selection,
-                            next.as_ref().map(|(m, x)| NextMoe { moe: m, x }),
-                            stats,
-                        )
-                        .with_context(|| {
-                            format!("layer {i} (MoE) at position {} of the context", st.pos)
-                        })?;
-                    split(b, f, &parts)?
-                }
-            };
+            // ps[j]: the residual stream after attention, [rows_j, hidden].
+            let ps = self.attention_block(i, layer, ls, h, &mut bank)?;
+            obs.attention_done();
+            // fs[j]: the feed-forward output, [rows_j, hidden].
+            let fs = self.ffn_block(i, &ps, &bank, &parts, st.pos, &mut obs)?;
             h = ps
                 .iter()
                 .zip(&fs)
-                .map(|(p, f)| b.add(p, f))
+                .map(|(p, f)| self.backend.add(p, f))
                 .collect::<Result<_>>()?;
-            stats.moe += t1.elapsed();
-            if trace.is_some() || b.downloads_are_free() {
-                let mut host = Vec::with_capacity(ids.len() * h_dim);
-                for hj in &h {
-                    host.extend(b.download(hj)?);
-                }
-                if let Some(at) = first_non_finite(&host) {
-                    bail!(
-                        "layer {i} produced a non-finite value (NaN or Inf) in its output at \
-                         position {} of the context: the weights or the input are broken; \
-                         nothing after it is computed",
-                        st.pos + at / h_dim
-                    );
-                }
-                if let Some(t) = trace {
-                    t.record(i, &host)?;
-                }
-            }
-            let (_, layer_bytes1) = self.experts.disk_totals();
-            self.progress
-                .layer_done(layer_bytes1.saturating_sub(layer_bytes0));
-            layer_bytes0 = layer_bytes1;
+            obs.ffn_done();
+            obs.layer_output(&self.backend, i, &h, cfg.hidden_size)?;
         }
-        let (busy1, bytes1) = self.experts.disk_totals();
-        stats.disk_busy = stats_busy + busy1.saturating_sub(busy0);
-        stats.bytes_streamed = stats_bytes + (bytes1 - bytes0);
-        let t2 = Instant::now();
+        obs.layers_done();
+        let logits = self.head(&h, &bank, &parts, want)?;
+        obs.head_done(&logits, want, self.vocab_size())?;
+        st.pos += ids.len();
+        Ok(logits)
+    }
+
+    /// Layer `i`'s input mix, norm and attention over every sub-batch of `h`, advancing its
+    /// state `ls`; returns the residual stream after attention. A layer that opens a block
+    /// banks its raw input into `bank` (and its residual restarts from the attention).
+    fn attention_block(
+        &self,
+        i: usize,
+        layer: &Layer<B>,
+        ls: &mut LayerState<B>,
+        h: Vec<B::Act>,
+        bank: &mut Vec<Vec<B::Act>>,
+    ) -> Result<Vec<B::Act>> {
+        let b = &self.backend;
+        let cfg = &self.ckpt.config;
+        let (eps, h_dim) = (cfg.rms_norm_eps, cfg.hidden_size);
+        let banks = i % cfg.attn_res_block_size == 0;
+        let mut entry = Vec::new();
+        let mut ps = Vec::with_capacity(h.len());
+        for (j, hj) in h.into_iter().enumerate() {
+            let x = if bank.is_empty() {
+                b.rmsnorm(&hj, &layer.input_norm, h_dim, eps)?
+            } else {
+                let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
+                let mixed = b.attn_res_mix(&refs, &hj, &layer.w_attn_res, eps)?;
+                b.rmsnorm(&mixed, &layer.input_norm, h_dim, eps)?
+            };
+            let a = match (&layer.attn, &mut *ls) {
+                (Attn::Kda(k), LayerState::Kda(s)) => k.forward(b, s, &x)?,
+                (Attn::Mla(m), LayerState::Mla(c)) => m.forward(b, c, &x)?,
+                _ => bail!("internal: layer {i} state does not match its attention kind"),
+            };
+            // The raw layer input is banked after the mix; the prefix restarts at a bank.
+            ps.push(if banks {
+                entry.push(hj);
+                a
+            } else {
+                b.add(&hj, &a)?
+            });
+        }
+        if banks {
+            bank.push(entry);
+        }
+        Ok(ps)
+    }
+
+    /// Layer `i`'s feed-forward input (the residual mix over `bank` and `ps`, normed) and
+    /// its dense MLP or MoE block; a MoE layer also hands the next MoE layer's router input
+    /// to the expert plan for read-ahead when prefetch is on. `pos` is the window's first
+    /// context position (for errors).
+    fn ffn_block(
+        &self,
+        i: usize,
+        ps: &[B::Act],
+        bank: &[Vec<B::Act>],
+        parts: &[std::ops::Range<usize>],
+        pos: usize,
+        obs: &mut PassObserver<'_>,
+    ) -> Result<Vec<B::Act>> {
+        let b = &self.backend;
+        let cfg = &self.ckpt.config;
+        let (eps, h_dim) = (cfg.rms_norm_eps, cfg.hidden_size);
+        let layer = &self.layers[i];
+        let ffn_in = |j: usize, p: &B::Act, w: &B::Act, norm: &B::Act| -> Result<B::Act> {
+            let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
+            b.rmsnorm(&b.attn_res_mix(&refs, p, w, eps)?, norm, h_dim, eps)
+        };
+        let f_in: Vec<B::Act> = ps
+            .iter()
+            .enumerate()
+            .map(|(j, p)| ffn_in(j, p, &layer.w_mlp_res, &layer.post_norm))
+            .collect::<Result<_>>()?;
+        let moe = match &layer.ffn {
+            Ffn::Dense(mlp) => {
+                return f_in.iter().map(|x| mlp.forward(b, x, self.glu)).collect();
+            }
+            Ffn::Moe(moe) => moe,
+        };
+        let next = match self.layers.get(i + 1) {
+            Some(n) if self.prefetch => match &n.ffn {
+                // The next layer's own mix and norm over what exists now: its attention's
+                // output is all its router input lacks.
+                Ffn::Moe(m) => {
+                    let xs: Vec<B::Act> = ps
+                        .iter()
+                        .enumerate()
+                        .map(|(j, p)| ffn_in(j, p, &n.w_mlp_res, &n.post_norm))
+                        .collect::<Result<_>>()?;
+                    Some((m, whole(b, xs)?))
+                }
+                Ffn::Dense(_) => None,
+            },
+            _ => None,
+        };
+        let x = whole(b, f_in)?;
+        let f = moe
+            .forward(
+                b,
+                &self.ckpt,
+                &self.experts,
+                &x,
+                self.glu,
+                &self.selection,
+                next.as_ref().map(|(m, x)| NextMoe { moe: m, x }),
+                obs.stats(),
+            )
+            .with_context(|| format!("layer {i} (MoE) at position {pos} of the context"))?;
+        split(b, f, parts)
+    }
+
+    /// The final mix, norm and lm_head over the last row of the window or every row.
+    fn head(
+        &self,
+        h: &[B::Act],
+        bank: &[Vec<B::Act>],
+        parts: &[std::ops::Range<usize>],
+        want: Logits,
+    ) -> Result<Vec<f32>> {
+        let b = &self.backend;
+        let cfg = &self.ckpt.config;
+        let (eps, h_dim) = (cfg.rms_norm_eps, cfg.hidden_size);
         let last = parts.len() - 1;
         let mut logits = Vec::new();
         match want {
@@ -576,23 +603,6 @@ impl<B: Backend> K3Model<B> {
                 logits = b.download(&b.matmul(&self.head, &out)?)?;
             }
         }
-        stats.head += t2.elapsed();
-        if let Some(at) = first_non_finite(&logits) {
-            bail!(
-                "the logits hold a non-finite value (NaN or Inf) at position {} of the context; \
-                 this backend does not check each layer, so run the same input with --backend cpu \
-                 (or --trace DIR) to find the layer that produced it",
-                st.pos
-                    + at / self.vocab_size().max(1)
-                    + if want == Logits::All {
-                        0
-                    } else {
-                        ids.len() - 1
-                    }
-            );
-        }
-        self.progress.window_done();
-        st.pos += ids.len();
         Ok(logits)
     }
 }
@@ -617,9 +627,4 @@ fn split<B: Backend>(b: &B, x: B::Act, parts: &[std::ops::Range<usize>]) -> Resu
         .iter()
         .map(|r| b.slice_rows(&x, r.start, r.len()))
         .collect()
-}
-
-/// Index of the first NaN or infinity in `v`.
-fn first_non_finite(v: &[f32]) -> Option<usize> {
-    v.iter().position(|x| !x.is_finite())
 }

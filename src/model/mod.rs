@@ -11,6 +11,7 @@ pub mod kda;
 pub mod loader;
 pub mod mla;
 pub mod moe;
+mod pass_observer;
 pub mod prefill_progress;
 pub mod prefill_window;
 pub mod prompt_cache;

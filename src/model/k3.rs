@@ -8,6 +8,8 @@ use super::loader::{LoadOptions, Loader, Startup};
 use super::mla::Mla;
 use super::moe::{Moe, NextMoe};
 use super::pass_observer::PassObserver;
+
+mod pressure_relief;
 use super::prefill_progress::PrefillProgress;
 use super::prefill_window::{moe_row_bytes, sub_batches, widest_row_bytes};
 use super::trace::Trace;
@@ -15,12 +17,11 @@ use super::weight_cache::WeightCache;
 use crate::backend::{Backend, Glu};
 use crate::checkpoint::Checkpoint;
 use crate::config::AttnKind;
-use crate::experts::pressure_guard::{CacheSize, PressureGuard};
+use crate::experts::pressure_guard::PressureGuard;
 use crate::experts::{ExpertSource, StreamConfig};
 use crate::stats::Stats;
 use anyhow::{bail, Context, Result};
 use std::sync::Arc;
-use std::time::Instant;
 
 enum Attn<B: Backend> {
     Kda(Kda<B>),
@@ -294,54 +295,6 @@ impl<B: Backend> K3Model<B> {
     /// Whether next-layer prefetch is on.
     pub fn prefetch(&self) -> bool {
         self.prefetch
-    }
-
-    /// Installs the memory-pressure guard over the expert cache (`None`: off).
-    pub fn set_pressure_guard(&mut self, guard: Option<PressureGuard>) {
-        self.pressure = guard;
-    }
-
-    /// The expert cache's size as the pressure guard last set it, when one is installed.
-    pub fn pressure_cache_size(&self) -> Option<CacheSize> {
-        self.pressure.as_ref().map(PressureGuard::size)
-    }
-
-    /// Shrinks the expert cache when the guard's source reports memory pressure: the host
-    /// cache keeps its most valued experts, the unified pool starts over smaller.
-    fn relieve_memory_pressure(&self) -> Result<()> {
-        let Some(shrink) = self.pressure.as_ref().and_then(|g| g.poll(Instant::now())) else {
-            return Ok(());
-        };
-        let cfg = &self.ckpt.config;
-        let eb = cfg.expert_bytes() as f64;
-        let layers = cfg.moe_layer_count() as f64;
-        let (gb, what) = match (shrink.before, shrink.after) {
-            (CacheSize::Pool(a), CacheSize::Pool(b)) => {
-                self.backend.configure_expert_tier(
-                    b as u64 * cfg.expert_bytes() as u64,
-                    cfg.num_experts * cfg.moe_layer_count(),
-                    cfg.moe_intermediate_size,
-                    cfg.routed_expert_hidden_size,
-                )?;
-                (
-                    (a - b) as f64 * eb / 1e9,
-                    format!("unified pool {a}->{b} slots (it starts over empty)"),
-                )
-            }
-            (CacheSize::PerLayer(a), CacheSize::PerLayer(b)) => {
-                self.experts.shrink_host_cache(b)?;
-                (
-                    (a - b) as f64 * eb * layers / 1e9,
-                    format!("host cache {a}->{b} slots/layer"),
-                )
-            }
-            (a, b) => bail!("internal: the pressure guard turned {a:?} into {b:?}"),
-        };
-        eprintln!(
-            "[K3] memory pressure {} ({}): {what}, {gb:.1} GB handed back",
-            shrink.level, shrink.from
-        );
-        Ok(())
     }
 
     /// Lets sessions on this model load and store prompt states on disk (`None`: off).

@@ -2,7 +2,9 @@
 
 pub mod aligned_buf;
 pub mod cache_policy;
+#[cfg(feature = "lab")]
 pub mod cache_policy_sim;
+#[cfg(feature = "lab")]
 pub mod cache_policy_synth;
 pub mod disk_meter;
 pub mod expert_cache;

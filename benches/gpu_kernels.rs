@@ -8,8 +8,10 @@
 //! starts at the GPU's full clock (0.6 s; 0 in quick mode). Times come from timestamp
 //! queries around the recorded passes where the adapter has them, else the wall clock.
 //! Variants of the engine's kernels are measured with the `K3_LAB_*` switches
-//! (`src/backend/gpu/lab_switches.rs`); the probes that study them are in lab/gpu_probes/.
+//! (`src/backend/gpu/lab_switches.rs`) in a lab build, `cargo bench --features lab --bench
+//! gpu_kernels`; the probes that study them are in lab/gpu_probes/.
 
+#[cfg(feature = "lab")]
 use k3::backend::gpu::lab_switches::LabSwitches;
 use k3::backend::gpu::{GpuBackend, GpuOptions};
 use k3::backend::{Backend, ExpertAssignment, ExpertResidency, Glu, MlaAttnWeights, MlaDims};
@@ -257,9 +259,21 @@ fn main() {
         allow_cpu_adapter: true,
         ..GpuOptions::default()
     };
+    #[cfg(feature = "lab")]
     let opts = LabSwitches::from_env()
         .unwrap_or_else(|e| panic!("{e:#}"))
         .apply(opts);
+    // Without the lab code a switch would be ignored, and its figures read as the variant's.
+    #[cfg(not(feature = "lab"))]
+    if let Some((name, _)) =
+        std::env::vars_os().find(|(k, _)| k.to_string_lossy().starts_with("K3_LAB_"))
+    {
+        eprintln!(
+            "gpu_kernels: {} is a switch of the lab build: cargo bench --features lab --bench gpu_kernels",
+            name.to_string_lossy()
+        );
+        std::process::exit(2);
+    }
     let g = match GpuBackend::new(&opts) {
         Ok(g) => g,
         Err(e) => return println!("no GPU adapter: {e:#}"),

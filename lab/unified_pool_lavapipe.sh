@@ -7,8 +7,11 @@
 # on one synthetic snapshot and budget; prints prefill s, decode tok/s, hit % and disk busy
 # per run, from --stats-json.
 # Usage: K3BIN=target/release/k3 SNAP=/tmp/pool-small GB=0.05 ROUNDS=3 NGEN=32 bash lab/unified_pool_lavapipe.sh
+# K3BIN is a lab build (`cargo build --release --features lab`): the product binary does not
+# read the switches, and every run would be the default.
 set -euo pipefail
 K3BIN=${K3BIN:-target/release/k3}
+grep -q K3_LAB_ "$K3BIN" || { echo "$K3BIN is not a lab build: cargo build --release --features lab" >&2; exit 2; }
 SNAP=${SNAP:-/tmp/pool-small}
 GB=${GB:-0.05}
 ROUNDS=${ROUNDS:-3}

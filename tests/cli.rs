@@ -17,6 +17,18 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// A build without the `lab` feature leaves the lab's tests out (Cargo.toml's
+/// `required-features`, and the cases that set `K3_LAB_*` on the binary); the run says so.
+#[cfg(not(feature = "lab"))]
+#[test]
+fn a_build_without_the_lab_feature_says_it_leaves_the_lab_tests_out() {
+    support::skip_group(
+        "the lab tests (cache_policy, route_trace; the K3_LAB_* cases of cli, gpu_model, expert_tiers, unified_pool)",
+        "built without the lab feature",
+        "cargo test --release --features lab",
+    );
+}
+
 #[test]
 fn run_prints_ids_and_the_stats_lines_users_parse() {
     let dir = support::tiny(0);
@@ -104,18 +116,20 @@ fn bad_inputs_exit_nonzero_with_a_message_that_names_the_cause() {
         "{}",
         stderr(&o)
     );
-    // An experiment switch's bad value names its variable.
-    let o = Command::new(env!("CARGO_BIN_EXE_k3"))
-        .args(["run", d, "--ids", "1", "--quiet"])
-        .env("RAYON_NUM_THREADS", "2")
-        .env("K3_LAB_SUBMIT_EVERY", "0")
-        .output()
-        .expect("running k3");
-    assert!(
-        !o.status.success() && stderr(&o).contains("K3_LAB_SUBMIT_EVERY"),
-        "{}",
-        stderr(&o)
-    );
+    // An experiment switch's bad value names its variable (a lab build's binary reads them).
+    if cfg!(feature = "lab") {
+        let o = Command::new(env!("CARGO_BIN_EXE_k3"))
+            .args(["run", d, "--ids", "1", "--quiet"])
+            .env("RAYON_NUM_THREADS", "2")
+            .env("K3_LAB_SUBMIT_EVERY", "0")
+            .output()
+            .expect("running k3");
+        assert!(
+            !o.status.success() && stderr(&o).contains("K3_LAB_SUBMIT_EVERY"),
+            "{}",
+            stderr(&o)
+        );
+    }
     let o = k3(&["run", "/nonexistent/k3-model", "--ids", "1"]);
     assert!(
         !o.status.success() && stderr(&o).contains("/nonexistent/k3-model"),

@@ -275,7 +275,8 @@ fn run_k3_out(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
 
 /// The experiment switches `K3_LAB_INT4_DECODE` (how int4 matvecs meet x) and
 /// `K3_LAB_STAGE_X` (whether x is staged): every choice gives the same greedy tokens, and a
-/// bad value names the variable.
+/// bad value names the variable. The binary reads the switches in a lab build only.
+#[cfg(feature = "lab")]
 #[test]
 fn int4_decode_choices_give_the_same_tokens() {
     if gpu_model().is_none() {
@@ -311,9 +312,12 @@ fn int4_decode_choices_give_the_same_tokens() {
     assert!(!ok && err.contains("K3_LAB_STAGE_X"), "{err}");
 }
 
-/// The discrete GPU's tier (lavapipe would otherwise run the unified pool: tests/unified_pool.rs).
+/// The discrete GPU's tier (lavapipe would otherwise run the unified pool: tests/unified_pool.rs);
+/// a switch of the lab build.
+#[cfg(feature = "lab")]
 const TWO_TIERS: (&str, &str) = ("K3_LAB_EXPERT_POOL", "off");
 
+#[cfg(feature = "lab")]
 #[test]
 fn cli_prints_the_tier_on_the_gpu_and_the_cpu_ignores_it() {
     if gpu_model().is_none() {

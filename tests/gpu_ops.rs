@@ -74,10 +74,7 @@ fn gpus(max_binding: Option<u64>) -> Vec<GpuBackend> {
                 }
             }
             Err(e) => {
-                if std::env::var("CI").as_deref() == Ok("true") {
-                    panic!("CI=true but no usable GPU adapter: {e:#}");
-                }
-                eprintln!("skipping GPU test: no usable adapter: {e:#}");
+                support::skip_gpu_tests(&e);
                 return Vec::new();
             }
         }

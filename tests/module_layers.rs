@@ -118,3 +118,65 @@ fn the_layer_check_sees_an_upward_edge() {
     assert!(layer_of("model").unwrap() > layer_of("experts").unwrap());
     assert!(layer_of("no_such_module").is_none());
 }
+
+/// Strings that exist only in the research code: a product build without the `lab` feature
+/// must contain none of them.
+const LAB_MARKERS: &[&str] = &["\"K3_LAB_", "cache_policy_sim", "cache_policy_synth"];
+
+/// Whether the module of `file` (or a module above it) is declared under
+/// `#[cfg(feature = "lab")]` by its parent.
+fn lab_gated(src: &Path, file: &Path) -> bool {
+    let mut path = file.to_path_buf();
+    while let Some(parent_dir) = path.parent().map(Path::to_path_buf) {
+        if path == src || parent_dir.as_path() == src.parent().unwrap_or(src) {
+            return false;
+        }
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        // The declaring file: `dir/mod.rs`, or `dir.rs` beside the directory, or lib/main.
+        let candidates = [
+            parent_dir.join("mod.rs"),
+            parent_dir.with_extension("rs"),
+            parent_dir.join("lib.rs"),
+            parent_dir.join("main.rs"),
+        ];
+        for decl in candidates.iter().filter(|p| p.is_file() && **p != path) {
+            let text = std::fs::read_to_string(decl).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                let t = line.trim();
+                if t == format!("mod {stem};") || t == format!("pub mod {stem};") {
+                    if i > 0 && lines[i - 1].trim() == "#[cfg(feature = \"lab\")]" {
+                        return true;
+                    }
+                }
+            }
+        }
+        path = parent_dir;
+    }
+    false
+}
+
+#[test]
+fn research_code_is_only_in_lab_modules() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut outside = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let lines: Vec<&str> = text.lines().map(str::trim_start).collect();
+        // A line names research code unless it is a comment or is itself gated (the
+        // attribute on the line before: a `mod` declaration, an enum variant, a call).
+        let code_names_lab = lines.iter().enumerate().any(|(i, t)| {
+            let gated = i > 0 && lines[i - 1] == "#[cfg(feature = \"lab\")]";
+            !t.starts_with("//") && !gated && LAB_MARKERS.iter().any(|m| t.contains(m))
+        });
+        if code_names_lab && !lab_gated(&src, file) {
+            outside.push(file.display().to_string());
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "research code outside a module declared under #[cfg(feature = \"lab\")]: {outside:#?}"
+    );
+}

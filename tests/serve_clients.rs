@@ -1,6 +1,7 @@
 //! Real clients against `k3 serve`: the official `openai` and `anthropic` Python clients
-//! (a chat, and a tool loop) and a headless Chromium loading the web page. Where the client is missing the test says so and
-//! passes, except under CI=true, where a missing client fails it.
+//! (a chat, and a tool loop) and a headless Chromium loading the web page. Where a client is
+//! missing the test passes and the run says so in one line naming what installs it
+//! (`support::skip_group`), except under CI=true, where a missing client fails it.
 
 mod serve_support;
 mod support;
@@ -10,14 +11,22 @@ use serve_support::Server;
 use std::path::Path;
 use std::process::Command;
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
+/// The Python client tests cannot run here for `why`: said once, or a failure under CI=true.
+fn no_python_clients(why: &str) {
+    support::skip_group(
+        "the Python client tests",
+        why,
+        "python3 with pip install openai anthropic jsonschema",
+    );
 }
 
-/// Fails under CI, else prints why the test is skipped.
-fn missing(what: &str) {
-    assert!(!in_ci(), "CI=true and {what}");
-    eprintln!("skipped: {what}");
+/// The browser tests cannot run here: said once, or a failure under CI=true.
+fn no_browser() {
+    support::skip_group(
+        "the browser tests",
+        "no chromium, chromium-browser or google-chrome to run the page in",
+        "apt-get install chromium",
+    );
 }
 
 #[test]
@@ -33,12 +42,12 @@ fn the_openai_python_client_chats_streams_and_reads_errors() {
         .output()
     {
         Ok(o) => o,
-        Err(e) => return missing(&format!("python3 cannot start: {e}")),
+        Err(e) => return no_python_clients(&format!("python3 cannot start: {e}")),
     };
     let out = String::from_utf8_lossy(&o.stdout);
     let err = String::from_utf8_lossy(&o.stderr);
     if o.status.code() == Some(3) {
-        return missing(out.trim());
+        return no_python_clients(out.trim());
     }
     assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
     assert!(out.contains("openai client: ok"), "{out}");
@@ -57,12 +66,12 @@ fn a_tool_loop_through_the_openai_and_anthropic_clients_loses_no_text() {
         .output()
     {
         Ok(o) => o,
-        Err(e) => return missing(&format!("python3 cannot start: {e}")),
+        Err(e) => return no_python_clients(&format!("python3 cannot start: {e}")),
     };
     let out = String::from_utf8_lossy(&o.stdout);
     let err = String::from_utf8_lossy(&o.stderr);
     if o.status.code() == Some(3) {
-        return missing(out.trim());
+        return no_python_clients(out.trim());
     }
     assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
     assert!(out.contains("tool loop: ok"), "{out}");
@@ -186,7 +195,7 @@ impl Drop for Browser {
 #[test]
 fn the_web_page_streams_an_answer_in_a_headless_browser() {
     let Some(binary) = chromium() else {
-        return missing("no chromium to run the page in (apt-get install chromium)");
+        return no_browser();
     };
     let dir = support::tiny(0);
     let s = Server::start(&dir, &[]);
@@ -264,7 +273,7 @@ fn wait_done(b: &mut Browser, session: &str, s: &Server) {
 #[test]
 fn the_web_page_does_not_resend_a_failed_turn_and_shows_thinking_as_it_streams() {
     let Some(binary) = chromium() else {
-        return missing("no chromium to run the page in (apt-get install chromium)");
+        return no_browser();
     };
     let dir = support::tiny(0);
     let s = Server::start(&dir, &["--api-key", "k3y"]);

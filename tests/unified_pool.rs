@@ -325,7 +325,11 @@ fn the_run_sizes_and_reports_the_unified_pool() {
         err.contains("--cache-policy and --usage-pins choose for the host cache, which the unified pool replaces"),
         "{err}"
     );
-    // The switch keeps the host cache + VRAM tier of a discrete GPU.
+    // The switch keeps the host cache + VRAM tier of a discrete GPU (a lab build's binary
+    // reads it; the product's keeps the pool).
+    if !cfg!(feature = "lab") {
+        return;
+    }
     let err = k3(&[
         ("K3_EXPERT_GB", "0.00001"),
         ("K3_GPU_GB", "0.00001"),

@@ -22,6 +22,9 @@ SPLITS=${SPLITS:-"1:0 0:1 0.5:0.5 1:1 2:0"}
 SNAP=${1:-/tmp/k3slice64}
 EXPERTS=${2:-64}
 K=${K3BIN:-.devbin/k3}
+# The prefill rounds set K3_LAB_CHUNK_CARRY, which only a lab build reads (device_prepare.sh
+# builds one); a product binary would run every round with the carry on.
+grep -q K3_LAB_ "$K" || { echo "$K is not a lab build: cargo build --release --features lab" >&2; exit 2; }
 OUT=${OUT:-/tmp/tiers_out}
 mkdir -p "$OUT"
 [ -d .gl ] && . "$(dirname "$0")/device_vulkan.sh"

@@ -30,7 +30,8 @@ enum BenchKind {
     /// GB read, eload, disk busy and s/token per run, as a table and as JSON files.
     Decode(Box<DecodeArgs>),
     /// Replay a routing trace (`--route-trace`, or a calibrated synthetic one) through every
-    /// cache policy at each budget: hit % and GB read per token.
+    /// cache policy at each budget: hit % and GB read per token (a `--features lab` build).
+    #[cfg(feature = "lab")]
     Cache(super::bench_cache::CacheArgs),
     /// Prefill a long prompt with the default window (the whole prompt) and with
     /// `--chunk 32`, each from empty caches: time, expert GB read, GB read ÷ the GB of the
@@ -84,6 +85,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     match a.what {
         BenchKind::Reader(r) => reader(r),
         BenchKind::Decode(d) => decode(*d),
+        #[cfg(feature = "lab")]
         BenchKind::Cache(c) => super::bench_cache::run(c),
         BenchKind::Prefill(p) => super::bench_prefill::run(*p),
     }

@@ -33,7 +33,8 @@ pub struct CacheArgs {
     #[arg(long = "usage-file", env = "K3_USAGE_FILE", value_name = "FILE")]
     pub usage_file: Option<PathBuf>,
     /// Record every MoE layer's routing (positions, experts, weights) into FILE as JSON
-    /// lines, written at the end of the run; `k3 bench cache FILE` replays it.
+    /// lines, written at the end of the run; `k3 bench cache FILE` (a `--features lab`
+    /// build) replays it.
     #[arg(long = "route-trace", env = "K3_ROUTE_TRACE", value_name = "FILE")]
     pub route_trace: Option<PathBuf>,
 }

@@ -1,5 +1,6 @@
 //! Subcommands and the flags they share, each flag with its environment-variable alias.
 
+#[cfg(feature = "lab")]
 mod bench_cache;
 mod bench_cmd;
 mod bench_prefill;

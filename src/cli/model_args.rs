@@ -6,6 +6,7 @@ use super::stream_args::StreamArgs;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use k3::backend::cpu::CpuBackend;
+#[cfg(feature = "lab")]
 use k3::backend::gpu::lab_switches::LabSwitches;
 use k3::backend::gpu::{GpuOptions, LimitsProfile};
 use k3::backend::select::{select, BackendKind, Selected};
@@ -198,13 +199,16 @@ impl ModelArgs {
             BackendChoice::Gpu => BackendKind::Gpu,
             BackendChoice::Cpu => BackendKind::Cpu,
         };
-        // Experiment switches (`K3_LAB_*`) over the user's settings.
-        let gpu = LabSwitches::from_env()?.apply(GpuOptions {
+        let gpu = GpuOptions {
             adapter: self.adapter.clone(),
             limits: Some(self.gpu_limits),
             profile: self.gpu_profile == 1,
             ..GpuOptions::default()
-        });
+        };
+        // A lab build takes the experiment switches (`K3_LAB_*`) over the user's settings;
+        // the product keeps every tuning default.
+        #[cfg(feature = "lab")]
+        let gpu = LabSwitches::from_env()?.apply(gpu);
         match select(kind, &gpu)? {
             Selected::Gpu(g) => {
                 eprintln!("[K3] backend: {}", g.name());

@@ -1,7 +1,9 @@
 //! Routed experts: where their native MXFP4 bytes come from and how they are kept.
 
 pub mod cache_policy;
+#[cfg(feature = "lab")]
 pub mod cache_policy_sim;
+#[cfg(feature = "lab")]
 pub mod cache_policy_synth;
 pub mod disk_meter;
 pub mod expert_cache;

@@ -10,8 +10,9 @@ use k3::checkpoint::Checkpoint;
 use k3::experts::{IoMode, StreamConfig};
 use k3::model::{FormatPolicy, K3Model};
 use k3::synth::{synthesize, Preset, Routing, SynthOptions};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 pub mod tiny_ckpt;
 
@@ -79,8 +80,46 @@ pub fn cpu_model(dir: &Path, policy: FormatPolicy, sc: StreamConfig) -> K3Model<
     m
 }
 
-/// A GPU backend with `opts` on any adapter (lavapipe included), or None (the test skips)
-/// without one; under CI=true a missing adapter fails the test instead.
+/// Whether this is CI's run (`CI=true`), which installs what every test needs.
+pub fn in_ci() -> bool {
+    std::env::var("CI").as_deref() == Ok("true")
+}
+
+/// Says that `group` of this test binary cannot run here, why, and what installs what it
+/// needs: one line per binary and group, however many of its tests skip. Under CI=true it
+/// fails the calling test instead.
+///
+/// libtest keeps what a test prints through `print!` / `eprint!` and shows it only when the
+/// test fails; a write to the stderr handle itself is not captured (rust-lang/rust#90785),
+/// so the line shows in a plain `cargo test` (README.md, "Run the tests").
+pub fn skip_group(group: &str, why: &str, install: &str) {
+    assert!(!in_ci(), "CI=true but {group} cannot run: {why}");
+    static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if said.iter().any(|g| g == group) {
+        return;
+    }
+    said.push(group.to_string());
+    // The first line of the cause: a driver's error can run to many.
+    let why = why.lines().next().unwrap_or_default();
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "SKIPPED {}: {group}: {why}; to run them: {install}",
+        env!("CARGO_CRATE_NAME")
+    );
+}
+
+/// [`skip_group`] for the tests that need a GPU adapter, after `GpuBackend::new` failed with `e`.
+pub fn skip_gpu_tests(e: &anyhow::Error) {
+    skip_group(
+        "the GPU tests",
+        &format!("no usable GPU adapter ({e:#})"),
+        "apt-get install mesa-vulkan-drivers (a software Vulkan driver; macOS has Metal, Windows DX12)",
+    );
+}
+
+/// A GPU backend with `opts` on any adapter (lavapipe included), or None (the test skips,
+/// [`skip_gpu_tests`]) without one; under CI=true a missing adapter fails the test instead.
 pub fn gpu_backend(opts: GpuOptions) -> Option<GpuBackend> {
     let opts = GpuOptions {
         allow_cpu_adapter: true,
@@ -89,11 +128,7 @@ pub fn gpu_backend(opts: GpuOptions) -> Option<GpuBackend> {
     match GpuBackend::new(&opts) {
         Ok(g) => Some(g),
         Err(e) => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true but no usable GPU adapter: {e:#}"
-            );
-            eprintln!("skipping a GPU test: no usable adapter: {e:#}");
+            skip_gpu_tests(&e);
             None
         }
     }

@@ -14,6 +14,7 @@ mod elementwise;
 mod expert_bytes;
 pub mod expert_tier;
 mod kda;
+#[cfg(feature = "lab")]
 pub mod lab_switches;
 mod matmul;
 mod mla;

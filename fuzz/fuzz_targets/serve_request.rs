@@ -3,7 +3,8 @@
 #![no_main]
 
 use k3::sampling::SamplerConfig;
-use k3::serve::request::{chat_request, completion_request, Defaults, Limits};
+use k3::serve::openai_body::{chat_request, completion_request};
+use k3::serve::request::{Defaults, Limits};
 use k3::serve::{anthropic, prompt};
 use libfuzzer_sys::fuzz_target;
 

@@ -144,10 +144,9 @@ fn lab_gated(src: &Path, file: &Path) -> bool {
             let lines: Vec<&str> = text.lines().collect();
             for (i, line) in lines.iter().enumerate() {
                 let t = line.trim();
-                if t == format!("mod {stem};") || t == format!("pub mod {stem};") {
-                    if i > 0 && lines[i - 1].trim() == "#[cfg(feature = \"lab\")]" {
-                        return true;
-                    }
+                let declares = t == format!("mod {stem};") || t == format!("pub mod {stem};");
+                if declares && i > 0 && lines[i - 1].trim() == "#[cfg(feature = \"lab\")]" {
+                    return true;
                 }
             }
         }

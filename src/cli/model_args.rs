@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::{Args, ValueEnum};
 use k3::backend::gpu::lab_switches::LabSwitches;
 use k3::backend::gpu::{GpuOptions, LimitsProfile};
-use k3::backend::select::BackendKind;
+use k3::backend::select::{gpu_variable, BackendKind};
 use k3::engine::config::{BackendConfig, Formats, LoadConfig};
 pub use k3::engine::ModelJob;
 use k3::engine::{EngineBuilder, EngineConfig};
@@ -142,6 +142,7 @@ impl ModelArgs {
                 kind,
                 gpu,
                 idot: self.idot == 1,
+                gpu_variable_set: gpu_variable(|v| std::env::var(v).ok()).is_some(),
             },
             formats: Formats {
                 bits: self.bits,

@@ -105,34 +105,35 @@ impl EngineBuilder {
         let policy = FormatPolicy::from_bits(f.bits, f.mla_bits, f.head_bits)?;
         crate::session::check_chunk(c.chunk_bound())?;
         let ckpt = Checkpoint::open(dir, &c.load.extra_dirs)?;
-        let (model, plan) = match select(c.backend.kind, &c.backend.gpu)? {
-            Selected::Gpu(g) => {
-                eprintln!("[K3] backend: {}", g.name());
-                if c.backend.idot {
-                    eprintln!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
+        let (model, plan) =
+            match select(c.backend.kind, &c.backend.gpu, c.backend.gpu_variable_set)? {
+                Selected::Gpu(g) => {
+                    eprintln!("[K3] backend: {}", g.name());
+                    if c.backend.idot {
+                        eprintln!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
+                    }
+                    let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
+                    let plan = self.configure(&mut model, &policy)?;
+                    (AnyModel::Gpu(Box::new(model)), plan)
                 }
-                let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
-                let plan = self.configure(&mut model, &policy)?;
-                (AnyModel::Gpu(Box::new(model)), plan)
-            }
-            Selected::Cpu { fallback } => {
-                if let Some(line) = fallback {
-                    eprintln!("{line}");
+                Selected::Cpu { fallback } => {
+                    if let Some(line) = fallback {
+                        eprintln!("{line}");
+                    }
+                    let idot = c
+                        .backend
+                        .idot
+                        .then(|| IdotKernel::for_level(crate::quant::simd::level()));
+                    let cpu = CpuBackend::with_idot(idot);
+                    eprintln!("[K3] backend: {}", crate::backend::cpu::describe(&cpu));
+                    if idot.is_some() {
+                        eprintln!("[K3] K3_IDOT=1: routed experts on int8 activations (not exact)");
+                    }
+                    let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
+                    let plan = self.configure(&mut model, &policy)?;
+                    (AnyModel::Cpu(Box::new(model)), plan)
                 }
-                let idot = c
-                    .backend
-                    .idot
-                    .then(|| IdotKernel::for_level(crate::quant::simd::level()));
-                let cpu = CpuBackend::with_idot(idot);
-                eprintln!("[K3] backend: {}", crate::backend::cpu::describe(&cpu));
-                if idot.is_some() {
-                    eprintln!("[K3] K3_IDOT=1: routed experts on int8 activations (not exact)");
-                }
-                let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
-                let plan = self.configure(&mut model, &policy)?;
-                (AnyModel::Cpu(Box::new(model)), plan)
-            }
-        };
+            };
         Ok(Engine {
             model,
             plan,

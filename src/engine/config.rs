@@ -61,6 +61,9 @@ pub struct BackendConfig {
     pub gpu: GpuOptions,
     /// CPU: routed experts on int8 activations with integer dots (faster, not exact).
     pub idot: bool,
+    /// A GPU variable (`K3_GPU`, `K3_METAL`, `K3_VK`) asks for the GPU: `Auto` then accepts
+    /// CPU-type adapters, as an explicit request.
+    pub gpu_variable_set: bool,
 }
 
 impl Default for BackendConfig {
@@ -72,6 +75,7 @@ impl Default for BackendConfig {
                 ..GpuOptions::default()
             },
             idot: false,
+            gpu_variable_set: false,
         }
     }
 }

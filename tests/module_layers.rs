@@ -16,9 +16,9 @@ const LAYERS: &[&[&str]] = &[
     &["synth", "backend"],
     &["experts"],
     &["model"],
-    &["engine", "sampling", "grammar"],
+    &["sampling", "grammar"],
     &["session"],
-    &["generate", "token_picker"],
+    &["engine", "generate", "token_picker"],
     &["serve"],
 ];
 

@@ -1,5 +1,6 @@
 //! Which backend a run uses: `--backend auto|gpu|cpu`, `--adapter NAME`, and the variables
-//! users already set (`K3_GPU`, `K3_METAL`, `K3_VK`; wgpu's own `WGPU_BACKEND`).
+//! users already set (`K3_GPU`, `K3_METAL`, `K3_VK`, read by the command line; wgpu's own
+//! `WGPU_BACKEND`).
 
 use super::gpu::{GpuBackend, GpuOptions};
 use anyhow::{anyhow, Result};
@@ -29,10 +30,11 @@ pub enum Selected {
 /// The variables that ask for the GPU, in the order they are reported.
 pub const GPU_VARIABLES: [&str; 3] = ["K3_GPU", "K3_METAL", "K3_VK"];
 
-/// The first GPU variable set to a true value (`1`, `true`, `yes`, `on`).
-pub fn gpu_variable() -> Option<&'static str> {
+/// The first GPU variable that `lookup` (the environment, read by the command line) sets to
+/// a true value (`1`, `true`, `yes`, `on`).
+pub fn gpu_variable(lookup: impl Fn(&str) -> Option<String>) -> Option<&'static str> {
     GPU_VARIABLES.into_iter().find(|v| {
-        std::env::var(v).is_ok_and(|s| {
+        lookup(v).is_some_and(|s| {
             matches!(
                 s.trim().to_ascii_lowercase().as_str(),
                 "1" | "true" | "yes" | "on"
@@ -48,9 +50,10 @@ pub fn failed_line(reason: &str) -> String {
 
 /// Starts the backend `kind` asks for, a GPU one with `base` (adapter, tuning). Under `Gpu`
 /// a failure is an error; under `Auto` it falls back to the CPU with the FAILED line (a
-/// variable or `--adapter` makes `Auto` accept CPU-type adapters, as an explicit request).
-pub fn select(kind: BackendKind, base: &GpuOptions) -> Result<Selected> {
-    let explicit = base.adapter.is_some() || gpu_variable().is_some();
+/// GPU variable, `gpu_variable_set`, or `--adapter` makes `Auto` accept CPU-type adapters,
+/// as an explicit request).
+pub fn select(kind: BackendKind, base: &GpuOptions, gpu_variable_set: bool) -> Result<Selected> {
+    let explicit = base.adapter.is_some() || gpu_variable_set;
     let opts = |allow_cpu_adapter| GpuOptions {
         allow_cpu_adapter,
         ..base.clone()

@@ -248,10 +248,10 @@ impl super::model_args::ModelJob for DecodeJob<'_> {
             for &gb in gbs {
                 for pipe in [1u8, 0] {
                     for run in 0..a.runs {
-                        let mut sa = a.load.stream.clone();
-                        sa.expert_gb = gb;
-                        sa.pipe = pipe;
-                        sa.configure(model, false, a.load.chunk)?;
+                        let mut cfg = a.load.config()?;
+                        cfg.experts.expert_gb = gb;
+                        cfg.streaming.pipe = pipe == 1;
+                        k3::engine::streaming::configure_streaming(model, &cfg)?;
                         let opts = GenerateOptions {
                             ngen: a.ngen,
                             chunk: a.load.chunk_bound(),

@@ -139,7 +139,9 @@ fn one_run<B: Backend>(
     chunk: Option<usize>,
     cfg: &k3::config::Config,
 ) -> Result<Run> {
-    load.stream.configure(model, false, chunk.or(load.chunk))?;
+    let mut engine = load.config()?;
+    engine.chunk = chunk.or(load.chunk);
+    k3::engine::streaming::configure_streaming(model, &engine)?;
     let moe_layers: Vec<usize> = (0..cfg.num_hidden_layers)
         .filter(|&l| cfg.is_moe_layer(l))
         .collect();

@@ -46,7 +46,7 @@ pub struct InspectArgs {
     /// run decides it: the checkpoint's max_position_embeddings, else 131072, lowered to
     /// what half the memory left for experts holds].
     #[arg(long = "max-tokens", env = "K3_MAXT")]
-    pub max_tokens: Option<usize>,
+    pub context_tokens: Option<usize>,
     /// With `--plan`: load-time format of dense matrices (4, 8, 16, 32).
     #[arg(long, env = "K3_BITS", default_value_t = 4)]
     pub bits: u32,
@@ -121,11 +121,11 @@ fn plan(a: &InspectArgs) -> Result<()> {
             bail!("--expert-gb / K3_EXPERT_GB must be a number of GB >= 0, got {e}");
         }
     }
-    if let Some(n) = a.max_tokens {
-        if n == 0 || n > super::stream_args::MAX_CONTEXT {
+    if let Some(n) = a.context_tokens {
+        if n == 0 || n > k3::engine::config::MAX_CONTEXT {
             bail!(
                 "--max-tokens / K3_MAXT must be between 1 and {} tokens, got {n}",
-                super::stream_args::MAX_CONTEXT,
+                k3::engine::config::MAX_CONTEXT,
             );
         }
     }
@@ -133,7 +133,7 @@ fn plan(a: &InspectArgs) -> Result<()> {
         ram_gb,
         os_gb,
         profile: a.gpu_limits,
-        max_tokens: a.max_tokens,
+        context_tokens: a.context_tokens,
         request_gb: a.expert_gb,
         policy: FormatPolicy::from_bits(a.bits, a.mla_bits, a.head_bits)?,
     };

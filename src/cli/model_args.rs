@@ -1,21 +1,16 @@
-//! Loading a model for any command: the flags that choose the snapshot's formats, the
-//! backend and the streaming settings, the built-in demo model, and [`ModelJob`], the work
-//! a command runs on the loaded model whatever backend was chosen.
+//! The flags that choose the snapshot's formats, the backend and the streaming settings,
+//! mapped onto an [`EngineConfig`] for [`EngineBuilder`], and the built-in demo model.
 
 use super::stream_args::StreamArgs;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
-use k3::backend::cpu::CpuBackend;
 #[cfg(feature = "lab")]
 use k3::backend::gpu::lab_switches::LabSwitches;
 use k3::backend::gpu::{GpuOptions, LimitsProfile};
-use k3::backend::select::{select, BackendKind, Selected};
-use k3::backend::Backend;
-use k3::checkpoint::Checkpoint;
-use k3::model::loader::LoadOptions;
-use k3::model::weight_cache::WeightCacheSetting;
-use k3::model::{FormatPolicy, K3Model};
-use k3::quant::idot::IdotKernel;
+use k3::backend::select::{gpu_variable, BackendKind};
+use k3::engine::config::{BackendConfig, Formats, LoadConfig};
+pub use k3::engine::ModelJob;
+use k3::engine::{EngineBuilder, EngineConfig};
 use std::path::{Path, PathBuf};
 
 /// Which backend runs the ops.
@@ -27,17 +22,6 @@ pub enum BackendChoice {
     Gpu,
     /// The CPU oracle.
     Cpu,
-}
-
-/// Work to run on a loaded model, whatever backend was chosen.
-pub trait ModelJob {
-    /// What the job returns.
-    type Out;
-    /// Whether the job's sessions use the prompt cache (`run`, `chat`, `serve`; a
-    /// benchmark measures the prefill a cached prompt would skip).
-    const PROMPT_CACHE: bool = false;
-    /// Runs the job on `model`.
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<Self::Out>;
 }
 
 /// Flags that load a model, shared by `run` and `chat`.
@@ -133,67 +117,15 @@ pub fn ensure_demo() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Ends a job: the routing trace and usage history are written whether or not the job
-/// succeeded (a failed run's trace shows where it was); the job's error comes first.
-fn finish<B: Backend, T>(
-    out: Result<T>,
-    cache: &super::cache_args::CacheArgs,
-    model: &K3Model<B>,
-) -> Result<T> {
-    let fin = cache.finish(model);
-    let out = out?;
-    fin?;
-    Ok(out)
-}
-
 impl ModelArgs {
     /// `--chunk` as the bound on the prefill window: the whole prompt when unset.
     pub fn chunk_bound(&self) -> usize {
         self.chunk.unwrap_or(k3::session::MAX_CHUNK)
     }
 
-    /// The progress bar, weight cache and start-up lines these flags ask for.
-    fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            progress: !self.quiet,
-            weight_cache: if self.no_weight_cache {
-                WeightCacheSetting::Off
-            } else {
-                WeightCacheSetting::Auto
-            },
-            announce: true,
-        }
-    }
-
-    /// Opens the prompt cache for `model` under the identity of everything that changes
-    /// its state: the weights and formats, the backend, the integer-dot kernels and the
-    /// expert selection. The prefill window is not part of it: on the CPU every window
-    /// gives the same bits (`tests/model_cpu.rs`), on the GPU the same results within the
-    /// tolerance windows already have, so a state stored under one window serves them all.
-    fn open_prompt_cache<B: Backend>(
-        &self,
-        model: &mut K3Model<B>,
-        policy: &FormatPolicy,
-    ) -> Result<()> {
-        let numerics = format!(
-            "idot {} | experts {:?}",
-            self.idot,
-            self.stream.expert_selection()?,
-        );
-        self.stream.prompt_cache.open(model, policy, &numerics)
-    }
-
-    /// Opens the checkpoint at `dir`, loads it onto the chosen backend, sizes the expert
-    /// cache, then runs `job` on it.
-    pub fn with_model<J: ModelJob>(&self, dir: &Path, job: J) -> Result<J::Out> {
-        let policy = FormatPolicy::from_bits(self.bits, self.mla_bits, self.head_bits)?;
-        k3::session::check_chunk(self.chunk_bound())?;
-        let extra = self
-            .dirs
-            .as_deref()
-            .map(super::split_dirs)
-            .unwrap_or_default();
-        let ckpt = Checkpoint::open(dir, &extra)?;
+    /// The engine config these flags and their environment variables ask for; the
+    /// prompt cache's `in_use` is left to the job ([`EngineBuilder::run`]).
+    pub fn config(&self) -> Result<EngineConfig> {
         let kind = match self.backend {
             BackendChoice::Auto => BackendKind::Auto,
             BackendChoice::Gpu => BackendKind::Gpu,
@@ -209,41 +141,37 @@ impl ModelArgs {
         // the product keeps every tuning default.
         #[cfg(feature = "lab")]
         let gpu = LabSwitches::from_env()?.apply(gpu);
-        match select(kind, &gpu)? {
-            Selected::Gpu(g) => {
-                eprintln!("[K3] backend: {}", g.name());
-                if self.idot == 1 {
-                    eprintln!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
-                }
-                let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
-                self.stream
-                    .configure(&mut model, J::PROMPT_CACHE, self.chunk)?;
-                model.progress().set_print(!self.quiet);
-                if J::PROMPT_CACHE {
-                    self.open_prompt_cache(&mut model, &policy)?;
-                }
-                finish(job.run(&mut model), &self.stream.cache, &model)
-            }
-            Selected::Cpu { fallback } => {
-                if let Some(line) = fallback {
-                    eprintln!("{line}");
-                }
-                let idot =
-                    (self.idot == 1).then(|| IdotKernel::for_level(k3::quant::simd::level()));
-                let cpu = CpuBackend::with_idot(idot);
-                eprintln!("[K3] backend: {}", k3::backend::cpu::describe(&cpu));
-                if idot.is_some() {
-                    eprintln!("[K3] K3_IDOT=1: routed experts on int8 activations (not exact)");
-                }
-                let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
-                self.stream
-                    .configure(&mut model, J::PROMPT_CACHE, self.chunk)?;
-                model.progress().set_print(!self.quiet);
-                if J::PROMPT_CACHE {
-                    self.open_prompt_cache(&mut model, &policy)?;
-                }
-                finish(job.run(&mut model), &self.stream.cache, &model)
-            }
-        }
+        let mut cfg = EngineConfig {
+            backend: BackendConfig {
+                kind,
+                gpu,
+                idot: self.idot == 1,
+                gpu_variable_set: gpu_variable(|v| std::env::var(v).ok()).is_some(),
+            },
+            formats: Formats {
+                bits: self.bits,
+                mla_bits: self.mla_bits,
+                head_bits: self.head_bits,
+            },
+            load: LoadConfig {
+                extra_dirs: self
+                    .dirs
+                    .as_deref()
+                    .map(super::split_dirs)
+                    .unwrap_or_default(),
+                quiet: self.quiet,
+                weight_cache: !self.no_weight_cache,
+            },
+            chunk: self.chunk,
+            ..EngineConfig::default()
+        };
+        self.stream.apply(&mut cfg);
+        Ok(cfg)
+    }
+
+    /// Assembles the engine for the checkpoint at `dir` from these flags, then runs `job`
+    /// on it.
+    pub fn with_model<J: ModelJob>(&self, dir: &Path, job: J) -> Result<J::Out> {
+        EngineBuilder::new(self.config()?).run(dir, job)
     }
 }

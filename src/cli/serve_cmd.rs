@@ -2,11 +2,11 @@
 
 use super::model_args::{ModelArgs, ModelJob};
 use super::sampling_args::SamplingArgs;
-use super::stream_args::MAX_CONTEXT;
 use super::threads;
 use anyhow::{bail, Result};
 use clap::Args;
 use k3::backend::Backend;
+use k3::engine::config::MAX_CONTEXT;
 use k3::model::K3Model;
 use k3::serve::http::ReasoningFormat;
 use k3::serve::request::{Defaults, Limits};

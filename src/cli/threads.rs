@@ -67,7 +67,7 @@ pub fn init(flag: Option<usize>) -> Result<usize> {
         env("OMP_NUM_THREADS").as_deref(),
         default_threads(),
     )?;
-    k3::quant::simd::configure_from_env()?;
+    k3::quant::simd::configure(env("K3_SIMD").as_deref())?;
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build_global()

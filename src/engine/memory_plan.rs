@@ -34,7 +34,7 @@ pub struct Machine {
     pub profile: LimitsProfile,
     /// The context in tokens (`K3_MAXT`), or `None` for a run's default (the checkpoint's
     /// limit, lowered to what half the memory left for experts holds).
-    pub max_tokens: Option<usize>,
+    pub context_tokens: Option<usize>,
     /// `K3_EXPERT_GB`, or `None` for the largest cache that fits.
     pub request_gb: Option<f64>,
     /// Load-time formats.
@@ -72,7 +72,7 @@ pub struct MemoryPlan {
 pub fn plan_machine(cfg: &Config, machine: &Machine) -> Result<MemoryPlan, RamBudgetError> {
     let dense = dense_footprint(cfg, &machine.policy);
     let dense_gb = dense.iter().map(|&(_, b)| b).sum::<u64>() as f64 / 1e9;
-    let context = match machine.max_tokens {
+    let context = match machine.context_tokens {
         Some(n) => ContextAsk::Asked(n),
         None => {
             let (limit, why) = checkpoint_context(cfg);
@@ -283,7 +283,7 @@ mod tests {
             ram_gb,
             os_gb: MACOS_OS_GB,
             profile: LimitsProfile::AppleM1,
-            max_tokens: Some(4096),
+            context_tokens: Some(4096),
             request_gb: None,
             policy: FormatPolicy::default(),
         }

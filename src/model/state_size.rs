@@ -8,15 +8,15 @@ use crate::config::{AttnKind, Config};
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StateSize {
     /// MLA latent KV cache (compressed kv + rope key per token per MLA layer) at
-    /// `max_tokens` of context.
+    /// `context_tokens` of context.
     pub kv_gb: f64,
     /// KDA recurrent state (a head_dim x head_dim matrix per head) plus the short
     /// convolutions' history, over every KDA layer.
     pub kda_gb: f64,
 }
 
-/// The state of one conversation of up to `max_tokens` tokens, in f32.
-pub fn state_size(cfg: &Config, max_tokens: usize) -> StateSize {
+/// The state of one conversation of up to `context_tokens` tokens, in f32.
+pub fn state_size(cfg: &Config, context_tokens: usize) -> StateSize {
     let mla = cfg
         .layer_kinds
         .iter()
@@ -24,7 +24,7 @@ pub fn state_size(cfg: &Config, max_tokens: usize) -> StateSize {
         .count();
     let kda = cfg.layer_kinds.len() - mla;
     let kv =
-        mla as f64 * max_tokens as f64 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) as f64 * 4.0;
+        mla as f64 * context_tokens as f64 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) as f64 * 4.0;
     let p = cfg.kda_width() as f64;
     let per_kda = cfg.kda.num_heads as f64 * (cfg.kda.head_dim * cfg.kda.head_dim) as f64 * 4.0
         + 3.0 * (cfg.kda.conv_kernel.saturating_sub(1)) as f64 * p * 4.0;

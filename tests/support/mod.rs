@@ -5,7 +5,6 @@
 
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::{GpuBackend, GpuOptions};
-use k3::backend::ExpertResidency;
 use k3::checkpoint::Checkpoint;
 use k3::experts::{IoMode, StreamConfig};
 use k3::model::{FormatPolicy, K3Model};
@@ -148,16 +147,12 @@ pub fn gpu_model(dir: &Path, opts: GpuOptions, sc: StreamConfig) -> Option<K3Mod
     Some(m)
 }
 
-/// Sizes `m`'s VRAM expert tier (or unified pool) to `slots` experts, as the CLI does from
+/// Sizes `m`'s VRAM expert tier (or unified pool) to `slots` experts, as the engine does from
 /// its budgets, and checks it got them (at most every expert).
 pub fn size_expert_tier(m: &K3Model<GpuBackend>, slots: usize) {
     let cfg = &m.ckpt.config;
-    let (i, d) = (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size);
     let all = cfg.num_experts * cfg.moe_layer_count();
-    let got = m
-        .backend
-        .configure_expert_tier((slots * cfg.expert_bytes()) as u64, all, i, d)
-        .unwrap();
+    let got = k3::engine::tiers::size_expert_tier(m, (slots * cfg.expert_bytes()) as u64).unwrap();
     assert_eq!(got, Some(slots.min(all)));
 }
 

@@ -180,18 +180,19 @@ impl SimdLevel {
 
 static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
 
-/// The level the CPU kernels use: set by [`configure_from_env`], else the fastest the CPU
-/// has (detected once).
+/// The level the CPU kernels use: set by [`configure`], else the fastest the CPU has
+/// (detected once).
 pub fn level() -> SimdLevel {
     *LEVEL.get_or_init(SimdLevel::detect)
 }
 
-/// Chooses the level from `K3_SIMD` (unset: the fastest the CPU has) and fixes it for the
-/// process; a later call returns the level already fixed.
-pub fn configure_from_env() -> Result<SimdLevel> {
-    let wanted = match std::env::var("K3_SIMD") {
-        Ok(v) => SimdLevel::from_name(&v)?,
-        Err(_) => SimdLevel::detect(),
+/// Chooses the level `wanted` names (`K3_SIMD`, read by the command line; `None`: the
+/// fastest the CPU has) and fixes it for the process; a later call returns the level
+/// already fixed.
+pub fn configure(wanted: Option<&str>) -> Result<SimdLevel> {
+    let wanted = match wanted {
+        Some(v) => SimdLevel::from_name(v)?,
+        None => SimdLevel::detect(),
     };
     Ok(*LEVEL.get_or_init(|| wanted))
 }

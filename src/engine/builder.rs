@@ -1,0 +1,191 @@
+//! [`EngineBuilder`]: the whole assembly of an engine from an [`EngineConfig`] (backend
+//! choice, load, RAM clamp, tier or pool sizing, streaming, cache policy, prompt cache),
+//! printing the start-up lines as it goes, and [`ModelJob`], the work run on the result
+//! whatever backend was chosen.
+
+use super::config::{CacheConfig, EngineConfig};
+use super::streaming::{configure_streaming, StreamPlan};
+use crate::backend::cpu::CpuBackend;
+use crate::backend::gpu::GpuBackend;
+use crate::backend::select::{select, Selected};
+use crate::backend::Backend;
+use crate::checkpoint::Checkpoint;
+use crate::model::loader::LoadOptions;
+use crate::model::weight_cache::WeightCacheSetting;
+use crate::model::{FormatPolicy, K3Model};
+use crate::quant::idot::IdotKernel;
+use anyhow::Result;
+use std::path::Path;
+
+/// Work to run on a loaded model, whatever backend was chosen.
+pub trait ModelJob {
+    /// What the job returns.
+    type Out;
+    /// Whether the job's sessions use the prompt cache (`run`, `chat`, `serve`; a
+    /// benchmark measures the prefill a cached prompt would skip): [`EngineBuilder::run`]
+    /// sets the config's `prompt_cache.in_use` from it.
+    const PROMPT_CACHE: bool = false;
+    /// Runs the job on `model`.
+    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<Self::Out>;
+}
+
+/// A loaded model on the backend that was chosen.
+pub enum AnyModel {
+    /// On the CPU oracle.
+    Cpu(Box<K3Model<CpuBackend>>),
+    /// On the GPU.
+    Gpu(Box<K3Model<GpuBackend>>),
+}
+
+/// An assembled engine: the configured model and the plan it was sized by.
+pub struct Engine {
+    /// The model, configured.
+    pub model: AnyModel,
+    /// What the memory plan decided (its lines were printed at start-up).
+    pub plan: StreamPlan,
+    /// The cache settings, for the end-of-run writes.
+    cache: CacheConfig,
+}
+
+impl Engine {
+    /// Runs `job` on the model, then ends the run: the routing trace and usage history are
+    /// written whether or not the job succeeded (a failed run's trace shows where it was);
+    /// the job's error comes first.
+    pub fn run<J: ModelJob>(self, job: J) -> Result<J::Out> {
+        let Engine {
+            mut model, cache, ..
+        } = self;
+        match &mut model {
+            AnyModel::Cpu(m) => finish(job.run(m.as_mut()), &cache, m),
+            AnyModel::Gpu(m) => finish(job.run(m.as_mut()), &cache, m),
+        }
+    }
+}
+
+/// The job's result after the end-of-run writes; the job's error comes first.
+fn finish<B: Backend, T>(out: Result<T>, cache: &CacheConfig, model: &K3Model<B>) -> Result<T> {
+    let fin = cache.finish(model);
+    let out = out?;
+    fin?;
+    Ok(out)
+}
+
+/// Assembles an engine from an [`EngineConfig`].
+#[derive(Clone, Debug)]
+pub struct EngineBuilder {
+    config: EngineConfig,
+}
+
+impl EngineBuilder {
+    /// A builder for `config`.
+    pub fn new(config: EngineConfig) -> Self {
+        EngineBuilder { config }
+    }
+
+    /// The config it builds from.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Builds the engine for the checkpoint at `dir` with the prompt cache as `job` asks,
+    /// then runs `job` on it.
+    pub fn run<J: ModelJob>(mut self, dir: &Path, job: J) -> Result<J::Out> {
+        self.config.prompt_cache.in_use = J::PROMPT_CACHE;
+        self.build(dir)?.run(job)
+    }
+
+    /// Opens the checkpoint at `dir`, starts the backend, loads the model onto it, sizes
+    /// the expert cache, tier or pool, the context and the prefill window against memory,
+    /// installs the streaming settings and cache policy, and opens the prompt cache when
+    /// it is in use, printing the start-up lines (`[K3] backend:`, `[K3][RAM_GB=...]`,
+    /// `[K3] context:`, `[K3] prefill window`, ...) as it goes.
+    pub fn build(self, dir: &Path) -> Result<Engine> {
+        let c = &self.config;
+        let f = c.formats;
+        let policy = FormatPolicy::from_bits(f.bits, f.mla_bits, f.head_bits)?;
+        crate::session::check_chunk(c.chunk_bound())?;
+        let ckpt = Checkpoint::open(dir, &c.load.extra_dirs)?;
+        let (model, plan) =
+            match select(c.backend.kind, &c.backend.gpu, c.backend.gpu_variable_set)? {
+                Selected::Gpu(g) => {
+                    eprintln!("[K3] backend: {}", g.name());
+                    if c.backend.idot {
+                        eprintln!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
+                    }
+                    let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
+                    let plan = self.configure(&mut model, &policy)?;
+                    (AnyModel::Gpu(Box::new(model)), plan)
+                }
+                Selected::Cpu { fallback } => {
+                    if let Some(line) = fallback {
+                        eprintln!("{line}");
+                    }
+                    let idot = c
+                        .backend
+                        .idot
+                        .then(|| IdotKernel::for_level(crate::quant::simd::level()));
+                    let cpu = CpuBackend::with_idot(idot);
+                    eprintln!("[K3] backend: {}", crate::backend::cpu::describe(&cpu));
+                    if idot.is_some() {
+                        eprintln!("[K3] K3_IDOT=1: routed experts on int8 activations (not exact)");
+                    }
+                    let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
+                    let plan = self.configure(&mut model, &policy)?;
+                    (AnyModel::Cpu(Box::new(model)), plan)
+                }
+            };
+        Ok(Engine {
+            model,
+            plan,
+            cache: self.config.cache,
+        })
+    }
+
+    /// The progress bar, weight cache and start-up lines the config asks for.
+    fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            progress: !self.config.load.quiet,
+            weight_cache: if self.config.load.weight_cache {
+                WeightCacheSetting::Auto
+            } else {
+                WeightCacheSetting::Off
+            },
+            announce: true,
+        }
+    }
+
+    /// Everything after the load: streaming, cache and window sizing, the progress lines,
+    /// and the prompt cache.
+    fn configure<B: Backend>(
+        &self,
+        model: &mut K3Model<B>,
+        policy: &FormatPolicy,
+    ) -> Result<StreamPlan> {
+        let c = &self.config;
+        let plan = configure_streaming(model, c)?;
+        model.progress().set_print(!c.load.quiet);
+        if c.prompt_cache.in_use {
+            self.open_prompt_cache(model, policy)?;
+        }
+        Ok(plan)
+    }
+
+    /// Opens the prompt cache for `model` under the identity of everything that changes
+    /// its state: the weights and formats, the backend, the integer-dot kernels and the
+    /// expert selection. The prefill window is not part of it: on the CPU every window
+    /// gives the same bits (`tests/model_cpu.rs`), on the GPU the same results within the
+    /// tolerance windows already have, so a state stored under one window serves them all.
+    fn open_prompt_cache<B: Backend>(
+        &self,
+        model: &mut K3Model<B>,
+        policy: &FormatPolicy,
+    ) -> Result<()> {
+        let c = &self.config;
+        let numerics = format!(
+            "idot {} | experts {:?}",
+            u8::from(c.backend.idot),
+            c.experts.selection()?,
+        );
+        c.prompt_cache.open(model, policy, &numerics)
+    }
+}

@@ -386,5 +386,47 @@ fn a_bad_prompt_cache_bound_is_refused_naming_the_flag() {
             err.contains("--prompt-cache-gb / K3_PROMPT_CACHE_GB must be a number of GB >= 0"),
             "{bad}: {err}"
         );
+        // Named before the load: no backend was started for it.
+        assert!(
+            !err.contains("[K3] backend:"),
+            "{bad}: refused after the load: {err}"
+        );
+    }
+}
+
+#[test]
+fn bad_engine_flags_are_refused_before_the_model_loads() {
+    let model = support::tiny(0);
+    let cases = [
+        (
+            "--expert-gb=-1",
+            "K3_EXPERT_GB / --expert-gb must be a number of GB >= 0",
+        ),
+        (
+            "--expert-top-p=2",
+            "--expert-top-p / K3_TOPP must be a share between 0 and 1",
+        ),
+    ];
+    for (flag, want) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_k3"))
+            .args([
+                "run",
+                model.to_str().unwrap(),
+                "--ids",
+                "5,6",
+                "--ngen",
+                "1",
+            ])
+            .args(["--quiet", "--no-weight-cache", flag])
+            .env("RAYON_NUM_THREADS", "2")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag}: {err}");
+        assert!(err.contains(want), "{flag}: {err}");
+        assert!(
+            !err.contains("[K3] backend:"),
+            "{flag}: refused after the load: {err}"
+        );
     }
 }

@@ -103,7 +103,7 @@ impl EngineBuilder {
         let c = &self.config;
         let f = c.formats;
         let policy = FormatPolicy::from_bits(f.bits, f.mla_bits, f.head_bits)?;
-        crate::session::check_chunk(c.chunk_bound())?;
+        c.check_before_load()?;
         let ckpt = Checkpoint::open(dir, &c.load.extra_dirs)?;
         let (model, plan) =
             match select(c.backend.kind, &c.backend.gpu, c.backend.gpu_variable_set)? {

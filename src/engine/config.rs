@@ -50,6 +50,22 @@ impl EngineConfig {
     pub fn chunk_bound(&self) -> usize {
         self.chunk.unwrap_or(crate::session::MAX_CHUNK)
     }
+
+    /// Checks every setting that needs no loaded model, so that a bad flag is named before
+    /// a load that can take minutes. The VRAM tier's size is checked only where a tier is
+    /// sized (the CPU backend ignores it).
+    pub fn check_before_load(&self) -> Result<()> {
+        crate::session::check_chunk(self.chunk_bound())?;
+        let gb = self.experts.expert_gb;
+        if !(gb.is_finite() && gb >= 0.0) {
+            bail!("K3_EXPERT_GB / --expert-gb must be a number of GB >= 0, got {gb}");
+        }
+        self.experts.selection()?;
+        if self.prompt_cache.in_use {
+            self.prompt_cache.plan_gb()?;
+        }
+        Ok(())
+    }
 }
 
 /// The backend and how it starts.

@@ -1,6 +1,5 @@
 //! The K3 layer schedule (docs/model.md#layer-schedule), written once against the op interface.
 
-use super::expert_selection::ExpertSelection;
 use super::format_policy::FormatPolicy;
 use super::glu_mlp::GluMlp;
 use super::kda::Kda;
@@ -8,6 +7,7 @@ use super::loader::{LoadOptions, Loader, Startup};
 use super::mla::Mla;
 use super::moe::{Moe, NextMoe};
 use super::pass_observer::PassObserver;
+use crate::experts::expert_selection::ExpertSelection;
 
 mod pressure_relief;
 use super::prefill_progress::PrefillProgress;
@@ -17,6 +17,7 @@ use super::weight_cache::WeightCache;
 use crate::backend::{Backend, Glu};
 use crate::checkpoint::Checkpoint;
 use crate::config::AttnKind;
+use crate::experts::expert_plan::ExpertAccess;
 use crate::experts::pressure_guard::PressureGuard;
 use crate::experts::{ExpertSource, StreamConfig};
 use crate::stats::Stats;
@@ -493,11 +494,13 @@ impl<B: Backend> K3Model<B> {
         let f = moe
             .forward(
                 b,
-                &self.ckpt,
-                &self.experts,
+                ExpertAccess {
+                    ck: &self.ckpt,
+                    source: &self.experts,
+                    selection: &self.selection,
+                },
                 &x,
                 self.glu,
-                &self.selection,
                 next.as_ref().map(|(m, x)| NextMoe { moe: m, x }),
                 obs.stats(),
             )

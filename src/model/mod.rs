@@ -2,7 +2,6 @@
 
 pub mod context;
 pub mod dense_footprint;
-pub mod expert_selection;
 pub mod format_policy;
 pub mod glu_mlp;
 pub mod host_state;

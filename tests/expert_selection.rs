@@ -3,9 +3,9 @@
 
 mod support;
 
+use k3::experts::expert_selection::ExpertSelection;
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
-use k3::model::expert_selection::ExpertSelection;
 use k3::model::FormatPolicy;
 use k3::stats::Stats;
 

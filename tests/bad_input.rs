@@ -19,7 +19,7 @@ fn open_err(dir: &Path, extra: &[PathBuf]) -> String {
 }
 
 fn tiny_cfg() -> Config {
-    Config::from_json_str(&tiny_config_json().to_string(), "tiny").unwrap()
+    Config::tiny()
 }
 
 #[test]

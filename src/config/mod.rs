@@ -7,8 +7,10 @@
 mod json_fields;
 mod limits;
 mod parse;
+mod tiny;
 
 pub use limits::MAX_CONFIG_BYTES;
+pub use tiny::tiny_json;
 
 use crate::platform::input_file::{self, FileKind};
 use anyhow::{anyhow, Context, Result};

@@ -361,35 +361,40 @@ fn a_second_run_loads_the_first_runs_prompt_and_prints_the_same_tokens() {
     );
 }
 
+/// Runs `k3 run` on `model` with `flag` and checks that it is refused with `want`, before
+/// the load: no backend was started for it.
+fn refused_before_load(model: &Path, flag: &str, want: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_k3"))
+        .args([
+            "run",
+            model.to_str().unwrap(),
+            "--ids",
+            "5,6",
+            "--ngen",
+            "1",
+        ])
+        .args(["--quiet", "--no-weight-cache", flag])
+        .env("RAYON_NUM_THREADS", "2")
+        .env_remove("K3_NO_PROMPT_CACHE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{flag}: {err}");
+    assert!(err.contains(want), "{flag}: {err}");
+    assert!(
+        !err.contains("[K3] backend:"),
+        "{flag}: refused after the load: {err}"
+    );
+}
+
 #[test]
 fn a_bad_prompt_cache_bound_is_refused_naming_the_flag() {
     let model = support::tiny(0);
     for bad in ["-1", "NaN", "inf"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_k3"))
-            .args([
-                "run",
-                model.to_str().unwrap(),
-                "--ids",
-                "5,6",
-                "--ngen",
-                "1",
-            ])
-            .args(["--quiet", "--no-weight-cache"])
-            .arg(format!("--prompt-cache-gb={bad}"))
-            .env("RAYON_NUM_THREADS", "2")
-            .env_remove("K3_NO_PROMPT_CACHE")
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{bad}: {err}");
-        assert!(
-            err.contains("--prompt-cache-gb / K3_PROMPT_CACHE_GB must be a number of GB >= 0"),
-            "{bad}: {err}"
-        );
-        // Named before the load: no backend was started for it.
-        assert!(
-            !err.contains("[K3] backend:"),
-            "{bad}: refused after the load: {err}"
+        refused_before_load(
+            &model,
+            &format!("--prompt-cache-gb={bad}"),
+            "--prompt-cache-gb / K3_PROMPT_CACHE_GB must be a number of GB >= 0",
         );
     }
 }
@@ -397,36 +402,14 @@ fn a_bad_prompt_cache_bound_is_refused_naming_the_flag() {
 #[test]
 fn bad_engine_flags_are_refused_before_the_model_loads() {
     let model = support::tiny(0);
-    let cases = [
-        (
-            "--expert-gb=-1",
-            "K3_EXPERT_GB / --expert-gb must be a number of GB >= 0",
-        ),
-        (
-            "--expert-top-p=2",
-            "--expert-top-p / K3_TOPP must be a share between 0 and 1",
-        ),
-    ];
-    for (flag, want) in cases {
-        let out = Command::new(env!("CARGO_BIN_EXE_k3"))
-            .args([
-                "run",
-                model.to_str().unwrap(),
-                "--ids",
-                "5,6",
-                "--ngen",
-                "1",
-            ])
-            .args(["--quiet", "--no-weight-cache", flag])
-            .env("RAYON_NUM_THREADS", "2")
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{flag}: {err}");
-        assert!(err.contains(want), "{flag}: {err}");
-        assert!(
-            !err.contains("[K3] backend:"),
-            "{flag}: refused after the load: {err}"
-        );
-    }
+    refused_before_load(
+        &model,
+        "--expert-gb=-1",
+        "K3_EXPERT_GB / --expert-gb must be a number of GB >= 0",
+    );
+    refused_before_load(
+        &model,
+        "--expert-top-p=2",
+        "--expert-top-p / K3_TOPP must be a share between 0 and 1",
+    );
 }

@@ -285,7 +285,7 @@ fn sse_frames_are_written_as_the_spec_says() {
 
 #[test]
 fn keys_compare_by_every_byte() {
-    use k3::serve::http::keys_match;
+    use k3::serve::request_guard::keys_match;
     assert!(keys_match(b"abc", b"abc"));
     for k in [&b""[..], b"ab", b"abd", b"abcd", b"Abc"] {
         assert!(!keys_match(k, b"abc"), "{k:?}");

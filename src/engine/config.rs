@@ -56,10 +56,7 @@ impl EngineConfig {
     /// sized (the CPU backend ignores it).
     pub fn check_before_load(&self) -> Result<()> {
         crate::session::check_chunk(self.chunk_bound())?;
-        let gb = self.experts.expert_gb;
-        if !(gb.is_finite() && gb >= 0.0) {
-            bail!("K3_EXPERT_GB / --expert-gb must be a number of GB >= 0, got {gb}");
-        }
+        self.experts.check_expert_gb()?;
         self.experts.selection()?;
         if self.prompt_cache.in_use {
             self.prompt_cache.plan_gb()?;
@@ -198,6 +195,15 @@ impl Default for ExpertConfig {
 }
 
 impl ExpertConfig {
+    /// Refuses an expert cache request that is not a number of GB >= 0, naming the flag.
+    pub fn check_expert_gb(&self) -> Result<()> {
+        let gb = self.expert_gb;
+        if !(gb.is_finite() && gb >= 0.0) {
+            bail!("K3_EXPERT_GB / --expert-gb must be a number of GB >= 0, got {gb}");
+        }
+        Ok(())
+    }
+
     /// The expert selection asked for: a top-p of 0 or >= 1 is off, as in the C engine.
     pub fn selection(&self) -> Result<ExpertSelection> {
         let p = self.top_p;

@@ -41,12 +41,8 @@ pub fn configure_streaming<B: Backend>(
     model: &mut K3Model<B>,
     engine: &EngineConfig,
 ) -> Result<StreamPlan> {
-    if !(engine.experts.expert_gb.is_finite() && engine.experts.expert_gb >= 0.0) {
-        bail!(
-            "K3_EXPERT_GB / --expert-gb must be a number of GB >= 0, got {}",
-            engine.experts.expert_gb
-        );
-    }
+    // Checked again here: a benchmark reconfigures a loaded model with other sizes.
+    engine.experts.check_expert_gb()?;
     // On a discrete GPU the state, the snapshots, the prefill window and the tier share
     // the free VRAM; an earlier tier (bench reconfigures a loaded model) is handed back
     // before it is measured.

@@ -89,7 +89,7 @@ impl<'a> PassObserver<'a> {
 
     /// Whether [`Self::layer_output`] wants the layer's output on the host: with a trace,
     /// or where downloads cost nothing (the CPU), so every layer is checked for NaN/Inf.
-    pub(super) fn wants_layer_output<B: Backend>(&self, b: &B) -> bool {
+    fn wants_layer_output<B: Backend>(&self, b: &B) -> bool {
         self.trace.is_some() || b.downloads_are_free()
     }
 

@@ -1,5 +1,6 @@
-//! The HTTP side: axum routes, the API key, body limits, the queue hand-off to the
-//! engine (429 when full), and the answers (one JSON or server-sent events).
+//! The HTTP side: axum routes (behind the API key and body-limit guard of
+//! `request_guard.rs`), the queue hand-off to the engine (429 when full), and the answers
+//! (one JSON or server-sent events).
 
 use super::anthropic;
 use super::api_error::ApiError;
@@ -9,13 +10,14 @@ use super::openai;
 use super::openai_body::{chat_request, completion_request};
 use super::prompt::render_request;
 use super::request::{ChatRequest, Defaults, GenParams, Limits};
+use super::request_guard;
 use super::sse::{event_stream, SseFrame};
 use crate::grammar::GrammarCompiler;
 use crate::tokenizer::Tokenizer;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue};
-use axum::middleware::{self, Next};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue};
+use axum::middleware;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
@@ -95,105 +97,12 @@ pub fn router(app: Arc<App>) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::status(405, "this route does not take that method").into_response()
         })
-        .layer(middleware::from_fn_with_state(app.clone(), guard))
+        .layer(middleware::from_fn_with_state(
+            app.clone(),
+            request_guard::guard,
+        ))
         .with_state(app)
 }
-
-/// Compares two keys in time that depends only on their lengths.
-pub fn keys_match(given: &[u8], want: &[u8]) -> bool {
-    let mut diff = u8::from(given.len() != want.len());
-    for (i, &w) in want.iter().enumerate() {
-        diff |= w ^ given.get(i).copied().unwrap_or(0);
-    }
-    diff == 0
-}
-
-fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
-    if let Some(v) = headers.get(header::AUTHORIZATION) {
-        let v = v.as_bytes();
-        return v
-            .strip_prefix(b"Bearer ")
-            .or_else(|| v.strip_prefix(b"bearer "));
-    }
-    headers.get("x-api-key").map(HeaderValue::as_bytes)
-}
-
-/// Whether a path is Anthropic's, whose errors have Anthropic's shape.
-fn anthropic_path(path: &str) -> bool {
-    path == "/v1/messages" || path.starts_with("/v1/messages/")
-}
-
-/// The key check (everything but `/` and `/health`), an immediate 413 for a declared
-/// `Content-Length` over the body limit, and the status counter.
-async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    let open = matches!(path, "/" | "/health");
-    let anthropic = anthropic_path(path);
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let refusal = match (&app.api_key, open) {
-        (Some(key), false)
-            if !bearer(req.headers()).is_some_and(|k| keys_match(k, key.as_bytes())) =>
-        {
-            Some(ApiError::status(
-                401,
-                "a valid API key is required: Authorization: Bearer KEY (or x-api-key: KEY)",
-            ))
-        }
-        _ if declared.is_some_and(|n| n > app.body_limit as u64) => Some(ApiError::status(
-            413,
-            format!(
-                "the request body is over {} bytes (--max-body-mb)",
-                app.body_limit
-            ),
-        )),
-        _ => None,
-    };
-    let resp = match refusal {
-        Some(e) => {
-            if e.status == 413 {
-                drain_briefly(req.into_body(), app.body_limit).await;
-            }
-            let mut r = if anthropic {
-                anthropic::error_response(e)
-            } else {
-                e.into_response()
-            };
-            if r.status().as_u16() == 413 {
-                // The body was not read whole: the connection cannot carry another request.
-                r.headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            r
-        }
-        None => next.run(req).await,
-    };
-    app.shared.metrics.count_status(resp.status().as_u16());
-    resp
-}
-
-/// Reads and drops what arrives of an oversized body for a moment (up to four times the
-/// limit, at most [`DRAIN_SECS`]), so a client still sending reads the 413 instead of a
-/// reset, and one that sends nothing gets it at once.
-async fn drain_briefly(body: Body, limit: usize) {
-    let mut data = body.into_data_stream();
-    let read = async {
-        let mut seen = 0usize;
-        while let Some(Ok(chunk)) = data.next().await {
-            seen = seen.saturating_add(chunk.len());
-            if seen > limit.saturating_mul(4) {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(DRAIN_SECS), read).await;
-}
-
-/// Longest wait for the rest of an oversized body before its 413.
-const DRAIN_SECS: u64 = 1;
 
 async fn health(State(app): State<Arc<App>>) -> Json<Value> {
     let m = &app.shared.metrics;

@@ -19,6 +19,7 @@ pub mod openai_body;
 pub mod prompt;
 pub mod reply;
 pub mod request;
+pub mod request_guard;
 pub mod sampling_fields;
 pub mod sse;
 pub mod stop_strings;

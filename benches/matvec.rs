@@ -1,6 +1,8 @@
 //! Decode matvec (n = 1) of every weight format at K3 shapes on ONE core, against a plain
 //! read of the same bytes in the same run (the memory roofline a matvec is judged by), on
-//! every SIMD level this CPU has; and the chunk matmul (n = 8) of the same matrices.
+//! every SIMD level this CPU has; the chunk matmul (n = 8) of the same matrices; and a
+//! prefill-shaped matmul (n = [`PREFILL_TOKENS`]) on every core, the shape a prompt
+//! window's dense layers and a busy expert run.
 //!
 //! Each case cycles through enough copies of its matrix to exceed the last-level cache, so
 //! both the kernel and the read stream from memory; each figure is the best of its rounds.
@@ -20,6 +22,8 @@ use std::time::Instant;
 const SPAN: usize = 512 << 20;
 /// Timed passes over all copies; the best pass is reported.
 const ROUNDS: usize = 5;
+/// Tokens of the prefill-shaped column: a 256-token window through a dense matrix.
+const PREFILL_TOKENS: usize = 256;
 /// K3's hidden width, the columns of most dense matrices and of the experts' gate/up.
 const HIDDEN: usize = 7168;
 
@@ -138,6 +142,9 @@ fn main() {
         .num_threads(1)
         .build()
         .expect("a one-thread pool");
+    let all_cores = rayon::ThreadPoolBuilder::new()
+        .build()
+        .expect("a pool of every core");
     let mut rng = StdRng::seed_from_u64(1);
     let shapes: [(&str, usize, usize); 7] = [
         ("Int4", 2048, HIDDEN),
@@ -152,8 +159,14 @@ fn main() {
         "one core; GB/s of payload (weights + scales), best of {ROUNDS}; ratio = matvec / read"
     );
     println!(
-        "{:<20} {:>8} {:>8} {:>10} {:>8} {:>14}",
-        "case", "read", "level", "matvec", "ratio", "n=8 Gflop/s"
+        "{:<20} {:>8} {:>8} {:>10} {:>8} {:>14} {:>18}",
+        "case",
+        "read",
+        "level",
+        "matvec",
+        "ratio",
+        "n=8 Gflop/s",
+        format!("n={PREFILL_TOKENS} all cores")
     );
     for (fmt, rows, cols) in shapes {
         let label = format!("{fmt}_{rows}x{cols}");
@@ -175,20 +188,32 @@ fn main() {
                 .map(|_| rng.random_range(-1.0f32..1.0))
                 .collect();
             let mut y = vec![0f32; 8 * case.rows];
+            let xp: Vec<f32> = (0..PREFILL_TOKENS * case.cols)
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect();
+            let mut yp = vec![0f32; PREFILL_TOKENS * case.rows];
+            // Flops per payload byte of one n-token matmul over one copy.
+            let per_byte = |n: usize| 2.0 * (n * case.rows * case.cols) as f64 / case.bytes as f64;
             for level in SimdLevel::available() {
                 let mv = best_gbs(case.bytes, case.copies, |i| {
                     (case.matmul)(i, level, &x[..case.cols], 1, &mut y[..case.rows]);
                     black_box(&y);
                 });
                 // Flops per payload byte, so best_gbs's figure converts to Gflop/s.
-                let flops_per_byte = 16.0 * (case.rows * case.cols) as f64 / case.bytes as f64;
-                let gflops = flops_per_byte
+                let gflops = per_byte(8)
                     * best_gbs(case.bytes, 1, |_| {
                         (case.matmul)(0, level, &x, 8, &mut y);
                         black_box(&y);
                     });
+                let prefill = per_byte(PREFILL_TOKENS)
+                    * all_cores.install(|| {
+                        best_gbs(case.bytes, 1, |_| {
+                            (case.matmul)(0, level, &xp, PREFILL_TOKENS, &mut yp);
+                            black_box(&yp);
+                        })
+                    });
                 println!(
-                    "{:<20} {read:>8.2} {:>8} {mv:>10.2} {:>8.3} {gflops:>14.2}",
+                    "{:<20} {read:>8.2} {:>8} {mv:>10.2} {:>8.3} {gflops:>14.2} {prefill:>18.2}",
                     case.name,
                     level.name(),
                     mv / read
@@ -200,14 +225,20 @@ fn main() {
                     idot(i, kernel, &x[..case.cols], 1, &mut y[..case.rows]);
                     black_box(&y);
                 });
-                let flops_per_byte = 16.0 * (case.rows * case.cols) as f64 / case.bytes as f64;
-                let gflops = flops_per_byte
+                let gflops = per_byte(8)
                     * best_gbs(case.bytes, 1, |_| {
                         idot(0, kernel, &x, 8, &mut y);
                         black_box(&y);
                     });
+                let prefill = per_byte(PREFILL_TOKENS)
+                    * all_cores.install(|| {
+                        best_gbs(case.bytes, 1, |_| {
+                            idot(0, kernel, &xp, PREFILL_TOKENS, &mut yp);
+                            black_box(&yp);
+                        })
+                    });
                 println!(
-                    "{:<20} {read:>8.2} {:>8} {mv:>10.2} {:>8.3} {gflops:>14.2}",
+                    "{:<20} {read:>8.2} {:>8} {mv:>10.2} {:>8.3} {gflops:>14.2} {prefill:>18.2}",
                     case.name,
                     format!("idot-{}", kernel.name()),
                     mv / read

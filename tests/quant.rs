@@ -357,7 +357,7 @@ const AWKWARD: [(usize, usize); 9] = [
 ];
 
 /// Runs `matmul` on every level this CPU has for token counts around the kernels' token
-/// group of four; checks each SIMD level against the portable reference (relative L2 and
+/// group of four and past the driver's token tile of sixteen; checks each SIMD level against the portable reference (relative L2 and
 /// the float64 reference) and that a row's output does not depend on the token count.
 fn check_levels(
     label: &str,
@@ -367,7 +367,7 @@ fn check_levels(
     rng: &mut StdRng,
     matmul: impl Fn(SimdLevel, &[f32], usize, &mut [f32]),
 ) {
-    for n in [1, 2, 3, 4, 5, 9] {
+    for n in [1, 2, 3, 4, 5, 9, 37] {
         let x = random_values(rng, n * cols);
         let exact = reference(w, rows, cols, &x, n);
         let mut want = vec![f32::NAN; n * rows];

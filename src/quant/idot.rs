@@ -27,7 +27,8 @@ const QMAX: f32 = 127.0;
 /// byte products take one unsigned operand (`maddubs`, `vpdpbusd`).
 pub(crate) const WEIGHT_BIAS: i32 = 12;
 
-/// Output rows per task.
+/// Output rows per task of a one-token matmul (a many-token one takes
+/// [`kernel::TILE_ROWS`]).
 const BLOCK_ROWS: usize = 8;
 
 /// Tokens one kernel call serves (the weights are decoded once for all of them).
@@ -321,29 +322,31 @@ pub fn matmul(kernel: IdotKernel, w: &Mxfp4View<'_>, x: &QuantizedActs, y: &mut 
     // Row-major [rows, n] so that each task owns a contiguous slice; transposed at the end
     // (for one token the two layouts are the same).
     let mut yt = vec![0f32; rows * n];
-    yt.par_chunks_mut(BLOCK_ROWS * n).enumerate().for_each_init(
+    let block = if n == 1 {
+        BLOCK_ROWS
+    } else {
+        kernel::TILE_ROWS
+    };
+    yt.par_chunks_mut(block * n).enumerate().for_each_init(
         || vec![0i32; MAX_TOKENS * groups],
         |sums, (b, out)| {
-            for (i, dst) in out.chunks_exact_mut(n).enumerate() {
-                let r = b * BLOCK_ROWS + i;
+            kernel::for_each_tile(out.len() / n, n, MAX_TOKENS, |i, t0, take| {
+                let r = b * block + i;
                 let packed = &w.packed[r * rb..(r + 1) * rb];
                 let wscales = &w.scales[r * groups..(r + 1) * groups];
-                for t0 in (0..n).step_by(MAX_TOKENS) {
-                    let take = (n - t0).min(MAX_TOKENS);
-                    let tk = &toks[t0..t0 + take];
-                    let s = &mut sums[..take * groups];
-                    match take {
-                        1 => tokens::<1>(kernel, packed, tk, s, groups),
-                        2 => tokens::<2>(kernel, packed, tk, s, groups),
-                        3 => tokens::<3>(kernel, packed, tk, s, groups),
-                        _ => tokens::<4>(kernel, packed, tk, s, groups),
-                    }
-                    for (j, d) in dst[t0..t0 + take].iter_mut().enumerate() {
-                        let gs = &s[j * groups..(j + 1) * groups];
-                        *d = fold(gs, wscales, tk[j].scale);
-                    }
+                let tk = &toks[t0..t0 + take];
+                let s = &mut sums[..take * groups];
+                match take {
+                    1 => tokens::<1>(kernel, packed, tk, s, groups),
+                    2 => tokens::<2>(kernel, packed, tk, s, groups),
+                    3 => tokens::<3>(kernel, packed, tk, s, groups),
+                    _ => tokens::<4>(kernel, packed, tk, s, groups),
                 }
-            }
+                for (j, d) in out[i * n + t0..i * n + t0 + take].iter_mut().enumerate() {
+                    let gs = &s[j * groups..(j + 1) * groups];
+                    *d = fold(gs, wscales, tk[j].scale);
+                }
+            });
         },
     );
     if n == 1 {
@@ -452,7 +455,8 @@ mod tests {
     #[test]
     fn every_kernel_equals_the_portable_integer_reference_exactly() {
         let mut rng = StdRng::seed_from_u64(22);
-        // Awkward shapes: one group, a lone last group, group counts off the 8-group block.
+        // Awkward shapes: one group, a lone last group, group counts off the 8-group block;
+        // the last one spans three row tasks and three token tiles, each cut short.
         for &(rows, cols, n) in &[
             (3, 32, 1),
             (5, 96, 2),
@@ -460,6 +464,7 @@ mod tests {
             (17, 544, 5),
             (8, 2048, 4),
             (33, 7168, 7),
+            (70, 2048, 37),
         ] {
             let (packed, scales) = random_view_bytes(&mut rng, rows, cols);
             let w = Mxfp4View::new(rows, cols, &packed, &scales).unwrap();

@@ -9,6 +9,37 @@ use rayon::prelude::*;
 /// take 229 KiB of f32, which stays in L2 while every token of the chunk streams past it.
 const BLOCK_ROWS: usize = 8;
 
+/// Output rows a task of a many-token matmul owns. Every row of the task meets a token
+/// tile while that tile sits in L2, so x streams from memory once per task rather than
+/// once per row: 32 rows cut that traffic 32-fold and still leave 64 tasks for a
+/// 2048-row expert matrix.
+pub(crate) const TILE_ROWS: usize = 32;
+
+/// Tokens in the tile a task's rows pass over together: 16 rows of the widest input (7168
+/// columns) take 0.9 MiB with their prepared copy, which fits in L2 beside the task's
+/// weight rows. See docs/perf.md, "CPU".
+pub(crate) const TILE_TOKENS: usize = 16;
+
+/// Visits a task's `count` rows and `n` tokens as `(row, first token, tokens)` with at most
+/// `per_visit` tokens a visit (a kernel call's): tile by tile of [`TILE_TOKENS`], every row
+/// over the tile. Each output is still computed by one kernel call, so the order only
+/// moves cache traffic, never a result bit.
+pub(crate) fn for_each_tile(
+    count: usize,
+    n: usize,
+    per_visit: usize,
+    mut visit: impl FnMut(usize, usize, usize),
+) {
+    for tile in (0..n).step_by(TILE_TOKENS) {
+        let end = (tile + TILE_TOKENS).min(n);
+        for i in 0..count {
+            for t0 in (tile..end).step_by(per_visit) {
+                visit(i, t0, (end - t0).min(per_visit));
+            }
+        }
+    }
+}
+
 /// Lanes of the dot product's accumulator array: wide enough for two 8-lane vectors, so
 /// the compiler can keep independent add chains in flight without reassociating.
 const LANES: usize = 16;
@@ -151,7 +182,8 @@ fn portable_matmul<S: RowSource>(w: &S, x: &[f32], n: usize, y: &mut [f32]) {
 }
 
 /// The fused driver: every output through [`simd::dot_tokens`], tokens taken up to
-/// [`MAX_TOKENS`] at a time while the row is hot in L1. Shapes are checked and non-empty.
+/// [`MAX_TOKENS`] at a time while the row is hot in L1, over token tiles that stay in L2
+/// ([`for_each_tile`]). Shapes are checked and non-empty.
 fn fused_matmul(w: &EncodedRows<'_>, x: &[f32], n: usize, y: &mut [f32], level: SimdLevel) {
     let (rows, cols) = (w.rows, w.cols);
     let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
@@ -178,21 +210,20 @@ fn fused_matmul(w: &EncodedRows<'_>, x: &[f32], n: usize, y: &mut [f32], level: 
     }
     // Row-major [rows, n] so that each task owns a contiguous slice; transposed at the end.
     let mut yt = vec![0f32; rows * n];
-    yt.par_chunks_mut(BLOCK_ROWS * n)
+    yt.par_chunks_mut(TILE_ROWS * n)
         .enumerate()
         .for_each(|(b, out)| {
-            for (i, dst) in out.chunks_exact_mut(n).enumerate() {
-                let r = b * BLOCK_ROWS + i;
-                for t0 in (0..n).step_by(MAX_TOKENS) {
-                    let (xs, xp, d) = (&xs[t0..], &xp[t0..], &mut dst[t0..]);
-                    match n - t0 {
-                        1 => d[..1].copy_from_slice(&tokens::<1>(level, w, r, xs, xp)),
-                        2 => d[..2].copy_from_slice(&tokens::<2>(level, w, r, xs, xp)),
-                        3 => d[..3].copy_from_slice(&tokens::<3>(level, w, r, xs, xp)),
-                        _ => d[..4].copy_from_slice(&tokens::<4>(level, w, r, xs, xp)),
-                    }
+            for_each_tile(out.len() / n, n, MAX_TOKENS, |i, t0, take| {
+                let r = b * TILE_ROWS + i;
+                let (xs, xp) = (&xs[t0..], &xp[t0..]);
+                let d = &mut out[i * n + t0..i * n + t0 + take];
+                match take {
+                    1 => d.copy_from_slice(&tokens::<1>(level, w, r, xs, xp)),
+                    2 => d.copy_from_slice(&tokens::<2>(level, w, r, xs, xp)),
+                    3 => d.copy_from_slice(&tokens::<3>(level, w, r, xs, xp)),
+                    _ => d.copy_from_slice(&tokens::<4>(level, w, r, xs, xp)),
                 }
-            }
+            });
         });
     y.par_chunks_mut(rows).enumerate().for_each(|(t, yrow)| {
         for (r, v) in yrow.iter_mut().enumerate() {

@@ -15,6 +15,10 @@
 #   K3_CHUNKS ("")    window bounds k3 bench prefill runs beside its default (--chunks)
 #   C_LONG (1024)     K3_CHUNK of the c_long run (the C engine clamps it to 512)
 #   K3_FLAGS ("")     extra flags of the k3 runs (e.g. "--gpu-expert-gb 0": no VRAM tier)
+#   K3OLD ("")        a second k3 binary, run by the kinds k3old_cpu and k3old_gpu (a
+#                     build before a change, measured in the same call as its baseline)
+# The kinds k3idot_cpu and k3idot_gpu run K3BIN with K3_IDOT=1 (int8-activation expert
+# matmuls, the C engine's default arithmetic).
 #   RUN_TIMEOUT (400) seconds a run may take
 # Both engines read experts with O_DIRECT (K3_DIRECT=1) and use no usage history (the C
 # engine AUTOPIN=0 USAGE_SAVE=0 K3_VK=0, k3 --usage-pins off); the C engine runs --ngen 0,
@@ -36,6 +40,7 @@ CONFIGS=${CONFIGS:-k3_gpu k3_cpu c_long c_default}
 K3_CHUNKS=${K3_CHUNKS:-}
 C_LONG=${C_LONG:-1024}
 K3_FLAGS=${K3_FLAGS:-}
+K3OLD=${K3OLD:-}
 RUN_TIMEOUT=${RUN_TIMEOUT:-400}
 DIR=${OUT:-/tmp/prefill_side_by_side}
 mkdir -p "$DIR"
@@ -80,9 +85,11 @@ run() { # run name, round
         echo "$1 $secs" >> "$DIR/secs.txt"
         echo "| C engine, K3_CHUNK=$chunk | $secs | $(calc "printf \"%.1f\", $TOKENS / $secs") | $gb | - |"
         ;;
-    k3_gpu | k3_cpu)
-        local backend=${1#k3_}
-        env K3_DIRECT=1 timeout "$RUN_TIMEOUT" "$K3BIN" bench prefill "$SNAP" --backend "$backend" \
+    k3_gpu | k3_cpu | k3old_gpu | k3old_cpu | k3idot_gpu | k3idot_cpu)
+        local backend=${1#*_} bin=$K3BIN idot=0
+        [ "${1%%_*}" = k3old ] && bin=$K3OLD
+        [ "${1%%_*}" = k3idot ] && idot=1
+        env K3_DIRECT=1 K3_IDOT=$idot timeout "$RUN_TIMEOUT" "$bin" bench prefill "$SNAP" --backend "$backend" \
             --ids "$IDS_K" --chunks "$K3_CHUNKS" --expert-gb "$EXPERT_GB" --usage-pins off $K3_FLAGS \
             > "$f.table" 2> "$f"
         cat "$f.table" >> "$f"
@@ -94,7 +101,7 @@ run() { # run name, round
         fi
         secs=$(echo "$line" | cut -d'|' -f5 | tr -d ' ')
         echo "$1 $secs" >> "$DIR/secs.txt"
-        echo "| k3 $backend, default window ($(echo "$line" | cut -d'|' -f3 | tr -d ' ') tokens) | $secs | $(echo "$line" | cut -d'|' -f6 | tr -d ' ') | $(echo "$line" | cut -d'|' -f7 | tr -d ' ') | $(echo "$line" | cut -d'|' -f9 | tr -d ' ') |"
+        echo "| ${1%%_*} $backend, default window ($(echo "$line" | cut -d'|' -f3 | tr -d ' ') tokens) | $secs | $(echo "$line" | cut -d'|' -f6 | tr -d ' ') | $(echo "$line" | cut -d'|' -f7 | tr -d ' ') | $(echo "$line" | cut -d'|' -f9 | tr -d ' ') |"
         grep '^| --chunk' "$f.table" | while read -r l; do
             echo "| k3 $backend, $(echo "$l" | cut -d'|' -f2 | sed 's/ (round.*//; s/^ //') | $(echo "$l" | cut -d'|' -f5 | tr -d ' ') | $(echo "$l" | cut -d'|' -f6 | tr -d ' ') | $(echo "$l" | cut -d'|' -f7 | tr -d ' ') | $(echo "$l" | cut -d'|' -f9 | tr -d ' ') |"
         done
@@ -127,7 +134,7 @@ cl=$(grep '^c_long ' "$DIR/median.txt" | cut -d' ' -f2)
 cd=$(grep '^c_default ' "$DIR/median.txt" | cut -d' ' -f2)
 while read -r k m; do
     printf "  %-10s %s s" "$k" "$m"
-    case $k in k3_*)
+    case $k in k3*)
         [ -n "$cd" ] && printf "  %.1fx faster than C at K3_CHUNK=32" "$(calc "print $cd / $m")"
         [ -n "$cl" ] && printf "  %.2fx faster than C at K3_CHUNK=$C_LONG" "$(calc "print $cl / $m")"
         ;;

@@ -291,7 +291,7 @@ fn vram_context_limit<B: Backend>(
         (
             fit,
             format!(
-                "what fits in half the free VRAM ({:.1} GB) beside the margin; {why} is {limit}",
+                "what fits in half the free VRAM ({:.1} GB) beside the margin, under {limit} ({why})",
                 free as f64 / 1e9
             ),
         )

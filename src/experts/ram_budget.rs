@@ -336,7 +336,7 @@ fn choose_context(ask: &ContextAsk, kv: KvShape, room_gb: f64, in_ram: bool) -> 
                 (
                     fit.max(MIN_DEFAULT_CONTEXT).min(*limit),
                     format!(
-                        "default: what fits in {:.0}% of the memory left for experts ({why} is {limit}); --max-tokens / K3_MAXT sets it",
+                        "default: what fits in {:.0}% of the memory left for experts, under {limit} ({why}); --max-tokens / K3_MAXT sets it",
                         CONTEXT_SHARE * 100.0
                     ),
                 )

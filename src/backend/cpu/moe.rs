@@ -5,6 +5,17 @@ use super::CpuAct;
 use crate::backend::{ExpertAssignment, Glu};
 use crate::quant::idot::{self, IdotKernel, QuantizedActs};
 use anyhow::{anyhow, ensure, Result};
+use rayon::prelude::*;
+
+/// `glu(gate, up)` elementwise across the pool: a busy expert in a prefill window has
+/// hundreds of thousands of them, each a few transcendental calls, which on one thread
+/// would leave the other cores idle between the expert's matmuls.
+fn gated(gate: &[f32], up: &[f32], g: Glu) -> Vec<f32> {
+    gate.par_iter()
+        .zip(up)
+        .map(|(&a, &b)| glu(a, b, g))
+        .collect()
+}
 
 /// `acc[t] += w · W2_e · glu(W1_e·z[t], W3_e·z[t])`, experts accumulated in list order;
 /// with `idot`, each matmul's input is quantized to int8 groups and dotted in integers.
@@ -45,12 +56,12 @@ pub fn moe_accumulate(
             let xq = QuantizedActs::new(&x, m, d);
             idot::matmul(kernel, &w.w1, &xq, &mut gate);
             idot::matmul(kernel, &w.w3, &xq, &mut up);
-            let act: Vec<f32> = gate.iter().zip(&up).map(|(&a, &b)| glu(a, b, g)).collect();
+            let act = gated(&gate, &up, g);
             idot::matmul(kernel, &w.w2, &QuantizedActs::new(&act, m, i), &mut y);
         } else {
             w.w1.matmul(&x, m, &mut gate);
             w.w3.matmul(&x, m, &mut up);
-            let act: Vec<f32> = gate.iter().zip(&up).map(|(&a, &b)| glu(a, b, g)).collect();
+            let act = gated(&gate, &up, g);
             w.w2.matmul(&act, m, &mut y);
         }
         for (j, &(t, wt)) in ex.tokens.iter().enumerate() {

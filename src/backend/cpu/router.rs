@@ -5,6 +5,7 @@ use super::CpuAct;
 use crate::backend::RouterParams;
 use crate::routed_expert::Route;
 use anyhow::{ensure, Result};
+use rayon::prelude::*;
 
 /// Keeps the renormalization finite when every chosen score underflows.
 pub const RENORM_EPS: f32 = 1e-20;
@@ -18,7 +19,9 @@ pub fn router_topk(logits: &CpuAct, bias: &[f32], p: RouterParams) -> Result<Vec
         bias.len(),
         p.top_k
     );
+    // Rows route independently: a prefill window's thousand rows go across the pool.
     Ok((0..logits.rows)
+        .into_par_iter()
         .map(|r| {
             let s: Vec<f32> = logits.row(r).iter().map(|&x| sigmoid(x)).collect();
             let mut ids: Vec<usize> = (0..e).collect();

@@ -5,10 +5,12 @@
 //! next layer (speculative, see `prefetch.rs`). A thread takes a demand read whenever there
 //! is one, so a guess never delays a read the running layer waits for; a guess still queued
 //! when its layer routes is either promoted to the front of the demand queue or dropped
-//! unread.
+//! unread. A large expert's read is split into pieces (`piece_read.rs`): the threads take
+//! the front read's pieces in order, so several threads read one expert at once.
 
 use super::disk_meter::DiskMeter;
 use super::expert_reader::ExpertReader;
+use super::piece_read::PieceRead;
 use crate::checkpoint::ExpertLocation;
 use crate::routed_expert::LoadedExpert;
 use anyhow::{anyhow, Context, Result};
@@ -33,17 +35,46 @@ pub struct LoadJob {
     pub reply: Sender<Result<LoadedExpert>>,
 }
 
+/// A queued read and the next of its pieces no thread has taken.
+struct Task {
+    read: Arc<PieceRead>,
+    next: usize,
+}
+
+impl Task {
+    /// Whether a thread has taken one of its pieces.
+    fn started(&self) -> bool {
+        self.next > 0
+    }
+}
+
 /// A speculative read and the MoE layer it was guessed for.
 struct Guess {
     layer: usize,
-    job: LoadJob,
+    task: Task,
 }
 
 #[derive(Default)]
 struct Queues {
-    demand: VecDeque<LoadJob>,
+    demand: VecDeque<Task>,
     guesses: VecDeque<Guess>,
     closed: bool,
+}
+
+/// Takes the next piece of the front task of `queue`; the task leaves the queue with its
+/// last piece.
+fn take_piece<T>(
+    queue: &mut VecDeque<T>,
+    task: impl Fn(&mut T) -> &mut Task,
+) -> Option<(Arc<PieceRead>, usize)> {
+    let t = task(queue.front_mut()?);
+    let k = t.next;
+    t.next += 1;
+    let read = t.read.clone();
+    if t.next >= read.pieces() {
+        queue.pop_front();
+    }
+    Some((read, k))
 }
 
 /// What [`LoaderPool::settle`] did with a layer's queued guesses.
@@ -64,6 +95,8 @@ struct Shared {
 pub struct LoaderPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// Splits each job's read as it is queued.
+    reader: Arc<ExpertReader>,
 }
 
 impl LoaderPool {
@@ -87,7 +120,18 @@ impl LoaderPool {
                     .context("starting an expert loader thread")
             })
             .collect::<Result<_>>()?;
-        Ok(Self { shared, workers })
+        Ok(Self {
+            shared,
+            workers,
+            reader,
+        })
+    }
+
+    fn task(&self, job: LoadJob) -> Task {
+        Task {
+            read: Arc::new(PieceRead::new(job, &self.reader)),
+            next: 0,
+        }
     }
 
     fn queues(&self) -> Result<std::sync::MutexGuard<'_, Queues>> {
@@ -105,35 +149,54 @@ impl LoaderPool {
     /// Queues a read the running layer needs; the result arrives on the job's `reply`
     /// channel.
     pub fn submit(&self, job: LoadJob) -> Result<()> {
-        self.queues()?.demand.push_back(job);
-        self.shared.wake.notify_one();
+        let task = self.task(job);
+        let pieces = task.read.pieces();
+        self.queues()?.demand.push_back(task);
+        self.wake(pieces);
         Ok(())
     }
 
     /// Queues a read guessed for MoE layer `layer`, taken only when no demand read waits.
     pub fn submit_guess(&self, layer: usize, job: LoadJob) -> Result<()> {
-        self.queues()?.guesses.push_back(Guess { layer, job });
-        self.shared.wake.notify_one();
+        let task = self.task(job);
+        let pieces = task.read.pieces();
+        self.queues()?.guesses.push_back(Guess { layer, task });
+        self.wake(pieces);
         Ok(())
+    }
+
+    /// Wakes a thread for each of `pieces` new pieces of work (all of them when more).
+    fn wake(&self, pieces: usize) {
+        if pieces == 1 {
+            self.shared.wake.notify_one();
+        } else {
+            self.shared.wake.notify_all();
+        }
     }
 
     /// Layer `layer` has routed and needs `needed`: its queued guesses among them move to
     /// the front of the demand queue (in their queued order), the others are dropped unread
-    /// (their reply channels close). Guesses a thread has already started are not queued
-    /// and not touched.
+    /// (their reply channels close). A guess a thread has started is not dropped: when
+    /// needed, its pieces left move to the demand queue's front like the others (but it does
+    /// not count as promoted), else they stay behind the demand reads.
     pub fn settle(&self, layer: usize, needed: &[u32]) -> Result<Settled> {
         let mut q = self.queues()?;
         let mut out = Settled::default();
         let mut keep = VecDeque::with_capacity(q.guesses.len());
         let mut promote = Vec::new();
         for g in q.guesses.drain(..) {
+            let id = g.task.read.id();
             if g.layer != layer {
                 keep.push_back(g);
-            } else if needed.contains(&g.job.id) {
-                out.promoted.push(g.job.id);
-                promote.push(g.job);
+            } else if needed.contains(&id) {
+                if !g.task.started() {
+                    out.promoted.push(id);
+                }
+                promote.push(g.task);
+            } else if g.task.started() {
+                keep.push_back(g);
             } else {
-                out.dropped.push(g.job.id);
+                out.dropped.push(id);
             }
         }
         q.guesses = keep;
@@ -146,16 +209,16 @@ impl LoaderPool {
 
 fn worker(shared: &Shared, reader: &ExpertReader, meter: &DiskMeter) {
     loop {
-        let job = {
+        let (read, k) = {
             let Ok(mut q) = shared.queues.lock() else {
                 return;
             };
             loop {
-                if let Some(j) = q.demand.pop_front() {
-                    break j;
+                if let Some(p) = take_piece(&mut q.demand, |t| t) {
+                    break p;
                 }
-                if let Some(g) = q.guesses.pop_front() {
-                    break g.job;
+                if let Some(p) = take_piece(&mut q.guesses, |g| &mut g.task) {
+                    break p;
                 }
                 if q.closed {
                     return;
@@ -166,12 +229,7 @@ fn worker(shared: &Shared, reader: &ExpertReader, meter: &DiskMeter) {
                 };
             }
         };
-        meter.begin();
-        let res = reader.read_location(&job.path, &job.loc, job.id);
-        meter.end(res.as_ref().map(|e| e.len() as u64).unwrap_or(0));
-        // The consumer may have given up on an error elsewhere, or dropped a wrong guess;
-        // nothing to do then.
-        let _ = job.reply.send(res);
+        read.read_piece(k, reader, meter);
     }
 }
 
@@ -222,6 +280,7 @@ mod tests {
                 wake: Condvar::new(),
             }),
             workers: Vec::new(),
+            reader: Arc::new(ExpertReader::new(IoMode::Buffered)),
         }
     }
 

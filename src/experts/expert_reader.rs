@@ -14,10 +14,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Bytes of one piece when the loader pool splits an expert's read (see
-/// [`ExpertReader::set_read_piece`]): a 17.5 MB K3 expert goes as nine reads that the
-/// loader threads take in order, so the disk queue stays as deep as the thread count from
-/// a layer's first expert to its last and the experts still arrive one after another.
-pub const DEFAULT_READ_PIECE: usize = 2 << 20;
+/// [`ExpertReader::set_read_piece`]); 0, the default, reads every expert in one read. On the
+/// virtual disk the figures of docs/perf.md come from, decode-shaped reads of whole experts
+/// already run as fast as plain parallel reads of the same shape and split reads ran no
+/// faster; `k3 bench reader --piece-kib` measures another disk.
+pub const DEFAULT_READ_PIECE: usize = 0;
 
 /// Reads experts through a [`ShardIo`].
 pub struct ExpertReader {

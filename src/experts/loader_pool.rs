@@ -251,6 +251,7 @@ impl Drop for LoaderPool {
 mod tests {
     use super::*;
     use crate::experts::IoMode;
+    use crate::platform::aligned_buf::IO_ALIGN;
     use std::sync::mpsc::{channel, Receiver};
 
     fn loc() -> ExpertLocation {
@@ -339,6 +340,48 @@ mod tests {
         pool.submit(failing_job(4, &reply)).unwrap();
         start_one_thread(&mut pool);
         assert_eq!(finished_order(&rx, 4), vec![3, 4, 1, 2]);
+    }
+
+    #[test]
+    fn a_started_split_guess_is_never_dropped_and_its_pieces_left_move_when_needed() {
+        let pool = idle_pool();
+        pool.reader.set_read_piece(IO_ALIGN);
+        let (reply, _rx) = channel();
+        let split = |id| LoadJob {
+            loc: ExpertLocation {
+                shard: 0,
+                parts: std::array::from_fn(|k| k as u64 * 2000..(k as u64 + 1) * 2000),
+                contiguous: true,
+            },
+            ..failing_job(id, &reply)
+        };
+        pool.submit_guess(1, split(5)).unwrap();
+        pool.submit_guess(1, split(6)).unwrap();
+        // A thread takes the first of expert 5's three pieces.
+        let (read, k) = {
+            let mut q = pool.shared.queues.lock().unwrap();
+            take_piece(&mut q.guesses, |g| &mut g.task).unwrap()
+        };
+        assert_eq!((read.id(), k, read.pieces()), (5, 0, 3));
+        // Not needed: 6 (not started) is dropped, 5 (started) stays queued.
+        let s = pool.settle(1, &[]).unwrap();
+        assert_eq!((s.promoted, s.dropped), (vec![], vec![6]));
+        let q = pool.shared.queues.lock().unwrap();
+        assert_eq!(q.guesses.len(), 1);
+        assert_eq!(q.guesses[0].task.next, 1);
+        drop(q);
+        // Needed: its pieces left go to the demand queue, not counted as promoted.
+        let s = pool.settle(1, &[5]).unwrap();
+        assert_eq!((s.promoted, s.dropped), (vec![], vec![]));
+        let mut q = pool.shared.queues.lock().unwrap();
+        assert!(q.guesses.is_empty());
+        let taken: Vec<usize> = std::iter::from_fn(|| take_piece(&mut q.demand, |t| t))
+            .map(|(r, k)| {
+                assert_eq!(r.id(), 5);
+                k
+            })
+            .collect();
+        assert_eq!(taken, vec![1, 2]);
     }
 
     #[test]

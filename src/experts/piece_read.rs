@@ -6,7 +6,9 @@
 //! threads, and more threads only spread the disk over more experts at once, each of
 //! which then arrives later. Split into pieces that the threads take in queue order, the
 //! disk sees as many reads as there are threads until the layer's last piece, and the
-//! experts still complete one after another, the first as soon as the disk can deliver it.
+//! experts still complete one after another. Whether that reads faster depends on the disk
+//! (a block layer that already cuts a large read into several requests gains nothing), so
+//! it is off by default ([`super::expert_reader::DEFAULT_READ_PIECE`]).
 
 use super::disk_meter::DiskMeter;
 use super::expert_reader::ExpertReader;
@@ -102,16 +104,16 @@ unsafe impl Sync for Dest {}
 impl Dest {
     fn new(reader: &ExpertReader, job: &LoadJob, plan: &SplitPlan) -> Self {
         if let Some(mut region) = reader.lend_for(&job.loc) {
+            // A region smaller than the read fails the pieces that do not fit, and the
+            // expert is read again into host memory, as a whole read into it would be.
             let bytes = region.bytes_mut();
-            if bytes.len() >= plan.region {
-                let (base, len) = (bytes.as_mut_ptr(), bytes.len());
-                return Self {
-                    base,
-                    len,
-                    bytes: Mutex::new(Some(ExpertBytes::Lent(region))),
-                    lent: true,
-                };
-            }
+            let (base, len) = (bytes.as_mut_ptr(), bytes.len());
+            return Self {
+                base,
+                len,
+                bytes: Mutex::new(Some(ExpertBytes::Lent(region))),
+                lent: true,
+            };
         }
         let mut buf = AlignedBuf::new(plan.region);
         let region = buf.block_region_mut();
@@ -187,7 +189,7 @@ impl PieceRead {
                 reader.read_piece_into(&self.job.path, &plan.in_file(k), dst, dest.lent)
             } else {
                 Err(anyhow!(
-                    "internal: piece {k} ({at:?}) of a {}-piece read into {} bytes",
+                    "internal: piece {k} ({at:?}) of a {}-piece read does not fit its {}-byte read destination",
                     plan.count,
                     dest.len
                 ))

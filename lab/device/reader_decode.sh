@@ -15,7 +15,9 @@
 # the C engine with K3_VK=0 K3_DIRECT=1 K3_EXPERT_GB=2 AUTOPIN=0 USAGE_SAVE=0.
 # Per decode one row: tok/s; decode GB; k3's decode busy GB/s (bytes / time a read was in
 # flight, from --stats-json); decode GB / decode wall (both engines; the C engine has no
-# busy meter). Raw output lands in $OUT (or /tmp/reader_decode).
+# busy meter). Raw output lands in $OUT (or /tmp/reader_decode): the benches' output, and
+# every run's stderr and stats JSON appended to runs.log (the device tool brings back at
+# most 8 files, so the runs share one).
 set -u
 SNAP=${1:-/tmp/m}
 ROUNDS=${2:-2}
@@ -27,7 +29,8 @@ TOKENS=${TOKENS:-6}
 SWEEP=${SWEEP:-128}
 EIGHT=${EIGHT:-1}
 DIR=${OUT:-/tmp/reader_decode}
-mkdir -p "$DIR"
+RUNS=/tmp/reader_decode_runs
+mkdir -p "$DIR" "$RUNS"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 for q in /sys/block/*/queue; do
     d=${q%/queue}
@@ -54,7 +57,14 @@ IDS_K=$(seq 1000 97 1679 | paste -sd,)
 IDS_C=$(seq 1000 97 1679 | tr '\n' ' ')
 num() { grep -oE "\"$2\": [0-9.e+-]+" "$1" | sed -n "${3}p" | grep -oE '[0-9.e+-]+$'; }
 run() { # kind, round
-    local f="$DIR/$1_$2.txt" j="$DIR/$1_$2.json" bin
+    local f="$RUNS/$1_$2.txt" j="$RUNS/$1_$2.json" bin
+    run_kind "$@"
+    for x in "$f" "$j"; do
+        [ -f "$x" ] && { echo "==> ${x##*/}"; cat "$x"; } >> "$DIR/runs.log"
+    done
+}
+run_kind() { # kind, round
+    local f="$RUNS/$1_$2.txt" j="$RUNS/$1_$2.json" bin
     case $1 in
     c)
         rm -f "$SNAP/.coli_usage"

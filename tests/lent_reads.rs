@@ -136,3 +136,120 @@ fn no_region_free_or_a_broken_one_reads_into_host_memory() {
         }
     }
 }
+
+/// Streams every expert of `layer` through a piped source with `lender` whose reads split
+/// into one-block pieces: for each expert, its six tensors as read (from the lent region or
+/// host memory) and whether it was read into a lent region.
+fn split_stream(
+    ck: &Checkpoint,
+    layer: usize,
+    lender: Arc<TestLender>,
+) -> Vec<(u32, Vec<Vec<u8>>, bool)> {
+    use k3::experts::{ExpertSource, StreamConfig, Supplied};
+    let src = ExpertSource::with_lender(
+        StreamConfig {
+            mode: IoMode::Direct,
+            pipe: true,
+            load_threads: 3,
+            slots_per_layer: 0,
+        },
+        Some(lender),
+    )
+    .unwrap();
+    src.set_read_piece(4096);
+    let mut ids: Vec<u32> = (0..ck.config.num_experts as u32).collect();
+    ExpertSource::canonical_order(ck, layer, &mut ids).unwrap();
+    let mut got = Vec::new();
+    src.stream(
+        ck,
+        layer,
+        &ids,
+        &vec![false; ids.len()],
+        &mut k3::stats::Stats::default(),
+        &mut || Ok(()),
+        &mut |batch| {
+            for s in batch {
+                let Supplied::Host(e) = s else {
+                    panic!("no tier here")
+                };
+                let tensors = match e.staged(&ck.config) {
+                    Some(st) => {
+                        let region = st.region.downcast_ref::<TestRegion>().unwrap();
+                        st.parts
+                            .iter()
+                            .map(|r| region.buf[r.start as usize..r.end as usize].to_vec())
+                            .collect()
+                    }
+                    None => {
+                        let w = e.weights(&ck.config).unwrap();
+                        [
+                            w.w1.packed,
+                            w.w1.scales,
+                            w.w2.packed,
+                            w.w2.scales,
+                            w.w3.packed,
+                            w.w3.scales,
+                        ]
+                        .iter()
+                        .map(|p| p.to_vec())
+                        .collect()
+                    }
+                };
+                got.push((e.id, tensors, e.staged(&ck.config).is_some()));
+            }
+            Ok(())
+        },
+    )
+    .unwrap();
+    got
+}
+
+#[test]
+fn split_reads_into_lent_memory_hold_the_bytes_and_a_broken_region_goes_to_host_memory() {
+    let ck = Checkpoint::open(&support::tiny(0), &[]).unwrap();
+    let (layer, n) = moe_layer(&ck);
+    let plain = ExpertReader::new(IoMode::Buffered);
+    let want = |e: u32| {
+        let x = plain.read(&ck, layer, e).unwrap();
+        let w = x.weights(&ck.config).unwrap();
+        [
+            w.w1.packed,
+            w.w1.scales,
+            w.w2.packed,
+            w.w2.scales,
+            w.w3.packed,
+            w.w3.scales,
+        ]
+        .iter()
+        .map(|p| p.to_vec())
+        .collect::<Vec<_>>()
+    };
+    for broken in [false, true] {
+        let lender = Arc::new(TestLender {
+            broken,
+            ..Default::default()
+        });
+        let got = split_stream(&ck, layer, lender.clone());
+        assert_eq!(got.len(), n as usize);
+        for (e, tensors, lent) in got {
+            assert_eq!(tensors, want(e), "broken {broken}: expert {e}");
+            // A broken region holds one byte: every read into it fails and is done again
+            // in host memory.
+            assert_eq!(lent, !broken, "broken {broken}: expert {e}");
+        }
+        let refusals = lender.refusals.lock().unwrap().clone();
+        if broken {
+            // Refused by each read lent a region before the first refusal (the loader
+            // threads' reads in flight then), split or whole, each naming the destination;
+            // none lent after that.
+            assert!(!refusals.is_empty(), "{refusals:?}");
+            assert!(
+                refusals.iter().all(|r| r.contains("read destination")),
+                "{refusals:?}"
+            );
+            assert_eq!(lender.lent.load(Ordering::Relaxed), refusals.len());
+        } else {
+            assert!(refusals.is_empty(), "{refusals:?}");
+        }
+    }
+}

@@ -4,6 +4,7 @@
 mod bench_cache;
 mod bench_cmd;
 mod bench_prefill;
+mod bench_reader;
 mod cache_args;
 mod chat_cmd;
 mod devices_cmd;

@@ -5,10 +5,12 @@
 //! next layer (speculative, see `prefetch.rs`). A thread takes a demand read whenever there
 //! is one, so a guess never delays a read the running layer waits for; a guess still queued
 //! when its layer routes is either promoted to the front of the demand queue or dropped
-//! unread.
+//! unread. A large expert's read is split into pieces (`piece_read.rs`): the threads take
+//! the front read's pieces in order, so several threads read one expert at once.
 
 use super::disk_meter::DiskMeter;
 use super::expert_reader::ExpertReader;
+use super::piece_read::PieceRead;
 use crate::checkpoint::ExpertLocation;
 use crate::routed_expert::LoadedExpert;
 use anyhow::{anyhow, Context, Result};
@@ -33,17 +35,46 @@ pub struct LoadJob {
     pub reply: Sender<Result<LoadedExpert>>,
 }
 
+/// A queued read and the next of its pieces no thread has taken.
+struct Task {
+    read: Arc<PieceRead>,
+    next: usize,
+}
+
+impl Task {
+    /// Whether a thread has taken one of its pieces.
+    fn started(&self) -> bool {
+        self.next > 0
+    }
+}
+
 /// A speculative read and the MoE layer it was guessed for.
 struct Guess {
     layer: usize,
-    job: LoadJob,
+    task: Task,
 }
 
 #[derive(Default)]
 struct Queues {
-    demand: VecDeque<LoadJob>,
+    demand: VecDeque<Task>,
     guesses: VecDeque<Guess>,
     closed: bool,
+}
+
+/// Takes the next piece of the front task of `queue`; the task leaves the queue with its
+/// last piece.
+fn take_piece<T>(
+    queue: &mut VecDeque<T>,
+    task: impl Fn(&mut T) -> &mut Task,
+) -> Option<(Arc<PieceRead>, usize)> {
+    let t = task(queue.front_mut()?);
+    let k = t.next;
+    t.next += 1;
+    let read = t.read.clone();
+    if t.next >= read.pieces() {
+        queue.pop_front();
+    }
+    Some((read, k))
 }
 
 /// What [`LoaderPool::settle`] did with a layer's queued guesses.
@@ -64,6 +95,8 @@ struct Shared {
 pub struct LoaderPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// Splits each job's read as it is queued.
+    reader: Arc<ExpertReader>,
 }
 
 impl LoaderPool {
@@ -87,7 +120,18 @@ impl LoaderPool {
                     .context("starting an expert loader thread")
             })
             .collect::<Result<_>>()?;
-        Ok(Self { shared, workers })
+        Ok(Self {
+            shared,
+            workers,
+            reader,
+        })
+    }
+
+    fn task(&self, job: LoadJob) -> Task {
+        Task {
+            read: Arc::new(PieceRead::new(job, &self.reader)),
+            next: 0,
+        }
     }
 
     fn queues(&self) -> Result<std::sync::MutexGuard<'_, Queues>> {
@@ -105,35 +149,54 @@ impl LoaderPool {
     /// Queues a read the running layer needs; the result arrives on the job's `reply`
     /// channel.
     pub fn submit(&self, job: LoadJob) -> Result<()> {
-        self.queues()?.demand.push_back(job);
-        self.shared.wake.notify_one();
+        let task = self.task(job);
+        let pieces = task.read.pieces();
+        self.queues()?.demand.push_back(task);
+        self.wake(pieces);
         Ok(())
     }
 
     /// Queues a read guessed for MoE layer `layer`, taken only when no demand read waits.
     pub fn submit_guess(&self, layer: usize, job: LoadJob) -> Result<()> {
-        self.queues()?.guesses.push_back(Guess { layer, job });
-        self.shared.wake.notify_one();
+        let task = self.task(job);
+        let pieces = task.read.pieces();
+        self.queues()?.guesses.push_back(Guess { layer, task });
+        self.wake(pieces);
         Ok(())
+    }
+
+    /// Wakes a thread for each of `pieces` new pieces of work (all of them when more).
+    fn wake(&self, pieces: usize) {
+        if pieces == 1 {
+            self.shared.wake.notify_one();
+        } else {
+            self.shared.wake.notify_all();
+        }
     }
 
     /// Layer `layer` has routed and needs `needed`: its queued guesses among them move to
     /// the front of the demand queue (in their queued order), the others are dropped unread
-    /// (their reply channels close). Guesses a thread has already started are not queued
-    /// and not touched.
+    /// (their reply channels close). A guess a thread has started is not dropped: when
+    /// needed, its pieces left move to the demand queue's front like the others (but it does
+    /// not count as promoted), else they stay behind the demand reads.
     pub fn settle(&self, layer: usize, needed: &[u32]) -> Result<Settled> {
         let mut q = self.queues()?;
         let mut out = Settled::default();
         let mut keep = VecDeque::with_capacity(q.guesses.len());
         let mut promote = Vec::new();
         for g in q.guesses.drain(..) {
+            let id = g.task.read.id();
             if g.layer != layer {
                 keep.push_back(g);
-            } else if needed.contains(&g.job.id) {
-                out.promoted.push(g.job.id);
-                promote.push(g.job);
+            } else if needed.contains(&id) {
+                if !g.task.started() {
+                    out.promoted.push(id);
+                }
+                promote.push(g.task);
+            } else if g.task.started() {
+                keep.push_back(g);
             } else {
-                out.dropped.push(g.job.id);
+                out.dropped.push(id);
             }
         }
         q.guesses = keep;
@@ -146,16 +209,16 @@ impl LoaderPool {
 
 fn worker(shared: &Shared, reader: &ExpertReader, meter: &DiskMeter) {
     loop {
-        let job = {
+        let (read, k) = {
             let Ok(mut q) = shared.queues.lock() else {
                 return;
             };
             loop {
-                if let Some(j) = q.demand.pop_front() {
-                    break j;
+                if let Some(p) = take_piece(&mut q.demand, |t| t) {
+                    break p;
                 }
-                if let Some(g) = q.guesses.pop_front() {
-                    break g.job;
+                if let Some(p) = take_piece(&mut q.guesses, |g| &mut g.task) {
+                    break p;
                 }
                 if q.closed {
                     return;
@@ -166,12 +229,7 @@ fn worker(shared: &Shared, reader: &ExpertReader, meter: &DiskMeter) {
                 };
             }
         };
-        meter.begin();
-        let res = reader.read_location(&job.path, &job.loc, job.id);
-        meter.end(res.as_ref().map(|e| e.len() as u64).unwrap_or(0));
-        // The consumer may have given up on an error elsewhere, or dropped a wrong guess;
-        // nothing to do then.
-        let _ = job.reply.send(res);
+        read.read_piece(k, reader, meter);
     }
 }
 
@@ -193,6 +251,7 @@ impl Drop for LoaderPool {
 mod tests {
     use super::*;
     use crate::experts::IoMode;
+    use crate::platform::aligned_buf::IO_ALIGN;
     use std::sync::mpsc::{channel, Receiver};
 
     fn loc() -> ExpertLocation {
@@ -222,6 +281,7 @@ mod tests {
                 wake: Condvar::new(),
             }),
             workers: Vec::new(),
+            reader: Arc::new(ExpertReader::new(IoMode::Buffered)),
         }
     }
 
@@ -280,6 +340,48 @@ mod tests {
         pool.submit(failing_job(4, &reply)).unwrap();
         start_one_thread(&mut pool);
         assert_eq!(finished_order(&rx, 4), vec![3, 4, 1, 2]);
+    }
+
+    #[test]
+    fn a_started_split_guess_is_never_dropped_and_its_pieces_left_move_when_needed() {
+        let pool = idle_pool();
+        pool.reader.set_read_piece(IO_ALIGN);
+        let (reply, _rx) = channel();
+        let split = |id| LoadJob {
+            loc: ExpertLocation {
+                shard: 0,
+                parts: std::array::from_fn(|k| k as u64 * 2000..(k as u64 + 1) * 2000),
+                contiguous: true,
+            },
+            ..failing_job(id, &reply)
+        };
+        pool.submit_guess(1, split(5)).unwrap();
+        pool.submit_guess(1, split(6)).unwrap();
+        // A thread takes the first of expert 5's three pieces.
+        let (read, k) = {
+            let mut q = pool.shared.queues.lock().unwrap();
+            take_piece(&mut q.guesses, |g| &mut g.task).unwrap()
+        };
+        assert_eq!((read.id(), k, read.pieces()), (5, 0, 3));
+        // Not needed: 6 (not started) is dropped, 5 (started) stays queued.
+        let s = pool.settle(1, &[]).unwrap();
+        assert_eq!((s.promoted, s.dropped), (vec![], vec![6]));
+        let q = pool.shared.queues.lock().unwrap();
+        assert_eq!(q.guesses.len(), 1);
+        assert_eq!(q.guesses[0].task.next, 1);
+        drop(q);
+        // Needed: its pieces left go to the demand queue, not counted as promoted.
+        let s = pool.settle(1, &[5]).unwrap();
+        assert_eq!((s.promoted, s.dropped), (vec![], vec![]));
+        let mut q = pool.shared.queues.lock().unwrap();
+        assert!(q.guesses.is_empty());
+        let taken: Vec<usize> = std::iter::from_fn(|| take_piece(&mut q.demand, |t| t))
+            .map(|(r, k)| {
+                assert_eq!(r.id(), 5);
+                k
+            })
+            .collect();
+        assert_eq!(taken, vec![1, 2]);
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod expert_plan;
 pub mod expert_reader;
 pub mod expert_selection;
 pub mod loader_pool;
+pub mod piece_read;
 pub mod prefetch;
 pub mod prefetch_gate;
 pub mod pressure_guard;

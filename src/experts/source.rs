@@ -252,6 +252,20 @@ impl ExpertSource {
         self.cfg
     }
 
+    /// Splits each loader-pool read of an expert larger than `bytes` into pieces of about
+    /// that size, which the loader threads read at once; 0 reads each expert in one read
+    /// ([`ExpertReader::set_read_piece`]; the default is
+    /// [`super::expert_reader::DEFAULT_READ_PIECE`]).
+    pub fn set_read_piece(&self, bytes: usize) {
+        self.reader.set_read_piece(bytes);
+    }
+
+    /// Makes every later expert read consult `plan` (I/O errors and short reads injected
+    /// into the read path, for tests; [`ExpertReader::inject_faults`]).
+    pub fn inject_faults(&self, plan: Arc<dyn super::FaultPlan>) -> Result<()> {
+        self.reader.inject_faults(plan)
+    }
+
     /// The I/O mode in force (direct may have fallen back to buffered).
     pub fn io_mode(&self) -> IoMode {
         self.reader.mode()

@@ -55,11 +55,6 @@ pub(super) struct Layers(pub Vec<usize>);
 #[derive(Debug)]
 pub(super) struct Obj<T>(pub T);
 
-/// The entries of a JSON object in the order written, each an object read as `T`
-/// (`config_groups`).
-#[derive(Debug)]
-pub(super) struct Entries<T>(pub Vec<(String, T)>);
-
 fn present(v: Value) -> Result<Value, String> {
     match v {
         Value::Null => Err(NULL_IS_MISSING.to_string()),
@@ -154,71 +149,26 @@ impl TryFrom<Value> for Layers {
     }
 }
 
-/// Reads an object into `T`; `null` is a missing field where it is a field's value, and a
-/// wrong value where it is an entry's.
-struct ObjVisit<T> {
-    null_is_missing: bool,
-    t: PhantomData<T>,
-}
-
-impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjVisit<T> {
-    type Value = T;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object")
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<T, E> {
-        match self.null_is_missing {
-            true => Err(E::custom(NULL_IS_MISSING)),
-            false => Err(E::invalid_type(de::Unexpected::Unit, &self)),
-        }
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-        T::deserialize(MapAccessDeserializer::new(map))
-    }
-}
-
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(ObjVisit {
-            null_is_missing: true,
-            t: PhantomData,
-        })
-        .map(Obj)
-    }
-}
-
-impl<'de, T: Deserialize<'de>> de::DeserializeSeed<'de> for ObjVisit<T> {
-    type Value = T;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Entries<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Visit<T>(PhantomData<T>);
         impl<'de, T: Deserialize<'de>> Visitor<'de> for Visit<T> {
-            type Value = Entries<T>;
+            type Value = Obj<T>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("an object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<T>, A::Error> {
-                let mut out = Vec::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    let entry = ObjVisit {
-                        null_is_missing: false,
-                        t: PhantomData,
-                    };
-                    out.push((key, map.next_value_seed(entry)?));
-                }
-                Ok(Entries(out))
+            fn visit_unit<E: de::Error>(self) -> Result<Obj<T>, E> {
+                Err(E::custom(NULL_IS_MISSING))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Obj<T>, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map)).map(Obj)
             }
         }
-        d.deserialize_map(Visit(PhantomData))
+        d.deserialize_any(Visit(PhantomData))
     }
 }
 
-/// [`read`] of a JSON object (`null` included: it is not a field's value here).
+/// [`read`] of a JSON object (a `null` here is a wrong value, not a missing field).
 pub(super) fn read_object<T: DeserializeOwned>(v: &Value, at: &str) -> Result<T> {
     if v.is_null() {
         bail!("{}: expected an object, got null", display_path(at));
@@ -252,7 +202,7 @@ pub(super) fn read<T: DeserializeOwned>(v: &Value, at: &str) -> Result<T> {
         {
             anyhow!("missing field `{}`", join(&path, name))
         } else if msg.starts_with("invalid type") {
-            // Every leaf words its own errors: serde's own are [`Obj`]'s and [`Entries`]'.
+            // Every leaf words its own errors: serde's own are [`Obj`]'s and maps'.
             let got = found.map_or_else(|| "something else".to_string(), describe);
             anyhow!("{}: expected an object, got {got}", display_path(&path))
         } else {

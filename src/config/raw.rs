@@ -3,7 +3,7 @@
 //! ([`super::json_values`]); ranges and the fields' agreement are [`super::validate`]'s.
 //! Fields k3 does not read are ignored, and a `null` counts as absent.
 
-use super::json_values::{read_object, Entries, Flag, Int, Layers, Num, Obj, Text};
+use super::json_values::{read_object, Flag, Int, Layers, Num, Obj, Text};
 use anyhow::Result;
 use serde::Deserialize;
 use serde_json::Value;
@@ -74,12 +74,13 @@ pub(super) struct RawLinear {
     pub full_attn_layers: Layers,
 }
 
-/// `quantization_config` (compressed-tensors).
+/// `quantization_config` (compressed-tensors). Each of `config_groups` is read as a
+/// [`RawGroup`] once the format is checked.
 #[derive(Debug, Deserialize)]
 pub(super) struct RawQuant {
     pub format: Text,
     pub weights: Option<Obj<RawWeights>>,
-    pub config_groups: Option<Entries<RawGroup>>,
+    pub config_groups: Option<serde_json::Map<String, Value>>,
 }
 
 /// One entry of `config_groups`.
@@ -89,7 +90,7 @@ pub(super) struct RawGroup {
 }
 
 /// The bit width and scale group of the quantized weights.
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Copy, Debug, Deserialize)]
 pub(super) struct RawWeights {
     pub num_bits: Int,
     pub group_size: Int,

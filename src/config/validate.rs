@@ -5,7 +5,7 @@
 
 use super::json_values::{join, read, read_object, Int, Num, Text, Token, Tokens};
 use super::limits::{DIM_LIMITS, FLOAT_RANGES, MAX_ROUTED_EXPERTS};
-use super::raw::{RawConfig, RawLinear, RawQuant, RawWeights};
+use super::raw::{RawConfig, RawGroup, RawLinear, RawQuant, RawWeights};
 use super::{AttnKind, Config, KdaConfig, MXFP4_GROUP, QUANT_BITS, QUANT_FORMAT};
 use anyhow::{bail, Result};
 use serde_json::Value;
@@ -340,14 +340,15 @@ fn quantization(q: &RawQuant, at: &str) -> Result<()> {
     )?;
     // compressed-tensors nests the bit width under config_groups.*.weights in some
     // exports and directly under weights in others; check whichever is present.
-    let mut specs: Vec<(&RawWeights, String)> = Vec::new();
+    let mut specs: Vec<(RawWeights, String)> = Vec::new();
     if let Some(w) = &q.weights {
-        specs.push((&w.0, join(at, "weights")));
+        specs.push((w.0, join(at, "weights")));
     }
     let groups_at = join(at, "config_groups");
-    for (name, g) in q.config_groups.iter().flat_map(|g| &g.0) {
-        if let Some(w) = &g.weights {
-            specs.push((&w.0, join(&join(&groups_at, name), "weights")));
+    for (name, g) in q.config_groups.iter().flatten() {
+        let g_at = join(&groups_at, name);
+        if let Some(w) = read_object::<RawGroup>(g, &g_at)?.weights {
+            specs.push((w.0, join(&g_at, "weights")));
         }
     }
     if specs.is_empty() {

@@ -43,7 +43,7 @@ impl Block {
 
 /// Every dense tensor of the model.
 pub struct ModelTensors {
-    /// `model.embed_tokens.weight`, `[V, H]`: read a row per token, never loaded whole.
+    /// The token embedding, `[V, H]`: read a row per token, never loaded whole.
     pub embed: TensorSpec,
     /// Each layer's tensors.
     pub layers: Vec<LayerTensors>,
@@ -53,7 +53,7 @@ pub struct ModelTensors {
     pub out_res_norm: TensorSpec,
     /// See [`Self::out_res_norm`].
     pub out_res_proj: TensorSpec,
-    /// `lm_head.weight`, `[V, H]`.
+    /// The output projection to the vocabulary, `[V, H]`.
     pub head: TensorSpec,
 }
 

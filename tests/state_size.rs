@@ -1,15 +1,11 @@
 //! The conversation state the RAM clamp reserves: KV grows with the context, KDA does not.
 
-mod support;
-
-use support::tiny_ckpt;
-
 use k3::config::Config;
 use k3::model::state_size::state_size;
 
 #[test]
 fn kv_grows_with_the_context_and_kda_does_not() {
-    let cfg = Config::from_json_str(&tiny_ckpt::tiny_config_json().to_string(), "tiny").unwrap();
+    let cfg = Config::tiny();
     let (a, b) = (state_size(&cfg, 1000), state_size(&cfg, 3000));
     assert!(a.kv_gb > 0.0 && a.kda_gb > 0.0, "{a:?}");
     assert!((b.kv_gb - 3.0 * a.kv_gb).abs() < 1e-15, "{a:?} {b:?}");

@@ -8,7 +8,8 @@ mod support;
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::{GpuBackend, GpuOptions};
 use k3::backend::Backend;
-use k3::checkpoint::Checkpoint;
+use k3::checkpoint::schema::dense_tensors;
+use k3::checkpoint::{Checkpoint, TensorSpec};
 use k3::model::loader::{LoadOptions, Loader};
 use k3::model::weight_cache::{WeightCache, WeightCacheSetting, FILE_NAME};
 use k3::model::{FormatPolicy, K3Model, Logits};
@@ -345,6 +346,14 @@ fn repack(dir: &Path, allow_int4: bool) -> BTreeMap<String, (bool, Vec<f32>)> {
     dequantized
 }
 
+/// The schema entry of dense tensor `name` of `ck`.
+fn spec(ck: &Checkpoint, name: &str) -> TensorSpec {
+    let found = dense_tensors(&ck.config)
+        .into_iter()
+        .find(|s| s.name == name);
+    found.unwrap_or_else(|| panic!("{name} is not a dense tensor"))
+}
+
 #[test]
 fn a_repacked_container_loads_the_values_it_encodes() {
     let snap = support::copy_dir(&support::tiny(0));
@@ -355,7 +364,7 @@ fn a_repacked_container_loads_the_values_it_encodes() {
     let ld = Loader::new(&ck, &cpu, false);
     for (name, (int4, deq)) in &want {
         // Whatever format is asked, a container matrix loads as stored (f32 excepted).
-        let m = ld.host_matrix(name, DenseFormat::Bf16).unwrap();
+        let m = ld.host_matrix(&spec(&ck, name), DenseFormat::Bf16).unwrap();
         let stored = if *int4 {
             DenseFormat::Int4
         } else {
@@ -365,7 +374,7 @@ fn a_repacked_container_loads_the_values_it_encodes() {
         let got: Vec<u32> = m.dequantize().iter().map(|v| v.to_bits()).collect();
         let want: Vec<u32> = deq.iter().map(|v| v.to_bits()).collect();
         assert_eq!(got, want, "{name}");
-        let f = ld.host_matrix(name, DenseFormat::F32).unwrap();
+        let f = ld.host_matrix(&spec(&ck, name), DenseFormat::F32).unwrap();
         assert_eq!(f.format(), DenseFormat::F32);
         assert_eq!(f.dequantize(), m.dequantize(), "{name}");
     }
@@ -425,7 +434,7 @@ fn a_bad_container_tensor_is_refused_naming_it() {
         let ck = Checkpoint::open(dir, &[]).unwrap();
         let cpu = CpuBackend::new();
         let e = Loader::new(&ck, &cpu, false)
-            .host_matrix(name, DenseFormat::Int4)
+            .host_matrix(&spec(&ck, name), DenseFormat::Int4)
             .unwrap_err();
         format!("{e:#}")
     };

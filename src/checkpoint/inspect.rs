@@ -4,6 +4,7 @@
 //! it lists them all, so that one run tells the user everything that is wrong.
 
 use super::schema::{self, dtype_accepted, shape_accepted, TensorClass};
+use super::tensor_prefix::TensorPrefix;
 use super::Checkpoint;
 use crate::config::{AttnKind, Config};
 use anyhow::Result;
@@ -126,9 +127,7 @@ pub fn inspect(dir: &Path, extra_dirs: &[PathBuf]) -> Result<InspectReport> {
                 if problems.len() == before {
                     if let Some(why) = table.problem(layer, expert) {
                         problems.push(TensorProblem {
-                            name: format!(
-                                "model.layers.{layer}.block_sparse_moe.experts.{expert}.*"
-                            ),
+                            name: TensorPrefix::expert(layer, expert).tensor("*"),
                             expected: "six tensors in one shard".into(),
                             found: why.to_string(),
                         });
@@ -141,7 +140,7 @@ pub fn inspect(dir: &Path, extra_dirs: &[PathBuf]) -> Result<InspectReport> {
     for ((layer, expert), why) in table.problems() {
         if !cfg.is_moe_layer(*layer) || *expert >= cfg.num_experts {
             problems.push(TensorProblem {
-                name: format!("model.layers.{layer}.block_sparse_moe.experts.{expert}.*"),
+                name: TensorPrefix::expert(*layer, *expert).tensor("*"),
                 expected: "no such expert".into(),
                 found: why.clone(),
             });

@@ -4,14 +4,18 @@
 pub mod expert_table;
 pub mod file_stamp;
 pub mod inspect;
+pub mod model_tensors;
 pub mod schema;
 pub mod shards;
 pub mod tensor;
+pub mod tensor_prefix;
 
 pub use expert_table::{ExpertLocation, ExpertTable};
 pub use inspect::{inspect, InspectReport};
-pub use schema::{TensorClass, TensorSpec};
+pub use model_tensors::ModelTensors;
+pub use schema::{TensorClass, TensorKind, TensorSpec};
 pub use tensor::{Dtype, TensorView};
+pub use tensor_prefix::TensorPrefix;
 
 use crate::config::{Config, MXFP4_GROUP};
 use crate::quant::Mxfp4View;

@@ -1,9 +1,12 @@
 //! The tensors a K3 checkpoint must hold, derived from its [`Config`]: the single source
 //! of truth for names, shapes and dtypes, shared by the loader, `k3 inspect` and the
-//! synthesizer (docs/model.md#tensor-names).
+//! synthesizer (docs/model.md#tensor-names). The dense tensors are the blocks' sets of
+//! [`super::model_tensors`], which the model loads from; the routed experts' are here.
 
+use super::model_tensors::ModelTensors;
 use super::tensor::Dtype;
-use crate::config::{AttnKind, Config, MXFP4_GROUP};
+use super::tensor_prefix::{expert_of, TensorPrefix};
+use crate::config::{Config, MXFP4_GROUP};
 
 /// Prefix the released checkpoint puts on every text-model tensor name.
 pub const LANGUAGE_MODEL_PREFIX: &str = "language_model.";
@@ -55,6 +58,33 @@ impl TensorClass {
     ];
 }
 
+/// What a tensor's values are: decides the stored forms a reader accepts besides the
+/// canonical one ([`dtype_accepted`], [`shape_accepted`]) and how `k3 synth` draws them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TensorKind {
+    /// A weight matrix.
+    Matrix,
+    /// The token embedding table.
+    Embedding,
+    /// An RMSNorm weight.
+    Norm,
+    /// An attention-residual projection vector: `[H]`, or `[1, H]` as stored by some exports.
+    ResProj,
+    /// A KDA short convolution: `[P, 1, K]`, or `[P, K]`.
+    Conv,
+    /// KDA's per-head decay rate: F32 or BF16, padded or not (at least `heads` entries
+    /// along its only non-unit dimension).
+    ALog,
+    /// KDA's decay bias: F32 or BF16, in any shape of `P` elements.
+    DtBias,
+    /// The router's score correction: F32 or BF16.
+    RouterBias,
+    /// A routed expert's packed MXFP4 nibbles.
+    ExpertPacked,
+    /// A routed expert's E8M0 scales.
+    ExpertScale,
+}
+
 /// One expected tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorSpec {
@@ -66,18 +96,11 @@ pub struct TensorSpec {
     pub dtype: Dtype,
     /// What the tensor is for.
     pub class: TensorClass,
+    /// What its values are.
+    pub kind: TensorKind,
 }
 
 impl TensorSpec {
-    fn new(name: String, shape: Vec<usize>, dtype: Dtype, class: TensorClass) -> TensorSpec {
-        TensorSpec {
-            name,
-            shape,
-            dtype,
-            class,
-        }
-    }
-
     /// Number of elements of the canonical shape.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -112,165 +135,24 @@ pub fn canonical_name(stored: &str) -> Option<&str> {
 /// Parses a canonical routed-expert tensor name into `(layer, expert, part)`, where
 /// `part` indexes [`EXPERT_PARTS`].
 pub fn parse_expert_name(name: &str) -> Option<(usize, usize, usize)> {
-    let rest = name.strip_prefix("model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let rest = rest.strip_prefix("block_sparse_moe.experts.")?;
-    let (expert, part) = rest.split_once('.')?;
-    let part = EXPERT_PARTS.iter().position(|p| *p == part)?;
-    Some((layer.parse().ok()?, expert.parse().ok()?, part))
+    let (layer, expert, leaf) = expert_of(name)?;
+    let part = EXPERT_PARTS.iter().position(|p| *p == leaf)?;
+    Some((layer, expert, part))
 }
 
 /// Name of a routed expert tensor; `part` indexes [`EXPERT_PARTS`].
 pub fn expert_tensor_name(layer: usize, expert: usize, part: usize) -> String {
-    format!(
-        "model.layers.{layer}.block_sparse_moe.experts.{expert}.{}",
-        EXPERT_PARTS[part % EXPERT_PARTS.len()]
-    )
+    TensorPrefix::expert(layer, expert).tensor(EXPERT_PARTS[part % EXPERT_PARTS.len()])
 }
 
-/// Every non-expert tensor, globals and each layer's, in a stable order.
+/// Every non-expert tensor, globals and each layer's, in checkpoint order: the sets of
+/// [`ModelTensors`].
 pub fn dense_tensors(cfg: &Config) -> Vec<TensorSpec> {
-    use TensorClass as C;
-    let h = cfg.hidden_size;
-    let bf = Dtype::Bf16;
-    let mut out = vec![TensorSpec::new(
-        "model.embed_tokens.weight".into(),
-        vec![cfg.vocab_size, h],
-        bf,
-        C::Embedding,
-    )];
-    for (i, kind) in cfg.layer_kinds.iter().enumerate() {
-        let l = |s: &str| format!("model.layers.{i}.{s}");
-        let mut t = |s: &str, shape: Vec<usize>, class: C| {
-            out.push(TensorSpec::new(l(s), shape, bf, class));
-        };
-        t("input_layernorm.weight", vec![h], C::Norm);
-        t("post_attention_layernorm.weight", vec![h], C::Norm);
-        t("self_attention_res_norm.weight", vec![h], C::AttnRes);
-        t("self_attention_res_proj.weight", vec![h], C::AttnRes);
-        t("mlp_res_norm.weight", vec![h], C::AttnRes);
-        t("mlp_res_proj.weight", vec![h], C::AttnRes);
-        match kind {
-            AttnKind::Kda => {
-                let p = cfg.kda_width();
-                let (heads, hd, k) = (cfg.kda.num_heads, cfg.kda.head_dim, cfg.kda.conv_kernel);
-                for n in ["q_proj", "k_proj", "v_proj", "g_proj"] {
-                    t(&format!("self_attn.{n}.weight"), vec![p, h], C::Kda);
-                }
-                t("self_attn.o_proj.weight", vec![h, p], C::Kda);
-                for n in ["q_conv1d", "k_conv1d", "v_conv1d"] {
-                    t(&format!("self_attn.{n}.weight"), vec![p, 1, k], C::Kda);
-                }
-                t("self_attn.f_a_proj.weight", vec![hd, h], C::Kda);
-                t("self_attn.f_b_proj.weight", vec![p, hd], C::Kda);
-                t("self_attn.b_proj.weight", vec![heads, h], C::Kda);
-                t("self_attn.dt_bias", vec![p], C::Kda);
-                t("self_attn.A_log", vec![1, 1, heads, 1], C::Kda);
-                t("self_attn.o_norm.weight", vec![hd], C::Kda);
-            }
-            AttnKind::Mla => {
-                let heads = cfg.num_attention_heads;
-                let (nope, rope, v) = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim);
-                let (ql, kvl) = (cfg.q_lora_rank, cfg.kv_lora_rank);
-                t("self_attn.q_a_proj.weight", vec![ql, h], C::Mla);
-                t("self_attn.q_a_layernorm.weight", vec![ql], C::Mla);
-                t(
-                    "self_attn.q_b_proj.weight",
-                    vec![heads * (nope + rope), ql],
-                    C::Mla,
-                );
-                t(
-                    "self_attn.kv_a_proj_with_mqa.weight",
-                    vec![kvl + rope, h],
-                    C::Mla,
-                );
-                t("self_attn.kv_a_layernorm.weight", vec![kvl], C::Mla);
-                t(
-                    "self_attn.kv_b_proj.weight",
-                    vec![heads * (nope + v), kvl],
-                    C::Mla,
-                );
-                t("self_attn.g_proj.weight", vec![heads * v, h], C::Mla);
-                t("self_attn.o_proj.weight", vec![h, heads * v], C::Mla);
-            }
-        }
-        if cfg.is_moe_layer(i) {
-            let (e, d, s) = (
-                cfg.num_experts,
-                cfg.routed_expert_hidden_size,
-                cfg.shared_width(),
-            );
-            let m = "block_sparse_moe";
-            t(&format!("{m}.gate.weight"), vec![e, h], C::Router);
-            t(
-                &format!("{m}.gate.e_score_correction_bias"),
-                vec![e],
-                C::Router,
-            );
-            t(
-                &format!("{m}.routed_expert_down_proj.weight"),
-                vec![d, h],
-                C::LatentProj,
-            );
-            t(
-                &format!("{m}.routed_expert_up_proj.weight"),
-                vec![h, d],
-                C::LatentProj,
-            );
-            if cfg.latent_moe_use_norm {
-                t(
-                    &format!("{m}.routed_expert_norm.weight"),
-                    vec![d],
-                    C::LatentProj,
-                );
-            }
-            t(
-                &format!("{m}.shared_experts.gate_proj.weight"),
-                vec![s, h],
-                C::SharedExpert,
-            );
-            t(
-                &format!("{m}.shared_experts.up_proj.weight"),
-                vec![s, h],
-                C::SharedExpert,
-            );
-            t(
-                &format!("{m}.shared_experts.down_proj.weight"),
-                vec![h, s],
-                C::SharedExpert,
-            );
-        } else {
-            let w = cfg.intermediate_size;
-            t("mlp.gate_proj.weight", vec![w, h], C::DenseMlp);
-            t("mlp.up_proj.weight", vec![w, h], C::DenseMlp);
-            t("mlp.down_proj.weight", vec![h, w], C::DenseMlp);
-        }
-    }
-    out.push(TensorSpec::new(
-        "model.norm.weight".into(),
-        vec![h],
-        bf,
-        C::Norm,
-    ));
-    out.push(TensorSpec::new(
-        "model.output_attn_res_norm.weight".into(),
-        vec![h],
-        bf,
-        C::AttnRes,
-    ));
-    out.push(TensorSpec::new(
-        "model.output_attn_res_proj.weight".into(),
-        vec![h],
-        bf,
-        C::AttnRes,
-    ));
-    out.push(TensorSpec::new(
-        "lm_head.weight".into(),
-        vec![cfg.vocab_size, h],
-        bf,
-        C::Head,
-    ));
-    out
+    ModelTensors::new(cfg)
+        .specs()
+        .into_iter()
+        .cloned()
+        .collect()
 }
 
 /// The six MXFP4 tensors of routed expert `expert` of layer `layer`, in on-disk order:
@@ -286,12 +168,17 @@ pub fn expert_tensors(cfg: &Config, layer: usize, expert: usize) -> [TensorSpec;
         } else {
             cols / MXFP4_GROUP
         };
-        TensorSpec::new(
-            expert_tensor_name(layer, expert, part),
-            vec![rows, width],
-            Dtype::U8,
-            TensorClass::RoutedExpert,
-        )
+        TensorSpec {
+            name: expert_tensor_name(layer, expert, part),
+            shape: vec![rows, width],
+            dtype: Dtype::U8,
+            class: TensorClass::RoutedExpert,
+            kind: if part % 2 == 0 {
+                TensorKind::ExpertPacked
+            } else {
+                TensorKind::ExpertScale
+            },
+        }
     })
 }
 
@@ -301,9 +188,10 @@ pub fn dtype_accepted(spec: &TensorSpec, found: Dtype) -> bool {
     if found == spec.dtype {
         return true;
     }
-    let widenable = spec.name.ends_with(".A_log")
-        || spec.name.ends_with(".dt_bias")
-        || spec.name.ends_with(".e_score_correction_bias");
+    let widenable = matches!(
+        spec.kind,
+        TensorKind::ALog | TensorKind::DtBias | TensorKind::RouterBias
+    );
     widenable && matches!(found, Dtype::F32 | Dtype::Bf16)
 }
 
@@ -315,26 +203,21 @@ pub fn shape_accepted(spec: &TensorSpec, found: &[usize]) -> bool {
     if found == spec.shape.as_slice() {
         return true;
     }
-    let name = spec.name.as_str();
-    if name.ends_with("_conv1d.weight") && spec.shape.len() == 3 {
-        return found == [spec.shape[0], spec.shape[2]];
+    match spec.kind {
+        TensorKind::Conv if spec.shape.len() == 3 => found == [spec.shape[0], spec.shape[2]],
+        TensorKind::ResProj if spec.shape.len() == 1 => found == [1, spec.shape[0]],
+        TensorKind::ALog => {
+            let heads = spec.numel();
+            let big: Vec<usize> = found.iter().copied().filter(|&d| d != 1).collect();
+            match big.as_slice() {
+                [] => heads == 1 && !found.is_empty(),
+                [n] => *n >= heads,
+                _ => false,
+            }
+        }
+        TensorKind::DtBias => !found.is_empty() && found.iter().product::<usize>() == spec.numel(),
+        _ => false,
     }
-    if name.ends_with("res_proj.weight") && spec.shape.len() == 1 {
-        return found == [1, spec.shape[0]];
-    }
-    if name.ends_with(".A_log") {
-        let heads = spec.numel();
-        let big: Vec<usize> = found.iter().copied().filter(|&d| d != 1).collect();
-        return match big.as_slice() {
-            [] => heads == 1 && !found.is_empty(),
-            [n] => *n >= heads,
-            _ => false,
-        };
-    }
-    if name.ends_with(".dt_bias") {
-        return !found.is_empty() && found.iter().product::<usize>() == spec.numel();
-    }
-    false
 }
 
 /// A matrix of the C engine's repacked container (`k3_repack.py`): the `U8` tensor `q`
@@ -466,8 +349,12 @@ mod tests {
 
     #[test]
     fn documented_shape_alternatives() {
+        // The tiny schema's own specs: the alternatives follow each tensor's kind.
+        let schema = dense_tensors(&tiny());
         let spec = |name: &str, shape: Vec<usize>| {
-            TensorSpec::new(name.into(), shape, Dtype::Bf16, TensorClass::Kda)
+            let s = schema.iter().find(|s| s.name == name).unwrap().clone();
+            assert_eq!(s.shape, shape, "{name}");
+            s
         };
         let conv = spec("model.layers.0.self_attn.q_conv1d.weight", vec![16, 1, 4]);
         assert!(shape_accepted(&conv, &[16, 1, 4]) && shape_accepted(&conv, &[16, 4]));

@@ -1,13 +1,15 @@
 //! `config.json` → a typed, validated K3 configuration.
 //!
-//! Every field the engine relies on is checked here, so that the rest of the code can
-//! trust the numbers; anything the engine cannot run is refused with an error that names
-//! the field (as a JSON path) and the value found.
+//! serde reads the file into raw structs (`raw.rs`, leaf values in `json_values.rs`), then
+//! one validation (`validate.rs`) checks every field the engine relies on, so that the rest
+//! of the code can trust the numbers; anything the engine cannot run is refused with an
+//! error that names the field (as a JSON path) and the value found.
 
-mod json_fields;
+mod json_values;
 mod limits;
-mod parse;
+mod raw;
 mod tiny;
+mod validate;
 
 pub use limits::MAX_CONFIG_BYTES;
 pub use tiny::tiny_json;
@@ -121,7 +123,9 @@ impl Config {
     pub fn from_json_str(text: &str, origin: &str) -> Result<Config> {
         let root: Value = crate::unique_json::parse_str(text)
             .with_context(|| format!("{origin}: not valid JSON"))?;
-        parse::parse(&root).map_err(|e| anyhow!("{origin}: {e:#}"))
+        raw::RawConfig::read(&root)
+            .and_then(raw::RawConfig::validate)
+            .map_err(|e| anyhow!("{origin}: {e:#}"))
     }
 
     /// Whether layer `i` (0-based) runs the MoE rather than the dense MLP.
@@ -408,6 +412,39 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("x.json: not valid JSON"));
+    }
+
+    #[test]
+    fn objects_must_be_objects_and_unread_fields_are_ignored() {
+        let mut v = k3_release_json();
+        // serde's derived structs would take a list of the fields' values in order.
+        v["text_config"]["linear_attn_config"] = serde_json::json!([96, 128]);
+        let e = err_of(&v);
+        assert!(
+            e.contains("text_config.linear_attn_config: expected an object, got a list ([96,128])"),
+            "{e}"
+        );
+        v["text_config"]["linear_attn_config"] = Value::Null;
+        let e = err_of(&v);
+        assert!(
+            e.contains("missing field `text_config.linear_attn_config`"),
+            "{e}"
+        );
+        let mut v = k3_release_json();
+        v["quantization_config"]["config_groups"] =
+            serde_json::json!({"g": {"weights": {"num_bits": 8, "group_size": 32}}});
+        let e = err_of(&v);
+        assert!(
+            e.contains("quantization_config.config_groups.g.weights.num_bits: 8 is not supported"),
+            "{e}"
+        );
+        // Unknown fields, and the copy of a field that is not the one read, are ignored.
+        let mut v = k3_release_json();
+        v["text_config"]["a_future_field"] = serde_json::json!({"x": [1]});
+        v["text_config"]["bos_token_id"] = "not read: the root's counts".into();
+        v["text_config"]["quantization_config"] = k3_release_json()["quantization_config"].clone();
+        v["quantization_config"] = "not read: text_config's counts".into();
+        assert_eq!(parse_value(&v).unwrap().bos_token_id, Some(163584));
     }
 
     #[test]

@@ -6,9 +6,11 @@
 //! embedding table is read a row per token and is not resident.
 
 use super::format_policy::FormatPolicy;
-use crate::checkpoint::schema::{self, TensorClass, TensorSpec};
+use crate::checkpoint::model_tensors::{AttnTensors, ModelTensors};
+use crate::checkpoint::schema::{TensorClass, TensorSpec};
 use crate::config::Config;
 use crate::quant::DenseFormat;
+use std::collections::HashMap;
 
 /// Loaded bytes of a `[rows, cols]` matrix in `fmt`, scales included.
 pub fn matrix_bytes(rows: usize, cols: usize, fmt: DenseFormat) -> u64 {
@@ -21,20 +23,37 @@ pub fn matrix_bytes(rows: usize, cols: usize, fmt: DenseFormat) -> u64 {
     }
 }
 
-/// The format the loader gives a 2-D tensor of `spec`'s class and name.
-fn format_of(spec: &TensorSpec, policy: &FormatPolicy) -> DenseFormat {
-    let name = spec.name.as_str();
+/// The matrices the loader keeps out of the policy's formats (`kda.rs`, `mla.rs`): the
+/// small KDA gate projections in bf16, MLA's absorbed `kv_b_proj` (split on the host) in f32.
+fn fixed_formats(model: &ModelTensors) -> HashMap<&str, DenseFormat> {
+    let mut fixed = HashMap::new();
+    for layer in &model.layers {
+        match &layer.attn {
+            AttnTensors::Kda(t) => {
+                for spec in [&t.f_a_proj, &t.f_b_proj, &t.b_proj] {
+                    fixed.insert(spec.name.as_str(), DenseFormat::Bf16);
+                }
+            }
+            AttnTensors::Mla(t) => {
+                fixed.insert(t.kv_b_proj.name.as_str(), DenseFormat::F32);
+            }
+        }
+    }
+    fixed
+}
+
+/// The format the loader gives a 2-D tensor of `spec`'s class, unless it is `fixed`.
+fn format_of(
+    spec: &TensorSpec,
+    policy: &FormatPolicy,
+    fixed: &HashMap<&str, DenseFormat>,
+) -> DenseFormat {
+    if let Some(&fmt) = fixed.get(spec.name.as_str()) {
+        return fmt;
+    }
     match spec.class {
         TensorClass::Head => policy.head,
-        TensorClass::Mla if name.ends_with("kv_b_proj.weight") => DenseFormat::F32,
         TensorClass::Mla => policy.mla,
-        TensorClass::Kda
-            if ["f_a_proj.weight", "f_b_proj.weight", "b_proj.weight"]
-                .iter()
-                .any(|s| name.ends_with(&format!("self_attn.{s}"))) =>
-        {
-            DenseFormat::Bf16
-        }
         TensorClass::Router => DenseFormat::Bf16,
         _ => policy.dense,
     }
@@ -44,10 +63,12 @@ fn format_of(spec: &TensorSpec, policy: &FormatPolicy) -> DenseFormat {
 /// no bytes left out).
 pub fn dense_footprint(cfg: &Config, policy: &FormatPolicy) -> Vec<(TensorClass, u64)> {
     let mut by_class: Vec<(TensorClass, u64)> = TensorClass::ALL.iter().map(|&c| (c, 0)).collect();
-    for spec in schema::dense_tensors(cfg) {
+    let model = ModelTensors::new(cfg);
+    let fixed = fixed_formats(&model);
+    for spec in model.specs() {
         let bytes = match (spec.class, spec.shape.as_slice()) {
             (TensorClass::Embedding, _) => 0,
-            (_, &[rows, cols]) => matrix_bytes(rows, cols, format_of(&spec, policy)),
+            (_, &[rows, cols]) => matrix_bytes(rows, cols, format_of(spec, policy, &fixed)),
             // Each attention-residual norm and projection pair loads as one product vector.
             (TensorClass::AttnRes, _) => spec.numel() as u64 * 2,
             _ => spec.numel() as u64 * 4,

@@ -2,6 +2,7 @@
 
 use super::loader::Loader;
 use crate::backend::{matmul_each, Backend, Glu};
+use crate::checkpoint::model_tensors::GluTensors;
 use crate::quant::DenseFormat;
 use anyhow::Result;
 
@@ -13,13 +14,12 @@ pub struct GluMlp<B: Backend> {
 }
 
 impl<B: Backend> GluMlp<B> {
-    /// Loads `{prefix}gate_proj.weight`, `up_proj`, `down_proj` in format `fmt`.
-    pub fn load(ld: &Loader<'_, B>, prefix: &str, fmt: DenseFormat) -> Result<Self> {
-        let m = |n: &str| ld.matrix(&format!("{prefix}{n}.weight"), fmt);
+    /// Loads the three projections of `t` in format `fmt`.
+    pub fn load(ld: &Loader<'_, B>, t: &GluTensors, fmt: DenseFormat) -> Result<Self> {
         Ok(Self {
-            gate: m("gate_proj")?,
-            up: m("up_proj")?,
-            down: m("down_proj")?,
+            gate: ld.matrix(&t.gate, fmt)?,
+            up: ld.matrix(&t.up, fmt)?,
+            down: ld.matrix(&t.down, fmt)?,
         })
     }
 

@@ -15,8 +15,8 @@ use super::prefill_window::{moe_row_bytes, sub_batches, widest_row_bytes};
 use super::trace::Trace;
 use super::weight_cache::WeightCache;
 use crate::backend::{Backend, Glu};
-use crate::checkpoint::Checkpoint;
-use crate::config::AttnKind;
+use crate::checkpoint::model_tensors::{AttnTensors, FfnTensors, ModelTensors};
+use crate::checkpoint::{Checkpoint, TensorSpec};
 use crate::experts::expert_plan::ExpertAccess;
 use crate::experts::pressure_guard::PressureGuard;
 use crate::experts::{ExpertSource, StreamConfig};
@@ -71,6 +71,8 @@ pub struct K3Model<B: Backend> {
     pub ckpt: Checkpoint,
     /// The backend running every op.
     pub backend: B,
+    /// The embedding table, read a row per token.
+    embed: TensorSpec,
     layers: Vec<Layer<B>>,
     final_norm: B::Act,
     w_out: B::Act,
@@ -120,42 +122,36 @@ impl<B: Backend> K3Model<B> {
         let cfg = ckpt.config.clone();
         let cache = WeightCache::open(&ckpt, &policy, &opts.weight_cache);
         let ld = Loader::with_cache(&ckpt, &backend, opts.progress, cache);
+        let tensors = ModelTensors::new(&cfg);
         // The embedding is read a row at a time, never loaded: its stored shape is checked
         // here, or a transposed one would surface only at the first matmul, unnamed.
-        ld.check_stored("model.embed_tokens.weight")?;
+        ld.check_stored(&tensors.embed)?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for (i, kind) in cfg.layer_kinds.iter().enumerate() {
-            let p = format!("model.layers.{i}.");
-            let attn = match kind {
-                AttnKind::Kda => Attn::Kda(Kda::load(&ld, i, &policy)?),
-                AttnKind::Mla => Attn::Mla(Mla::load(&ld, i, &policy)?),
+        for (i, t) in tensors.layers.iter().enumerate() {
+            let attn = match &t.attn {
+                AttnTensors::Kda(a) => Attn::Kda(Kda::load(&ld, a, &policy)?),
+                AttnTensors::Mla(a) => Attn::Mla(Mla::load(&ld, a, &policy)?),
             };
-            let ffn = if cfg.is_moe_layer(i) {
-                Ffn::Moe(Moe::load(&ld, i, &policy)?)
-            } else {
-                Ffn::Dense(GluMlp::load(&ld, &format!("{p}mlp."), policy.dense)?)
+            let ffn = match &t.ffn {
+                FfnTensors::Moe(m) => Ffn::Moe(Moe::load(&ld, i, m, &policy)?),
+                FfnTensors::Dense(m) => Ffn::Dense(GluMlp::load(&ld, m, policy.dense)?),
             };
             layers.push(Layer {
-                input_norm: ld.vector_act(&format!("{p}input_layernorm.weight"))?,
-                post_norm: ld.vector_act(&format!("{p}post_attention_layernorm.weight"))?,
-                w_attn_res: ld.product_act(
-                    &format!("{p}self_attention_res_norm.weight"),
-                    &format!("{p}self_attention_res_proj.weight"),
-                )?,
-                w_mlp_res: ld.product_act(
-                    &format!("{p}mlp_res_norm.weight"),
-                    &format!("{p}mlp_res_proj.weight"),
-                )?,
+                input_norm: ld.vector_act(&t.input_norm)?,
+                post_norm: ld.vector_act(&t.post_norm)?,
+                w_attn_res: ld.product_act(&t.attn_res_norm, &t.attn_res_proj)?,
+                w_mlp_res: ld.product_act(&t.mlp_res_norm, &t.mlp_res_proj)?,
                 attn,
                 ffn,
             });
         }
-        let final_norm = ld.vector_act("model.norm.weight")?;
-        let w_out = ld.product_act(
-            "model.output_attn_res_norm.weight",
-            "model.output_attn_res_proj.weight",
-        )?;
-        let head = ld.matrix("lm_head.weight", policy.head)?;
+        let final_norm = ld.vector_act(&tensors.norm)?;
+        let w_out = ld.product_act(&tensors.out_res_norm, &tensors.out_res_proj)?;
+        let head = ld.matrix(&tensors.head, policy.head)?;
+        let unread = ld.unread();
+        if !unread.is_empty() {
+            bail!("internal: the model's blocks read none of {unread:?}, which the schema lists");
+        }
         let dense_s = ld.elapsed_s();
         let (lines, cache_words, pending) = ld.finish_in_background(opts.announce);
         for line in lines {
@@ -177,6 +173,7 @@ impl<B: Backend> K3Model<B> {
             },
             ckpt,
             backend,
+            embed: tensors.embed,
             layers,
             final_norm,
             w_out,
@@ -333,10 +330,7 @@ impl<B: Backend> K3Model<B> {
             if id as usize >= v {
                 bail!("token id {id} is out of range: the model's vocab_size is {v} (ids 0..{v})");
             }
-            rows.extend(
-                self.ckpt
-                    .read_row_f32("model.embed_tokens.weight", id as usize)?,
-            );
+            rows.extend(self.ckpt.read_row_f32(&self.embed.name, id as usize)?);
         }
         self.backend
             .upload(&rows, ids.len(), self.ckpt.config.hidden_size)

@@ -4,6 +4,7 @@
 use super::format_policy::FormatPolicy;
 use super::loader::Loader;
 use crate::backend::{matmul_each, Backend, KdaDims, KdaStepInputs, KdaStepWeights};
+use crate::checkpoint::model_tensors::KdaTensors;
 use crate::config::Config;
 use crate::quant::DenseFormat;
 use anyhow::Result;
@@ -34,30 +35,30 @@ impl<B: Backend> Kda<B> {
         }
     }
 
-    /// Loads layer `i`. The small gate projections stay bf16: they cost little and set decay.
-    pub fn load(ld: &Loader<'_, B>, i: usize, policy: &FormatPolicy) -> Result<Self> {
+    /// Loads the layer's tensors `t`. The small gate projections stay bf16: they cost little
+    /// and set decay.
+    pub fn load(ld: &Loader<'_, B>, t: &KdaTensors, policy: &FormatPolicy) -> Result<Self> {
         let dims = Self::dims(&ld.ckpt.config);
-        let p = format!("model.layers.{i}.self_attn.");
-        let m = |n: &str, f: DenseFormat| ld.matrix(&format!("{p}{n}.weight"), f);
-        let a_log = ld.vector(&format!("{p}A_log"))?;
+        let a_log = ld.vector(&t.a_log)?;
         let a_log = &a_log[..dims.heads.min(a_log.len())];
+        let dense = policy.dense;
         Ok(Self {
             dims,
-            q_proj: m("q_proj", policy.dense)?,
-            k_proj: m("k_proj", policy.dense)?,
-            v_proj: m("v_proj", policy.dense)?,
-            g_proj: m("g_proj", policy.dense)?,
-            o_proj: m("o_proj", policy.dense)?,
-            f_a_proj: m("f_a_proj", DenseFormat::Bf16)?,
-            f_b_proj: m("f_b_proj", DenseFormat::Bf16)?,
-            b_proj: m("b_proj", DenseFormat::Bf16)?,
+            q_proj: ld.matrix(&t.q_proj, dense)?,
+            k_proj: ld.matrix(&t.k_proj, dense)?,
+            v_proj: ld.matrix(&t.v_proj, dense)?,
+            g_proj: ld.matrix(&t.g_proj, dense)?,
+            o_proj: ld.matrix(&t.o_proj, dense)?,
+            f_a_proj: ld.matrix(&t.f_a_proj, DenseFormat::Bf16)?,
+            f_b_proj: ld.matrix(&t.f_b_proj, DenseFormat::Bf16)?,
+            b_proj: ld.matrix(&t.b_proj, DenseFormat::Bf16)?,
             step: KdaStepWeights {
-                conv_q: ld.vector_act(&format!("{p}q_conv1d.weight"))?,
-                conv_k: ld.vector_act(&format!("{p}k_conv1d.weight"))?,
-                conv_v: ld.vector_act(&format!("{p}v_conv1d.weight"))?,
+                conv_q: ld.vector_act(&t.q_conv)?,
+                conv_k: ld.vector_act(&t.k_conv)?,
+                conv_v: ld.vector_act(&t.v_conv)?,
                 a_log: ld.backend.upload(a_log, 1, a_log.len())?,
-                dt_bias: ld.vector_act(&format!("{p}dt_bias"))?,
-                o_norm: ld.vector_act(&format!("{p}o_norm.weight"))?,
+                dt_bias: ld.vector_act(&t.dt_bias)?,
+                o_norm: ld.vector_act(&t.o_norm)?,
             },
         })
     }

@@ -1,4 +1,5 @@
-//! Turns checkpoint tensors into backend-resident weights, checked against the schema.
+//! Turns checkpoint tensors into backend-resident weights, each named by its schema entry
+//! (a block's [`crate::checkpoint::ModelTensors`] set) and checked against it.
 
 use super::weight_cache::{PendingWrite, WeightCache, WeightCacheSetting, WriteReport};
 use crate::backend::Backend;
@@ -8,7 +9,7 @@ use crate::quant::{DenseFormat, DenseMatrix};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::time::Instant;
 
 /// How a model loads: the progress bar, the quantized-weight cache, the start-up lines.
@@ -112,18 +113,19 @@ impl Startup {
     }
 }
 
-/// Loads named tensors from a checkpoint into a backend, with a progress bar in bytes.
+/// Loads tensors from a checkpoint into a backend, with a progress bar in bytes.
 pub struct Loader<'a, B: Backend> {
     /// The snapshot being loaded.
     pub ckpt: &'a Checkpoint,
     /// Where the weights go.
     pub backend: &'a B,
-    specs: HashMap<String, TensorSpec>,
     bar: ProgressBar,
     cache: RefCell<WeightCache>,
     started: Instant,
     /// Matrices of a repacked container loaded as stored: int8, int4.
     container: Cell<(usize, usize)>,
+    /// The tensors read or checked so far ([`Self::unread`]).
+    read: RefCell<HashSet<String>>,
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
@@ -139,12 +141,11 @@ impl<'a, B: Backend> Loader<'a, B> {
         progress: bool,
         cache: WeightCache,
     ) -> Self {
-        let specs: HashMap<String, TensorSpec> = dense_tensors(&ckpt.config)
-            .into_iter()
-            .map(|s| (s.name.clone(), s))
-            .collect();
         let bar = if progress {
-            let total: u64 = specs.values().map(|s| s.byte_len() as u64).sum();
+            let total: u64 = dense_tensors(&ckpt.config)
+                .iter()
+                .map(|s| s.byte_len() as u64)
+                .sum();
             let bar = ProgressBar::new(total);
             bar.set_style(
                 ProgressStyle::with_template(
@@ -159,65 +160,76 @@ impl<'a, B: Backend> Loader<'a, B> {
         Self {
             ckpt,
             backend,
-            specs,
             bar,
             cache: RefCell::new(cache),
             started: Instant::now(),
             container: Cell::new((0, 0)),
+            read: RefCell::default(),
         }
     }
 
-    fn spec(&self, name: &str) -> Result<&TensorSpec> {
-        match self.specs.get(name) {
-            Some(s) => Ok(s),
-            None => bail!("internal: tensor {name} is not in the K3 schema"),
-        }
+    /// The stored tensor of `spec`, checked against it.
+    fn stored(&self, spec: &TensorSpec) -> Result<TensorView<'a>> {
+        self.read.borrow_mut().insert(spec.name.clone());
+        self.ckpt.tensor_spec(spec)
     }
 
-    fn view(&self, name: &str) -> Result<TensorView<'a>> {
-        let v = self.ckpt.tensor_spec(self.spec(name)?)?;
+    fn view(&self, spec: &TensorSpec) -> Result<TensorView<'a>> {
+        let v = self.stored(spec)?;
         self.bar.inc(v.bytes.len() as u64);
         Ok(v)
     }
 
-    /// Checks a tensor's stored dtype and shape against the schema without reading it.
-    pub fn check_stored(&self, name: &str) -> Result<()> {
-        self.ckpt.tensor_spec(self.spec(name)?).map(|_| ())
+    /// Checks a tensor's stored dtype and shape against its spec without reading it.
+    pub fn check_stored(&self, spec: &TensorSpec) -> Result<()> {
+        self.stored(spec).map(|_| ())
+    }
+
+    /// The schema's dense tensors this loader has not read or checked. A loaded model has
+    /// read them all, as the schema is the blocks' own tensor sets; one left over would be
+    /// a tensor the checkpoint must hold for nothing.
+    pub fn unread(&self) -> Vec<String> {
+        let read = self.read.borrow();
+        dense_tensors(&self.ckpt.config)
+            .into_iter()
+            .map(|s| s.name)
+            .filter(|n| !read.contains(n))
+            .collect()
     }
 
     /// A vector (norm weight, bias) widened to f32.
-    pub fn vector(&self, name: &str) -> Result<Vec<f32>> {
-        self.view(name)?.to_f32()
+    pub fn vector(&self, spec: &TensorSpec) -> Result<Vec<f32>> {
+        self.view(spec)?.to_f32()
     }
 
     /// A vector whose values decide something (the router's bias picks experts): a NaN or
     /// infinity there still gives finite-looking outputs, so it is refused at load.
-    pub fn decision_vector(&self, name: &str) -> Result<Vec<f32>> {
-        let view = self.view(name)?;
+    pub fn decision_vector(&self, spec: &TensorSpec) -> Result<Vec<f32>> {
+        let view = self.view(spec)?;
         let v = view.to_f32()?;
-        refuse_non_finite(name, &v, view.file)?;
+        refuse_non_finite(&spec.name, &v, view.file)?;
         Ok(v)
     }
 
     /// [`Self::matrix`] for a matrix whose products decide something (the router's gate):
     /// its stored values are checked for NaN and infinity before it loads.
-    pub fn decision_matrix(&self, name: &str, fmt: DenseFormat) -> Result<B::Mat> {
-        let view = self.ckpt.tensor_spec(self.spec(name)?)?;
+    pub fn decision_matrix(&self, spec: &TensorSpec, fmt: DenseFormat) -> Result<B::Mat> {
+        let view = self.stored(spec)?;
         // A repacked container's U8 values have finite-checked scales (schema.rs).
         if view.dtype != Dtype::U8 {
-            refuse_non_finite(name, &view.to_f32()?, view.file)?;
+            refuse_non_finite(&spec.name, &view.to_f32()?, view.file)?;
         }
-        self.matrix(name, fmt)
+        self.matrix(spec, fmt)
     }
 
     /// A vector uploaded as a `[1, len]` activation.
-    pub fn vector_act(&self, name: &str) -> Result<B::Act> {
-        let v = self.vector(name)?;
+    pub fn vector_act(&self, spec: &TensorSpec) -> Result<B::Act> {
+        let v = self.vector(spec)?;
         self.backend.upload(&v, 1, v.len())
     }
 
     /// The elementwise product of two vectors, uploaded (AttnRes `norm ⊙ proj`).
-    pub fn product_act(&self, a: &str, b: &str) -> Result<B::Act> {
+    pub fn product_act(&self, a: &TensorSpec, b: &TensorSpec) -> Result<B::Act> {
         let (x, y) = (self.vector(a)?, self.vector(b)?);
         let p: Vec<f32> = x.iter().zip(&y).map(|(u, v)| u * v).collect();
         self.backend.upload(&p, 1, p.len())
@@ -226,14 +238,15 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// A 2-D matrix in host memory, converted to `fmt`: from the weight cache when it holds
     /// it, else quantized (and recorded in the cache). A matrix a repacked container stores
     /// pre-quantized loads as stored (see [`Self::container_matrix`]).
-    pub fn host_matrix(&self, name: &str, fmt: DenseFormat) -> Result<DenseMatrix> {
-        let spec = self.spec(name)?;
-        let stored = self.ckpt.tensor(&spec.name)?;
+    pub fn host_matrix(&self, spec: &TensorSpec, fmt: DenseFormat) -> Result<DenseMatrix> {
+        let name = spec.name.as_str();
+        self.read.borrow_mut().insert(spec.name.clone());
+        let stored = self.ckpt.tensor(name)?;
         if stored.dtype == Dtype::U8 {
             self.bar.inc(stored.bytes.len() as u64);
             return self.container_matrix(spec, stored, fmt);
         }
-        let v = self.view(name)?;
+        let v = self.view(spec)?;
         let (rows, cols) = match *v.shape {
             [r, c] => (r, c),
             _ => bail!(
@@ -293,8 +306,8 @@ impl<'a, B: Backend> Loader<'a, B> {
     }
 
     /// A 2-D matrix made resident in the backend in format `fmt`.
-    pub fn matrix(&self, name: &str, fmt: DenseFormat) -> Result<B::Mat> {
-        let m = self.host_matrix(name, fmt)?;
+    pub fn matrix(&self, spec: &TensorSpec, fmt: DenseFormat) -> Result<B::Mat> {
+        let m = self.host_matrix(spec, fmt)?;
         self.backend.load_matrix(m)
     }
 

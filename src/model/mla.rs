@@ -4,6 +4,7 @@
 use super::format_policy::FormatPolicy;
 use super::loader::Loader;
 use crate::backend::{matmul_each, Backend, MlaAttnWeights, MlaDims};
+use crate::checkpoint::model_tensors::MlaTensors;
 use crate::config::Config;
 use anyhow::Result;
 
@@ -34,15 +35,12 @@ impl<B: Backend> Mla<B> {
         }
     }
 
-    /// Loads layer `i`; `kv_b_proj` is split into per-head K and V blocks kept in f32.
-    pub fn load(ld: &Loader<'_, B>, i: usize, policy: &FormatPolicy) -> Result<Self> {
+    /// Loads the layer's tensors `t`; `kv_b_proj` is split into per-head K and V blocks
+    /// kept in f32.
+    pub fn load(ld: &Loader<'_, B>, t: &MlaTensors, policy: &FormatPolicy) -> Result<Self> {
         let d = Self::dims(&ld.ckpt.config);
-        let p = format!("model.layers.{i}.self_attn.");
-        let m = |n: &str| ld.matrix(&format!("{p}{n}.weight"), policy.mla);
-        let kv_b = ld.host_matrix(
-            &format!("{p}kv_b_proj.weight"),
-            crate::quant::DenseFormat::F32,
-        )?;
+        let m = |spec| ld.matrix(spec, policy.mla);
+        let kv_b = ld.host_matrix(&t.kv_b_proj, crate::quant::DenseFormat::F32)?;
         let kv_b = kv_b.dequantize();
         let (mut wk, mut wv) = (Vec::new(), Vec::new());
         for block in kv_b.chunks(d.kv_lora * (d.nope + d.v)) {
@@ -52,14 +50,14 @@ impl<B: Backend> Mla<B> {
         }
         let b = ld.backend;
         Ok(Self {
-            q_a_proj: m("q_a_proj")?,
-            q_a_norm: ld.vector_act(&format!("{p}q_a_layernorm.weight"))?,
-            q_b_proj: m("q_b_proj")?,
-            kv_a_proj: m("kv_a_proj_with_mqa")?,
-            g_proj: m("g_proj")?,
-            o_proj: m("o_proj")?,
+            q_a_proj: m(&t.q_a_proj)?,
+            q_a_norm: ld.vector_act(&t.q_a_norm)?,
+            q_b_proj: m(&t.q_b_proj)?,
+            kv_a_proj: m(&t.kv_a_proj)?,
+            g_proj: m(&t.g_proj)?,
+            o_proj: m(&t.o_proj)?,
             attn: MlaAttnWeights {
-                kv_norm: ld.vector_act(&format!("{p}kv_a_layernorm.weight"))?,
+                kv_norm: ld.vector_act(&t.kv_a_norm)?,
                 wk: b.upload(&wk, d.heads * d.nope, d.kv_lora)?,
                 wv: b.upload(&wv, d.heads * d.v, d.kv_lora)?,
             },

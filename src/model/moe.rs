@@ -5,6 +5,7 @@ use super::format_policy::FormatPolicy;
 use super::glu_mlp::GluMlp;
 use super::loader::Loader;
 use crate::backend::{Backend, ExpertAssignment, Glu, RouterParams};
+use crate::checkpoint::model_tensors::MoeTensors;
 use crate::experts::expert_plan::{ExpertAccess, ExpertPlan};
 use crate::experts::prefetch::guess_limit;
 use crate::experts::Supplied;
@@ -39,30 +40,27 @@ pub struct Moe<B: Backend> {
 }
 
 impl<B: Backend> Moe<B> {
-    /// Loads layer `i`. The router stays bf16, which the kernels widen exactly to f32.
-    pub fn load(ld: &Loader<'_, B>, i: usize, policy: &FormatPolicy) -> Result<Self> {
+    /// Loads layer `i`'s tensors `t`. The router stays bf16, which the kernels widen exactly
+    /// to f32.
+    pub fn load(
+        ld: &Loader<'_, B>,
+        i: usize,
+        t: &MoeTensors,
+        policy: &FormatPolicy,
+    ) -> Result<Self> {
         let cfg = &ld.ckpt.config;
-        let p = format!("model.layers.{i}.block_sparse_moe.");
         let shared = if cfg.num_shared_experts > 0 {
-            Some(GluMlp::load(
-                ld,
-                &format!("{p}shared_experts."),
-                policy.dense,
-            )?)
+            Some(GluMlp::load(ld, &t.shared, policy.dense)?)
         } else {
             None
         };
         Ok(Self {
             layer: i,
-            gate: ld.decision_matrix(&format!("{p}gate.weight"), DenseFormat::Bf16)?,
-            bias: ld.decision_vector(&format!("{p}gate.e_score_correction_bias"))?,
-            down: ld.matrix(&format!("{p}routed_expert_down_proj.weight"), policy.dense)?,
-            up: ld.matrix(&format!("{p}routed_expert_up_proj.weight"), policy.dense)?,
-            norm: if cfg.latent_moe_use_norm {
-                Some(ld.vector_act(&format!("{p}routed_expert_norm.weight"))?)
-            } else {
-                None
-            },
+            gate: ld.decision_matrix(&t.gate, DenseFormat::Bf16)?,
+            bias: ld.decision_vector(&t.bias)?,
+            down: ld.matrix(&t.down, policy.dense)?,
+            up: ld.matrix(&t.up, policy.dense)?,
+            norm: t.norm.as_ref().map(|n| ld.vector_act(n)).transpose()?,
             shared,
             router: RouterParams {
                 top_k: cfg.num_experts_per_token,

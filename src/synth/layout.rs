@@ -6,12 +6,14 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::checkpoint::schema::{dense_tensors, expert_tensors, TensorSpec, LANGUAGE_MODEL_PREFIX};
+use super::random_weights::{init_for, Init, VISION_INIT};
+use crate::checkpoint::model_tensors::ModelTensors;
+use crate::checkpoint::schema::{expert_tensors, TensorSpec, LANGUAGE_MODEL_PREFIX};
 use crate::checkpoint::tensor::Dtype;
 use crate::config::Config;
 
-/// One tensor to write: stored name (with prefix), shape and dtype.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One tensor to write: stored name (with prefix), shape, dtype and how its values are drawn.
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct PlannedTensor {
     /// Name as stored in the shard.
     pub name: String,
@@ -19,6 +21,8 @@ pub(crate) struct PlannedTensor {
     pub shape: Vec<usize>,
     /// Stored dtype.
     pub dtype: Dtype,
+    /// The values' initialisation.
+    pub init: Init,
 }
 
 impl PlannedTensor {
@@ -27,11 +31,12 @@ impl PlannedTensor {
         self.shape.iter().product::<usize>() as u64 * self.dtype.size() as u64
     }
 
-    fn from_spec(spec: TensorSpec) -> PlannedTensor {
+    fn from_spec(spec: &TensorSpec) -> PlannedTensor {
         PlannedTensor {
             name: format!("{LANGUAGE_MODEL_PREFIX}{}", spec.name),
-            shape: spec.shape,
+            shape: spec.shape.clone(),
             dtype: spec.dtype,
+            init: init_for(spec.kind, &spec.shape),
         }
     }
 }
@@ -54,6 +59,7 @@ fn vision_tensors() -> Vec<PlannedTensor> {
         name: name.to_string(),
         shape: shape.to_vec(),
         dtype: Dtype::Bf16,
+        init: VISION_INIT,
     };
     vec![
         t("vision_tower.patch_embed.proj.weight", &[32, 3, 4, 4]),
@@ -77,43 +83,30 @@ fn expert_order(seed: u64, layer: usize, experts: usize) -> Vec<usize> {
     order
 }
 
-/// Layer index of a canonical per-layer tensor name.
-fn layer_of(canonical: &str) -> Option<usize> {
-    canonical
-        .strip_prefix("model.layers.")?
-        .split_once('.')?
-        .0
-        .parse()
-        .ok()
-}
-
 /// The text tensors in write order: schema order, each MoE layer's experts right after
 /// that layer's other tensors.
 fn text_groups(cfg: &Config, seed: u64) -> Vec<Group> {
-    let dense = dense_tensors(cfg);
-    let mut groups = Vec::new();
-    for (k, spec) in dense.iter().enumerate() {
-        let layer = layer_of(&spec.name);
-        groups.push(Group {
-            tensors: vec![PlannedTensor::from_spec(spec.clone())],
-            is_expert: false,
-        });
-        let last_of_layer =
-            layer.is_some() && dense.get(k + 1).and_then(|n| layer_of(&n.name)) != layer;
-        if let (true, Some(layer)) = (last_of_layer, layer) {
-            if cfg.is_moe_layer(layer) {
-                for e in expert_order(seed, layer, cfg.num_experts) {
-                    groups.push(Group {
-                        tensors: expert_tensors(cfg, layer, e)
-                            .into_iter()
-                            .map(PlannedTensor::from_spec)
-                            .collect(),
-                        is_expert: true,
-                    });
-                }
+    let model = ModelTensors::new(cfg);
+    let single = |spec: &TensorSpec| Group {
+        tensors: vec![PlannedTensor::from_spec(spec)],
+        is_expert: false,
+    };
+    let mut groups = vec![single(&model.embed)];
+    for (layer, tensors) in model.layers.iter().enumerate() {
+        groups.extend(tensors.specs().into_iter().map(single));
+        if cfg.is_moe_layer(layer) {
+            for e in expert_order(seed, layer, cfg.num_experts) {
+                groups.push(Group {
+                    tensors: expert_tensors(cfg, layer, e)
+                        .iter()
+                        .map(PlannedTensor::from_spec)
+                        .collect(),
+                    is_expert: true,
+                });
             }
         }
     }
+    groups.extend(model.final_specs().into_iter().map(single));
     groups
 }
 
@@ -177,9 +170,8 @@ mod tests {
     }
 
     #[test]
-    fn layer_names() {
-        assert_eq!(layer_of("model.layers.12.mlp.up_proj.weight"), Some(12));
-        assert_eq!(layer_of("model.norm.weight"), None);
+    fn shard_names() {
+        // The per-layer name parse this test also checked is tensor_prefix::layer_of's.
         assert_eq!(shard_file_name(0, 7), "model-00001-of-00007.safetensors");
     }
 }

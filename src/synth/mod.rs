@@ -18,10 +18,11 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
+use crate::checkpoint::model_tensors::ModelTensors;
 use crate::config::Config;
 use layout::{plan_shards, shard_file_name, PlannedTensor};
 use presets::Dims;
-use random_weights::{fill, init_for, StreamKey, BLOCK_ELEMS};
+use random_weights::{fill, StreamKey, BLOCK_ELEMS};
 use safetensors_writer::{HeaderEntry, ShardWriter};
 use topics::Topics;
 
@@ -175,13 +176,8 @@ fn synthesize_as(opts: &SynthOptions, out: &Path, force: bool) -> Result<SynthSu
     }
     write_file(&out.join(MARKER_FILE), &pretty(&marker)?)?;
 
-    let topics = (opts.routing == Routing::Local).then(|| {
-        Topics::new(
-            &dims,
-            opts.seed,
-            (0..cfg.num_hidden_layers).filter(|&l| cfg.is_moe_layer(l)),
-        )
-    });
+    let topics = (opts.routing == Routing::Local)
+        .then(|| Topics::new(&dims, opts.seed, &ModelTensors::new(&cfg)));
     let shards = plan_shards(&cfg, opts.seed, dims.max_shard_bytes);
     let data_bytes: u64 = shards.iter().flatten().map(PlannedTensor::bytes).sum();
     let bar = progress_bar(opts.progress, data_bytes);
@@ -261,7 +257,7 @@ fn write_tensor(
     bar: &ProgressBar,
 ) -> Result<()> {
     let key = StreamKey::new(seed, &t.name);
-    let init = init_for(&t.name, &t.shape);
+    let init = t.init;
     let elem = t.dtype.size();
     let numel: u64 = t.shape.iter().product::<usize>() as u64;
     let chunk_elems = (CHUNK_BLOCKS * BLOCK_ELEMS) as u64;

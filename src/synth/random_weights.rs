@@ -6,6 +6,7 @@
 
 use half::{bf16, f16};
 
+use crate::checkpoint::schema::TensorKind;
 use crate::checkpoint::tensor::Dtype;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -52,48 +53,39 @@ impl Init {
     }
 }
 
-/// The initialisation of a stored tensor, chosen by its name so that activations stay
-/// O(1) through every layer: projections `N(0, 1/fan_in)`, norms `1 + noise`, the
-/// AttnRes mixing vectors small enough that the depth softmax is neither flat nor
-/// saturated, KDA decay parameters in their usual ranges, MXFP4 experts with uniform
-/// nibbles and scales matched to the fan-in.
-pub(crate) fn init_for(stored_name: &str, shape: &[usize]) -> Init {
-    let name = stored_name
-        .strip_prefix(crate::checkpoint::schema::LANGUAGE_MODEL_PREFIX)
-        .unwrap_or(stored_name);
+/// The initialisation of a text tensor, chosen by its kind so that activations stay O(1)
+/// through every layer: projections `N(0, 1/fan_in)`, norms `1 + noise`, the AttnRes
+/// mixing vectors small enough that the depth softmax is neither flat nor saturated, KDA
+/// decay parameters in their usual ranges, MXFP4 experts with uniform nibbles and scales
+/// matched to the fan-in.
+pub(crate) fn init_for(kind: TensorKind, shape: &[usize]) -> Init {
     let numel: usize = shape.iter().product();
     let last = shape.last().copied().unwrap_or(1);
     let small = |std: f32| Init::Normal { mean: 0.0, std };
-    if name.ends_with(".weight_packed") {
-        Init::Bytes
-    } else if name.ends_with(".weight_scale") {
-        Init::mxfp4_scales(last * crate::config::MXFP4_GROUP)
-    } else if name.contains("res_proj") {
+    match kind {
+        TensorKind::ExpertPacked => Init::Bytes,
+        TensorKind::ExpertScale => Init::mxfp4_scales(last * crate::config::MXFP4_GROUP),
         // Scores are dot products of unit-RMS rows with this vector: std 1 over H terms.
-        Init::projection(numel)
-    } else if name.ends_with("norm.weight") {
-        Init::Normal {
+        TensorKind::ResProj => Init::projection(numel),
+        TensorKind::Norm => Init::Normal {
             mean: 1.0,
             std: 0.02,
-        }
-    } else if name.ends_with(".A_log") {
-        Init::LogUniform { lo: 1.0, hi: 16.0 }
-    } else if name.ends_with(".dt_bias") {
-        small(0.1)
-    } else if name.contains("_conv1d.") {
-        small(0.5)
-    } else if name.ends_with(".e_score_correction_bias") {
-        small(0.02)
-    } else if name.ends_with("embed_tokens.weight") {
-        small(1.0)
-    } else if name.starts_with("vision_tower.") || name.starts_with("mm_projector.") {
-        small(0.02)
-    } else if shape.len() >= 2 {
-        Init::projection(last)
-    } else {
-        small(0.02)
+        },
+        TensorKind::ALog => Init::LogUniform { lo: 1.0, hi: 16.0 },
+        TensorKind::DtBias => small(0.1),
+        TensorKind::Conv => small(0.5),
+        TensorKind::RouterBias => small(0.02),
+        TensorKind::Embedding => small(1.0),
+        TensorKind::Matrix if shape.len() >= 2 => Init::projection(last),
+        TensorKind::Matrix => small(0.02),
     }
 }
+
+/// The initialisation of the vision stand-ins, which a text engine never reads.
+pub(crate) const VISION_INIT: Init = Init::Normal {
+    mean: 0.0,
+    std: 0.02,
+};
 
 /// Identity of one tensor's random stream.
 #[derive(Clone, Copy, Debug)]

@@ -30,6 +30,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::presets::Dims;
+use crate::checkpoint::model_tensors::{FfnTensors, ModelTensors};
 use crate::checkpoint::schema::LANGUAGE_MODEL_PREFIX;
 use crate::checkpoint::tensor::Dtype;
 
@@ -118,14 +119,17 @@ pub(crate) struct Topics {
     input_topic: Vec<u16>,
     /// Per token id: the topic whose hidden states predict it.
     output_topic: Vec<u16>,
-    /// Per MoE layer, per expert: the topics that own it.
-    owners: HashMap<usize, Vec<Vec<u16>>>,
+    /// Per MoE layer (by its router gate's name), per expert: the topics that own it.
+    owners: HashMap<String, Vec<Vec<u16>>>,
+    /// The embedding's name: its rows carry their token's input topic.
+    embed: String,
+    /// The head's name: its rows carry their token's output topic.
+    head: String,
 }
 
 impl Topics {
-    /// The topics of a checkpoint of dimensions `d` under `seed`; `moe_layers` are the
-    /// layers with routers.
-    pub(crate) fn new(d: &Dims, seed: u64, moe_layers: impl Iterator<Item = usize>) -> Topics {
+    /// The topics of a checkpoint of dimensions `d` and tensors `model` under `seed`.
+    pub(crate) fn new(d: &Dims, seed: u64, model: &ModelTensors) -> Topics {
         let h = d.hidden;
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ DIRECTIONS_STREAM);
         let directions: Vec<f32> = (0..TOPICS * h).map(|_| normal(&mut rng)).collect();
@@ -147,8 +151,16 @@ impl Topics {
         }
 
         let set = ((TOPIC_SET_PER_TOP_K * d.top_k as f64).round() as usize).clamp(1, d.experts);
-        let owners = moe_layers
-            .map(|layer| {
+        let routers = model
+            .layers
+            .iter()
+            .enumerate()
+            .filter_map(|(layer, t)| match &t.ffn {
+                FfnTensors::Moe(moe) => Some((layer, &moe.gate.name)),
+                FfnTensors::Dense(_) => None,
+            });
+        let owners = routers
+            .map(|(layer, gate)| {
                 let mut rng = ChaCha8Rng::seed_from_u64(
                     seed ^ EXPERTS_STREAM ^ (layer as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
                 );
@@ -161,7 +173,7 @@ impl Topics {
                         owners[order[(t * set + j) % d.experts]].push(t as u16);
                     }
                 }
-                (layer, owners)
+                (gate.clone(), owners)
             })
             .collect();
         Topics {
@@ -170,6 +182,8 @@ impl Topics {
             input_topic,
             output_topic,
             owners,
+            embed: model.embed.name.clone(),
+            head: model.head.name.clone(),
         }
     }
 
@@ -185,24 +199,15 @@ impl Topics {
             .strip_prefix(LANGUAGE_MODEL_PREFIX)
             .unwrap_or(stored_name);
         let h = self.hidden as f32;
-        match name {
-            "model.embed_tokens.weight" => {
-                Some((RowTopics::Tokens(&self.input_topic), EMBED_TOPIC_GAIN))
-            }
+        if name == self.embed {
+            Some((RowTopics::Tokens(&self.input_topic), EMBED_TOPIC_GAIN))
+        } else if name == self.head {
             // A unit-RMS direction dotted with a unit-RMS input sums `hidden` terms: 1 / hidden
             // makes the gain the added logit.
-            "lm_head.weight" => Some((RowTopics::Tokens(&self.output_topic), HEAD_TOPIC_GAIN / h)),
-            _ => {
-                let layer: usize = name
-                    .strip_prefix("model.layers.")?
-                    .strip_suffix(".block_sparse_moe.gate.weight")?
-                    .parse()
-                    .ok()?;
-                Some((
-                    RowTopics::Experts(self.owners.get(&layer)?),
-                    ROUTER_TOPIC_GAIN / h,
-                ))
-            }
+            Some((RowTopics::Tokens(&self.output_topic), HEAD_TOPIC_GAIN / h))
+        } else {
+            let owners = self.owners.get(name)?;
+            Some((RowTopics::Experts(owners), ROUTER_TOPIC_GAIN / h))
         }
     }
 

@@ -155,9 +155,8 @@ pub fn write_snapshot(dir: &Path, config: &Value, groups: &[Vec<TensorSpec>], la
 /// Writes the full tiny snapshot with `layout` into a fresh temp dir.
 pub fn tiny_snapshot(layout: &Layout) -> (tempfile::TempDir, Config) {
     let tmp = tempfile::tempdir().unwrap();
-    let json = tiny_config_json();
-    let cfg = Config::from_json_str(&json.to_string(), "tiny").unwrap();
-    write_snapshot(tmp.path(), &json, &all_specs(&cfg), layout);
+    let cfg = Config::tiny();
+    write_snapshot(tmp.path(), &tiny_config_json(), &all_specs(&cfg), layout);
     (tmp, cfg)
 }
 

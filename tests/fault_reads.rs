@@ -6,12 +6,14 @@
 
 mod support;
 
+use support::read_faults::{expert_parts, ErrorAt, ShortReads};
+
 use k3::checkpoint::Checkpoint;
 use k3::experts::{ExpertReader, FaultPlan, IoMode, ReadFault, StreamConfig};
 use k3::generate::prefill;
 use k3::model::FormatPolicy;
 use k3::platform::aligned_buf::AlignedBuf;
-use k3::routed_expert::{LentRegion, LoadedExpert, ReadLender};
+use k3::routed_expert::{LentRegion, ReadLender};
 use k3::stats::Stats;
 use std::any::Any;
 use std::io::ErrorKind;
@@ -27,52 +29,6 @@ fn moe_layer(ck: &Checkpoint) -> (usize, u32) {
         .find(|&l| ExpertReader::locate(ck, l, 0).is_ok())
         .unwrap();
     (layer, ck.config.num_experts as u32)
-}
-
-/// The six tensors of a host-memory expert, in disk order.
-fn parts(e: &LoadedExpert, ck: &Checkpoint) -> Vec<Vec<u8>> {
-    let w = e.weights(&ck.config).unwrap();
-    [
-        w.w1.packed,
-        w.w1.scales,
-        w.w2.packed,
-        w.w2.scales,
-        w.w3.packed,
-        w.w3.scales,
-    ]
-    .iter()
-    .map(|p| p.to_vec())
-    .collect()
-}
-
-/// Fails the read that covers byte `at` with `kind` (once: `left` reads fail).
-struct ErrorAt {
-    at: u64,
-    kind: ErrorKind,
-    left: AtomicUsize,
-}
-
-impl FaultPlan for ErrorAt {
-    fn fault(&self, _: &Path, offset: u64, len: usize) -> Option<ReadFault> {
-        let covers = offset <= self.at && self.at < offset + len as u64;
-        (covers && self.left.load(Ordering::Relaxed) > 0).then(|| {
-            self.left.fetch_sub(1, Ordering::Relaxed);
-            ReadFault::Error(self.kind)
-        })
-    }
-}
-
-/// Every read reports at most `max` bytes (odd counts leave direct reads unaligned).
-struct ShortReads {
-    max: usize,
-    seen: AtomicUsize,
-}
-
-impl FaultPlan for ShortReads {
-    fn fault(&self, _: &Path, _: u64, _: usize) -> Option<ReadFault> {
-        self.seen.fetch_add(1, Ordering::Relaxed);
-        Some(ReadFault::Short(self.max))
-    }
 }
 
 #[test]
@@ -159,8 +115,8 @@ fn short_and_interrupted_reads_give_the_bytes_of_a_clean_read() {
                 let got = r.read(&ck, layer, e).unwrap();
                 let want = clean.read(&ck, layer, e).unwrap();
                 assert_eq!(
-                    parts(&got, &ck),
-                    parts(&want, &ck),
+                    expert_parts(&got, &ck),
+                    expert_parts(&want, &ck),
                     "{mode:?} max {max} expert {e}"
                 );
             }
@@ -185,7 +141,11 @@ fn short_and_interrupted_reads_give_the_bytes_of_a_clean_read() {
         .unwrap();
         let got = r.read(&ck, layer, 0).unwrap();
         let want = clean.read(&ck, layer, 0).unwrap();
-        assert_eq!(parts(&got, &ck), parts(&want, &ck), "{mode:?} after EINTR");
+        assert_eq!(
+            expert_parts(&got, &ck),
+            expert_parts(&want, &ck),
+            "{mode:?} after EINTR"
+        );
     }
 }
 

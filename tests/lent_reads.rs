@@ -4,6 +4,8 @@
 
 mod support;
 
+use support::read_faults::expert_parts;
+
 use k3::checkpoint::Checkpoint;
 use k3::experts::{ExpertReader, IoMode};
 use k3::platform::aligned_buf::AlignedBuf;
@@ -180,20 +182,7 @@ fn split_stream(
                             .map(|r| region.buf[r.start as usize..r.end as usize].to_vec())
                             .collect()
                     }
-                    None => {
-                        let w = e.weights(&ck.config).unwrap();
-                        [
-                            w.w1.packed,
-                            w.w1.scales,
-                            w.w2.packed,
-                            w.w2.scales,
-                            w.w3.packed,
-                            w.w3.scales,
-                        ]
-                        .iter()
-                        .map(|p| p.to_vec())
-                        .collect()
-                    }
+                    None => expert_parts(e, ck),
                 };
                 got.push((e.id, tensors, e.staged(&ck.config).is_some()));
             }
@@ -209,21 +198,7 @@ fn split_reads_into_lent_memory_hold_the_bytes_and_a_broken_region_goes_to_host_
     let ck = Checkpoint::open(&support::tiny(0), &[]).unwrap();
     let (layer, n) = moe_layer(&ck);
     let plain = ExpertReader::new(IoMode::Buffered);
-    let want = |e: u32| {
-        let x = plain.read(&ck, layer, e).unwrap();
-        let w = x.weights(&ck.config).unwrap();
-        [
-            w.w1.packed,
-            w.w1.scales,
-            w.w2.packed,
-            w.w2.scales,
-            w.w3.packed,
-            w.w3.scales,
-        ]
-        .iter()
-        .map(|p| p.to_vec())
-        .collect::<Vec<_>>()
-    };
+    let want = |e: u32| expert_parts(&plain.read(&ck, layer, e).unwrap(), &ck);
     for broken in [false, true] {
         let lender = Arc::new(TestLender {
             broken,

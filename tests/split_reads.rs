@@ -5,13 +5,13 @@
 
 mod support;
 
+use support::read_faults::{expert_parts, ErrorAt, ShortReads};
+
 use k3::checkpoint::Checkpoint;
-use k3::experts::{ExpertReader, ExpertSource, FaultPlan, IoMode, ReadFault, StreamConfig};
-use k3::routed_expert::LoadedExpert;
+use k3::experts::{ExpertReader, ExpertSource, IoMode, StreamConfig};
 use k3::stats::Stats;
 use std::io::ErrorKind;
-use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 /// One block: the smallest piece, so every expert that spans two blocks splits.
@@ -34,22 +34,6 @@ fn layer_and_ids(ck: &Checkpoint) -> (usize, Vec<u32>) {
         .count();
     assert!(splits > 0, "no expert of the tiny model spans two blocks");
     (layer, ids)
-}
-
-/// The six tensors of a host-memory expert.
-fn parts(e: &LoadedExpert, ck: &Checkpoint) -> Vec<Vec<u8>> {
-    let w = e.weights(&ck.config).unwrap();
-    [
-        w.w1.packed,
-        w.w1.scales,
-        w.w2.packed,
-        w.w2.scales,
-        w.w3.packed,
-        w.w3.scales,
-    ]
-    .iter()
-    .map(|p| p.to_vec())
-    .collect()
 }
 
 fn source(mode: IoMode, piece: usize) -> ExpertSource {
@@ -82,7 +66,7 @@ fn stream(
         &mut |batch| {
             for s in batch {
                 match s {
-                    k3::experts::Supplied::Host(e) => got.push((e.id, parts(e, ck))),
+                    k3::experts::Supplied::Host(e) => got.push((e.id, expert_parts(e, ck))),
                     k3::experts::Supplied::Resident(id) => panic!("expert {id} resident"),
                 }
             }
@@ -95,7 +79,7 @@ fn stream(
 fn whole_reads(ck: &Checkpoint, layer: usize, ids: &[u32]) -> Vec<(u32, Vec<Vec<u8>>)> {
     let r = ExpertReader::new(IoMode::Buffered);
     ids.iter()
-        .map(|&e| (e, parts(&r.read(ck, layer, e).unwrap(), ck)))
+        .map(|&e| (e, expert_parts(&r.read(ck, layer, e).unwrap(), ck)))
         .collect()
 }
 
@@ -123,34 +107,6 @@ fn split_reads_give_the_bytes_of_a_whole_read() {
                 "{mode:?} piece {piece}: bytes counted"
             );
         }
-    }
-}
-
-/// Fails every read that covers byte `at` with `kind`, `left` times.
-struct ErrorAt {
-    at: u64,
-    kind: ErrorKind,
-    left: AtomicUsize,
-}
-
-impl FaultPlan for ErrorAt {
-    fn fault(&self, _: &Path, offset: u64, len: usize) -> Option<ReadFault> {
-        let covers = offset <= self.at && self.at < offset + len as u64;
-        (covers && self.left.load(Ordering::Relaxed) > 0).then(|| {
-            self.left.fetch_sub(1, Ordering::Relaxed);
-            ReadFault::Error(self.kind)
-        })
-    }
-}
-
-/// Every read reports at most `max` bytes.
-struct ShortReads {
-    max: usize,
-}
-
-impl FaultPlan for ShortReads {
-    fn fault(&self, _: &Path, _: u64, _: usize) -> Option<ReadFault> {
-        Some(ReadFault::Short(self.max))
     }
 }
 
@@ -216,7 +172,7 @@ fn short_and_interrupted_piece_reads_give_the_bytes_of_a_whole_read() {
     for mode in [IoMode::Direct, IoMode::Buffered] {
         for max in [1usize, 777, 4096] {
             let src = source(mode, PIECE);
-            src.inject_faults(Arc::new(ShortReads { max })).unwrap();
+            src.inject_faults(Arc::new(ShortReads::new(max))).unwrap();
             let got = stream(&src, &ck, layer, &ids).unwrap();
             assert_eq!(got, want, "{mode:?} short reads of {max}");
         }

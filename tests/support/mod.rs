@@ -13,6 +13,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
+pub mod read_faults;
 pub mod tiny_ckpt;
 
 /// Relative L2 distance of `got` from `want`, in f64 (the absolute distance when `want` is

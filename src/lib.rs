@@ -26,6 +26,7 @@ pub mod engine;
 pub mod experts;
 pub mod generate;
 pub mod grammar;
+pub mod json_kind;
 pub mod model;
 pub mod platform;
 pub mod quant;

@@ -9,7 +9,13 @@ use std::path::{Path, PathBuf};
 
 /// Lowest layer first; a module may name modules of earlier rows only.
 const LAYERS: &[&[&str]] = &[
-    &["platform", "atomic_file", "canonical_json", "unique_json"],
+    &[
+        "platform",
+        "atomic_file",
+        "canonical_json",
+        "unique_json",
+        "json_kind",
+    ],
     &["stats", "quant", "config", "tokenizer"],
     &["routed_expert"],
     &["checkpoint"],

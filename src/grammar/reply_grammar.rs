@@ -134,7 +134,7 @@ fn json_rule(name: &str, schema: &Value, strict: bool) -> Result<String> {
         Value::Bool(false) => bail!("the JSON schema is `false`: no value satisfies it"),
         other => bail!(
             "a JSON schema must be an object (or true), got {}",
-            kind_of(other)
+            crate::json_kind::json_kind(other)
         ),
     };
     let mut opts = match schema.remove("x-guidance") {
@@ -146,17 +146,6 @@ fn json_rule(name: &str, schema: &Value, strict: bool) -> Result<String> {
     opts.entry("lenient").or_insert(json!(!strict));
     schema.insert("x-guidance".into(), Value::Object(opts));
     Ok(format!("{name}: %json {}", Value::Object(schema)))
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// A Lark string literal (Lark strings are JSON strings).

@@ -169,13 +169,6 @@ pub(super) fn stop_strings(v: Option<Value>) -> R<Vec<String>> {
 
 /// The 400 for `field` holding a JSON value of the wrong kind.
 pub(super) fn type_error(field: &str, want: &str, got: &Value) -> ApiError {
-    let kind = match got {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    };
+    let kind = crate::json_kind::json_kind(got);
     ApiError::field(field, format!("must be {want}, got {kind}"))
 }

@@ -55,6 +55,19 @@ const EMBED_TOPIC_GAIN: f32 = 3.0;
 /// hit rate at 4 slots (3.5 to 4 flatten the curve past 27 slots as the C engine's does, but
 /// dedup 3.1x to 3.2x and hit 11 % at 4 slots).
 const ROUTER_TOPIC_GAIN: f32 = 3.0;
+/// How fast the router gain grows with depth: a layer's gain is [`ROUTER_TOPIC_GAIN`] times
+/// (entries of its feed-forward mix / 2) to this power (see [`router_gain`]). Faster than the
+/// embedding's share alone (1): the banked blocks and the current stream grow in size with
+/// depth, so the normed mix holds less of the embedding than its weight says. Fitted on 24
+/// layers, where 2 keeps the per-layer dedup of 32-token chunks level with depth (1 and 1.5
+/// still fade; 2.5 rises past 3x in the last block).
+const DEPTH_EXPONENT: f32 = 2.0;
+/// Mix entries past which the router gain stops growing (16 times [`ROUTER_TOPIC_GAIN`] at
+/// the default exponent). Fitted on 93 layers: without a cap the squared growth saturates
+/// the deep routers (dedup climbs to 8x, every pick from the topic's set), while a gain held
+/// from 8 entries on keeps the per-layer dedup level to the last layer, so the embedding's
+/// part of the router input stops falling by then. 24 layers stay below it.
+const MAX_GAIN_ENTRIES: usize = 8;
 /// Logit the head adds to the tokens of the topic the hidden state is on: large, so greedy
 /// decoding stays on its topic until a bridge token wins.
 const HEAD_TOPIC_GAIN: f32 = 8.0;
@@ -119,8 +132,9 @@ pub(crate) struct Topics {
     input_topic: Vec<u16>,
     /// Per token id: the topic whose hidden states predict it.
     output_topic: Vec<u16>,
-    /// Per MoE layer (by its router gate's name), per expert: the topics that own it.
-    owners: HashMap<String, Vec<Vec<u16>>>,
+    /// Per MoE layer (by its router gate's name): per expert, the topics that own it, and
+    /// the layer's router gain.
+    routers: HashMap<String, (Vec<Vec<u16>>, f32)>,
     /// The embedding's name: its rows carry their token's input topic.
     embed: String,
     /// The head's name: its rows carry their token's output topic.
@@ -159,7 +173,7 @@ impl Topics {
                 FfnTensors::Moe(moe) => Some((layer, &moe.gate.name)),
                 FfnTensors::Dense(_) => None,
             });
-        let owners = routers
+        let routers = routers
             .map(|(layer, gate)| {
                 let mut rng = ChaCha8Rng::seed_from_u64(
                     seed ^ EXPERTS_STREAM ^ (layer as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
@@ -173,7 +187,8 @@ impl Topics {
                         owners[order[(t * set + j) % d.experts]].push(t as u16);
                     }
                 }
-                (gate.clone(), owners)
+                let gain = router_gain(layer, d.attn_res_block_size);
+                (gate.clone(), (owners, gain))
             })
             .collect();
         Topics {
@@ -181,7 +196,7 @@ impl Topics {
             directions,
             input_topic,
             output_topic,
-            owners,
+            routers,
             embed: model.embed.name.clone(),
             head: model.head.name.clone(),
         }
@@ -206,8 +221,8 @@ impl Topics {
             // makes the gain the added logit.
             Some((RowTopics::Tokens(&self.output_topic), HEAD_TOPIC_GAIN / h))
         } else {
-            let owners = self.owners.get(name)?;
-            Some((RowTopics::Experts(owners), ROUTER_TOPIC_GAIN / h))
+            let (owners, gain) = self.routers.get(name)?;
+            Some((RowTopics::Experts(owners), gain / h))
         }
     }
 
@@ -241,6 +256,20 @@ impl Topics {
     }
 }
 
+/// The router gain of layer `layer` in a model that banks a block every `block` layers.
+///
+/// The topic reaches a router only through the embedding, which the feed-forward input mix
+/// of layer `layer` averages with the block outputs banked since (one more every `block`
+/// layers) and the current block's stream: `layer / block + 2` entries. Under an even mix the
+/// embedding's share, and with it the topic's part of the router input, falls at least as
+/// one over the entries; the gain grows with them so that deep layers keep the locality of
+/// the first block, up to [`MAX_GAIN_ENTRIES`]. Layers before the first bank boundary (2
+/// entries) get [`ROUTER_TOPIC_GAIN`].
+fn router_gain(layer: usize, block: usize) -> f32 {
+    let entries = (layer / block.max(1) + 2).min(MAX_GAIN_ENTRIES);
+    ROUTER_TOPIC_GAIN * (entries as f32 / 2.0).powf(DEPTH_EXPONENT)
+}
+
 /// Which topics a tensor's rows carry.
 #[derive(Clone, Copy)]
 enum RowTopics<'a> {
@@ -255,4 +284,47 @@ fn normal(rng: &mut ChaCha8Rng) -> f32 {
     let u1: f64 = rng.random::<f64>().max(1e-300);
     let u2: f64 = rng.random();
     ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_gain_is_the_base_gain_before_the_first_bank_boundary() {
+        for block in [1, 2, 4, 12] {
+            for layer in 0..block {
+                assert_eq!(router_gain(layer, block), ROUTER_TOPIC_GAIN);
+            }
+        }
+    }
+
+    #[test]
+    fn router_gain_grows_with_the_banked_blocks() {
+        let block = 4;
+        for layer in 0..96 {
+            let (now, next) = (router_gain(layer, block), router_gain(layer + 1, block));
+            let capped = (layer + 1) / block + 2 > MAX_GAIN_ENTRIES;
+            if (layer + 1) % block == 0 && !capped {
+                assert!(next > now, "layer {layer}: {now} -> {next}");
+            } else {
+                assert_eq!(next, now, "layer {layer}");
+            }
+        }
+    }
+
+    #[test]
+    fn router_gain_follows_the_embedding_share() {
+        // Layer 20 of a 4-layer block mixes 7 entries: 3.5 times the first block's 2.
+        let ratio = router_gain(20, 4) / router_gain(0, 4);
+        assert!(
+            (ratio - 3.5f32.powf(DEPTH_EXPONENT)).abs() < 1e-5,
+            "{ratio}"
+        );
+        // Past the cap the gain holds.
+        assert_eq!(router_gain(92, 4), router_gain(24, 4));
+        assert!(router_gain(24, 4) > router_gain(23, 4));
+        // A block size of 0 (rejected by the config) must not divide by zero.
+        assert!(router_gain(3, 0).is_finite());
+    }
 }

@@ -83,18 +83,10 @@ fn lent_reads_hold_the_bytes_a_plain_read_gives() {
                 "no host views of lent bytes"
             );
             let region = st.region.downcast_ref::<TestRegion>().unwrap();
-            let w = b.weights(&ck.config).unwrap();
-            let want = [
-                w.w1.packed,
-                w.w1.scales,
-                w.w2.packed,
-                w.w2.scales,
-                w.w3.packed,
-                w.w3.scales,
-            ];
+            let want = expert_parts(&b, &ck);
             for (k, r) in st.parts.iter().enumerate() {
                 let got = &region.buf[r.start as usize..r.end as usize];
-                assert_eq!(got, want[k], "{mode:?} expert {e} tensor {k}");
+                assert_eq!(got, &want[k][..], "{mode:?} expert {e} tensor {k}");
             }
         }
         assert_eq!(lender.lent.load(Ordering::Relaxed), n as usize);

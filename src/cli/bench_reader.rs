@@ -170,23 +170,8 @@ fn sweep(a: &ReaderArgs, ck: &Checkpoint, pieces: &[usize]) -> Result<()> {
             src.set_read_piece(piece);
             let t = Instant::now();
             let mut stats = Stats::default();
-            let mut seen = 0usize;
-            src.stream(
-                ck,
-                layer,
-                &ids,
-                &vec![false; ids.len()],
-                &mut stats,
-                &mut || Ok(()),
-                &mut |batch| {
-                    seen += batch.len();
-                    Ok(())
-                },
-            )?;
+            stream_all(&src, ck, layer, &ids, &mut stats)?;
             let secs = t.elapsed().as_secs_f64();
-            if seen != ids.len() {
-                bail!("engine delivered {seen} of {} experts", ids.len());
-            }
             best_engine[v] = best_engine[v].min(secs);
             eprintln!(
                 "  round {round}: engine, piece {}: {:.2} GB/s ({secs:.2}s, mode {:?})",
@@ -273,22 +258,7 @@ fn engine_decode(
     let t = Instant::now();
     for step in steps {
         for (layer, ids) in step {
-            let mut seen = 0usize;
-            src.stream(
-                ck,
-                *layer,
-                ids,
-                &vec![false; ids.len()],
-                &mut stats,
-                &mut || Ok(()),
-                &mut |batch| {
-                    seen += batch.len();
-                    Ok(())
-                },
-            )?;
-            if seen != ids.len() {
-                bail!("engine delivered {seen} of {} experts", ids.len());
-            }
+            stream_all(&src, ck, *layer, ids, &mut stats)?;
             std::thread::sleep(gap);
         }
     }
@@ -463,4 +433,32 @@ fn plain_direct_reads(ranges: &[Span], threads: usize) -> Result<f64> {
         Ok(())
     })?;
     Ok(t.elapsed().as_secs_f64())
+}
+
+/// Streams `ids` of `layer` through the engine's source, none resident, and checks that
+/// every expert was delivered.
+fn stream_all(
+    src: &ExpertSource,
+    ck: &Checkpoint,
+    layer: usize,
+    ids: &[u32],
+    stats: &mut Stats,
+) -> Result<()> {
+    let mut seen = 0usize;
+    src.stream(
+        ck,
+        layer,
+        ids,
+        &vec![false; ids.len()],
+        stats,
+        &mut || Ok(()),
+        &mut |batch| {
+            seen += batch.len();
+            Ok(())
+        },
+    )?;
+    if seen != ids.len() {
+        bail!("engine delivered {seen} of {} experts", ids.len());
+    }
+    Ok(())
 }

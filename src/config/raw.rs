@@ -15,6 +15,14 @@ use serde_json::Value;
 pub(super) struct RawRoot {
     pub model_type: Text,
     pub text_config: Option<Value>,
+    #[serde(flatten)]
+    pub shared: RawShared,
+}
+
+/// The fields that may sit at the root or in `text_config`, kept as found: validation
+/// types the copy that counts, so the copy it does not read is never refused.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawShared {
     pub quantization_config: Option<Value>,
     pub bos_token_id: Option<Value>,
     pub eos_token_id: Option<Value>,
@@ -55,11 +63,8 @@ pub(super) struct RawText {
     pub num_expert_group: Option<Int>,
     pub topk_group: Option<Int>,
     pub attn_res_block_size: Int,
-    pub quantization_config: Option<Value>,
-    pub bos_token_id: Option<Value>,
-    pub eos_token_id: Option<Value>,
-    pub pad_token_id: Option<Value>,
-    pub max_position_embeddings: Option<Value>,
+    #[serde(flatten)]
+    pub shared: RawShared,
 }
 
 /// `linear_attn_config`: the KDA layers' shape and the layer schedule.

@@ -198,26 +198,35 @@ impl RawConfig {
         // text_config: the first copy found counts (the root first for tokens, text_config
         // first for the rest), and only it is read.
         let Some((quant, quant_at)) = first_of([
-            (&t.quantization_config, at),
-            (&root.quantization_config, ""),
+            (&t.shared.quantization_config, at),
+            (&root.shared.quantization_config, ""),
         ]) else {
             bail!("missing field `quantization_config`")
         };
         let quant_at = join(quant_at, "quantization_config");
         quantization(&read_object::<RawQuant>(quant, &quant_at)?, &quant_at)?;
 
-        let tokens = [(&root.bos_token_id, ""), (&t.bos_token_id, at)];
+        let tokens = [
+            (&root.shared.bos_token_id, ""),
+            (&t.shared.bos_token_id, at),
+        ];
         let bos_token_id = token_field(tokens, "bos_token_id", vocab_size)?;
-        let tokens = [(&root.pad_token_id, ""), (&t.pad_token_id, at)];
+        let tokens = [
+            (&root.shared.pad_token_id, ""),
+            (&t.shared.pad_token_id, at),
+        ];
         let pad_token_id = token_field(tokens, "pad_token_id", vocab_size)?;
         let eos_token_ids = eos_field(
-            [(&root.eos_token_id, ""), (&t.eos_token_id, at)],
+            [
+                (&root.shared.eos_token_id, ""),
+                (&t.shared.eos_token_id, at),
+            ],
             vocab_size,
         )?;
         const CONTEXT: &str = "max_position_embeddings";
         let max_position_embeddings = match first_of([
-            (&t.max_position_embeddings, at),
-            (&root.max_position_embeddings, ""),
+            (&t.shared.max_position_embeddings, at),
+            (&root.shared.max_position_embeddings, ""),
         ]) {
             Some((v, at)) => Some(dim(at, CONTEXT, read(v, &join(at, CONTEXT))?)?),
             None => None,

@@ -7,10 +7,18 @@ use crate::quant::idot::{self, IdotKernel, QuantizedActs};
 use anyhow::{anyhow, ensure, Result};
 use rayon::prelude::*;
 
-/// `glu(gate, up)` elementwise across the pool: a busy expert in a prefill window has
-/// hundreds of thousands of them, each a few transcendental calls, which on one thread
-/// would leave the other cores idle between the expert's matmuls.
+/// Gated values from which [`gated`] spreads over the pool: a decode step's expert (one
+/// token, a few thousand values) stays on the calling thread, where handing it to the pool
+/// would cost more than it computes.
+const GATED_PARALLEL_FROM: usize = 1 << 15;
+
+/// `glu(gate, up)` elementwise, across the pool for a busy expert of a prefill window
+/// (hundreds of thousands of values, each a few transcendental calls, which on one thread
+/// would leave the other cores idle between the expert's matmuls).
 fn gated(gate: &[f32], up: &[f32], g: Glu) -> Vec<f32> {
+    if gate.len() < GATED_PARALLEL_FROM {
+        return gate.iter().zip(up).map(|(&a, &b)| glu(a, b, g)).collect();
+    }
     gate.par_iter()
         .zip(up)
         .map(|(&a, &b)| glu(a, b, g))

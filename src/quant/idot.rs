@@ -330,7 +330,7 @@ pub fn matmul(kernel: IdotKernel, w: &Mxfp4View<'_>, x: &QuantizedActs, y: &mut 
     yt.par_chunks_mut(block * n).enumerate().for_each_init(
         || vec![0i32; MAX_TOKENS * groups],
         |sums, (b, out)| {
-            kernel::for_each_tile(out.len() / n, n, MAX_TOKENS, |i, t0, take| {
+            kernel::for_each_tile(out.len() / n, n, 1, MAX_TOKENS, |i, _, t0, take| {
                 let r = b * block + i;
                 let packed = &w.packed[r * rb..(r + 1) * rb];
                 let wscales = &w.scales[r * groups..(r + 1) * groups];

@@ -2,7 +2,7 @@
 //! portable (each block decoded once to f32, then dotted with all `n` tokens) or fused
 //! (the SIMD kernels of [`super::simd`] read the stored encoding directly).
 
-use super::simd::{self, EncodedRows, SimdLevel, MAX_TOKENS};
+use super::simd::{self, EncodedRows, SimdLevel, MAX_TOKENS, ROW_BLOCK};
 use rayon::prelude::*;
 
 /// Rows decoded together per task. Eight rows of the widest dense matrix (7168 columns)
@@ -20,21 +20,23 @@ pub(crate) const TILE_ROWS: usize = 32;
 /// weight rows. See docs/perf.md, "CPU".
 pub(crate) const TILE_TOKENS: usize = 16;
 
-/// Visits a task's `count` rows and `n` tokens as `(row, first token, tokens)` with at most
-/// `per_visit` tokens a visit (a kernel call's): tile by tile of [`TILE_TOKENS`], every row
-/// over the tile. Each output is still computed by one kernel call, so the order only
-/// moves cache traffic, never a result bit.
+/// Visits a task's `count` rows and `n` tokens as `(first row, rows, first token, tokens)`
+/// with at most `rows_per_visit` rows and `per_visit` tokens a visit (a kernel call's):
+/// tile by tile of [`TILE_TOKENS`], every row over the tile. Each output is still computed
+/// by one kernel call, so the order only moves cache traffic, never a result bit.
 pub(crate) fn for_each_tile(
     count: usize,
     n: usize,
+    rows_per_visit: usize,
     per_visit: usize,
-    mut visit: impl FnMut(usize, usize, usize),
+    mut visit: impl FnMut(usize, usize, usize, usize),
 ) {
     for tile in (0..n).step_by(TILE_TOKENS) {
         let end = (tile + TILE_TOKENS).min(n);
-        for i in 0..count {
+        for i in (0..count).step_by(rows_per_visit) {
+            let rows = (count - i).min(rows_per_visit);
             for t0 in (tile..end).step_by(per_visit) {
-                visit(i, t0, (end - t0).min(per_visit));
+                visit(i, rows, t0, (end - t0).min(per_visit));
             }
         }
     }
@@ -213,17 +215,26 @@ fn fused_matmul(w: &EncodedRows<'_>, x: &[f32], n: usize, y: &mut [f32], level: 
     yt.par_chunks_mut(TILE_ROWS * n)
         .enumerate()
         .for_each(|(b, out)| {
-            for_each_tile(out.len() / n, n, MAX_TOKENS, |i, t0, take| {
-                let r = b * TILE_ROWS + i;
-                let (xs, xp) = (&xs[t0..], &xp[t0..]);
-                let d = &mut out[i * n + t0..i * n + t0 + take];
-                match take {
-                    1 => d.copy_from_slice(&tokens::<1>(level, w, r, xs, xp)),
-                    2 => d.copy_from_slice(&tokens::<2>(level, w, r, xs, xp)),
-                    3 => d.copy_from_slice(&tokens::<3>(level, w, r, xs, xp)),
-                    _ => d.copy_from_slice(&tokens::<4>(level, w, r, xs, xp)),
-                }
-            });
+            for_each_tile(
+                out.len() / n,
+                n,
+                ROW_BLOCK,
+                MAX_TOKENS,
+                |i, count, t0, take| {
+                    let r = b * TILE_ROWS + i;
+                    let (xs, xp) = (&xs[t0..], &xp[t0..]);
+                    let put = |k: usize, y: &[f32]| {
+                        let at = (i + k) * n + t0;
+                        out[at..at + y.len()].copy_from_slice(y);
+                    };
+                    match take {
+                        1 => tokens::<1>(level, w, r, count, xs, xp, put),
+                        2 => tokens::<2>(level, w, r, count, xs, xp, put),
+                        3 => tokens::<3>(level, w, r, count, xs, xp, put),
+                        _ => tokens::<4>(level, w, r, count, xs, xp, put),
+                    }
+                },
+            );
         });
     y.par_chunks_mut(rows).enumerate().for_each(|(t, yrow)| {
         for (r, v) in yrow.iter_mut().enumerate() {
@@ -232,15 +243,27 @@ fn fused_matmul(w: &EncodedRows<'_>, x: &[f32], n: usize, y: &mut [f32], level: 
     });
 }
 
-/// [`simd::dot_tokens`] on the first `T` tokens of `xs` / `xp`.
+/// The first `T` tokens of `xs` / `xp` through rows `r..r + count` (`count` ≤
+/// [`ROW_BLOCK`]), each row's `T` results handed to `put(row offset, results)`.
 fn tokens<const T: usize>(
     level: SimdLevel,
     w: &EncodedRows<'_>,
     r: usize,
+    count: usize,
     xs: &[&[f32]],
     xp: &[&[f32]],
-) -> [f32; T] {
+    mut put: impl FnMut(usize, &[f32]),
+) {
     let xs: [&[f32]; T] = std::array::from_fn(|t| xs[t]);
     let xp: [&[f32]; T] = std::array::from_fn(|t| xp[t]);
-    simd::dot_tokens(level, w, r, &xs, &xp)
+    if count == ROW_BLOCK {
+        let ys = simd::dot_rows_tokens(level, w, r, &xs, &xp);
+        for (i, y) in ys.iter().enumerate() {
+            put(i, y);
+        }
+    } else {
+        for i in 0..count {
+            put(i, &simd::dot_tokens(level, w, r + i, &xs, &xp));
+        }
+    }
 }

@@ -17,6 +17,44 @@ const _: () = assert!(int4::GROUP == 2 * SPLIT && mxfp4::BLOCK == SPLIT && BLOCK
 
 super::isa_dot_tokens!("avx512f,avx2,fma", SPLIT);
 
+/// Fused `w[r + i] · x_t` for `R` consecutive rows and every token, where the format packs
+/// nibbles (`None` for the others): see [`super::dot_rows_tokens`].
+///
+/// # Safety
+/// The CPU must have AVX-512F, AVX2 and FMA.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn dot_rows_tokens<const R: usize, const T: usize>(
+    w: &EncodedRows<'_>,
+    r: usize,
+    xs: &[&[f32]; T],
+    xp: &[&[f32]; T],
+) -> Option<[[f32; T]; R]> {
+    let c = w.cols;
+    assert!(r + R <= w.rows, "fused dot: rows {r}+{R} of {}", w.rows);
+    for t in 0..T {
+        assert!(
+            xs[t].len() == c && xp[t].len() >= c / SPLIT * SPLIT,
+            "fused dot: x row of {} for {c} columns",
+            xs[t].len()
+        );
+    }
+    match w.data {
+        Encoded::Int4 { packed, scale } => {
+            let (rb, rg) = (int4::row_bytes(c), int4::row_groups(c));
+            let rows = std::array::from_fn(|i| &packed[(r + i) * rb..(r + i + 1) * rb]);
+            let scales = std::array::from_fn(|i| &scale[(r + i) * rg..(r + i + 1) * rg]);
+            Some(int4_rows(rows, scales, c, xs, xp))
+        }
+        Encoded::Mxfp4 { packed, scales } => {
+            let (rb, rs) = (c / 2, c / mxfp4::BLOCK);
+            let rows = std::array::from_fn(|i| &packed[(r + i) * rb..(r + i + 1) * rb]);
+            let scales = std::array::from_fn(|i| &scales[(r + i) * rs..(r + i + 1) * rs]);
+            Some(mxfp4_rows(rows, scales, xp))
+        }
+        _ => None,
+    }
+}
+
 /// Bytes ahead of the weight stream to prefetch (as in the AVX2 kernels: one core's
 /// streaming bandwidth is bound by the misses it has in flight).
 const PREFETCH_AHEAD: usize = 2048;
@@ -130,23 +168,6 @@ unsafe fn nibble_block(src: *const u8, table: __m512) -> [__m512; 2] {
     ]
 }
 
-/// `Σ w · x` of one 32-column block for each token, `x` the block's pair-split columns
-/// from `xp[t][at..]`.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn block_sums<const T: usize>(w: [__m512; 2], xp: &[&[f32]; T], at: usize) -> [__m512; T] {
-    let mut out = [_mm512_setzero_ps(); T];
-    for t in 0..T {
-        let x = xp[t].as_ptr().add(at);
-        out[t] = _mm512_fmadd_ps(
-            w[1],
-            _mm512_loadu_ps(x.add(16)),
-            _mm512_mul_ps(w[0], _mm512_loadu_ps(x)),
-        );
-    }
-    out
-}
-
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn int4_row<const T: usize>(
     packed: &[u8],
@@ -155,27 +176,63 @@ unsafe fn int4_row<const T: usize>(
     xs: &[&[f32]; T],
     xp: &[&[f32]; T],
 ) -> [f32; T] {
+    let [out] = int4_rows::<1, T>([packed], [scale], cols, xs, xp);
+    out
+}
+
+/// `R` int4 rows over the same `T` tokens: each x vector loaded feeds every row's
+/// multiply-adds. Every output's operations are the same, in the same order, whatever `R`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn int4_rows<const R: usize, const T: usize>(
+    packed: [&[u8]; R],
+    scale: [&[f32]; R],
+    cols: usize,
+    xs: &[&[f32]; T],
+    xp: &[&[f32]; T],
+) -> [[f32; T]; R] {
     let groups = cols / int4::GROUP;
+    for i in 0..R {
+        assert!(packed[i].len() >= groups * 32 && scale[i].len() >= groups);
+    }
     let table = _mm512_loadu_ps(INT4_TABLE.as_ptr());
-    let mut row = [_mm512_setzero_ps(); T];
-    for (g, &s) in scale.iter().enumerate().take(groups) {
-        let src = packed.as_ptr().add(g * 32);
-        prefetch_ahead(src);
-        let a = block_sums(nibble_block(src, table), xp, g * 64);
-        let b = block_sums(nibble_block(src.add(16), table), xp, g * 64 + 32);
-        let s = _mm512_set1_ps(s);
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for g in 0..groups {
+        let mut w = [[_mm512_setzero_ps(); 4]; R];
+        let mut s = [_mm512_setzero_ps(); R];
+        for i in 0..R {
+            let src = packed[i].as_ptr().add(g * 32);
+            prefetch_ahead(src);
+            let [a0, a1] = nibble_block(src, table);
+            let [b0, b1] = nibble_block(src.add(16), table);
+            w[i] = [a0, a1, b0, b1];
+            s[i] = _mm512_set1_ps(*scale[i].get_unchecked(g));
+        }
         for t in 0..T {
-            row[t] = _mm512_fmadd_ps(_mm512_add_ps(a[t], b[t]), s, row[t]);
+            let x = xp[t].as_ptr().add(g * 64);
+            let xv = [
+                _mm512_loadu_ps(x),
+                _mm512_loadu_ps(x.add(16)),
+                _mm512_loadu_ps(x.add(32)),
+                _mm512_loadu_ps(x.add(48)),
+            ];
+            for i in 0..R {
+                let [a0, a1, b0, b1] = w[i];
+                let a = _mm512_fmadd_ps(a1, xv[1], _mm512_mul_ps(a0, xv[0]));
+                let b = _mm512_fmadd_ps(b1, xv[3], _mm512_mul_ps(b0, xv[2]));
+                acc[i][t] = _mm512_fmadd_ps(_mm512_add_ps(a, b), s[i], acc[i][t]);
+            }
         }
     }
-    let mut out = [0f32; T];
-    for t in 0..T {
-        let mut tail = 0f32;
-        for (c, &x) in xs[t].iter().enumerate().skip(groups * int4::GROUP) {
-            tail += f32::from(int4_nibble(packed, c)) * x;
+    let mut out = [[0f32; T]; R];
+    for i in 0..R {
+        let tail_scale = scale[i].get(groups).copied().unwrap_or(0.0);
+        for t in 0..T {
+            let mut tail = 0f32;
+            for (c, &x) in xs[t].iter().enumerate().skip(groups * int4::GROUP) {
+                tail += f32::from(int4_nibble(packed[i], c)) * x;
+            }
+            out[i][t] = _mm512_reduce_add_ps(acc[i][t]) + tail * tail_scale;
         }
-        let tail_scale = scale.get(groups).copied().unwrap_or(0.0);
-        out[t] = _mm512_reduce_add_ps(row[t]) + tail * tail_scale;
     }
     out
 }
@@ -187,53 +244,93 @@ unsafe fn mxfp4_row<const T: usize>(
     _xs: &[&[f32]; T],
     xp: &[&[f32]; T],
 ) -> [f32; T] {
+    let [out] = mxfp4_rows::<1, T>([packed], [scales], xp);
+    out
+}
+
+/// The half scales of row `scales`' 16 blocks from `first`, decoded in one vector (a load
+/// per block where a scalar decode would take two shuffle-port moves).
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn half_scales(scales: &[u8], first: usize, half: &mut [f32; 16]) {
+    if first + 16 <= scales.len() {
+        let e = _mm512_cvtepu8_epi32(_mm_loadu_si128(scales.as_ptr().add(first).cast()));
+        let v = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e));
+        _mm512_storeu_ps(half.as_mut_ptr(), _mm512_mul_ps(v, _mm512_set1_ps(0.5)));
+    } else {
+        for (h, &e) in half.iter_mut().zip(&scales[first..]) {
+            *h = mxfp4_half_scale(e);
+        }
+    }
+}
+
+/// `R` MXFP4 rows (the same column count) over the same `T` tokens: each x vector loaded
+/// feeds every row's multiply-adds. The two blocks of a 64-column chunk accumulate apart
+/// (two independent add chains per row and token); every output's operations are the
+/// same, in the same order, whatever `R`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn mxfp4_rows<const R: usize, const T: usize>(
+    packed: [&[u8]; R],
+    scales: [&[u8]; R],
+    xp: &[&[f32]; T],
+) -> [[f32; T]; R] {
+    let blocks = scales[0].len();
+    for i in 0..R {
+        assert!(scales[i].len() == blocks && packed[i].len() >= blocks * 16);
+    }
     let table = _mm512_loadu_ps(E2M1_TWICE_TABLE.as_ptr());
-    // The two blocks of a 64-column chunk accumulate apart: two independent add chains
-    // per token.
-    let mut row = [[_mm512_setzero_ps(); 2]; T];
-    let chunks = scales.len() / 2;
-    // The half scales of 16 blocks at a time, decoded in one vector and broadcast from
-    // memory (a load, where a scalar decode would take two shuffle-port moves per block).
-    let mut half = [0f32; 16];
+    let mut acc = [[[_mm512_setzero_ps(); 2]; T]; R];
+    let chunks = blocks / 2;
+    let mut half = [[0f32; 16]; R];
     for c in 0..chunks {
         if c % 8 == 0 {
-            let first = 2 * c;
-            if first + 16 <= scales.len() {
-                let e = _mm512_cvtepu8_epi32(_mm_loadu_si128(scales.as_ptr().add(first).cast()));
-                let v = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e));
-                _mm512_storeu_ps(half.as_mut_ptr(), _mm512_mul_ps(v, _mm512_set1_ps(0.5)));
-            } else {
-                for (h, &e) in half.iter_mut().zip(&scales[first..]) {
-                    *h = mxfp4_half_scale(e);
+            for i in 0..R {
+                half_scales(scales[i], 2 * c, &mut half[i]);
+            }
+        }
+        for k in 0..2 {
+            let at = c * 64 + k * SPLIT;
+            let mut w = [[_mm512_setzero_ps(); 2]; R];
+            let mut s = [_mm512_setzero_ps(); R];
+            for i in 0..R {
+                let src = packed[i].as_ptr().add(c * 32 + k * 16);
+                if k == 0 {
+                    prefetch_ahead(src);
+                }
+                w[i] = nibble_block(src, table);
+                s[i] = _mm512_set1_ps(half[i][2 * (c % 8) + k]);
+            }
+            for t in 0..T {
+                let x = xp[t].as_ptr().add(at);
+                let (x0, x1) = (_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(16)));
+                for i in 0..R {
+                    let v = _mm512_fmadd_ps(w[i][1], x1, _mm512_mul_ps(w[i][0], x0));
+                    acc[i][t][k] = _mm512_fmadd_ps(v, s[i], acc[i][t][k]);
                 }
             }
         }
-        let src = packed.as_ptr().add(c * 32);
-        prefetch_ahead(src);
-        let a = block_sums(nibble_block(src, table), xp, c * 64);
-        let b = block_sums(nibble_block(src.add(16), table), xp, c * 64 + SPLIT);
-        let sa = _mm512_set1_ps(half[2 * (c % 8)]);
-        let sb = _mm512_set1_ps(half[2 * (c % 8) + 1]);
-        for t in 0..T {
-            row[t][0] = _mm512_fmadd_ps(a[t], sa, row[t][0]);
-            row[t][1] = _mm512_fmadd_ps(b[t], sb, row[t][1]);
-        }
     }
-    if let Some(&s) = scales.get(2 * chunks) {
+    if blocks % 2 == 1 {
         // A last lone 32-column block.
-        let a = block_sums(
-            nibble_block(packed.as_ptr().add(chunks * 32), table),
-            xp,
-            chunks * 64,
-        );
-        let s = _mm512_set1_ps(mxfp4_half_scale(s));
-        for t in 0..T {
-            row[t][0] = _mm512_fmadd_ps(a[t], s, row[t][0]);
+        for i in 0..R {
+            let w = nibble_block(packed[i].as_ptr().add(chunks * 32), table);
+            let s = _mm512_set1_ps(mxfp4_half_scale(scales[i][2 * chunks]));
+            for t in 0..T {
+                let x = xp[t].as_ptr().add(chunks * 64);
+                let v = _mm512_fmadd_ps(
+                    w[1],
+                    _mm512_loadu_ps(x.add(16)),
+                    _mm512_mul_ps(w[0], _mm512_loadu_ps(x)),
+                );
+                acc[i][t][0] = _mm512_fmadd_ps(v, s, acc[i][t][0]);
+            }
         }
     }
-    let mut out = [0f32; T];
-    for t in 0..T {
-        out[t] = _mm512_reduce_add_ps(_mm512_add_ps(row[t][0], row[t][1]));
+    let mut out = [[0f32; T]; R];
+    for i in 0..R {
+        for t in 0..T {
+            out[i][t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][t][0], acc[i][t][1]));
+        }
     }
     out
 }

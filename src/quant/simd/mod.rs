@@ -276,6 +276,32 @@ pub(crate) fn dot_tokens<const T: usize>(
     }
 }
 
+/// Rows a many-token matmul hands one [`dot_rows_tokens`] call.
+pub(crate) const ROW_BLOCK: usize = 4;
+
+/// `out[i][t] = Σ_c w[r + i, c] · x_t[c]` for the [`ROW_BLOCK`] rows from `r`, with the same
+/// bits as [`dot_tokens`] row by row. On AVX-512 the nibble formats run both rows in one
+/// pass, so each x vector loaded feeds two rows' multiply-adds: a many-token matmul is
+/// bound by loading x from L2, not by its arithmetic (docs/perf.md, "CPU prefill").
+pub(crate) fn dot_rows_tokens<const T: usize>(
+    level: SimdLevel,
+    w: &EncodedRows<'_>,
+    r: usize,
+    xs: &[&[f32]; T],
+    xp: &[&[f32]; T],
+) -> [[f32; T]; ROW_BLOCK] {
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512 {
+        debug_assert!(level.is_supported());
+        // SAFETY: AVX-512F, AVX2 and FMA were confirmed by `is_supported()` at the
+        // matmul entry.
+        if let Some(out) = unsafe { avx512::dot_rows_tokens::<ROW_BLOCK, T>(w, r, xs, xp) } {
+            return out;
+        }
+    }
+    std::array::from_fn(|i| dot_tokens(level, w, r + i, xs, xp))
+}
+
 /// Decode-then-dot in plain Rust, for a level without kernels on this target.
 fn portable_dot_tokens<const T: usize>(
     w: &EncodedRows<'_>,

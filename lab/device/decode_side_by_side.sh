@@ -18,8 +18,17 @@
 #   RUN_TIMEOUT (150) seconds a run may take
 #   DIRECT (1)        k3's --direct: 0 re-reads experts from the page cache (the fast-SSD
 #                     stand-in; the C engine keeps O_DIRECT)
-# A k3 run kind may end in @VALUE to pass --prefetch VALUE (on, always, off):
-# "k3_gpu@off k3_gpu@always k3_gpu".
+#   ROUTING (random)  the synthesized snapshot's routing (`k3 synth --routing`): local
+#                     gives real K3's expert reuse between consecutive tokens
+# The kinds c_cpu_pin and c_vk_pin run the C engine with AUTOPIN=1 on a usage history
+# (COLI_USAGE) written once before the rounds: the C engine (CPU, AUTOPIN=0) generates
+# PIN_NGEN (64) tokens after the NP prompt ids PIN_START, PIN_START+STEP, ... (5000: a
+# different prompt from the timed one), then every count is multiplied by the whole
+# factor that lifts the total to 200,000 selections, the history at which AUTOPIN pins
+# its full quota (half of each layer's slots): the ranking of a short run, the confidence
+# of hours of use. The timed runs read it and leave it as it is (USAGE_SAVE=0).
+# A k3 run kind may end in @VALUE to pass --prefetch VALUE (on, always, off), and in
+# +POLICY to pass --cache-policy POLICY (lru, lfu-decay, 2q): "k3_gpu@off k3_cpu+lru".
 # Both engines read experts with O_DIRECT (K3_DIRECT=1, their default) and use no usage
 # history: the C engine runs with AUTOPIN=0 USAGE_SAVE=0 (else every run would seed pins
 # from the runs before it, which replay the same prompt), k3 with --usage-pins off. CBIN
@@ -62,6 +71,9 @@ STEP=${STEP:-97}
 CONFIGS=${CONFIGS:-c_cpu c_vk k3_cpu k3_gpu_tier k3_gpu}
 RUN_TIMEOUT=${RUN_TIMEOUT:-150}
 DIRECT=${DIRECT:-1}
+ROUTING=${ROUTING:-random}
+PIN_NGEN=${PIN_NGEN:-64}
+PIN_START=${PIN_START:-5000}
 DIR=${OUT:-/tmp/side_by_side}
 mkdir -p "$DIR"
 if [ -d .gl ] && ls .gl/*.deb > /dev/null 2>&1 \
@@ -74,7 +86,8 @@ fi
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 if [ ! -f "$SNAP/config.json" ]; then
     t0=$(date +%s)
-    "$K3BIN" synth --preset k3-slice --layers 4 --experts "$EXPERTS" "$SNAP" > "$DIR/synth.txt" 2>&1 \
+    "$K3BIN" synth --preset k3-slice --layers 4 --experts "$EXPERTS" --routing "$ROUTING" "$SNAP" \
+        > "$DIR/synth.txt" 2>&1 \
         || { tail -5 "$DIR/synth.txt"; exit 1; }
     sync
     echo "synth: $(($(date +%s) - t0)) s, $(du -sh "$SNAP" | cut -f1)"
@@ -121,7 +134,7 @@ row() { # run name, stderr file, is_k3
         gbs=$(calc "printf \"%.2f\", $gbt * ($toks - 1) / $secs")
         hit=$(calc "printf \"%.1f\", 100 * (1 - $gbt * 1000 / $slot / $SEL)")
         busy=-; ov=-
-        if [ "$1" = c_vk ] && ! grep -q '^\[VK\] ready' "$f"; then
+        if [ "${1%_pin}" = c_vk ] && ! grep -q '^\[VK\] ready' "$f"; then
             echo "| $1 | failed: no Vulkan tier ($(grep -m1 -E 'K3-VK|VK\]' "$f" | cut -c1-80)) |"
             return
         fi
@@ -131,23 +144,26 @@ row() { # run name, stderr file, is_k3
 }
 
 run() { # run name, round
-    local f="$DIR/$1_$2.txt" g pf=on
-    case $1 in *@*) pf=${1#*@} ;; esac
-    case ${1%@*} in
-    c_cpu | c_vk)
-        [ "$1" = c_vk ] && g=1 || g=0
+    local f="$DIR/$1_$2.txt" g pf=on pol=() base=${1%%[@+]*}
+    case $1 in *@*) pf=${1#*@}; pf=${pf%%+*} ;; esac
+    case $1 in *+*) pol=(--cache-policy "${1#*+}"); pol[1]=${pol[1]%%@*} ;; esac
+    case $base in
+    c_cpu | c_vk | c_cpu_pin | c_vk_pin)
+        local pin=0
+        case $1 in c_vk*) g=1 ;; *) g=0 ;; esac
+        case $1 in *_pin) pin=1 ;; esac
         env -u K3_GPU_GB K3_VK="$g" K3_VK_GB="$VRAM_GB" COLI_VK_SHADERS="$(dirname "$CBIN")/shaders" \
-            K3_DIRECT=1 K3_EXPERT_GB="$EXPERT_GB" AUTOPIN=0 USAGE_SAVE=0 \
+            K3_DIRECT=1 K3_EXPERT_GB="$EXPERT_GB" AUTOPIN="$pin" USAGE_SAVE=0 COLI_USAGE="$HIST" \
             timeout "$RUN_TIMEOUT" "$CBIN" "$SNAP" --ids "$IDS_C" --ngen "$NGEN" > /dev/null 2> "$f"
         row "$1" "$f" 0
         ;;
     k3_cpu | k3_gpu_tier | k3_gpu)
         local backend=gpu tier=0
-        [ "${1%@*}" = k3_cpu ] && backend=cpu
-        [ "${1%@*}" = k3_gpu_tier ] && tier=$VRAM_GB
+        [ "$base" = k3_cpu ] && backend=cpu
+        [ "$base" = k3_gpu_tier ] && tier=$VRAM_GB
         env -u K3_VK_GB -u K3_GPU_GB K3_DIRECT="$DIRECT" timeout "$RUN_TIMEOUT" "$K3BIN" run "$SNAP" \
             --backend "$backend" --ids "$IDS_K" --ngen "$NGEN" --ignore-eos --quiet --prefetch "$pf" \
-            --expert-gb "$EXPERT_GB" --gpu-expert-gb "$tier" --usage-pins off \
+            --expert-gb "$EXPERT_GB" --gpu-expert-gb "$tier" --usage-pins off "${pol[@]}" \
             --stats-json "${f%.txt}.json" > /dev/null 2> "$f"
         row "$1" "$f" 1
         ;;
@@ -155,7 +171,24 @@ run() { # run name, round
     esac
 }
 
-echo "snapshot $SNAP | host expert cache $EXPERT_GB GB | VRAM tier $VRAM_GB GB (tier runs)" \
+HIST="$DIR/coli_usage"
+rm -f "$HIST"
+if echo "$CONFIGS" | grep -q '_pin'; then
+    IDS_PIN=$(seq "$PIN_START" "$STEP" $((PIN_START + STEP * (NP - 1))) | tr '\n' ' ')
+    K3_VK=0 K3_DIRECT=1 K3_EXPERT_GB="$EXPERT_GB" AUTOPIN=0 USAGE_SAVE=1 COLI_USAGE="$HIST" \
+        timeout "$RUN_TIMEOUT" "$CBIN" "$SNAP" --ids "$IDS_PIN" --ngen "$PIN_NGEN" \
+        > /dev/null 2> "$DIR/pin_history.txt"
+    total=$(awk '$1 >= 0 { s += $3 } END { print s + 0 }' "$HIST" 2> /dev/null)
+    if [ -z "$total" ] || [ "$total" -eq 0 ]; then
+        echo "no usage history written for the _pin runs ($(tail -1 "$DIR/pin_history.txt"))"
+    else
+        factor=$(((200000 + total - 1) / total))
+        awk -v f="$factor" '$1 >= 0 { $3 = $3 * f } { print }' "$HIST" > "$HIST.scaled" \
+            && mv "$HIST.scaled" "$HIST"
+        echo "usage history for the _pin runs: $total selections x $factor"
+    fi
+fi
+echo "snapshot $SNAP ($ROUTING routing) | host expert cache $EXPERT_GB GB | VRAM tier $VRAM_GB GB (tier runs)" \
     "| prompt $NP tokens | $NGEN tokens | O_DIRECT | $SEL selections a step"
 rm -f "$DIR/tps.txt"
 read -r -a KINDS <<< "$CONFIGS"
@@ -183,5 +216,5 @@ while read -r k m; do
     [ -n "$vk" ] && printf "  %.2fx C Vulkan" "$(calc "print $m / $vk")"
     echo
 done < "$DIR/median.txt"
-grep -E '^\[K3\](\[RAM_GB| init done| expert reads| tiers)|^\[K3-(VK|GPU)\]|^\[VK\] ready' \
+grep -E '^\[K3\](\[RAM_GB| init done| expert reads| tiers)|^\[K3-(VK|GPU)\]|^\[VK\] ready|^\[PIN\]' \
     "$DIR"/*_1.txt 2>/dev/null | sed "s|^$DIR/||"

@@ -295,6 +295,7 @@ fn bench_cache_prints_the_bounds_and_refuses_a_bad_routing_model() {
         "knows the model's state",
         "best fixed set",
         "lfu-decay+pins",
+        "auto+pins",
     ] {
         assert!(out.contains(row), "{row}: {out}");
     }

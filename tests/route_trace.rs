@@ -108,7 +108,7 @@ fn the_cli_writes_a_trace_that_bench_cache_replays() {
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    for p in ["| lru |", "| lfu-decay |", "| 2q |"] {
+    for p in ["| lru |", "| lfu-decay |", "| 2q |", "| auto |"] {
         assert_eq!(out.matches(p).count(), 2, "{out}");
     }
     // A damaged trace is refused naming the file and line.

@@ -294,7 +294,7 @@ pub struct CacheConfig {
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
-            policy: PolicyKind::LfuDecay,
+            policy: PolicyKind::Auto,
             usage_pins: PinMode::Off,
             usage_file: None,
             route_trace: None,

@@ -23,11 +23,19 @@ pub enum PolicyKind {
     /// 2Q: a first use enters a small FIFO; only an expert asked for again after leaving it
     /// (remembered in a ghost list) enters the main LRU, so one-off experts cannot flush it.
     TwoQ,
+    /// LRU or lfu-decay, whichever would have hit more over the layer's recent lookups:
+    /// both run beside the held set on expert ids alone ([`Adaptive`]).
+    Auto,
 }
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 3] = [PolicyKind::Lru, PolicyKind::LfuDecay, PolicyKind::TwoQ];
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::Lru,
+        PolicyKind::LfuDecay,
+        PolicyKind::TwoQ,
+        PolicyKind::Auto,
+    ];
 
     /// The name `--cache-policy` takes.
     pub fn name(self) -> &'static str {
@@ -35,6 +43,7 @@ impl PolicyKind {
             PolicyKind::Lru => "lru",
             PolicyKind::LfuDecay => "lfu-decay",
             PolicyKind::TwoQ => "2q",
+            PolicyKind::Auto => "auto",
         }
     }
 }
@@ -51,7 +60,7 @@ impl FromStr for PolicyKind {
         let t = s.trim().to_ascii_lowercase();
         match PolicyKind::ALL.iter().find(|k| k.name() == t) {
             Some(&k) => Ok(k),
-            None => bail!("unknown cache policy {s:?}: expected one of lru, lfu-decay, 2q"),
+            None => bail!("unknown cache policy {s:?}: expected one of lru, lfu-decay, 2q, auto"),
         }
     }
 }
@@ -98,6 +107,7 @@ enum Inner {
     Lru(Lru),
     Lfu(LfuDecay),
     TwoQ(TwoQ),
+    Auto(Box<Adaptive>),
 }
 
 impl SlotPolicy {
@@ -110,6 +120,7 @@ impl SlotPolicy {
             PolicyKind::Lru => Inner::Lru(Lru::new(free)),
             PolicyKind::LfuDecay => Inner::Lfu(LfuDecay::new(free, LFU_HALF_LIFE_LOOKUPS)),
             PolicyKind::TwoQ => Inner::TwoQ(TwoQ::new(free)),
+            PolicyKind::Auto => Inner::Auto(Box::new(Adaptive::new(free))),
         };
         Self {
             pins,
@@ -125,6 +136,7 @@ impl SlotPolicy {
                 Inner::Lru(p) => p.len(),
                 Inner::Lfu(p) => p.len(),
                 Inner::TwoQ(p) => p.len(),
+                Inner::Auto(p) => p.len(),
             }
     }
 
@@ -140,6 +152,7 @@ impl SlotPolicy {
                 Inner::Lru(p) => p.contains(id),
                 Inner::Lfu(p) => p.contains(id),
                 Inner::TwoQ(p) => p.contains(id),
+                Inner::Auto(p) => p.contains(id),
             }
     }
 
@@ -152,6 +165,7 @@ impl SlotPolicy {
             Inner::Lru(p) => p.lookup(id),
             Inner::Lfu(p) => p.lookup(id),
             Inner::TwoQ(p) => p.lookup(id),
+            Inner::Auto(p) => p.lookup(id),
         }
     }
 
@@ -174,6 +188,7 @@ impl SlotPolicy {
             Inner::Lru(p) => p.insert(id),
             Inner::Lfu(p) => p.insert(id),
             Inner::TwoQ(p) => p.insert(id),
+            Inner::Auto(p) => p.insert(id),
         }
     }
 
@@ -187,6 +202,7 @@ impl SlotPolicy {
             Inner::Lru(p) => p.remove(id),
             Inner::Lfu(p) => p.remove(id),
             Inner::TwoQ(p) => p.remove(id),
+            Inner::Auto(p) => p.remove(id),
         }
     }
 
@@ -196,6 +212,7 @@ impl SlotPolicy {
             Inner::Lru(p) => p.order(),
             Inner::Lfu(p) => p.order(),
             Inner::TwoQ(p) => p.order(),
+            Inner::Auto(p) => p.order(),
         };
         v.extend(self.pinned_held.iter().copied());
         v
@@ -500,6 +517,9 @@ impl TwoQ {
         self.a1out.iter().copied().collect()
     }
 }
+
+mod adaptive;
+use adaptive::Adaptive;
 
 #[cfg(test)]
 mod tests;

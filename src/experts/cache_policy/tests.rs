@@ -136,3 +136,98 @@ fn zero_capacity_holds_nothing() {
         assert!(p.is_empty());
     }
 }
+
+/// Runs `passes` through a fresh policy in the engine's call order: the hits, the policy.
+fn run_passes(kind: PolicyKind, capacity: usize, passes: &[Vec<u32>]) -> (usize, SlotPolicy) {
+    let mut p = SlotPolicy::new(kind, capacity, &[]);
+    let mut hits = 0;
+    for pass in passes {
+        let misses: Vec<u32> = pass.iter().copied().filter(|&i| !p.lookup(i)).collect();
+        hits += pass.len() - misses.len();
+        for m in misses {
+            p.insert(m);
+        }
+    }
+    (hits, p)
+}
+
+fn follows_recency(p: &SlotPolicy) -> bool {
+    match &p.inner {
+        Inner::Auto(a) => a.follows_recency(),
+        _ => unreachable!("not an auto policy"),
+    }
+}
+
+/// Topics of four experts, each used for eight passes, then the next topic: lfu-decay keeps
+/// the last topic's experts (higher counts) while the new ones miss; LRU takes them at once.
+fn topic_runs() -> Vec<Vec<u32>> {
+    (0..40u32)
+        .flat_map(|topic| (0..8).map(move |_| (0..4).map(|i| topic * 4 + i).collect()))
+        .collect()
+}
+
+/// A hot set of three in every pass, and two experts no pass uses again: LRU lets each
+/// pass's second one-off evict a hot expert; lfu-decay keeps the hot set.
+fn hot_set_with_one_offs() -> Vec<Vec<u32>> {
+    (0..300u32)
+        .map(|k| vec![1, 2, 3, 100 + 2 * k, 101 + 2 * k])
+        .collect()
+}
+
+#[test]
+fn auto_follows_lru_where_topics_move() {
+    let passes = topic_runs();
+    let (lru, _) = run_passes(PolicyKind::Lru, 6, &passes);
+    let (lfu, _) = run_passes(PolicyKind::LfuDecay, 6, &passes);
+    let (auto, p) = run_passes(PolicyKind::Auto, 6, &passes);
+    assert!(lru > lfu + 100, "the trace must favour LRU: {lru} vs {lfu}");
+    assert!(follows_recency(&p));
+    assert!(
+        auto + 12 >= lru && auto > lfu + 80,
+        "auto {auto}, lru {lru}, lfu-decay {lfu}"
+    );
+}
+
+#[test]
+fn auto_follows_lfu_decay_where_a_hot_set_stays() {
+    let passes = hot_set_with_one_offs();
+    let (lru, _) = run_passes(PolicyKind::Lru, 4, &passes);
+    let (lfu, _) = run_passes(PolicyKind::LfuDecay, 4, &passes);
+    let (auto, p) = run_passes(PolicyKind::Auto, 4, &passes);
+    assert!(
+        lfu > lru + 200,
+        "the trace must favour lfu-decay: {lfu} vs {lru}"
+    );
+    assert!(!follows_recency(&p));
+    assert!(auto + 6 >= lfu, "auto {auto}, lfu-decay {lfu}, lru {lru}");
+}
+
+#[test]
+fn auto_switches_back_and_keeps_its_held_set_consistent() {
+    // Topic runs, then a hot set, then topic runs again: the mode follows each phase, and
+    // the held set stays within capacity with one order listing exactly what is held.
+    let mut passes = topic_runs();
+    passes.extend(hot_set_with_one_offs());
+    let (_, p) = run_passes(PolicyKind::Auto, 4, &passes);
+    assert!(
+        !follows_recency(&p),
+        "the hot-set phase ends under lfu-decay"
+    );
+    passes.extend(
+        topic_runs()
+            .into_iter()
+            .map(|v| v.iter().map(|i| i + 10_000).collect()),
+    );
+    let (_, mut p) = run_passes(PolicyKind::Auto, 4, &passes);
+    assert!(follows_recency(&p), "the last topic phase ends under LRU");
+    let order = p.eviction_order();
+    assert_eq!(order.len(), p.len());
+    assert!(p.len() <= 4);
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), order.len(), "no expert listed twice");
+    assert!(order.iter().all(|&id| p.contains(id)));
+    let first = order[0];
+    assert!(p.remove(first) && !p.contains(first) && p.len() == order.len() - 1);
+}

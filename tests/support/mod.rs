@@ -33,7 +33,8 @@ pub fn rel_l2<A: Copy + Into<f64>, B: Copy + Into<f64>>(got: &[A], want: &[B]) -
     }
 }
 
-/// A `tiny` checkpoint with `seed`, synthesized once per test binary under target's tmp.
+/// A `tiny` checkpoint with `seed`, synthesized once per test binary under target's tmp
+/// (`CARGO_TARGET_TMPDIR`).
 pub fn tiny(seed: u64) -> PathBuf {
     static DIRS: OnceLock<std::sync::Mutex<std::collections::HashMap<u64, PathBuf>>> =
         OnceLock::new();
@@ -41,9 +42,11 @@ pub fn tiny(seed: u64) -> PathBuf {
     let mut map = map.lock().unwrap();
     map.entry(seed)
         .or_insert_with(|| {
+            // Kept for the whole test binary (tests share it), so it is never deleted: it
+            // goes under cargo's target tmp, not the system's.
             let dir = tempfile::Builder::new()
                 .prefix("k3-tiny-")
-                .tempdir()
+                .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
                 .unwrap()
                 .keep();
             let opts = SynthOptions {

@@ -205,7 +205,7 @@ unsafe fn int4_rows<const R: usize, const T: usize>(
             let [a0, a1] = nibble_block(src, table);
             let [b0, b1] = nibble_block(src.add(16), table);
             w[i] = [a0, a1, b0, b1];
-            s[i] = _mm512_set1_ps(*scale[i].get_unchecked(g));
+            s[i] = _mm512_set1_ps(scale[i][g]);
         }
         for t in 0..T {
             let x = xp[t].as_ptr().add(g * 64);

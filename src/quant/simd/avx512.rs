@@ -182,6 +182,8 @@ unsafe fn int4_row<const T: usize>(
 
 /// `R` int4 rows over the same `T` tokens: each x vector loaded feeds every row's
 /// multiply-adds. Every output's operations are the same, in the same order, whatever `R`.
+// `g` indexes the packed bytes, x and every row's scales alike.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn int4_rows<const R: usize, const T: usize>(
     packed: [&[u8]; R],

@@ -180,6 +180,16 @@ pub fn tiers_line(s: &Stats, pool_slots: Option<usize>) -> Option<String> {
     })
 }
 
+/// `[K3] cache policy auto: N of M MoE layers evict least recently used first, the rest by
+/// lfu-decay` (`modes`: [`crate::experts::ExpertSource::auto_policy_modes`]).
+pub fn policy_line(modes: Option<(usize, usize)>) -> Option<String> {
+    modes.map(|(recency, layers)| {
+        format!(
+            "[K3] cache policy auto: {recency} of {layers} MoE layers evict least recently used first, the rest by lfu-decay"
+        )
+    })
+}
+
 /// `[K3] time: attn %.1fs moe %.1fs (eload %.1fs) head %.1fs | RSS %.1f GB`
 pub fn time_line(s: &Stats, rss_gb: f64) -> String {
     format!(
@@ -337,6 +347,15 @@ pub fn rss_gb() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_policy_line_counts_layers_only_for_auto() {
+        assert_eq!(policy_line(None), None);
+        assert_eq!(
+            policy_line(Some((2, 3))).as_deref(),
+            Some("[K3] cache policy auto: 2 of 3 MoE layers evict least recently used first, the rest by lfu-decay")
+        );
+    }
 
     #[test]
     fn lines_keep_the_c_engine_format() {

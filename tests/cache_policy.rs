@@ -315,3 +315,52 @@ fn bench_cache_prints_the_bounds_and_refuses_a_bad_routing_model() {
         );
     }
 }
+
+/// `k3 run` on the tiny checkpoint with a small host cache and `policy` (None: the default).
+fn run_with_policy(policy: Option<&str>, stats: &Path) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_k3"));
+    cmd.args(["run", support::tiny(0).to_str().unwrap()])
+        .args([
+            "--ids",
+            "768,5,300,17",
+            "--ngen",
+            "6",
+            "--ignore-eos",
+            "--quiet",
+        ])
+        .args(["--backend", "cpu", "--expert-gb", "0.0001", "--stats-json"])
+        .arg(stats)
+        .env_remove("K3_CACHE_POLICY");
+    if let Some(p) = policy {
+        cmd.args(["--cache-policy", p]);
+    }
+    stderr(&cmd.output().unwrap())
+}
+
+#[test]
+fn the_default_auto_policy_reports_what_each_layer_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("stats.json");
+    let err = run_with_policy(None, &json);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("[K3] cache policy auto: "))
+        .unwrap_or_else(|| panic!("no policy line: {err}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let layers = v["cache_policy_auto"]["layers"].as_u64().unwrap();
+    let recency = v["cache_policy_auto"]["layers_evicting_by_recency"]
+        .as_u64()
+        .unwrap();
+    assert!(layers > 0 && recency <= layers, "{v}");
+    assert!(
+        line.contains(&format!("{recency} of {layers} MoE layers")),
+        "{line}"
+    );
+    let err = run_with_policy(Some("lru"), &json);
+    assert!(!err.contains("[K3] cache policy auto"), "{err}");
+    assert!(err.contains("[K3] expert cache policy: lru"), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v.get("cache_policy_auto").is_none(), "{v}");
+}

@@ -296,6 +296,10 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
     if let Some(line) = stats::tiers_line(&total, pool) {
         eprintln!("{line}");
     }
+    let modes = model.experts().auto_policy_modes()?;
+    if let Some(line) = stats::policy_line(modes) {
+        eprintln!("{line}");
+    }
     for (phase, s) in [("prefill", &g.prefill_stats), ("decode", &g.decode_stats)] {
         if let Some(line) = stats::prefetch_line(phase, s) {
             eprintln!("{line}");
@@ -308,6 +312,10 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
     if let Some(path) = &a.stats_json {
         let mut json = stats::run_json(ids.len(), &g, &total);
         json["startup"] = startup;
+        if let Some((recency, layers)) = modes {
+            json["cache_policy_auto"] =
+                serde_json::json!({"layers": layers, "layers_evicting_by_recency": recency});
+        }
         if let (Some(all), Some(tiers)) = (json.as_object_mut(), tiers.as_object()) {
             all.extend(tiers.clone());
         }

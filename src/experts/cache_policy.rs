@@ -206,6 +206,15 @@ impl SlotPolicy {
         }
     }
 
+    /// For the `auto` policy, whether it evicts least recently used first now (else by
+    /// lfu-decay); `None` for the other policies.
+    pub fn follows_recency(&self) -> Option<bool> {
+        match &self.inner {
+            Inner::Auto(p) => Some(p.follows_recency()),
+            _ => None,
+        }
+    }
+
     /// Held experts, the next to be evicted first; pinned ones (never evicted) last, by id.
     pub fn eviction_order(&self) -> Vec<u32> {
         let mut v = match &self.inner {

@@ -44,6 +44,11 @@ impl LayerCache {
         self.slots.is_empty()
     }
 
+    /// For the `auto` policy, whether it evicts least recently used first now.
+    pub fn follows_recency(&self) -> Option<bool> {
+        self.policy.follows_recency()
+    }
+
     /// Whether expert `id` is held, without marking it used.
     pub fn contains(&self, id: u32) -> bool {
         self.slots.contains_key(&id)

@@ -292,6 +292,20 @@ impl ExpertSource {
         Ok(())
     }
 
+    /// For host caches run by the `auto` policy: how many of them evict least recently used
+    /// first now, of how many (`None` when no layer cache runs `auto`).
+    pub fn auto_policy_modes(&self) -> Result<Option<(usize, usize)>> {
+        let caches = self
+            .caches
+            .lock()
+            .map_err(|_| anyhow!("expert cache poisoned"))?;
+        let modes: Vec<bool> = caches
+            .values()
+            .filter_map(LayerCache::follows_recency)
+            .collect();
+        Ok((!modes.is_empty()).then(|| (modes.iter().filter(|&&m| m).count(), modes.len())))
+    }
+
     /// Which of `ids` (experts of `layer`) the host cache holds now, without touching their
     /// recency.
     pub fn cached(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>> {

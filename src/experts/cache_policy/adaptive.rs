@@ -65,7 +65,6 @@ impl Adaptive {
     }
 
     /// Whether the held set follows LRU now (else lfu-decay).
-    #[cfg(test)]
     pub(super) fn follows_recency(&self) -> bool {
         self.recency
     }

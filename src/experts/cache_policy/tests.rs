@@ -152,10 +152,7 @@ fn run_passes(kind: PolicyKind, capacity: usize, passes: &[Vec<u32>]) -> (usize,
 }
 
 fn follows_recency(p: &SlotPolicy) -> bool {
-    match &p.inner {
-        Inner::Auto(a) => a.follows_recency(),
-        _ => unreachable!("not an auto policy"),
-    }
+    p.follows_recency().expect("an auto policy")
 }
 
 /// Topics of four experts, each used for eight passes, then the next topic: lfu-decay keeps
@@ -172,6 +169,14 @@ fn hot_set_with_one_offs() -> Vec<Vec<u32>> {
     (0..300u32)
         .map(|k| vec![1, 2, 3, 100 + 2 * k, 101 + 2 * k])
         .collect()
+}
+
+#[test]
+fn only_auto_reports_a_mode() {
+    for k in PolicyKind::ALL {
+        let p = SlotPolicy::new(k, 4, &[]);
+        assert_eq!(p.follows_recency().is_some(), k == PolicyKind::Auto, "{k}");
+    }
 }
 
 #[test]

@@ -181,7 +181,7 @@ pub fn tiers_line(s: &Stats, pool_slots: Option<usize>) -> Option<String> {
 }
 
 /// `[K3] cache policy auto: N of M MoE layers evict least recently used first, the rest by
-/// lfu-decay` (`modes`: [`crate::experts::ExpertSource::auto_policy_modes`]).
+/// lfu-decay` (`modes`: the expert source's `auto_policy_modes`).
 pub fn policy_line(modes: Option<(usize, usize)>) -> Option<String> {
     modes.map(|(recency, layers)| {
         format!(

@@ -9,7 +9,7 @@
 //! ghost hit, and the held set is evicted by the one ahead.
 
 use super::{Inserted, LfuDecay, Lru, LFU_HALF_LIFE_LOOKUPS};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 
 /// Lookups over which the ghosts' hit difference halves: a decode token makes 16 a layer.
 const JUDGE_HALF_LIFE_LOOKUPS: f64 = 256.0;
@@ -23,9 +23,9 @@ const SWITCH_MARGIN: f64 = 2.0;
 pub(super) struct Adaptive {
     /// The held set, kept with lfu-decay's counts (which score every expert seen).
     lfu: LfuDecay,
-    /// The held experts by the tick of their last use (LRU's order over the same set).
+    /// The held experts by the tick of their last use (LRU's order over the same set; the
+    /// ticks are lfu-decay's, as in its `last`).
     recent: BTreeSet<(u64, u32)>,
-    last_use: HashMap<u32, u64>,
     ghost_lru: Lru,
     ghost_lfu: LfuDecay,
     /// Ghost misses not inserted yet: the engine reads a pass's misses after all of its
@@ -36,6 +36,8 @@ pub(super) struct Adaptive {
     pass: HashSet<u32>,
     /// Decayed (LRU ghost hits − lfu-decay ghost hits).
     lead: f64,
+    /// What `lead` keeps of itself a lookup (half-life [`JUDGE_HALF_LIFE_LOOKUPS`]).
+    decay: f64,
     /// Whether the held set is evicted least recently used first.
     recency: bool,
 }
@@ -45,13 +47,13 @@ impl Adaptive {
         Self {
             lfu: LfuDecay::new(capacity, LFU_HALF_LIFE_LOOKUPS),
             recent: BTreeSet::new(),
-            last_use: HashMap::new(),
             ghost_lru: Lru::new(capacity),
             ghost_lfu: LfuDecay::new(capacity, LFU_HALF_LIFE_LOOKUPS),
             pending_lru: Vec::new(),
             pending_lfu: Vec::new(),
             pass: HashSet::new(),
             lead: 0.0,
+            decay: (-1.0 / JUDGE_HALF_LIFE_LOOKUPS).exp2(),
             recency: false,
         }
     }
@@ -98,8 +100,8 @@ impl Adaptive {
         if !by_lfu {
             self.pending_lfu.push(id);
         }
-        let decay = (-1.0 / JUDGE_HALF_LIFE_LOOKUPS).exp2();
-        self.lead = self.lead * decay + f64::from(u8::from(by_lru)) - f64::from(u8::from(by_lfu));
+        self.lead =
+            self.lead * self.decay + f64::from(u8::from(by_lru)) - f64::from(u8::from(by_lfu));
         if self.lead > SWITCH_MARGIN {
             self.recency = true;
         } else if self.lead < -SWITCH_MARGIN {
@@ -107,27 +109,19 @@ impl Adaptive {
         }
     }
 
-    /// Records `id`'s use at lfu-decay's current tick in the recency order.
-    fn touch(&mut self, id: u32) {
-        if let Some(t) = self.last_use.remove(&id) {
-            self.recent.remove(&(t, id));
-        }
-        let t = self.lfu.tick;
-        self.recent.insert((t, id));
-        self.last_use.insert(id, t);
-    }
-
+    /// Drops held `id` from the recency order (before lfu-decay forgets its tick).
     fn forget(&mut self, id: u32) {
-        if let Some(t) = self.last_use.remove(&id) {
+        if let Some(&t) = self.lfu.last.get(&id) {
             self.recent.remove(&(t, id));
         }
     }
 
     pub(super) fn lookup(&mut self, id: u32) -> bool {
         self.judge(id);
+        self.forget(id);
         let hit = self.lfu.lookup(id);
         if hit {
-            self.touch(id);
+            self.recent.insert((self.lfu.tick, id));
         }
         hit
     }
@@ -144,18 +138,20 @@ impl Adaptive {
         if self.recency && self.len() >= self.lfu.capacity {
             // LRU admits every read expert: make room by recency, then lfu-decay has a
             // free slot and keeps it.
-            if let Some(&(_, victim)) = self.recent.first() {
+            if let Some((_, victim)) = self.recent.pop_first() {
                 self.lfu.remove(victim);
-                self.forget(victim);
                 evicted = Some(victim);
             }
         }
+        // The expert lfu-decay gives up if it needs room: its lowest, with its last tick.
+        let lowest = self.lfu.held.first().map(|&(_, t, victim)| (t, victim));
         let r = self.lfu.insert(id);
-        if let Some(victim) = r.evicted {
-            self.forget(victim);
+        if let (Some(victim), Some(lowest)) = (r.evicted, lowest) {
+            debug_assert_eq!(victim, lowest.1);
+            self.recent.remove(&lowest);
         }
         if r.held {
-            self.touch(id);
+            self.recent.insert((self.lfu.tick, id));
         }
         Inserted {
             held: r.held,

@@ -29,6 +29,9 @@ pub(super) unsafe fn dot_rows_tokens<const R: usize, const T: usize>(
     xs: &[&[f32]; T],
     xp: &[&[f32]; T],
 ) -> Option<[[f32; T]; R]> {
+    if !w.packs_nibbles() {
+        return None;
+    }
     let c = w.cols;
     assert!(r + R <= w.rows, "fused dot: rows {r}+{R} of {}", w.rows);
     for t in 0..T {
@@ -51,7 +54,7 @@ pub(super) unsafe fn dot_rows_tokens<const R: usize, const T: usize>(
             let scales = std::array::from_fn(|i| &scales[(r + i) * rs..(r + i + 1) * rs]);
             Some(mxfp4_rows(rows, scales, xp))
         }
-        _ => None,
+        Encoded::F32(_) | Encoded::Bf16(_) | Encoded::Int8 { .. } => None,
     }
 }
 

@@ -40,6 +40,7 @@ pub fn generate<B: Backend>(
         all_logits: opts.all_logits,
         trace: opts.trace,
         snapshot_at: None,
+        boundaries: &[],
     };
     session.generate(prompt, &decode, pick, &mut |ev| {
         on_token(ev)?;

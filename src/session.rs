@@ -58,7 +58,16 @@ pub struct DecodeOptions<'a> {
     /// next prompt of the conversation is expected to part from this one (the server's
     /// tool-choice note), so that prompt resumes there instead of from the start.
     pub snapshot_at: Option<usize>,
+    /// Prompt positions at message boundaries later prompts are likely to share (the end
+    /// of the system prompt and tools): the prefill keeps a state snapshot at each and
+    /// stores it in the prompt cache, so a prompt that shares only those messages resumes
+    /// there. At most [`MAX_BOUNDARIES`] are kept a prompt.
+    pub boundaries: &'a [usize],
 }
+
+/// Message boundaries kept per prompt ([`DecodeOptions::boundaries`]), the first ones: each
+/// costs a state copy and a prompt-cache entry.
+pub const MAX_BOUNDARIES: usize = 4;
 
 /// One generated token and what producing it cost.
 #[derive(Clone, Debug)]
@@ -461,25 +470,39 @@ impl<'m, B: Backend> Session<'m, B> {
         g.cached_tokens = reused;
         g.prefilled_tokens = prompt.len() - reused;
         let mut prefill_stats = Stats::default();
-        let split = opts
+        // The prompt is fed in segments that end at each point worth a state: the
+        // divergence mark (a snapshot) and the message boundaries (a snapshot and a
+        // prompt-cache entry); the prompt's end comes after.
+        let boundaries = &opts.boundaries[..opts.boundaries.len().min(MAX_BOUNDARIES)];
+        let mut points: Vec<usize> = opts
             .snapshot_at
+            .into_iter()
+            .chain(boundaries.iter().copied())
             .filter(|&m| m > reused && m < prompt.len())
-            .unwrap_or(reused);
+            .collect();
+        points.sort_unstable();
+        points.dedup();
         let mut done = Ok(true);
-        if split > reused {
+        let mut from = reused;
+        for at in points {
             done = self.feed(
-                &prompt[reused..split],
+                &prompt[from..at],
                 opts,
                 &mut prefill_stats,
                 &mut g.prompt_logits,
             );
-            if matches!(done, Ok(true)) {
-                self.take_snapshot()?;
+            if !matches!(done, Ok(true)) {
+                break;
             }
+            self.take_snapshot()?;
+            if boundaries.contains(&at) {
+                self.store_prompt();
+            }
+            from = at;
         }
         if matches!(done, Ok(true)) {
             done = self.feed(
-                &prompt[split..],
+                &prompt[from..],
                 opts,
                 &mut prefill_stats,
                 &mut g.prompt_logits,

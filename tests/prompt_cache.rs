@@ -141,6 +141,80 @@ fn a_restored_state_gives_a_fresh_prefills_logits_on_the_gpu() {
     restore_matches_fresh(&mut m, MAX_CHUNK, Match::Within(1e-5));
 }
 
+/// One greedy token after `ids` in `s`, fed with a message boundary at `boundary`: the
+/// generation and the logits the token was picked from.
+fn logits_with_boundary<B: Backend>(
+    s: &mut Session<'_, B>,
+    ids: &[u32],
+    boundary: usize,
+) -> (Generation, Vec<f32>) {
+    let mut seen = Vec::new();
+    let g = s
+        .generate(
+            ids,
+            &DecodeOptions {
+                max_tokens: 1,
+                boundaries: &[boundary],
+                ..DecodeOptions::default()
+            },
+            &mut |l, _| {
+                seen = l.to_vec();
+                0
+            },
+            &mut |_| Ok(Flow::Continue),
+        )
+        .unwrap();
+    (g, seen)
+}
+
+#[test]
+fn a_shared_preamble_is_stored_at_its_boundary_and_a_new_session_loads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = support::cpu_model(
+        &support::tiny(0),
+        FormatPolicy::default(),
+        support::serial_stream(),
+    );
+    let preamble = prompt(40, 3);
+    let with =
+        |salt: u32| -> Vec<u32> { preamble.iter().chain(&prompt(7, salt)).copied().collect() };
+    let (a, b, c) = (with(4), with(5), with(6));
+    let (_, fresh_b) = logits_after(&m, &b, MAX_CHUNK);
+    let (_, fresh_c) = logits_after(&m, &c, MAX_CHUNK);
+
+    m.set_prompt_cache(Some(Arc::new(cache(dir.path(), "boundaries"))));
+    // The first session stores the preamble's state and its whole prompt's.
+    let mut s = Session::new(&m, MAX_CHUNK).unwrap();
+    let (g, _) = logits_with_boundary(&mut s, &a, preamble.len());
+    assert_eq!((g.cached_tokens, g.prefilled_tokens), (0, a.len()));
+    let pc = m.prompt_cache().unwrap();
+    pc.wait();
+    assert!(pc.entry_path(&preamble).exists(), "the boundary's entry");
+    assert!(pc.entry_path(&a).exists(), "the prompt's end");
+
+    // A new session (as after a restart: nothing in RAM) with another first message
+    // loads the preamble and prefills only its own message, with a fresh prefill's bits.
+    let mut s = Session::new(&m, MAX_CHUNK).unwrap();
+    let (g, l) = logits_with_boundary(&mut s, &b, preamble.len());
+    assert_eq!(g.disk_cached_tokens, preamble.len());
+    assert_eq!(g.prefilled_tokens, b.len() - preamble.len());
+    assert_eq!(bits(&l), bits(&fresh_b));
+
+    // The same session switching to a third conversation returns to the preamble's
+    // snapshot in RAM once snapshots are on.
+    m.set_prompt_cache(None);
+    let mut s = Session::new(&m, MAX_CHUNK).unwrap();
+    s.set_snapshot_limits(k3::session::SnapshotLimits {
+        count: 4,
+        bytes: 4 * (m.snapshot_bytes() + m.vocab_size() * 4),
+    });
+    let (g, _) = logits_with_boundary(&mut s, &b, preamble.len());
+    assert_eq!(g.cached_tokens, 0);
+    let (g, l) = logits_with_boundary(&mut s, &c, preamble.len());
+    assert_eq!((g.cached_tokens, g.disk_cached_tokens), (preamble.len(), 0));
+    assert_eq!(bits(&l), bits(&fresh_c));
+}
+
 /// A CPU model with a prompt cache in `dir`, and an entry of `p` stored there.
 fn stored(dir: &Path, p: &[u32]) -> (K3Model<k3::backend::cpu::CpuBackend>, std::path::PathBuf) {
     let mut m = support::cpu_model(

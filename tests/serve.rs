@@ -932,3 +932,53 @@ fn a_restarted_server_loads_a_long_prompt_from_the_prompt_cache_and_answers_the_
         s.log()
     );
 }
+
+#[test]
+fn a_new_session_with_the_same_preamble_prefills_only_its_own_messages() {
+    let dir = support::tiny(0);
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["--prompt-cache", cache.path().to_str().unwrap()];
+    // An agent's preamble: tools and a system prompt of several hundred tokens, the same in
+    // every session; the first user message differs.
+    let preamble = "Read the file, then edit it with the smallest change. ".repeat(30);
+    let tools = json!([{"type": "function", "function": {"name": "read_file",
+        "description": "Reads a file", "parameters": {"type": "object",
+        "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]);
+    let body = |first: &str| {
+        json!({"max_tokens": 4, "temperature": 0, "ignore_eos": true, "tools": tools,
+               "messages": [{"role": "system", "content": preamble},
+                            {"role": "user", "content": first}]})
+    };
+    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let (first, preamble_tokens) = {
+        let s = Server::start(&dir, &args);
+        let url = s.url("/v1/chat/completions");
+        let (st, a) = post_json(&url, &body("Fix the typo in main.rs."));
+        assert_eq!(st, 200, "{a}");
+        assert_eq!(cached(&a), Some(0), "{a}");
+        let (st, b) = post_json(&url, &body("Why does the build fail on Windows?"));
+        assert_eq!(st, 200, "{b}");
+        let prompt_b = b["usage"]["prompt_tokens"].as_u64().unwrap();
+        let reused = cached(&b).unwrap();
+        // All of the preamble (tools, system prompt), none of the new message.
+        assert!(reused >= 256 && reused < prompt_b, "{b}");
+        assert!(s.wait_log("[K3] prompt cache: stored", 30), "{}", s.log());
+        (a, reused)
+    };
+    // After a restart the preamble comes from the prompt cache on disk.
+    let s = Server::start(&dir, &args);
+    let url = s.url("/v1/chat/completions");
+    let (st, c) = post_json(&url, &body("Add a test for the parser."));
+    assert_eq!(st, 200, "{c}");
+    assert_eq!(cached(&c), Some(preamble_tokens), "{c}");
+    assert!(
+        s.log()
+            .contains(&format!("[K3] prompt cache: loaded {preamble_tokens} of")),
+        "{}",
+        s.log()
+    );
+    // A prompt served from the stored preamble answers as a cold one does.
+    let (st, again) = post_json(&url, &body("Fix the typo in main.rs."));
+    assert_eq!(st, 200, "{again}");
+    assert_eq!(again["choices"], first["choices"]);
+}

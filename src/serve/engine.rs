@@ -215,6 +215,11 @@ pub fn run_engine<B: Backend>(
             snapshots.bytes as f64 / (1 << 20) as f64
         );
     }
+    eprintln!(
+        "[K3] serve: states kept at each prompt's end and at the end of its system prompt and tools (up to {} boundaries a prompt): in RAM as snapshots, on disk in the prompt cache (prompts of {}+ tokens)",
+        crate::session::MAX_BOUNDARIES,
+        crate::model::prompt_cache::MIN_TOKENS
+    );
     let eos = model.ckpt.config.eos_token_ids.clone();
     while let Ok(job) = jobs.recv() {
         shared.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
@@ -519,6 +524,7 @@ fn run_choice<B: Backend>(
         stop_ids: &stop_ids,
         cancel: Some(&job.cancel),
         snapshot_at: p.snapshot_at,
+        boundaries: &p.boundaries,
         ..DecodeOptions::default()
     };
     let g = session.generate(&job.ids, &opts, &mut pick, &mut |ev| {

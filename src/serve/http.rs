@@ -13,7 +13,7 @@ use super::request::{ChatRequest, Defaults, GenParams, Limits};
 use super::request_guard;
 use super::sse::{event_stream, SseFrame};
 use crate::grammar::GrammarCompiler;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{MarkedIds, Tokenizer};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue};
@@ -335,8 +335,7 @@ async fn chat(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiEr
     let bytes = app.body(body).await?;
     let mut req = chat_request(&bytes, &app.limits, &app.defaults)?;
     app.check_model(&req.params)?;
-    let (ids, snapshot_at) = chat_ids(app, &req)?;
-    req.params.snapshot_at = snapshot_at;
+    let ids = chat_ids_marked(app, &mut req)?;
     req.params.constraint = app.constrain(&req, Api::OpenAi, ids.len())?;
     let (stream, include_usage) = (req.params.stream, req.params.include_usage);
     let (seed, n) = (req.params.sampling.seed, req.params.n);
@@ -458,20 +457,28 @@ async fn messages(State(app): State<Arc<App>>, body: Body) -> Response {
     }
 }
 
-/// A chat request's prompt ids, and how many of them come before the point where the
-/// conversation's next request is expected to part from it (`GenParams::snapshot_at`).
-fn chat_ids(app: &App, req: &ChatRequest) -> Result<(Vec<u32>, Option<usize>), ApiError> {
+/// A chat request's prompt ids, with how many of them come before the point where the
+/// conversation's next request is expected to part from it (`GenParams::snapshot_at`) and
+/// before each message boundary the prompt cache keeps (`GenParams::boundaries`).
+fn chat_ids(app: &App, req: &ChatRequest) -> Result<MarkedIds, ApiError> {
     app.tok
         .encode_prompt_marked(&render_request(req)?)
         .map_err(|e| ApiError::status(400, format!("encoding the prompt: {e:#}")))
+}
+
+/// A chat request's prompt ids, its marks set on `req.params` for the engine.
+fn chat_ids_marked(app: &App, req: &mut ChatRequest) -> Result<Vec<u32>, ApiError> {
+    let m = chat_ids(app, req)?;
+    req.params.snapshot_at = m.divergence;
+    req.params.boundaries = m.boundaries;
+    Ok(m.ids)
 }
 
 async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError> {
     let bytes = app.body(body).await?;
     let mut req = anthropic::messages_request(&bytes, &app.limits, &app.defaults)?;
     app.check_model(&req.params)?;
-    let (ids, snapshot_at) = chat_ids(app, &req)?;
-    req.params.snapshot_at = snapshot_at;
+    let ids = chat_ids_marked(app, &mut req)?;
     req.params.constraint = app.constrain(&req, Api::Anthropic, ids.len())?;
     let input_tokens = ids.len();
     let (stream, seed) = (req.params.stream, req.params.sampling.seed);
@@ -508,7 +515,7 @@ async fn count_tokens(State(app): State<Arc<App>>, body: Body) -> Response {
             anthropic::MessagesRoute::CountTokens,
         )?;
         app.check_model(&req.params)?;
-        let (ids, _) = chat_ids(&app, &req)?;
+        let ids = chat_ids(&app, &req)?.ids;
         Ok::<_, ApiError>(Json(json!({"input_tokens": ids.len()})).into_response())
     };
     match inner.await {

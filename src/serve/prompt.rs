@@ -39,6 +39,12 @@ pub fn render_request(req: &ChatRequest) -> Result<Prompt, ApiError> {
     let mut i = 0;
     while i < msgs.len() {
         let m = &msgs[i];
+        // Every session of an agent starts with the same tools and system prompt: the
+        // prompt cache keeps the state where they end, so a new session prefills only
+        // its own messages.
+        if m.role != ApiRole::System && msgs[..i].iter().all(|m| m.role == ApiRole::System) {
+            p.mark_boundary();
+        }
         match m.role {
             ApiRole::System | ApiRole::User => {
                 let role = if m.role == ApiRole::System {

@@ -161,6 +161,10 @@ pub struct GenParams {
     /// part from this one (the tool-choice note only this turn carries), set from the
     /// rendered prompt: the engine keeps a state snapshot there.
     pub snapshot_at: Option<usize>,
+    /// Prompt ids before each message boundary later prompts are likely to share (the end
+    /// of the system prompt and tools), set from the rendered prompt: the engine keeps a
+    /// state there in RAM and in the prompt cache.
+    pub boundaries: Vec<usize>,
 }
 
 /// A checked chat request (`/v1/chat/completions` or `/v1/messages`).

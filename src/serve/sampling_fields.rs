@@ -146,6 +146,7 @@ impl SamplingFields {
             logprobs: None,
             constraint: None,
             snapshot_at: None,
+            boundaries: Vec::new(),
         })
     }
 }

@@ -169,6 +169,9 @@ pub struct Prompt {
     /// Pieces before the point where the next request is expected to diverge
     /// ([`Self::mark_divergence`]).
     divergence: Option<usize>,
+    /// Pieces before each message boundary worth keeping a state at
+    /// ([`Self::mark_boundary`]), ascending.
+    boundaries: Vec<usize>,
 }
 
 impl Prompt {
@@ -201,12 +204,28 @@ impl Prompt {
         self.divergence
     }
 
+    /// Marks the current end as a message boundary that later prompts are likely to share
+    /// (the end of the system prompt and tools, a client's cache breakpoint), so the prompt
+    /// cache keeps the state there. Text pushed next does not merge across the mark.
+    pub fn mark_boundary(&mut self) {
+        let at = self.pieces.len();
+        if at > 0 && self.boundaries.last() != Some(&at) {
+            self.boundaries.push(at);
+        }
+    }
+
+    /// The pieces before each [`Self::mark_boundary`] mark, ascending.
+    pub fn boundaries(&self) -> &[usize] {
+        &self.boundaries
+    }
+
     /// Appends text; adjacent texts merge, as they would in the rendered string.
     pub fn push_text(&mut self, text: &str) {
         if text.is_empty() {
             return;
         }
-        let at_mark = self.divergence == Some(self.pieces.len());
+        let at_mark = self.divergence == Some(self.pieces.len())
+            || self.boundaries.last() == Some(&self.pieces.len());
         if let (false, Some(Piece::Text(t))) = (at_mark, self.pieces.last_mut()) {
             t.push_str(text);
         } else {

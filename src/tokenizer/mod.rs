@@ -20,6 +20,17 @@ pub use chat::{
 };
 pub use stream_decode::StreamDecoder;
 
+/// A rendered prompt's ids and where its marks fall among them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MarkedIds {
+    /// The prompt's ids.
+    pub ids: Vec<u32>,
+    /// Ids before the divergence mark ([`Prompt::mark_divergence`]), if one was set.
+    pub divergence: Option<usize>,
+    /// Ids before each message boundary ([`Prompt::mark_boundary`]), ascending.
+    pub boundaries: Vec<usize>,
+}
+
 /// A snapshot's tokenizer: rank BPE from `tiktoken.model` plus the added tokens of
 /// `tokenizer_config.json` (ids `0..n_base` are BPE ranks, the rest special), or a
 /// byte-level BPE `tokenizer.json` whose added tokens are the specials.
@@ -204,7 +215,7 @@ impl Tokenizer {
     /// Encodes a rendered prompt: control pieces become their special ids, text pieces are
     /// encoded as ordinary text (a special-token string in them stays text).
     pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>> {
-        Ok(self.encode_prompt_marked(prompt)?.0)
+        Ok(self.encode_prompt_marked(prompt)?.ids)
     }
 
     fn encode_prompt_piece(&self, piece: &Piece) -> Result<Vec<u32>> {
@@ -220,22 +231,25 @@ impl Tokenizer {
         }
     }
 
-    /// [`Self::encode_prompt`], with the number of ids before the prompt's divergence mark
-    /// ([`Prompt::mark_divergence`]), if it has one. Pieces encode one by one, so the ids
-    /// before the mark are those of the pieces before it.
-    pub fn encode_prompt_marked(&self, prompt: &Prompt) -> Result<(Vec<u32>, Option<usize>)> {
-        let mark = prompt.divergence();
+    /// [`Self::encode_prompt`], with the ids before each of the prompt's marks
+    /// ([`Prompt::mark_divergence`], [`Prompt::mark_boundary`]). Pieces encode one by one,
+    /// so the ids before a mark are those of the pieces before it.
+    pub fn encode_prompt_marked(&self, prompt: &Prompt) -> Result<MarkedIds> {
+        let pieces = prompt.pieces();
+        // ids_before[i]: the ids of the pieces before piece i; the last is the whole prompt.
         let mut ids = Vec::new();
-        let mut at = None;
-        for (i, piece) in prompt.pieces().iter().enumerate() {
-            if Some(i) == mark {
-                at = Some(ids.len());
-            }
+        let mut ids_before = Vec::with_capacity(pieces.len() + 1);
+        for piece in pieces {
+            ids_before.push(ids.len());
             ids.extend(self.encode_prompt_piece(piece)?);
         }
-        // A mark after the last piece stands at the end.
-        let at = mark.map(|_| at.unwrap_or(ids.len()));
-        Ok((ids, at))
+        ids_before.push(ids.len());
+        let at = |piece: usize| ids_before[piece.min(pieces.len())];
+        Ok(MarkedIds {
+            divergence: prompt.divergence().map(at),
+            boundaries: prompt.boundaries().iter().map(|&b| at(b)).collect(),
+            ids,
+        })
     }
 
     /// Renders a conversation ([`chat_prompt`]) and encodes it ([`Self::encode_prompt`]).

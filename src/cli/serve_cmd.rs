@@ -58,7 +58,7 @@ pub struct ServeArgs {
     /// Seconds a client may take to send its request headers.
     #[arg(long, default_value_t = 10)]
     pub header_timeout: u64,
-    /// State snapshots kept (at the end of each prompt) so a resent conversation that
+    /// State snapshots kept (at the end of each prompt and of its system prompt and tools) so a resent conversation that
     /// differs from what the engine holds (an answer rendered without its think channel)
     /// prefills only from where it differs; 0 turns them off.
     #[arg(long, env = "K3_SNAPSHOTS", default_value_t = 4)]

@@ -324,3 +324,179 @@ fn the_web_page_does_not_resend_a_failed_turn_and_shows_thinking_as_it_streams()
     );
     let _ = b.call(None, "Browser.close", json!({}));
 }
+
+/// The coding-agent CLI tests cannot run here for `why`: said once, or a failure under
+/// CI=true.
+fn no_agent_clis(why: &str) {
+    support::skip_group(
+        "the coding-agent CLI tests",
+        why,
+        "npm install -g @anthropic-ai/claude-code @openai/codex",
+    );
+}
+
+/// An agent CLI on PATH that answers `--version`.
+fn agent_cli(name: &str) -> Option<String> {
+    Command::new(name)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// Runs `cmd` to its end or until `secs` pass (then kills it): its exit status (None when
+/// killed), stdout and stderr.
+fn run_for(mut cmd: Command, secs: u64) -> (Option<i32>, String, String) {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting the client");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    (status, o.join().unwrap(), e.join().unwrap())
+}
+
+/// The server's per-request lines (`[K3] serve N: prompt P (cached C) | ... | ttft T | ...`):
+/// printed so a CI log shows what each client's turn cost.
+fn answered(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.starts_with("[K3] serve ") && l.contains(": prompt "))
+        .collect()
+}
+
+#[test]
+fn claude_code_completes_a_turn_against_the_demo() {
+    let Some(version) = agent_cli("claude") else {
+        return no_agent_clis("no `claude` (Claude Code) on PATH");
+    };
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--max-answer", "16"]);
+    let model = dir.file_name().unwrap().to_str().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new("claude");
+    cmd.args([
+        "-p",
+        "Say hi.",
+        "--output-format",
+        "json",
+        "--max-turns",
+        "1",
+    ])
+    .args(["--model", model])
+    .current_dir(home.path())
+    .env("HOME", home.path())
+    .env("ANTHROPIC_BASE_URL", format!("http://{}", s.addr))
+    .env("ANTHROPIC_API_KEY", "dummy")
+    .env_remove("ANTHROPIC_AUTH_TOKEN")
+    .env("DISABLE_TELEMETRY", "1")
+    .env("DISABLE_AUTOUPDATER", "1")
+    .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1");
+    // Its side requests (titles, summaries) name the small model: the same server's.
+    for v in [
+        "ANTHROPIC_SMALL_FAST_MODEL",
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+        "ANTHROPIC_DEFAULT_SONNET_MODEL",
+        "ANTHROPIC_DEFAULT_OPUS_MODEL",
+    ] {
+        cmd.env(v, model);
+    }
+    let (status, out, err) = run_for(cmd, 600);
+    let log = s.log();
+    eprintln!("claude {version}: {}", answered(&log).join("\n  "));
+    assert_eq!(status, Some(0), "{out}\n{err}\nserver log:\n{log}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["is_error"], false, "{v}\nserver log:\n{log}");
+    assert!(!answered(&log).is_empty(), "no request answered:\n{log}");
+}
+
+#[test]
+fn codex_exec_completes_a_turn_against_the_demo() {
+    let Some(version) = agent_cli("codex") else {
+        return no_agent_clis("no `codex` (Codex CLI) on PATH");
+    };
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--max-answer", "16"]);
+    let model = dir.file_name().unwrap().to_str().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("config.toml"),
+        format!(
+            "model = \"{model}\"\nmodel_provider = \"k3\"\n\n[model_providers.k3]\nname = \"k3\"\n\
+             base_url = \"http://{}/v1\"\nwire_api = \"responses\"\nenv_key = \"K3_TEST_KEY\"\n",
+            s.addr
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new("codex");
+    cmd.args([
+        "exec",
+        "--skip-git-repo-check",
+        "--color",
+        "never",
+        "Say hi.",
+    ])
+    .current_dir(home.path())
+    .env("HOME", home.path())
+    .env("CODEX_HOME", home.path())
+    .env("K3_TEST_KEY", "dummy");
+    let (status, out, err) = run_for(cmd, 600);
+    let log = s.log();
+    eprintln!("codex {version}: {}", answered(&log).join("\n  "));
+    assert_eq!(status, Some(0), "{out}\n{err}\nserver log:\n{log}");
+    assert!(!answered(&log).is_empty(), "no request answered:\n{log}");
+}
+
+#[test]
+fn the_openai_agents_sdk_runs_a_forced_tool_loop_over_responses() {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_clients/agents_tool_loop.py");
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &[]);
+    let model = dir.file_name().unwrap().to_str().unwrap();
+    let o = match Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{}", s.addr))
+        .arg(model)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => return no_python_clients(&format!("python3 cannot start: {e}")),
+    };
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if o.status.code() == Some(3) {
+        return support::skip_group(
+            "the OpenAI Agents SDK test",
+            out.trim(),
+            "pip install openai-agents",
+        );
+    }
+    assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
+    assert!(out.contains("agents tool loop: ok"), "{out}");
+}

@@ -215,10 +215,16 @@ pub fn run_engine<B: Backend>(
             snapshots.bytes as f64 / (1 << 20) as f64
         );
     }
+    let disk = match model.prompt_cache() {
+        Some(_) => format!(
+            " and on disk in the prompt cache (prompts of {}+ tokens)",
+            crate::model::prompt_cache::MIN_TOKENS
+        ),
+        None => String::new(),
+    };
     eprintln!(
-        "[K3] serve: states kept at each prompt's end and at the end of its system prompt and tools (up to {} boundaries a prompt): in RAM as snapshots, on disk in the prompt cache (prompts of {}+ tokens)",
-        crate::session::MAX_BOUNDARIES,
-        crate::model::prompt_cache::MIN_TOKENS
+        "[K3] serve: states kept at each prompt's end and at the end of its system prompt and tools (up to {} boundaries a prompt): in RAM as snapshots{disk}",
+        crate::session::MAX_BOUNDARIES
     );
     let eos = model.ckpt.config.eos_token_ids.clone();
     while let Ok(job) = jobs.recv() {

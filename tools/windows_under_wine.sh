@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Runs the Windows build of k3 under Wine: the x86_64-pc-windows-gnu target (mingw), then
+#   1. k3.exe run --demo --backend cpu, its stats lines checked;
+#   2. k3.exe synth into a Windows path with a space in it, one shard moved to a second
+#      directory named by K3_DIRS, and k3.exe run on that checkpoint;
+#   3. k3.exe serve --demo answering a chat request sent by Python on the host;
+#   4. the GPU through Wine's Vulkan (winevulkan over the host's driver, Mesa's lavapipe in
+#      CI) under Xvfb, where an adapter shows; the run says which way it went;
+#   5. the portable test binaries, through CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER=wine.
+# docs/platforms.md says what this covers of the Windows code and what it does not.
+#
+# Needs (Debian): gcc-mingw-w64-x86-64 wine wine64 xvfb xauth, python3, and
+# `rustup target add x86_64-pc-windows-gnu`. Usage: bash tools/windows_under_wine.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TARGET=x86_64-pc-windows-gnu
+export WINEDEBUG=-all
+export WINEPREFIX="${WINEPREFIX:-$HOME/.wine-k3}"
+EXE="target/$TARGET/release/k3.exe"
+# The portable test binaries: those that need no Unix-only tool (signals, /proc, FIFOs,
+# rlimits) and no browser, Python client or GPU.
+TESTS="cpu_ops model_cpu tokenizer chat chat_input bad_input hostile_config synth split_reads prompt_cache weight_cache cli"
+
+step() { echo "== wine: $*"; }
+
+step "Wine prefix $WINEPREFIX"
+wine cmd /c exit 0 >/dev/null 2>&1 || true
+SYS32="$WINEPREFIX/drive_c/windows/system32"
+# Rust's std imports ProcessPrng from bcryptprimitives.dll, which Wine 8.0 lacks: a shim
+# over RtlGenRandom stands in (tools/wine/bcryptprimitives.c; never shipped).
+if [ ! -e "$SYS32/bcryptprimitives.dll" ]; then
+  x86_64-w64-mingw32-gcc -shared -O2 -o "$SYS32/bcryptprimitives.dll" \
+    tools/wine/bcryptprimitives.c -ladvapi32
+  echo "installed the bcryptprimitives.dll shim (this Wine has none)"
+fi
+
+step "cargo build --release --target $TARGET --bin k3"
+cargo build --release --target "$TARGET" --bin k3
+
+step "k3.exe run --demo --backend cpu"
+out=$(wine "$EXE" run --demo --backend cpu --ngen 8 2>&1)
+echo "$out" | grep -E '^\[K3\] (backend|prefill done|decode|disk)'
+for line in '[K3] backend: cpu' '[K3] prefill done in' '[K3] decode 8 tokens in' '[K3] disk:'; do
+  grep -qF "$line" <<<"$out" || { echo "missing stats line: $line"; echo "$out"; exit 1; }
+done
+
+step "k3.exe synth + run in a Windows path with a space, K3_DIRS naming a second directory"
+root="$WINEPREFIX/drive_c/k3 wine"
+rm -rf "$root"
+mkdir -p "$root/second dir"
+wine "$EXE" synth --preset tiny 'C:\k3 wine\tiny model' >/dev/null 2>&1
+shard=$(cd "$root/tiny model" && ls *.safetensors | head -1)
+mv "$root/tiny model/$shard" "$root/second dir/"
+out=$(K3_DIRS='C:\k3 wine\second dir' wine "$EXE" run 'C:\k3 wine\tiny model' "Once upon a time" \
+  --backend cpu --ngen 4 2>&1) || { echo "$out"; exit 1; }
+grep -qF '[K3] decode 4 tokens in' <<<"$out" || { echo "$out"; exit 1; }
+if wine "$EXE" run 'C:\k3 wine\tiny model' "x" --backend cpu --ngen 1 >/dev/null 2>"$root/err.txt"; then
+  echo "a run without K3_DIRS found the moved shard"; exit 1
+fi
+grep -F "shard $shard not found" "$root/err.txt"
+
+step "k3.exe serve --demo answers a chat request from the host"
+log=$(mktemp)
+wine "$EXE" serve --demo --backend cpu --port 0 --no-prompt-cache 2>"$log" &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+addr=""
+for _ in $(seq 1 600); do
+  addr=$(grep -oE 'listening on http://[^ ]+' "$log" | head -1 | sed 's|listening on http://||') || true
+  [ -n "$addr" ] && break
+  sleep 0.2
+done
+[ -n "$addr" ] || { echo "k3.exe serve did not start"; cat "$log"; exit 1; }
+python3 - "$addr" <<'PY'
+import json, sys, urllib.request
+body = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}).encode()
+req = urllib.request.Request(f"http://{sys.argv[1]}/v1/chat/completions", body,
+                             {"Content-Type": "application/json"})
+with urllib.request.urlopen(req, timeout=120) as r:
+    v = json.load(r)
+assert r.status == 200 and v["usage"]["completion_tokens"] >= 1, v
+print("chat answered:", v["usage"])
+PY
+kill $server 2>/dev/null || true
+wait $server 2>/dev/null || true
+trap - EXIT
+
+step "the GPU through Wine's Vulkan (Xvfb)"
+if command -v xvfb-run >/dev/null 2>&1 \
+  && WGPU_BACKEND=vulkan xvfb-run -a wine "$EXE" devices 2>/dev/null | grep -q 'backend: Vulkan'; then
+  out=$(WGPU_BACKEND=vulkan xvfb-run -a wine "$EXE" run --demo --backend gpu --ngen 8 2>&1) \
+    || { echo "$out"; exit 1; }
+  echo "$out" | grep -E '^\[K3\] (backend|decode)'
+  grep -qF '[K3] decode 8 tokens in' <<<"$out" || { echo "$out"; exit 1; }
+else
+  echo "no Vulkan adapter under Wine here: the GPU path is not run, the CPU path is what is tested"
+fi
+
+step "the portable test binaries under Wine: $TESTS"
+args=()
+for t in $TESTS; do args+=(--test "$t"); done
+CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER=wine cargo test --release --target "$TARGET" "${args[@]}"
+echo "== wine: all passed"

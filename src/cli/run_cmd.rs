@@ -6,7 +6,7 @@ use super::threads;
 use super::token_output::TokenOutput;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use k3::atomic_file::write_atomically;
+use k3::atomic_file::write_output;
 use k3::backend::Backend;
 use k3::generate::{generate, GenerateOptions};
 use k3::grammar::{GrammarCompiler, OutputConstraint, ReplyFrame};
@@ -319,7 +319,7 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
         if let (Some(all), Some(tiers)) = (json.as_object_mut(), tiers.as_object()) {
             all.extend(tiers.clone());
         }
-        write_atomically(path, serde_json::to_string_pretty(&json)?.as_bytes())
+        write_output(path, serde_json::to_string_pretty(&json)?.as_bytes())
             .with_context(|| format!("writing --stats-json {}", path.display()))?;
     }
     if let Some(path) = &a.dump_logits {
@@ -336,6 +336,5 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
 
 fn write_logits(path: &Path, logits: &[f32]) -> Result<()> {
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    write_atomically(path, &bytes)
-        .with_context(|| format!("writing --dump-logits {}", path.display()))
+    write_output(path, &bytes).with_context(|| format!("writing --dump-logits {}", path.display()))
 }

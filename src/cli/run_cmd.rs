@@ -53,13 +53,17 @@ pub struct RunArgs {
     /// Keep generating past an end-of-sequence id.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Write little-endian f32 logits [prompt positions × vocab] to this file.
+    /// Write little-endian f32 logits [prompt positions × vocab] to this file. `-` is
+    /// standard output; a FIFO or device is written in place, a symlink is followed, a
+    /// regular file is replaced whole at the end of the run.
     #[arg(long, env = "K3_LOGITS", value_name = "PATH")]
     pub dump_logits: Option<PathBuf>,
     /// Per-layer hidden-state dumps (layer_NNN.f32, [positions × hidden]) into this directory.
     #[arg(long, env = "K3_TRACE", value_name = "DIR")]
     pub trace: Option<PathBuf>,
-    /// Write every counter of the run as JSON to this file.
+    /// Write every counter of the run as JSON to this file. `-` is standard output (after
+    /// the generated text); a FIFO or device is written in place, a symlink is followed, a
+    /// regular file is replaced whole.
     #[arg(long, value_name = "PATH")]
     pub stats_json: Option<PathBuf>,
     /// Constrain the output to a JSON object (with --chat: the response), through the

@@ -1,35 +1,142 @@
-//! Files k3 writes (synthesized shards, the weight cache, usage history, route traces,
-//! dumps) go through [`AtomicFile`]: they are written under a temporary name beside their
-//! destination and renamed into place only once complete and synced, so a full disk, an
-//! error or a killed process never leaves a file under the real name that later loads as
-//! valid. Every error names the file and the byte offset it happened at.
+//! Files k3 writes (synthesized shards, the weight cache, prompt-cache entries, usage
+//! history, route traces, dumps) go through [`AtomicFile`]: they are written under a
+//! temporary name beside their destination and renamed into place only once complete and
+//! synced, so a full disk, an error or a killed process never leaves a file under the real
+//! name that later loads as valid. Every error names the file and the byte offset it
+//! happened at.
+//!
+//! The temporary is `NAME.PID.RANDOM.partial`, created with `O_CREAT|O_EXCL` (and
+//! `O_NOFOLLOW` on Unix; `create_new` elsewhere): a symlink, FIFO or another writer's file
+//! at that name is never followed, opened or shared, so creating it never blocks and never
+//! writes through a link. Temporaries of writers that are gone are removed when the same
+//! destination is written again ([`remove_leftovers`]): on Unix, one whose PID is not a
+//! live process and that has not changed for [`DEAD_WRITER_GRACE`]; one whose writer
+//! cannot be checked (other systems, older names) once unchanged for [`UNKNOWN_WRITER_AGE`].
+//!
+//! Two kinds of destination:
+//! - k3's own files ([`AtomicFile::create`], [`write_atomically`]): the rename replaces a
+//!   regular file or a symlink at the name (the link itself, never what it points to: these
+//!   names live in shared directories); a FIFO, device, socket or directory there is refused.
+//! - outputs a user names ([`AtomicFile::output`], [`write_output`]: `--stats-json`,
+//!   `--dump-logits`, `--route-trace`): `-` is standard output; a FIFO or character device
+//!   is written in place, never renamed over; a symlink is followed, as the shell's `>`
+//!   follows one: its target is replaced whole (the link stays) or, when it is a FIFO or
+//!   device (`/dev/stdout`), written in place. Anything else is refused naming what it is.
 
-use anyhow::{Context, Result};
-use std::fs::File;
+use anyhow::{bail, Context, Result};
+use std::fs::{File, Metadata, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 /// Bytes buffered before a write reaches the file.
 const BUFFER_BYTES: usize = 8 << 20;
 
-/// A file being written under a temporary name; [`AtomicFile::commit`] renames it into place
-/// and dropping it uncommitted removes the temporary file.
+/// The ending of every temporary name.
+const SUFFIX: &str = ".partial";
+
+/// A temporary whose writer is not a live process is removed once unchanged this long: a
+/// writer on another host or in another PID namespace (a shared directory) keeps writing,
+/// which keeps its file younger than this.
+pub const DEAD_WRITER_GRACE: Duration = Duration::from_secs(10 * 60);
+
+/// A temporary whose writer cannot be checked (no PID in its name, or a system without the
+/// check) is removed once unchanged this long.
+pub const UNKNOWN_WRITER_AGE: Duration = Duration::from_secs(60 * 60);
+
+/// Temporaries this process has open: a name with this process's PID and not listed here
+/// was left by an earlier process that had the same PID (a container's PID 1).
+static OPEN: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn open_list() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    OPEN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where the bytes go: a file, or this process's standard output.
+enum Sink {
+    File(File),
+    Stdout(std::io::Stdout),
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::File(f) => f.write(buf),
+            Sink::Stdout(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::File(f) => f.flush(),
+            Sink::Stdout(s) => s.flush(),
+        }
+    }
+}
+
+/// How the bytes reach the destination.
+enum Dest {
+    /// Written under `tmp` beside `target` (the destination, or the file a followed
+    /// symlink names) and renamed over `target` at commit.
+    Rename { tmp: PathBuf, target: PathBuf },
+    /// Written straight into the destination: a FIFO, a character device or `-`.
+    InPlace,
+}
+
+/// A file being written; [`AtomicFile::commit`] puts it in place. Dropped uncommitted, a
+/// renamed file's temporary is removed (bytes already written in place stay written).
 pub struct AtomicFile {
     path: PathBuf,
-    tmp: PathBuf,
-    out: Option<BufWriter<File>>,
+    dest: Dest,
+    out: Option<BufWriter<Sink>>,
     written: u64,
 }
 
-/// The temporary name `path` is written under until it is complete.
-pub fn partial_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    path.with_file_name(name)
+/// What a file that is neither regular nor a symlink is, for errors.
+fn what_is(meta: &Metadata) -> &'static str {
+    let t = meta.file_type();
+    if t.is_dir() {
+        return "a directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    "neither a file nor a directory"
+}
+
+/// Whether an output of this type is written in place: a FIFO or a character device
+/// (`/dev/null`, a terminal), which a rename would replace instead of writing to.
+fn written_in_place(meta: &Metadata) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        t.is_fifo() || t.is_char_device()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        false
+    }
 }
 
 impl AtomicFile {
-    /// Starts writing `path` (under `path.partial` until committed).
+    /// Starts writing k3's own file `path` (under a temporary name until committed); a
+    /// FIFO, device, socket or directory at `path` is refused.
     pub fn create(path: &Path) -> Result<Self> {
         Self::with_buffer(path, BUFFER_BYTES)
     }
@@ -37,12 +144,104 @@ impl AtomicFile {
     /// [`AtomicFile::create`] with a write buffer of `bytes` (many files open at once
     /// each take a small one).
     pub fn with_buffer(path: &Path, bytes: usize) -> Result<Self> {
-        let tmp = partial_path(path);
-        let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("inspecting {}", path.display())),
+            Ok(m) if m.is_file() || m.file_type().is_symlink() => {}
+            Ok(m) => bail!(
+                "{} is {}: k3 writes its files only over a regular file or a symlink (the link is replaced, not followed); remove it",
+                path.display(),
+                what_is(&m)
+            ),
+        }
+        Self::renamed(path, path, bytes)
+    }
+
+    /// Starts writing an output the user named: `-` is standard output, a FIFO or a
+    /// character device is written in place, a symlink is followed (its target replaced
+    /// whole, or written in place when it is a FIFO or device), a regular file or a new
+    /// name is written under a temporary name and renamed in. Opening a FIFO waits for its
+    /// reader, as the shell's `>` does.
+    pub fn output(path: &Path) -> Result<Self> {
+        if path.as_os_str() == "-" {
+            return Ok(Self::in_place(path, Sink::Stdout(std::io::stdout())));
+        }
+        let link = match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Self::renamed(path, path, BUFFER_BYTES)
+            }
+            Err(e) => return Err(e).with_context(|| format!("inspecting {}", path.display())),
+            Ok(m) => m,
+        };
+        let is_link = link.file_type().is_symlink();
+        let meta = if is_link {
+            std::fs::metadata(path).with_context(|| {
+                format!(
+                    "{} is a symlink whose target cannot be reached",
+                    path.display()
+                )
+            })?
+        } else {
+            link
+        };
+        if meta.is_file() {
+            if !is_link {
+                return Self::renamed(path, path, BUFFER_BYTES);
+            }
+            let target = std::fs::canonicalize(path)
+                .with_context(|| format!("following the symlink {}", path.display()))?;
+            return Self::renamed(path, &target, BUFFER_BYTES);
+        }
+        if !written_in_place(&meta) {
+            bail!(
+                "{} is {}: an output goes to a regular file, a FIFO, a character device or `-` (standard output)",
+                path.display(),
+                what_is(&meta)
+            );
+        }
+        let file = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        // The name was looked up before it was opened: what was opened must still be a
+        // FIFO or device, never a regular file swapped in, which this would not truncate.
+        let now = file
+            .metadata()
+            .with_context(|| format!("inspecting {}", path.display()))?;
+        if !written_in_place(&now) {
+            bail!(
+                "{} changed while it was opened (now {}); nothing written",
+                path.display(),
+                if now.is_file() {
+                    "a regular file"
+                } else {
+                    what_is(&now)
+                }
+            );
+        }
+        Ok(Self::in_place(path, Sink::File(file)))
+    }
+
+    fn in_place(path: &Path, sink: Sink) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            dest: Dest::InPlace,
+            out: Some(BufWriter::with_capacity(BUFFER_BYTES, sink)),
+            written: 0,
+        }
+    }
+
+    /// Writes `path` under a new temporary beside `target`, renamed over `target` at commit.
+    fn renamed(path: &Path, target: &Path, bytes: usize) -> Result<Self> {
+        remove_leftovers(target);
+        let (tmp, file) = create_temp(target)?;
         Ok(Self {
             path: path.to_path_buf(),
-            tmp,
-            out: Some(BufWriter::with_capacity(bytes, file)),
+            dest: Dest::Rename {
+                tmp,
+                target: target.to_path_buf(),
+            },
+            out: Some(BufWriter::with_capacity(bytes, Sink::File(file))),
             written: 0,
         })
     }
@@ -50,6 +249,14 @@ impl AtomicFile {
     /// The destination path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file the bytes are written to now: the temporary, or the destination itself.
+    fn writing(&self) -> &Path {
+        match &self.dest {
+            Dest::Rename { tmp, .. } => tmp,
+            Dest::InPlace => &self.path,
+        }
     }
 
     /// Bytes written so far.
@@ -62,45 +269,67 @@ impl AtomicFile {
         let Some(out) = self.out.as_mut() else {
             return Err(self.closed());
         };
-        let (tmp, at) = (&self.tmp, self.written);
-        out.write_all(bytes).with_context(|| {
-            format!(
-                "writing {} at byte {} (disk full?)",
-                tmp.display(),
-                reached(tmp, at)
-            )
-        })?;
+        if let Err(e) = out.write_all(bytes) {
+            let f = self.writing();
+            return Err(e).with_context(|| {
+                format!(
+                    "writing {} at byte {} (disk full?)",
+                    f.display(),
+                    reached(f, self.written)
+                )
+            });
+        }
         self.written += bytes.len() as u64;
         Ok(())
     }
 
-    /// Flushes and syncs the file, then renames it to its destination; on failure the
-    /// temporary file is removed.
+    /// Flushes and syncs the file, then renames it to its destination (an output written
+    /// in place is flushed); on failure the temporary file is removed.
     pub fn commit(mut self) -> Result<u64> {
         let out = self.out.take().ok_or_else(|| self.closed())?;
         let done = self.finish(out);
-        if done.is_err() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
+        self.forget_temp(done.is_err());
         done
     }
 
-    fn finish(&self, out: BufWriter<File>) -> Result<u64> {
+    fn finish(&self, out: BufWriter<Sink>) -> Result<u64> {
         let at = self.written;
-        let file = out.into_inner().map_err(|e| {
+        let f = self.writing();
+        let sink = out.into_inner().map_err(|e| {
             anyhow::Error::new(e.into_error()).context(format!(
                 "flushing {} at byte {} of {at} (disk full?)",
-                self.tmp.display(),
-                reached(&self.tmp, at)
+                f.display(),
+                reached(f, at)
             ))
         })?;
-        file.sync_all()
-            .with_context(|| format!("syncing {} (disk full?)", self.tmp.display()))?;
-        drop(file);
-        std::fs::rename(&self.tmp, &self.path).with_context(|| {
-            format!("renaming {} to {}", self.tmp.display(), self.path.display())
-        })?;
+        match (&self.dest, sink) {
+            (Dest::Rename { tmp, target }, Sink::File(file)) => {
+                file.sync_all()
+                    .with_context(|| format!("syncing {} (disk full?)", tmp.display()))?;
+                drop(file);
+                std::fs::rename(tmp, target).with_context(|| {
+                    format!("renaming {} to {}", tmp.display(), target.display())
+                })?;
+            }
+            (Dest::Rename { .. }, Sink::Stdout(_)) => {
+                bail!("internal: {} renamed from standard output", f.display())
+            }
+            (Dest::InPlace, mut s) => {
+                s.flush()
+                    .with_context(|| format!("flushing {} at byte {at}", f.display()))?;
+            }
+        }
         Ok(self.written)
+    }
+
+    /// Drops the temporary from this process's open list, removing it first when `remove`.
+    fn forget_temp(&self, remove: bool) {
+        if let Dest::Rename { tmp, .. } = &self.dest {
+            if remove {
+                let _ = std::fs::remove_file(tmp);
+            }
+            open_list().retain(|p| p != tmp);
+        }
     }
 
     fn closed(&self) -> anyhow::Error {
@@ -113,25 +342,175 @@ impl AtomicFile {
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
-        if self.out.take().is_some() {
-            // Uncommitted: the partial file must not outlive the failed write.
-            let _ = std::fs::remove_file(&self.tmp);
+        if let Some(out) = self.out.take() {
+            // Uncommitted: what is buffered is discarded, and the temporary must not
+            // outlive the failed write.
+            drop(out.into_parts());
+            self.forget_temp(true);
         }
     }
 }
 
-/// Where a failed write stopped: the bytes that reached `tmp` (what is buffered had not),
-/// or `fallback` when its size cannot be read (`/dev/full` has none).
-fn reached(tmp: &Path, fallback: u64) -> u64 {
-    match std::fs::metadata(tmp) {
+/// Where a failed write stopped: the bytes that reached `f` (what is buffered had not),
+/// or `fallback` when its size cannot be read (`/dev/full`, a FIFO).
+fn reached(f: &Path, fallback: u64) -> u64 {
+    match std::fs::metadata(f) {
         Ok(m) if m.is_file() => m.len(),
         _ => fallback,
     }
 }
 
-/// Writes `bytes` to `path` through a temporary name and a rename.
+/// A new temporary name beside `target`: `NAME.PID.RANDOM.partial`.
+fn temp_name(target: &Path) -> Result<PathBuf> {
+    let Some(name) = target.file_name() else {
+        bail!("{} names no file", target.display());
+    };
+    let mut name = name.to_os_string();
+    name.push(format!(
+        ".{}.{:08x}{SUFFIX}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    Ok(target.with_file_name(name))
+}
+
+/// Creates a temporary beside `target` that did not exist before: `O_CREAT|O_EXCL` (with
+/// `O_NOFOLLOW` on Unix), so whatever holds a name already is never opened.
+fn create_temp(target: &Path) -> Result<(PathBuf, File)> {
+    const TRIES: usize = 8;
+    for _ in 0..TRIES {
+        let tmp = temp_name(target)?;
+        let mut o = OpenOptions::new();
+        o.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            o.custom_flags(libc::O_NOFOLLOW);
+        }
+        match o.open(&tmp) {
+            Ok(f) => {
+                open_list().push(tmp.clone());
+                return Ok((tmp, f));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", tmp.display())),
+        }
+    }
+    bail!(
+        "creating a temporary file beside {}: {TRIES} new names were all taken",
+        target.display()
+    )
+}
+
+/// A temporary's name read back: the destination's file name and the writer's PID (`None`
+/// for the older `NAME.partial`, which carries none).
+pub fn parse_partial(file_name: &str) -> Option<(&str, Option<u32>)> {
+    let stem = file_name.strip_suffix(SUFFIX)?;
+    let mut it = stem.rsplitn(3, '.');
+    if let (Some(random), Some(pid), Some(dest)) = (it.next(), it.next(), it.next()) {
+        let hex = random.len() == 8 && random.bytes().all(|b| b.is_ascii_hexdigit());
+        let digits = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+        if hex && digits && !dest.is_empty() {
+            if let Ok(p) = pid.parse() {
+                return Some((dest, Some(p)));
+            }
+        }
+    }
+    (!stem.is_empty()).then_some((stem, None))
+}
+
+/// Whether a process `pid` runs on this host: `None` where that cannot be told.
+fn process_alive(pid: u32) -> Option<bool> {
+    #[cfg(unix)]
+    {
+        let Ok(p) = libc::pid_t::try_from(pid) else {
+            return Some(false);
+        };
+        if p <= 0 {
+            // 0 and negative numbers name process groups, not a writer.
+            return None;
+        }
+        // SAFETY: signal 0 delivers nothing; it only checks that the process exists.
+        let r = unsafe { libc::kill(p, 0) };
+        // EPERM: it exists under another user.
+        Some(r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        None
+    }
+}
+
+/// Whether the temporary at `path` (metadata `meta`, writer `pid` from its name) was left
+/// by a writer that is gone: see [`DEAD_WRITER_GRACE`] and [`UNKNOWN_WRITER_AGE`].
+pub fn is_abandoned(path: &Path, pid: Option<u32>, meta: &Metadata) -> bool {
+    let age = meta
+        .modified()
+        .ok()
+        .and_then(|m| SystemTime::now().duration_since(m).ok())
+        .unwrap_or(Duration::ZERO);
+    let alive = match pid {
+        Some(p) if p == std::process::id() => Some(open_list().iter().any(|o| o == path)),
+        Some(p) => process_alive(p),
+        None => None,
+    };
+    match alive {
+        Some(true) => false,
+        Some(false) => age >= DEAD_WRITER_GRACE,
+        None => age >= UNKNOWN_WRITER_AGE,
+    }
+}
+
+/// The temporaries of every writer of `target` in its directory, with their writer's PID.
+fn partials(target: &Path) -> Vec<(PathBuf, Option<u32>, Metadata)> {
+    let Some(name) = target.file_name().and_then(|n| n.to_str()) else {
+        return Vec::new();
+    };
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| {
+        let e = e.ok()?;
+        let file_name = e.file_name();
+        let (dest, pid) = parse_partial(file_name.to_str()?)?;
+        (dest == name).then_some(())?;
+        let meta = std::fs::symlink_metadata(e.path()).ok()?;
+        Some((e.path(), pid, meta))
+    })
+    .collect()
+}
+
+/// The temporaries of every writer of `target` (this process's, others', abandoned ones).
+pub fn partials_of(target: &Path) -> Vec<PathBuf> {
+    partials(target).into_iter().map(|p| p.0).collect()
+}
+
+/// Removes the temporaries of `target` that writers left behind ([`is_abandoned`]);
+/// returns those removed. Failures are skipped: the next write tries again.
+pub fn remove_leftovers(target: &Path) -> Vec<PathBuf> {
+    partials(target)
+        .into_iter()
+        .filter(|(p, pid, meta)| is_abandoned(p, *pid, meta) && std::fs::remove_file(p).is_ok())
+        .map(|p| p.0)
+        .collect()
+}
+
+/// Writes k3's own file `path` through a temporary name and a rename.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = AtomicFile::create(path)?;
+    f.write_all(bytes)?;
+    f.commit().map(|_| ())
+}
+
+/// Writes the output `path` a user named ([`AtomicFile::output`]: `-`, FIFOs and devices
+/// in place, symlinks followed, files replaced whole).
+pub fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = AtomicFile::output(path)?;
     f.write_all(bytes)?;
     f.commit().map(|_| ())
 }
@@ -139,6 +518,36 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(unix)]
+    use std::os::unix::fs::FileTypeExt;
+    use std::sync::mpsc;
+
+    /// Runs `f` on a thread; a call still running after 20 s is the hang these tests
+    /// guard against.
+    fn within_limit<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("{what} did not end within 20 s"))
+    }
+
+    /// Sets the modification time of `path` to `ago` before now.
+    fn age(path: &Path, ago: Duration) {
+        let f = File::options().write(true).open(path).unwrap();
+        f.set_modified(SystemTime::now() - ago).unwrap();
+    }
+
+    #[cfg(unix)]
+    fn mkfifo(path: &Path) {
+        let ok = std::process::Command::new("mkfifo")
+            .arg(path)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mkfifo {}", path.display());
+    }
 
     #[test]
     fn committed_file_appears_whole_and_the_partial_is_gone() {
@@ -148,9 +557,10 @@ mod tests {
         f.write_all(b"hello ").unwrap();
         f.write_all(b"world").unwrap();
         assert!(!path.exists(), "nothing under the real name before commit");
+        assert_eq!(partials_of(&path).len(), 1);
         assert_eq!(f.commit().unwrap(), 11);
         assert_eq!(std::fs::read(&path).unwrap(), b"hello world");
-        assert!(!partial_path(&path).exists());
+        assert!(partials_of(&path).is_empty());
     }
 
     #[test]
@@ -166,39 +576,270 @@ mod tests {
             b"old",
             "the old file is kept"
         );
-        assert!(!partial_path(&path).exists());
+        assert!(partials_of(&path).is_empty());
     }
 
     #[test]
     fn a_failed_commit_removes_the_partial_file() {
         let dir = tempfile::tempdir().unwrap();
-        // The destination is a non-empty directory: the rename fails after the sync.
         let path = dir.path().join("d");
-        std::fs::create_dir(&path).unwrap();
-        std::fs::write(path.join("x"), b"x").unwrap();
         let mut f = AtomicFile::create(&path).unwrap();
         f.write_all(b"bytes").unwrap();
+        // A non-empty directory takes the name: the rename fails after the sync.
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("x"), b"x").unwrap();
         let e = format!("{:#}", f.commit().unwrap_err());
         assert!(e.contains("renaming"), "{e}");
-        assert!(!partial_path(&path).exists());
+        assert!(partials_of(&path).is_empty());
+    }
+
+    #[test]
+    fn two_writers_of_one_name_get_their_own_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shared");
+        let mut a = AtomicFile::create(&path).unwrap();
+        let mut b = AtomicFile::create(&path).unwrap();
+        a.write_all(b"aaaa").unwrap();
+        b.write_all(b"bb").unwrap();
+        assert_eq!(partials_of(&path).len(), 2);
+        b.commit().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"bb");
+        a.commit().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"aaaa", "whole, never mixed");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_or_symlink_at_the_old_partial_name_is_never_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        let (a, b) = (dir.path().join("a.cache"), dir.path().join("b.cache"));
+        mkfifo(&dir.path().join("a.cache.partial"));
+        std::os::unix::fs::symlink(&victim, dir.path().join("b.cache.partial")).unwrap();
+        let (a2, b2) = (a.clone(), b.clone());
+        within_limit("writing beside a FIFO", move || {
+            write_atomically(&a2, b"A").unwrap();
+            write_atomically(&b2, b"B").unwrap();
+        });
+        assert_eq!(std::fs::read(&a).unwrap(), b"A");
+        assert_eq!(std::fs::read(&b).unwrap(), b"B");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_own_file_replaces_a_symlink_and_refuses_special_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        write_atomically(&link, b"new").unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_file());
+        assert_eq!(std::fs::read(&link).unwrap(), b"new");
+        assert_eq!(
+            std::fs::read(&victim).unwrap(),
+            b"keep me",
+            "never followed"
+        );
+
+        let fifo = dir.path().join("fifo");
+        mkfifo(&fifo);
+        let f2 = fifo.clone();
+        let e = within_limit("a FIFO as an own file", move || {
+            format!("{:#}", write_atomically(&f2, b"x").unwrap_err())
+        });
+        assert!(e.contains("fifo is a FIFO"), "{e}");
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let e = format!("{:#}", write_atomically(&sub, b"x").unwrap_err());
+        assert!(e.contains("sub is a directory"), "{e}");
+        assert!(partials_of(&fifo).is_empty() && partials_of(&sub).is_empty());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_output_fifo_is_written_in_place_and_stays_a_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("out");
+        mkfifo(&fifo);
+        let f2 = fifo.clone();
+        let reader = std::thread::spawn(move || std::fs::read(f2).unwrap());
+        let f3 = fifo.clone();
+        within_limit("writing a FIFO output", move || {
+            write_output(&f3, b"through the pipe").unwrap()
+        });
+        assert_eq!(reader.join().unwrap(), b"through the pipe");
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        assert!(partials_of(&fifo).is_empty());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_output_device_is_written_in_place() {
+        write_output(Path::new("/dev/null"), b"discarded").unwrap();
+        let m = std::fs::symlink_metadata("/dev/null").unwrap();
+        assert!(
+            m.file_type().is_char_device(),
+            "/dev/null is still a device"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_output_symlink_is_followed_and_stays_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target.json");
+        std::fs::write(&target, b"old").unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        write_output(&link, b"new").unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+
+        // A link to a FIFO (as /dev/stdout is to a pipe) is written in place.
+        let fifo = dir.path().join("fifo");
+        mkfifo(&fifo);
+        let to_fifo = dir.path().join("to-fifo");
+        std::os::unix::fs::symlink(&fifo, &to_fifo).unwrap();
+        let f2 = fifo.clone();
+        let reader = std::thread::spawn(move || std::fs::read(f2).unwrap());
+        within_limit("a symlink to a FIFO", move || {
+            write_output(&to_fifo, b"piped").unwrap()
+        });
+        assert_eq!(reader.join().unwrap(), b"piped");
+
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
+        let e = format!("{:#}", write_output(&dangling, b"x").unwrap_err());
+        assert!(e.contains("dangling is a symlink whose target"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_output_that_is_a_directory_or_socket_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = format!("{:#}", write_output(dir.path(), b"x").unwrap_err());
+        assert!(e.contains("is a directory"), "{e}");
+        let sock = dir.path().join("sock");
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let e = format!("{:#}", write_output(&sock, b"x").unwrap_err());
+        assert!(e.contains("sock is a socket"), "{e}");
+    }
+
+    #[test]
+    fn temporary_names_read_back() {
+        assert_eq!(
+            parse_partial("a.k3pc.123.0badf00d.partial"),
+            Some(("a.k3pc", Some(123)))
+        );
+        assert_eq!(
+            parse_partial("k3-weights.cache.partial"),
+            Some(("k3-weights.cache", None))
+        );
+        assert_eq!(parse_partial("x.y.partial"), Some(("x.y", None)));
+        assert_eq!(
+            parse_partial("x.12.nothex!!.partial"),
+            Some(("x.12.nothex!!", None))
+        );
+        assert_eq!(parse_partial(".partial"), None);
+        assert_eq!(parse_partial("a.k3pc"), None);
+        let dir = tempfile::tempdir().unwrap();
+        let t = temp_name(&dir.path().join("n.bin")).unwrap();
+        let name = t.file_name().unwrap().to_str().unwrap();
+        assert_eq!(
+            parse_partial(name),
+            Some(("n.bin", Some(std::process::id())))
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn leftovers_of_dead_writers_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k3-weights.cache");
+        let put = |name: &str, ago: Duration| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, b"cut").unwrap();
+            age(&p, ago);
+            p
+        };
+        let old = DEAD_WRITER_GRACE + Duration::from_secs(60);
+        // No process has a PID above pid_t's range.
+        let dead_old = put("k3-weights.cache.4000000000.00000001.partial", old);
+        let dead_new = put(
+            "k3-weights.cache.4000000000.00000002.partial",
+            Duration::ZERO,
+        );
+        let parent = std::os::unix::process::parent_id();
+        let live_old = put(
+            &format!("k3-weights.cache.{parent}.00000003.partial"),
+            UNKNOWN_WRITER_AGE * 2,
+        );
+        // This process's PID, but no writer of this process has it open: an earlier
+        // process with the same PID left it.
+        let own = std::process::id();
+        let reused_pid = put(&format!("k3-weights.cache.{own}.00000004.partial"), old);
+        let legacy_old = put("k3-weights.cache.partial", UNKNOWN_WRITER_AGE * 2);
+        let other = put("other.cache.4000000000.00000005.partial", old);
+
+        let mut removed = remove_leftovers(&path);
+        removed.sort();
+        let mut want = vec![dead_old, reused_pid, legacy_old];
+        want.sort();
+        assert_eq!(removed, want);
+        for kept in [&dead_new, &live_old, &other] {
+            assert!(kept.exists(), "{} was removed", kept.display());
+        }
+
+        // A writer of this process is kept however old its file, and starting a writer
+        // removes the leftovers first.
+        let dead_again = put("k3-weights.cache.4000000000.00000006.partial", old);
+        let mut open = AtomicFile::create(&path).unwrap();
+        assert!(!dead_again.exists(), "create removes leftovers");
+        open.write_all(b"in progress").unwrap();
+        let Dest::Rename { tmp: mine, .. } = &open.dest else {
+            panic!("an own file is renamed in")
+        };
+        let mine = mine.clone();
+        age(&mine, UNKNOWN_WRITER_AGE * 2);
+        assert!(remove_leftovers(&path).is_empty());
+        assert!(mine.exists());
+        drop(open);
+        assert!(!mine.exists());
+
+        // An older name still being written within the hour is kept.
+        let legacy_new = put("k3-weights.cache.partial", Duration::ZERO);
+        assert!(remove_leftovers(&path).is_empty());
+        assert!(legacy_new.exists());
     }
 
     #[cfg(target_os = "linux")]
     #[test]
     fn a_full_device_names_the_file_and_offset() {
-        // /dev/full fails every write with ENOSPC; the rename is never reached.
-        let mut f = AtomicFile {
-            path: PathBuf::from("/nonexistent/dest"),
-            tmp: PathBuf::from("/dev/full"),
-            out: Some(BufWriter::with_capacity(
-                16,
+        // /dev/full fails every write with ENOSPC, in place as a character device.
+        let mut f = AtomicFile::output(Path::new("/dev/full")).unwrap();
+        f.out = Some(BufWriter::with_capacity(
+            16,
+            Sink::File(
                 std::fs::OpenOptions::new()
                     .write(true)
                     .open("/dev/full")
                     .unwrap(),
-            )),
-            written: 0,
-        };
+            ),
+        ));
         f.write_all(b"0123456789").unwrap();
         let err = f.write_all(b"0123456789abcdef").unwrap_err();
         let msg = format!("{err:#}");
@@ -206,7 +847,5 @@ mod tests {
             msg.contains("/dev/full") && msg.contains("at byte 10"),
             "{msg}"
         );
-        // Drop would remove the temporary: keep /dev/full.
-        f.out = None;
     }
 }

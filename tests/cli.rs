@@ -318,3 +318,144 @@ fn bench_prefill_reads_each_routed_expert_once_in_the_default_window() {
         );
     }
 }
+
+/// Makes a FIFO at `path` and reads it on a thread; [`release`] ends a read still waiting.
+#[cfg(unix)]
+fn fifo_reader(path: &std::path::Path) -> std::thread::JoinHandle<Vec<u8>> {
+    let ok = Command::new("mkfifo").arg(path).status().unwrap().success();
+    assert!(ok, "mkfifo {}", path.display());
+    let p = path.to_path_buf();
+    std::thread::spawn(move || std::fs::read(p).unwrap())
+}
+
+/// Opens and closes the FIFO at `path` for writing without waiting, so a reader that k3
+/// never wrote to sees the end instead of hanging the test.
+#[cfg(unix)]
+fn release(path: &std::path::Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path);
+}
+
+#[cfg(unix)]
+#[test]
+fn outputs_go_into_fifos_stdout_and_through_symlinks() {
+    use std::os::unix::fs::FileTypeExt;
+    let model = support::tiny(0);
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("stats.fifo");
+    let reader = fifo_reader(&fifo);
+    let real = tmp.path().join("logits.bin");
+    std::fs::write(&real, b"old").unwrap();
+    let link = tmp.path().join("logits-link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    // A symlink to a FIFO, as /dev/stdout is to a pipe (a real device here would be
+    // replaced by a file if this ran against a writer that renames over it, as root).
+    let routes = tmp.path().join("routes.fifo");
+    let routes_reader = fifo_reader(&routes);
+    let routes_link = tmp.path().join("routes-link");
+    std::os::unix::fs::symlink(&routes, &routes_link).unwrap();
+    let o = k3(&[
+        "run",
+        model.to_str().unwrap(),
+        "--ids",
+        "768,5,6",
+        "--ngen",
+        "2",
+        "--quiet",
+        "--stats-json",
+        fifo.to_str().unwrap(),
+        "--dump-logits",
+        link.to_str().unwrap(),
+        "--route-trace",
+        routes_link.to_str().unwrap(),
+    ]);
+    release(&fifo);
+    release(&routes);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let stats: serde_json::Value = serde_json::from_slice(&reader.join().unwrap()).unwrap();
+    assert!(stats.get("startup").is_some(), "{stats}");
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(
+        std::fs::metadata(&real).unwrap().len(),
+        3 * 1024 * 4,
+        "[3 × vocab] f32"
+    );
+    let trace = String::from_utf8(routes_reader.join().unwrap()).unwrap();
+    assert!(trace.lines().count() > 1, "{trace}");
+    assert!(std::fs::symlink_metadata(&routes)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 5, "{left:?}");
+
+    // `-` is standard output: the JSON follows the generated ids.
+    let o = k3(&[
+        "run",
+        model.to_str().unwrap(),
+        "--ids",
+        "768,5,6",
+        "--ngen",
+        "2",
+        "--quiet",
+        "--stats-json",
+        "-",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let json = &out[out.find('{').expect("no JSON on stdout")..];
+    let stats: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert!(stats.get("startup").is_some(), "{out}");
+    assert!(!std::path::Path::new("-").exists());
+}
+
+#[cfg(unix)]
+#[test]
+fn a_usage_file_that_is_a_fifo_is_refused_not_replaced() {
+    use std::os::unix::fs::FileTypeExt;
+    let snap = support::copy_dir(&support::tiny(0));
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("usage.fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let o = k3(&[
+        "run",
+        snap.path().to_str().unwrap(),
+        "--ids",
+        "768,5,6",
+        "--ngen",
+        "2",
+        "--quiet",
+        "--usage-pins",
+        "on",
+        "--usage-file",
+        fifo.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("usage history not saved") && err.contains("usage.fifo is a FIFO"),
+        "{err}"
+    );
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+}

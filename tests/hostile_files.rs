@@ -226,3 +226,91 @@ fn a_special_file_as_usage_history_or_route_trace_is_named() {
         );
     }
 }
+
+/// `k3 run` on `model` (its weight cache in the snapshot), ended within the limit: stderr.
+fn run_within_limit(what: &str, model: &Path) -> String {
+    let model = model.to_path_buf();
+    error_within_limit(what, move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_k3"))
+            .args([
+                "run",
+                model.to_str().unwrap(),
+                "--ids",
+                "768,5,300",
+                "--ngen",
+                "2",
+                "--quiet",
+            ])
+            .env("RAYON_NUM_THREADS", "2")
+            .env_remove("K3_NO_WEIGHT_CACHE")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        err
+    })
+}
+
+#[test]
+fn a_fifo_or_symlink_at_the_weight_caches_old_temporary_name_is_never_opened() {
+    let snap = snapshot();
+    let partial = snap.path().join(format!("{FILE_NAME}.partial"));
+    Special::Fifo.put(&partial);
+    let err = run_within_limit("a start beside a FIFO", snap.path());
+    assert!(err.contains("weight cache: built"), "{err}");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(&partial)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+
+    let snap = snapshot();
+    let outside = tempfile::tempdir().unwrap();
+    let victim = outside.path().join("victim");
+    std::fs::write(&victim, b"keep me").unwrap();
+    let partial = snap.path().join(format!("{FILE_NAME}.partial"));
+    std::os::unix::fs::symlink(&victim, &partial).unwrap();
+    let err = run_within_limit("a start beside a symlink", snap.path());
+    assert!(err.contains("weight cache: built"), "{err}");
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        b"keep me",
+        "written through the link"
+    );
+    assert!(snap.path().join(FILE_NAME).is_file());
+}
+
+#[test]
+fn temporaries_killed_writers_left_go_when_the_weight_cache_is_used() {
+    let snap = snapshot();
+    let err = run_within_limit("the first start", snap.path());
+    assert!(err.contains("weight cache: built"), "{err}");
+    let old = |name: String, ago| {
+        let p = snap.path().join(name);
+        std::fs::write(&p, b"cut short").unwrap();
+        let f = std::fs::File::options().write(true).open(&p).unwrap();
+        f.set_modified(std::time::SystemTime::now() - ago).unwrap();
+        p
+    };
+    let grace = k3::atomic_file::DEAD_WRITER_GRACE * 2;
+    // No process has this PID; the older fixed name carries none.
+    let dead = old(format!("{FILE_NAME}.4000000000.0000000c.partial"), grace);
+    let legacy = old(
+        format!("{FILE_NAME}.partial"),
+        k3::atomic_file::UNKNOWN_WRITER_AGE * 2,
+    );
+    let fresh = old(
+        format!("{FILE_NAME}.4000000000.0000000d.partial"),
+        Duration::ZERO,
+    );
+    let err = run_within_limit("a start on the cache", snap.path());
+    assert!(
+        !err.contains("weight cache: built"),
+        "the cache was rebuilt: {err}"
+    );
+    assert!(!dead.exists() && !legacy.exists(), "leftovers were kept");
+    assert!(
+        fresh.exists(),
+        "a temporary written moments ago was removed"
+    );
+}

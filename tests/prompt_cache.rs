@@ -380,6 +380,117 @@ fn an_entry_larger_than_the_bound_is_not_stored() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
+/// Sets the modification time of `path` to `ago` before now.
+fn age(path: &Path, ago: std::time::Duration) {
+    let f = std::fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(std::time::SystemTime::now() - ago).unwrap();
+}
+
+#[cfg(unix)]
+#[test]
+fn the_bound_counts_entries_being_written_and_removes_abandoned_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p1, p2) = (prompt(16, 12), prompt(16, 13));
+    let (mut m, path1) = stored(dir.path(), &p1);
+    let one = std::fs::metadata(&path1).unwrap().len();
+    let pc = PromptCache::open(
+        PromptCacheConfig {
+            dir: dir.path().to_path_buf(),
+            max_bytes: 2 * one + one / 2,
+            min_tokens: 8,
+        },
+        "faults",
+    )
+    .unwrap();
+    // Another process (alive: this test's parent) writes an entry of the same size.
+    let writer = std::os::unix::process::parent_id();
+    let live = pc
+        .entry_path(&prompt(16, 14))
+        .with_extension(format!("k3pc.{writer}.0000000a.partial"));
+    std::fs::write(&live, vec![0u8; one as usize]).unwrap();
+    // A writer that is gone (no process has this PID) left one ten minutes ago and more.
+    let dead = pc
+        .entry_path(&prompt(16, 15))
+        .with_extension("k3pc.4000000000.0000000b.partial");
+    std::fs::write(&dead, vec![0u8; one as usize]).unwrap();
+    age(&dead, k3::atomic_file::DEAD_WRITER_GRACE * 2);
+    m.set_prompt_cache(Some(Arc::new(pc)));
+    logits_after(&m, &p2, 32);
+    let pc = m.prompt_cache().unwrap();
+    pc.wait();
+    assert!(!dead.exists(), "an abandoned temporary was kept");
+    assert!(live.exists(), "a live writer's temporary was removed");
+    assert!(pc.entry_path(&p2).exists());
+    assert!(
+        !path1.exists(),
+        "the entry being written was not counted against the bound"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_at_an_entrys_old_temporary_name_does_not_hang_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = prompt(16, 16);
+    let entry = cache(dir.path(), "faults").entry_path(&p);
+    let name = entry.file_name().unwrap().to_str().unwrap();
+    let fifo = entry.with_file_name(format!("{name}.partial"));
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(stored(&d, &p).1);
+    });
+    let path = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("storing an entry beside a FIFO did not end");
+    assert_eq!(path, entry);
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+}
+
+#[test]
+fn a_directory_named_like_an_entry_is_skipped_not_claimed_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<String> = prompt(300, 17).iter().map(u32::to_string).collect();
+    let ids = ids.join(",");
+    let model = support::tiny(0);
+    let args = [
+        "run",
+        model.to_str().unwrap(),
+        "--ids",
+        &ids,
+        "--ngen",
+        "2",
+        "--quiet",
+        "--no-weight-cache",
+        "--prompt-cache",
+        dir.path().to_str().unwrap(),
+    ];
+    let (cold, _) = k3(&args);
+    let entry = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "k3pc"))
+        .expect("the first run stored an entry");
+    std::fs::remove_file(&entry).unwrap();
+    std::fs::create_dir(&entry).unwrap();
+    let (again, err) = k3(&args);
+    assert_eq!(again, cold);
+    assert!(
+        !err.contains("removed") && !err.contains("loaded 300"),
+        "{err}"
+    );
+    assert!(entry.is_dir(), "a directory k3 did not make was removed");
+}
+
 fn k3(args: &[&str]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_k3"))
         .args(args)

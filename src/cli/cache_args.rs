@@ -21,12 +21,15 @@ pub struct CacheArgs {
     /// read-only (pins; the history file is not changed, for A/B runs).
     #[arg(long = "usage-pins", env = "K3_USAGE_PINS", default_value = "off")]
     pub usage_pins: PinMode,
-    /// The usage history file (default: .k3_usage in the snapshot directory).
+    /// The usage history file (default: .k3_usage in the snapshot directory). It is
+    /// replaced whole when saved: a symlink there is replaced, not followed; a FIFO or
+    /// device there is refused (a warning; the run goes on).
     #[arg(long = "usage-file", env = "K3_USAGE_FILE", value_name = "FILE")]
     pub usage_file: Option<PathBuf>,
     /// Record every MoE layer's routing (positions, experts, weights) into FILE as JSON
     /// lines, written at the end of the run; `k3 bench cache FILE` (a `--features lab`
-    /// build) replays it.
+    /// build) replays it. `-` is standard output; a FIFO or device is written in place, a
+    /// symlink is followed, a regular file is replaced whole.
     #[arg(long = "route-trace", env = "K3_ROUTE_TRACE", value_name = "FILE")]
     pub route_trace: Option<PathBuf>,
 }

@@ -6,7 +6,7 @@ use super::threads;
 use super::token_output::TokenOutput;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use k3::atomic_file::write_atomically;
+use k3::atomic_file::write_output;
 use k3::backend::Backend;
 use k3::generate::{generate, GenerateOptions};
 use k3::grammar::{GrammarCompiler, OutputConstraint, ReplyFrame};
@@ -53,13 +53,17 @@ pub struct RunArgs {
     /// Keep generating past an end-of-sequence id.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Write little-endian f32 logits [prompt positions × vocab] to this file.
+    /// Write little-endian f32 logits [prompt positions × vocab] to this file. `-` is
+    /// standard output; a FIFO or device is written in place, a symlink is followed, a
+    /// regular file is replaced whole at the end of the run.
     #[arg(long, env = "K3_LOGITS", value_name = "PATH")]
     pub dump_logits: Option<PathBuf>,
     /// Per-layer hidden-state dumps (layer_NNN.f32, [positions × hidden]) into this directory.
     #[arg(long, env = "K3_TRACE", value_name = "DIR")]
     pub trace: Option<PathBuf>,
-    /// Write every counter of the run as JSON to this file.
+    /// Write every counter of the run as JSON to this file. `-` is standard output (after
+    /// the generated text); a FIFO or device is written in place, a symlink is followed, a
+    /// regular file is replaced whole.
     #[arg(long, value_name = "PATH")]
     pub stats_json: Option<PathBuf>,
     /// Constrain the output to a JSON object (with --chat: the response), through the
@@ -319,7 +323,7 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
         if let (Some(all), Some(tiers)) = (json.as_object_mut(), tiers.as_object()) {
             all.extend(tiers.clone());
         }
-        write_atomically(path, serde_json::to_string_pretty(&json)?.as_bytes())
+        write_output(path, serde_json::to_string_pretty(&json)?.as_bytes())
             .with_context(|| format!("writing --stats-json {}", path.display()))?;
     }
     if let Some(path) = &a.dump_logits {
@@ -336,6 +340,5 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
 
 fn write_logits(path: &Path, logits: &[f32]) -> Result<()> {
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    write_atomically(path, &bytes)
-        .with_context(|| format!("writing --dump-logits {}", path.display()))
+    write_output(path, &bytes).with_context(|| format!("writing --dump-logits {}", path.display()))
 }

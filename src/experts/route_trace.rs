@@ -117,9 +117,10 @@ impl RouteTrace {
             .sum()
     }
 
-    /// Writes the trace to `path` (JSON lines, through a temporary file).
+    /// Writes the trace to `path` (JSON lines; an output a user names: through a
+    /// temporary file, or in place into a FIFO, a device or `-`).
     pub fn write(&self, path: &Path) -> Result<()> {
-        let mut f = AtomicFile::create(path)?;
+        let mut f = AtomicFile::output(path)?;
         let mut line = serde_json::to_vec(&self.header)?;
         line.push(b'\n');
         f.write_all(&line)?;

@@ -172,7 +172,7 @@ mod tests {
             !Trace::layer_file(dir.path(), 0).exists(),
             "layer 0 was left"
         );
-        assert!(!crate::atomic_file::partial_path(&blocker).exists());
+        assert!(crate::atomic_file::partials_of(&blocker).is_empty());
     }
 
     #[test]

@@ -172,10 +172,13 @@ impl WeightCache {
             }
             match Reader::open(p, &key) {
                 Ok(r) => {
+                    // A start that finds the cache valid never rebuilds it: temporaries
+                    // that killed writers left beside it go now, not at a rebuild.
+                    crate::atomic_file::remove_leftovers(p);
                     return WeightCache {
                         state: State::Hit(r),
                         notes: Vec::new(),
-                    }
+                    };
                 }
                 Err(why) => {
                     if replaced.is_none() {

@@ -9,11 +9,13 @@
 //! checksummed ([`entry_file`]). A stale, truncated or corrupt entry is reported, removed
 //! and never loaded; a full disk or an unwritable directory is a warning and the run goes
 //! on. The directory is bounded in bytes: storing an entry removes the least recently used
-//! ones (by modification time, which a hit refreshes) until it fits.
+//! ones (by modification time, which a hit refreshes) until it fits, counting the
+//! temporaries of entries other writers are writing and removing those whose writer is
+//! gone. A directory under an entry's name is skipped, never loaded nor removed.
 
 pub mod entry_file;
 
-use crate::atomic_file::AtomicFile;
+use crate::atomic_file::{self, AtomicFile};
 use crate::platform::input_file::{self, FileKind};
 use anyhow::{Context, Result};
 use entry_file::Entry;
@@ -103,6 +105,10 @@ impl PromptCache {
         let want = format!("{:016x}", self.key);
         rd.filter_map(|e| {
             let e = e.ok()?;
+            // A directory under an entry's name is not an entry, and is not k3's to remove.
+            if e.file_type().ok()?.is_dir() {
+                return None;
+            }
             let name = e.file_name();
             let stem = name.to_str()?.strip_suffix(&format!(".{EXTENSION}"))?;
             let mut it = stem.split('-');
@@ -145,13 +151,16 @@ impl PromptCache {
                     );
                     return Some(e);
                 }
-                Err(e) => {
-                    eprintln!(
+                Err(e) => match std::fs::remove_file(&f.path) {
+                    Ok(()) => eprintln!(
                         "[K3] prompt cache: {}: {e:#}; ignored and removed",
                         f.path.display()
-                    );
-                    let _ = std::fs::remove_file(&f.path);
-                }
+                    ),
+                    Err(why) => eprintln!(
+                        "[K3] prompt cache: {}: {e:#}; ignored (not removed: {why})",
+                        f.path.display()
+                    ),
+                },
             }
         }
         None
@@ -228,31 +237,58 @@ fn write_entry(path: &Path, e: &Entry, key: u64) -> Result<u64> {
     f.commit()
 }
 
-/// Marks an entry as just used, for the least-recently-used order.
+/// Marks an entry as just used, for the least-recently-used order. Opened without
+/// following a symlink and without blocking: a FIFO swapped in after the entry was read
+/// answers at once.
 fn touch(path: &Path) {
-    if let Ok(f) = std::fs::File::options().write(true).open(path) {
+    let mut o = std::fs::File::options();
+    o.write(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW);
+    }
+    if let Ok(f) = o.open(path) {
         let _ = f.set_modified(SystemTime::now());
     }
 }
 
 /// Removes the least recently used entries of `dir` (of every model) until they take at
-/// most `keep` bytes.
+/// most `keep` bytes. Temporaries of entries being written count too: those of writers that
+/// are gone are removed first ([`crate::atomic_file::is_abandoned`]), the others' bytes are
+/// held until their writers finish, so the entries make room for them.
 fn make_room(dir: &Path, keep: u64) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut files: Vec<(SystemTime, u64, PathBuf)> = rd
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let p = e.path();
-            if p.extension()? != EXTENSION {
-                return None;
+    let mut in_flight: u64 = 0;
+    let mut files: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
+    for e in rd.flatten() {
+        let p = e.path();
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if !m.is_file() {
+            continue;
+        }
+        let name = e.file_name();
+        let partial = name
+            .to_str()
+            .and_then(atomic_file::parse_partial)
+            .filter(|(dest, _)| dest.ends_with(&format!(".{EXTENSION}")));
+        if let Some((_, pid)) = partial {
+            if !(atomic_file::is_abandoned(&p, pid, &m) && std::fs::remove_file(&p).is_ok()) {
+                in_flight += m.len();
             }
-            let m = e.metadata().ok()?;
-            Some((m.modified().ok()?, m.len(), p))
-        })
-        .collect();
-    let mut total: u64 = files.iter().map(|f| f.1).sum();
+            continue;
+        }
+        if p.extension().is_some_and(|x| x == EXTENSION) {
+            if let Ok(t) = m.modified() {
+                files.push((t, m.len(), p));
+            }
+        }
+    }
+    let mut total: u64 = in_flight + files.iter().map(|f| f.1).sum::<u64>();
     files.sort_by_key(|f| f.0);
     for (_, len, p) in files {
         if total <= keep {

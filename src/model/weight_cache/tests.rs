@@ -71,7 +71,7 @@ fn a_process_that_ends_while_the_writer_writes_waits_for_a_whole_file() {
     assert!(r.built, "{}", r.line);
     assert!(r.waited_s >= 0.09, "did not wait: {r:?}");
     assert_eq!(r.bytes, std::fs::metadata(&path).unwrap().len());
-    assert!(!crate::atomic_file::partial_path(&path).exists());
+    assert!(crate::atomic_file::partials_of(&path).is_empty());
     let read = Reader::open(&path, &key()).unwrap();
     assert_eq!(read.entries.len(), 3);
     let m = read.matrix(&read.entries[1], DenseFormat::Int8);
@@ -105,7 +105,7 @@ fn dropping_the_pending_write_waits_for_it_too() {
     drop(pending);
     resume.join().unwrap();
     assert!(Reader::open(&path, &key()).is_ok());
-    assert!(!crate::atomic_file::partial_path(&path).exists());
+    assert!(crate::atomic_file::partials_of(&path).is_empty());
 }
 
 #[test]
@@ -135,7 +135,7 @@ fn a_write_that_fails_after_the_load_leaves_no_file_and_says_so() {
         r.line
     );
     assert!(r.stats_line().starts_with("[K3] weight cache: off: "));
-    assert!(!crate::atomic_file::partial_path(&path).exists());
+    assert!(crate::atomic_file::partials_of(&path).is_empty());
 }
 
 #[test]

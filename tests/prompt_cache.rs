@@ -453,8 +453,14 @@ fn an_entry_larger_than_the_bound_is_not_stored() {
 }
 
 fn k3(args: &[&str]) -> (String, String) {
+    k3_with(args, &[])
+}
+
+/// [`k3`] with the environment variables `env` set.
+fn k3_with(args: &[&str], env: &[(&str, &str)]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_k3"))
         .args(args)
+        .envs(env.iter().copied())
         .env("RAYON_NUM_THREADS", "2")
         .env_remove("K3_EXPERT_GB")
         .env_remove("K3_MAXT")
@@ -504,6 +510,57 @@ fn a_second_run_loads_the_first_runs_prompt_and_prints_the_same_tokens() {
     assert!(
         err.contains("[K3] prompt cache: off") && !err.contains("prompt tokens loaded"),
         "{err}"
+    );
+}
+
+#[test]
+fn another_cpu_kernel_set_or_a_shard_rewritten_in_place_is_another_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<String> = prompt(300, 13).iter().map(u32::to_string).collect();
+    let ids = ids.join(",");
+    let model = support::copy_dir(&support::tiny(0));
+    let args = [
+        "run",
+        model.path().to_str().unwrap(),
+        "--ids",
+        &ids,
+        "--ngen",
+        "2",
+        "--quiet",
+        "--no-weight-cache",
+        "--prompt-cache",
+        dir.path().to_str().unwrap(),
+    ];
+    let loaded = |err: &str| err.contains("prompt tokens loaded");
+    let (_, err) = k3_with(&args, &[("K3_SIMD", "auto")]);
+    assert!(err.contains("prompt cache: stored 300 tokens"), "{err}");
+    let (_, err) = k3_with(&args, &[("K3_SIMD", "auto")]);
+    assert!(loaded(&err), "{err}");
+    // The portable kernels give other bits than the detected ones: not this state.
+    if k3::quant::simd::SimdLevel::detect().name() != "portable" {
+        let (_, err) = k3_with(&args, &[("K3_SIMD", "portable")]);
+        assert!(!loaded(&err), "another kernel set loaded the entry: {err}");
+    }
+    // A shard rewritten in place with its modification time set back: other weights.
+    let shard = std::fs::read_dir(model.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .unwrap();
+    let was = std::fs::metadata(&shard).unwrap().modified().unwrap();
+    let bytes = std::fs::read(&shard).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&shard, &bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_modified(was)
+        .unwrap();
+    let (_, err) = k3_with(&args, &[("K3_SIMD", "auto")]);
+    assert!(
+        !loaded(&err),
+        "the entry of the old shard was loaded: {err}"
     );
 }
 

@@ -23,7 +23,7 @@ pub enum FileKind {
     TokenizerConfig,
     /// A Hugging Face `tokenizer.json`.
     TokenizerJson,
-    /// `k3-weights.cache` (memory-mapped).
+    /// The quantized-weight cache, `k3-weights-*.cache` (memory-mapped).
     WeightCache,
     /// An entry of the on-disk prompt cache.
     PromptCache,

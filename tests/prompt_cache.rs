@@ -542,11 +542,11 @@ fn another_cpu_kernel_set_or_a_shard_rewritten_in_place_is_another_key() {
         assert!(!loaded(&err), "another kernel set loaded the entry: {err}");
     }
     // A shard rewritten in place with its modification time set back: other weights.
-    let shard = std::fs::read_dir(model.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .unwrap();
+    let embed = format!(
+        "{}model.embed_tokens.weight",
+        k3::checkpoint::schema::LANGUAGE_MODEL_PREFIX
+    );
+    let shard = support::tiny_ckpt::shard_holding(model.path(), &embed);
     let was = std::fs::metadata(&shard).unwrap().modified().unwrap();
     let bytes = std::fs::read(&shard).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));

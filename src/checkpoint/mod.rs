@@ -237,6 +237,7 @@ impl Checkpoint {
 }
 
 /// One routed expert's six stored parts, read from its shard.
+#[derive(Clone, Debug)]
 pub struct ExpertData {
     inter: usize,
     hidden: usize,

@@ -73,19 +73,20 @@ impl FileStamp {
     /// the second a file renamed over the path or the path removed (what a re-download
     /// does), whose new bytes other readers would open.
     pub fn check_file(&self, f: &File, path: &Path, offset: u64) -> Result<()> {
+        // The path first: a file renamed over it or removed also changes the open file's
+        // change time (its link count), which would read as an edit.
+        match std::fs::metadata(path) {
+            Ok(m) => self.check(path, offset, &FileStamp::of(&m))?,
+            Err(e) => {
+                let what = format!("it is gone from its path ({e})");
+                return Err(changed(path, offset, &what));
+            }
+        }
         let now = f
             .metadata()
             .map(|m| FileStamp::of(&m))
             .with_context(|| format!("{}: cannot read the shard's size", path.display()))?;
-        self.check(path, offset, &now)?;
-        match std::fs::metadata(path) {
-            Ok(m) => self.check(path, offset, &FileStamp::of(&m)),
-            Err(e) => Err(changed(
-                path,
-                offset,
-                &format!("it is gone from its path ({e})"),
-            )),
-        }
+        self.check(path, offset, &now)
     }
 }
 

@@ -396,7 +396,7 @@ impl<'m, B: Backend> Session<'m, B> {
         let Some(pc) = self.model.prompt_cache() else {
             return reused;
         };
-        let Some(e) = pc.lookup(prompt, reused) else {
+        let Some(e) = pc.lookup(prompt, reused, &self.model.state_shape()) else {
             return reused;
         };
         match self.model.state_from_host(&e.state) {

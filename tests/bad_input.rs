@@ -40,7 +40,8 @@ fn full_snapshot_opens_with_and_without_prefix() {
         let table = ck.experts();
         assert_eq!(table.len(), 2 * 4);
         assert_eq!(table.contiguous_count(), 8);
-        let w = ck.expert(2, 3).unwrap();
+        let data = ck.expert(2, 3).unwrap();
+        let w = data.weights();
         assert_eq!(
             (w.w1.rows, w.w1.cols, w.w2.rows, w.w2.cols),
             (32, 64, 64, 32)
@@ -389,7 +390,8 @@ fn contiguity_is_read_from_offsets_per_expert() {
     // The bytes still follow the names, wherever they lie.
     let cfg = tiny_cfg();
     let spec = k3::checkpoint::schema::expert_tensors(&cfg, 2, 1);
-    let w = ck.expert(2, 1).unwrap();
+    let data = ck.expert(2, 1).unwrap();
+    let w = data.weights();
     assert_eq!(w.w1.scales, fill(&spec[1]).as_slice());
     assert_eq!(w.w3.scales, fill(&spec[5]).as_slice());
     let report = inspect(tmp.path(), &[]).unwrap();

@@ -11,7 +11,7 @@ use k3::checkpoint::Checkpoint;
 use k3::config::Config;
 use k3::experts::route_trace::RouteTrace;
 use k3::experts::usage_history::UsageHistory;
-use k3::model::weight_cache::{WeightCache, WeightCacheSetting, FILE_NAME};
+use k3::model::weight_cache::{file_name, WeightCache, WeightCacheSetting};
 use k3::model::FormatPolicy;
 use k3::tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
@@ -183,7 +183,8 @@ fn a_special_file_as_the_weight_cache_is_reported_and_never_read() {
     for special in SPECIALS {
         let snap = support::tiny(0);
         let cache = tempfile::tempdir().unwrap();
-        special.put(&cache.path().join(FILE_NAME));
+        let name = file_name(&FormatPolicy::default());
+        special.put(&cache.path().join(&name));
         let dir = cache.path().to_path_buf();
         let words = error_within_limit("weight cache", move || {
             let ck = Checkpoint::open(&snap, &[]).unwrap();
@@ -195,7 +196,7 @@ fn a_special_file_as_the_weight_cache_is_reported_and_never_read() {
             c.finish().0
         });
         assert!(
-            words.contains(FILE_NAME)
+            words.contains(&name)
                 && words
                     .to_lowercase()
                     .contains(&special.named().to_lowercase()),

@@ -274,8 +274,147 @@ fn stale_truncated_and_corrupt_entries_are_refused_removed_and_prefilled_instead
     let other = cache(dir.path(), "another model");
     let moved = other.entry_path(&p);
     std::fs::copy(&path, &moved).unwrap();
-    assert!(other.lookup(&p, 0).is_none());
+    assert!(other.lookup(&p, 0, &m.state_shape()).is_none());
     assert!(!moved.exists(), "a stale entry was kept");
+}
+
+/// An entry's bytes: header `h`, then `parts` (tokens, logits, layers), each with its
+/// length and checksum, as a writer that trusted its header would leave them.
+fn entry_bytes(h: &entry_file::Header, parts: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = entry_file::MAGIC.to_vec();
+    out.extend(entry_file::VERSION.to_le_bytes());
+    let header = serde_json::to_vec(h).unwrap();
+    for p in std::iter::once(&header).chain(parts) {
+        out.extend((p.len() as u64).to_le_bytes());
+        out.extend(xxhash_rust::xxh3::xxh3_64(p).to_le_bytes());
+        out.extend(p);
+    }
+    out
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[test]
+fn entries_that_do_not_fit_the_model_are_refused_removed_and_prefilled_instead() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = prompt(20, 12);
+    let (m, path) = stored(dir.path(), &p);
+    let key = m.prompt_cache().unwrap().key();
+    let good = std::fs::read(&path).unwrap();
+    let e = {
+        let mut r = good.as_slice();
+        let h = entry_file::read_header(&mut r, key, p.len()).unwrap();
+        entry_file::read_body(&mut r, &h, &p).unwrap()
+    };
+    let (_, want) = logits_after(
+        &support::cpu_model(
+            &support::tiny(0),
+            FormatPolicy::default(),
+            support::serial_stream(),
+        ),
+        &p,
+        32,
+    );
+    let tokens: Vec<u8> = p.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let layers: Vec<Vec<u8>> = e
+        .state
+        .layers
+        .iter()
+        .map(|l| f32_bytes(l.values()))
+        .collect();
+    // Every case: a header whose checksums all match, with logits and layers as given.
+    let case = |vocab: usize, logits: Vec<u8>, layers: Vec<Vec<u8>>, sizes: Vec<(bool, usize)>| {
+        let h = entry_file::Header {
+            model_key: key,
+            tokens: p.len(),
+            vocab,
+            layers: sizes,
+        };
+        let mut parts = vec![tokens.clone(), logits];
+        parts.extend(layers);
+        entry_bytes(&h, &parts)
+    };
+    let sizes = e.header(key).layers;
+    let mut cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "vocab 0",
+            case(0, Vec::new(), layers.clone(), sizes.clone()),
+            "a vocabulary of 0",
+        ),
+        (
+            "a small vocab",
+            case(5, f32_bytes(&e.logits[..5]), layers.clone(), sizes.clone()),
+            "a vocabulary of 5",
+        ),
+        (
+            // vocab * 4 wraps to 4 bytes: one logit.
+            "a vocab whose bytes wrap",
+            case(
+                usize::MAX / 4 + 2,
+                f32_bytes(&e.logits[..1]),
+                layers.clone(),
+                sizes.clone(),
+            ),
+            "a vocabulary of 4611686018427387905",
+        ),
+    ];
+    let mut nan_logits = e.logits.clone();
+    nan_logits[3] = f32::NAN;
+    cases.push((
+        "a NaN logit",
+        case(
+            e.logits.len(),
+            f32_bytes(&nan_logits),
+            layers.clone(),
+            sizes.clone(),
+        ),
+        "the logit part holds NaN at value 3",
+    ));
+    for (i, l) in e.state.layers.iter().enumerate() {
+        let mut v = l.values().to_vec();
+        v[1] = if i % 2 == 0 { f32::NAN } else { f32::INFINITY };
+        let mut bad = layers.clone();
+        bad[i] = f32_bytes(&v);
+        cases.push((
+            "a non-finite state value",
+            case(e.logits.len(), f32_bytes(&e.logits), bad, sizes.clone()),
+            "at value 1",
+        ));
+    }
+    // A layer of another size, its header agreeing with it.
+    let mut short = layers.clone();
+    let n = short[0].len() - 4;
+    short[0].truncate(n);
+    let mut short_sizes = sizes.clone();
+    short_sizes[0].1 -= 1;
+    cases.push((
+        "a layer one value short",
+        case(e.logits.len(), f32_bytes(&e.logits), short, short_sizes),
+        "layer 0 is a",
+    ));
+    let shape = m.state_shape();
+    for (what, bytes, words) in cases {
+        // The check names what is wrong.
+        let mut r = bytes.as_slice();
+        let err = entry_file::read_header(&mut r, key, p.len())
+            .and_then(|h| entry_file::check_shape(&h, &shape).map(|_| h))
+            .and_then(|h| entry_file::read_body(&mut r, &h, &p))
+            .unwrap_err();
+        let err = format!("{err:#}");
+        assert!(
+            err.starts_with("corrupt:") && err.contains(words),
+            "{what}: {err}"
+        );
+        // A session never loads it: it prefills, removes the entry and stores a good one.
+        std::fs::write(&path, &bytes).unwrap();
+        let (g, l) = logits_after(&m, &p, 32);
+        assert_eq!(g.disk_cached_tokens, 0, "{what}: the entry was loaded");
+        assert_eq!(bits(&l), bits(&want), "{what}");
+        m.prompt_cache().unwrap().wait();
+        assert_eq!(std::fs::read(&path).unwrap(), good, "{what}: not replaced");
+    }
 }
 
 #[test]
@@ -313,9 +452,12 @@ fn concurrent_readers_all_load_the_same_entry() {
     let p = prompt(30, 6);
     let (m, _) = stored(dir.path(), &p);
     let pc = m.prompt_cache().unwrap();
-    let want = pc.lookup(&p, 0).unwrap();
+    let shape = m.state_shape();
+    let want = pc.lookup(&p, 0, &shape).unwrap();
     std::thread::scope(|s| {
-        let readers: Vec<_> = (0..6).map(|_| s.spawn(|| pc.lookup(&p, 0))).collect();
+        let readers: Vec<_> = (0..6)
+            .map(|_| s.spawn(|| pc.lookup(&p, 0, &shape)))
+            .collect();
         for r in readers {
             assert_eq!(r.join().unwrap().as_ref(), Some(&want));
         }
@@ -344,7 +486,11 @@ fn the_directory_keeps_within_its_bound_least_recently_used_out() {
     m.prompt_cache().unwrap().wait();
     // A hit makes p1 the most recently used: p2 goes first.
     std::thread::sleep(std::time::Duration::from_millis(20));
-    assert!(m.prompt_cache().unwrap().lookup(&p1, 0).is_some());
+    assert!(m
+        .prompt_cache()
+        .unwrap()
+        .lookup(&p1, 0, &m.state_shape())
+        .is_some());
     std::thread::sleep(std::time::Duration::from_millis(20));
     logits_after(&m, &p3, 32);
     let pc = m.prompt_cache().unwrap();
@@ -492,8 +638,14 @@ fn a_directory_named_like_an_entry_is_skipped_not_claimed_removed() {
 }
 
 fn k3(args: &[&str]) -> (String, String) {
+    k3_with(args, &[])
+}
+
+/// [`k3`] with the environment variables `env` set.
+fn k3_with(args: &[&str], env: &[(&str, &str)]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_k3"))
         .args(args)
+        .envs(env.iter().copied())
         .env("RAYON_NUM_THREADS", "2")
         .env_remove("K3_EXPERT_GB")
         .env_remove("K3_MAXT")
@@ -543,6 +695,57 @@ fn a_second_run_loads_the_first_runs_prompt_and_prints_the_same_tokens() {
     assert!(
         err.contains("[K3] prompt cache: off") && !err.contains("prompt tokens loaded"),
         "{err}"
+    );
+}
+
+#[test]
+fn another_cpu_kernel_set_or_a_shard_rewritten_in_place_is_another_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<String> = prompt(300, 13).iter().map(u32::to_string).collect();
+    let ids = ids.join(",");
+    let model = support::copy_dir(&support::tiny(0));
+    let args = [
+        "run",
+        model.path().to_str().unwrap(),
+        "--ids",
+        &ids,
+        "--ngen",
+        "2",
+        "--quiet",
+        "--no-weight-cache",
+        "--prompt-cache",
+        dir.path().to_str().unwrap(),
+    ];
+    let loaded = |err: &str| err.contains("prompt tokens loaded");
+    let (_, err) = k3_with(&args, &[("K3_SIMD", "auto")]);
+    assert!(err.contains("prompt cache: stored 300 tokens"), "{err}");
+    let (_, err) = k3_with(&args, &[("K3_SIMD", "auto")]);
+    assert!(loaded(&err), "{err}");
+    // The portable kernels give other bits than the detected ones: not this state.
+    if k3::quant::simd::SimdLevel::detect().name() != "portable" {
+        let (_, err) = k3_with(&args, &[("K3_SIMD", "portable")]);
+        assert!(!loaded(&err), "another kernel set loaded the entry: {err}");
+    }
+    // A shard rewritten in place with its modification time set back: other weights.
+    let embed = format!(
+        "{}model.embed_tokens.weight",
+        k3::checkpoint::schema::LANGUAGE_MODEL_PREFIX
+    );
+    let shard = support::tiny_ckpt::shard_holding(model.path(), &embed);
+    let was = std::fs::metadata(&shard).unwrap().modified().unwrap();
+    let bytes = std::fs::read(&shard).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&shard, &bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_modified(was)
+        .unwrap();
+    let (_, err) = k3_with(&args, &[("K3_SIMD", "auto")]);
+    assert!(
+        !loaded(&err),
+        "the entry of the old shard was loaded: {err}"
     );
 }
 

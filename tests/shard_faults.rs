@@ -201,3 +201,97 @@ fn an_embedding_stored_transposed_is_refused_at_load_naming_it() {
     };
     assert!(e.contains(name) && e.contains("expected"), "{e}");
 }
+
+/// The shard of `dir` that holds the embedding table.
+fn embedding_shard(dir: &Path) -> std::path::PathBuf {
+    let stored = format!(
+        "{}model.embed_tokens.weight",
+        k3::checkpoint::schema::LANGUAGE_MODEL_PREFIX
+    );
+    support::tiny_ckpt::shard_holding(dir, &stored)
+}
+
+/// The prefill error after `spoil` runs on the embedding's shard once the model loaded.
+fn prefill_error_after_embedding_shard(spoil: impl Fn(&Path)) -> String {
+    let copy = support::copy_dir(&support::tiny(0));
+    let m = support::cpu_model(
+        copy.path(),
+        FormatPolicy::default(),
+        stream(IoMode::Buffered, false),
+    );
+    spoil(&embedding_shard(copy.path()));
+    let mut st = m.new_state().unwrap();
+    match prefill(&m, &mut st, &PROMPT, 32, false, &mut Stats::default(), None) {
+        Ok(_) => panic!("a prefill over a changed embedding shard succeeded"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn an_embedding_shard_rewritten_in_place_with_its_time_restored_is_reported() {
+    let msg = prefill_error_after_embedding_shard(|p| {
+        let was = std::fs::metadata(p).unwrap().modified().unwrap();
+        let bytes = std::fs::read(p).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(p, &bytes).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(was)
+            .unwrap();
+    });
+    assert!(msg.contains("changed while k3 was running"), "{msg}");
+    assert!(
+        msg.contains(".safetensors") && msg.contains("offset"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn an_embedding_shard_replaced_by_rename_is_reported() {
+    let msg = prefill_error_after_embedding_shard(|p| {
+        // What a re-download does: a complete new file renamed over the old one, here
+        // with the same bytes and modification time.
+        let was = std::fs::metadata(p).unwrap().modified().unwrap();
+        let tmp = p.with_extension("incomplete");
+        std::fs::copy(p, &tmp).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&tmp)
+            .unwrap()
+            .set_modified(was)
+            .unwrap();
+        std::fs::rename(&tmp, p).unwrap();
+    });
+    assert!(msg.contains("changed while k3 was running"), "{msg}");
+    assert!(msg.contains(".safetensors"), "{msg}");
+}
+
+#[test]
+fn a_shard_truncated_before_the_dense_weights_load_is_an_error_not_a_signal() {
+    use k3::backend::cpu::CpuBackend;
+    use k3::checkpoint::Checkpoint;
+    use k3::model::K3Model;
+    let copy = support::copy_dir(&support::tiny(0));
+    // Opened (headers validated), then every shard cut to its header and a little more:
+    // the dense load's copies would touch pages past the end of a mapping.
+    let ck = Checkpoint::open(copy.path(), &[]).unwrap();
+    for p in shards(copy.path()) {
+        let bytes = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(8 + n + 16)
+            .unwrap();
+    }
+    let e = match K3Model::load(ck, CpuBackend::new(), FormatPolicy::default(), false) {
+        Ok(_) => panic!("a model loaded from truncated shards"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains(".safetensors"), "{e}");
+    assert!(e.contains("changed while k3 was running"), "{e}");
+    assert!(e.contains("its size went from"), "{e}");
+}

@@ -11,7 +11,7 @@ use k3::backend::Backend;
 use k3::checkpoint::schema::dense_tensors;
 use k3::checkpoint::{Checkpoint, TensorSpec};
 use k3::model::loader::{LoadOptions, Loader};
-use k3::model::weight_cache::{WeightCache, WeightCacheSetting, FILE_NAME};
+use k3::model::weight_cache::{file_name, WeightCache, WeightCacheSetting};
 use k3::model::{FormatPolicy, K3Model, Logits};
 use k3::quant::DenseFormat;
 use k3::stats::Stats;
@@ -19,6 +19,11 @@ use safetensors::tensor::TensorView as StView;
 use safetensors::Dtype as StDtype;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// The cache file of the default formats.
+fn cache_file() -> String {
+    file_name(&FormatPolicy::default())
+}
 
 const IDS: [u32; 5] = [1, 7, 3, 12, 5];
 
@@ -58,7 +63,7 @@ fn built(policy: FormatPolicy) -> (tempfile::TempDir, tempfile::TempDir, Vec<u32
     let fresh = cpu_logits(snap.path(), policy, WeightCacheSetting::Off);
     let setting = WeightCacheSetting::Dirs(vec![cache.path().into()]);
     assert_eq!(cpu_logits(snap.path(), policy, setting), fresh);
-    assert!(cache.path().join(FILE_NAME).is_file());
+    assert!(cache.path().join(file_name(&policy)).is_file());
     (snap, cache, fresh)
 }
 
@@ -105,12 +110,12 @@ fn a_hit_gives_the_logits_of_a_fresh_quantization_on_the_gpu() {
 /// rebuilds it and still gives the fresh logits, and that the rebuilt file is a hit.
 fn detected_and_rebuilt(damage: impl Fn(&Path, &Path), policy: FormatPolicy, words: &str) {
     let (snap, cache, _) = built(FormatPolicy::default());
-    damage(snap.path(), &cache.path().join(FILE_NAME));
+    damage(snap.path(), &cache.path().join(cache_file()));
     let fresh = cpu_logits(snap.path(), policy, WeightCacheSetting::Off);
     let s = state(snap.path(), policy, cache.path());
     assert!(s.contains(words) && s.contains("rebuilt"), "{s}");
     // That look rebuilt it; damage it again and load through the model this time.
-    damage(snap.path(), &cache.path().join(FILE_NAME));
+    damage(snap.path(), &cache.path().join(cache_file()));
     let setting = WeightCacheSetting::Dirs(vec![cache.path().into()]);
     assert_eq!(cpu_logits(snap.path(), policy, setting), fresh);
     let s = state(snap.path(), policy, cache.path());
@@ -172,18 +177,102 @@ fn a_changed_shard_modification_time_makes_it_stale() {
 }
 
 #[test]
-fn changed_bits_make_it_stale() {
-    let nothing = |_: &Path, _: &Path| {};
+fn each_format_policy_keeps_its_own_file() {
     let int8 = FormatPolicy::from_bits(8, 8, 8).unwrap();
     let (snap, cache, _) = built(FormatPolicy::default());
-    nothing(snap.path(), cache.path());
+    // --bits 8 builds its own file beside --bits 4's instead of replacing it.
     let s = state(snap.path(), int8, cache.path());
+    assert!(!s.starts_with("hit") && !s.contains("stale"), "{s}");
+    assert!(cache.path().join(file_name(&int8)).is_file());
+    assert_ne!(file_name(&int8), cache_file());
+    for policy in [FormatPolicy::default(), int8] {
+        let s = state(snap.path(), policy, cache.path());
+        assert!(s.starts_with("hit"), "{s}");
+    }
+}
+
+/// Rewrites the file at `p` with `edit` applied to its bytes, in place (same inode), and
+/// sets its modification time back to what it was, as `cp -p` or `rsync -t` leave it.
+fn rewrite_keeping_mtime(p: &Path, edit: impl FnOnce(&mut Vec<u8>)) {
+    let was = std::fs::metadata(p).unwrap().modified().unwrap();
+    let mut bytes = std::fs::read(p).unwrap();
+    edit(&mut bytes);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(p, &bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(p)
+        .unwrap()
+        .set_modified(was)
+        .unwrap();
+}
+
+/// A dense BF16 projection of some shard of `snap`: the shard and the tensor's byte range.
+fn dense_projection(snap: &Path) -> (PathBuf, std::ops::Range<usize>) {
+    let mut shards: Vec<PathBuf> = std::fs::read_dir(snap)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    shards.sort();
+    for p in shards {
+        let buf = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(buf[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&buf[8..8 + n]).unwrap();
+        let mut names: Vec<_> = header.as_object().unwrap().iter().collect();
+        names.sort_by(|a, b| a.0.cmp(b.0));
+        for (k, v) in names {
+            if k.contains("proj") && !k.contains("experts") && v["dtype"] == "BF16" {
+                let o = &v["data_offsets"];
+                let r = 8 + n + o[0].as_u64().unwrap() as usize
+                    ..8 + n + o[1].as_u64().unwrap() as usize;
+                return (p, r);
+            }
+        }
+    }
+    panic!("no dense projection in {}", snap.display());
+}
+
+#[test]
+fn a_shard_rewritten_in_place_with_its_time_restored_makes_it_stale() {
+    let policy = FormatPolicy::default();
+    let (snap, cache, before) = built(policy);
+    let (shard, range) = dense_projection(snap.path());
+    // Every value's sign flipped: finite, and other answers.
+    rewrite_keeping_mtime(&shard, |b| {
+        for i in range.step_by(2) {
+            b[i + 1] ^= 0x80;
+        }
+    });
+    let fresh = cpu_logits(snap.path(), policy, WeightCacheSetting::Off);
+    assert_ne!(fresh, before, "the edit changed nothing");
+    let name = shard.file_name().unwrap().to_string_lossy().into_owned();
+    let s = state(snap.path(), policy, cache.path());
     assert!(
-        s.contains("stale: made for dense=int4 mla=int8 head=int8 (now dense=int8"),
+        s.contains("stale") && s.contains(&name) && s.contains("rebuilt"),
         "{s}"
     );
-    assert!(s.contains("rebuilt"), "{s}");
-    let s = state(snap.path(), int8, cache.path());
+    // That look left an empty cache, which the next load drops and the one after fills.
+    let setting = WeightCacheSetting::Dirs(vec![cache.path().into()]);
+    for _ in 0..2 {
+        assert_eq!(cpu_logits(snap.path(), policy, setting.clone()), fresh);
+    }
+    let s = state(snap.path(), policy, cache.path());
+    assert!(s.starts_with("hit"), "{s}");
+    // The same bytes written back, the time restored again: the change time still tells.
+    rewrite_keeping_mtime(&shard, |_| {});
+    let s = state(snap.path(), policy, cache.path());
+    assert!(s.contains("stale") && s.contains("change time"), "{s}");
+}
+
+#[cfg(unix)]
+#[test]
+fn the_same_snapshot_through_another_path_hits() {
+    let (snap, cache, _) = built(FormatPolicy::default());
+    let other = tempfile::tempdir().unwrap();
+    let link = other.path().join("snapshot");
+    std::os::unix::fs::symlink(snap.path(), &link).unwrap();
+    let s = state(&link, FormatPolicy::default(), cache.path());
     assert!(s.starts_with("hit"), "{s}");
 }
 
@@ -213,7 +302,7 @@ fn the_first_writable_place_gets_the_cache() {
     let setting = WeightCacheSetting::Dirs(vec![bad, good.path().into()]);
     let ck = Checkpoint::open(snap.path(), &[]).unwrap();
     drop(K3Model::load_with(ck, CpuBackend::new(), policy, &opts(setting)).unwrap());
-    assert!(good.path().join(FILE_NAME).is_file());
+    assert!(good.path().join(cache_file()).is_file());
 }
 
 // ---- the C engine's repacked container ----
@@ -514,12 +603,12 @@ fn the_run_command_builds_then_hits_the_cache_next_to_the_snapshot() {
     let snap = support::copy_dir(&support::tiny(0));
     let (off, e) = k3_run(snap.path(), &["--no-weight-cache"], &[]);
     assert!(e.contains("weight cache: off"), "{e}");
-    assert!(!snap.path().join(FILE_NAME).exists());
+    assert!(!snap.path().join(cache_file()).exists());
     let (_, e) = k3_run(snap.path(), &[], &[("K3_NO_WEIGHT_CACHE", "1")]);
     assert!(e.contains("weight cache: off"), "{e}");
     let (built, e) = k3_run(snap.path(), &[], &[]);
     assert!(e.contains("weight cache: built ("), "{e}");
-    assert!(snap.path().join(FILE_NAME).is_file());
+    assert!(snap.path().join(cache_file()).is_file());
     let (hit, e) = k3_run(snap.path(), &[], &[]);
     assert!(e.contains("weight cache: hit ("), "{e}");
     assert_eq!(built, off);
@@ -544,7 +633,7 @@ fn a_model_dropped_while_its_cache_is_written_leaves_the_whole_file() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(left, vec![FILE_NAME.to_string()]);
+    assert_eq!(left, vec![cache_file()]);
 }
 
 #[test]
@@ -572,7 +661,7 @@ fn the_run_reports_its_start_up_and_the_cache_write_apart() {
     );
     let w = &s["weight_cache_write"];
     assert_eq!(w["built"], true, "{s}");
-    let len = std::fs::metadata(snap.path().join(FILE_NAME))
+    let len = std::fs::metadata(snap.path().join(cache_file()))
         .unwrap()
         .len();
     assert_eq!(w["bytes"].as_u64(), Some(len), "{s}");

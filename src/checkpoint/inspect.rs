@@ -80,9 +80,9 @@ pub fn inspect(dir: &Path, extra_dirs: &[PathBuf]) -> Result<InspectReport> {
     let mut known: HashSet<String> = HashSet::new();
 
     for spec in schema::dense_tensors(cfg) {
-        match ck.tensor(&spec.name) {
+        match ck.tensor_info(&spec.name) {
             Ok(t) => {
-                *bytes_by_class.entry(spec.class).or_default() += t.bytes.len() as u64;
+                *bytes_by_class.entry(spec.class).or_default() += t.byte_len as u64;
                 if !dtype_accepted(&spec, t.dtype) || !shape_accepted(&spec, t.shape) {
                     problems.push(TensorProblem {
                         name: spec.name.clone(),
@@ -109,7 +109,7 @@ pub fn inspect(dir: &Path, extra_dirs: &[PathBuf]) -> Result<InspectReport> {
             } else {
                 let before = problems.len();
                 for spec in &specs {
-                    let found = match ck.tensor(&spec.name) {
+                    let found = match ck.tensor_info(&spec.name) {
                         Err(_) => "missing".to_string(),
                         Ok(t) if t.dtype != spec.dtype || t.shape != spec.shape.as_slice() => {
                             format!("{} {:?} in {}", t.dtype, t.shape, t.file.display())

@@ -14,13 +14,13 @@ pub use expert_table::{ExpertLocation, ExpertTable};
 pub use inspect::{inspect, InspectReport};
 pub use model_tensors::ModelTensors;
 pub use schema::{TensorClass, TensorKind, TensorSpec};
-pub use tensor::{Dtype, TensorView};
+pub use tensor::{Dtype, Tensor, TensorInfo, TensorView};
 pub use tensor_prefix::TensorPrefix;
 
 use crate::config::{Config, MXFP4_GROUP};
 use crate::quant::Mxfp4View;
 use crate::routed_expert::ExpertWeights;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use shards::{Entry, Shard};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 /// Name of the model config inside a snapshot.
 pub const CONFIG_FILE: &str = "config.json";
 
-/// An opened snapshot: validated config, memory-mapped shards, every text tensor located.
+/// An opened snapshot: validated config, open shards, every text tensor located.
 pub struct Checkpoint {
     /// The validated model config.
     pub config: Config,
@@ -58,8 +58,8 @@ impl Checkpoint {
         })
     }
 
-    /// A stored tensor by name (with or without the `language_model.` prefix), as stored.
-    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
+    /// The entry of a tensor named with or without the `language_model.` prefix.
+    fn entry(&self, name: &str) -> Result<(&str, &Entry)> {
         let canon = name
             .strip_prefix(schema::LANGUAGE_MODEL_PREFIX)
             .unwrap_or(name);
@@ -69,20 +69,41 @@ impl Checkpoint {
                 self.dir.display()
             )
         })?;
-        let shard = &self.shards[e.shard];
-        Ok(TensorView {
+        Ok((key.as_str(), e))
+    }
+
+    /// A stored tensor's dtype, shape and place by name (with or without the
+    /// `language_model.` prefix), without reading it.
+    pub fn tensor_info(&self, name: &str) -> Result<TensorInfo<'_>> {
+        let (key, e) = self.entry(name)?;
+        Ok(TensorInfo {
             name: key,
             dtype: e.dtype,
             shape: &e.shape,
-            bytes: &shard.map[e.range.start as usize..e.range.end as usize],
-            file: &shard.path,
+            byte_len: (e.range.end - e.range.start) as usize,
+            file: &self.shards[e.shard].path,
         })
     }
 
-    /// A stored tensor checked against its schema entry: dtype and (documented
-    /// alternative) shape.
-    pub fn tensor_spec(&self, spec: &TensorSpec) -> Result<TensorView<'_>> {
-        let t = self.tensor(&spec.name)?;
+    /// A stored tensor by name (with or without the `language_model.` prefix), read from
+    /// its shard as stored ([`shards::Shard::read`]: a shard that changed is an error).
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        let (key, e) = self.entry(name)?;
+        let shard = &self.shards[e.shard];
+        let bytes = shard.read(e.range.clone(), &format!("tensor `{key}`"))?;
+        Ok(Tensor {
+            name: key.to_string(),
+            dtype: e.dtype,
+            shape: e.shape.clone(),
+            bytes,
+            file: shard.path.clone(),
+        })
+    }
+
+    /// A stored tensor's dtype and shape checked against its schema entry (or a documented
+    /// alternative shape), without reading it.
+    pub fn tensor_spec_info(&self, spec: &TensorSpec) -> Result<TensorInfo<'_>> {
+        let t = self.tensor_info(&spec.name)?;
         if !schema::dtype_accepted(spec, t.dtype) || !schema::shape_accepted(spec, t.shape) {
             bail!(
                 "{}: tensor `{}`: expected {} {:?}, found {} {:?}",
@@ -95,6 +116,13 @@ impl Checkpoint {
             );
         }
         Ok(t)
+    }
+
+    /// A stored tensor checked against its schema entry ([`Self::tensor_spec_info`]), then
+    /// read.
+    pub fn tensor_spec(&self, spec: &TensorSpec) -> Result<Tensor> {
+        self.tensor_spec_info(spec)?;
+        self.tensor(&spec.name)
     }
 
     /// Whether a tensor (canonical or prefixed name) is present.
@@ -115,8 +143,9 @@ impl Checkpoint {
         &self.experts
     }
 
-    /// The native MXFP4 bytes of one routed expert, borrowed from the mapped shard.
-    pub fn expert(&self, layer: usize, expert: usize) -> Result<ExpertWeights<'_>> {
+    /// The native MXFP4 bytes of one routed expert, read from its shard (the engine's
+    /// expert path reads them through `experts::ExpertReader`; this is the plain read).
+    pub fn expert(&self, layer: usize, expert: usize) -> Result<ExpertData> {
         let loc = self.experts.get(layer, expert).ok_or_else(|| {
             let why = self
                 .experts
@@ -127,31 +156,26 @@ impl Checkpoint {
                 self.dir.display()
             )
         })?;
-        let map = &self.shards[loc.shard].map;
-        let bytes = |k: usize| &map[loc.parts[k].start as usize..loc.parts[k].end as usize];
-        let (i, d) = (
-            self.config.moe_intermediate_size,
-            self.config.routed_expert_hidden_size,
-        );
-        // The table only admits experts whose parts match the schema shapes, so these
-        // views have consistent lengths by construction.
-        let view = |rows: usize, cols: usize, k: usize| Mxfp4View {
-            rows,
-            cols,
-            packed: bytes(k),
-            scales: bytes(k + 1),
-        };
-        debug_assert_eq!(bytes(1).len(), i * d / MXFP4_GROUP);
-        Ok(ExpertWeights {
-            w1: view(i, d, 0),
-            w2: view(d, i, 2),
-            w3: view(i, d, 4),
+        let shard = &self.shards[loc.shard];
+        let mut parts: [Vec<u8>; 6] = Default::default();
+        for (k, p) in parts.iter_mut().enumerate() {
+            *p = shard.read(
+                loc.parts[k].clone(),
+                &format!("part {k} of expert {expert} of layer {layer}"),
+            )?;
+        }
+        // The table only admits experts whose parts match the schema shapes, so the views
+        // of `ExpertData::weights` have consistent lengths by construction.
+        Ok(ExpertData {
+            inter: self.config.moe_intermediate_size,
+            hidden: self.config.routed_expert_hidden_size,
+            parts,
         })
     }
 
-    /// Row `r` of a 2-D float tensor (the embedding table), read with a positional read
-    /// rather than through the mapping, so a shard replaced under a running engine gives an
-    /// error naming file and offset instead of a SIGBUS.
+    /// Row `r` of a 2-D float tensor (the embedding table), read from the shard opened at
+    /// load and checked against its stamp, so a shard rewritten, cut or replaced under a
+    /// running engine gives an error naming file and offset instead of other answers.
     pub fn read_row_f32(&self, name: &str, r: usize) -> Result<Vec<f32>> {
         let canon = name
             .strip_prefix(schema::LANGUAGE_MODEL_PREFIX)
@@ -171,20 +195,13 @@ impl Checkpoint {
         if r >= rows {
             bail!("tensor `{canon}`: row {r} is out of range ({rows} rows)");
         }
-        let path = &self.shards[e.shard].path;
+        let shard = &self.shards[e.shard];
+        let path = &shard.path;
         let row_bytes = cols * e.dtype.size();
         let offset = e.range.start + (r * row_bytes) as u64;
-        let mut buf = vec![0u8; row_bytes];
-        let f =
-            crate::platform::input_file::open(path, crate::platform::input_file::FileKind::Shard)?;
-        crate::platform::positional_read::read_exact_at(&f.file, &mut buf, offset).with_context(
-            || {
-                format!(
-                    "reading row {r} of `{canon}` ({row_bytes} bytes at offset {offset}) from {} \
-                     (was the shard truncated or replaced?)",
-                    path.display()
-                )
-            },
+        let buf = shard.read(
+            offset..offset + row_bytes as u64,
+            &format!("row {r} of `{canon}`"),
         )?;
         let view = TensorView {
             name: canon,
@@ -196,28 +213,52 @@ impl Checkpoint {
         view.to_f32()
     }
 
-    /// Drops the mapped shards' pages from this process's resident set (after the dense
-    /// weights were copied out), so the RAM clamp measures what the engine really keeps.
-    pub fn release_mapped_pages(&self) {
-        for s in &self.shards {
-            crate::platform::map_advice::release_pages(&s.map);
-        }
-    }
-
     /// Path of shard `shard` (as numbered by [`ExpertLocation::shard`]; panics beyond
     /// [`Checkpoint::shard_count`], which only a caller bug can reach).
     pub fn shard_path(&self, shard: usize) -> &Path {
         &self.shards[shard].path
     }
 
-    /// Size and modification time of shard `shard` when it was opened (numbered as
+    /// The identity of shard `shard` when it was opened (numbered as
     /// [`Checkpoint::shard_path`]).
     pub fn shard_stamp(&self, shard: usize) -> file_stamp::FileStamp {
         self.shards[shard].stamp
     }
 
-    /// Number of mapped shards.
+    /// The hash of shard `shard`'s header and sampled blocks, taken when it was opened.
+    pub fn shard_sampled(&self, shard: usize) -> u64 {
+        self.shards[shard].sampled
+    }
+
+    /// Number of open shards.
     pub fn shard_count(&self) -> usize {
         self.shards.len()
+    }
+}
+
+/// One routed expert's six stored parts, read from its shard.
+#[derive(Clone, Debug)]
+pub struct ExpertData {
+    inter: usize,
+    hidden: usize,
+    parts: [Vec<u8>; 6],
+}
+
+impl ExpertData {
+    /// The kernels' MXFP4 views of the parts.
+    pub fn weights(&self) -> ExpertWeights<'_> {
+        let (i, d) = (self.inter, self.hidden);
+        let view = |rows: usize, cols: usize, k: usize| Mxfp4View {
+            rows,
+            cols,
+            packed: &self.parts[k],
+            scales: &self.parts[k + 1],
+        };
+        debug_assert_eq!(self.parts[1].len(), i * d / MXFP4_GROUP);
+        ExpertWeights {
+            w1: view(i, d, 0),
+            w2: view(d, i, 2),
+            w3: view(i, d, 4),
+        }
     }
 }

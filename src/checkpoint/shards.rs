@@ -5,11 +5,13 @@ use super::file_stamp::FileStamp;
 use super::schema::canonical_name;
 use super::tensor::Dtype;
 use crate::platform::input_file::{self, FileKind, InputFile};
+use crate::platform::positional_read;
 use anyhow::{anyhow, bail, Context, Result};
-use memmap2::Mmap;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use xxhash_rust::xxh3::Xxh3;
 
 /// Index file of a sharded snapshot.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -23,14 +25,48 @@ pub const MAX_INDEX_BYTES: u64 = FileKind::ShardIndex.max_bytes();
 /// Bytes of the little-endian header length that starts every safetensors file.
 const LEN_BYTES: u64 = 8;
 
-/// One memory-mapped shard.
+/// One shard, opened once: every read of its bytes goes through [`Shard::read`], a
+/// positional read of this descriptor checked against the stamp. Shards are read, never
+/// memory-mapped, so a file cut short under a running engine is an error naming it rather
+/// than a SIGBUS.
 pub struct Shard {
     /// Where the file was found.
     pub path: PathBuf,
-    /// The whole file.
-    pub map: Mmap,
-    /// Size and modification time when it was mapped.
+    /// The file, as the checked opener opened it.
+    pub file: File,
+    /// Its identity when it was opened (size, modification time, inode, change time).
     pub stamp: FileStamp,
+    /// A hash of its header and of [`SAMPLES`] blocks of [`SAMPLE_BYTES`] spread over the
+    /// file: with the stamp, the cheap content identity the caches are keyed by.
+    pub sampled: u64,
+}
+
+/// Blocks of a shard hashed into [`Shard::sampled`] besides its header.
+pub const SAMPLES: u64 = 8;
+/// Bytes of each sampled block.
+pub const SAMPLE_BYTES: u64 = 4096;
+
+impl Shard {
+    /// The bytes of `range` (`what` names them in errors), read from the open file, then
+    /// checked: a file that changed (in place, truncated, or replaced at its path) while
+    /// they were read is an error naming the shard and the offset, and so is a read that
+    /// ends early.
+    pub fn read(&self, range: std::ops::Range<u64>, what: &str) -> Result<Vec<u8>> {
+        let len = usize::try_from(range.end.saturating_sub(range.start))
+            .with_context(|| format!("{}: {what} is too large to read", self.path.display()))?;
+        let mut buf = vec![0u8; len];
+        let read = positional_read::read_exact_at(&self.file, &mut buf, range.start);
+        // A changed file explains a short read better than the short read does.
+        self.stamp.check_file(&self.file, &self.path, range.start)?;
+        read.with_context(|| {
+            format!(
+                "{}: reading {what} ({len} bytes at offset {}; was the shard truncated?)",
+                self.path.display(),
+                range.start
+            )
+        })?;
+        Ok(buf)
+    }
 }
 
 /// A text-model tensor found in a shard header, validated against the file.
@@ -48,7 +84,7 @@ pub struct Entry {
 
 /// The shards of the text model and every tensor they hold, by canonical name.
 pub struct ShardSet {
-    /// Mapped shards, in index order.
+    /// Open shards, in index order.
     pub shards: Vec<Shard>,
     /// Canonical name → location.
     pub entries: HashMap<String, Entry>,
@@ -61,7 +97,8 @@ pub fn check_dir(dir: &Path, what: &str) -> Result<()> {
         .with_context(|| format!("{what} {}: cannot read the directory", dir.display()))
 }
 
-/// Reads the snapshot's shard list and maps every shard that holds text-model tensors.
+/// Reads the snapshot's shard list, opens every shard that holds text-model tensors and
+/// validates its header.
 pub fn open_shards(dir: &Path, extra_dirs: &[PathBuf]) -> Result<ShardSet> {
     let index_path = dir.join(INDEX_FILE);
     let (shard_names, indexed) = if input_file::is_present(&index_path) {
@@ -83,7 +120,7 @@ pub fn open_shards(dir: &Path, extra_dirs: &[PathBuf]) -> Result<ShardSet> {
         if let Some(k) = from {
             per_extra[k] += 1;
         }
-        shards.push(map_shard(path)?);
+        shards.push(open_shard(path)?);
     }
     for (k, n) in per_extra.iter().enumerate() {
         if *n > 0 {
@@ -94,6 +131,10 @@ pub fn open_shards(dir: &Path, extra_dirs: &[PathBuf]) -> Result<ShardSet> {
     let mut entries = HashMap::new();
     for (i, shard) in shards.iter().enumerate() {
         read_header(i, shard, &mut entries)?;
+    }
+    // The headers were read from the files as stamped.
+    for s in &shards {
+        s.stamp.check_file(&s.file, &s.path, 0)?;
     }
     if let Some(map) = indexed {
         for (name, file) in map {
@@ -190,7 +231,7 @@ fn locate(name: &str, dir: &Path, extra_dirs: &[PathBuf]) -> Result<(PathBuf, Op
     )
 }
 
-fn map_shard(path: PathBuf) -> Result<Shard> {
+fn open_shard(path: PathBuf) -> Result<Shard> {
     let InputFile { file, meta } = input_file::open(&path, FileKind::Shard)?;
     let len = meta.len();
     if len < LEN_BYTES {
@@ -199,21 +240,49 @@ fn map_shard(path: PathBuf) -> Result<Shard> {
             path.display()
         );
     }
-    // SAFETY: the map is read-only and shards are immutable model files; a concurrent
-    // writer truncating the file would be a user error we cannot guard against, as with
-    // any memory-mapped loader.
-    let map = unsafe { Mmap::map(&file) }
-        .with_context(|| format!("{}: cannot memory-map shard", path.display()))?;
-    Ok(Shard {
+    let mut shard = Shard {
         path,
-        map,
+        file,
         stamp: FileStamp::of(&meta),
-    })
+        sampled: 0,
+    };
+    shard.sampled = sample_hash(&shard)?;
+    Ok(shard)
+}
+
+/// The bytes of the header (its length and JSON; only the length when that is absurd, for
+/// [`parse_header_start`] to refuse).
+fn header_bytes(shard: &Shard) -> Result<Vec<u8>> {
+    let len_bytes = shard.read(0..LEN_BYTES, "the header length")?;
+    let mut n = [0u8; LEN_BYTES as usize];
+    n.copy_from_slice(&len_bytes);
+    let header_len = u64::from_le_bytes(n);
+    if header_len > MAX_HEADER_BYTES || header_len > shard.stamp.len - LEN_BYTES {
+        return Ok(len_bytes);
+    }
+    shard.read(0..LEN_BYTES + header_len, "the header")
+}
+
+/// A hash of `shard`'s header and of [`SAMPLES`] blocks spread evenly from its start to its
+/// end: a cheap fingerprint of its content that does not read the whole file.
+fn sample_hash(shard: &Shard) -> Result<u64> {
+    let mut h = Xxh3::new();
+    h.update(&header_bytes(shard)?);
+    let len = shard.stamp.len;
+    let block = SAMPLE_BYTES.min(len);
+    let span = len - block;
+    for i in 0..SAMPLES {
+        let at = span / (SAMPLES - 1) * i;
+        let at = if i == SAMPLES - 1 { span } else { at };
+        h.update(&shard.read(at..at + block, "a sampled block")?);
+    }
+    Ok(h.digest())
 }
 
 /// Validates a shard's header and records every text-model tensor it holds.
 fn read_header(index: usize, shard: &Shard, entries: &mut HashMap<String, Entry>) -> Result<()> {
-    parse_header(index, &shard.map, &shard.path, entries)
+    let head = header_bytes(shard)?;
+    parse_header_start(index, &head, shard.stamp.len, &shard.path, entries)
 }
 
 /// Validates the safetensors header at the start of `file` (a whole shard's bytes) and
@@ -224,9 +293,20 @@ pub fn parse_header(
     path: &Path,
     entries: &mut HashMap<String, Entry>,
 ) -> Result<()> {
+    parse_header_start(index, file, file.len() as u64, path, entries)
+}
+
+/// [`parse_header`] over `file`, the first bytes of a shard of `file_len` bytes: at least
+/// its header length and, unless that length is refused, the whole header.
+fn parse_header_start(
+    index: usize,
+    file: &[u8],
+    file_len: u64,
+    path: &Path,
+    entries: &mut HashMap<String, Entry>,
+) -> Result<()> {
     let path = path.display();
-    let file_len = file.len() as u64;
-    if file_len < LEN_BYTES {
+    if file_len < LEN_BYTES || (file.len() as u64) < LEN_BYTES {
         bail!("{path}: {file_len} bytes is too short to be a safetensors file");
     }
     let mut len_bytes = [0u8; LEN_BYTES as usize];
@@ -239,7 +319,9 @@ pub fn parse_header(
     }
     let data_start = LEN_BYTES + header_len;
     let data_len = file_len - data_start;
-    let header = &file[LEN_BYTES as usize..data_start as usize];
+    let header = file
+        .get(LEN_BYTES as usize..data_start as usize)
+        .ok_or_else(|| anyhow!("{path}: the file ends inside its {header_len}-byte header"))?;
     let header: Value = crate::unique_json::parse_slice(header)
         .with_context(|| format!("{path}: the safetensors header is not valid JSON"))?;
     let header = header

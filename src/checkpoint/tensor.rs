@@ -118,6 +118,65 @@ impl TensorView<'_> {
     }
 }
 
+/// A stored tensor's place and form, without its bytes: what a check of dtype and shape
+/// needs.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorInfo<'a> {
+    /// Canonical name.
+    pub name: &'a str,
+    /// Stored element type.
+    pub dtype: Dtype,
+    /// Stored shape.
+    pub shape: &'a [usize],
+    /// Bytes it takes in the shard.
+    pub byte_len: usize,
+    /// The shard file that holds it.
+    pub file: &'a Path,
+}
+
+/// A stored tensor read from its shard: its bytes as stored, owned.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    /// Canonical name.
+    pub name: String,
+    /// Stored element type.
+    pub dtype: Dtype,
+    /// Stored shape.
+    pub shape: Vec<usize>,
+    /// The raw little-endian bytes.
+    pub bytes: Vec<u8>,
+    /// The shard file that held it.
+    pub file: std::path::PathBuf,
+}
+
+impl Tensor {
+    /// A view of it, for the conversions.
+    pub fn view(&self) -> TensorView<'_> {
+        TensorView {
+            name: &self.name,
+            dtype: self.dtype,
+            shape: &self.shape,
+            bytes: &self.bytes,
+            file: &self.file,
+        }
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.view().numel()
+    }
+
+    /// Every element widened to f32.
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        self.view().to_f32()
+    }
+
+    /// Every element as bf16 bits (f32 and f16 are rounded to nearest even).
+    pub fn to_bf16_bits(&self) -> Result<Vec<u16>> {
+        self.view().to_bf16_bits()
+    }
+}
+
 fn not_float(dtype: Dtype) -> anyhow::Error {
     anyhow!("is {dtype} (raw MXFP4 bytes), not a float tensor")
 }

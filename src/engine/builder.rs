@@ -171,8 +171,8 @@ impl EngineBuilder {
     }
 
     /// Opens the prompt cache for `model` under the identity of everything that changes
-    /// its state: the weights and formats, the backend, the integer-dot kernels and the
-    /// expert selection. The prefill window is not part of it: on the CPU every window
+    /// its state: the weights and formats, the backend, the CPU kernel set (the SIMD level
+    /// and the integer-dot kernels) and the expert selection. The prefill window is not part of it: on the CPU every window
     /// gives the same bits (`tests/model_cpu.rs`), on the GPU the same results within the
     /// tolerance windows already have, so a state stored under one window serves them all.
     fn open_prompt_cache<B: Backend>(
@@ -181,8 +181,11 @@ impl EngineBuilder {
         policy: &FormatPolicy,
     ) -> Result<()> {
         let c = &self.config;
+        // The CPU kernels' level (`K3_SIMD`) changes the bits of every CPU matmul and
+        // attention kernel, as the integer-dot kernels (`K3_IDOT`) do.
         let numerics = format!(
-            "idot {} | experts {:?}",
+            "simd {} | idot {} | experts {:?}",
+            crate::quant::simd::level().name(),
             u8::from(c.backend.idot),
             c.experts.selection()?,
         );

@@ -210,16 +210,11 @@ impl ShardIo {
 
     /// Fails when the file behind `f` no longer has the stamp reads expect of it.
     fn check_unchanged(f: &ShardFiles, path: &Path, offset: u64) -> Result<()> {
-        let now = f
-            .buffered
-            .metadata()
-            .map(|m| FileStamp::of(&m))
-            .with_context(|| format!("reading the size of expert shard {}", path.display()))?;
         let want = *f
             .stamp
             .lock()
             .map_err(|_| anyhow!("shard stamp table poisoned"))?;
-        want.check(path, offset, &now)
+        want.check_file(&f.buffered, path, offset)
     }
 
     /// Hints the OS to start reading `range` (buffered mode only).

@@ -6,6 +6,7 @@
 use super::k3::LayerState;
 use super::kda::Kda;
 use super::mla::Mla;
+use super::prompt_cache::entry_file::{LayerShape, StateShape};
 use super::{K3Model, State};
 use crate::backend::Backend;
 use crate::config::AttnKind;
@@ -46,6 +47,28 @@ impl HostState {
 }
 
 impl<B: Backend> K3Model<B> {
+    /// What this model's states look like on the host: its vocabulary and, per layer, a
+    /// KDA state's values or an MLA cache's values per position.
+    pub fn state_shape(&self) -> StateShape {
+        let cfg = &self.ckpt.config;
+        let (kda, mla) = (Kda::<B>::dims(cfg), Mla::<B>::dims(cfg));
+        // The three convolution histories, then the delta-rule state of every head.
+        let kda_values = 3 * kda.conv_k.saturating_sub(1) * kda.width()
+            + kda.heads * kda.head_dim * kda.head_dim;
+        let layers = cfg
+            .layer_kinds
+            .iter()
+            .map(|k| match k {
+                AttnKind::Kda => LayerShape::Kda(kda_values),
+                AttnKind::Mla => LayerShape::Mla(mla.kv_lora + mla.rope),
+            })
+            .collect();
+        StateShape {
+            vocab: cfg.vocab_size,
+            layers,
+        }
+    }
+
     /// Copies `st` to the host.
     pub fn state_to_host(&self, st: &State<B>) -> Result<HostState> {
         let layers = st

@@ -160,7 +160,6 @@ impl<B: Backend> K3Model<B> {
             }
         }
         drop(ld);
-        ckpt.release_mapped_pages();
         let experts = ExpertSource::with_lender(StreamConfig::default(), backend.read_lender())?
             .with_tier_exchange(backend.tier_exchange());
         let sub_rows = backend.max_rows(widest_row_bytes(&cfg));

@@ -4,7 +4,7 @@
 use super::weight_cache::{PendingWrite, WeightCache, WeightCacheSetting, WriteReport};
 use crate::backend::Backend;
 use crate::checkpoint::schema::{self, dense_tensors, TensorSpec};
-use crate::checkpoint::{Checkpoint, Dtype, TensorView};
+use crate::checkpoint::{Checkpoint, Dtype, Tensor, TensorInfo};
 use crate::quant::{DenseFormat, DenseMatrix};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -168,16 +168,18 @@ impl<'a, B: Backend> Loader<'a, B> {
         }
     }
 
-    /// The stored tensor of `spec`, checked against it.
-    fn stored(&self, spec: &TensorSpec) -> Result<TensorView<'a>> {
+    /// The stored tensor of `spec`, checked against it, not read.
+    fn stored(&self, spec: &TensorSpec) -> Result<TensorInfo<'a>> {
         self.read.borrow_mut().insert(spec.name.clone());
-        self.ckpt.tensor_spec(spec)
+        self.ckpt.tensor_spec_info(spec)
     }
 
-    fn view(&self, spec: &TensorSpec) -> Result<TensorView<'a>> {
-        let v = self.stored(spec)?;
-        self.bar.inc(v.bytes.len() as u64);
-        Ok(v)
+    /// The stored tensor of `spec`, checked against it and read.
+    fn view(&self, spec: &TensorSpec) -> Result<Tensor> {
+        self.stored(spec)?;
+        let t = self.ckpt.tensor(&spec.name)?;
+        self.bar.inc(t.bytes.len() as u64);
+        Ok(t)
     }
 
     /// Checks a tensor's stored dtype and shape against its spec without reading it.
@@ -207,17 +209,17 @@ impl<'a, B: Backend> Loader<'a, B> {
     pub fn decision_vector(&self, spec: &TensorSpec) -> Result<Vec<f32>> {
         let view = self.view(spec)?;
         let v = view.to_f32()?;
-        refuse_non_finite(&spec.name, &v, view.file)?;
+        refuse_non_finite(&spec.name, &v, &view.file)?;
         Ok(v)
     }
 
     /// [`Self::matrix`] for a matrix whose products decide something (the router's gate):
     /// its stored values are checked for NaN and infinity before it loads.
     pub fn decision_matrix(&self, spec: &TensorSpec, fmt: DenseFormat) -> Result<B::Mat> {
-        let view = self.stored(spec)?;
         // A repacked container's U8 values have finite-checked scales (schema.rs).
-        if view.dtype != Dtype::U8 {
-            refuse_non_finite(&spec.name, &view.to_f32()?, view.file)?;
+        if self.stored(spec)?.dtype != Dtype::U8 {
+            let view = self.ckpt.tensor(&spec.name)?;
+            refuse_non_finite(&spec.name, &view.to_f32()?, &view.file)?;
         }
         self.matrix(spec, fmt)
     }
@@ -241,28 +243,31 @@ impl<'a, B: Backend> Loader<'a, B> {
     pub fn host_matrix(&self, spec: &TensorSpec, fmt: DenseFormat) -> Result<DenseMatrix> {
         let name = spec.name.as_str();
         self.read.borrow_mut().insert(spec.name.clone());
-        let stored = self.ckpt.tensor(name)?;
-        if stored.dtype == Dtype::U8 {
+        if self.ckpt.tensor_info(name)?.dtype == Dtype::U8 {
+            let stored = self.ckpt.tensor(name)?;
             self.bar.inc(stored.bytes.len() as u64);
-            return self.container_matrix(spec, stored, fmt);
+            return self.container_matrix(spec, &stored, fmt);
         }
-        let v = self.view(spec)?;
-        let (rows, cols) = match *v.shape {
+        let info = self.stored(spec)?;
+        let (rows, cols) = match *info.shape {
             [r, c] => (r, c),
             _ => bail!(
                 "tensor {name} in {}: expected 2 dimensions, found {:?}",
-                v.file.display(),
-                v.shape
+                info.file.display(),
+                info.shape
             ),
         };
         let cached = WeightCache::holds(fmt);
         if cached {
             if let Some(m) = self.cache.borrow_mut().take(name, fmt, rows, cols) {
+                self.bar.inc(info.byte_len as u64);
                 return Ok(m);
             }
         }
+        // Read only now: a cache hit never reads the shard's bytes.
+        let v = self.view(spec)?;
         let m = if v.dtype == Dtype::Bf16 {
-            DenseMatrix::from_bf16_bytes(rows, cols, v.bytes, fmt)
+            DenseMatrix::from_bf16_bytes(rows, cols, &v.bytes, fmt)
         } else {
             DenseMatrix::from_bf16(rows, cols, v.to_bf16_bits()?, fmt)
         }
@@ -280,7 +285,7 @@ impl<'a, B: Backend> Loader<'a, B> {
     fn container_matrix(
         &self,
         spec: &TensorSpec,
-        q: TensorView<'_>,
+        q: &Tensor,
         fmt: DenseFormat,
     ) -> Result<DenseMatrix> {
         let scale_name = format!("{}.qs", spec.name);
@@ -291,7 +296,7 @@ impl<'a, B: Backend> Loader<'a, B> {
                 spec.name
             )
         })?;
-        let m = schema::container_matrix(spec, q.shape, q.bytes, s.dtype, s.shape, s.bytes)
+        let m = schema::container_matrix(spec, &q.shape, &q.bytes, s.dtype, &s.shape, &s.bytes)
             .with_context(|| format!("{}: repacked tensor `{}`", q.file.display(), spec.name))?;
         let (i8s, i4s) = self.container.get();
         self.container.set(match m.format() {

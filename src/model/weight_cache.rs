@@ -3,10 +3,11 @@
 //! of quantizing again.
 //!
 //! The file lives next to the snapshot when that directory is writable, else under the
-//! user's cache directory ([`crate::platform::cache_dir`]). It is keyed by what the bytes
-//! depend on — the cache format version, the format policy (`K3_BITS`, `K3_MLA_BITS`,
-//! `K3_HEAD_BITS`) and the size and modification time of `config.json` and of every shard —
-//! and each matrix carries a checksum. A file whose key differs (stale) or whose bytes do
+//! user's cache directory ([`crate::platform::cache_dir`]), its name carrying the format
+//! policy (`K3_BITS`, `K3_MLA_BITS`, `K3_HEAD_BITS`), so each policy has its own file. It is
+//! keyed by what the bytes depend on — the cache format version, the format policy,
+//! `config.json`'s bytes and every shard's content identity (size, times, inode and a hash
+//! of sampled bytes, [`key`]) — and each matrix carries a checksum. A file whose key differs (stale) or whose bytes do
 //! not check out (corrupt, truncated) is reported on one line, never used, and rebuilt.
 //!
 //! Layout (little-endian): a 16-byte header (`K3WCACHE`, the version, 4 zero bytes), the
@@ -43,11 +44,16 @@ use key::{format_name, key_of};
 pub use pending_write::{PendingWrite, WriteReport};
 use write_queue::Queue;
 
-/// Version of the cache layout and of the encodings it holds; a file of another version is
-/// stale.
-pub const FORMAT_VERSION: u32 = 1;
-/// The cache's file name in the snapshot directory.
-pub const FILE_NAME: &str = "k3-weights.cache";
+/// Version of the cache layout, its key and the encodings it holds; a file of another
+/// version is stale.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The cache's file name in the snapshot directory for `policy`'s formats, e.g.
+/// `k3-weights-int4-int8-int8.cache` (dense, MLA, head): the caches of several `--bits`
+/// settings live side by side instead of evicting each other.
+pub fn file_name(policy: &FormatPolicy) -> String {
+    format!("k3-weights-{}.cache", key::policy_tag(policy))
+}
 /// Whether, and where, the loader keeps the quantized-weight cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WeightCacheSetting {
@@ -60,13 +66,18 @@ pub enum WeightCacheSetting {
     Dirs(Vec<PathBuf>),
 }
 
-/// Where the cache of `ckpt` may be, in order of preference.
-fn candidates(ckpt: &Checkpoint, setting: &WeightCacheSetting) -> Vec<PathBuf> {
+/// Where the cache of `ckpt` in `policy`'s formats may be, in order of preference.
+fn candidates(
+    ckpt: &Checkpoint,
+    setting: &WeightCacheSetting,
+    policy: &FormatPolicy,
+) -> Vec<PathBuf> {
+    let name = file_name(policy);
     match setting {
         WeightCacheSetting::Off => Vec::new(),
-        WeightCacheSetting::Dirs(dirs) => dirs.iter().map(|d| d.join(FILE_NAME)).collect(),
+        WeightCacheSetting::Dirs(dirs) => dirs.iter().map(|d| d.join(&name)).collect(),
         WeightCacheSetting::Auto => {
-            let mut out = vec![ckpt.dir.join(FILE_NAME)];
+            let mut out = vec![ckpt.dir.join(&name)];
             if let Some(user) = crate::platform::cache_dir::user_cache_dir() {
                 // One file per snapshot directory: its name carries a hash of the path.
                 let dir = std::fs::canonicalize(&ckpt.dir).unwrap_or_else(|_| ckpt.dir.clone());
@@ -75,10 +86,10 @@ fn candidates(ckpt: &Checkpoint, setting: &WeightCacheSetting) -> Vec<PathBuf> {
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
-                out.push(
-                    user.join("weights")
-                        .join(format!("{base}-{tag:016x}.cache")),
-                );
+                out.push(user.join("weights").join(format!(
+                    "{base}-{tag:016x}-{}.cache",
+                    key::policy_tag(policy)
+                )));
             }
             out
         }
@@ -152,7 +163,7 @@ impl WeightCache {
     /// Finds a valid cache file for `ckpt` loaded with `policy`, or starts writing one.
     /// Nothing here fails the load: a file that cannot be read or written is reported.
     pub fn open(ckpt: &Checkpoint, policy: &FormatPolicy, setting: &WeightCacheSetting) -> Self {
-        let paths = candidates(ckpt, setting);
+        let paths = candidates(ckpt, setting, policy);
         if paths.is_empty() {
             return Self::off();
         }

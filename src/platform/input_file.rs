@@ -15,7 +15,7 @@ pub enum FileKind {
     ModelConfig,
     /// `model.safetensors.index.json`.
     ShardIndex,
-    /// A safetensors shard (memory-mapped, never read whole).
+    /// A safetensors shard (read a tensor at a time, never whole).
     Shard,
     /// `tiktoken.model`.
     TiktokenModel,
@@ -23,7 +23,7 @@ pub enum FileKind {
     TokenizerConfig,
     /// A Hugging Face `tokenizer.json`.
     TokenizerJson,
-    /// `k3-weights.cache` (memory-mapped).
+    /// The quantized-weight cache, `k3-weights-*.cache` (memory-mapped).
     WeightCache,
     /// An entry of the on-disk prompt cache.
     PromptCache,
@@ -60,7 +60,7 @@ impl FileKind {
             FileKind::ModelConfig => 4 << 20,
             // The release's lists every expert tensor and is a few MB.
             FileKind::ShardIndex => 64 << 20,
-            // The release's shards are a few GB each; mapped, so only address space.
+            // The release's shards are a few GB each; read a tensor at a time.
             FileKind::Shard => 1 << 40,
             // Kimi K3's is about 2.6 MB: 163584 short lines.
             FileKind::TiktokenModel => 64 << 20,

@@ -6,7 +6,6 @@ pub mod available_memory;
 pub mod cache_dir;
 pub mod file_size_signal;
 pub mod input_file;
-pub mod map_advice;
 pub mod memory_pressure;
 pub mod positional_read;
 pub mod thread_priority;

@@ -34,6 +34,24 @@ pub struct Header {
     pub layers: Vec<(bool, usize)>,
 }
 
+/// What this model's states look like: an entry must match it before any of it is used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateShape {
+    /// Logits after a token (the vocabulary).
+    pub vocab: usize,
+    /// Every layer's state, in layer order.
+    pub layers: Vec<LayerShape>,
+}
+
+/// One layer's state as this model holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerShape {
+    /// A KDA layer: this many values whatever the length.
+    Kda(usize),
+    /// An MLA layer: this many values per cached position.
+    Mla(usize),
+}
+
 /// A state with the tokens that produced it and the logits after its last token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
@@ -170,10 +188,66 @@ pub fn read_header(r: &mut impl Read, model_key: u64, tokens: usize) -> Result<H
     Ok(h)
 }
 
+/// Checks the header `h` against `shape`, the model's own, before any part is read: the
+/// vocabulary and every layer's kind and size must be the model's. An entry that checks
+/// out against its key yet not against the model was made by other code or edited.
+pub fn check_shape(h: &Header, shape: &StateShape) -> Result<()> {
+    if h.vocab != shape.vocab {
+        bail!(EntryError::Corrupt(format!(
+            "the header says a vocabulary of {}, the model's is {}",
+            h.vocab, shape.vocab
+        )));
+    }
+    if h.layers.len() != shape.layers.len() {
+        bail!(EntryError::Corrupt(format!(
+            "the header lists {} layers, the model has {}",
+            h.layers.len(),
+            shape.layers.len()
+        )));
+    }
+    for (i, (&(kda, n), want)) in h.layers.iter().zip(&shape.layers).enumerate() {
+        let fits = match *want {
+            LayerShape::Kda(values) => kda && n == values,
+            LayerShape::Mla(row) => !kda && Some(n) == h.tokens.checked_mul(row),
+        };
+        if !fits {
+            let (kind, expected) = match *want {
+                LayerShape::Kda(values) => ("KDA", values),
+                LayerShape::Mla(row) => ("MLA", h.tokens.saturating_mul(row)),
+            };
+            let found = if kda { "KDA" } else { "MLA" };
+            bail!(EntryError::Corrupt(format!(
+                "the header's layer {i} is a {found} state of {n} values; the model's is a \
+                 {kind} state of {expected}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of `n` f32 or u32 values, or why the header cannot be right.
+fn bytes_of(n: usize, what: &str) -> Result<u64> {
+    n.checked_mul(4)
+        .map(|b| b as u64)
+        .ok_or_else(|| EntryError::Corrupt(format!("the {what} claims {n} values")).into())
+}
+
+/// Refuses values that are not finite: a stored state is one a run reached, and a run
+/// stops at the first NaN or infinity, so such an entry was damaged after its checksums.
+fn check_finite(v: &[f32], what: &str) -> Result<()> {
+    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        bail!(EntryError::Corrupt(format!(
+            "the {what} holds {} at value {i}",
+            v[i]
+        )));
+    }
+    Ok(())
+}
+
 /// Reads a whole entry whose header was `h`, checking each part and that its tokens are
 /// `want` (the prefix the reader is about to skip).
 pub fn read_body(r: &mut impl Read, h: &Header, want: &[u32]) -> Result<Entry> {
-    let raw = read_part(r, "token part", (h.tokens * 4) as u64)?;
+    let raw = read_part(r, "token part", bytes_of(h.tokens, "token part")?)?;
     ensure!(
         raw.len() == h.tokens * 4,
         EntryError::Corrupt(format!("the token part holds {} bytes", raw.len()))
@@ -184,20 +258,23 @@ pub fn read_body(r: &mut impl Read, h: &Header, want: &[u32]) -> Result<Entry> {
             "its tokens differ from the prompt's (a name collision)".into()
         ));
     }
-    let raw = read_part(r, "logit part", (h.vocab * 4) as u64)?;
+    let raw = read_part(r, "logit part", bytes_of(h.vocab, "logit part")?)?;
     ensure!(
-        raw.len() == h.vocab * 4,
+        raw.len() as u64 == bytes_of(h.vocab, "logit part")?,
         EntryError::Corrupt(format!("the logit part holds {} bytes", raw.len()))
     );
     let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&raw);
+    check_finite(&logits, "logit part")?;
     let mut layers = Vec::with_capacity(h.layers.len());
     for (i, &(kda, n)) in h.layers.iter().enumerate() {
-        let raw = read_part(r, &format!("layer {i} part"), (n * 4) as u64)?;
+        let what = format!("layer {i} part");
+        let raw = read_part(r, &what, bytes_of(n, &what)?)?;
         ensure!(
-            raw.len() == n * 4,
+            raw.len() as u64 == bytes_of(n, &what)?,
             EntryError::Corrupt(format!("the layer {i} part holds {} bytes", raw.len()))
         );
         let v: Vec<f32> = bytemuck::pod_collect_to_vec(&raw);
+        check_finite(&v, &what)?;
         layers.push(if kda {
             HostLayer::Kda(v)
         } else {

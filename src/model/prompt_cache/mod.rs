@@ -18,7 +18,7 @@ pub mod entry_file;
 use crate::atomic_file::{self, AtomicFile};
 use crate::platform::input_file::{self, FileKind};
 use anyhow::{Context, Result};
-use entry_file::Entry;
+use entry_file::{Entry, StateShape};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
@@ -127,8 +127,9 @@ impl PromptCache {
     }
 
     /// The longest stored prefix of `prompt` longer than `beyond` tokens, loaded and
-    /// checked; entries that fail a check are reported and removed.
-    pub fn lookup(&self, prompt: &[u32], beyond: usize) -> Option<Entry> {
+    /// checked against `shape` (the model's vocabulary and layer states) and for finite
+    /// values; entries that fail a check are reported and removed.
+    pub fn lookup(&self, prompt: &[u32], beyond: usize, shape: &StateShape) -> Option<Entry> {
         let mut found: Vec<Found> = self
             .entries()
             .into_iter()
@@ -138,7 +139,7 @@ impl PromptCache {
         found.sort_by_key(|f| std::cmp::Reverse(f.tokens));
         for f in found {
             let t = Instant::now();
-            match self.load(&f.path, &prompt[..f.tokens]) {
+            match self.load(&f.path, &prompt[..f.tokens], shape) {
                 Ok(e) => {
                     touch(&f.path);
                     eprintln!(
@@ -166,11 +167,12 @@ impl PromptCache {
         None
     }
 
-    /// Reads and checks the entry at `path`, which must hold `tokens`.
-    fn load(&self, path: &Path, tokens: &[u32]) -> Result<Entry> {
+    /// Reads and checks the entry at `path`, which must hold `tokens` in a state of `shape`.
+    fn load(&self, path: &Path, tokens: &[u32], shape: &StateShape) -> Result<Entry> {
         let file = input_file::open(path, FileKind::PromptCache)?.file;
         let mut r = std::io::BufReader::with_capacity(1 << 20, file);
         let h = entry_file::read_header(&mut r, self.key, tokens.len())?;
+        entry_file::check_shape(&h, shape)?;
         entry_file::read_body(&mut r, &h, tokens)
     }
 

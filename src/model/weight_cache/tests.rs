@@ -7,7 +7,16 @@ fn key() -> Key {
     Key {
         version: FORMAT_VERSION,
         policy: "dense=int4 mla=int8 head=int8".into(),
-        files: vec![file_key(Path::new("/nowhere/config.json"), 1, None)],
+        files: vec![file_key(
+            Path::new("/nowhere/config.json"),
+            &crate::checkpoint::file_stamp::FileStamp {
+                len: 1,
+                modified: None,
+                id: None,
+                changed: None,
+            },
+            0,
+        )],
     }
 }
 
@@ -65,7 +74,7 @@ fn ends_before_writer(path: &Path) -> (WriteReport, bool) {
 #[test]
 fn a_process_that_ends_while_the_writer_writes_waits_for_a_whole_file() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(FILE_NAME);
+    let path = dir.path().join(file_name(&FormatPolicy::default()));
     let (r, running) = ends_before_writer(&path);
     assert!(running, "the writer was done before the load ended");
     assert!(r.built, "{}", r.line);
@@ -86,7 +95,7 @@ fn a_process_that_ends_while_the_writer_writes_waits_for_a_whole_file() {
 #[test]
 fn dropping_the_pending_write_waits_for_it_too() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(FILE_NAME);
+    let path = dir.path().join(file_name(&FormatPolicy::default()));
     let mut b = building(&path);
     pause(&b, true);
     let p = parts("m", 256, 4096);
@@ -113,7 +122,7 @@ fn a_write_that_fails_after_the_load_leaves_no_file_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     // The destination turns into a non-empty directory while the writer waits: its
     // rename into place fails after everything was written and synced.
-    let path = dir.path().join(FILE_NAME);
+    let path = dir.path().join(file_name(&FormatPolicy::default()));
     let mut b = building(&path);
     pause(&b, true);
     let p = parts("m", 16, 4096);

@@ -652,7 +652,8 @@ fn slow_malformed_and_oversized_requests_do_not_hold_up_good_ones() {
             let mut c = TcpStream::connect(&s.addr).unwrap();
             write!(
                 c,
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{{\"messages\""
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{{\"messages\"",
+                s.addr
             )
             .unwrap();
             c
@@ -713,7 +714,8 @@ fn connections_are_bounded_and_slow_headers_time_out() {
     let partial: Vec<TcpStream> = (0..3)
         .map(|_| {
             let mut c = TcpStream::connect(&s.addr).unwrap();
-            c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+            c.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
+                .unwrap();
             c
         })
         .collect();
@@ -724,7 +726,7 @@ fn connections_are_bounded_and_slow_headers_time_out() {
     extra
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
-    let _ = extra.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    let _ = extra.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n");
     let mut answer = Vec::new();
     extra.read_to_end(&mut answer).unwrap();
     let answer = String::from_utf8(answer).unwrap();
@@ -808,7 +810,8 @@ fn a_client_that_disconnects_during_prefill_cancels_it_between_chunks() {
     let mut c = TcpStream::connect(&s.addr).unwrap();
     write!(
         c,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        s.addr,
         body.len()
     )
     .unwrap();

@@ -44,6 +44,7 @@ impl ApiError {
         match self.status {
             400 | 405 | 408 | 413 | 422 => "invalid_request_error",
             401 => "authentication_error",
+            403 => "permission_error",
             404 => "not_found_error",
             429 => "rate_limit_error",
             _ => "server_error",

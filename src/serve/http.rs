@@ -62,6 +62,10 @@ pub struct App {
     pub prefill: Arc<crate::model::prefill_progress::PrefillProgress>,
     /// Compiles output constraints (None when the model names no end-of-sequence id).
     pub grammar: Option<Arc<GrammarCompiler>>,
+    /// Which `Host` and `Origin` headers are answered.
+    pub origins: super::origin::OriginPolicy,
+    /// Longest wait for a streaming client to read before its request is dropped.
+    pub stall_timeout: Duration,
 }
 
 /// Where a chat answer's think text goes (`--reasoning-format`).

@@ -825,6 +825,57 @@ fn a_client_that_disconnects_during_prefill_cancels_it_between_chunks() {
     assert_eq!(st, 200, "{v}");
 }
 
+/// The `prefill N.NNNs` figure of the log line of request `id` (hex).
+fn logged_prefill_secs(log: &str, id: &str) -> f64 {
+    let line = log
+        .lines()
+        .find(|l| l.contains(&format!("serve {id}:")))
+        .unwrap_or_else(|| panic!("no line for request {id}: {log}"));
+    line.split("prefill ")
+        .nth(1)
+        .and_then(|r| r.split('s').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"))
+}
+
+#[test]
+fn a_disconnect_cancels_a_prefill_within_its_window() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let dir = support::tiny(0);
+    // The default window: the whole prompt in one pass, cancellable only between layers.
+    let s = Server::start(&dir, &["--max-tokens", "16384"]);
+    let prompt = "word ".repeat(12000);
+    let body = chat_body(&prompt, 1, true).to_string();
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    write!(
+        c,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        s.addr,
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(c);
+    assert!(s.wait_log("(cancelled)", 60), "{}", s.log());
+    // The same prompt to its end, from scratch: what the cancelled one would have cost.
+    let (st, v) = post_json(
+        &s.url("/v1/chat/completions"),
+        &chat_body(&prompt, 1, false),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(cached(&v), 0, "{v}");
+    let log = s.log();
+    let (cut, full) = (
+        logged_prefill_secs(&log, "1"),
+        logged_prefill_secs(&log, "2"),
+    );
+    assert!(
+        cut < full * 0.6,
+        "the cancelled prefill ran {cut:.3}s of a {full:.3}s prefill: {log}"
+    );
+}
+
 #[test]
 fn the_snapshot_budget_is_reported_at_start_and_one_too_small_is_warned_about() {
     let dir = support::tiny(0);

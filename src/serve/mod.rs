@@ -136,6 +136,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
     let limits = connections::ConnectionLimits {
         max_connections: opts.max_connections,
         header_timeout: opts.header_timeout,
+        stall_timeout: opts.stall_timeout,
     };
     let http = std::thread::Builder::new()
         .name("k3-http-main".into())

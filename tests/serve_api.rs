@@ -457,3 +457,27 @@ fn allowed_origins_and_hosts_get_cors_answers() {
         "{err}"
     );
 }
+
+#[test]
+fn every_error_is_json_and_quotes_client_data_short() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &[]);
+    let (st, body) = get(&s.url("/v1/models/%ff"), None);
+    assert_eq!(st, 404, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("UTF-8"),
+        "{v}"
+    );
+    let long = "m".repeat(1 << 20);
+    for body in [
+        json!({"messages": user("hi"), "model": long}),
+        json!({"messages": user("hi"), long.clone(): 1}),
+    ] {
+        let (st, _, v) = post(&s.url("/v1/chat/completions"), &body.to_string(), None);
+        assert!(st == 400 || st == 404, "{st}");
+        let text = v.to_string();
+        assert!(text.len() < 4096, "{} bytes: {}", text.len(), &text[..200]);
+        assert!(v["error"]["message"].is_string(), "{}", &text[..200]);
+    }
+}

@@ -160,7 +160,7 @@ impl OriginPolicy {
         {
             return Ok(Admit::Plain);
         }
-        if self.any_origin || self.origins.iter().any(|a| *a == o) {
+        if self.any_origin || self.origins.contains(&o) {
             return Ok(Admit::Cors(String::from_utf8_lossy(origin).into_owned()));
         }
         Err(Refusal(format!(

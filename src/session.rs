@@ -37,7 +37,7 @@ pub enum Finish {
     Stop,
     /// `max_tokens` were generated.
     Length,
-    /// The cancel flag was raised (between prefill chunks or between tokens).
+    /// The cancel flag was raised (between prefill layers or between tokens).
     Cancelled,
 }
 
@@ -48,7 +48,8 @@ pub struct DecodeOptions<'a> {
     pub max_tokens: usize,
     /// Stop when one of these ids is generated (it is still reported).
     pub stop_ids: &'a [u32],
-    /// Checked between prefill chunks and between tokens; raised means stop now.
+    /// Checked before each layer of a prefill window and between tokens; raised means
+    /// stop now.
     pub cancel: Option<&'a AtomicBool>,
     /// Keep the logits of every prompt position fed by this call.
     pub all_logits: bool,
@@ -292,8 +293,9 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(())
     }
 
-    /// Feeds `ids` after what was consumed, a chunk at a time; stops between chunks when
-    /// `cancel` is raised (returning false). What was fed stays consumed either way.
+    /// Feeds `ids` after what was consumed, a chunk at a time; stops between layers when
+    /// `cancel` is raised (returning false). The windows fed whole stay consumed; one
+    /// stopped part-way is undone (back to a snapshot, or the session resets).
     fn feed(
         &mut self,
         ids: &[u32],
@@ -324,11 +326,20 @@ impl<'m, B: Backend> Session<'m, B> {
                 return Ok(false);
             }
             // A failed forward leaves the state half-advanced: forget it all.
-            let logits = match self
-                .model
-                .forward(&mut self.state, c, want, stats, opts.trace)
-            {
-                Ok(l) => l,
+            let logits = match self.model.forward_until(
+                &mut self.state,
+                c,
+                want,
+                stats,
+                opts.trace,
+                opts.cancel,
+            ) {
+                Ok(Some(l)) => l,
+                Ok(None) => {
+                    // Stopped between layers: the state is part-advanced.
+                    self.rewind_part_advanced()?;
+                    return Ok(false);
+                }
                 Err(e) => {
                     self.reset()?;
                     return Err(e);
@@ -341,6 +352,23 @@ impl<'m, B: Backend> Session<'m, B> {
             }
         }
         Ok(true)
+    }
+
+    /// After a pass stopped between layers: returns to the longest snapshot of what was
+    /// consumed (its KDA layers copied back, the MLA caches cut to it), or resets.
+    fn rewind_part_advanced(&mut self) -> Result<()> {
+        let consumed = self.tokens.len();
+        self.snapshots.retain(|s| s.state.pos() <= consumed);
+        let Some(snap) = self.snapshots.last() else {
+            return self.reset();
+        };
+        let pos = snap.state.pos();
+        if self.model.restore(&mut self.state, &snap.state).is_err() {
+            return self.reset();
+        }
+        self.tokens.truncate(pos);
+        self.last_logits.clone_from(&snap.last_logits);
+        Ok(())
     }
 
     /// Brings the session to exactly `ids`: feeds only the new suffix when what was consumed
@@ -439,7 +467,7 @@ impl<'m, B: Backend> Session<'m, B> {
 
     /// Brings the session to `prompt` (reusing the prefix it holds), then samples tokens with
     /// `pick` under one stop rule: a stop id, `max_tokens`, `on_token` returning
-    /// [`Flow::Stop`], or the cancel flag (checked between prefill chunks and between tokens).
+    /// [`Flow::Stop`], or the cancel flag (checked between prefill layers and between tokens).
     /// Every generated token but the last is fed back; the last is fed by the next call
     /// that continues from it, so a generation that ends costs no extra forward pass.
     pub fn generate(

@@ -43,3 +43,24 @@ fn a_double_slash_sends_text_that_begins_with_a_slash() {
     assert!(!err.contains("unknown command"), "{err}");
     assert!(!out.stdout.is_empty(), "{err}");
 }
+
+#[test]
+fn a_line_longer_than_the_context_could_hold_is_refused_before_tokenizing() {
+    let mut input = b"hello there\n".to_vec();
+    input.extend(std::iter::repeat_n(b'x', 4 << 20));
+    input.extend(b"\nand again\n");
+    let out = support::chat(&["--max-tokens", "256"], &input);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("that line is 4194305 bytes") && err.contains("holds at most"),
+        "{err}"
+    );
+    assert!(err.contains("conversation is kept"), "{err}");
+    // Both short turns were answered, the same as without the long line.
+    let plain = support::chat(&["--max-tokens", "256"], b"hello there\nand again\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+}

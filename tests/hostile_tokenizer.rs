@@ -292,3 +292,29 @@ fn a_megabyte_added_token_is_refused_naming_the_file_the_id_and_its_length() {
     );
     assert!(!err.contains("NFA"), "the regex build was reached");
 }
+
+#[test]
+fn a_tiktoken_file_of_too_many_entries_is_refused_before_its_table_is_built() {
+    let dir = tiktoken_dir(|_| {});
+    // 60 MiB of one-byte tokens: within the file bound, far over any vocabulary.
+    let line = "QQ== 0\n";
+    write_model(dir.path(), &line.repeat((60 << 20) / line.len()));
+    let t = Instant::now();
+    let err = load_err(dir.path());
+    assert!(
+        err.contains("tiktoken.model")
+            && err.contains("8987794 entries")
+            && err.contains("4194304"),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    // A malformed line is quoted short, whatever its length.
+    let dir = tiktoken_dir(|_| {});
+    write_model(dir.path(), &format!("QQ== 0 {}\n", "x".repeat(1 << 20)));
+    let err = load_err(dir.path());
+    assert!(
+        err.contains("expected `BASE64 RANK`") && err.len() < 1000,
+        "{}",
+        err.len()
+    );
+}

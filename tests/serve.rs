@@ -652,7 +652,8 @@ fn slow_malformed_and_oversized_requests_do_not_hold_up_good_ones() {
             let mut c = TcpStream::connect(&s.addr).unwrap();
             write!(
                 c,
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{{\"messages\""
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{{\"messages\"",
+                s.addr
             )
             .unwrap();
             c
@@ -713,7 +714,8 @@ fn connections_are_bounded_and_slow_headers_time_out() {
     let partial: Vec<TcpStream> = (0..3)
         .map(|_| {
             let mut c = TcpStream::connect(&s.addr).unwrap();
-            c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+            c.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
+                .unwrap();
             c
         })
         .collect();
@@ -724,7 +726,7 @@ fn connections_are_bounded_and_slow_headers_time_out() {
     extra
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
-    let _ = extra.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    let _ = extra.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n");
     let mut answer = Vec::new();
     extra.read_to_end(&mut answer).unwrap();
     let answer = String::from_utf8(answer).unwrap();
@@ -808,7 +810,8 @@ fn a_client_that_disconnects_during_prefill_cancels_it_between_chunks() {
     let mut c = TcpStream::connect(&s.addr).unwrap();
     write!(
         c,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        s.addr,
         body.len()
     )
     .unwrap();
@@ -820,6 +823,188 @@ fn a_client_that_disconnects_during_prefill_cancels_it_between_chunks() {
     assert!(line.contains("generated 0 "), "{line}");
     let (st, v) = post_json(&s.url("/v1/chat/completions"), &chat_body("hi", 2, false));
     assert_eq!(st, 200, "{v}");
+}
+
+/// The `prefill N.NNNs` figure of the log line of request `id` (hex).
+fn logged_prefill_secs(log: &str, id: &str) -> f64 {
+    let line = log
+        .lines()
+        .find(|l| l.contains(&format!("serve {id}:")))
+        .unwrap_or_else(|| panic!("no line for request {id}: {log}"));
+    line.split("prefill ")
+        .nth(1)
+        .and_then(|r| r.split('s').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"))
+}
+
+#[test]
+fn a_disconnect_cancels_a_prefill_within_its_window() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let dir = support::tiny(0);
+    // The default window: the whole prompt in one pass, cancellable only between layers.
+    let s = Server::start(&dir, &["--max-tokens", "16384"]);
+    let prompt = "word ".repeat(12000);
+    let body = chat_body(&prompt, 1, true).to_string();
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    write!(
+        c,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        s.addr,
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(c);
+    assert!(s.wait_log("(cancelled)", 60), "{}", s.log());
+    // The same prompt to its end, from scratch: what the cancelled one would have cost.
+    let (st, v) = post_json(
+        &s.url("/v1/chat/completions"),
+        &chat_body(&prompt, 1, false),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(cached(&v), 0, "{v}");
+    let log = s.log();
+    let (cut, full) = (
+        logged_prefill_secs(&log, "1"),
+        logged_prefill_secs(&log, "2"),
+    );
+    assert!(
+        cut < full * 0.6,
+        "the cancelled prefill ran {cut:.3}s of a {full:.3}s prefill: {log}"
+    );
+}
+
+/// Connects to `addr` (`127.0.0.1:PORT`) with a 4 KiB receive buffer, so a client that
+/// reads nothing stalls the server's writes after a few KiB, and sends `body` to `path`.
+fn post_unread(addr: &str, path: &str, body: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    let sa: std::net::SocketAddrV4 = addr.parse().unwrap();
+    // SAFETY: socket(2) with constant arguments; the descriptor is checked, then owned by
+    // the TcpStream below, which closes it.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+    assert!(fd >= 0);
+    let size: libc::c_int = 4096;
+    // SAFETY: `size` lives across the call and its length is passed with it.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: sa.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*sa.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `sin` is a valid sockaddr_in and its length is passed with it.
+    let rc = unsafe {
+        libc::connect(
+            fd,
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    // SAFETY: `fd` is an open, connected socket nothing else owns.
+    let mut c = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+    write!(
+        c,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    c
+}
+
+/// A streamed answer of 8000 tokens (end-of-sequence ignored), each event a few KB with
+/// its top log-probabilities, so it fills any socket buffer long before its end.
+fn unread_body() -> String {
+    let mut body = chat_body("Tell me a very long story", 8000, true);
+    body["ignore_eos"] = json!(true);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(20);
+    body.to_string()
+}
+
+#[test]
+fn a_client_that_reads_nothing_pauses_the_engine_and_is_dropped() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--max-tokens", "8192", "--stall-timeout", "2"]);
+    let body = unread_body();
+    let c = post_unread(&s.addr, "/v1/chat/completions", &body);
+    assert!(
+        s.wait_log("(cancelled)", 60),
+        "the unread stream was not dropped: {}",
+        s.log()
+    );
+    let log = s.log();
+    let line = log.lines().find(|l| l.contains("(cancelled)")).unwrap();
+    let generated: usize = line
+        .split("generated ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(generated < 8000, "{line}");
+    drop(c);
+    let (st, v) = post_json(&s.url("/v1/chat/completions"), &chat_body("hi", 2, false));
+    assert_eq!(st, 200, "{v}");
+}
+
+#[test]
+fn shutdown_closes_clients_that_read_nothing_or_send_half_a_body() {
+    use std::io::Write;
+    let dir = support::tiny(0);
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let mut s = Server::start(
+            &dir,
+            &[
+                "--max-tokens",
+                "8192",
+                "--stall-timeout",
+                "600",
+                "--body-timeout",
+                "600",
+            ],
+        );
+        let body = unread_body();
+        let unread = post_unread(&s.addr, "/v1/chat/completions", &body);
+        let mut half = std::net::TcpStream::connect(&s.addr).unwrap();
+        write!(
+            half,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{{\"messages\"",
+            s.addr
+        )
+        .unwrap();
+        // Long enough for the unread answer to fill the socket buffers.
+        std::thread::sleep(Duration::from_secs(3));
+        // SAFETY: kill(2) on the child's own pid with a signal; no memory is touched.
+        assert_eq!(unsafe { libc::kill(s.child.id() as i32, signal) }, 0);
+        let t = std::time::Instant::now();
+        let status = loop {
+            if let Some(st) = s.child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "signal {signal}: still running: {}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{status:?}: {}", s.log());
+        drop((unread, half));
+    }
 }
 
 #[test]

@@ -257,9 +257,11 @@ fn metrics_are_histograms_and_an_oversized_body_is_refused_at_once() {
     // A declared Content-Length over the limit: 413 before any body byte is sent.
     let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    c.write_all(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+    write!(
+        c,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
           Content-Length: 5000000\r\n\r\n",
+        s.addr
     )
     .unwrap();
     let t = std::time::Instant::now();
@@ -289,4 +291,193 @@ fn metrics_are_histograms_and_an_oversized_body_is_refused_at_once() {
         assert!(m.contains(&format!("{name}_count 1\n")), "{name}\n{m}");
     }
     assert!(m.contains("k3_requests_total{status=\"413\"} 1\n"), "{m}");
+}
+
+/// Sends `head` (request line and headers, without the blank line) and `body` on a raw
+/// connection; returns the status, the headers as one lower-case string and the body.
+fn raw(addr: &str, head: &str, body: &str) -> (u16, String, String) {
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        c,
+        "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = headers
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, headers.to_ascii_lowercase(), body.to_string())
+}
+
+#[test]
+fn web_pages_of_other_origins_and_rebound_hosts_are_refused() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &[]);
+    let port = s.addr.rsplit(':').next().unwrap().to_string();
+    let chat = json!({"messages": user("hi"), "max_tokens": 2}).to_string();
+    // A cross-site form or fetch: text/plain needs no preflight, but carries its Origin.
+    let (st, _, body) = raw(
+        &s.addr,
+        &format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nOrigin: http://evil.example\r\nContent-Type: text/plain",
+            s.addr
+        ),
+        &chat,
+    );
+    assert_eq!(st, 403, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--allow-origin"),
+        "{v}"
+    );
+    let (st, _, body) = raw(
+        &s.addr,
+        &format!(
+            "POST /v1/messages HTTP/1.1\r\nHost: {}\r\nOrigin: null\r\nContent-Type: text/plain",
+            s.addr
+        ),
+        &chat,
+    );
+    assert_eq!(st, 403, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["type"], "error", "{v}");
+    // DNS rebinding: the page's own name in Host, no Origin on a simple GET.
+    for path in ["/health", "/", "/v1/models"] {
+        let (st, _, body) = raw(
+            &s.addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: evil.example:{port}"),
+            "",
+        );
+        assert_eq!(st, 403, "{path}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("--allow-host"),
+            "{v}"
+        );
+    }
+    // The server's own page, under each loopback name, and clients that send no Origin.
+    for host in [
+        format!("localhost:{port}"),
+        s.addr.clone(),
+        format!("[::1]:{port}"),
+    ] {
+        let (st, _, body) = raw(
+            &s.addr,
+            &format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nContent-Type: application/json"
+            ),
+            &chat,
+        );
+        assert_eq!(st, 200, "{host}: {body}");
+        let (st, _, _) = raw(&s.addr, &format!("GET / HTTP/1.1\r\nHost: {host}"), "");
+        assert_eq!(st, 200, "{host}");
+    }
+    let (st, v) = post_json(
+        &s.url("/v1/chat/completions"),
+        &json!({"messages": user("hi"), "max_tokens": 2}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (_, m) = get(&s.url("/metrics"), None);
+    assert!(m.contains("k3_requests_total{status=\"403\"} 5\n"), "{m}");
+}
+
+#[test]
+fn allowed_origins_and_hosts_get_cors_answers() {
+    let dir = support::tiny(0);
+    let s = Server::start(
+        &dir,
+        &[
+            "--allow-origin",
+            "https://app.example,http://other.example:3000",
+            "--allow-host",
+            "k3.box",
+        ],
+    );
+    let port = s.addr.rsplit(':').next().unwrap().to_string();
+    let (st, headers, _) = raw(
+        &s.addr,
+        &format!(
+            "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nOrigin: https://app.example\r\n\
+             Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type, authorization",
+            s.addr
+        ),
+        "",
+    );
+    assert_eq!(st, 204, "{headers}");
+    assert!(
+        headers.contains("access-control-allow-origin: https://app.example"),
+        "{headers}"
+    );
+    assert!(
+        headers.contains("access-control-allow-headers: content-type, authorization"),
+        "{headers}"
+    );
+    let chat = json!({"messages": user("hi"), "max_tokens": 2}).to_string();
+    let (st, headers, body) = raw(
+        &s.addr,
+        &format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: k3.box:{port}\r\nOrigin: http://other.example:3000\r\nContent-Type: application/json"
+        ),
+        &chat,
+    );
+    assert_eq!(st, 200, "{body}");
+    assert!(
+        headers.contains("access-control-allow-origin: http://other.example:3000"),
+        "{headers}"
+    );
+    let (st, _, body) = raw(
+        &s.addr,
+        &format!(
+            "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nOrigin: https://evil.example\r\nAccess-Control-Request-Method: POST",
+            s.addr
+        ),
+        "",
+    );
+    assert_eq!(st, 403, "{body}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k3"))
+        .args(["serve", "--demo", "--allow-origin", "evil.example"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--allow-origin"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_error_is_json_and_quotes_client_data_short() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &[]);
+    let (st, body) = get(&s.url("/v1/models/%ff"), None);
+    assert_eq!(st, 404, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("UTF-8"),
+        "{v}"
+    );
+    let long = "m".repeat(1 << 20);
+    for body in [
+        json!({"messages": user("hi"), "model": long}),
+        json!({"messages": user("hi"), long.clone(): 1}),
+    ] {
+        let (st, _, v) = post(&s.url("/v1/chat/completions"), &body.to_string(), None);
+        assert!(st == 400 || st == 404, "{st}");
+        let text = v.to_string();
+        assert!(text.len() < 4096, "{} bytes: {}", text.len(), &text[..200]);
+        assert!(v["error"]["message"].is_string(), "{}", &text[..200]);
+    }
 }

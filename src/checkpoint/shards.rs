@@ -13,6 +13,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3;
 
+/// Dimensions a tensor's `shape` may list (k3's tensors have at most 3).
+pub const MAX_DIMS: usize = 8;
+
 /// Index file of a sharded snapshot.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// The one file of an unsharded snapshot.
@@ -368,12 +371,21 @@ fn parse_entry(shard: usize, info: &Value, data_start: u64, data_len: u64) -> Re
         .and_then(Value::as_str)
         .ok_or_else(|| anyhow!("missing `dtype`"))?;
     let dtype = Dtype::from_safetensors_name(dtype_name).ok_or_else(|| {
-        anyhow!("dtype {dtype_name} is not supported (expected BF16, F16, F32 or U8)")
+        let shown: String = dtype_name.chars().take(32).collect();
+        anyhow!("dtype {shown:?} is not supported (expected BF16, F16, F32 or U8)")
     })?;
-    let shape = info
+    let dims = info
         .get("shape")
         .and_then(Value::as_array)
-        .ok_or_else(|| anyhow!("missing `shape`"))?
+        .ok_or_else(|| anyhow!("missing `shape`"))?;
+    // Refused before any is read, so no error quotes a shape of a thousand entries.
+    if dims.len() > MAX_DIMS {
+        bail!(
+            "`shape` has {} entries; a tensor has at most {MAX_DIMS}",
+            dims.len()
+        );
+    }
+    let shape = dims
         .iter()
         .map(|d| {
             d.as_u64()
@@ -415,4 +427,24 @@ fn parse_entry(shard: usize, info: &Value, data_start: u64, data_len: u64) -> Re
         shape,
         range: data_start + begin..data_start + end,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shape_of_too_many_entries_is_refused_short() {
+        let info = serde_json::json!({
+            "dtype": "F32",
+            "shape": vec![1; 100_000],
+            "data_offsets": [0, 4],
+        });
+        let e = format!("{:#}", parse_entry(0, &info, 0, 4).unwrap_err());
+        assert!(e.contains("100000 entries") && e.len() < 200, "{e}");
+        let info =
+            serde_json::json!({"dtype": "x".repeat(100_000), "shape": [1], "data_offsets": [0, 4]});
+        let e = format!("{:#}", parse_entry(0, &info, 0, 4).unwrap_err());
+        assert!(e.len() < 200, "{e}");
+    }
 }

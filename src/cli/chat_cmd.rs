@@ -64,6 +64,61 @@ enum Line<'a> {
     Text(&'a str),
 }
 
+/// What [`read_line_bounded`] read.
+#[derive(Debug, PartialEq, Eq)]
+enum LineRead {
+    /// The input ended before any byte of a line.
+    End,
+    /// A line (its bytes, newline included, are in the buffer).
+    Line,
+    /// A line over the limit, read and dropped; its length so far (at least the limit).
+    TooLong(usize),
+}
+
+/// Reads one line into `buf` (cleared first), keeping at most `limit` bytes: a longer
+/// line is read to its end and dropped, so its size costs no memory.
+fn read_line_bounded(
+    input: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> std::io::Result<LineRead> {
+    buf.clear();
+    let mut seen = 0usize;
+    let mut any = false;
+    loop {
+        let avail = match input.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if avail.is_empty() {
+            break;
+        }
+        any = true;
+        let (take, done) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (avail.len(), false),
+        };
+        if seen.saturating_add(take) <= limit {
+            buf.extend_from_slice(&avail[..take]);
+        } else {
+            buf.clear();
+        }
+        seen = seen.saturating_add(take);
+        input.consume(take);
+        if done {
+            break;
+        }
+    }
+    Ok(if !any {
+        LineRead::End
+    } else if seen > limit {
+        LineRead::TooLong(seen)
+    } else {
+        LineRead::Line
+    })
+}
+
 /// Reads a trimmed line: commands start with `/`, `//` escapes a leading slash in text.
 fn parse_line(line: &str) -> Line<'_> {
     if line.is_empty() {
@@ -143,16 +198,31 @@ fn chat_loop<B: Backend>(
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let mut buf = Vec::new();
+    // No token covers more bytes than the vocabulary's longest, so a line longer than
+    // the context times that cannot fit: it is refused before it is tokenized.
+    let longest = (0..tok.vocab_size() as u32)
+        .filter_map(|id| tok.token_bytes(id).map(<[u8]>::len))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let line_limit = model.context().saturating_mul(longest);
     loop {
         eprint!("> ");
         std::io::stderr().flush()?;
-        buf.clear();
-        if input
-            .read_until(b'\n', &mut buf)
+        match read_line_bounded(&mut input, &mut buf, line_limit)
             .context("reading standard input")?
-            == 0
         {
-            break;
+            LineRead::End => break,
+            LineRead::TooLong(n) => {
+                eprintln!(
+                    "[K3] that line is {n} bytes; the context of {} tokens (--max-tokens / \
+                     K3_MAXT) holds at most {line_limit} bytes of text; it was not sent and \
+                     the conversation is kept",
+                    model.context()
+                );
+                continue;
+            }
+            LineRead::Line => {}
         }
         let line = match std::str::from_utf8(&buf) {
             Ok(l) => l.trim(),
@@ -296,6 +366,24 @@ fn split_answer(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_line_over_the_limit_is_read_through_and_dropped() {
+        use super::{read_line_bounded, LineRead};
+        let text = format!("short\n{}\nnext", "x".repeat(1000));
+        let mut input = std::io::BufReader::with_capacity(16, text.as_bytes());
+        let mut buf = Vec::new();
+        let mut read = || {
+            let r = read_line_bounded(&mut input, &mut buf, 100).unwrap();
+            (r, String::from_utf8(buf.clone()).unwrap())
+        };
+        assert_eq!(read(), (LineRead::Line, "short\n".into()));
+        let (r, kept) = read();
+        assert_eq!(r, LineRead::TooLong(1001));
+        assert!(kept.len() <= 100, "{}", kept.len());
+        assert_eq!(read(), (LineRead::Line, "next".into()));
+        assert_eq!(read().0, LineRead::End);
+    }
+
     use super::{parse_line, Line};
 
     #[test]

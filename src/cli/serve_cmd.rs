@@ -9,6 +9,7 @@ use k3::backend::Backend;
 use k3::engine::config::MAX_CONTEXT;
 use k3::model::K3Model;
 use k3::serve::http::ReasoningFormat;
+use k3::serve::origin::OriginPolicy;
 use k3::serve::request::{Defaults, Limits};
 use k3::serve::{serve, ServeOptions};
 use k3::session::SnapshotLimits;
@@ -67,6 +68,19 @@ pub struct ServeArgs {
     /// device memory on the GPU): one holds every KDA layer's state.
     #[arg(long, env = "K3_SNAPSHOT_MB", default_value_t = 1024)]
     pub snapshot_mb: usize,
+    /// `Host` names the server answers besides the address it listens on (comma list;
+    /// NAME any port, NAME:PORT that port, `*` any): others are refused 403 so a
+    /// DNS-rebinding page cannot reach a loopback server. Bound to 0.0.0.0 any is accepted.
+    #[arg(long, env = "K3_ALLOW_HOST", value_delimiter = ',')]
+    pub allow_host: Vec<String>,
+    /// Web page origins that may call the API from a browser besides the server's own page
+    /// (comma list of http(s)://NAME[:PORT], or `*`); others are refused 403.
+    #[arg(long, env = "K3_ALLOW_ORIGIN", value_delimiter = ',')]
+    pub allow_origin: Vec<String>,
+    /// Seconds a streaming client may leave its answer unread while the engine waits for
+    /// it; past that the request is cancelled and the connection closed.
+    #[arg(long, default_value_t = 60)]
+    pub stall_timeout: u64,
     /// Thinking when a request does not say: 1 opens the think channel, 0 answers directly.
     #[arg(long, env = "K3_THINK", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub think: u8,
@@ -135,6 +149,18 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             a.max_messages
         );
     }
+    if a.stall_timeout == 0 || a.stall_timeout > 3600 {
+        bail!(
+            "--stall-timeout must be between 1 and 3600 seconds, got {}",
+            a.stall_timeout
+        );
+    }
+    // Checked here, before the model loads; the server builds the policy again once bound.
+    OriginPolicy::new(
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        &a.allow_host,
+        &a.allow_origin,
+    )?;
     let sampling = a.sampling.config();
     sampling.validate()?;
     let dir = match &a.model {
@@ -183,6 +209,9 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         max_connections: a.max_connections,
         header_timeout: Duration::from_secs(a.header_timeout),
         reasoning_format: a.reasoning_format,
+        allow_hosts: a.allow_host.clone(),
+        allow_origins: a.allow_origin.clone(),
+        stall_timeout: Duration::from_secs(a.stall_timeout),
     };
     a.load.with_model(&dir, ServeJob { dir: &dir, opts })
 }

@@ -349,6 +349,24 @@ impl<B: Backend> K3Model<B> {
         stats: &mut Stats,
         trace: Option<&Trace>,
     ) -> Result<Vec<f32>> {
+        self.forward_until(st, ids, want, stats, trace, None)?
+            .ok_or_else(|| anyhow::anyhow!("internal: a pass without a cancel flag was cancelled"))
+    }
+
+    /// [`Self::forward`] that checks `cancel` before each layer, so a long window stops
+    /// within one layer's time: None when it was raised. A pass stopped part-way leaves
+    /// `st` part-advanced (the layers before the stop saw the window, the rest did not);
+    /// the caller restores or resets it.
+    pub fn forward_until(
+        &self,
+        st: &mut State<B>,
+        ids: &[u32],
+        want: Logits,
+        stats: &mut Stats,
+        trace: Option<&Trace>,
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Option<Vec<f32>>> {
+        let raised = || cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst));
         if ids.is_empty() {
             bail!("forward: empty chunk");
         }
@@ -371,6 +389,9 @@ impl<B: Backend> K3Model<B> {
         // bank[e][j]: bank entry e (a block's banked input, [rows_j, hidden]) of sub-batch j.
         let mut bank: Vec<Vec<B::Act>> = Vec::new();
         for (i, (layer, ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
+            if raised() {
+                return Ok(None);
+            }
             // ps[j]: the residual stream after attention, [rows_j, hidden].
             let ps = self.attention_block(i, layer, ls, h, &mut bank)?;
             obs.attention_done();
@@ -388,7 +409,7 @@ impl<B: Backend> K3Model<B> {
         let logits = self.head(&h, &bank, &parts, want)?;
         obs.head_done(&logits, want, self.vocab_size())?;
         st.pos += ids.len();
-        Ok(logits)
+        Ok(Some(logits))
     }
 
     /// Layer `i`'s input mix, norm and attention over every sub-batch of `h`, advancing its

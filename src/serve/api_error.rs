@@ -18,13 +18,34 @@ pub struct ApiError {
     pub retry_after: Option<u32>,
 }
 
+/// The longest message an error carries: one that quotes a client's data (a field name,
+/// a model id, a schema) is cut, so an answer never echoes a body back whole.
+pub const MESSAGE_MAX: usize = 2048;
+/// The longest `param` an error names.
+pub const PARAM_MAX: usize = 256;
+
+/// `s` cut to at most `max` bytes at a character boundary, saying how long it was.
+pub fn clip(mut s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let total = s.len();
+    let mut at = max;
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    s.truncate(at);
+    s.push_str(&format!("… ({total} bytes in all)"));
+    s
+}
+
 impl ApiError {
     /// 400 naming `field`.
     pub fn field(field: &str, message: impl std::fmt::Display) -> Self {
         Self {
             status: 400,
-            message: format!("{field}: {message}"),
-            param: Some(field.to_string()),
+            message: clip(format!("{field}: {message}"), MESSAGE_MAX),
+            param: Some(clip(field.to_string(), PARAM_MAX)),
             retry_after: None,
         }
     }
@@ -33,7 +54,7 @@ impl ApiError {
     pub fn status(status: u16, message: impl Into<String>) -> Self {
         Self {
             status,
-            message: message.into(),
+            message: clip(message.into(), MESSAGE_MAX),
             param: None,
             retry_after: None,
         }
@@ -44,6 +65,7 @@ impl ApiError {
         match self.status {
             400 | 405 | 408 | 413 | 422 => "invalid_request_error",
             401 => "authentication_error",
+            403 => "permission_error",
             404 => "not_found_error",
             429 => "rate_limit_error",
             _ => "server_error",
@@ -53,9 +75,9 @@ impl ApiError {
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {
-            "message": self.message,
+            "message": clip(self.message.clone(), MESSAGE_MAX),
             "type": self.kind(),
-            "param": self.param,
+            "param": self.param.clone().map(|p| clip(p, PARAM_MAX)),
             "code": self.status,
         }})
     }
@@ -70,5 +92,29 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_messages_and_params_are_cut() {
+        let long = "é".repeat(100_000);
+        let e = ApiError::field(&long, &long);
+        let body = e.body().to_string();
+        assert!(body.len() < MESSAGE_MAX + PARAM_MAX + 300, "{}", body.len());
+        assert!(
+            e.message.ends_with("bytes in all)"),
+            "{}",
+            &e.message[e.message.len() - 40..]
+        );
+        let e = ApiError {
+            param: Some(long.clone()),
+            message: long,
+            ..ApiError::status(400, "")
+        };
+        assert!(e.body().to_string().len() < MESSAGE_MAX + PARAM_MAX + 300);
     }
 }

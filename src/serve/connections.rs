@@ -1,7 +1,8 @@
 //! The accept loop: at most `max_connections` open connections (one more is answered 503
 //! with `Retry-After` and closed), request headers that must arrive within
-//! `header_timeout`, and on shutdown every connection finishes its request in flight and
-//! closes.
+//! `header_timeout`, answers the client must take within `stall_timeout` (a client that
+//! stops reading is closed, which cancels its job), and on shutdown every connection
+//! finishes its request in flight and closes, or is closed after [`SHUTDOWN_GRACE`].
 
 use super::api_error::ApiError;
 use axum::Router;
@@ -9,9 +10,12 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -23,6 +27,88 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// Longest wait for a request's headers.
     pub header_timeout: Duration,
+    /// Longest a write to the client may wait (the client reads nothing) before the
+    /// connection is closed.
+    pub stall_timeout: Duration,
+}
+
+/// How long connections may take to finish after shutdown begins; then they are closed
+/// (a client that reads nothing, or sends half a body, cannot hold the exit).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// A connection whose writes fail once one has waited `stall` without progress: a client
+/// that stops reading fills the socket's buffer, and is then closed instead of holding its
+/// connection (and its job) open.
+struct StallIo<T> {
+    inner: T,
+    stall: Duration,
+    /// Armed while a write waits.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> StallIo<T> {
+    /// Runs a write attempt: disarms on progress, arms on the first wait, fails once the
+    /// wait passes `stall`.
+    fn watch<R>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+        if r.is_ready() {
+            self.deadline = None;
+            return r;
+        }
+        let stall = self.stall;
+        let d = self
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+        if d.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing within --stall-timeout",
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for StallIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for StallIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, r)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, r)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// Connections over the limit being answered 503 at once, at most; past that they are
@@ -124,7 +210,14 @@ pub async fn serve_connections(
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(
+                    TokioIo::new(StallIo {
+                        inner: stream,
+                        stall: limits.stall_timeout,
+                        deadline: None,
+                    }),
+                    service,
+                );
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
@@ -136,5 +229,14 @@ pub async fn serve_connections(
         });
     }
     let _ = stop_tx.send(true);
-    while tasks.join_next().await.is_some() {}
+    let drained = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(SHUTDOWN_GRACE, drained).await.is_err() {
+        eprintln!(
+            "[K3] serve: closing {} connection(s) still open {}s after the stop",
+            tasks.len(),
+            SHUTDOWN_GRACE.as_secs()
+        );
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
 }

@@ -24,8 +24,15 @@ use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Instant;
-use tokio::sync::mpsc::UnboundedSender;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::Sender;
+
+/// Events a job's channel holds before the engine waits for its handler: a streaming
+/// client that reads nothing pauses the engine, not the server's memory.
+pub const EVENTS_IN_FLIGHT: usize = 64;
+/// How often a paused engine looks again at a full channel.
+const FULL_POLL: Duration = Duration::from_millis(2);
 
 /// What a job's prompt is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,8 +60,10 @@ pub struct Job {
     pub kind: JobKind,
     /// Think text goes into `content` inside `<think>…</think>` (`--reasoning-format inline`).
     pub inline_reasoning: bool,
-    /// Where the job's events go.
-    pub events: UnboundedSender<Event>,
+    /// Where the job's events go (bounded: [`EVENTS_IN_FLIGHT`]).
+    pub events: Sender<Event>,
+    /// Longest wait for the handler to take an event before the job is cancelled.
+    pub stall_timeout: Duration,
     /// Raised when the client went away (or the server stops).
     pub cancel: Arc<AtomicBool>,
     /// When the request was queued.
@@ -294,17 +303,49 @@ pub fn run_engine<B: Backend>(
         }
         // Idle before the answer leaves, so a client that then asks /health sees it so.
         shared.metrics.busy.store(false, Ordering::SeqCst);
-        let _ = job.events.send(event);
+        deliver(&job.events, &job.cancel, job.stall_timeout, event, true);
     }
     Ok(())
+}
+
+/// Hands `ev` to the job's handler, waiting while its channel is full (the client reads
+/// slower than the engine writes) until there is room, the handler is gone, `stall`
+/// passes, or (unless `last`, the job's final event) the job is cancelled. An event not
+/// delivered cancels the job; returns whether it was delivered.
+fn deliver(
+    events: &Sender<Event>,
+    cancel: &AtomicBool,
+    stall: Duration,
+    ev: Event,
+    last: bool,
+) -> bool {
+    let t0 = Instant::now();
+    let mut ev = ev;
+    loop {
+        match events.try_send(ev) {
+            Ok(()) => return true,
+            Err(TrySendError::Full(back))
+                if t0.elapsed() < stall && (last || !cancel.load(Ordering::SeqCst)) =>
+            {
+                ev = back;
+                std::thread::sleep(FULL_POLL);
+            }
+            Err(_) => {
+                // The client left, stopped reading for too long, or the job is cancelled.
+                cancel.store(true, Ordering::SeqCst);
+                return false;
+            }
+        }
+    }
 }
 
 /// Turns one choice's generated text into events: the think channel as reasoning (or as
 /// `<think>…</think>` inside content when inline), the rest as content through the stop
 /// strings; the tools channel is held for parsing at the end.
 struct Streamer<'a> {
-    events: &'a UnboundedSender<Event>,
+    events: &'a Sender<Event>,
     cancel: &'a AtomicBool,
+    stall_timeout: Duration,
     choice: usize,
     inline: bool,
     in_think: bool,
@@ -347,10 +388,13 @@ impl Streamer<'_> {
     }
 
     fn deliver(&mut self, delta: Delta) {
-        if self.events.send(Event::Delta(delta)).is_err() {
-            // The handler is gone: the client disconnected.
-            self.cancel.store(true, Ordering::SeqCst);
-        }
+        deliver(
+            self.events,
+            self.cancel,
+            self.stall_timeout,
+            Event::Delta(delta),
+            false,
+        );
     }
 
     /// Sends the log-probabilities of tokens that showed no text (structure, a held-back
@@ -489,6 +533,7 @@ fn run_choice<B: Backend>(
     }
     let mut st = Streamer {
         events: &job.events,
+        stall_timeout: job.stall_timeout,
         cancel: &job.cancel,
         choice,
         inline: job.inline_reasoning,

@@ -28,7 +28,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::Receiver;
 
 /// Everything a handler needs.
 pub struct App {
@@ -62,6 +62,10 @@ pub struct App {
     pub prefill: Arc<crate::model::prefill_progress::PrefillProgress>,
     /// Compiles output constraints (None when the model names no end-of-sequence id).
     pub grammar: Option<Arc<GrammarCompiler>>,
+    /// Which `Host` and `Origin` headers are answered.
+    pub origins: super::origin::OriginPolicy,
+    /// Longest wait for a streaming client to read before its request is dropped.
+    pub stall_timeout: Duration,
 }
 
 /// Where a chat answer's think text goes (`--reasoning-format`).
@@ -130,7 +134,18 @@ async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     Json(openai::models(&app.model_name))
 }
 
-async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+async fn model(
+    State(app): State<Arc<App>>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Response {
+    let Ok(Path(id)) = id else {
+        // A path that is not UTF-8 once percent-decoded (`/v1/models/%ff`).
+        return ApiError {
+            param: Some("model".into()),
+            ..ApiError::status(404, "the model id in the path is not UTF-8 text")
+        }
+        .into_response();
+    };
     if id == app.model_name {
         return Json(openai::model_entry(&app.model_name)).into_response();
     }
@@ -218,7 +233,7 @@ impl App {
         mut params: GenParams,
         kind: JobKind,
         inline_reasoning: bool,
-    ) -> Result<(String, UnboundedReceiver<Event>, CancelOnDrop), ApiError> {
+    ) -> Result<(String, Receiver<Event>, CancelOnDrop), ApiError> {
         params
             .sampling
             .validate()
@@ -248,7 +263,7 @@ impl App {
             );
             params.max_tokens = left;
         }
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = tokio::sync::mpsc::channel(super::engine::EVENTS_IN_FLIGHT);
         let cancel = Arc::new(AtomicBool::new(false));
         let job = Job {
             id: id.clone(),
@@ -257,6 +272,7 @@ impl App {
             kind,
             inline_reasoning,
             events: tx,
+            stall_timeout: self.stall_timeout,
             cancel: cancel.clone(),
             queued: Instant::now(),
         };
@@ -303,7 +319,7 @@ impl App {
 }
 
 /// Waits for a job's end; text deltas are already in the outcome.
-pub async fn wait_outcome(rx: &mut UnboundedReceiver<Event>) -> Result<Box<Outcome>, ApiError> {
+pub async fn wait_outcome(rx: &mut Receiver<Event>) -> Result<Box<Outcome>, ApiError> {
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Delta(..) => {}

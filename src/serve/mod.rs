@@ -16,6 +16,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod openai_body;
+pub mod origin;
 pub mod prompt;
 pub mod reply;
 pub mod request;
@@ -71,6 +72,12 @@ pub struct ServeOptions {
     pub header_timeout: Duration,
     /// Where a chat answer's think text goes.
     pub reasoning_format: http::ReasoningFormat,
+    /// `Host` names accepted besides the bound address's (`--allow-host`).
+    pub allow_hosts: Vec<String>,
+    /// Cross-site origins allowed (`--allow-origin`).
+    pub allow_origins: Vec<String>,
+    /// Longest wait for a streaming client to read before its request is dropped.
+    pub stall_timeout: Duration,
 }
 
 /// Serves `model` until SIGINT or SIGTERM: binds, prints the address, runs the HTTP side
@@ -88,6 +95,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         .context("setting the listening socket non-blocking")?;
     let addr = listener.local_addr().context("reading the bound address")?;
     let loopback = addr.ip().is_loopback();
+    let origins = origin::OriginPolicy::new(addr, &opts.allow_hosts, &opts.allow_origins)?;
     if !loopback && opts.api_key.is_none() {
         eprintln!(
             "[K3] serve: WARNING: listening on {} without --api-key / K3_API_KEY: anyone who \
@@ -115,6 +123,8 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         reasoning_format: opts.reasoning_format,
         prefill: model.progress().clone(),
         grammar,
+        origins,
+        stall_timeout: opts.stall_timeout,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(opts.http_threads.max(1))
@@ -126,6 +136,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
     let limits = connections::ConnectionLimits {
         max_connections: opts.max_connections,
         header_timeout: opts.header_timeout,
+        stall_timeout: opts.stall_timeout,
     };
     let http = std::thread::Builder::new()
         .name("k3-http-main".into())

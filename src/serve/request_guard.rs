@@ -1,9 +1,12 @@
-//! What every request passes before its handler: the API key (everything but `/` and
-//! `/health`), an immediate 413 for a declared body over the limit, and the status counter.
+//! What every request passes before its handler: the `Host` and `Origin` checks of
+//! `origin.rs` (with CORS answers for an allowed cross-site origin), the API key
+//! (everything but `/` and `/health`), an immediate 413 for a declared body over the
+//! limit, and the status counter.
 
 use super::anthropic;
 use super::api_error::ApiError;
 use super::http::App;
+use super::origin::Admit;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue};
@@ -37,12 +40,77 @@ fn anthropic_path(path: &str) -> bool {
     path == "/v1/messages" || path.starts_with("/v1/messages/")
 }
 
-/// The key check (everything but `/` and `/health`), an immediate 413 for a declared
-/// `Content-Length` over the body limit, and the status counter.
+/// Headers a preflight may ask for when it names none.
+const CORS_HEADERS: &str = "authorization, content-type, x-api-key, anthropic-version";
+
+/// Adds the CORS headers an allowed cross-site origin's answer carries.
+fn with_cors(mut r: Response, admit: &Admit) -> Response {
+    if let Admit::Cors(origin) = admit {
+        if let Ok(v) = HeaderValue::from_str(origin) {
+            let h = r.headers_mut();
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+            h.insert(header::VARY, HeaderValue::from_static("origin"));
+            h.insert(
+                header::ACCESS_CONTROL_EXPOSE_HEADERS,
+                HeaderValue::from_static("x-k3-seed, retry-after"),
+            );
+        }
+    }
+    r
+}
+
+/// The answer to a CORS preflight from an allowed origin: 204 with the methods and the
+/// headers it asked for.
+fn preflight(req: &Request) -> Response {
+    let asked = req
+        .headers()
+        .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+        .cloned()
+        .unwrap_or(HeaderValue::from_static(CORS_HEADERS));
+    let mut r = axum::http::StatusCode::NO_CONTENT.into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, OPTIONS"),
+    );
+    h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
+    h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from(600));
+    r
+}
+
+/// The `Host` and `Origin` checks, then the key check (everything but `/` and `/health`),
+/// an immediate 413 for a declared `Content-Length` over the body limit, and the status
+/// counter.
 pub(super) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    let open = matches!(path, "/" | "/health");
     let anthropic = anthropic_path(path);
+    let admit = app.origins.check(
+        req.headers().get(header::HOST).map(HeaderValue::as_bytes),
+        req.headers().get(header::ORIGIN).map(HeaderValue::as_bytes),
+    );
+    let admit = match admit {
+        Ok(a) => a,
+        Err(refusal) => {
+            let e = ApiError::status(403, refusal.0);
+            let r = if anthropic {
+                anthropic::error_response(e)
+            } else {
+                e.into_response()
+            };
+            app.shared.metrics.count_status(403);
+            return r;
+        }
+    };
+    let is_preflight = req.method() == axum::http::Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    if is_preflight && matches!(admit, Admit::Cors(_)) {
+        let r = with_cors(preflight(&req), &admit);
+        app.shared.metrics.count_status(r.status().as_u16());
+        return r;
+    }
+    let open = matches!(path, "/" | "/health");
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -86,7 +154,7 @@ pub(super) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next)
         None => next.run(req).await,
     };
     app.shared.metrics.count_status(resp.status().as_u16());
-    resp
+    with_cors(resp, &admit)
 }
 
 /// Reads and drops what arrives of an oversized body for a moment (up to four times the

@@ -9,7 +9,7 @@ use axum::response::sse::Event as SseEvent;
 use futures_util::stream::{self, Stream};
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::Receiver;
 
 /// One server-sent event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,7 +60,7 @@ impl From<String> for SseFrame {
 
 struct State<G, F> {
     pending: VecDeque<SseFrame>,
-    rx: UnboundedReceiver<Event>,
+    rx: Receiver<Event>,
     _guard: G,
     done: bool,
     frame: F,
@@ -70,7 +70,7 @@ struct State<G, F> {
 /// returns true (the stream's end).
 pub fn event_stream<G, F>(
     first: Vec<SseFrame>,
-    rx: UnboundedReceiver<Event>,
+    rx: Receiver<Event>,
     guard: G,
     frame: F,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send

@@ -39,6 +39,17 @@ const MAX_ENCODE_CHARS: usize = 400_000;
 /// ... and cuts runs of whitespace / non-whitespace longer than this (tiktoken issue 195).
 const MAX_NO_WHITESPACES_CHARS: usize = 25_000;
 
+/// At most the first 80 characters of `s`, for an error that quotes a file's line.
+fn short(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
+    }
+}
+
+/// Entries a `tiktoken.model` may hold: the largest `vocab_size` the config accepts.
+pub const MAX_TIKTOKEN_RANKS: usize = 1 << 22;
+
 /// Reads `tiktoken.model` (through [`crate::platform::input_file`]) and parses it with
 /// [`parse_tiktoken_model`].
 pub fn read_tiktoken_model(path: &Path) -> Result<Vec<Vec<u8>>> {
@@ -56,8 +67,14 @@ pub fn parse_tiktoken_model(text: &str, path: &Path) -> Result<Vec<Vec<u8>>> {
     // Ranks run 0..n over n entries, so a rank at or above the entry count is a gap for
     // certain; refusing it before the table grows keeps a rank of 2^30 from sizing it.
     let entries = text.lines().filter(|l| !l.trim().is_empty()).count();
+    if entries > MAX_TIKTOKEN_RANKS {
+        bail!(
+            "{}: {entries} entries, more than the {MAX_TIKTOKEN_RANKS} a vocabulary may hold \
+             (config.json's vocab_size bound); refused before reading them",
+            path.display()
+        );
+    }
     let mut by_rank: Vec<Option<Vec<u8>>> = vec![None; entries];
-    let mut seen: HashSet<Vec<u8>> = HashSet::new();
     for (lineno, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -66,16 +83,17 @@ pub fn parse_tiktoken_model(text: &str, path: &Path) -> Result<Vec<Vec<u8>>> {
         let mut parts = line.split_whitespace();
         let (Some(b64), Some(rank), None) = (parts.next(), parts.next(), parts.next()) else {
             bail!(
-                "{}:{lineno}: expected `BASE64 RANK`, found {line:?}",
-                path.display()
+                "{}:{lineno}: expected `BASE64 RANK`, found {:?}",
+                path.display(),
+                short(line)
             );
         };
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(b64)
-            .with_context(|| format!("{}:{lineno}: bad base64 {b64:?}", path.display()))?;
+            .with_context(|| format!("{}:{lineno}: bad base64 {:?}", path.display(), short(b64)))?;
         let rank: usize = rank
             .parse()
-            .with_context(|| format!("{}:{lineno}: bad rank {rank:?}", path.display()))?;
+            .with_context(|| format!("{}:{lineno}: bad rank {:?}", path.display(), short(rank)))?;
         if rank >= entries {
             bail!(
                 "{}:{lineno}: rank {rank} is out of range: the file has {entries} entries, so \
@@ -86,14 +104,23 @@ pub fn parse_tiktoken_model(text: &str, path: &Path) -> Result<Vec<Vec<u8>>> {
         if by_rank[rank].is_some() {
             bail!("{}:{lineno}: rank {rank} appears twice", path.display());
         }
-        if !seen.insert(bytes.clone()) {
-            bail!(
-                "{}:{lineno}: the bytes {bytes:?} already have another rank",
-                path.display()
-            );
-        }
         by_rank[rank] = Some(bytes);
     }
+    // Duplicates are looked for once every entry is read, over borrowed bytes: a copy of
+    // each would double the table.
+    let mut seen: HashSet<&[u8]> = HashSet::with_capacity(entries);
+    for (rank, bytes) in by_rank.iter().enumerate() {
+        if let Some(b) = bytes {
+            if !seen.insert(b) {
+                let shown: Vec<u8> = b.iter().copied().take(64).collect();
+                bail!(
+                    "{}: rank {rank}: the bytes {shown:?} already have another rank",
+                    path.display()
+                );
+            }
+        }
+    }
+    drop(seen);
     if by_rank.is_empty() {
         bail!("{} holds no tokens", path.display());
     }

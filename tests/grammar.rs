@@ -6,7 +6,11 @@
 mod support;
 
 use k3::generate::{generate, GenerateOptions};
-use k3::grammar::{GrammarCompiler, OutputConstraint, ReplyFrame, ToolSchema};
+use k3::grammar::constraint::MAX_GRAMMAR_BYTES;
+use k3::grammar::{
+    CompilerBusy, GrammarCompiler, OutputConstraint, ReplyFrame, SchemaError, ToolSchema,
+    MAX_FORCED_TOOLS,
+};
 use k3::model::FormatPolicy;
 use k3::sampling::{logprobs_of, Sampler, SamplerConfig};
 use k3::serve::reply::{parse_reply, pieces_from_ids};
@@ -302,7 +306,7 @@ fn bad_schemas_are_refused_with_a_reason() {
         true,
     )
     .unwrap();
-    assert!(e.contains("does not compile"), "{e}");
+    assert!(e.contains("does not compile") && !e.contains('\n'), "{e}");
     let e = err(json!({"type": "object", "x-guidance": 3}), true).unwrap();
     assert!(e.contains("x-guidance"), "{e}");
     assert!(GrammarCompiler::new(&tok, &[]).is_err());
@@ -311,4 +315,194 @@ fn bad_schemas_are_refused_with_a_reason() {
         .unwrap()
         .to_string();
     assert!(e.contains("outside the tokenizer"), "{e}");
+}
+
+/// Whether the grammar of `schema` (bare frame) accepts exactly `text`.
+fn accepts(g: &GrammarCompiler, tok: &Tokenizer, schema: &Value, text: &str) -> bool {
+    let c = OutputConstraint::JsonSchema {
+        schema: schema.clone(),
+        strict: true,
+    };
+    let mut k = g.constrain(&c, ReplyFrame::Bare).unwrap();
+    for id in tok.try_encode(text).unwrap() {
+        if !k.allows(id).unwrap() {
+            return false;
+        }
+        k.commit(id).unwrap();
+    }
+    let eos = tok.special_id("<|end_of_msg|>").unwrap();
+    k.allows(eos).unwrap()
+}
+
+fn compiler(tok: &Tokenizer) -> GrammarCompiler {
+    GrammarCompiler::new(tok, &[tok.special_id("<|end_of_msg|>").unwrap()]).unwrap()
+}
+
+#[test]
+fn an_integer_is_an_integer_and_a_number_a_finite_decimal() {
+    let tok = tokenizer();
+    let g = compiler(&tok);
+    let int = json!({"type": "integer"});
+    for t in [
+        "0",
+        "-5",
+        "42",
+        "9223372036854774784",
+        "-9223372036854774784",
+    ] {
+        assert!(accepts(&g, &tok, &int, t), "integer {t}");
+    }
+    for t in [
+        "-0",
+        "12345678901234567890123",
+        "9223372036854775807",
+        "1e5",
+        "1.0",
+    ] {
+        assert!(!accepts(&g, &tok, &int, t), "integer {t}");
+    }
+    let num = json!({"type": "number"});
+    for t in ["0", "1.5", "-0.25", "9007199254740992"] {
+        assert!(accepts(&g, &tok, &num, t), "number {t}");
+    }
+    for t in ["1e999", "1.5e3", "9007199254740993"] {
+        assert!(!accepts(&g, &tok, &num, t), "number {t}");
+    }
+    // A schema's own bounds still hold beside the grammar's.
+    let small = json!({"type": "integer", "minimum": -3, "maximum": 3});
+    assert!(accepts(&g, &tok, &small, "-3") && !accepts(&g, &tok, &small, "-0"));
+    assert!(!accepts(&g, &tok, &small, "4"));
+    // json_object: the values inside are shaped the same way.
+    let c = OutputConstraint::JsonObject;
+    let mut k = g.constrain(&c, ReplyFrame::Bare).unwrap();
+    let mut ok = true;
+    for id in tok.try_encode("{\"a\":[1e999]}").unwrap() {
+        ok &= k.allows(id).unwrap();
+        if !ok {
+            break;
+        }
+        k.commit(id).unwrap();
+    }
+    assert!(!ok, "json_object allowed an exponent");
+
+    // Sampled at temperature 1, a forced integer field parses as an i64 every time.
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"},
+        "x": {"type": "number"}}, "required": ["n", "x"], "additionalProperties": false});
+    let c = OutputConstraint::JsonSchema {
+        schema: schema.clone(),
+        strict: true,
+    };
+    for seed in 0..12 {
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            seed,
+            ..SamplerConfig::default()
+        };
+        let run = constrained(
+            &chat_prompt(&tok, false),
+            Some((&c, no_think())),
+            cfg,
+            120,
+            None,
+        );
+        let reply = parse_reply(&pieces_from_ids(&tok, &run.tokens), false);
+        let v: Value = serde_json::from_str(&reply.content)
+            .unwrap_or_else(|e| panic!("seed {seed}: {:?}: {e}", reply.content));
+        assert!(v["n"].is_i64(), "seed {seed}: {}", reply.content);
+        assert!(
+            !reply.content.contains("-0,") && !reply.content.contains(['e', 'E']),
+            "seed {seed}: {}",
+            reply.content
+        );
+        assert!(
+            v["x"].as_f64().is_some_and(f64::is_finite),
+            "seed {seed}: {}",
+            reply.content
+        );
+    }
+}
+
+#[test]
+fn what_the_grammar_cannot_enforce_is_refused_naming_the_schema_path() {
+    let tok = tokenizer();
+    let g = compiler(&tok);
+    let refused = |schema: &str, strict: bool| -> SchemaError {
+        let c = OutputConstraint::JsonSchema {
+            schema: serde_json::from_str(schema).unwrap(),
+            strict,
+        };
+        let e = g
+            .constrain(&c, ReplyFrame::Bare)
+            .err()
+            .unwrap_or_else(|| panic!("{schema} compiled"));
+        e.downcast_ref::<SchemaError>()
+            .unwrap_or_else(|| panic!("{schema}: {e:#}"))
+            .clone()
+    };
+    for (schema, path) in [
+        (r#"{"type":"integer","minimum":1e29}"#, ".minimum"),
+        (
+            r#"{"type":"integer","minimum":18446744073709551616}"#,
+            ".minimum",
+        ),
+        (
+            r#"{"properties":{"n":{"type":"integer","const":18446744073709551616}}}"#,
+            ".properties.n.const",
+        ),
+        (
+            r#"{"properties":{"n":{"enum":[2, 100000000000000000000000000000]}}}"#,
+            ".properties.n.enum[1]",
+        ),
+        (r#"{"type":"object","minProperties":3}"#, ".minProperties"),
+    ] {
+        assert_eq!(refused(schema, true).path, path, "{schema}");
+    }
+    assert_eq!(refused(r#"{"const":1e29}"#, false).path, ".const");
+    // Lenient, an unenforceable minProperties is ignored, as other keywords are: no
+    // repeated keys are forced.
+    let c = OutputConstraint::JsonSchema {
+        schema: json!({"type": "object", "minProperties": 3}),
+        strict: false,
+    };
+    assert!(g.constrain(&c, ReplyFrame::Bare).is_ok());
+    // What it enforces exactly still compiles.
+    let c = OutputConstraint::JsonSchema {
+        schema: json!({"type": "object", "properties": {"a": {}, "b": {}},
+            "minProperties": 1, "additionalProperties": false}),
+        strict: true,
+    };
+    assert!(g.constrain(&c, ReplyFrame::Bare).is_ok());
+}
+
+#[test]
+fn compiles_are_bounded_in_size_and_number() {
+    let tok = tokenizer();
+    let g = compiler(&tok).with_max_compiles(1);
+    let tool = |i: usize| ToolSchema {
+        name: format!("f{i}"),
+        parameters: json!({"type": "object"}),
+        strict: false,
+    };
+    let many = OutputConstraint::ToolCall {
+        tools: (0..MAX_FORCED_TOOLS + 1).map(tool).collect(),
+    };
+    let e = format!("{:#}", g.constrain(&many, no_think()).err().unwrap());
+    assert!(e.contains("at most 128"), "{e}");
+    let huge = OutputConstraint::JsonSchema {
+        schema: json!({"type": "object", "description": "d".repeat(MAX_GRAMMAR_BYTES)}),
+        strict: false,
+    };
+    let e = format!("{:#}", g.constrain(&huge, ReplyFrame::Bare).err().unwrap());
+    assert!(e.contains("bytes; at most"), "{e}");
+    // One compile at once: a second waits for none and is refused as busy.
+    let slot = g.try_slot().unwrap();
+    let e = g
+        .constrain(&OutputConstraint::JsonObject, ReplyFrame::Bare)
+        .err()
+        .unwrap();
+    assert!(e.is::<CompilerBusy>(), "{e:#}");
+    drop(slot);
+    assert!(g
+        .constrain(&OutputConstraint::JsonObject, ReplyFrame::Bare)
+        .is_ok());
 }

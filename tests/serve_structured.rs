@@ -449,3 +449,90 @@ fn the_turn_after_a_forced_call_resumes_before_the_tool_choice_note() {
         "cached {cached}; prompt tokens {prompt1} with the note, {without_note} without: {v}"
     );
 }
+
+#[test]
+fn a_budget_that_ends_in_the_frame_leaves_the_json_alone() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let chat = s.url("/v1/chat/completions");
+    let mut complete = 0;
+    for max_tokens in [2, 3, 4, 5, 6, 8, 16] {
+        for stream in [false, true] {
+            let body = json!({"messages": user("A cat as JSON"), "max_tokens": max_tokens,
+                "temperature": 0, "stream": stream, "response_format": {"type": "json_object"}});
+            let (content, finish) = if stream {
+                let (st, chunks) = post_stream(&chat, &body);
+                assert_eq!(st, 200);
+                let (_, content, finish, _) = join_chat(&chunks);
+                (content, finish)
+            } else {
+                let (st, v) = post_json(&chat, &body);
+                assert_eq!(st, 200, "{v}");
+                let c = &v["choices"][0];
+                (
+                    c["message"]["content"].as_str().unwrap().to_string(),
+                    c["finish_reason"].as_str().unwrap().to_string(),
+                )
+            };
+            assert!(
+                !content.contains("<|") && !content.contains("response"),
+                "max_tokens {max_tokens}: {content:?} ({finish})"
+            );
+            if serde_json::from_str::<Value>(&content).is_ok() {
+                complete += 1;
+            }
+        }
+    }
+    assert!(complete > 0, "no budget closed the JSON");
+}
+
+#[test]
+fn schemas_the_grammar_cannot_enforce_are_refused_naming_the_schema_path() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let chat = s.url("/v1/chat/completions");
+    let format = |schema: &str| {
+        let schema: Value = serde_json::from_str(schema).unwrap();
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}})
+    };
+    let big_tool: Value = serde_json::from_str(
+        r#"{"type": "function", "function": {"name": "g", "parameters": {"type": "object",
+            "properties": {"n": {"type": "integer", "minimum": 1e29}}}}}"#,
+    )
+    .unwrap();
+    let many: Vec<Value> = (0..129)
+        .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
+        .collect();
+    for (body, field) in [
+        (
+            json!({"messages": user("x"), "response_format":
+                format(r#"{"type":"object","properties":{"n":{"type":"integer","minimum":1e29}}}"#)}),
+            "response_format.json_schema.schema.properties.n.minimum",
+        ),
+        (
+            json!({"messages": user("x"), "response_format":
+                format(r#"{"type":"integer","const":18446744073709551616}"#)}),
+            "response_format.json_schema.schema.const",
+        ),
+        (
+            json!({"messages": user("x"), "response_format":
+                format(r#"{"type":"object","minProperties":3}"#)}),
+            "response_format.json_schema.schema.minProperties",
+        ),
+        (
+            json!({"messages": user("x"), "tools": [tools()[0].clone(), big_tool],
+                "tool_choice": "required"}),
+            "tools[1].function.parameters.properties.n.minimum",
+        ),
+        (
+            json!({"messages": user("x"), "tools": many, "tool_choice": "required"}),
+            "tools",
+        ),
+    ] {
+        let (st, v) = post_json(&chat, &body);
+        assert_eq!(st, 400, "{field}: {v}");
+        assert_eq!(v["error"]["param"], field, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(!msg.contains('\n') && !msg.contains("backtrace"), "{msg}");
+    }
+}

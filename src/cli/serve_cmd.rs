@@ -38,7 +38,8 @@ pub struct ServeArgs {
     /// The model id clients name [default: the snapshot directory's name, `k3-demo` with --demo].
     #[arg(long)]
     pub model_name: Option<String>,
-    /// Requests that may wait while one runs; beyond that, 429 with Retry-After.
+    /// Requests that may wait while one runs, and output constraints (response_format,
+    /// forced tool_choice) that may compile at once; beyond that, 429 with Retry-After.
     #[arg(long, default_value_t = 8)]
     pub queue: usize,
     /// Tokens an answer gets when the request names no max_tokens.

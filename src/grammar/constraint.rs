@@ -2,10 +2,11 @@
 //! grammar allows before each token and told which one was sampled.
 
 use anyhow::{anyhow, bail, Result};
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::SimpleVob;
 use llguidance::{Matcher, ParserFactory};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::closing::{JsonCursor, TokenTexts};
@@ -13,11 +14,76 @@ use super::reply_grammar::{reply_lark, OutputConstraint, ReplyFrame};
 use super::token_env::K3TokEnv;
 use crate::tokenizer::Tokenizer;
 
+/// Largest grammar text a constraint may compile to (the schemas and the frame), in bytes.
+/// Compile time and memory grow with it; 1 MiB holds the largest real-world schemas.
+pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
+
+/// llguidance's limits, tighter than its defaults where they bound memory: grammar symbols
+/// (its default 500,000 is a few MB of schema) and lexer states (1-2 kB each, so 100,000
+/// is at most about 200 MB). Errors leave out the parser state and the grammar.
+fn parser_limits() -> ParserLimits {
+    ParserLimits {
+        max_grammar_size: 200_000,
+        max_lexer_states: 100_000,
+        verbose_errors: false,
+        ..ParserLimits::default()
+    }
+}
+
+/// A compile refused because the most allowed at once are running.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompilerBusy {
+    /// Compiles allowed at once.
+    pub max: usize,
+}
+
+impl std::fmt::Display for CompilerBusy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} output constraints are compiling already, the most allowed at once; retry shortly",
+            self.max
+        )
+    }
+}
+
+impl std::error::Error for CompilerBusy {}
+
+/// One compile's place among those allowed at once, given back when dropped.
+pub struct CompileSlot<'a> {
+    busy: &'a AtomicUsize,
+}
+
+impl Drop for CompileSlot<'_> {
+    fn drop(&mut self) {
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// llguidance's message as one line of ours: its first line, without the grammar
+/// position (`at 2(8): `, a line of the Lark text the client never saw) and without a
+/// caught panic's backtrace (it names the build's source paths).
+pub fn library_message(e: &str) -> String {
+    let line = e.lines().next().unwrap_or("").trim();
+    let line = match line.strip_prefix("at ").and_then(|r| r.split_once("): ")) {
+        Some((pos, rest)) if pos.chars().all(|c| c.is_ascii_digit() || c == '(') => rest,
+        _ => line,
+    };
+    let mut out: String = line.chars().take(400).collect();
+    if out.len() < line.len() {
+        out.push_str("...");
+    }
+    out
+}
+
 /// Compiles constraints for one tokenizer; built once (the trie and the lexer's token
-/// slices cost milliseconds), shared by every request.
+/// slices cost milliseconds), shared by every request. At most `max_compiles` compile at
+/// once ([`Self::with_max_compiles`]); one more is refused with [`CompilerBusy`].
 pub struct GrammarCompiler {
     factory: ParserFactory,
     texts: Arc<TokenTexts>,
+    busy: AtomicUsize,
+    max_compiles: usize,
 }
 
 impl GrammarCompiler {
@@ -26,31 +92,72 @@ impl GrammarCompiler {
         let env = K3TokEnv::new(tok, eos_ids)?.into_env();
         let mut factory = ParserFactory::new_simple(&env)?;
         factory.quiet();
+        *factory.limits_mut() = parser_limits();
         Ok(Self {
             factory,
             texts: Arc::new(TokenTexts::new(tok, eos_ids)),
+            busy: AtomicUsize::new(0),
+            max_compiles: usize::MAX,
         })
     }
 
-    /// A fresh constraint for one reply; a schema llguidance cannot compile is an error
-    /// that says why.
+    /// Allows at most `n` (at least 1) compiles at once: each holds its grammar's memory
+    /// and a thread until done.
+    pub fn with_max_compiles(mut self, n: usize) -> Self {
+        self.max_compiles = n.max(1);
+        self
+    }
+
+    /// A place for one compile, or [`CompilerBusy`] when every place is taken.
+    pub fn try_slot(&self) -> Result<CompileSlot<'_>, CompilerBusy> {
+        let max = self.max_compiles;
+        self.busy
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| {
+                (b < max).then_some(b + 1)
+            })
+            .map_err(|_| CompilerBusy { max })?;
+        Ok(CompileSlot { busy: &self.busy })
+    }
+
+    /// A fresh constraint for one reply, its first mask and shortest reply computed
+    /// ([`TokenConstraint::prepare`]); a schema llguidance cannot compile is an error that
+    /// says why in one line, a schema the grammar cannot enforce a
+    /// [`super::schema_check::SchemaError`] naming its path, and a compile while the most
+    /// allowed are running a [`CompilerBusy`].
     pub fn constrain(&self, c: &OutputConstraint, frame: ReplyFrame) -> Result<TokenConstraint> {
+        let _slot = self.try_slot()?;
         let lark = reply_lark(c, frame)?;
+        if lark.len() > MAX_GRAMMAR_BYTES {
+            bail!(
+                "the output constraint's grammar is {} bytes; at most {MAX_GRAMMAR_BYTES} are compiled (smaller schemas or fewer tools)",
+                lark.len()
+            );
+        }
         let parser = self
             .factory
             .create_parser(TopLevelGrammar::from_lark(lark))
-            .map_err(|e| anyhow!("the output constraint does not compile: {e}"))?;
+            .map_err(|e| {
+                anyhow!(
+                    "the output constraint does not compile: {}",
+                    library_message(&format!("{e}"))
+                )
+            })?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            bail!("the output constraint does not compile: {e}");
+            bail!(
+                "the output constraint does not compile: {}",
+                library_message(&e)
+            );
         }
-        Ok(TokenConstraint {
+        let mut k = TokenConstraint {
             matcher,
             mask: None,
             texts: self.texts.clone(),
             cursor: JsonCursor::default(),
             shortest: None,
-        })
+        };
+        k.prepare()?;
+        Ok(k)
     }
 }
 
@@ -105,9 +212,12 @@ impl TokenConstraint {
         let mut cursor = self.cursor.clone();
         let mut steps = 0;
         while steps < MAX_CLOSE_STEPS && !m.is_stopped() {
-            let mask = m
-                .compute_mask_or_eos()
-                .map_err(|e| anyhow!("the output constraint failed: {e}"))?;
+            let mask = m.compute_mask_or_eos().map_err(|e| {
+                anyhow!(
+                    "the output constraint failed: {}",
+                    library_message(&format!("{e}"))
+                )
+            })?;
             let Some(id) = self
                 .texts
                 .closing_id(&cursor, |id| mask.is_allowed(id))
@@ -197,9 +307,12 @@ impl TokenConstraint {
             // Past the end: only the end-of-sequence ids the mask allowed come here.
             return Ok(());
         }
-        self.matcher
-            .consume_token(id)
-            .map_err(|e| anyhow!("token {id} does not fit the output constraint: {e}"))
+        self.matcher.consume_token(id).map_err(|e| {
+            anyhow!(
+                "token {id} does not fit the output constraint: {}",
+                library_message(&format!("{e}"))
+            )
+        })
     }
 
     /// Whether the constrained text is complete.
@@ -209,14 +322,37 @@ impl TokenConstraint {
 
     fn current_mask(&mut self) -> Result<&SimpleVob> {
         if self.mask.is_none() {
-            let m = self
-                .matcher
-                .compute_mask_or_eos()
-                .map_err(|e| anyhow!("the output constraint failed: {e}"))?;
+            let m = self.matcher.compute_mask_or_eos().map_err(|e| {
+                anyhow!(
+                    "the output constraint failed: {}",
+                    library_message(&format!("{e}"))
+                )
+            })?;
             self.mask = Some(m);
         }
         self.mask
             .as_ref()
             .ok_or_else(|| anyhow!("the output constraint has no mask"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::library_message;
+
+    #[test]
+    fn library_errors_become_one_line_without_positions_or_backtraces() {
+        assert_eq!(
+            library_message("at 2(8): failed to compile JSON schema: x\n   1 | start: value\n"),
+            "failed to compile JSON schema: x"
+        );
+        assert_eq!(
+            library_message(
+                "panic: boom\n<backtrace>\n0: /home/u/.cargo/registry/x.rs\n</backtrace>"
+            ),
+            "panic: boom"
+        );
+        assert_eq!(library_message("at least one"), "at least one");
+        assert!(library_message(&"y".repeat(1000)).ends_with("..."));
     }
 }

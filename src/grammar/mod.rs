@@ -5,7 +5,9 @@
 pub mod closing;
 pub mod constraint;
 pub mod reply_grammar;
+pub mod schema_check;
 pub mod token_env;
 
-pub use constraint::{GrammarCompiler, TokenConstraint};
-pub use reply_grammar::{reply_lark, OutputConstraint, ReplyFrame, ToolSchema};
+pub use constraint::{CompilerBusy, GrammarCompiler, TokenConstraint};
+pub use reply_grammar::{reply_lark, OutputConstraint, ReplyFrame, ToolSchema, MAX_FORCED_TOOLS};
+pub use schema_check::SchemaError;

@@ -6,6 +6,12 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 
+use super::schema_check::{any_object_schema, prepare_schema};
+
+/// Most tools a forced call may offer (OpenAI's own limit on `tools`): each one's schema
+/// is compiled into the grammar, whose time and memory grow with them.
+pub const MAX_FORCED_TOOLS: usize = 128;
+
 /// What the text must be.
 #[derive(Clone, Debug, PartialEq)]
 pub enum OutputConstraint {
@@ -61,7 +67,7 @@ pub fn reply_lark(c: &OutputConstraint, frame: ReplyFrame) -> Result<String> {
     let mut rules = Vec::new();
     let body = match c {
         OutputConstraint::JsonObject => {
-            rules.push(json_rule("value", &json!({"type": "object"}), true)?);
+            rules.push(json_rule("value", &any_object_schema(), true)?);
             "value".to_string()
         }
         OutputConstraint::JsonSchema { schema, strict } => {
@@ -74,6 +80,12 @@ pub fn reply_lark(c: &OutputConstraint, frame: ReplyFrame) -> Result<String> {
             };
             if tools.is_empty() {
                 bail!("a forced tool call needs at least one tool");
+            }
+            if tools.len() > MAX_FORCED_TOOLS {
+                bail!(
+                    "a forced tool call offers {} tools; the grammar takes at most {MAX_FORCED_TOOLS} (each tool's schema is compiled into it)",
+                    tools.len()
+                );
             }
             let mut calls = Vec::new();
             for (i, t) in tools.iter().enumerate() {
@@ -126,15 +138,18 @@ pub fn reply_lark(c: &OutputConstraint, frame: ReplyFrame) -> Result<String> {
 }
 
 /// A rule `name: %json {schema}`, compact (no whitespace between tokens, so a model cannot
-/// spend its budget on spaces), lenient unless `strict`.
+/// spend its budget on spaces), lenient unless `strict`, the schema made fit for the
+/// grammar first ([`prepare_schema`]: its error, a [`super::schema_check::SchemaError`],
+/// names the path).
 fn json_rule(name: &str, schema: &Value, strict: bool) -> Result<String> {
+    let schema = prepare_schema(schema, strict)?;
     let mut schema = match schema {
-        Value::Object(m) => m.clone(),
+        Value::Object(m) => m,
         Value::Bool(true) => Map::new(),
         Value::Bool(false) => bail!("the JSON schema is `false`: no value satisfies it"),
         other => bail!(
             "a JSON schema must be an object (or true), got {}",
-            crate::json_kind::json_kind(other)
+            crate::json_kind::json_kind(&other)
         ),
     };
     let mut opts = match schema.remove("x-guidance") {

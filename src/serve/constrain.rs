@@ -7,7 +7,10 @@
 use super::api_error::ApiError;
 use super::openai_body::tool_name;
 use super::request::{ChatRequest, ResponseFormat, ToolChoice};
-use crate::grammar::{GrammarCompiler, OutputConstraint, ReplyFrame, TokenConstraint, ToolSchema};
+use crate::grammar::{
+    CompilerBusy, GrammarCompiler, OutputConstraint, ReplyFrame, SchemaError, TokenConstraint,
+    ToolSchema, MAX_FORCED_TOOLS,
+};
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -127,6 +130,15 @@ pub fn output_constraint(
                     "names no declared tool",
                 ));
             }
+            if ids.len() > MAX_FORCED_TOOLS {
+                return Err(ApiError::field(
+                    "tools",
+                    format!(
+                        "{} tools with a forced tool_choice; the grammar takes at most {MAX_FORCED_TOOLS} (name one tool in tool_choice, or offer fewer)",
+                        ids.len()
+                    ),
+                ));
+            }
             let tools = ids
                 .iter()
                 .map(|&i| tool_schema(&req.tools[i], i, api))
@@ -162,18 +174,24 @@ pub fn compile(
         think_tokens: max_tokens / 2,
     };
     let t0 = Instant::now();
-    let built = compiler
-        .constrain(&c, frame)
-        .and_then(|mut k| k.prepare().map(|()| k));
-    match built {
+    match compiler.constrain(&c, frame) {
         Ok(constraint) => Ok(Some(RequestConstraint {
             constraint,
             compile_secs: t0.elapsed().as_secs_f64(),
         })),
-        Err(e) => Err(ApiError::field(
-            &culprit(compiler, &c, frame, &field, req, api),
-            format!("{e:#}"),
-        )),
+        Err(e) => {
+            if let Some(busy) = e.downcast_ref::<CompilerBusy>() {
+                return Err(ApiError {
+                    retry_after: Some(1),
+                    ..ApiError::status(429, busy.to_string())
+                });
+            }
+            let field = culprit(compiler, &c, frame, &field, req, api);
+            Err(match e.downcast_ref::<SchemaError>() {
+                Some(s) => ApiError::field(&format!("{field}{}", s.path), &s.message),
+                None => ApiError::field(&field, format!("{e:#}")),
+            })
+        }
     }
 }
 
@@ -194,7 +212,13 @@ fn culprit(
         let alone = OutputConstraint::ToolCall {
             tools: vec![t.clone()],
         };
-        if compiler.constrain(&alone, frame).is_err() {
+        let failed = match compiler.constrain(&alone, frame) {
+            Ok(_) => false,
+            // No place to compile in: the culprit stays unknown.
+            Err(e) if e.is::<CompilerBusy>() => return field.to_string(),
+            Err(_) => true,
+        };
+        if failed {
             if let Some(i) = req
                 .tools
                 .iter()

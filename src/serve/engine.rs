@@ -611,7 +611,11 @@ fn run_choice<B: Backend>(
     })?;
     match &mut output {
         Output::Chat(s) => {
-            let evs = s.finish();
+            let evs = if p.constraint.is_some() {
+                s.finish_framed()
+            } else {
+                s.finish()
+            };
             st.chat_events(evs);
         }
         Output::Text(d) => {

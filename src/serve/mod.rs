@@ -103,7 +103,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
             addr.ip()
         );
     }
-    let grammar = grammar_compiler(&tok, &model.ckpt.config.eos_token_ids);
+    let grammar = grammar_compiler(&tok, &model.ckpt.config.eos_token_ids, opts.queue);
     let tok = Arc::new(tok);
     let shared = Arc::new(EngineShared::default());
     let (jobs_tx, jobs_rx) = mpsc::sync_channel(opts.queue.max(1));
@@ -173,10 +173,11 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
     Ok(())
 }
 
-/// The compiler of output constraints over `tok`'s vocabulary, built once at startup; a
-/// model whose config names no usable end-of-sequence id serves without one (constrained
-/// requests are then refused, naming why).
-fn grammar_compiler(tok: &Tokenizer, eos: &[u32]) -> Option<Arc<GrammarCompiler>> {
+/// The compiler of output constraints over `tok`'s vocabulary, built once at startup, with
+/// as many compiles at once as the queue holds requests (a compile is a request on its
+/// way to the queue; past that, 429); a model whose config names no usable end-of-sequence
+/// id serves without one (constrained requests are then refused, naming why).
+fn grammar_compiler(tok: &Tokenizer, eos: &[u32], queue: usize) -> Option<Arc<GrammarCompiler>> {
     let t0 = std::time::Instant::now();
     match GrammarCompiler::new(tok, eos) {
         Ok(g) => {
@@ -185,7 +186,7 @@ fn grammar_compiler(tok: &Tokenizer, eos: &[u32]) -> Option<Arc<GrammarCompiler>
                 tok.vocab_size(),
                 t0.elapsed().as_secs_f64() * 1e3
             );
-            Some(Arc::new(g))
+            Some(Arc::new(g.with_max_compiles(queue)))
         }
         Err(e) => {
             eprintln!("[K3] serve: WARNING: no constrained output (response_format, forced tool_choice): {e:#}");

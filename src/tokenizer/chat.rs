@@ -494,6 +494,14 @@ impl<'a> ChatSplitter<'a> {
         events
     }
 
+    /// Ends a stream whose markup a grammar wrote (a constrained reply): an unfinished tag
+    /// there is the grammar's frame cut by the budget, not text, and is dropped; held-back
+    /// bytes are flushed as text.
+    pub fn finish_framed(&mut self) -> Vec<ChatEvent> {
+        self.tag = None;
+        self.finish()
+    }
+
     /// A completed tag opens or closes a section.
     fn enter(&mut self, tag: &PendingTag) {
         let text = String::from_utf8_lossy(&tag.bytes);

@@ -4,6 +4,7 @@
 
 use super::api_error::ApiError;
 use super::body_json::{from_value, parse_body, refuse_unknown, Unknown};
+use super::field_policy::{self, refuse_unknown_except};
 use super::engine::{Delta, Event, Field, FinishReason, Outcome};
 use super::openai_body;
 use super::request::{ChatRequest, Defaults, Limits, ResponseFormat, ToolChoice};
@@ -176,9 +177,6 @@ struct MessagesBody {
     tools: Option<Vec<Value>>,
     tool_choice: Option<ToolChoiceBody>,
     thinking: Option<ThinkingBody>,
-    /// `{"user_id": ...}`: accepted and not used.
-    #[allow(dead_code)]
-    metadata: Option<Value>,
     #[serde(flatten)]
     unknown: Unknown,
 }
@@ -206,7 +204,7 @@ pub fn read_request(
     route: MessagesRoute,
 ) -> R<ChatRequest> {
     let b: MessagesBody = parse_body(body)?;
-    refuse_unknown(&b.unknown, "")?;
+    refuse_unknown_except(&b.unknown, "", field_policy::ANTHROPIC)?;
     let max_tokens = match (b.max_tokens, route) {
         (Some(n), _) => Some(("max_tokens", n)),
         (None, MessagesRoute::CountTokens) => None,

@@ -9,6 +9,7 @@ pub mod body_json;
 pub mod connections;
 pub mod constrain;
 pub mod engine;
+pub mod field_policy;
 pub mod histogram;
 pub mod http;
 pub mod live;

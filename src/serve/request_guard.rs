@@ -1,5 +1,6 @@
 //! What every request passes before its handler: the API key (everything but `/` and
-//! `/health`), an immediate 413 for a declared body over the limit, and the status counter.
+//! `/health`), an immediate 413 for a declared body over the limit, the status counter,
+//! and a log line for every request answered with an error.
 
 use super::anthropic;
 use super::api_error::ApiError;
@@ -40,7 +41,9 @@ fn anthropic_path(path: &str) -> bool {
 /// The key check (everything but `/` and `/health`), an immediate 413 for a declared
 /// `Content-Length` over the body limit, and the status counter.
 pub(super) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
+    let method = req.method().clone();
+    let route = req.uri().path().to_string();
+    let path = route.as_str();
     let open = matches!(path, "/" | "/health");
     let anthropic = anthropic_path(path);
     let declared = req
@@ -85,8 +88,32 @@ pub(super) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next)
         }
         None => next.run(req).await,
     };
-    app.shared.metrics.count_status(resp.status().as_u16());
+    let status = resp.status().as_u16();
+    app.shared.metrics.count_status(status);
+    if status >= 400 {
+        eprintln!("{}", refusal_line(method.as_str(), &route, &resp));
+    }
     resp
+}
+
+/// The log line of a request answered with an error: the route, the status, and the
+/// reason the answer gives (its field first), on one line.
+fn refusal_line(method: &str, route: &str, resp: &Response) -> String {
+    let status = resp.status();
+    let what = if status.is_server_error() {
+        "failed"
+    } else {
+        "refused"
+    };
+    let reason = match resp.extensions().get::<ApiError>() {
+        Some(e) => e.message.replace(['\n', '\r'], " "),
+        // Axum's own answers (no such route, a method the route lacks).
+        None => status.canonical_reason().unwrap_or("error").to_string(),
+    };
+    format!(
+        "[K3] serve: {what} {method} {route}: {}: {reason}",
+        status.as_u16()
+    )
 }
 
 /// Reads and drops what arrives of an oversized body for a moment (up to four times the

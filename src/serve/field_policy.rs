@@ -192,15 +192,15 @@ mod tests {
         let e = refuse_unknown_except(&unknown(json!({"store": "no"})), "", OPENAI)
             .err()
             .map(|e| e.message);
-        assert_eq!(
-            e.as_deref(),
-            Some("store: must be a boolean, got a string")
-        );
+        assert_eq!(e.as_deref(), Some("store: must be a boolean, got a string"));
         let e = refuse_unknown_except(&unknown(json!({"service_tier": "flex"})), "", OPENAI)
             .err()
             .map(|e| e.message)
             .unwrap_or_default();
-        assert!(e.starts_with("service_tier: \"flex\" is not supported"), "{e}");
+        assert!(
+            e.starts_with("service_tier: \"flex\" is not supported"),
+            "{e}"
+        );
         assert!(
             refuse_unknown_except(&unknown(json!({"store": false})), "", ANTHROPIC).is_err(),
             "store is not an Anthropic field"

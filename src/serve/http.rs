@@ -5,6 +5,7 @@
 use super::anthropic;
 use super::api_error::ApiError;
 use super::constrain::{self, Api};
+use super::context_edits;
 use super::engine::{Delta, EngineShared, Event, Field, Job, JobKind, Outcome};
 use super::openai;
 use super::openai_body::{chat_request, completion_request};
@@ -466,11 +467,31 @@ fn chat_ids(app: &App, req: &ChatRequest) -> Result<(Vec<u32>, Option<usize>), A
         .map_err(|e| ApiError::status(400, format!("encoding the prompt: {e:#}")))
 }
 
+/// A `/v1/messages` request's prompt ids after its context edits, which see the unedited
+/// prompt's length; what each applied edit cleared.
+fn edited_chat_ids(
+    app: &App,
+    req: &mut anthropic::MessagesRequest,
+) -> Result<(Vec<u32>, Option<usize>, Vec<context_edits::AppliedEdit>), ApiError> {
+    let (ids, snapshot_at) = chat_ids(app, &req.chat)?;
+    if req.edits.is_empty() {
+        return Ok((ids, snapshot_at, Vec::new()));
+    }
+    let mut count = |t: &str| app.tok.try_encode(t).map_or(0, |v| v.len());
+    let applied = context_edits::apply(&req.edits, &mut req.chat.messages, ids.len(), &mut count);
+    if applied.is_empty() {
+        return Ok((ids, snapshot_at, applied));
+    }
+    let (ids, snapshot_at) = chat_ids(app, &req.chat)?;
+    Ok((ids, snapshot_at, applied))
+}
+
 async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError> {
     let bytes = app.body(body).await?;
-    let mut req = anthropic::messages_request(&bytes, &app.limits, &app.defaults)?;
-    app.check_model(&req.params)?;
-    let (ids, snapshot_at) = chat_ids(app, &req)?;
+    let mut read = anthropic::messages_request(&bytes, &app.limits, &app.defaults)?;
+    app.check_model(&read.chat.params)?;
+    let (ids, snapshot_at, applied) = edited_chat_ids(app, &mut read)?;
+    let mut req = read.chat;
     req.params.snapshot_at = snapshot_at;
     req.params.constraint = app.constrain(&req, Api::Anthropic, ids.len())?;
     let input_tokens = ids.len();
@@ -484,10 +505,17 @@ async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError
     if !stream {
         let o = wait_outcome(&mut rx).await?;
         drop(guard);
-        let r = Json(anthropic::message(&id, &model, &o)).into_response();
+        let mut v = anthropic::message(&id, &model, &o);
+        if !applied.is_empty() {
+            v["context_management"] = anthropic::applied_edits(&applied);
+        }
+        let r = Json(v).into_response();
         return Ok(with_seed(r, seed));
     }
     let mut events = anthropic::StreamEvents::new(&id, &model, input_tokens);
+    if !applied.is_empty() {
+        events.context_management = Some(anthropic::applied_edits(&applied));
+    }
     let first = events.start();
     let frame = move |ev: Event| events.frame(ev);
     Ok(with_seed(
@@ -501,14 +529,14 @@ async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError
 async fn count_tokens(State(app): State<Arc<App>>, body: Body) -> Response {
     let inner = async {
         let bytes = app.body(body).await?;
-        let req = anthropic::read_request(
+        let mut req = anthropic::read_request(
             &bytes,
             &app.limits,
             &app.defaults,
             anthropic::MessagesRoute::CountTokens,
         )?;
-        app.check_model(&req.params)?;
-        let (ids, _) = chat_ids(&app, &req)?;
+        app.check_model(&req.chat.params)?;
+        let (ids, _, _) = edited_chat_ids(&app, &mut req)?;
         Ok::<_, ApiError>(Json(json!({"input_tokens": ids.len()})).into_response())
     };
     match inner.await {

@@ -8,6 +8,7 @@ pub mod api_error;
 pub mod body_json;
 pub mod connections;
 pub mod constrain;
+pub mod context_edits;
 pub mod engine;
 pub mod field_policy;
 pub mod histogram;

@@ -467,30 +467,50 @@ fn chat_ids(app: &App, req: &ChatRequest) -> Result<(Vec<u32>, Option<usize>), A
         .map_err(|e| ApiError::status(400, format!("encoding the prompt: {e:#}")))
 }
 
+/// A `/v1/messages` prompt after its context edits.
+struct EditedPrompt {
+    ids: Vec<u32>,
+    snapshot_at: Option<usize>,
+    applied: Vec<context_edits::AppliedEdit>,
+}
+
 /// A `/v1/messages` request's prompt ids after its context edits, which see the unedited
 /// prompt's length; what each applied edit cleared.
 fn edited_chat_ids(
     app: &App,
     req: &mut anthropic::MessagesRequest,
-) -> Result<(Vec<u32>, Option<usize>, Vec<context_edits::AppliedEdit>), ApiError> {
+) -> Result<EditedPrompt, ApiError> {
     let (ids, snapshot_at) = chat_ids(app, &req.chat)?;
+    let unedited = |ids, snapshot_at| EditedPrompt {
+        ids,
+        snapshot_at,
+        applied: Vec::new(),
+    };
     if req.edits.is_empty() {
-        return Ok((ids, snapshot_at, Vec::new()));
+        return Ok(unedited(ids, snapshot_at));
     }
     let mut count = |t: &str| app.tok.try_encode(t).map_or(0, |v| v.len());
     let applied = context_edits::apply(&req.edits, &mut req.chat.messages, ids.len(), &mut count);
     if applied.is_empty() {
-        return Ok((ids, snapshot_at, applied));
+        return Ok(unedited(ids, snapshot_at));
     }
     let (ids, snapshot_at) = chat_ids(app, &req.chat)?;
-    Ok((ids, snapshot_at, applied))
+    Ok(EditedPrompt {
+        ids,
+        snapshot_at,
+        applied,
+    })
 }
 
 async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError> {
     let bytes = app.body(body).await?;
     let mut read = anthropic::messages_request(&bytes, &app.limits, &app.defaults)?;
     app.check_model(&read.chat.params)?;
-    let (ids, snapshot_at, applied) = edited_chat_ids(app, &mut read)?;
+    let EditedPrompt {
+        ids,
+        snapshot_at,
+        applied,
+    } = edited_chat_ids(app, &mut read)?;
     let mut req = read.chat;
     req.params.snapshot_at = snapshot_at;
     req.params.constraint = app.constrain(&req, Api::Anthropic, ids.len())?;
@@ -536,7 +556,7 @@ async fn count_tokens(State(app): State<Arc<App>>, body: Body) -> Response {
             anthropic::MessagesRoute::CountTokens,
         )?;
         app.check_model(&req.chat.params)?;
-        let (ids, _, _) = edited_chat_ids(&app, &mut req)?;
+        let ids = edited_chat_ids(&app, &mut req)?.ids;
         Ok::<_, ApiError>(Json(json!({"input_tokens": ids.len()})).into_response())
     };
     match inner.await {

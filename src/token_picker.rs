@@ -86,6 +86,21 @@ impl TokenPicker {
         Ok(id)
     }
 
+    /// Takes `id` as this step's pick without sampling (a forced token, such as the think
+    /// channel's close when its budget is spent): the constraint advances by it and the
+    /// step records no log-probabilities.
+    pub fn force(&mut self, id: u32) {
+        self.last = None;
+        if let Some(r) = self.remaining.as_mut() {
+            *r = r.saturating_sub(1);
+        }
+        if let Some(c) = self.constraint.as_mut() {
+            if let Err(e) = c.commit(id) {
+                self.error = Some(e);
+            }
+        }
+    }
+
     /// The error of the last pick, if it failed.
     pub fn take_error(&mut self) -> Option<Error> {
         self.error.take()

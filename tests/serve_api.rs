@@ -64,10 +64,56 @@ fn fields_work_or_are_refused_naming_them() {
         None,
     );
     assert_eq!((st, &v["error"]["param"]), (400, &json!("suffix")), "{v}");
+    // Each refusal leaves one log line naming the route, the status and the field.
+    assert!(
+        s.wait_log(
+            "[K3] serve: refused POST /v1/completions: 400: suffix is not supported",
+            5
+        ),
+        "{}",
+        s.log()
+    );
+    assert!(
+        s.wait_log(
+            "[K3] serve: refused POST /v1/chat/completions: 400: n: 9",
+            5
+        ),
+        "{}",
+        s.log()
+    );
+    // Fields that only label, store, route or bill are accepted; a value asking for
+    // something k3 lacks is still refused by name.
+    let inert = json!({"messages": user("x"), "max_tokens": 2, "store": false,
+        "metadata": {"k": "v"}, "user": "u", "prompt_cache_key": "p",
+        "safety_identifier": "s", "service_tier": "auto"});
+    let (st, _, v) = post(&chat, &inert.to_string(), None);
+    assert_eq!(st, 200, "{v}");
+    let mut stored = inert.clone();
+    stored["store"] = json!(true);
+    stored["service_tier"] = json!("default");
+    let (st, _, v) = post(&chat, &stored.to_string(), None);
+    assert_eq!(st, 200, "{v}");
+    let mut flex = inert.clone();
+    flex["service_tier"] = json!("flex");
+    let (st, _, v) = post(&chat, &flex.to_string(), None);
+    assert_eq!(
+        (st, &v["error"]["param"]),
+        (400, &json!("service_tier")),
+        "{v}"
+    );
+    let (st, _, v) = post(
+        &s.url("/v1/messages"),
+        &json!({"max_tokens": 2, "messages": user("x"), "service_tier": "auto",
+                "metadata": {"user_id": "u"}, "inference_geo": "us",
+                "cache_control": {"type": "ephemeral"}})
+        .to_string(),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
     // Anthropic refusals keep Anthropic's shape.
     let (st, _, v) = post(
         &s.url("/v1/messages"),
-        &json!({"max_tokens": 4, "messages": user("x"), "service_tier": "auto"}).to_string(),
+        &json!({"max_tokens": 4, "messages": user("x"), "service_tier": "priority"}).to_string(),
         None,
     );
     assert_eq!(st, 400, "{v}");
@@ -173,6 +219,14 @@ fn reasoning_effort_and_the_inline_reasoning_format() {
         !reasoning.is_empty(),
         "reasoning_effort high opens the think channel: {v}"
     );
+    let usage = &v["usage"];
+    let think = usage["completion_tokens_details"]["reasoning_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        think > 0 && think <= usage["completion_tokens"].as_u64().unwrap_or(0),
+        "reasoning_tokens counts the think channel: {v}"
+    );
     let (st, v) = post_json(&inline.url("/v1/chat/completions"), &body);
     assert_eq!(st, 200, "{v}");
     let m = &v["choices"][0]["message"];
@@ -187,6 +241,188 @@ fn reasoning_effort_and_the_inline_reasoning_format() {
     let (_, v) = post_json(&separate.url("/v1/chat/completions"), &off);
     assert!(
         v["choices"][0]["message"]["reasoning_content"].is_null(),
+        "{v}"
+    );
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"], 0,
+        "{v}"
+    );
+}
+
+/// The thinking block of an Anthropic answer.
+fn thinking_text(v: &Value) -> String {
+    v["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "thinking")
+        .map(|b| b["thinking"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn claude_code_requests_are_served() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let name = dir.file_name().unwrap().to_str().unwrap();
+    // A body as Claude Code sends it (its long texts shortened): system entries inside
+    // `messages`, adaptive thinking, output_config.effort, context_management,
+    // cache_control on blocks and metadata.
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/claude_code_messages.json"
+    );
+    let mut body: Value = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    assert_eq!(body["messages"][1]["role"], "system", "the fixture's shape");
+    body["model"] = json!(name);
+    body["max_tokens"] = json!(6);
+    let (st, events) = post_stream(&s.url("/v1/messages?beta=true"), &body);
+    assert_eq!(st, 200, "{events:?}");
+    assert_eq!(events.last().unwrap()["type"], "message_stop", "{events:?}");
+    let (st, _, v) = post(
+        &s.url("/v1/messages/count_tokens?beta=true"),
+        &json!({"model": name, "messages": body["messages"], "system": body["system"],
+                "tools": body["tools"], "thinking": body["thinking"],
+                "context_management": body["context_management"]})
+        .to_string(),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+
+    // A system entry renders as a system turn where it stands.
+    let count = |messages: Value| {
+        let (st, _, v) = post(
+            &s.url("/v1/messages/count_tokens"),
+            &json!({"messages": messages}).to_string(),
+            None,
+        );
+        assert_eq!(st, 200, "{v}");
+        v["input_tokens"].as_u64().unwrap_or(0)
+    };
+    let plain = count(json!([{"role": "user", "content": "hi"}]));
+    let with_system = count(json!([{"role": "user", "content": "hi"},
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": "again"}]));
+    assert!(with_system > plain + 6, "{plain} {with_system}");
+
+    // thinking.budget_tokens closes the think channel once spent: greedy, the budgeted
+    // thinking is the unbudgeted one cut short.
+    let ask = |thinking: Value| {
+        let body = json!({"max_tokens": 24, "temperature": 0, "thinking": thinking,
+                          "messages": user("Why is the sky blue?")});
+        let (st, v) = post_json(&s.url("/v1/messages"), &body);
+        assert_eq!(st, 200, "{v}");
+        v
+    };
+    let free = thinking_text(&ask(json!({"type": "enabled", "budget_tokens": 1000})));
+    let adaptive = thinking_text(&ask(json!({"type": "adaptive"})));
+    assert_eq!(free, adaptive, "adaptive thinks as enabled does");
+    let short = thinking_text(&ask(json!({"type": "enabled", "budget_tokens": 2})));
+    assert!(
+        free.starts_with(&short) && short.len() < free.len(),
+        "budget 2: {short:?}, unbounded: {free:?}"
+    );
+
+    // output_config.format goes through the grammar; effort alone turns thinking on.
+    let (st, v) = post_json(
+        &s.url("/v1/messages"),
+        &json!({"max_tokens": 60, "messages": user("Name a color."),
+                "output_config": {"format": {"type": "json_schema", "schema":
+                    {"type": "object", "properties": {"c": {"type": "string"}},
+                     "required": ["c"], "additionalProperties": false}}}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let text: String = v["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "text")
+        .map(|b| b["text"].as_str().unwrap_or("").to_string())
+        .collect();
+    if v["stop_reason"] == "end_turn" {
+        let parsed: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        assert!(parsed["c"].is_string(), "{v}");
+    }
+    let effort = ask(Value::Null);
+    assert!(
+        thinking_text(&effort).is_empty(),
+        "no thinking unless asked: {effort}"
+    );
+    let (st, v) = post_json(
+        &s.url("/v1/messages"),
+        &json!({"max_tokens": 24, "temperature": 0, "messages": user("Why is the sky blue?"),
+                "output_config": {"effort": "low"}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert!(!thinking_text(&v).is_empty(), "{v}");
+    for (body, field) in [
+        (
+            json!({"output_config": {"effort": "extreme"}}),
+            "output_config.effort",
+        ),
+        (
+            json!({"output_config": {"format": {"type": "json_object"}}}),
+            "output_config.format.type",
+        ),
+        (
+            json!({"context_management": {"edits": [{"type": "compact"}]}}),
+            "context_management.edits[0].type",
+        ),
+        (
+            json!({"thinking": {"type": "enabled", "budget_tokens": 0}}),
+            "thinking.budget_tokens",
+        ),
+    ] {
+        let mut b = body.clone();
+        b["max_tokens"] = json!(4);
+        b["messages"] = user("x");
+        let (st, _, v) = post(&s.url("/v1/messages"), &b.to_string(), None);
+        assert_eq!(st, 400, "{body}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with(field),
+            "{body}: {v}"
+        );
+    }
+
+    // Tool results past the trigger are cleared before rendering, and reported.
+    let mut history = vec![json!({"role": "user", "content": "read the files"})];
+    for i in 0..4 {
+        history.push(json!({"role": "assistant", "content": [{"type": "tool_use",
+            "id": format!("t{i}"), "name": "Read", "input": {"path": format!("/f{i}")}}]}));
+        history.push(json!({"role": "user", "content": [{"type": "tool_result",
+            "tool_use_id": format!("t{i}"), "content": "lorem ipsum dolor sit amet ".repeat(20),
+            "cache_control": {"type": "ephemeral"}}]}));
+    }
+    let tools = json!([{"name": "Read", "input_schema": {"type": "object"}}]);
+    let edits = json!({"edits": [{"type": "clear_tool_uses_20250919",
+        "trigger": {"type": "input_tokens", "value": 10}, "keep": {"type": "tool_uses", "value": 1}}]});
+    let whole = {
+        let (_, _, v) = post(
+            &s.url("/v1/messages/count_tokens"),
+            &json!({"messages": history, "tools": tools}).to_string(),
+            None,
+        );
+        v["input_tokens"].as_u64().unwrap_or(0)
+    };
+    let edited = {
+        let (_, _, v) = post(
+            &s.url("/v1/messages/count_tokens"),
+            &json!({"messages": history, "tools": tools, "context_management": edits}).to_string(),
+            None,
+        );
+        v["input_tokens"].as_u64().unwrap_or(0)
+    };
+    assert!(edited + 100 < whole, "cleared: {edited} of {whole}");
+    let (st, v) = post_json(
+        &s.url("/v1/messages"),
+        &json!({"max_tokens": 2, "messages": history, "tools": tools, "context_management": edits}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["context_management"]["applied_edits"][0]["cleared_tool_uses"], 3,
         "{v}"
     );
 }

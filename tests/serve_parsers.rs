@@ -224,6 +224,7 @@ fn anthropic_requests_translate_onto_chat() {
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "2"},
                 {"type": "text", "text": "thanks"}]}]});
     let r = anthropic::messages_request(body.to_string().as_bytes(), &Limits::default(), &DEFAULTS)
+        .map(|r| r.chat)
         .unwrap();
     assert!(r.thinking);
     assert_eq!(r.params.max_tokens, 9);
@@ -255,7 +256,7 @@ fn anthropic_requests_translate_onto_chat() {
         (json!({"messages": []}), "max_tokens"),
         (json!({"max_tokens": 5}), "messages"),
         (
-            json!({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}),
+            json!({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}),
             "messages[0].role",
         ),
         (
@@ -269,6 +270,7 @@ fn anthropic_requests_translate_onto_chat() {
     ] {
         let e =
             anthropic::messages_request(bad.to_string().as_bytes(), &Limits::default(), &DEFAULTS)
+                .map(|r| r.chat)
                 .unwrap_err();
         assert_eq!(e.param.as_deref(), Some(field), "{bad}: {e:?}");
     }
@@ -548,6 +550,7 @@ fn output_constraints_come_from_response_format_and_forced_tool_choice() {
     let any = json!({"max_tokens": 5, "messages": user("x"), "tool_choice": {"type": "any"},
         "tools": [{"name": "f", "input_schema": {"type": "object"}}]});
     let r = anthropic::messages_request(any.to_string().as_bytes(), &Limits::default(), &DEFAULTS)
+        .map(|r| r.chat)
         .unwrap();
     assert_eq!(
         output_constraint(&r, Api::Anthropic).unwrap(),
@@ -556,6 +559,7 @@ fn output_constraints_come_from_response_format_and_forced_tool_choice() {
     let mut bad = any.clone();
     bad["tools"][0]["input_schema"] = json!({"type": "string"});
     let r = anthropic::messages_request(bad.to_string().as_bytes(), &Limits::default(), &DEFAULTS)
+        .map(|r| r.chat)
         .unwrap();
     let e = output_constraint(&r, Api::Anthropic).unwrap_err();
     assert_eq!(
@@ -569,6 +573,7 @@ fn output_constraints_come_from_response_format_and_forced_tool_choice() {
 fn anthropic_fields_are_typed_and_thinking_is_off_unless_asked() {
     let read = |v: Value| {
         anthropic::messages_request(v.to_string().as_bytes(), &Limits::default(), &DEFAULTS)
+            .map(|r| r.chat)
     };
     // The server default thinks (DEFAULTS.thinking); Anthropic's API does not unless asked.
     let r = read(json!({"max_tokens": 5, "messages": user("x")})).unwrap();
@@ -613,5 +618,5 @@ fn anthropic_fields_are_typed_and_thinking_is_off_unless_asked() {
         anthropic::MessagesRoute::CountTokens,
     )
     .unwrap();
-    assert_eq!(r.messages.len(), 1);
+    assert_eq!(r.chat.messages.len(), 1);
 }

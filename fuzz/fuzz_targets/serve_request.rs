@@ -19,6 +19,6 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = completion_request(data, &limits, &defaults);
     if let Ok(req) = anthropic::messages_request(data, &limits, &defaults) {
-        let _ = prompt::render_request(&req);
+        let _ = prompt::render_request(&req.chat);
     }
 });

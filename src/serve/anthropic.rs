@@ -4,7 +4,9 @@
 
 use super::api_error::ApiError;
 use super::body_json::{from_value, parse_body, refuse_unknown, Unknown};
+use super::context_edits::{self, ContextEdit};
 use super::engine::{Delta, Event, Field, FinishReason, Outcome};
+use super::field_policy::{self, refuse_unknown_except};
 use super::openai_body;
 use super::request::{ChatRequest, Defaults, Limits, ResponseFormat, ToolChoice};
 use super::sampling_fields::SamplingFields;
@@ -45,7 +47,21 @@ fn translate_message(m: &Value, i: usize, out: &mut Vec<Value>) -> R<()> {
     let f = format!("messages[{i}]");
     let role = match m.get("role").and_then(Value::as_str) {
         Some(r @ ("user" | "assistant")) => r,
-        _ => return Err(field_err(&format!("{f}.role"), "\"user\" or \"assistant\"")),
+        // Claude Code's mid-conversation system entries: a system turn where it stands.
+        Some("system") => {
+            let text = blocks_text(
+                m.get("content").unwrap_or(&Value::Null),
+                &format!("{f}.content"),
+            )?;
+            out.push(json!({"role": "system", "content": text}));
+            return Ok(());
+        }
+        _ => {
+            return Err(field_err(
+                &format!("{f}.role"),
+                "\"user\", \"assistant\" or \"system\"",
+            ))
+        }
     };
     let content = m.get("content").unwrap_or(&Value::Null);
     let blocks: Vec<Value> = match content {
@@ -138,9 +154,21 @@ struct ToolChoiceBody {
 struct ThinkingBody {
     #[serde(rename = "type")]
     kind: Option<String>,
-    /// Accepted; the model's own stop rule and `max_tokens` bound the thinking.
-    #[allow(dead_code)]
+    /// The most tokens the think channel may take: it is closed when they are spent.
     budget_tokens: Option<u64>,
+    /// `"summarized"` or `"omitted"`: how a hosted model shows its thinking. k3 shows it
+    /// whole, so either is accepted.
+    #[allow(dead_code)]
+    display: Option<String>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// Anthropic's `output_config`.
+#[derive(Deserialize)]
+struct OutputConfigBody {
+    effort: Option<String>,
+    format: Option<Value>,
     #[serde(flatten)]
     unknown: Unknown,
 }
@@ -176,11 +204,21 @@ struct MessagesBody {
     tools: Option<Vec<Value>>,
     tool_choice: Option<ToolChoiceBody>,
     thinking: Option<ThinkingBody>,
-    /// `{"user_id": ...}`: accepted and not used.
-    #[allow(dead_code)]
-    metadata: Option<Value>,
+    output_config: Option<OutputConfigBody>,
+    /// The structured-outputs beta's name for `output_config.format`.
+    output_format: Option<Value>,
+    context_management: Option<Value>,
     #[serde(flatten)]
     unknown: Unknown,
+}
+
+/// A read `/v1/messages` body: the chat request and the context edits to apply to its
+/// history once the prompt's length is known.
+pub struct MessagesRequest {
+    /// The request.
+    pub chat: ChatRequest,
+    /// `context_management.edits`.
+    pub edits: Vec<ContextEdit>,
 }
 
 /// Which route reads the body: `count_tokens` needs no `max_tokens`.
@@ -194,7 +232,7 @@ pub enum MessagesRoute {
 
 /// Reads a `/v1/messages` body into a chat request. Thinking is on only when `thinking`
 /// asks for it, as Anthropic's API has it (the server's `--think` is for OpenAI clients).
-pub fn messages_request(body: &[u8], limits: &Limits, defaults: &Defaults) -> R<ChatRequest> {
+pub fn messages_request(body: &[u8], limits: &Limits, defaults: &Defaults) -> R<MessagesRequest> {
     read_request(body, limits, defaults, MessagesRoute::Messages)
 }
 
@@ -204,9 +242,9 @@ pub fn read_request(
     limits: &Limits,
     defaults: &Defaults,
     route: MessagesRoute,
-) -> R<ChatRequest> {
+) -> R<MessagesRequest> {
     let b: MessagesBody = parse_body(body)?;
-    refuse_unknown(&b.unknown, "")?;
+    refuse_unknown_except(&b.unknown, "", field_policy::ANTHROPIC)?;
     let max_tokens = match (b.max_tokens, route) {
         (Some(n), _) => Some(("max_tokens", n)),
         (None, MessagesRoute::CountTokens) => None,
@@ -299,27 +337,118 @@ pub fn read_request(
             }
         }
     };
+    let mut params = params;
+    // `None`: the request does not say; an effort then turns thinking on.
     let thinking = match b.thinking {
-        None => false,
+        None => None,
         Some(th) => {
             refuse_unknown(&th.unknown, "thinking")?;
             match th.kind.as_deref() {
-                Some("enabled") => true,
-                Some("disabled") => false,
-                _ => return Err(field_err("thinking.type", "\"enabled\" or \"disabled\"")),
+                Some("enabled") => {
+                    params.think_budget = match th.budget_tokens {
+                        Some(0) => return Err(field_err("thinking.budget_tokens", "at least 1")),
+                        Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+                        None => None,
+                    };
+                    Some(true)
+                }
+                Some("adaptive") => Some(true),
+                Some("disabled") => Some(false),
+                _ => {
+                    return Err(field_err(
+                        "thinking.type",
+                        "\"enabled\", \"adaptive\" or \"disabled\"",
+                    ))
+                }
             }
         }
     };
-    Ok(ChatRequest {
-        messages,
-        tools,
-        tool_choice,
-        single_tool_call,
-        response_format: ResponseFormat::Text,
-        thinking,
-        effort: Some(ThinkingEffort::Max),
-        params,
+    let mut effort = None;
+    let mut format = None;
+    if let Some(oc) = b.output_config {
+        refuse_unknown(&oc.unknown, "output_config")?;
+        effort = oc.effort.as_deref().map(output_effort).transpose()?;
+        format = oc
+            .format
+            .filter(|v| !v.is_null())
+            .map(|v| output_format(v, "output_config.format"))
+            .transpose()?;
+    }
+    if let Some(v) = b.output_format.filter(|v| !v.is_null()) {
+        if format.is_some() {
+            return Err(ApiError::field(
+                "output_format",
+                "is given twice: send only output_config.format",
+            ));
+        }
+        format = Some(output_format(v, "output_format")?);
+    }
+    let edits = match b.context_management.as_ref().filter(|v| !v.is_null()) {
+        None => Vec::new(),
+        Some(v) => context_edits::parse(v)?,
+    };
+    let thinking = thinking.unwrap_or(effort.is_some());
+    Ok(MessagesRequest {
+        chat: ChatRequest {
+            messages,
+            tools,
+            tool_choice,
+            single_tool_call,
+            response_format: format.unwrap_or(ResponseFormat::Text),
+            thinking,
+            effort: Some(effort.unwrap_or(ThinkingEffort::Max)),
+            params,
+        },
+        edits,
     })
+}
+
+/// `output_config.effort`: Anthropic's levels, announced to the model as its thinking effort.
+fn output_effort(s: &str) -> R<ThinkingEffort> {
+    Ok(match s {
+        "low" => ThinkingEffort::Low,
+        "medium" => ThinkingEffort::Medium,
+        "high" => ThinkingEffort::High,
+        "max" => ThinkingEffort::Max,
+        other => {
+            return Err(ApiError::field(
+                "output_config.effort",
+                format!("{other:?} is not one of low, medium, high, max"),
+            ))
+        }
+    })
+}
+
+/// `output_config.format`: `{"type": "json_schema", "schema": {...}}`, compiled into the
+/// reply's grammar like OpenAI's `response_format`.
+fn output_format(v: Value, field: &str) -> R<ResponseFormat> {
+    #[derive(Deserialize)]
+    struct Body {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        schema: Option<Value>,
+        #[serde(flatten)]
+        unknown: Unknown,
+    }
+    if !v.is_object() {
+        return Err(field_err(field, "an object"));
+    }
+    let b: Body = from_value(v, field)?;
+    refuse_unknown(&b.unknown, field)?;
+    match b.kind.as_deref() {
+        Some("json_schema") => match b.schema {
+            Some(schema @ Value::Object(_)) => Ok(ResponseFormat::JsonSchema {
+                name: String::new(),
+                schema,
+                strict: true,
+            }),
+            _ => Err(field_err(
+                &format!("{field}.schema"),
+                "a JSON schema object",
+            )),
+        },
+        _ => Err(field_err(&format!("{field}.type"), "\"json_schema\"")),
+    }
 }
 
 /// Anthropic's error shape.
@@ -356,6 +485,22 @@ fn usage(o: &Outcome) -> Value {
     })
 }
 
+/// `context_management` of an answer: what each applied edit cleared.
+pub fn applied_edits(applied: &[context_edits::AppliedEdit]) -> Value {
+    let edits: Vec<Value> = applied
+        .iter()
+        .map(|a| {
+            let count = if a.kind == "clear_thinking_20251015" {
+                "cleared_thinking_turns"
+            } else {
+                "cleared_tool_uses"
+            };
+            json!({"type": a.kind, count: a.cleared, "cleared_input_tokens": a.cleared_tokens})
+        })
+        .collect();
+    json!({"applied_edits": edits})
+}
+
 /// A whole `message`.
 pub fn message(id: &str, model: &str, o: &Outcome) -> Value {
     let mut content = Vec::new();
@@ -390,6 +535,8 @@ pub struct StreamEvents {
     input_tokens: usize,
     open: Option<Field>,
     index: usize,
+    /// The applied context edits, reported in `message_delta`.
+    pub context_management: Option<Value>,
 }
 
 fn event(kind: &'static str, data: Value) -> SseFrame {
@@ -407,6 +554,7 @@ impl StreamEvents {
             input_tokens,
             open: None,
             index: 0,
+            context_management: None,
         }
     }
 
@@ -471,10 +619,11 @@ impl StreamEvents {
                     self.index += 1;
                 }
                 let (reason, seq) = stop_reason(&o);
-                out.push(event(
-                    "message_delta",
-                    json!({"delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage(&o)}),
-                ));
+                let mut delta = json!({"delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage(&o)});
+                if let Some(cm) = self.context_management.take() {
+                    delta["context_management"] = cm;
+                }
+                out.push(event("message_delta", delta));
                 out.push(event("message_stop", json!({})));
                 (out, true)
             }

@@ -87,6 +87,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut r = (status, axum::Json(self.body())).into_response();
+        // The request log reads the reason from here.
+        r.extensions_mut().insert(self.clone());
         if let Some(s) = self.retry_after {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));

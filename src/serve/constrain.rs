@@ -152,8 +152,8 @@ pub fn output_constraint(
 }
 
 /// Compiles `req`'s output constraint (None when nothing constrains it). `max_tokens` is
-/// the reply's budget; with thinking on, the think channel may take half of it before it
-/// must close. Blocks for the compile: call it where blocking is allowed.
+/// the reply's budget; with thinking on, the think channel may take half of it (or its
+/// `think_budget`, when smaller) before it must close. Blocks for the compile: call it where blocking is allowed.
 pub fn compile(
     compiler: Option<&GrammarCompiler>,
     req: &ChatRequest,
@@ -169,9 +169,15 @@ pub fn compile(
             "constrained output needs the model's end-of-sequence id, which its config.json does not name (eos_token_id)",
         ));
     };
+    // A think budget bounds the channel in the grammar too, so the forced close is one it
+    // expects.
+    let think_tokens = match req.params.think_budget {
+        Some(b) => b.min(max_tokens / 2),
+        None => max_tokens / 2,
+    };
     let frame = ReplyFrame::Chat {
         thinking: req.thinking,
-        think_tokens: max_tokens / 2,
+        think_tokens,
     };
     let t0 = Instant::now();
     match compiler.constrain(&c, frame) {

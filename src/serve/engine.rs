@@ -116,6 +116,8 @@ pub struct ChoiceOut {
     pub stop_string: Option<String>,
     /// Tokens it generated.
     pub completion_tokens: usize,
+    /// Of those, the tokens of the think channel (its text, before the channel closes).
+    pub reasoning_tokens: usize,
     /// Every generated token's log-probability, when the request asked for them.
     pub logprobs: Option<Vec<LogprobEntry>>,
 }
@@ -132,6 +134,8 @@ pub struct Outcome {
     pub cached_tokens: usize,
     /// Tokens generated, over all choices.
     pub completion_tokens: usize,
+    /// Think-channel tokens generated, over all choices.
+    pub reasoning_tokens: usize,
     /// Seconds from the job's start to its first token.
     pub ttft_secs: f64,
     /// Seconds in prefill.
@@ -463,6 +467,7 @@ fn run_job<B: Backend>(
         prompt_tokens: job.ids.len(),
         cached_tokens: 0,
         completion_tokens: 0,
+        reasoning_tokens: 0,
         ttft_secs: 0.0,
         prefill_secs: 0.0,
         decode_secs: 0.0,
@@ -484,6 +489,7 @@ fn run_job<B: Backend>(
             out.cached_tokens = g.cached_tokens;
         }
         out.completion_tokens += g.tokens.len();
+        out.reasoning_tokens += c.reasoning_tokens;
         out.prefill_secs += g.prefill_secs;
         out.decode_secs += g.decode_secs;
         out.pick_secs += pick_secs;
@@ -564,9 +570,27 @@ fn run_choice<B: Backend>(
         }
         picker.borrow_mut().pick(&scratch, history)
     };
+    let mut budget = match job.kind {
+        JobKind::Chat { thinking: true, .. } => p
+            .think_budget
+            .and_then(|b| ThinkBudget::new(tok, b, p.constraint.is_some())),
+        _ => None,
+    };
     let mut pick = |logits: &[f32], history: &[u32]| {
         let t = Instant::now();
-        let id = choose(logits, history);
+        let id = match budget.as_mut().and_then(ThinkBudget::forced) {
+            Some(id) => {
+                picker.borrow_mut().force(id);
+                id
+            }
+            None => {
+                let id = choose(logits, history);
+                if let Some(b) = budget.as_mut() {
+                    b.saw(id);
+                }
+                id
+            }
+        };
         pick_secs += t.elapsed().as_secs_f64();
         id
     };
@@ -654,7 +678,82 @@ fn run_choice<B: Backend>(
         finish,
         stop_string: st.stops.matched().map(str::to_string),
         completion_tokens: g.tokens.len(),
+        reasoning_tokens: match job.kind {
+            JobKind::Chat { thinking: true, .. } => think_tokens(tok, &g.tokens),
+            _ => 0,
+        },
         logprobs: all_logprobs,
     };
     Ok((c, g, pick_secs))
+}
+
+/// The think-channel tokens of a reply that began inside it: those before its first
+/// `<|close|>` (all of them when it never closed).
+fn think_tokens(tok: &Tokenizer, ids: &[u32]) -> usize {
+    let close = tok.special_id("<|close|>");
+    ids.iter()
+        .position(|&id| Some(id) == close)
+        .unwrap_or(ids.len())
+}
+
+/// `thinking.budget_tokens` in the decode loop: once the think channel has taken its
+/// budget, the channel's close is forced into the sequence. Without an output constraint
+/// the whole frame (`<|close|>think<|sep|><|open|>response<|sep|>`) is forced, so the model
+/// goes on in the response section; under one, only `<|close|>`, and the grammar (which
+/// bounds the think channel itself) leads on to the response.
+struct ThinkBudget {
+    left: usize,
+    open: bool,
+    close: u32,
+    /// The ids still to force, last first.
+    forcing: Vec<u32>,
+    frame: Vec<u32>,
+}
+
+impl ThinkBudget {
+    /// `None` when the vocabulary lacks the frame's control tokens (a reply then thinks
+    /// unbounded, as the model's own stop rule has it).
+    fn new(tok: &Tokenizer, budget: usize, constrained: bool) -> Option<Self> {
+        let close = tok.special_id("<|close|>")?;
+        let mut frame = vec![close];
+        if !constrained {
+            frame.extend(tok.encode("think"));
+            frame.push(tok.special_id("<|sep|>")?);
+            frame.push(tok.special_id("<|open|>")?);
+            frame.extend(tok.encode("response"));
+            frame.push(tok.special_id("<|sep|>")?);
+        }
+        frame.reverse();
+        Some(Self {
+            left: budget,
+            open: true,
+            close,
+            forcing: Vec::new(),
+            frame,
+        })
+    }
+
+    /// The id this step must take, if the budget forces one.
+    fn forced(&mut self) -> Option<u32> {
+        if self.open && self.left == 0 && self.forcing.is_empty() {
+            self.forcing = std::mem::take(&mut self.frame);
+        }
+        let id = self.forcing.pop()?;
+        if self.forcing.is_empty() {
+            self.open = false;
+        }
+        Some(id)
+    }
+
+    /// Counts a sampled id: one more think token, or the model closing the channel itself.
+    fn saw(&mut self, id: u32) {
+        if !self.open {
+            return;
+        }
+        if id == self.close {
+            self.open = false;
+        } else {
+            self.left = self.left.saturating_sub(1);
+        }
+    }
 }

@@ -5,6 +5,7 @@
 use super::anthropic;
 use super::api_error::ApiError;
 use super::constrain::{self, Api};
+use super::context_edits;
 use super::engine::{Delta, EngineShared, Event, Field, Job, JobKind, Outcome};
 use super::openai;
 use super::openai_body::{chat_request, completion_request};
@@ -490,11 +491,50 @@ fn chat_ids_marked(app: &App, req: &mut ChatRequest) -> Result<Vec<u32>, ApiErro
     Ok(m.ids)
 }
 
+/// A `/v1/messages` prompt after its context edits.
+struct EditedPrompt {
+    marked: MarkedIds,
+    applied: Vec<context_edits::AppliedEdit>,
+}
+
+/// A `/v1/messages` request's prompt ids after its context edits, which see the unedited
+/// prompt's length; what each applied edit cleared.
+fn edited_chat_ids(
+    app: &App,
+    req: &mut anthropic::MessagesRequest,
+) -> Result<EditedPrompt, ApiError> {
+    let marked = chat_ids(app, &req.chat)?;
+    if req.edits.is_empty() {
+        return Ok(EditedPrompt {
+            marked,
+            applied: Vec::new(),
+        });
+    }
+    let mut count = |t: &str| app.tok.try_encode(t).map_or(0, |v| v.len());
+    let applied = context_edits::apply(
+        &req.edits,
+        &mut req.chat.messages,
+        marked.ids.len(),
+        &mut count,
+    );
+    if applied.is_empty() {
+        return Ok(EditedPrompt { marked, applied });
+    }
+    Ok(EditedPrompt {
+        marked: chat_ids(app, &req.chat)?,
+        applied,
+    })
+}
+
 async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError> {
     let bytes = app.body(body).await?;
-    let mut req = anthropic::messages_request(&bytes, &app.limits, &app.defaults)?;
-    app.check_model(&req.params)?;
-    let ids = chat_ids_marked(app, &mut req)?;
+    let mut read = anthropic::messages_request(&bytes, &app.limits, &app.defaults)?;
+    app.check_model(&read.chat.params)?;
+    let EditedPrompt { marked, applied } = edited_chat_ids(app, &mut read)?;
+    let mut req = read.chat;
+    req.params.snapshot_at = marked.divergence;
+    req.params.boundaries = marked.boundaries;
+    let ids = marked.ids;
     req.params.constraint = app.constrain(&req, Api::Anthropic, ids.len())?;
     let input_tokens = ids.len();
     let (stream, seed) = (req.params.stream, req.params.sampling.seed);
@@ -507,10 +547,17 @@ async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError
     if !stream {
         let o = wait_outcome(&mut rx).await?;
         drop(guard);
-        let r = Json(anthropic::message(&id, &model, &o)).into_response();
+        let mut v = anthropic::message(&id, &model, &o);
+        if !applied.is_empty() {
+            v["context_management"] = anthropic::applied_edits(&applied);
+        }
+        let r = Json(v).into_response();
         return Ok(with_seed(r, seed));
     }
     let mut events = anthropic::StreamEvents::new(&id, &model, input_tokens);
+    if !applied.is_empty() {
+        events.context_management = Some(anthropic::applied_edits(&applied));
+    }
     let first = events.start();
     let frame = move |ev: Event| events.frame(ev);
     Ok(with_seed(
@@ -524,14 +571,14 @@ async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError
 async fn count_tokens(State(app): State<Arc<App>>, body: Body) -> Response {
     let inner = async {
         let bytes = app.body(body).await?;
-        let req = anthropic::read_request(
+        let mut req = anthropic::read_request(
             &bytes,
             &app.limits,
             &app.defaults,
             anthropic::MessagesRoute::CountTokens,
         )?;
-        app.check_model(&req.params)?;
-        let ids = chat_ids(&app, &req)?.ids;
+        app.check_model(&req.chat.params)?;
+        let ids = edited_chat_ids(&app, &mut req)?.marked.ids;
         Ok::<_, ApiError>(Json(json!({"input_tokens": ids.len()})).into_response())
     };
     match inner.await {

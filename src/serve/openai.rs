@@ -20,6 +20,7 @@ pub fn usage(o: &Outcome) -> Value {
         "completion_tokens": o.completion_tokens,
         "total_tokens": o.prompt_tokens + o.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": o.reasoning_tokens},
     })
 }
 

@@ -4,6 +4,7 @@
 
 use super::api_error::ApiError;
 use super::body_json::{from_value, parse_body, refuse_unknown, Unknown};
+use super::field_policy::{self, refuse_unknown_except};
 use super::request::{
     ApiMessage, ApiRole, ChatRequest, CompletionRequest, Defaults, Limits, ResponseFormat,
     ToolCallIn, ToolChoice, MAX_TOP_LOGPROBS, R,
@@ -62,17 +63,15 @@ struct OpenAiBody {
     chat_template_kwargs: Option<TemplateKwargs>,
     logprobs: Option<Value>,
     top_logprobs: Option<u64>,
-    /// An end-user id for abuse monitoring: accepted and not used.
-    #[allow(dead_code)]
-    user: Option<String>,
     #[serde(flatten)]
     unknown: Unknown,
 }
 
 impl OpenAiBody {
-    /// The shared fields, and the field a route does not take refused by name.
+    /// The shared fields, and the field a route does not take refused by name (those of
+    /// [`field_policy::OPENAI`] accepted and ignored).
     fn sampling_fields(&mut self) -> R<SamplingFields> {
-        refuse_unknown(&self.unknown, "")?;
+        refuse_unknown_except(&self.unknown, "", field_policy::OPENAI)?;
         let include_usage = match self.stream_options.take() {
             None => None,
             Some(o) => {

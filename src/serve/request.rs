@@ -141,6 +141,9 @@ pub struct GenParams {
     pub frequency_penalty: f32,
     /// Tokens to generate at most (per choice).
     pub max_tokens: usize,
+    /// Tokens the think channel may take before it is closed (Anthropic's
+    /// `thinking.budget_tokens`); `None` leaves it to the model and `max_tokens`.
+    pub think_budget: Option<usize>,
     /// Stop strings.
     pub stop: Vec<String>,
     /// Server-sent events instead of one JSON answer.

@@ -1,7 +1,7 @@
 //! What every request passes before its handler: the `Host` and `Origin` checks of
 //! `origin.rs` (with CORS answers for an allowed cross-site origin), the API key
 //! (everything but `/` and `/health`), an immediate 413 for a declared body over the
-//! limit, and the status counter.
+//! limit, the status counter, and a log line for every request answered with an error.
 
 use super::anthropic;
 use super::api_error::ApiError;
@@ -82,7 +82,10 @@ fn preflight(req: &Request) -> Response {
 /// an immediate 413 for a declared `Content-Length` over the body limit, and the status
 /// counter.
 pub(super) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
+    let method = req.method().clone();
+    let route = req.uri().path().to_string();
+    let path = route.as_str();
+    let open = matches!(path, "/" | "/health");
     let anthropic = anthropic_path(path);
     let admit = app.origins.check(
         req.headers().get(header::HOST).map(HeaderValue::as_bytes),
@@ -98,6 +101,7 @@ pub(super) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next)
                 e.into_response()
             };
             app.shared.metrics.count_status(403);
+            eprintln!("{}", refusal_line(method.as_str(), &route, &r));
             return r;
         }
     };
@@ -110,7 +114,6 @@ pub(super) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next)
         app.shared.metrics.count_status(r.status().as_u16());
         return r;
     }
-    let open = matches!(path, "/" | "/health");
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -153,8 +156,32 @@ pub(super) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next)
         }
         None => next.run(req).await,
     };
-    app.shared.metrics.count_status(resp.status().as_u16());
+    let status = resp.status().as_u16();
+    app.shared.metrics.count_status(status);
+    if status >= 400 {
+        eprintln!("{}", refusal_line(method.as_str(), &route, &resp));
+    }
     with_cors(resp, &admit)
+}
+
+/// The log line of a request answered with an error: the route, the status, and the
+/// reason the answer gives (its field first), on one line.
+fn refusal_line(method: &str, route: &str, resp: &Response) -> String {
+    let status = resp.status();
+    let what = if status.is_server_error() {
+        "failed"
+    } else {
+        "refused"
+    };
+    let reason = match resp.extensions().get::<ApiError>() {
+        Some(e) => e.message.replace(['\n', '\r'], " "),
+        // Axum's own answers (no such route, a method the route lacks).
+        None => status.canonical_reason().unwrap_or("error").to_string(),
+    };
+    format!(
+        "[K3] serve: {what} {method} {route}: {}: {reason}",
+        status.as_u16()
+    )
 }
 
 /// Reads and drops what arrives of an oversized body for a moment (up to four times the

@@ -138,6 +138,7 @@ impl SamplingFields {
             presence_penalty,
             frequency_penalty,
             max_tokens,
+            think_budget: None,
             stop,
             stream: self.stream.unwrap_or(false),
             include_usage: self.include_usage.unwrap_or(false),

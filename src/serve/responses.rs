@@ -312,15 +312,16 @@ fn translate_input(input: Value, out: &mut Vec<Value>) -> R<()> {
     };
     let mut calls = calls_of(out);
     let mut reasoning: Option<String> = None;
-    for (i, item) in items.into_iter().enumerate() {
+    for (i, mut item) in items.into_iter().enumerate() {
         let f = format!("input[{i}]");
-        let Value::Object(o) = &item else {
+        let Value::Object(o) = &mut item else {
             return Err(type_error(&f, "an object", &item));
         };
-        let kind = match o.get("type") {
+        // The type picks the struct the item is read into.
+        let kind = match o.remove("type") {
             None | Some(Value::Null) => "message".to_string(),
-            Some(Value::String(s)) => s.clone(),
-            Some(v) => return Err(type_error(&format!("{f}.type"), "a string", v)),
+            Some(Value::String(s)) => s,
+            Some(v) => return Err(type_error(&format!("{f}.type"), "a string", &v)),
         };
         match kind.as_str() {
             "message" => {

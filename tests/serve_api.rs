@@ -625,3 +625,90 @@ fn a_responses_json_schema_format_is_followed() {
     assert!(parsed["n"].is_i64() || parsed["n"].is_u64(), "{parsed}");
     assert_eq!(v["text"]["format"]["type"], "json_schema", "{v}");
 }
+
+/// The body Codex CLI sends (`codex exec "say hi"` with a `wire_api = "responses"` provider
+/// and `web_search = "disabled"`), captured, its ids replaced and its long texts cut.
+fn codex_request() -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/codex/responses_request.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn a_codex_cli_request_is_answered_and_its_web_search_tool_named() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let url = s.url("/v1/responses");
+    let mut body = codex_request();
+    let model = dir.file_name().unwrap().to_str().unwrap();
+    body["model"] = json!(model);
+    body["max_output_tokens"] = json!(4);
+    let (st, events) = post_stream(&url, &body);
+    assert_eq!(st, 200, "{events:?}");
+    let types = event_types(&events);
+    let last = types.last().unwrap();
+    assert!(
+        last == "response.completed" || last == "response.incomplete",
+        "{types:?}"
+    );
+    let r = &events.last().unwrap()["response"];
+    assert_eq!(r["store"], false, "{r}");
+    // Codex asks for a reasoning summary: the think channel is reported as one.
+    assert_eq!(r["reasoning"]["summary"], "auto", "{r}");
+    // store: false: nothing to fetch afterwards.
+    let (st, _) = get(
+        &s.url(&format!("/v1/responses/{}", r["id"].as_str().unwrap())),
+        None,
+    );
+    assert_eq!(st, 404);
+    // Codex's default configuration adds its web_search tool: refused, naming it.
+    body["tools"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "web_search", "external_web_access": false}));
+    let (st, _, v) = post(&url, &body.to_string(), None);
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "tools[8].type", "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("web_search"));
+}
+
+#[test]
+fn a_namespace_tools_functions_are_offered_and_their_calls_name_it() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let tools = json!([{"type": "namespace", "name": "agents", "description": "Sub-agents.",
+                        "tools": weather_tool()}]);
+    let body = responses_body(
+        json!("Weather?"),
+        json!({"tools": tools, "max_output_tokens": 200, "tool_choice": "required"}),
+    );
+    let (st, _, v) = post(&s.url("/v1/responses"), &body.to_string(), None);
+    assert_eq!(st, 200, "{v}");
+    let call = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(call["name"], "get_weather", "{v}");
+    assert_eq!(call["namespace"], "agents", "{v}");
+    // A namespace holds function tools only, and a name is declared once.
+    for (tools, field) in [
+        (
+            json!([{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]),
+            "tools[0].tools[0].type",
+        ),
+        (
+            json!([weather_tool()[0].clone(),
+                   {"type": "namespace", "name": "n", "tools": weather_tool()}]),
+            "tools[1].tools[0].name",
+        ),
+    ] {
+        let body = responses_body(json!("x"), json!({"tools": tools}));
+        let (st, _, v) = post(&s.url("/v1/responses"), &body.to_string(), None);
+        assert_eq!((st, &v["error"]["param"]), (400, &json!(field)), "{v}");
+    }
+}

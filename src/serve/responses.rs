@@ -106,6 +106,10 @@ struct ResponsesBody {
     #[allow(dead_code)]
     prompt_cache_retention: Option<String>,
     safety_identifier: Option<String>,
+    /// Ids a client attaches to its requests for its own records (Codex's turn and
+    /// thread ids).
+    #[allow(dead_code)]
+    client_metadata: Option<Map<String, Value>>,
     service_tier: Option<String>,
     /// Extra output OpenAI can add (`reasoning.encrypted_content`, …): the reasoning
     /// items carry their text in the clear, so there is nothing else to include.
@@ -130,6 +134,8 @@ pub struct ResponsesRequest {
     pub store: bool,
     /// Whether the think text is reported as the reasoning summary (`reasoning.summary`).
     pub summary: bool,
+    /// The namespace of each function declared in one, for the calls of it.
+    pub namespaces: HashMap<String, String>,
 }
 
 fn field_is(field: &str, message: impl std::fmt::Display) -> ApiError {
@@ -214,6 +220,9 @@ struct FunctionCallItem {
     call_id: Option<String>,
     name: Option<String>,
     arguments: Option<String>,
+    /// The namespace of a function declared in one: function names are unique anyway.
+    #[allow(dead_code)]
+    namespace: Option<String>,
     /// The item's id, when passed back from an earlier output.
     #[allow(dead_code)]
     id: Option<String>,
@@ -433,10 +442,6 @@ fn translate_input(input: Value, out: &mut Vec<Value>) -> R<()> {
 /// One declared tool in the Responses shape.
 #[derive(Deserialize)]
 struct ToolBody {
-    /// `"function"`, checked before the tool is read.
-    #[serde(rename = "type")]
-    #[allow(dead_code)]
-    kind: Option<String>,
     name: Option<String>,
     description: Option<Value>,
     parameters: Option<Value>,
@@ -445,51 +450,117 @@ struct ToolBody {
     unknown: Unknown,
 }
 
-/// `tools` in the chat shape (`{"type": "function", "function": {...}}`); a tool of any
-/// other type than `function` is refused naming it.
-fn tools(v: Option<Value>) -> R<Vec<Value>> {
+/// A `namespace` tool: function tools grouped under a name (Codex declares its sub-agent
+/// tools so). Its functions are offered as they are; a call of one names the namespace.
+#[derive(Deserialize)]
+struct NamespaceBody {
+    name: Option<String>,
+    /// What the group is for; each function keeps its own description.
+    #[allow(dead_code)]
+    description: Option<Value>,
+    tools: Option<Vec<Value>>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// One function tool (at `f`) in the chat shape.
+fn function_tool(mut t: Value, f: &str) -> R<Value> {
+    let Value::Object(o) = &mut t else {
+        return Err(type_error(f, "an object", &t));
+    };
+    match o.remove("type") {
+        Some(Value::String(k)) if k == "function" => {}
+        Some(Value::String(k)) => {
+            return Err(field_is(
+                &format!("{f}.type"),
+                format!("{k:?} tools are not supported by this server (function tools only)"),
+            ))
+        }
+        Some(v) => return Err(type_error(&format!("{f}.type"), "a string", &v)),
+        None => return Err(field_is(&format!("{f}.type"), "is missing")),
+    }
+    let t: ToolBody = from_value(t, f)?;
+    refuse_unknown(&t.unknown, f)?;
+    let name = t
+        .name
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| field_is(&format!("{f}.name"), "is missing"))?;
+    let mut func = json!({"name": name});
+    if let Some(d) = t.description.filter(|d| !d.is_null()) {
+        func["description"] = d;
+    }
+    if let Some(p) = t.parameters.filter(|p| !p.is_null()) {
+        func["parameters"] = p;
+    }
+    if let Some(s) = t.strict {
+        func["strict"] = json!(s);
+    }
+    Ok(json!({"type": "function", "function": func}))
+}
+
+/// Declared tools: `tools` in the chat shape (a namespace's functions in its place), and
+/// the namespace of each function declared in one.
+struct Tools {
+    chat: Vec<Value>,
+    namespaces: HashMap<String, String>,
+}
+
+/// Reads `tools`: function tools and namespaces of them; a tool of any other type is
+/// refused naming it, and so is a function name declared twice.
+fn tools(v: Option<Value>) -> R<Tools> {
+    let mut out = Tools {
+        chat: Vec::new(),
+        namespaces: HashMap::new(),
+    };
     let a = match v {
-        None | Some(Value::Null) => return Ok(Vec::new()),
+        None | Some(Value::Null) => return Ok(out),
         Some(Value::Array(a)) => a,
         Some(v) => return Err(type_error("tools", "an array", &v)),
     };
-    a.into_iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let f = format!("tools[{i}]");
-            let kind = match t.get("type") {
-                Some(Value::String(s)) => s.clone(),
-                Some(v) => return Err(type_error(&format!("{f}.type"), "a string", v)),
-                None if t.is_object() => return Err(field_is(&format!("{f}.type"), "is missing")),
-                None => return Err(type_error(&f, "an object", &t)),
-            };
-            if kind != "function" {
-                return Err(field_is(
-                    &format!("{f}.type"),
-                    format!(
-                        "{kind:?} tools are not supported by this server (function tools only)"
-                    ),
-                ));
+    let add = |out: &mut Tools, tool: Value, f: &str| -> R<()> {
+        let name = openai_body::tool_name(&tool)
+            .unwrap_or_default()
+            .to_string();
+        if out
+            .chat
+            .iter()
+            .any(|t| openai_body::tool_name(t) == Some(name.as_str()))
+        {
+            return Err(field_is(
+                &format!("{f}.name"),
+                format!("{name:?} is declared twice"),
+            ));
+        }
+        out.chat.push(tool);
+        Ok(())
+    };
+    for (i, t) in a.into_iter().enumerate() {
+        let f = format!("tools[{i}]");
+        if t.get("type").and_then(Value::as_str) != Some("namespace") {
+            let tool = function_tool(t, &f)?;
+            add(&mut out, tool, &f)?;
+            continue;
+        }
+        let mut t = t;
+        if let Value::Object(o) = &mut t {
+            o.remove("type");
+        }
+        let ns: NamespaceBody = from_value(t, &f)?;
+        refuse_unknown(&ns.unknown, &f)?;
+        let name = ns
+            .name
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| field_is(&format!("{f}.name"), "is missing"))?;
+        for (k, inner) in ns.tools.unwrap_or_default().into_iter().enumerate() {
+            let fk = format!("{f}.tools[{k}]");
+            let tool = function_tool(inner, &fk)?;
+            if let Some(n) = openai_body::tool_name(&tool) {
+                out.namespaces.insert(n.to_string(), name.clone());
             }
-            let t: ToolBody = from_value(t, &f)?;
-            refuse_unknown(&t.unknown, &f)?;
-            let name = t
-                .name
-                .filter(|n| !n.is_empty())
-                .ok_or_else(|| field_is(&format!("{f}.name"), "is missing"))?;
-            let mut func = json!({"name": name});
-            if let Some(d) = t.description.filter(|d| !d.is_null()) {
-                func["description"] = d;
-            }
-            if let Some(p) = t.parameters.filter(|p| !p.is_null()) {
-                func["parameters"] = p;
-            }
-            if let Some(s) = t.strict {
-                func["strict"] = json!(s);
-            }
-            Ok(json!({"type": "function", "function": func}))
-        })
-        .collect()
+            add(&mut out, tool, &fk)?;
+        }
+    }
+    Ok(out)
 }
 
 /// `tool_choice`: `auto`, `none`, `required`, or `{"type": "function", "name": ...}`.
@@ -717,7 +788,10 @@ pub fn read_request(
     };
     let params = fields.params(limits, &defaults.sampling)?;
     let tools_sent = b.tools.take();
-    let tools = tools(tools_sent.clone())?;
+    let Tools {
+        chat: tools,
+        namespaces,
+    } = tools(tools_sent.clone())?;
     let choice_sent = b.tool_choice.take();
     let tool_choice = tool_choice(choice_sent.as_ref(), &tools)?;
     let (response_format, text_echo) = text_format(b.text.take())?;
@@ -773,6 +847,7 @@ pub fn read_request(
         conversation,
         store: store_it,
         summary,
+        namespaces,
     })
 }
 
@@ -805,6 +880,7 @@ pub struct ResponseEvents {
     created_at: u64,
     echo: Map<String, Value>,
     summary: bool,
+    namespaces: HashMap<String, String>,
     items: Vec<OutItem>,
     open: bool,
     seq: u64,
@@ -813,14 +889,22 @@ pub struct ResponseEvents {
 }
 
 impl ResponseEvents {
-    /// The events of response `id`; `summary` reports think text as the reasoning summary.
-    pub fn new(id: &str, model: &str, echo: Map<String, Value>, summary: bool) -> Self {
+    /// The events of response `id`; `summary` reports think text as the reasoning summary,
+    /// `namespaces` names the namespace of each function declared in one.
+    pub fn new(
+        id: &str,
+        model: &str,
+        echo: Map<String, Value>,
+        summary: bool,
+        namespaces: HashMap<String, String>,
+    ) -> Self {
         Self {
             id: id.to_string(),
             model: model.to_string(),
             created_at: now_secs(),
             echo,
             summary,
+            namespaces,
             items: Vec::new(),
             open: false,
             seq: 0,
@@ -873,9 +957,15 @@ impl ResponseEvents {
                 call_id,
                 name,
                 arguments,
-            } => json!({"id": item.id, "type": "function_call", "status": item.status,
-                        "call_id": call_id, "name": name,
-                        "arguments": if whole { arguments.as_str() } else { "" }}),
+            } => {
+                let mut v = json!({"id": item.id, "type": "function_call", "status": item.status,
+                                   "call_id": call_id, "name": name,
+                                   "arguments": if whole { arguments.as_str() } else { "" }});
+                if let Some(ns) = self.namespaces.get(name) {
+                    v["namespace"] = json!(ns);
+                }
+                v
+            }
         }
     }
 
@@ -1355,6 +1445,7 @@ pub async fn create(State(app): State<Arc<App>>, body: Body) -> Result<Response,
         mut conversation,
         store,
         summary,
+        namespaces,
     } = req;
     app.check_model(&chat.params)?;
     let (ids, snapshot_at) = chat_ids(&app, &chat)?;
@@ -1367,7 +1458,7 @@ pub async fn create(State(app): State<Arc<App>>, body: Body) -> Result<Response,
     };
     let (job, mut rx, guard) = app.submit(ids, chat.params, kind, false)?;
     let id = app.responses.response_id(&job);
-    let mut events = ResponseEvents::new(&id, &app.model_name, echo, summary);
+    let mut events = ResponseEvents::new(&id, &app.model_name, echo, summary, namespaces);
     if !stream {
         while let Some(ev) = rx.recv().await {
             let (_, end) = events.frame(ev);

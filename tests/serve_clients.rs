@@ -1,7 +1,8 @@
 //! Real clients against `k3 serve`: the official `openai` and `anthropic` Python clients
 //! (a chat, a tool loop, the Responses API's answers and tool loop) and a headless Chromium
-//! loading the web page. Where a client is missing the test passes and the run says so in one line naming what installs it
-//! (`support::skip_group`), except under CI=true, where a missing client fails it.
+//! loading the web page. Where a client is missing the test passes and the run says so in
+//! one line naming what installs it (`support::skip_group`), except under CI=true, where a
+//! missing client fails it.
 
 mod serve_support;
 mod support;

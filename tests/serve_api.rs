@@ -717,3 +717,425 @@ fn every_error_is_json_and_quotes_client_data_short() {
         assert!(v["error"]["message"].is_string(), "{}", &text[..200]);
     }
 }
+
+/// A `/v1/responses` body: `input`, greedy, thinking off, a small budget, and `extra`.
+fn responses_body(input: Value, extra: Value) -> Value {
+    let mut b = json!({"input": input, "max_output_tokens": 8, "temperature": 0,
+                       "reasoning": {"effort": "none"}});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+const WEATHER_TOOL: &str = r#"[{"type": "function", "name": "get_weather", "description": "The weather.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                   "required": ["city"], "additionalProperties": false}, "strict": true}]"#;
+
+fn weather_tool() -> Value {
+    serde_json::from_str(WEATHER_TOOL).unwrap()
+}
+
+#[test]
+fn responses_refuse_what_they_do_not_implement_naming_it() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let url = s.url("/v1/responses");
+    for (extra, field) in [
+        (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
+        (
+            json!({"tools": [weather_tool()[0].clone(), {"type": "file_search", "vector_store_ids": []}]}),
+            "tools[1].type",
+        ),
+        (
+            json!({"tools": [{"type": "mcp", "server_label": "x"}]}),
+            "tools[0].type",
+        ),
+        (
+            json!({"tools": [{"type": "code_interpreter"}]}),
+            "tools[0].type",
+        ),
+        (json!({"top_logprobs": 2}), "top_logprobs"),
+        (json!({"conversation": "conv_1"}), "conversation"),
+        (json!({"truncation": "auto"}), "truncation"),
+        (json!({"service_tier": "flex"}), "service_tier"),
+        (json!({"background": true}), "background"),
+        (json!({"text": {"verbosity": "low"}}), "text.verbosity"),
+        (json!({"reasoning": {"effort": "huge"}}), "reasoning.effort"),
+        (
+            json!({"stream_options": {"chunking": 1}}),
+            "stream_options.chunking",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (
+            json!({"tools": weather_tool(), "tool_choice": {"type": "function", "name": "nope"}}),
+            "tool_choice.name",
+        ),
+        (
+            json!({"tools": weather_tool(), "tool_choice": "required",
+                   "text": {"format": {"type": "json_object"}}}),
+            "text.format",
+        ),
+        (
+            json!({"tools": [{"type": "function", "name": "f", "parameters": {"type": "array"}}],
+                   "tool_choice": "required"}),
+            "tools[0].parameters.type",
+        ),
+        (json!({"metadata": {"k": 1}}), "metadata.k"),
+    ] {
+        let body = responses_body(json!("x"), extra);
+        let (st, _, v) = post(&url, &body.to_string(), None);
+        assert_eq!(st, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], field, "{body}: {v}");
+    }
+    for (input, field) in [
+        (
+            json!([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+            "input[0].content[0].type",
+        ),
+        (
+            json!([{"type": "item_reference", "id": "msg_1"}]),
+            "input[0].type",
+        ),
+        (
+            json!([{"type": "web_search_call", "id": "ws_1"}]),
+            "input[0].type",
+        ),
+        (
+            json!([{"type": "function_call_output", "call_id": "c9", "output": "x"}]),
+            "input[0].call_id",
+        ),
+        (json!([{"role": "tool", "content": "x"}]), "input[0].role"),
+        (json!([]), "input"),
+        (json!(7), "input"),
+    ] {
+        let body = responses_body(input, json!({}));
+        let (st, _, v) = post(&url, &body.to_string(), None);
+        assert_eq!(st, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], field, "{body}: {v}");
+    }
+    // Fields that only label, route or bill are accepted, and echoed where the API does.
+    let body = responses_body(
+        json!("x"),
+        json!({"metadata": {"run": "7"}, "user": "u", "prompt_cache_key": "k",
+               "safety_identifier": "s", "service_tier": "auto", "store": true,
+               "include": ["reasoning.encrypted_content"], "truncation": "disabled",
+               "parallel_tool_calls": false, "instructions": "Be brief.",
+               "stream_options": {"include_obfuscation": false}}),
+    );
+    let (st, _, v) = post(&url, &body.to_string(), None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["metadata"], json!({"run": "7"}), "{v}");
+    assert_eq!(v["instructions"], "Be brief.", "{v}");
+    assert_eq!(v["parallel_tool_calls"], false, "{v}");
+}
+
+/// The `type`s of a stream's events, checking each `sequence_number` counts from 0.
+fn event_types(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            assert_eq!(e["sequence_number"], i, "{e}");
+            e["type"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn a_responses_stream_is_typed_events_in_order_and_matches_the_whole_answer() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let url = s.url("/v1/responses");
+    for summary in [false, true] {
+        let mut reasoning = json!({"effort": "low"});
+        if summary {
+            reasoning["summary"] = json!("auto");
+        }
+        let body = json!({"input": "Hello", "max_output_tokens": 6, "temperature": 0,
+                          "reasoning": reasoning});
+        let (st, _, whole) = post(&url, &body.to_string(), None);
+        assert_eq!(st, 200, "{whole}");
+        let mut sb = body.clone();
+        sb["stream"] = json!(true);
+        let (st, events) = post_stream(&url, &sb);
+        assert_eq!(st, 200);
+        let types = event_types(&events);
+        let (delta, done) = if summary {
+            (
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_summary_text.done",
+            )
+        } else {
+            (
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+            )
+        };
+        // Thinking on with a 6-token budget: the think channel takes it all.
+        let opened = if summary {
+            "response.reasoning_summary_part.added"
+        } else {
+            "response.content_part.added"
+        };
+        assert_eq!(
+            &types[..4],
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                opened
+            ],
+            "{types:?}"
+        );
+        assert_eq!(types[4], delta, "{types:?}");
+        assert!(types.contains(&done.to_string()), "{types:?}");
+        assert_eq!(types.last().unwrap(), "response.incomplete", "{types:?}");
+        let last = &events.last().unwrap()["response"];
+        let text = |r: &Value| -> String {
+            r["output"][0][if summary { "summary" } else { "content" }][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        };
+        let joined: String = events
+            .iter()
+            .filter(|e| e["type"] == delta)
+            .map(|e| e["delta"].as_str().unwrap())
+            .collect();
+        assert!(!joined.is_empty());
+        assert_eq!(joined, text(last), "{last}");
+        assert_eq!(text(&whole), text(last), "{whole}\n{last}");
+        assert_eq!(whole["status"], "incomplete");
+        assert_eq!(
+            whole["incomplete_details"]["reason"], "max_output_tokens",
+            "{whole}"
+        );
+        let u = &last["usage"];
+        assert_eq!(u["output_tokens"], 6, "{u}");
+        assert_eq!(u["output_tokens_details"]["reasoning_tokens"], 6, "{u}");
+        assert!(u["input_tokens_details"]["cached_tokens"].is_u64(), "{u}");
+        assert_eq!(
+            u["total_tokens"].as_u64(),
+            Some(u["input_tokens"].as_u64().unwrap() + 6),
+            "{u}"
+        );
+    }
+    // Thinking off: a message item whose text deltas add up to the answer.
+    let body = responses_body(json!("Hello"), json!({"stream": true}));
+    let (_, events) = post_stream(&url, &body);
+    let types = event_types(&events);
+    let text: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "response.output_text.done")
+        .unwrap_or_else(|| panic!("{types:?}"));
+    assert_eq!(done["text"], json!(text), "{types:?}");
+    let last = &events.last().unwrap()["response"];
+    assert_eq!(last["output"][0]["type"], "message", "{last}");
+    assert_eq!(last["output"][0]["content"][0]["text"], json!(text));
+    assert_eq!(
+        last["usage"]["output_tokens_details"]["reasoning_tokens"],
+        0
+    );
+}
+
+#[test]
+fn responses_chain_through_previous_response_id_and_the_store() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let url = s.url("/v1/responses");
+    // A forced call: the grammar makes the tiny model call the named function.
+    let body = responses_body(
+        json!("What is the weather in Paris?"),
+        json!({"tools": weather_tool(), "max_output_tokens": 200,
+               "tool_choice": {"type": "function", "name": "get_weather"}}),
+    );
+    let (st, _, first) = post(&url, &body.to_string(), None);
+    assert_eq!(st, 200, "{first}");
+    let call = first["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap_or_else(|| panic!("no call: {first}"))
+        .clone();
+    assert_eq!(call["name"], "get_weather");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_string(), "{args}");
+    let id = first["id"].as_str().unwrap().to_string();
+    // GET returns it as it was answered.
+    let (st, got) = get(&s.url(&format!("/v1/responses/{id}")), None);
+    assert_eq!(st, 200);
+    assert_eq!(serde_json::from_str::<Value>(&got).unwrap(), first);
+    // The next turn sends only the call's output; the conversation comes from the store,
+    // and the engine resumes from the state it kept.
+    let next = responses_body(
+        json!([{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}]),
+        json!({"previous_response_id": id, "tools": weather_tool()}),
+    );
+    let (st, _, second) = post(&url, &next.to_string(), None);
+    assert_eq!(st, 200, "{second}");
+    assert_eq!(second["previous_response_id"], json!(id));
+    let cached = second["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 0, "{second}");
+    // The same turn sent whole renders the same prompt.
+    let whole = responses_body(
+        json!([{"role": "user", "content": "What is the weather in Paris?"}, call,
+               {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}]),
+        json!({"tools": weather_tool(), "store": false}),
+    );
+    let (st, _, third) = post(&url, &whole.to_string(), None);
+    assert_eq!(st, 200, "{third}");
+    assert_eq!(
+        third["usage"]["input_tokens"], second["usage"]["input_tokens"],
+        "{third}\n{second}"
+    );
+    // store: false keeps nothing, and says so when referenced.
+    let unstored = third["id"].as_str().unwrap();
+    let (st, msg) = get(&s.url(&format!("/v1/responses/{unstored}")), None);
+    assert_eq!(st, 404);
+    assert!(msg.contains("store: false"), "{msg}");
+    let refer = responses_body(json!("and?"), json!({"previous_response_id": unstored}));
+    let (st, _, v) = post(&url, &refer.to_string(), None);
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "previous_response_id", "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("store: false"));
+    // DELETE forgets a response; a later reference is a 400 naming the field.
+    let del = |id: &str| {
+        let mut r = agent()
+            .delete(&s.url(&format!("/v1/responses/{id}")))
+            .call()
+            .unwrap();
+        let text = r.body_mut().read_to_string().unwrap_or_default();
+        (r.status().as_u16(), text)
+    };
+    let (st, text) = del(&id);
+    assert_eq!(st, 200, "{text}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["deleted"],
+        true
+    );
+    assert_eq!(del(&id).0, 404);
+    let (st, _, v) = post(&url, &next.to_string(), None);
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "previous_response_id", "{v}");
+    let (st, _) = get(&s.url("/v1/responses/resp_nothing"), None);
+    assert_eq!(st, 404);
+}
+
+#[test]
+fn a_responses_json_schema_format_is_followed() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+                        "required": ["n"], "additionalProperties": false});
+    let body = responses_body(
+        json!("A number?"),
+        json!({"max_output_tokens": 60,
+               "text": {"format": {"type": "json_schema", "name": "num", "schema": schema,
+                                   "strict": true}}}),
+    );
+    let (st, _, v) = post(&s.url("/v1/responses"), &body.to_string(), None);
+    assert_eq!(st, 200, "{v}");
+    let text = v["output"][0]["content"][0]["text"].as_str().unwrap();
+    let parsed: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(parsed["n"].is_i64() || parsed["n"].is_u64(), "{parsed}");
+    assert_eq!(v["text"]["format"]["type"], "json_schema", "{v}");
+}
+
+/// The body Codex CLI sends (`codex exec "say hi"` with a `wire_api = "responses"` provider
+/// and `web_search = "disabled"`), captured, its ids replaced and its long texts cut.
+fn codex_request() -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/codex/responses_request.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn a_codex_cli_request_is_answered_and_its_web_search_tool_named() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let url = s.url("/v1/responses");
+    let mut body = codex_request();
+    let model = dir.file_name().unwrap().to_str().unwrap();
+    body["model"] = json!(model);
+    body["max_output_tokens"] = json!(4);
+    let (st, events) = post_stream(&url, &body);
+    assert_eq!(st, 200, "{events:?}");
+    let types = event_types(&events);
+    let last = types.last().unwrap();
+    assert!(
+        last == "response.completed" || last == "response.incomplete",
+        "{types:?}"
+    );
+    let r = &events.last().unwrap()["response"];
+    assert_eq!(r["store"], false, "{r}");
+    // Codex asks for a reasoning summary: the think channel is reported as one.
+    assert_eq!(r["reasoning"]["summary"], "auto", "{r}");
+    // store: false: nothing to fetch afterwards.
+    let (st, _) = get(
+        &s.url(&format!("/v1/responses/{}", r["id"].as_str().unwrap())),
+        None,
+    );
+    assert_eq!(st, 404);
+    // Codex's default configuration adds its web_search tool: refused, naming it.
+    body["tools"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "web_search", "external_web_access": false}));
+    let (st, _, v) = post(&url, &body.to_string(), None);
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "tools[8].type", "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("web_search"));
+}
+
+#[test]
+fn a_namespace_tools_functions_are_offered_and_their_calls_name_it() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--think", "0"]);
+    let tools = json!([{"type": "namespace", "name": "agents", "description": "Sub-agents.",
+                        "tools": weather_tool()}]);
+    let body = responses_body(
+        json!("Weather?"),
+        json!({"tools": tools, "max_output_tokens": 200, "tool_choice": "required"}),
+    );
+    let (st, _, v) = post(&s.url("/v1/responses"), &body.to_string(), None);
+    assert_eq!(st, 200, "{v}");
+    let call = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(call["name"], "get_weather", "{v}");
+    assert_eq!(call["namespace"], "agents", "{v}");
+    // A namespace holds function tools only, and a name is declared once.
+    for (tools, field) in [
+        (
+            json!([{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]),
+            "tools[0].tools[0].type",
+        ),
+        (
+            json!([weather_tool()[0].clone(),
+                   {"type": "namespace", "name": "n", "tools": weather_tool()}]),
+            "tools[1].tools[0].name",
+        ),
+    ] {
+        let body = responses_body(json!("x"), json!({"tools": tools}));
+        let (st, _, v) = post(&s.url("/v1/responses"), &body.to_string(), None);
+        assert_eq!((st, &v["error"]["param"]), (400, &json!(field)), "{v}");
+    }
+}

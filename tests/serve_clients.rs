@@ -1,7 +1,8 @@
 //! Real clients against `k3 serve`: the official `openai` and `anthropic` Python clients
-//! (a chat, and a tool loop) and a headless Chromium loading the web page. Where a client is
-//! missing the test passes and the run says so in one line naming what installs it
-//! (`support::skip_group`), except under CI=true, where a missing client fails it.
+//! (a chat, a tool loop, the Responses API's answers and tool loop) and a headless Chromium
+//! loading the web page. Where a client is missing the test passes and the run says so in
+//! one line naming what installs it (`support::skip_group`), except under CI=true, where a
+//! missing client fails it.
 
 mod serve_support;
 mod support;
@@ -75,6 +76,31 @@ fn a_tool_loop_through_the_openai_and_anthropic_clients_loses_no_text() {
     }
     assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
     assert!(out.contains("tool loop: ok"), "{out}");
+}
+
+#[test]
+fn the_openai_python_client_speaks_the_responses_api() {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_clients/responses_client.py");
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &[]);
+    let model = dir.file_name().unwrap().to_str().unwrap();
+    let o = match Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{}", s.addr))
+        .arg(model)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => return no_python_clients(&format!("python3 cannot start: {e}")),
+    };
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if o.status.code() == Some(3) {
+        return no_python_clients(out.trim());
+    }
+    assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
+    assert!(out.contains("responses client: ok"), "{out}");
 }
 
 fn chromium() -> Option<&'static str> {

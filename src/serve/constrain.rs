@@ -21,6 +21,17 @@ pub enum Api {
     OpenAi,
     /// `/v1/messages`
     Anthropic,
+    /// `/v1/responses`
+    Responses,
+}
+
+/// The field a request's output format is in (`response_format`, or `text.format` of the
+/// Responses API), and its schema's.
+fn format_fields(api: Api) -> (&'static str, &'static str) {
+    match api {
+        Api::Responses => ("text.format", "text.format.schema"),
+        Api::OpenAi | Api::Anthropic => ("response_format", "response_format.json_schema.schema"),
+    }
 }
 
 /// A compiled constraint a job carries; each choice samples under its own copy.
@@ -45,6 +56,7 @@ fn schema_field(api: Api, i: usize) -> String {
     match api {
         Api::OpenAi => format!("tools[{i}].function.parameters"),
         Api::Anthropic => format!("tools[{i}].input_schema"),
+        Api::Responses => format!("tools[{i}].parameters"),
     }
 }
 
@@ -104,22 +116,23 @@ pub fn output_constraint(
                 .collect(),
         ),
     };
+    let (format_field, schema_at) = format_fields(api);
     let format = match &req.response_format {
         ResponseFormat::Text => None,
         ResponseFormat::JsonObject => {
-            Some((OutputConstraint::JsonObject, "response_format".to_string()))
+            Some((OutputConstraint::JsonObject, format_field.to_string()))
         }
         ResponseFormat::JsonSchema { schema, strict, .. } => Some((
             OutputConstraint::JsonSchema {
                 schema: schema.clone(),
                 strict: *strict,
             },
-            "response_format.json_schema.schema".to_string(),
+            schema_at.to_string(),
         )),
     };
     match (forced, format) {
         (Some(_), Some(_)) => Err(ApiError::field(
-            "response_format",
+            format_field,
             "cannot be combined with a forced tool_choice: the reply is either the tool call or the JSON",
         )),
         (None, f) => Ok(f),

@@ -116,7 +116,7 @@ pub struct ChoiceOut {
     pub stop_string: Option<String>,
     /// Tokens it generated.
     pub completion_tokens: usize,
-    /// Of those, the tokens of the think channel (its text, before the channel closes).
+    /// Of those, the tokens generated inside the think channel (its tags included).
     pub reasoning_tokens: usize,
     /// Every generated token's log-probability, when the request asked for them.
     pub logprobs: Option<Vec<LogprobEntry>>,
@@ -553,6 +553,7 @@ fn run_choice<B: Backend>(
     let prompt_len = job.ids.len();
     let mut scratch = Vec::new();
     let mut pick_secs = 0.0;
+    let mut reasoning_tokens = 0usize;
     let mut choose = |logits: &[f32], history: &[u32]| {
         if presence == 0.0 && frequency == 0.0 {
             return picker.borrow_mut().pick(logits, history);
@@ -617,6 +618,9 @@ fn run_choice<B: Backend>(
         }
         match &mut output {
             Output::Chat(s) => {
+                if s.channel() == Channel::Think {
+                    reasoning_tokens += 1;
+                }
                 let evs = s.push(ev.id)?;
                 st.chat_events(evs);
             }
@@ -678,22 +682,10 @@ fn run_choice<B: Backend>(
         finish,
         stop_string: st.stops.matched().map(str::to_string),
         completion_tokens: g.tokens.len(),
-        reasoning_tokens: match job.kind {
-            JobKind::Chat { thinking: true, .. } => think_tokens(tok, &g.tokens),
-            _ => 0,
-        },
+        reasoning_tokens,
         logprobs: all_logprobs,
     };
     Ok((c, g, pick_secs))
-}
-
-/// The think-channel tokens of a reply that began inside it: those before its first
-/// `<|close|>` (all of them when it never closed).
-fn think_tokens(tok: &Tokenizer, ids: &[u32]) -> usize {
-    let close = tok.special_id("<|close|>");
-    ids.iter()
-        .position(|&id| Some(id) == close)
-        .unwrap_or(ids.len())
 }
 
 /// `thinking.budget_tokens` in the decode loop: once the think channel has taken its

@@ -12,6 +12,7 @@ use super::openai_body::{chat_request, completion_request};
 use super::prompt::render_request;
 use super::request::{ChatRequest, Defaults, GenParams, Limits};
 use super::request_guard;
+use super::responses::{self, ResponseStore};
 use super::sse::{event_stream, SseFrame};
 use crate::grammar::GrammarCompiler;
 use crate::tokenizer::{MarkedIds, Tokenizer};
@@ -67,6 +68,8 @@ pub struct App {
     pub origins: super::origin::OriginPolicy,
     /// Longest wait for a streaming client to read before its request is dropped.
     pub stall_timeout: Duration,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
+    pub responses: ResponseStore,
 }
 
 /// Where a chat answer's think text goes (`--reasoning-format`).
@@ -98,6 +101,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         .fallback(|| async { ApiError::status(404, "no such route").into_response() })
         .method_not_allowed_fallback(|| async {
             ApiError::status(405, "this route does not take that method").into_response()
@@ -164,7 +172,7 @@ async fn model(
 }
 
 /// Raises a job's cancel flag when the handler or its stream is dropped (the client left).
-struct CancelOnDrop(Arc<AtomicBool>);
+pub(super) struct CancelOnDrop(Arc<AtomicBool>);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
@@ -176,7 +184,7 @@ impl App {
     /// Reads a body of at most `body_limit` bytes within `body_timeout`. Past the limit
     /// the rest is read and dropped, up to four times the limit, so the client is still
     /// reading when the 413 comes instead of meeting a closed socket.
-    async fn body(&self, body: Body) -> Result<Bytes, ApiError> {
+    pub(super) async fn body(&self, body: Body) -> Result<Bytes, ApiError> {
         let limit = self.body_limit;
         let read = async move {
             let mut data = body.into_data_stream();
@@ -210,7 +218,7 @@ impl App {
         }
     }
 
-    fn check_model(&self, p: &GenParams) -> Result<(), ApiError> {
+    pub(super) fn check_model(&self, p: &GenParams) -> Result<(), ApiError> {
         match p.model.as_deref() {
             Some(m) if !m.is_empty() && m != self.model_name => Err(ApiError {
                 param: Some("model".into()),
@@ -228,7 +236,7 @@ impl App {
 
     /// Checks the prompt against the context and queues the job; `inline_reasoning` puts
     /// think text into content.
-    fn submit(
+    pub(super) fn submit(
         &self,
         ids: Vec<u32>,
         mut params: GenParams,
@@ -300,7 +308,7 @@ impl App {
 impl App {
     /// Compiles a chat request's output constraint for a prompt of `prompt_len` tokens, on
     /// this worker thread (the runtime moves its other tasks away meanwhile).
-    fn constrain(
+    pub(super) fn constrain(
         &self,
         req: &ChatRequest,
         api: Api,
@@ -332,7 +340,7 @@ pub async fn wait_outcome(rx: &mut Receiver<Event>) -> Result<Box<Outcome>, ApiE
 }
 
 /// An SSE response.
-fn sse_response<S>(s: S) -> Response
+pub(super) fn sse_response<S>(s: S) -> Response
 where
     S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
 {
@@ -342,7 +350,7 @@ where
 }
 
 /// Adds the seed header to a response.
-fn with_seed(mut r: Response, seed: u64) -> Response {
+pub(super) fn with_seed(mut r: Response, seed: u64) -> Response {
     r.headers_mut().insert(SEED_HEADER, HeaderValue::from(seed));
     r
 }
@@ -477,14 +485,14 @@ async fn messages(State(app): State<Arc<App>>, body: Body) -> Response {
 /// A chat request's prompt ids, with how many of them come before the point where the
 /// conversation's next request is expected to part from it (`GenParams::snapshot_at`) and
 /// before each message boundary the prompt cache keeps (`GenParams::boundaries`).
-fn chat_ids(app: &App, req: &ChatRequest) -> Result<MarkedIds, ApiError> {
+pub(super) fn chat_ids(app: &App, req: &ChatRequest) -> Result<MarkedIds, ApiError> {
     app.tok
         .encode_prompt_marked(&render_request(req)?)
         .map_err(|e| ApiError::status(400, format!("encoding the prompt: {e:#}")))
 }
 
 /// A chat request's prompt ids, its marks set on `req.params` for the engine.
-fn chat_ids_marked(app: &App, req: &mut ChatRequest) -> Result<Vec<u32>, ApiError> {
+pub(super) fn chat_ids_marked(app: &App, req: &mut ChatRequest) -> Result<Vec<u32>, ApiError> {
     let m = chat_ids(app, req)?;
     req.params.snapshot_at = m.divergence;
     req.params.boundaries = m.boundaries;

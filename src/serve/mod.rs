@@ -23,6 +23,7 @@ pub mod prompt;
 pub mod reply;
 pub mod request;
 pub mod request_guard;
+pub mod responses;
 pub mod sampling_fields;
 pub mod sse;
 pub mod stop_strings;
@@ -127,6 +128,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         grammar,
         origins,
         stall_timeout: opts.stall_timeout,
+        responses: responses::ResponseStore::new(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(opts.http_threads.max(1))

@@ -286,7 +286,8 @@ fn a_weight_cache_on_a_full_disk_is_a_warning_and_is_not_left_behind() {
         "3",
         "--quiet",
     ];
-    optional_file_on_a_full_disk(&args, &copy.path().join("k3-weights.cache"), "weight cache");
+    let name = k3::model::weight_cache::file_name(&k3::model::FormatPolicy::default());
+    optional_file_on_a_full_disk(&args, &copy.path().join(name), "weight cache");
     // The next start finds no cut file to trust: it builds the cache again.
     let run = k3_limited(u64::MAX, &args);
     let err = String::from_utf8_lossy(&run.stderr);

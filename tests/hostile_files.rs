@@ -252,10 +252,15 @@ fn run_within_limit(what: &str, model: &Path) -> String {
     })
 }
 
+/// The weight cache's file name at the default formats, which these runs load in.
+fn cache_file() -> String {
+    file_name(&FormatPolicy::default())
+}
+
 #[test]
 fn a_fifo_or_symlink_at_the_weight_caches_old_temporary_name_is_never_opened() {
     let snap = snapshot();
-    let partial = snap.path().join(format!("{FILE_NAME}.partial"));
+    let partial = snap.path().join(format!("{}.partial", cache_file()));
     Special::Fifo.put(&partial);
     let err = run_within_limit("a start beside a FIFO", snap.path());
     assert!(err.contains("weight cache: built"), "{err}");
@@ -269,7 +274,7 @@ fn a_fifo_or_symlink_at_the_weight_caches_old_temporary_name_is_never_opened() {
     let outside = tempfile::tempdir().unwrap();
     let victim = outside.path().join("victim");
     std::fs::write(&victim, b"keep me").unwrap();
-    let partial = snap.path().join(format!("{FILE_NAME}.partial"));
+    let partial = snap.path().join(format!("{}.partial", cache_file()));
     std::os::unix::fs::symlink(&victim, &partial).unwrap();
     let err = run_within_limit("a start beside a symlink", snap.path());
     assert!(err.contains("weight cache: built"), "{err}");
@@ -278,7 +283,7 @@ fn a_fifo_or_symlink_at_the_weight_caches_old_temporary_name_is_never_opened() {
         b"keep me",
         "written through the link"
     );
-    assert!(snap.path().join(FILE_NAME).is_file());
+    assert!(snap.path().join(cache_file()).is_file());
 }
 
 #[test]
@@ -295,13 +300,16 @@ fn temporaries_killed_writers_left_go_when_the_weight_cache_is_used() {
     };
     let grace = k3::atomic_file::DEAD_WRITER_GRACE * 2;
     // No process has this PID; the older fixed name carries none.
-    let dead = old(format!("{FILE_NAME}.4000000000.0000000c.partial"), grace);
+    let dead = old(
+        format!("{}.4000000000.0000000c.partial", cache_file()),
+        grace,
+    );
     let legacy = old(
-        format!("{FILE_NAME}.partial"),
+        format!("{}.partial", cache_file()),
         k3::atomic_file::UNKNOWN_WRITER_AGE * 2,
     );
     let fresh = old(
-        format!("{FILE_NAME}.4000000000.0000000d.partial"),
+        format!("{}.4000000000.0000000d.partial", cache_file()),
         Duration::ZERO,
     );
     let err = run_within_limit("a start on the cache", snap.path());

@@ -467,13 +467,14 @@ fn codex_exec_completes_a_turn_against_the_demo() {
         return no_agent_clis("no `codex` (Codex CLI) on PATH");
     };
     let dir = support::tiny(0);
-    let s = Server::start(&dir, &["--max-answer", "16"]);
+    let s = Server::start(&dir, &["--max-answer", "32"]);
     let model = dir.file_name().unwrap().to_str().unwrap();
     let home = tempfile::tempdir().unwrap();
     std::fs::write(
         home.path().join("config.toml"),
         format!(
-            "model = \"{model}\"\nmodel_provider = \"k3\"\n\n[model_providers.k3]\nname = \"k3\"\n\
+            "model = \"{model}\"\nmodel_provider = \"k3\"\nweb_search = \"disabled\"\n\n\
+             [model_providers.k3]\nname = \"k3\"\n\
              base_url = \"http://{}/v1\"\nwire_api = \"responses\"\nenv_key = \"K3_TEST_KEY\"\n",
             s.addr
         ),
@@ -494,8 +495,22 @@ fn codex_exec_completes_a_turn_against_the_demo() {
     let (status, out, err) = run_for(cmd, 600);
     let log = s.log();
     eprintln!("codex {version}: {}", answered(&log).join("\n  "));
-    assert_eq!(status, Some(0), "{out}\n{err}\nserver log:\n{log}");
+    assert!(
+        status.is_some(),
+        "codex did not finish:\n{out}\n{err}\nserver log:\n{log}"
+    );
     assert!(!answered(&log).is_empty(), "no request answered:\n{log}");
+    // The random demo model writes until its budget ends, so Codex reads the stream to
+    // its end and reports the turn incomplete (it exits 1 for that); a turn the model
+    // ends itself exits 0. Anything else (a refused request, a stream it cannot parse)
+    // fails.
+    let incomplete =
+        format!("{out}{err}").contains("Incomplete response returned, reason: max_output_tokens");
+    assert!(
+        status == Some(0) || incomplete,
+        "{out}\n{err}\nserver log:\n{log}"
+    );
+    assert!(!log.contains("refused POST"), "{log}");
 }
 
 #[test]

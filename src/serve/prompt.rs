@@ -41,8 +41,12 @@ pub fn render_request(req: &ChatRequest) -> Result<Prompt, ApiError> {
         let m = &msgs[i];
         // Every session of an agent starts with the same tools and system prompt: the
         // prompt cache keeps the state where they end, so a new session prefills only
-        // its own messages.
-        if m.role != ApiRole::System && msgs[..i].iter().all(|m| m.role == ApiRole::System) {
+        // its own messages. A prompt with neither has no preamble worth a state.
+        let preamble = i > 0 || !req.tools.is_empty();
+        if preamble
+            && m.role != ApiRole::System
+            && msgs[..i].iter().all(|m| m.role == ApiRole::System)
+        {
             p.mark_boundary();
         }
         match m.role {

@@ -473,7 +473,14 @@ fn function_tool(mut t: Value, f: &str) -> R<Value> {
         Some(Value::String(k)) => {
             return Err(field_is(
                 &format!("{f}.type"),
-                format!("{k:?} tools are not supported by this server (function tools only)"),
+                format!(
+                    "{k:?} tools are not supported by this server (function tools only){}",
+                    if k == "web_search" {
+                        "; Codex CLI declares it unless its config.toml sets web_search = \"disabled\""
+                    } else {
+                        ""
+                    }
+                ),
             ))
         }
         Some(v) => return Err(type_error(&format!("{f}.type"), "a string", &v)),

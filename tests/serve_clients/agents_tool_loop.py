@@ -6,8 +6,9 @@ Usage: python3 agents_tool_loop.py BASE_URL MODEL
 Exit 0 when every check passes; exit 3 (and a message) when the SDK is missing.
 
 The demo model's words are random; the protocol is what is checked: the forced call reaches
-the tool with arguments of its declared types, the tool's result goes back, and the run
-ends with a final answer.
+the tool with arguments of its declared types and the tool's result is the run's final
+answer (`tool_use_behavior="stop_on_first_tool"`: the demo model's free text never ends
+before its budget, and the SDK raises on an incomplete response).
 """
 
 import sys
@@ -48,11 +49,14 @@ agent = Agent(
     instructions="Answer in one sentence.",
     model=model,
     tools=[get_weather],
-    # Greedy, so a run is repeatable; the SDK sets tool_choice back to auto after the call.
-    model_settings=ModelSettings(tool_choice="get_weather", temperature=0, max_tokens=48),
+    # Greedy, so a run is repeatable. The random demo model writes free text until its
+    # budget ends (an incomplete response, which the SDK raises on), so the tool's result is
+    # the final answer: the loop is call, tool, result.
+    model_settings=ModelSettings(tool_choice="get_weather", temperature=0, max_tokens=200),
+    tool_use_behavior="stop_on_first_tool",
 )
 result = Runner.run_sync(agent, "What is the weather in Paris this week?", max_turns=4)
 assert calls, "the forced tool was never called"
-assert isinstance(result.final_output, str), result.final_output
+assert result.final_output.startswith("Sunny in "), result.final_output
 print(f"tool calls: {calls}; final answer: {result.final_output!r}")
 print("agents tool loop: ok")

@@ -865,6 +865,8 @@ fn a_disconnect_cancels_a_prefill_within_its_window() {
     );
     assert_eq!(st, 200, "{v}");
     assert_eq!(cached(&v), 0, "{v}");
+    // The answer can reach the client before the engine logs its line.
+    assert!(s.wait_log("serve 2:", 30), "{}", s.log());
     let log = s.log();
     let (cut, full) = (
         logged_prefill_secs(&log, "1"),
@@ -1095,7 +1097,12 @@ fn a_restarted_server_loads_a_long_prompt_from_the_prompt_cache_and_answers_the_
             v["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
             "{v}"
         );
-        assert!(s.wait_log("[K3] prompt cache: stored", 30), "{}", s.log());
+        // The system prompt's end is stored first, then the whole prompt's.
+        let whole = format!(
+            "[K3] prompt cache: stored {} tokens",
+            v["usage"]["prompt_tokens"]
+        );
+        assert!(s.wait_log(&whole, 30), "{}", s.log());
         v
     };
     let prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();

@@ -30,9 +30,17 @@ fn no_browser() {
     );
 }
 
-#[test]
-fn the_openai_python_client_chats_streams_and_reads_errors() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_clients/openai_client.py");
+/// Runs `tests/serve_clients/SCRIPT BASE_URL MODEL` against a fresh server on the tiny
+/// model: whether it succeeded, its stdout and stderr, and the server's log. None when
+/// python3 cannot start ([`no_python_clients`]) or the script's client module is missing
+/// (exit 3: `missing` says so with the script's message).
+fn run_python_client(
+    script: &str,
+    missing: &dyn Fn(&str),
+) -> Option<(bool, String, String, String)> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/serve_clients")
+        .join(script);
     let dir = support::tiny(0);
     let s = Server::start(&dir, &[]);
     let model = dir.file_name().unwrap().to_str().unwrap();
@@ -43,63 +51,46 @@ fn the_openai_python_client_chats_streams_and_reads_errors() {
         .output()
     {
         Ok(o) => o,
-        Err(e) => return no_python_clients(&format!("python3 cannot start: {e}")),
+        Err(e) => {
+            no_python_clients(&format!("python3 cannot start: {e}"));
+            return None;
+        }
     };
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
     if o.status.code() == Some(3) {
-        return no_python_clients(out.trim());
+        missing(out.trim());
+        return None;
     }
-    assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
+    Some((o.status.success(), out, err, s.log()))
+}
+
+#[test]
+fn the_openai_python_client_chats_streams_and_reads_errors() {
+    let Some((ok, out, err, log)) = run_python_client("openai_client.py", &no_python_clients)
+    else {
+        return;
+    };
+    assert!(ok, "{out}\n{err}\nserver log:\n{log}");
     assert!(out.contains("openai client: ok"), "{out}");
 }
 
 #[test]
 fn a_tool_loop_through_the_openai_and_anthropic_clients_loses_no_text() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_clients/tool_loop.py");
-    let dir = support::tiny(0);
-    let s = Server::start(&dir, &[]);
-    let model = dir.file_name().unwrap().to_str().unwrap();
-    let o = match Command::new("python3")
-        .arg(&script)
-        .arg(format!("http://{}", s.addr))
-        .arg(model)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => return no_python_clients(&format!("python3 cannot start: {e}")),
+    let Some((ok, out, err, log)) = run_python_client("tool_loop.py", &no_python_clients) else {
+        return;
     };
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
-    if o.status.code() == Some(3) {
-        return no_python_clients(out.trim());
-    }
-    assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
+    assert!(ok, "{out}\n{err}\nserver log:\n{log}");
     assert!(out.contains("tool loop: ok"), "{out}");
 }
 
 #[test]
 fn the_openai_python_client_speaks_the_responses_api() {
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_clients/responses_client.py");
-    let dir = support::tiny(0);
-    let s = Server::start(&dir, &[]);
-    let model = dir.file_name().unwrap().to_str().unwrap();
-    let o = match Command::new("python3")
-        .arg(&script)
-        .arg(format!("http://{}", s.addr))
-        .arg(model)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => return no_python_clients(&format!("python3 cannot start: {e}")),
+    let Some((ok, out, err, log)) = run_python_client("responses_client.py", &no_python_clients)
+    else {
+        return;
     };
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
-    if o.status.code() == Some(3) {
-        return no_python_clients(out.trim());
-    }
-    assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
+    assert!(ok, "{out}\n{err}\nserver log:\n{log}");
     assert!(out.contains("responses client: ok"), "{out}");
 }
 
@@ -515,29 +506,15 @@ fn codex_exec_completes_a_turn_against_the_demo() {
 
 #[test]
 fn the_openai_agents_sdk_runs_a_forced_tool_loop_over_responses() {
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_clients/agents_tool_loop.py");
-    let dir = support::tiny(0);
-    let s = Server::start(&dir, &[]);
-    let model = dir.file_name().unwrap().to_str().unwrap();
-    let o = match Command::new("python3")
-        .arg(&script)
-        .arg(format!("http://{}", s.addr))
-        .arg(model)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => return no_python_clients(&format!("python3 cannot start: {e}")),
-    };
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
-    if o.status.code() == Some(3) {
-        return support::skip_group(
+    let Some((ok, out, err, log)) = run_python_client("agents_tool_loop.py", &|why| {
+        support::skip_group(
             "the OpenAI Agents SDK test",
-            out.trim(),
+            why,
             "pip install openai-agents",
-        );
-    }
-    assert!(o.status.success(), "{out}\n{err}\nserver log:\n{}", s.log());
+        )
+    }) else {
+        return;
+    };
+    assert!(ok, "{out}\n{err}\nserver log:\n{log}");
     assert!(out.contains("agents tool loop: ok"), "{out}");
 }

@@ -156,24 +156,78 @@ pub fn prefill<B: Backend>(
     }
     let want = if all { Logits::All } else { Logits::Last };
     let mut out = Vec::new();
-    let progress = model.progress();
-    progress.begin(ids.len(), model.layer_count());
-    for c in ids.chunks(window(model, chunk)) {
-        let logits = match model.forward(st, c, want, stats, trace) {
-            Ok(l) => l,
-            Err(e) => {
-                progress.end();
-                return Err(e);
+    let stopped = feed_windows(
+        model,
+        st,
+        ids,
+        chunk,
+        want,
+        stats,
+        trace,
+        None,
+        &mut |_, l| {
+            if all {
+                out.extend(l);
+            } else {
+                out = l;
             }
-        };
-        if all {
-            out.extend(logits);
-        } else {
-            out = logits;
+        },
+    )?;
+    if stopped.is_some() {
+        bail!("internal: a prefill without a cancel flag was cancelled");
+    }
+    Ok(out)
+}
+
+/// Where a [`feed_windows`] stopped when the cancel flag was raised.
+enum Stopped {
+    /// Between windows: the state holds the windows fed whole.
+    BetweenWindows,
+    /// Between layers of a window: the state is part-advanced (the layers before the
+    /// stop saw the window, the rest did not).
+    InWindow,
+}
+
+/// The prefill loop: feeds `ids` to `st` in windows of at most `chunk` tokens
+/// ([`window`]), one forward pass each, layer-major within the window, and hands each
+/// window fed whole to `fed` with its logits. `cancel` is checked before each window and
+/// before each layer. A feed of more than one token reports prefill progress, ended on
+/// every way out. Returns `None` when every window was fed. After an error the state is
+/// half-advanced: the caller resets it.
+#[allow(clippy::too_many_arguments)]
+fn feed_windows<B: Backend>(
+    model: &K3Model<B>,
+    st: &mut State<B>,
+    ids: &[u32],
+    chunk: usize,
+    want: Logits,
+    stats: &mut Stats,
+    trace: Option<&Trace>,
+    cancel: Option<&AtomicBool>,
+    fed: &mut dyn FnMut(&[u32], Vec<f32>),
+) -> Result<Option<Stopped>> {
+    let progress = model.progress();
+    if ids.len() > 1 {
+        progress.begin(ids.len(), model.layer_count());
+    }
+    // Ends the progress on every way out of the loop.
+    struct End<'a>(&'a crate::model::prefill_progress::PrefillProgress);
+    impl Drop for End<'_> {
+        fn drop(&mut self) {
+            self.0.end();
         }
     }
-    progress.end();
-    Ok(out)
+    let _end = (ids.len() > 1).then(|| End(progress));
+    for c in ids.chunks(window(model, chunk)) {
+        if cancelled(cancel) {
+            return Ok(Some(Stopped::BetweenWindows));
+        }
+        match model.forward_until(st, c, want, stats, trace, cancel)? {
+            Some(logits) => fed(c, logits),
+            None => return Ok(Some(Stopped::InWindow)),
+        }
+    }
+    Ok(None)
 }
 
 /// How many state snapshots a session keeps, and in how many bytes at most.
@@ -293,9 +347,10 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(())
     }
 
-    /// Feeds `ids` after what was consumed, a chunk at a time; stops between layers when
-    /// `cancel` is raised (returning false). The windows fed whole stay consumed; one
-    /// stopped part-way is undone (back to a snapshot, or the session resets).
+    /// Feeds `ids` after what was consumed through the prefill loop ([`feed_windows`]);
+    /// stops between layers when `cancel` is raised (returning false). The windows fed
+    /// whole stay consumed; one stopped part-way is undone (back to a snapshot, or the
+    /// session resets).
     fn feed(
         &mut self,
         ids: &[u32],
@@ -309,49 +364,37 @@ impl<'m, B: Backend> Session<'m, B> {
             Logits::Last
         };
         let v = self.model.vocab_size();
-        let progress = self.model.progress().clone();
-        if ids.len() > 1 {
-            progress.begin(ids.len(), self.model.layer_count());
-        }
-        // Ends the progress on every way out of the loop.
-        struct End<'a>(&'a crate::model::prefill_progress::PrefillProgress);
-        impl Drop for End<'_> {
-            fn drop(&mut self) {
-                self.0.end();
-            }
-        }
-        let _end = (ids.len() > 1).then(|| End(&progress));
-        for c in ids.chunks(window(self.model, self.chunk)) {
-            if cancelled(opts.cancel) {
-                return Ok(false);
+        let (tokens, last_logits) = (&mut self.tokens, &mut self.last_logits);
+        let stopped = feed_windows(
+            self.model,
+            &mut self.state,
+            ids,
+            self.chunk,
+            want,
+            stats,
+            opts.trace,
+            opts.cancel,
+            &mut |c, logits| {
+                tokens.extend_from_slice(c);
+                *last_logits = logits[logits.len().saturating_sub(v)..].to_vec();
+                if opts.all_logits {
+                    all.extend(logits);
+                }
+            },
+        );
+        match stopped {
+            Ok(None) => Ok(true),
+            Ok(Some(Stopped::BetweenWindows)) => Ok(false),
+            Ok(Some(Stopped::InWindow)) => {
+                self.rewind_part_advanced()?;
+                Ok(false)
             }
             // A failed forward leaves the state half-advanced: forget it all.
-            let logits = match self.model.forward_until(
-                &mut self.state,
-                c,
-                want,
-                stats,
-                opts.trace,
-                opts.cancel,
-            ) {
-                Ok(Some(l)) => l,
-                Ok(None) => {
-                    // Stopped between layers: the state is part-advanced.
-                    self.rewind_part_advanced()?;
-                    return Ok(false);
-                }
-                Err(e) => {
-                    self.reset()?;
-                    return Err(e);
-                }
-            };
-            self.tokens.extend_from_slice(c);
-            self.last_logits = logits[logits.len().saturating_sub(v)..].to_vec();
-            if opts.all_logits {
-                all.extend(logits);
+            Err(e) => {
+                self.reset()?;
+                Err(e)
             }
         }
-        Ok(true)
     }
 
     /// After a pass stopped between layers: returns to the longest snapshot of what was

@@ -11,7 +11,9 @@ use k3::backend::Backend;
 use k3::model::K3Model;
 use k3::sampling::Sampler;
 use k3::session::{DecodeOptions, Finish, Flow, Session};
-use k3::tokenizer::{Channel, ChatEvent, ChatOptions, ChatSplitter, Message, Tokenizer};
+use k3::tokenizer::{
+    chat_stop_ids, Channel, ChatEvent, ChatOptions, ChatSplitter, Message, Tokenizer,
+};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -192,8 +194,7 @@ fn chat_loop<B: Backend>(
     let mut system = a.system.clone();
     let mut thinking = a.think == 1;
     let mut history: Vec<Message> = Vec::new();
-    let mut stop_ids = model.ckpt.config.eos_token_ids.clone();
-    stop_ids.extend(tok.special_id("<|end_of_msg|>"));
+    let stop_ids = chat_stop_ids(&tok, &model.ckpt.config.eos_token_ids);
     eprintln!("[K3] chat ready. {HELP}");
     let stdin = std::io::stdin();
     let mut input = stdin.lock();

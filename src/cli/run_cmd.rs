@@ -14,7 +14,7 @@ use k3::model::trace::Trace;
 use k3::model::K3Model;
 use k3::stats;
 use k3::token_picker::TokenPicker;
-use k3::tokenizer::{ChatOptions, ChatSplitter, Message, StreamDecoder, Tokenizer};
+use k3::tokenizer::{chat_stop_ids, ChatOptions, ChatSplitter, Message, StreamDecoder, Tokenizer};
 use std::path::{Path, PathBuf};
 
 /// Flags of `k3 run`.
@@ -185,14 +185,11 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
         },
         Some(tk) => TokenOutput::Text(StreamDecoder::new(tk, false)),
     };
-    let mut stop: Vec<u32> = if a.ignore_eos {
-        Vec::new()
-    } else {
-        cfg.eos_token_ids.clone()
+    let stop: Vec<u32> = match &tok {
+        _ if a.ignore_eos => Vec::new(),
+        Some(tk) => chat_stop_ids(tk, &cfg.eos_token_ids),
+        None => cfg.eos_token_ids.clone(),
     };
-    if let (Some(tk), false) = (&tok, a.ignore_eos) {
-        stop.extend(tk.special_id("<|end_of_msg|>"));
-    }
     let context = model.context();
     if ids.len() > context {
         bail!(

@@ -18,7 +18,7 @@ use crate::session::{
 };
 use crate::stats::Stats;
 use crate::token_picker::TokenPicker;
-use crate::tokenizer::{Channel, ChatEvent, ChatSplitter, StreamDecoder, Tokenizer};
+use crate::tokenizer::{chat_stop_ids, Channel, ChatEvent, ChatSplitter, StreamDecoder, Tokenizer};
 use anyhow::Result;
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -521,10 +521,12 @@ fn run_choice<B: Backend>(
     );
     let mut writer = LogprobWriter::new(tok);
     let mut all_logprobs = p.logprobs.map(|_| Vec::new());
-    let mut stop_ids = eos.to_vec();
+    let mut stop_ids = match job.kind {
+        JobKind::Chat { .. } => chat_stop_ids(tok, eos),
+        JobKind::Completion => eos.to_vec(),
+    };
     let mut output = match job.kind {
         JobKind::Chat { thinking, .. } => {
-            stop_ids.extend(tok.special_id("<|end_of_msg|>"));
             let splitter = ChatSplitter::new(tok, thinking, eos)?;
             Output::Chat(Box::new(if p.ignore_eos {
                 splitter.without_stops()

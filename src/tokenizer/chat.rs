@@ -322,6 +322,15 @@ const CLOSE: &str = "<|close|>";
 const SEP: &str = "<|sep|>";
 const END_OF_MSG: &str = "<|end_of_msg|>";
 
+/// The ids that end a chat reply: the checkpoint's end-of-sequence ids (`eos_ids`) and
+/// `<|end_of_msg|>` when the tokenizer has it. The decode loop's stop ids and
+/// [`ChatSplitter`]'s stop both follow this rule.
+pub fn chat_stop_ids(tok: &Tokenizer, eos_ids: &[u32]) -> Vec<u32> {
+    let mut ids = eos_ids.to_vec();
+    ids.extend(tok.special_id(END_OF_MSG));
+    ids
+}
+
 /// Jinja's `trim` is Python's `str.strip()`.
 pub fn python_trim(s: &str) -> &str {
     s.trim_matches(python_isspace)
@@ -399,8 +408,8 @@ impl<'a> ChatSplitter<'a> {
                 )
             })
         };
-        let mut stop_ids = eos_ids.to_vec();
-        stop_ids.push(need(END_OF_MSG)?);
+        need(END_OF_MSG)?;
+        let stop_ids = chat_stop_ids(tok, eos_ids);
         Ok(Self {
             open: need(OPEN)?,
             close: need(CLOSE)?,
@@ -547,5 +556,28 @@ impl<'a> ChatSplitter<'a> {
     fn flush(&mut self, events: &mut Vec<ChatEvent>) {
         let text = self.decoder.finish();
         self.text(text, events);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::synthetic::write_synthetic_tokenizer;
+
+    #[test]
+    fn chat_stop_ids_are_the_eos_ids_and_end_of_msg() {
+        let dir = tempfile::tempdir().unwrap();
+        write_synthetic_tokenizer(dir.path(), 4096, 3840, 3842, 4095).unwrap();
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        let end = tok.special_id(END_OF_MSG).unwrap();
+        assert_eq!(chat_stop_ids(&tok, &[7, 9]), vec![7, 9, end]);
+        // The splitter stops on exactly these ids.
+        for id in [7, 9, end] {
+            let mut s = ChatSplitter::new(&tok, false, &[7, 9]).unwrap();
+            assert_eq!(s.push(id).unwrap().last(), Some(&ChatEvent::Stop), "{id}");
+        }
+        let mut s = ChatSplitter::new(&tok, false, &[7, 9]).unwrap();
+        s.push(8).unwrap();
+        assert!(!s.stopped());
     }
 }

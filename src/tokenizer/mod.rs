@@ -15,8 +15,8 @@ use std::path::Path;
 use anyhow::{bail, Result};
 
 pub use chat::{
-    chat_prompt, render_chat, render_chat_with, Channel, ChatEvent, ChatOptions, ChatSplitter,
-    Message, Piece, Prompt, Role, ThinkingEffort, MAX_TAG_BYTES,
+    chat_prompt, chat_stop_ids, render_chat, render_chat_with, Channel, ChatEvent, ChatOptions,
+    ChatSplitter, Message, Piece, Prompt, Role, ThinkingEffort, MAX_TAG_BYTES,
 };
 pub use stream_decode::StreamDecoder;
 

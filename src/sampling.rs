@@ -1,13 +1,13 @@
-//! Choosing the next token from logits: repetition penalty, top-k, top-p, min-p and
-//! temperature in llama.cpp's order, drawn with a seeded ChaCha RNG.
+//! Choosing the next token from logits: presence, frequency and repetition penalties,
+//! top-k, top-p, min-p and temperature in llama.cpp's order, drawn with a seeded ChaCha RNG.
 
 use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
-/// Sampling settings. The filters run in llama.cpp's default order: repetition
-/// penalty, top-k, top-p, min-p, then temperature, so top-p and min-p see the
-/// untempered distribution.
+/// Sampling settings. The filters run in llama.cpp's default order: presence and
+/// frequency penalties, repetition penalty, top-k, top-p, min-p, then temperature, so
+/// top-p and min-p see the untempered distribution.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplerConfig {
     /// 0 picks the highest logit (ties to the lowest id); otherwise logits are divided by it.
@@ -21,6 +21,12 @@ pub struct SamplerConfig {
     /// Penalise ids in the history: positive logits are divided by it, negative ones
     /// multiplied (llama.cpp); 1 = off.
     pub repetition_penalty: f32,
+    /// OpenAI's presence penalty: subtracted once from the logit of every id generated
+    /// so far (the ids after the prompt, [`Sampler::with_prompt_len`]); 0 = off.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty: subtracted from an id's logit once per time it was
+    /// generated so far; 0 = off.
+    pub frequency_penalty: f32,
     /// Seed of the ChaCha20 RNG, so a run can be replayed.
     pub seed: u64,
 }
@@ -33,6 +39,8 @@ impl Default for SamplerConfig {
             top_k: 0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -59,6 +67,14 @@ impl SamplerConfig {
                 self.repetition_penalty
             );
         }
+        for (name, p) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !p.is_finite() {
+                bail!("{name} {p} must be a finite number (0 = off)");
+            }
+        }
         Ok(())
     }
 }
@@ -67,6 +83,9 @@ impl SamplerConfig {
 pub struct Sampler {
     cfg: SamplerConfig,
     rng: ChaCha20Rng,
+    /// Ids of a history before this index are the prompt, which presence and frequency
+    /// penalties leave out.
+    prompt_len: usize,
     /// Scratch: (id, logit) candidates, reused across calls.
     cand: Vec<(u32, f32)>,
 }
@@ -78,8 +97,16 @@ impl Sampler {
         Ok(Self {
             cfg,
             rng: ChaCha20Rng::seed_from_u64(cfg.seed),
+            prompt_len: 0,
             cand: Vec::new(),
         })
+    }
+
+    /// Counts the first `prompt_len` ids of every history as the prompt: presence and
+    /// frequency penalties apply only to the ids after them (without this, to all).
+    pub fn with_prompt_len(mut self, prompt_len: usize) -> Self {
+        self.prompt_len = prompt_len;
+        self
     }
 
     /// The settings this sampler runs with.
@@ -88,7 +115,8 @@ impl Sampler {
     }
 
     /// Picks the next id from `logits` (one per vocabulary id), penalising ids in
-    /// `history`. NaN logits count as -inf. Panics if `logits` is empty.
+    /// `history` (the prompt, then the ids generated so far). NaN logits count as -inf.
+    /// Panics if `logits` is empty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let work = self.penalized(logits, history);
         self.draw(&work)
@@ -107,7 +135,8 @@ impl Sampler {
         (id, logprobs_of(&work, self.cfg.temperature, id, top_n))
     }
 
-    /// The logits with NaN as -inf and the repetition penalty applied.
+    /// The logits with NaN as -inf, then the presence and frequency penalties, then the
+    /// repetition penalty applied.
     fn penalized(&self, logits: &[f32], history: &[u32]) -> Vec<f32> {
         assert!(
             !logits.is_empty(),
@@ -118,6 +147,18 @@ impl Sampler {
             .iter()
             .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l })
             .collect();
+        let (presence, frequency) = (cfg.presence_penalty, cfg.frequency_penalty);
+        if presence != 0.0 || frequency != 0.0 {
+            let mut counts: std::collections::HashMap<u32, f32> = Default::default();
+            for &id in &history[self.prompt_len.min(history.len())..] {
+                *counts.entry(id).or_default() += 1.0;
+            }
+            for (&id, &n) in &counts {
+                if let Some(l) = work.get_mut(id as usize) {
+                    *l -= presence + frequency * n;
+                }
+            }
+        }
         if cfg.repetition_penalty != 1.0 {
             let mut seen = vec![false; work.len()];
             for &id in history {
@@ -197,8 +238,8 @@ impl Sampler {
 }
 
 /// The log-probabilities of one sampled token. They are taken over the whole vocabulary
-/// from the logits the sampler draws from — after the repetition penalty (and whatever the
-/// caller applied: presence/frequency penalties, the grammar mask) and divided by the
+/// from the logits the sampler draws from — after the presence, frequency and repetition
+/// penalties (and whatever the caller applied: the grammar mask) and divided by the
 /// temperature (1 when greedy) — before top-k, top-p and min-p cut the tail: vLLM's
 /// "processed" log-probabilities, the model's distribution as sampling shaped it. Ids the
 /// grammar masked have probability 0 and never appear among the alternatives.
@@ -269,4 +310,120 @@ pub fn argmax_lowest(values: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampler(cfg: SamplerConfig) -> Sampler {
+        Sampler::new(cfg).unwrap()
+    }
+
+    fn penalties(presence: f32, frequency: f32) -> SamplerConfig {
+        SamplerConfig {
+            presence_penalty: presence,
+            frequency_penalty: frequency,
+            ..SamplerConfig::default()
+        }
+    }
+
+    #[test]
+    fn presence_and_frequency_count_only_the_generated_ids() {
+        let s = sampler(penalties(0.5, 0.25)).with_prompt_len(2);
+        // Prompt [3, 1]; generated 1, 1, 2.
+        let got = s.penalized(&[1.0; 4], &[3, 1, 1, 1, 2]);
+        assert_eq!(got, vec![1.0, 0.0, 0.25, 1.0]);
+        // Without a prompt length every id of the history counts.
+        let s = sampler(penalties(0.5, 0.25));
+        let got = s.penalized(&[1.0; 4], &[3, 1, 1, 1, 2]);
+        assert_eq!(got, vec![1.0, -0.25, 0.25, 0.25]);
+    }
+
+    #[test]
+    fn presence_and_frequency_come_before_the_repetition_penalty() {
+        let cfg = SamplerConfig {
+            repetition_penalty: 2.0,
+            ..penalties(1.0, 0.0)
+        };
+        // (2 - 1) / 2, not 2 / 2 - 1.
+        assert_eq!(sampler(cfg).penalized(&[2.0], &[0]), vec![0.5]);
+    }
+
+    #[test]
+    fn penalties_leave_nan_and_masked_ids_at_minus_infinity_and_skip_unknown_ids() {
+        let s = sampler(penalties(-2.0, 2.0));
+        let got = s.penalized(&[f32::NAN, f32::NEG_INFINITY, 0.5], &[0, 1, 9]);
+        assert_eq!(got, vec![f32::NEG_INFINITY, f32::NEG_INFINITY, 0.5]);
+    }
+
+    /// The penalties as the server applied them before the sampler saw the logits: on the
+    /// raw logits, before NaN became -inf.
+    fn before_sampler(
+        logits: &[f32],
+        generated: &[u32],
+        presence: f32,
+        frequency: f32,
+    ) -> Vec<f32> {
+        let mut out = logits.to_vec();
+        let mut counts: std::collections::HashMap<u32, f32> = Default::default();
+        for &id in generated {
+            *counts.entry(id).or_default() += 1.0;
+        }
+        for (&id, &n) in &counts {
+            if let Some(l) = out.get_mut(id as usize) {
+                *l -= presence + frequency * n;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn penalties_in_the_sampler_give_the_same_ids_and_logprobs_as_before_it() {
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let vocab = 64;
+        let prompt: Vec<u32> = (0..10).map(|_| rng.random_range(0..vocab)).collect();
+        for round in 0..50u64 {
+            let mut logits: Vec<f32> = (0..vocab).map(|_| rng.random_range(-8.0..8.0)).collect();
+            logits[3] = f32::NAN;
+            logits[7] = f32::NEG_INFINITY;
+            let generated: Vec<u32> = (0..20).map(|_| rng.random_range(0..vocab + 2)).collect();
+            let history: Vec<u32> = prompt.iter().chain(&generated).copied().collect();
+            let cfg = SamplerConfig {
+                temperature: if round % 2 == 0 { 0.0 } else { 0.8 },
+                top_k: 40,
+                top_p: 0.9,
+                repetition_penalty: 1.3,
+                presence_penalty: 0.7,
+                frequency_penalty: -0.3,
+                seed: round,
+                ..SamplerConfig::default()
+            };
+            let old_cfg = SamplerConfig {
+                presence_penalty: 0.0,
+                frequency_penalty: 0.0,
+                ..cfg
+            };
+            let shaped = before_sampler(&logits, &generated, 0.7, -0.3);
+            let want = sampler(old_cfg).sample_with_logprobs(&shaped, &history, 5);
+            let got = sampler(cfg)
+                .with_prompt_len(prompt.len())
+                .sample_with_logprobs(&logits, &history, 5);
+            assert_eq!(got, want, "round {round}");
+        }
+    }
+
+    #[test]
+    fn a_penalty_that_is_not_a_number_is_refused_by_name() {
+        let e = Sampler::new(penalties(f32::NAN, 0.0))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("presence_penalty"), "{e}");
+        let e = Sampler::new(penalties(0.0, f32::INFINITY))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("frequency_penalty"), "{e}");
+    }
 }

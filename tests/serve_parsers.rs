@@ -19,6 +19,8 @@ const DEFAULTS: Defaults = Defaults {
         top_k: 0,
         min_p: 0.0,
         repetition_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
         seed: 0,
     },
     thinking: true,
@@ -138,7 +140,7 @@ fn requests_are_read_with_their_fields() {
     assert_eq!(r.params.max_tokens, 77);
     assert_eq!(r.params.stop, vec!["END".to_string()]);
     assert!(r.params.stream && r.params.include_usage && !r.thinking);
-    assert_eq!(r.params.presence_penalty, 0.5);
+    assert_eq!(r.params.sampling.presence_penalty, 0.5);
     assert!(r.params.ignore_eos);
     assert_eq!(r.messages[0].role, ApiRole::System);
     assert_eq!(r.messages[1].content, "ab");

@@ -35,6 +35,8 @@ impl SamplingArgs {
             top_k: self.top_k,
             min_p: self.min_p,
             repetition_penalty: self.repeat_penalty,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: self.seed,
         }
     }

@@ -517,7 +517,12 @@ fn run_choice<B: Backend>(
     sampling.seed = sampling.seed.wrapping_add(choice as u64);
     let constraint = p.constraint.as_ref().map(|c| c.constraint.clone());
     let picker = RefCell::new(
-        TokenPicker::new(Sampler::new(sampling)?, constraint, p.logprobs).with_budget(p.max_tokens),
+        TokenPicker::new(
+            Sampler::new(sampling)?.with_prompt_len(job.ids.len()),
+            constraint,
+            p.logprobs,
+        )
+        .with_budget(p.max_tokens),
     );
     let mut writer = LogprobWriter::new(tok);
     let mut all_logprobs = p.logprobs.map(|_| Vec::new());
@@ -551,28 +556,8 @@ fn run_choice<B: Backend>(
         content: String::new(),
         pending: Vec::new(),
     };
-    let (presence, frequency) = (p.presence_penalty, p.frequency_penalty);
-    let prompt_len = job.ids.len();
-    let mut scratch = Vec::new();
     let mut pick_secs = 0.0;
     let mut reasoning_tokens = 0usize;
-    let mut choose = |logits: &[f32], history: &[u32]| {
-        if presence == 0.0 && frequency == 0.0 {
-            return picker.borrow_mut().pick(logits, history);
-        }
-        scratch.clear();
-        scratch.extend_from_slice(logits);
-        let mut counts: std::collections::HashMap<u32, f32> = Default::default();
-        for &id in &history[prompt_len.min(history.len())..] {
-            *counts.entry(id).or_default() += 1.0;
-        }
-        for (&id, &n) in &counts {
-            if let Some(l) = scratch.get_mut(id as usize) {
-                *l -= presence + frequency * n;
-            }
-        }
-        picker.borrow_mut().pick(&scratch, history)
-    };
     let mut budget = match job.kind {
         JobKind::Chat { thinking: true, .. } => p
             .think_budget
@@ -587,7 +572,7 @@ fn run_choice<B: Backend>(
                 id
             }
             None => {
-                let id = choose(logits, history);
+                let id = picker.borrow_mut().pick(logits, history);
                 if let Some(b) = budget.as_mut() {
                     b.saw(id);
                 }

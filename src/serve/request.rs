@@ -131,14 +131,10 @@ pub enum ResponseFormat {
 pub struct GenParams {
     /// The `model` field, if given.
     pub model: Option<String>,
-    /// Sampling settings; the seed is the request's, or a random one ([`Self::seed_given`]).
+    /// Sampling settings (OpenAI's presence and frequency penalties among them); the seed is the request's, or a random one ([`Self::seed_given`]).
     pub sampling: SamplerConfig,
     /// Whether the request named its seed (otherwise `sampling.seed` is random).
     pub seed_given: bool,
-    /// OpenAI's presence penalty (subtracted once from every id already generated).
-    pub presence_penalty: f32,
-    /// OpenAI's frequency penalty (subtracted per occurrence).
-    pub frequency_penalty: f32,
     /// Tokens to generate at most (per choice).
     pub max_tokens: usize,
     /// Tokens the think channel may take before it is closed (Anthropic's

@@ -94,8 +94,8 @@ impl SamplingFields {
                 .transpose()
                 .map(|p| p.unwrap_or(0.0))
         };
-        let presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
-        let frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
+        s.presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
+        s.frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
         let max_tokens = match self.max_tokens {
             Some((field, n)) => {
                 if n == 0 || n > limits.max_tokens as u64 {
@@ -135,8 +135,6 @@ impl SamplingFields {
             model: self.model,
             sampling: s,
             seed_given,
-            presence_penalty,
-            frequency_penalty,
             max_tokens,
             think_budget: None,
             stop,

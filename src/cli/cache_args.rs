@@ -14,7 +14,7 @@ pub struct CacheArgs {
     /// Which expert a full layer cache gives up: lru, lfu-decay (decayed use counts), 2q
     /// (scan-resistant) or auto (lru or lfu-decay, whichever would have hit more over the
     /// layer's recent lookups); docs/tuning.md compares them. Never changes the output.
-    #[arg(long = "cache-policy", env = "K3_CACHE_POLICY", default_value = "auto")]
+    #[arg(long = "cache-policy", env = "K3_CACHE_POLICY", default_value_t = PolicyKind::default())]
     pub cache_policy: PolicyKind,
     /// Pin each layer's most used experts (at most half its slots) from the usage history of
     /// earlier runs: off, on (pins, and this run's use is added to the history at the end),

@@ -64,7 +64,7 @@ impl CacheConfig {
                 None => eprintln!("[K3] usage pins: no history at {} yet", path.display()),
             }
         }
-        if self.policy != PolicyKind::Auto {
+        if self.policy != PolicyKind::default() {
             eprintln!("[K3] expert cache policy: {}", self.policy);
         }
         model.experts_mut().set_cache_setup(CacheSetup {

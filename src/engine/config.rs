@@ -294,7 +294,7 @@ pub struct CacheConfig {
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
-            policy: PolicyKind::Auto,
+            policy: PolicyKind::default(),
             usage_pins: PinMode::Off,
             usage_file: None,
             route_trace: None,
@@ -338,5 +338,15 @@ impl PromptCacheSettings {
             );
         }
         Ok(if self.off { 0.0 } else { self.gb })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engine_runs_the_cache_policy_a_bare_setup_runs() {
+        assert_eq!(CacheConfig::default().policy, PolicyKind::default());
     }
 }

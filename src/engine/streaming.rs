@@ -163,7 +163,7 @@ pub fn configure_streaming<B: Backend>(
     install_pressure_guard(model, engine.memory.memory_pressure, pool, &plan);
     if pool {
         configure_pool(model, &engine.experts, plan.pool_slots)?;
-        if engine.cache.policy != PolicyKind::Auto || engine.cache.usage_pins != PinMode::Off {
+        if engine.cache.policy != PolicyKind::default() || engine.cache.usage_pins != PinMode::Off {
             eprintln!(
                     "[K3] --cache-policy and --usage-pins choose for the host cache, which the unified pool replaces: the pool evicts the least recently used expert and pins none"
                 );

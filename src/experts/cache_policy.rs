@@ -11,11 +11,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::str::FromStr;
 
-/// The eviction policies a layer cache can run.
+/// The eviction policies a layer cache can run. The default, [`PolicyKind::Auto`], is the
+/// one default of every layer: `--cache-policy`, the engine's `CacheConfig` and a bare
+/// [`CacheSetup`] take it from here.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum PolicyKind {
     /// Least recently used goes first.
-    #[default]
     Lru,
     /// Frequency with exponential decay: the expert with the lowest decayed use count goes
     /// first, and a newly read expert whose count is lower than every held one is not kept.
@@ -25,6 +26,7 @@ pub enum PolicyKind {
     TwoQ,
     /// LRU or lfu-decay, whichever would have hit more over the layer's recent lookups:
     /// both run beside the held set on expert ids alone ([`Adaptive`]).
+    #[default]
     Auto,
 }
 

@@ -13,6 +13,12 @@ fn chunk(p: &mut SlotPolicy, ids: &[u32]) -> Vec<u32> {
 }
 
 #[test]
+fn a_bare_cache_setup_runs_the_default_policy_auto() {
+    assert_eq!(PolicyKind::default(), PolicyKind::Auto);
+    assert_eq!(CacheSetup::default().kind, PolicyKind::default());
+}
+
+#[test]
 fn names_round_trip_and_unknown_is_refused() {
     for k in PolicyKind::ALL {
         assert_eq!(k.name().parse::<PolicyKind>().unwrap(), k);

@@ -13,8 +13,9 @@ pub use crate::session::{prefill, Generation, TokenEvent, MAX_CHUNK};
 pub struct GenerateOptions<'a> {
     /// Tokens to generate at most.
     pub ngen: usize,
-    /// Prefill chunk size.
-    pub chunk: usize,
+    /// Bound on the prefill window below the model's own ([`Session::with_max_window`]);
+    /// `None`: the model's window, which `--chunk` bounds through the engine.
+    pub max_window: Option<usize>,
     /// Keep the logits of every prompt position.
     pub all_logits: bool,
     /// Stop when one of these ids is generated (it is still reported).
@@ -32,7 +33,10 @@ pub fn generate<B: Backend>(
     pick: &mut dyn FnMut(&[f32], &[u32]) -> u32,
     on_token: &mut dyn FnMut(&TokenEvent) -> Result<()>,
 ) -> Result<Generation> {
-    let mut session = Session::new(model, opts.chunk)?;
+    let mut session = match opts.max_window {
+        Some(w) => Session::with_max_window(model, w)?,
+        None => Session::new(model)?,
+    };
     let decode = DecodeOptions {
         max_tokens: opts.ngen,
         stop_ids: opts.stop_ids,

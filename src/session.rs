@@ -253,7 +253,8 @@ pub struct Session<'m, B: Backend> {
     tokens: Vec<u32>,
     /// Logits after the last consumed token (empty when nothing was consumed).
     last_logits: Vec<f32>,
-    chunk: usize,
+    /// Bound on the prefill window besides the model's own.
+    max_window: usize,
     /// Snapshots of earlier points of `tokens`, shortest first; each one's tokens are a
     /// prefix of `tokens` (those of an abandoned branch are dropped when it is left).
     snapshots: Vec<Snapshot<B>>,
@@ -263,16 +264,22 @@ pub struct Session<'m, B: Backend> {
 }
 
 impl<'m, B: Backend> Session<'m, B> {
-    /// An empty conversation; prompts are prefilled in windows of at most `chunk` tokens
-    /// (and at most the model's prefill window).
-    pub fn new(model: &'m K3Model<B>, chunk: usize) -> Result<Self> {
-        check_chunk(chunk)?;
+    /// An empty conversation; prompts are prefilled in windows of the model's prefill
+    /// window ([`K3Model::prefill_window`], which `--chunk` bounds through the engine).
+    pub fn new(model: &'m K3Model<B>) -> Result<Self> {
+        Self::with_max_window(model, MAX_CHUNK)
+    }
+
+    /// [`Self::new`] with windows of at most `max_window` tokens, below the model's own
+    /// (tests and benchmarks that compare windows on one loaded model).
+    pub fn with_max_window(model: &'m K3Model<B>, max_window: usize) -> Result<Self> {
+        check_chunk(max_window)?;
         Ok(Self {
             model,
             state: model.new_state()?,
             tokens: Vec::new(),
             last_logits: Vec::new(),
-            chunk,
+            max_window,
             snapshots: Vec::new(),
             snapshot_limits: SnapshotLimits::default(),
             stats: Stats::default(),
@@ -369,7 +376,7 @@ impl<'m, B: Backend> Session<'m, B> {
             self.model,
             &mut self.state,
             ids,
-            self.chunk,
+            self.max_window,
             want,
             stats,
             opts.trace,

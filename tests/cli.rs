@@ -72,6 +72,46 @@ fn run_prints_ids_and_the_stats_lines_users_parse() {
     );
 }
 
+/// `--chunk` bounds the windows `k3 run` prefills in (through the engine's prefill
+/// window): a window of one token looks each token's experts up on their own, more lookups
+/// than one window over the whole prompt.
+#[test]
+fn chunk_bounds_the_windows_run_prefills_in() {
+    let dir = support::tiny(0);
+    let ids: Vec<String> = (0..32).map(|i| (768 + i).to_string()).collect();
+    let ids = ids.join(",");
+    let lookups = |extra: &[&str]| {
+        let stats = tempfile::NamedTempFile::new().unwrap();
+        let mut args = vec![
+            "run",
+            dir.to_str().unwrap(),
+            "--ids",
+            &ids,
+            "--ngen",
+            "1",
+            "--quiet",
+            "--stats-json",
+            stats.path().to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = k3(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(stats.path()).unwrap()).unwrap();
+        (v["prefill"]["expert_lookups"].as_u64().unwrap(), stderr(&o))
+    };
+    let (whole, _) = lookups(&[]);
+    let (one, err) = lookups(&["--chunk", "1"]);
+    assert!(
+        err.contains("[K3] prefill window: 1 tokens a pass"),
+        "{err}"
+    );
+    assert!(
+        one > whole,
+        "--chunk 1: {one} lookups, whole prompt: {whole}"
+    );
+}
+
 #[test]
 fn bad_inputs_exit_nonzero_with_a_message_that_names_the_cause() {
     let dir = support::tiny(0);

@@ -51,7 +51,7 @@ fn constrained(
     let logprobs = RefCell::new(Vec::new());
     let opts = GenerateOptions {
         ngen,
-        chunk: 16,
+        max_window: Some(16),
         all_logits: false,
         stop_ids: &stop,
         trace: None,

@@ -36,7 +36,7 @@ fn cache(dir: &Path, identity: &str) -> PromptCache {
 /// Generates one token after `ids` in a fresh session with `chunk`: the generation and the
 /// logits that token was picked from.
 fn logits_after<B: Backend>(m: &K3Model<B>, ids: &[u32], chunk: usize) -> (Generation, Vec<f32>) {
-    let mut s = Session::new(m, chunk).unwrap();
+    let mut s = Session::with_max_window(m, chunk).unwrap();
     let mut seen = Vec::new();
     let g = s
         .generate(
@@ -184,7 +184,7 @@ fn a_shared_preamble_is_stored_at_its_boundary_and_a_new_session_loads_it() {
 
     m.set_prompt_cache(Some(Arc::new(cache(dir.path(), "boundaries"))));
     // The first session stores the preamble's state and its whole prompt's.
-    let mut s = Session::new(&m, MAX_CHUNK).unwrap();
+    let mut s = Session::new(&m).unwrap();
     let (g, _) = logits_with_boundary(&mut s, &a, preamble.len());
     assert_eq!((g.cached_tokens, g.prefilled_tokens), (0, a.len()));
     let pc = m.prompt_cache().unwrap();
@@ -194,7 +194,7 @@ fn a_shared_preamble_is_stored_at_its_boundary_and_a_new_session_loads_it() {
 
     // A new session (as after a restart: nothing in RAM) with another first message
     // loads the preamble and prefills only its own message, with a fresh prefill's bits.
-    let mut s = Session::new(&m, MAX_CHUNK).unwrap();
+    let mut s = Session::new(&m).unwrap();
     let (g, l) = logits_with_boundary(&mut s, &b, preamble.len());
     assert_eq!(g.disk_cached_tokens, preamble.len());
     assert_eq!(g.prefilled_tokens, b.len() - preamble.len());
@@ -203,7 +203,7 @@ fn a_shared_preamble_is_stored_at_its_boundary_and_a_new_session_loads_it() {
     // The same session switching to a third conversation returns to the preamble's
     // snapshot in RAM once snapshots are on.
     m.set_prompt_cache(None);
-    let mut s = Session::new(&m, MAX_CHUNK).unwrap();
+    let mut s = Session::new(&m).unwrap();
     s.set_snapshot_limits(k3::session::SnapshotLimits {
         count: 4,
         bytes: 4 * (m.snapshot_bytes() + m.vocab_size() * 4),

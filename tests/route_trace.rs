@@ -54,7 +54,7 @@ fn simulator_reproduces_the_engines_hits_on_the_recorded_run() {
             m.experts_mut().set_route_tap(Some(tap.clone()));
             let opts = GenerateOptions {
                 ngen: 8,
-                chunk: 4,
+                max_window: Some(4),
                 all_logits: false,
                 stop_ids: &[],
                 trace: None,

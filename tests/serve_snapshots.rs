@@ -73,7 +73,7 @@ fn reused_and_fresh<B: Backend>(
     m: &K3Model<B>,
     chunk: usize,
 ) -> ((Generation, Vec<f32>), (Generation, Vec<f32>)) {
-    let mut s = Session::new(m, chunk).unwrap();
+    let mut s = Session::with_max_window(m, chunk).unwrap();
     s.set_snapshot_limits(limits(m, 4, 4.0));
     let (g1, _) = greedy(&mut s, &P1, GEN);
     let p2 = diverging(&P1, &g1.tokens);
@@ -82,7 +82,7 @@ fn reused_and_fresh<B: Backend>(
         "the test needs a divergent prompt"
     );
     let reused = greedy(&mut s, &p2, GEN);
-    let mut fresh = Session::new(m, chunk).unwrap();
+    let mut fresh = Session::with_max_window(m, chunk).unwrap();
     let f = greedy(&mut fresh, &p2, GEN);
     (reused, f)
 }
@@ -103,7 +103,7 @@ fn a_diverging_prompt_resumes_from_a_snapshot_with_the_fresh_tokens_and_logits()
 #[test]
 fn the_longest_snapshot_that_is_a_prefix_is_restored_and_the_abandoned_branch_dropped() {
     let m = cpu();
-    let mut s = Session::new(&m, 4).unwrap();
+    let mut s = Session::with_max_window(&m, 4).unwrap();
     s.set_snapshot_limits(limits(&m, 8, 8.0));
     // Three turns, each prompt extending the last one's tokens exactly.
     let mut prompt = P1.to_vec();
@@ -126,7 +126,7 @@ fn the_longest_snapshot_that_is_a_prefix_is_restored_and_the_abandoned_branch_dr
     assert_eq!(g.cached_tokens, ends[1]);
     // The third prompt's snapshot lay past the divergence and is gone; this prompt's is new.
     assert_eq!(s.snapshot_count(), 3);
-    let mut fresh = Session::new(&m, 4).unwrap();
+    let mut fresh = Session::with_max_window(&m, 4).unwrap();
     let (f, fresh_logits) = greedy(&mut fresh, &p, 4);
     assert_eq!(g.tokens, f.tokens);
     assert_eq!(logits, fresh_logits);
@@ -134,7 +134,7 @@ fn the_longest_snapshot_that_is_a_prefix_is_restored_and_the_abandoned_branch_dr
     let p1 = s.tokens()[..ends[0]].to_vec();
     let (g, logits) = greedy(&mut s, &p1, 4);
     assert_eq!((g.cached_tokens, g.prefilled_tokens), (ends[0], 0));
-    let mut fresh = Session::new(&m, 4).unwrap();
+    let mut fresh = Session::with_max_window(&m, 4).unwrap();
     let (f, fresh_logits) = greedy(&mut fresh, &p1, 4);
     assert_eq!(g.tokens, f.tokens);
     assert_eq!(logits, fresh_logits);
@@ -143,7 +143,7 @@ fn the_longest_snapshot_that_is_a_prefix_is_restored_and_the_abandoned_branch_dr
 #[test]
 fn snapshots_stay_within_their_count_and_bytes() {
     let m = cpu();
-    let mut s = Session::new(&m, 8).unwrap();
+    let mut s = Session::with_max_window(&m, 8).unwrap();
     // Room for 2.5 snapshots by bytes and 3 by count: at most 2 are ever held.
     let lim = limits(&m, 3, 2.5);
     s.set_snapshot_limits(lim);
@@ -165,17 +165,17 @@ fn snapshots_stay_within_their_count_and_bytes() {
     s.set_snapshot_limits(limits(&m, 1, 100.0));
     assert_eq!(s.snapshot_count(), 1);
     // A budget below one snapshot keeps none: a diverging prompt starts over, correctly.
-    let mut s = Session::new(&m, 8).unwrap();
+    let mut s = Session::with_max_window(&m, 8).unwrap();
     s.set_snapshot_limits(limits(&m, 4, 0.9));
     let (g1, _) = greedy(&mut s, &P1, GEN);
     assert_eq!(s.snapshot_count(), 0);
     let p2 = diverging(&P1, &g1.tokens);
     let (g, logits) = greedy(&mut s, &p2, GEN);
     assert_eq!(g.cached_tokens, 0);
-    let (f, fresh_logits) = greedy(&mut Session::new(&m, 8).unwrap(), &p2, GEN);
+    let (f, fresh_logits) = greedy(&mut Session::with_max_window(&m, 8).unwrap(), &p2, GEN);
     assert_eq!((g.tokens, logits), (f.tokens, fresh_logits));
     // Off by default: a session that never set limits keeps none.
-    let mut plain = Session::new(&m, 8).unwrap();
+    let mut plain = Session::with_max_window(&m, 8).unwrap();
     greedy(&mut plain, &P1, 2);
     assert_eq!((plain.snapshot_count(), plain.snapshot_bytes()), (0, 0));
 }

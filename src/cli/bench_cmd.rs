@@ -115,7 +115,7 @@ impl super::model_args::ModelJob for DecodeJob<'_> {
                         k3::engine::streaming::configure_streaming(model, &cfg)?;
                         let opts = GenerateOptions {
                             ngen: a.ngen,
-                            chunk: a.load.chunk_bound(),
+                            max_window: None,
                             all_logits: false,
                             stop_ids: &[],
                             trace: None,

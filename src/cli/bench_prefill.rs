@@ -157,9 +157,17 @@ fn one_run<B: Backend>(
     model.experts_mut().set_route_tap(Some(tap.clone()));
     let mut st = model.new_state()?;
     let mut stats = Stats::default();
-    let bound = chunk.unwrap_or(k3::session::MAX_CHUNK);
     let t = Instant::now();
-    k3::session::prefill(model, &mut st, ids, bound, false, &mut stats, None)?;
+    // The window is the model's, which the engine config above bounds.
+    k3::session::prefill(
+        model,
+        &mut st,
+        ids,
+        k3::session::MAX_CHUNK,
+        false,
+        &mut stats,
+        None,
+    )?;
     let secs = t.elapsed().as_secs_f64();
     let distinct = tap.usage()?.iter().filter(|&&c| c > 0.0).count();
     Ok(Run {

@@ -189,7 +189,7 @@ fn chat_loop<B: Backend>(
     stop: &AtomicBool,
 ) -> Result<()> {
     let tok = Tokenizer::from_dir(dir)?;
-    let mut session = Session::new(model, a.load.chunk_bound())?;
+    let mut session = Session::new(model)?;
     let mut sampler = Sampler::new(a.sampling.config())?;
     let mut system = a.system.clone();
     let mut thinking = a.think == 1;

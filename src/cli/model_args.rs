@@ -118,11 +118,6 @@ pub fn ensure_demo() -> Result<PathBuf> {
 }
 
 impl ModelArgs {
-    /// `--chunk` as the bound on the prefill window: the whole prompt when unset.
-    pub fn chunk_bound(&self) -> usize {
-        self.chunk.unwrap_or(k3::session::MAX_CHUNK)
-    }
-
     /// The engine config these flags and their environment variables ask for; the
     /// prompt cache's `in_use` is left to the job ([`EngineBuilder::run`]).
     pub fn config(&self) -> Result<EngineConfig> {

@@ -204,7 +204,7 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
     eprintln!("{}", stats::prompt_line(ids.len(), a.ngen, a.sampling.temp));
     let opts = GenerateOptions {
         ngen,
-        chunk: a.load.chunk_bound(),
+        max_window: None,
         all_logits: a.dump_logits.is_some(),
         stop_ids: &stop,
         trace: trace.as_ref(),

@@ -202,7 +202,6 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             thinking: a.think == 1,
         },
         context: 0,
-        chunk: a.load.chunk_bound(),
         snapshots,
         body_limit: a.max_body_mb << 20,
         body_timeout: Duration::from_secs(a.body_timeout),

@@ -46,16 +46,13 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    /// The chunk as the bound on the prefill window: the whole prompt when unset.
-    pub fn chunk_bound(&self) -> usize {
-        self.chunk.unwrap_or(crate::session::MAX_CHUNK)
-    }
-
     /// Checks every setting that needs no loaded model, so that a bad flag is named before
     /// a load that can take minutes. The VRAM tier's size is checked only where a tier is
     /// sized (the CPU backend ignores it).
     pub fn check_before_load(&self) -> Result<()> {
-        crate::session::check_chunk(self.chunk_bound())?;
+        if let Some(c) = self.chunk {
+            crate::session::check_chunk(c)?;
+        }
         self.experts.check_expert_gb()?;
         self.experts.selection()?;
         if self.prompt_cache.in_use {

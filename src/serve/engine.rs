@@ -204,12 +204,11 @@ pub struct EngineShared {
 pub fn run_engine<B: Backend>(
     model: &K3Model<B>,
     tok: &Tokenizer,
-    chunk: usize,
     snapshots: SnapshotLimits,
     jobs: mpsc::Receiver<Job>,
     shared: &EngineShared,
 ) -> Result<()> {
-    let mut session = Session::new(model, chunk)?;
+    let mut session = Session::new(model)?;
     session.set_snapshot_limits(snapshots);
     let one = model.snapshot_bytes() + model.vocab_size() * 4;
     if snapshots.count == 0 {

@@ -59,8 +59,6 @@ pub struct ServeOptions {
     pub defaults: Defaults,
     /// Tokens the context holds (prompt plus answer).
     pub context: usize,
-    /// Prefill chunk.
-    pub chunk: usize,
     /// State snapshots kept for prompts that diverge from the held conversation.
     pub snapshots: SnapshotLimits,
     /// Largest request body, in bytes.
@@ -167,7 +165,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         model.backend.name()
     );
     // Returns once the HTTP side has stopped and dropped every sender of the queue.
-    let engine = run_engine(model, &tok, opts.chunk, opts.snapshots, jobs_rx, &shared);
+    let engine = run_engine(model, &tok, opts.snapshots, jobs_rx, &shared);
     let http = http
         .join()
         .map_err(|_| anyhow::anyhow!("the HTTP thread panicked"))?;

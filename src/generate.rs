@@ -7,7 +7,7 @@ use crate::model::K3Model;
 use crate::session::{DecodeOptions, Flow, Session};
 use anyhow::Result;
 
-pub use crate::session::{prefill, Generation, TokenEvent, MAX_CHUNK};
+pub use crate::session::{prefill, Generation, TokenEvent, MAX_WINDOW};
 
 /// Settings of [`generate`].
 pub struct GenerateOptions<'a> {

@@ -1,6 +1,6 @@
 //! A conversation with the model and the one decode loop that `k3 run`, `k3 chat` and
 //! `k3 serve` share: the state of everything fed so far (so a new turn only feeds its own
-//! tokens: prefix reuse), chunked prefill, and token-by-token decode under one stop rule.
+//! tokens: prefix reuse), prefill in windows, and token-by-token decode under one stop rule.
 //!
 //! A new prompt that extends what was consumed feeds only its suffix. One that diverges
 //! from it (a client resending a conversation whose earlier answer the template renders
@@ -16,9 +16,9 @@ use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// Largest prefill chunk accepted (`K3_CHUNK`): an upper bound on the prefill window,
-/// which memory and the backend's limits bound further ([`K3Model::prefill_window`]).
-pub const MAX_CHUNK: usize = 1 << 22;
+/// Largest bound on the prefill window accepted (`--chunk` / `K3_CHUNK`), which memory and
+/// the backend's limits bound further ([`K3Model::prefill_window`]).
+pub const MAX_WINDOW: usize = 1 << 22;
 
 /// What the decode loop should do after a token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,32 +125,33 @@ fn cancelled(flag: Option<&AtomicBool>) -> bool {
     flag.is_some_and(|f| f.load(Ordering::SeqCst))
 }
 
-/// Checks a prefill chunk size against `1..=MAX_CHUNK`.
-pub fn check_chunk(chunk: usize) -> Result<()> {
-    if chunk == 0 || chunk > MAX_CHUNK {
-        bail!("--chunk / K3_CHUNK must be between 1 and {MAX_CHUNK}, got {chunk}");
+/// Checks a bound on the prefill window against `1..=MAX_WINDOW`.
+pub fn check_window(max_window: usize) -> Result<()> {
+    if max_window == 0 || max_window > MAX_WINDOW {
+        bail!("--chunk / K3_CHUNK must be between 1 and {MAX_WINDOW}, got {max_window}");
     }
     Ok(())
 }
 
-/// Tokens one forward pass of a prompt takes: the model's prefill window, at most `chunk`.
-pub fn window<B: Backend>(model: &K3Model<B>, chunk: usize) -> usize {
-    chunk.min(model.prefill_window()).max(1)
+/// Tokens one forward pass of a prompt takes: the model's prefill window, at most
+/// `max_window`.
+pub fn window<B: Backend>(model: &K3Model<B>, max_window: usize) -> usize {
+    max_window.min(model.prefill_window()).max(1)
 }
 
-/// Runs the prompt through the model in windows of at most `chunk` tokens ([`window`]),
+/// Runs the prompt through the model in windows of at most `max_window` tokens ([`window`]),
 /// layer-major within each window. Returns the logits of
 /// every prompt position when `all` is set, else those of the last position.
 pub fn prefill<B: Backend>(
     model: &K3Model<B>,
     st: &mut State<B>,
     ids: &[u32],
-    chunk: usize,
+    max_window: usize,
     all: bool,
     stats: &mut Stats,
     trace: Option<&Trace>,
 ) -> Result<Vec<f32>> {
-    check_chunk(chunk)?;
+    check_window(max_window)?;
     if ids.is_empty() {
         bail!("the prompt is empty: give at least one token id");
     }
@@ -160,7 +161,7 @@ pub fn prefill<B: Backend>(
         model,
         st,
         ids,
-        chunk,
+        max_window,
         want,
         stats,
         trace,
@@ -188,7 +189,7 @@ enum Stopped {
     InWindow,
 }
 
-/// The prefill loop: feeds `ids` to `st` in windows of at most `chunk` tokens
+/// The prefill loop: feeds `ids` to `st` in windows of at most `max_window` tokens
 /// ([`window`]), one forward pass each, layer-major within the window, and hands each
 /// window fed whole to `fed` with its logits. `cancel` is checked before each window and
 /// before each layer. A feed of more than one token reports prefill progress, ended on
@@ -199,7 +200,7 @@ fn feed_windows<B: Backend>(
     model: &K3Model<B>,
     st: &mut State<B>,
     ids: &[u32],
-    chunk: usize,
+    max_window: usize,
     want: Logits,
     stats: &mut Stats,
     trace: Option<&Trace>,
@@ -218,7 +219,7 @@ fn feed_windows<B: Backend>(
         }
     }
     let _end = (ids.len() > 1).then(|| End(progress));
-    for c in ids.chunks(window(model, chunk)) {
+    for c in ids.chunks(window(model, max_window)) {
         if cancelled(cancel) {
             return Ok(Some(Stopped::BetweenWindows));
         }
@@ -267,13 +268,13 @@ impl<'m, B: Backend> Session<'m, B> {
     /// An empty conversation; prompts are prefilled in windows of the model's prefill
     /// window ([`K3Model::prefill_window`], which `--chunk` bounds through the engine).
     pub fn new(model: &'m K3Model<B>) -> Result<Self> {
-        Self::with_max_window(model, MAX_CHUNK)
+        Self::with_max_window(model, MAX_WINDOW)
     }
 
     /// [`Self::new`] with windows of at most `max_window` tokens, below the model's own
     /// (tests and benchmarks that compare windows on one loaded model).
     pub fn with_max_window(model: &'m K3Model<B>, max_window: usize) -> Result<Self> {
-        check_chunk(max_window)?;
+        check_window(max_window)?;
         Ok(Self {
             model,
             state: model.new_state()?,

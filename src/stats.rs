@@ -22,11 +22,11 @@ pub struct Stats {
     pub eload: Duration,
     /// Time in the final mix, norm and head.
     pub head: Duration,
-    /// Unique experts found in a cache (per layer per chunk).
+    /// Unique experts found in a cache (per layer per window).
     pub expert_hits: u64,
     /// Of the hits, experts the backend already held resident (GPU tier): no read, no upload.
     pub gpu_expert_hits: u64,
-    /// Unique experts needed (per layer per chunk).
+    /// Unique experts needed (per layer per window).
     pub expert_lookups: u64,
     /// Expert bytes read from disk.
     pub bytes_streamed: u64,
@@ -39,7 +39,7 @@ pub struct Stats {
     /// recorded work), part of `moe`.
     pub router_wait: Duration,
     /// Routed experts left unread by `--expert-top-p` / `--skip-uncached-below` (per layer
-    /// per chunk, as `expert_lookups` counts them).
+    /// per window, as `expert_lookups` counts them).
     pub experts_skipped: u64,
     /// Bytes those experts would have taken to read or hold.
     pub bytes_skipped: u64,

@@ -181,7 +181,7 @@ fn gpu_whole_prompt_window_in_sub_batches_matches_token_by_token() {
             &gm,
             &mut gm.new_state().unwrap(),
             &long,
-            k3::generate::MAX_CHUNK,
+            k3::generate::MAX_WINDOW,
             true,
             &mut Stats::default(),
             None,

@@ -4,7 +4,7 @@ mod support;
 
 use k3::experts::route_trace::{RouteTap, TraceHeader};
 use k3::experts::{IoMode, StreamConfig};
-use k3::generate::{prefill, MAX_CHUNK};
+use k3::generate::{prefill, MAX_WINDOW};
 use k3::model::FormatPolicy;
 use k3::stats::Stats;
 use std::sync::Arc;
@@ -59,10 +59,10 @@ fn whole_prompt_window_and_its_sub_batches_match_token_by_token() {
     };
     let one = run(&m, 1);
     // The default bound: one window of the whole prompt, layer-major.
-    assert_eq!(run(&m, MAX_CHUNK), one, "whole-prompt window");
+    assert_eq!(run(&m, MAX_WINDOW), one, "whole-prompt window");
     // The same window with every op but the routed experts in sub-batches of 7 rows.
     assert_eq!(m.set_sub_batch_rows(7), 7);
-    assert_eq!(run(&m, MAX_CHUNK), one, "sub-batches of 7 rows");
+    assert_eq!(run(&m, MAX_WINDOW), one, "sub-batches of 7 rows");
     assert_eq!(run(&m, 16), one, "windows of 16 in sub-batches of 7");
 }
 
@@ -94,7 +94,7 @@ fn a_window_reads_each_routed_expert_once_a_layer() {
         &m,
         &mut m.new_state().unwrap(),
         &long,
-        MAX_CHUNK,
+        MAX_WINDOW,
         false,
         &mut whole,
         None,

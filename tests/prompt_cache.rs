@@ -9,7 +9,7 @@ use k3::backend::gpu::GpuOptions;
 use k3::backend::Backend;
 use k3::model::prompt_cache::{entry_file, PromptCache, PromptCacheConfig};
 use k3::model::{FormatPolicy, K3Model};
-use k3::session::{DecodeOptions, Flow, Generation, Session, MAX_CHUNK};
+use k3::session::{DecodeOptions, Flow, Generation, Session, MAX_WINDOW};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -121,9 +121,9 @@ fn a_restored_state_gives_a_fresh_prefills_logits_on_the_cpu() {
     // where the restored run feeds only the suffix. The CPU gives the same bits either way,
     // which is why the prompt cache's key leaves the window out.
     restore_matches_fresh(&mut m, 5, Match::Bits);
-    restore_matches_fresh(&mut m, MAX_CHUNK, Match::Bits);
+    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Bits);
     m.set_sub_batch_rows(7);
-    restore_matches_fresh(&mut m, MAX_CHUNK, Match::Bits);
+    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Bits);
 }
 
 #[test]
@@ -138,7 +138,7 @@ fn a_restored_state_gives_a_fresh_prefills_logits_on_the_gpu() {
     // The stored prefix is whole windows of 8, so both prefills cut the prompt alike.
     restore_matches_fresh(&mut m, 8, Match::Bits);
     // One window of the whole prompt against the stored prefix and a window of the rest.
-    restore_matches_fresh(&mut m, MAX_CHUNK, Match::Within(1e-5));
+    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Within(1e-5));
 }
 
 /// One greedy token after `ids` in `s`, fed with a message boundary at `boundary`: the
@@ -179,8 +179,8 @@ fn a_shared_preamble_is_stored_at_its_boundary_and_a_new_session_loads_it() {
     let with =
         |salt: u32| -> Vec<u32> { preamble.iter().chain(&prompt(7, salt)).copied().collect() };
     let (a, b, c) = (with(4), with(5), with(6));
-    let (_, fresh_b) = logits_after(&m, &b, MAX_CHUNK);
-    let (_, fresh_c) = logits_after(&m, &c, MAX_CHUNK);
+    let (_, fresh_b) = logits_after(&m, &b, MAX_WINDOW);
+    let (_, fresh_c) = logits_after(&m, &c, MAX_WINDOW);
 
     m.set_prompt_cache(Some(Arc::new(cache(dir.path(), "boundaries"))));
     // The first session stores the preamble's state and its whole prompt's.

@@ -3,7 +3,7 @@
 //! The model never knows which backend runs it; a backend never knows which model calls
 //! it. Activations are `[rows, cols]` row-major f32 matrices that live inside the backend
 //! (host vectors on the CPU, device buffers on a GPU); `rows` is the number of tokens of
-//! the chunk being processed. Only routing decisions and final logits come back to the host.
+//! the window being processed. Only routing decisions and final logits come back to the host.
 
 pub mod cpu;
 pub mod expert_residency;
@@ -55,7 +55,7 @@ pub struct KdaStepWeights<A> {
     pub o_norm: A,
 }
 
-/// Per-token inputs of the fused KDA step, all `[n, ·]` for the `n` tokens of a chunk.
+/// Per-token inputs of the fused KDA step, all `[n, ·]` for the `n` tokens of a window.
 pub struct KdaStepInputs<'a, A> {
     /// `q_proj·x`, `[n, P]`, before the convolution.
     pub q: &'a A,
@@ -135,7 +135,7 @@ pub struct MlaAttnWeights<A> {
     pub wv: A,
 }
 
-/// One routed expert and the tokens of the chunk that chose it.
+/// One routed expert and the tokens of the window that chose it.
 #[derive(Clone, Debug)]
 pub struct ExpertAssignment<'a> {
     /// Which expert this is; `None` for anonymous weights a backend must not keep.
@@ -272,7 +272,7 @@ pub trait Backend: ExpertResidency {
         w: &Self::Act,
         eps: f32,
     ) -> Result<Self::Act>;
-    /// The fused KDA token step over the chunk's rows in order: conv + SiLU, l2 norms,
+    /// The fused KDA token step over the window's rows in order: conv + SiLU, l2 norms,
     /// decay gate, delta-rule update, gated output RMSNorm. Returns `[n, P]` before `o_proj`.
     fn kda_step(
         &self,

@@ -23,8 +23,8 @@ pub struct PrefillArgs {
     tokens: usize,
     /// Window bounds to compare with the default one (the whole prompt), comma separated;
     /// 0 leaves a case out.
-    #[arg(long, default_value = "32")]
-    chunks: String,
+    #[arg(long = "chunks", default_value = "32")]
+    windows: String,
     /// Rounds; each round runs every case once, in turn.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
@@ -48,22 +48,27 @@ pub fn run(a: PrefillArgs) -> Result<()> {
     if a.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
-    let mut chunks: Vec<Option<usize>> = vec![None];
-    for t in a.chunks.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+    let mut windows: Vec<Option<usize>> = vec![None];
+    for t in a
+        .windows
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
         let c: usize = t
             .parse()
             .with_context(|| format!("--chunks: {t:?} is not a number of tokens"))?;
         if c > 0 {
-            k3::session::check_chunk(c)?;
-            chunks.push(Some(c));
+            k3::session::check_window(c)?;
+            windows.push(Some(c));
         }
     }
-    a.load.with_model(&a.model, PrefillJob { a: &a, chunks })
+    a.load.with_model(&a.model, PrefillJob { a: &a, windows })
 }
 
 struct PrefillJob<'a> {
     a: &'a PrefillArgs,
-    chunks: Vec<Option<usize>>,
+    windows: Vec<Option<usize>>,
 }
 
 /// `n` prompt ids from `seed`: a fixed xorshift stream below the first special token.
@@ -92,7 +97,7 @@ struct Run {
 impl super::model_args::ModelJob for PrefillJob<'_> {
     type Out = ();
     fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
-        let PrefillJob { a, chunks } = self;
+        let PrefillJob { a, windows } = self;
         let cfg = model.ckpt.config.clone();
         let ids = match &a.ids {
             Some(list) => super::run_cmd::parse_ids(list)?,
@@ -108,12 +113,12 @@ impl super::model_args::ModelJob for PrefillJob<'_> {
         );
         println!("|---|---|---|---|---|---|---|---|");
         for round in 0..a.rounds {
-            for &chunk in &chunks {
-                let r = one_run(model, &a.load, &ids, chunk, &cfg)?;
-                let window = chunk
+            for &max_window in &windows {
+                let r = one_run(model, &a.load, &ids, max_window, &cfg)?;
+                let window = max_window
                     .map_or(default_window, |c| c.min(default_window))
                     .min(ids.len());
-                let name = chunk.map_or("default".to_string(), |c| format!("--chunk {c}"));
+                let name = max_window.map_or("default".to_string(), |c| format!("--chunk {c}"));
                 println!(
                     "| {name} (round {round}) | {window} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} |",
                     ids.len(),
@@ -130,17 +135,17 @@ impl super::model_args::ModelJob for PrefillJob<'_> {
     }
 }
 
-/// One prefill of `ids` in windows of at most `chunk`, from empty expert caches (the host
+/// One prefill of `ids` in windows of at most `max_window`, from empty expert caches (the host
 /// cache and the GPU tier are sized again, so the last run's experts are not hits).
 fn one_run<B: Backend>(
     model: &mut K3Model<B>,
     load: &super::model_args::ModelArgs,
     ids: &[u32],
-    chunk: Option<usize>,
+    max_window: Option<usize>,
     cfg: &k3::config::Config,
 ) -> Result<Run> {
     let mut engine = load.config()?;
-    engine.chunk = chunk.or(load.chunk);
+    engine.max_window = max_window.or(load.max_window);
     k3::engine::streaming::configure_streaming(model, &engine)?;
     let moe_layers: Vec<usize> = (0..cfg.num_hidden_layers)
         .filter(|&l| cfg.is_moe_layer(l))
@@ -163,7 +168,7 @@ fn one_run<B: Backend>(
         model,
         &mut st,
         ids,
-        k3::session::MAX_CHUNK,
+        k3::session::MAX_WINDOW,
         false,
         &mut stats,
         None,

@@ -32,7 +32,7 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Generate from token ids (prefill in chunks, then decode) and print the stats lines.
+    /// Generate from token ids (prefill in windows, then decode) and print the stats lines.
     Run(run_cmd::RunArgs),
     /// Interactive chat that keeps the conversation's state between turns.
     Chat(chat_cmd::ChatArgs),

@@ -71,8 +71,8 @@ pub struct ModelArgs {
     /// Prefill window bound: at most this many prompt tokens per pass through each layer
     /// (each routed expert is read once a layer per pass). Unset: the whole prompt, as far
     /// as memory and the GPU's limits allow (the `[K3] prefill window` line says how far).
-    #[arg(long, env = "K3_CHUNK", value_name = "TOKENS")]
-    pub chunk: Option<usize>,
+    #[arg(long = "chunk", env = "K3_CHUNK", value_name = "TOKENS")]
+    pub max_window: Option<usize>,
     /// Hide the loading progress bar and the per-token lines.
     #[arg(long)]
     pub quiet: bool,
@@ -157,7 +157,7 @@ impl ModelArgs {
                 quiet: self.quiet,
                 weight_cache: !self.no_weight_cache,
             },
-            chunk: self.chunk,
+            max_window: self.max_window,
             ..EngineConfig::default()
         };
         self.stream.apply(&mut cfg);

@@ -40,7 +40,7 @@ pub struct EngineConfig {
     pub context_tokens: Option<usize>,
     /// Bound on the prefill window in tokens; `None`: the whole prompt, as far as memory
     /// and the GPU's limits allow.
-    pub chunk: Option<usize>,
+    pub max_window: Option<usize>,
     /// In-RAM state snapshots the engine's user keeps (`k3 serve`), reserved by the plan.
     pub snapshots: SnapshotLimits,
 }
@@ -50,8 +50,8 @@ impl EngineConfig {
     /// a load that can take minutes. The VRAM tier's size is checked only where a tier is
     /// sized (the CPU backend ignores it).
     pub fn check_before_load(&self) -> Result<()> {
-        if let Some(c) = self.chunk {
-            crate::session::check_chunk(c)?;
+        if let Some(w) = self.max_window {
+            crate::session::check_window(w)?;
         }
         self.experts.check_expert_gb()?;
         self.experts.selection()?;

@@ -35,7 +35,7 @@ pub struct StreamPlan {
 /// Sizes the cache, the context and the prefill window against measured memory, prints
 /// the `[K3][RAM_GB=...]`, `[K3] context:` and `[K3] prefill window` lines, and installs
 /// the streaming settings, the context and the window in `model`; `engine.prompt_cache.in_use`
-/// reserves the prompt cache's working set, `engine.chunk` bounds the window. A loaded model
+/// reserves the prompt cache's working set, `engine.max_window` bounds the window. A loaded model
 /// may be configured again (benchmarks change the cache size between runs).
 pub fn configure_streaming<B: Backend>(
     model: &mut K3Model<B>,
@@ -88,8 +88,8 @@ pub fn configure_streaming<B: Backend>(
         engine.experts.expert_gb
     };
     let window_bound = engine
-        .chunk
-        .unwrap_or(crate::session::MAX_CHUNK)
+        .max_window
+        .unwrap_or(crate::session::MAX_WINDOW)
         .min(model.max_window());
     let per_token = bytes_per_token(cfg);
     let plan = ram_budget::plan(&BudgetInputs {
@@ -172,7 +172,7 @@ pub fn configure_streaming<B: Backend>(
     let bound = window_bound.min(plan.context);
     let (tokens, by_memory, place) = match (vram, plan.window) {
         (Some(v), _) => {
-            let reserve_tokens = vram_window_tokens(bound, engine.chunk.is_some());
+            let reserve_tokens = vram_window_tokens(bound, engine.max_window.is_some());
             // The conversation's state and its snapshots take VRAM on a discrete GPU.
             let state_gb = plan.kv_gb + plan.kda_gb + snapshot_reserve_gb(model, engine.snapshots);
             let split = vram_split(
@@ -215,7 +215,7 @@ pub fn configure_streaming<B: Backend>(
         (None, None) => bail!("internal: the RAM plan sized no prefill window"),
     };
     let w = model.set_prefill_window(tokens);
-    let why = if engine.chunk.is_some_and(|c| c <= w) {
+    let why = if engine.max_window.is_some_and(|c| c <= w) {
         "--chunk / K3_CHUNK".to_string()
     } else if w < by_memory.min(bound) || (w < by_memory && w == model.max_window()) {
         format!(

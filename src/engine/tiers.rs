@@ -148,8 +148,8 @@ pub const DEFAULT_VRAM_WINDOW_TOKENS: usize = 16_384;
 /// when `--chunk` set it, else at most [`DEFAULT_VRAM_WINDOW_TOKENS`], so the tier, which
 /// every decoded token reads from, keeps the rest and a longer prompt runs in several
 /// windows.
-pub(super) fn vram_window_tokens(bound: usize, chunk_set: bool) -> usize {
-    if chunk_set {
+pub(super) fn vram_window_tokens(bound: usize, bound_set: bool) -> usize {
+    if bound_set {
         bound
     } else {
         bound.min(DEFAULT_VRAM_WINDOW_TOKENS)

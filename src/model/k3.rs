@@ -59,9 +59,9 @@ pub struct State<B: Backend> {
 /// Which logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
-    /// Only the chunk's last row.
+    /// Only the window's last row.
     Last,
-    /// Every row of the chunk.
+    /// Every row of the window.
     All,
 }
 
@@ -368,7 +368,7 @@ impl<B: Backend> K3Model<B> {
     ) -> Result<Option<Vec<f32>>> {
         let raised = || cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst));
         if ids.is_empty() {
-            bail!("forward: empty chunk");
+            bail!("forward: empty window");
         }
         self.relieve_memory_pressure()?;
         let cfg = &self.ckpt.config;

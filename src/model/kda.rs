@@ -68,7 +68,7 @@ impl<B: Backend> Kda<B> {
         b.kda_state(&self.dims)
     }
 
-    /// Runs the chunk's rows (normed layer input `x`) through the layer, in order.
+    /// Runs the window's rows (normed layer input `x`) through the layer, in order.
     pub fn forward(&self, b: &B, state: &mut B::KdaState, x: &B::Act) -> Result<B::Act> {
         let [q, k, v, fa, beta, gate] = matmul_each(
             b,

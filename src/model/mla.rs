@@ -72,7 +72,7 @@ impl<B: Backend> Mla<B> {
         b.mla_cache(&self.dims)
     }
 
-    /// Runs the chunk's rows (normed layer input `x`) through the layer, causally.
+    /// Runs the window's rows (normed layer input `x`) through the layer, causally.
     pub fn forward(&self, b: &B, cache: &mut B::MlaCache, x: &B::Act) -> Result<B::Act> {
         let [qa, c, g] = matmul_each(b, [&self.q_a_proj, &self.kv_a_proj, &self.g_proj], x)?;
         let qa = b.rmsnorm(&qa, &self.q_a_norm, self.q_lora, self.eps)?;

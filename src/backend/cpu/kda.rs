@@ -69,7 +69,7 @@ fn decay(d: &KdaDims, a_log: f32, z: &[f32], dt_bias: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// Advances the state by the chunk's rows in order and returns the gated head outputs, on
+/// Advances the state by the window's rows in order and returns the gated head outputs, on
 /// the process's SIMD level.
 pub fn kda_step(
     d: &KdaDims,

@@ -1,4 +1,4 @@
-//! Routed experts over a chunk: each expert runs once for all the rows that chose it.
+//! Routed experts over a window: each expert runs once for all the rows that chose it.
 
 use super::elementwise::glu;
 use super::CpuAct;

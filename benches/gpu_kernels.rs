@@ -12,7 +12,7 @@
 //! gpu_kernels`; the probes that study them are in lab/gpu_probes/.
 
 #[cfg(feature = "lab")]
-use k3::backend::gpu::lab_switches::LabSwitches;
+use k3::backend::gpu::device::lab_switches::LabSwitches;
 use k3::backend::gpu::{GpuBackend, GpuOptions};
 use k3::backend::{Backend, ExpertAssignment, ExpertResidency, Glu, MlaAttnWeights, MlaDims};
 use k3::quant::{DenseData, DenseMatrix, Mxfp4View};

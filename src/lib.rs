@@ -15,7 +15,7 @@
 //! - `K3_LAB_*` (`backend::gpu::lab_switches::LabSwitches::from_env`, compiled only with
 //!   the `lab` feature and called by the command line): experiment switches, kept apart
 //!   from the engine's settings.
-//! - `CI` (a unit test in `backend::gpu::moe`): a missing adapter fails only on CI.
+//! - `CI` (a unit test in `backend::gpu::experts`): a missing adapter fails only on CI.
 
 pub mod atomic_file;
 pub mod backend;

@@ -6,11 +6,10 @@
 mod support;
 
 use k3::backend::cpu::CpuBackend;
-use k3::backend::gpu::chunk_gemm::ChunkGemm;
-use k3::backend::gpu::stationary::Stationary;
-use k3::backend::gpu::{
-    vram_budget, GpuBackend, GpuMat, GpuOptions, Int4Decode, MatvecShape, DIGITS_FROM_ROWS,
-};
+use k3::backend::gpu::experts::vram_budget;
+use k3::backend::gpu::kernels::chunk_gemm::ChunkGemm;
+use k3::backend::gpu::kernels::stationary::Stationary;
+use k3::backend::gpu::{GpuBackend, GpuMat, GpuOptions, Int4Decode, MatvecShape, DIGITS_FROM_ROWS};
 use k3::backend::{
     Backend, ExpertAssignment, ExpertResidency, FreeDeviceMemory, Glu, KdaDims, KdaStepInputs,
     KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,

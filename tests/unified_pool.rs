@@ -103,7 +103,7 @@ fn lavapipe_runs_the_pool_by_default_and_the_switch_turns_it_off() {
         return;
     };
     // The adapter's own fact, or the Apple profile's (K3_GPU_LIMITS) on any adapter.
-    let unified = k3::backend::gpu::upload_path::unified_memory(g.ctx.info.device_type)
+    let unified = k3::backend::gpu::device::upload_path::unified_memory(g.ctx.info.device_type)
         || g.ctx.profile != k3::backend::gpu::LimitsProfile::Native;
     assert_eq!(
         g.ctx.unified_memory, unified,

@@ -21,9 +21,9 @@
 //! (`TIMESTAMP_QUERY_INSIDE_ENCODERS`), else from the wall clock around a full sync.
 //! `K3_ADAPTER=NAME` picks the adapter.
 
-use k3::backend::gpu::buffers::GpuAct;
-use k3::backend::gpu::chunk_gemm::ChunkGemm;
-use k3::backend::gpu::stationary::Stationary;
+use k3::backend::gpu::device::buffers::GpuAct;
+use k3::backend::gpu::kernels::chunk_gemm::ChunkGemm;
+use k3::backend::gpu::kernels::stationary::Stationary;
 use k3::backend::gpu::{GpuBackend, GpuOptions, Int4Decode, MatvecShape};
 use k3::backend::{Backend, ExpertAssignment, ExpertResidency, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams};
 use k3::routed_expert::{ExpertKey, ExpertWeights};

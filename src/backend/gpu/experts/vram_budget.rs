@@ -82,7 +82,7 @@ mod vulkan {
     use wgpu::hal::api::Vulkan;
 
     /// `VK_EXT_memory_budget` through the adapter's ash instance and physical device.
-    pub(super) fn free_bytes(adapter: &wgpu::Adapter) -> Option<u64> {
+    pub(in crate::backend::gpu) fn free_bytes(adapter: &wgpu::Adapter) -> Option<u64> {
         // SAFETY: the HAL adapter is only read (its handles are queried, nothing is
         // destroyed), and the guard is dropped before this function returns.
         let hal = unsafe { adapter.as_hal::<Vulkan>() }?;
@@ -142,7 +142,7 @@ mod metal {
     use wgpu::hal::api::Metal;
 
     /// `recommendedMaxWorkingSetSize - currentAllocatedSize` of the adapter's `MTLDevice`.
-    pub(super) fn free_bytes(adapter: &wgpu::Adapter) -> Option<u64> {
+    pub(in crate::backend::gpu) fn free_bytes(adapter: &wgpu::Adapter) -> Option<u64> {
         // SAFETY: the HAL adapter is only read (two size properties of its device), and the
         // guard is dropped before this function returns.
         let hal = unsafe { adapter.as_hal::<Metal>() }?;

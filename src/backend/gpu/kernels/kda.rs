@@ -2,10 +2,11 @@
 //! dispatch (a workgroup per head), chunks in three (conv and decays, the state columns of
 //! each head over several workgroups, the gated norm).
 
-use super::buffers::{GpuAct, GpuKdaState};
-use super::context::Dispatch;
-use super::shaders::Shader;
-use super::GpuBackend;
+use crate::backend::gpu::device::buffers::{GpuAct, GpuKdaState};
+use crate::backend::gpu::device::context::Dispatch;
+use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
+use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::GpuBackend;
 use crate::backend::{KdaDims, KdaStepInputs, KdaStepWeights};
 use anyhow::{ensure, Result};
 
@@ -22,7 +23,7 @@ const PASSES_FROM_TOKENS: usize = 4;
 pub const MAX_HEAD_DIM: usize = 256;
 
 impl GpuBackend {
-    pub(super) fn kda_state_op(&self, d: &KdaDims) -> Result<GpuKdaState> {
+    pub(in crate::backend::gpu) fn kda_state_op(&self, d: &KdaDims) -> Result<GpuKdaState> {
         ensure!(d.conv_k >= 1, "kda: conv kernel width must be at least 1");
         ensure!(
             d.head_dim <= MAX_HEAD_DIM,
@@ -35,7 +36,7 @@ impl GpuBackend {
         Ok(GpuKdaState { buf, dims: *d })
     }
 
-    pub(super) fn kda_step_op(
+    pub(in crate::backend::gpu) fn kda_step_op(
         &self,
         d: &KdaDims,
         w: &KdaStepWeights<GpuAct>,
@@ -159,14 +160,29 @@ impl GpuBackend {
 
 /// The workgroup of the fused kernel and of the gated norm over heads of `head_dim`: one
 /// lane per state or output column (at least a 32-lane block), as a wider one would idle.
-pub(super) fn head_lanes(wg: u32, head_dim: usize) -> u32 {
+pub(in crate::backend::gpu) fn head_lanes(wg: u32, head_dim: usize) -> u32 {
     wg.min((head_dim as u32).next_power_of_two().max(32))
 }
 
 /// State columns one `kda_state` workgroup of `wg` lanes updates: an eighth of the head (16
 /// of K3's 128, so 8 workgroups a head), a power of two within the workgroup.
-pub(super) fn state_columns_per_group(head_dim: usize, wg: u32) -> u32 {
+pub(in crate::backend::gpu) fn state_columns_per_group(head_dim: usize, wg: u32) -> u32 {
     ((head_dim as u32 / 8).max(1).next_power_of_two()).min(wg)
+}
+
+/// Head widths of the KDA kernels: the smallest, K3's and the widest the kernel holds.
+const KDA_HEAD_DIMS: [usize; 3] = [4, 128, MAX_HEAD_DIM];
+
+/// The KDA kernels' pipelines at every head width whose overrides differ.
+pub(crate) fn pipeline_variants(a: AdapterShape, list: &mut VariantList) {
+    for hd in KDA_HEAD_DIMS {
+        let lanes = head_lanes(a.wg, hd);
+        list.push(Shader::KdaStep, "kda_fused", vec![("WG", lanes)]);
+        list.push(Shader::KdaStep, "kda_conv", Vec::new());
+        let cg = state_columns_per_group(hd, a.wg);
+        list.push(Shader::KdaStep, "kda_state", vec![("CG", cg)]);
+        list.push(Shader::KdaStep, "kda_norm", vec![("WG", lanes)]);
+    }
 }
 
 #[cfg(test)]

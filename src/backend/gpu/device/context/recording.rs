@@ -3,8 +3,8 @@
 //! the host must read, after `submit_every` passes, or when a timestamp query set is full.
 
 use super::GpuContext;
-use crate::backend::gpu::param_arena::{ParamArena, SLOT_BYTES};
-use crate::backend::gpu::shaders::Shader;
+use crate::backend::gpu::device::param_arena::{ParamArena, SLOT_BYTES};
+use crate::backend::gpu::device::shaders::Shader;
 use std::collections::HashMap;
 use wgpu::util::DeviceExt;
 

@@ -1,8 +1,8 @@
 //! Expert arenas: the device copies of a run of experts' matrices (packed nibbles and
 //! scale bytes), made per call or written into buffers kept from earlier calls.
 
-use super::super::expert_bytes::{all_host, MatSrc, PartSrc};
-use super::super::GpuBackend;
+use crate::backend::gpu::experts::expert_bytes::{all_host, MatSrc, PartSrc};
+use crate::backend::gpu::GpuBackend;
 use anyhow::{anyhow, Result};
 
 /// The device copy of a run of experts' matrices: packed nibbles and scale bytes, expert
@@ -12,7 +12,7 @@ pub(in crate::backend::gpu) struct Arena {
     pub(super) packed: wgpu::Buffer,
     pub(super) scales: wgpu::Buffer,
     /// Whether a matrix this call reads from it may hold a scale above
-    /// [`FAST_SCALE_MAX`](crate::backend::gpu::expert_bytes::FAST_SCALE_MAX): its kernels then keep the
+    /// [`FAST_SCALE_MAX`](crate::backend::gpu::experts::expert_bytes::FAST_SCALE_MAX): its kernels then keep the
     /// per-element path (`SPECIAL` 1), which costs the batched matvec bandwidth
     /// (docs/perf.md#kernels).
     pub(super) huge: bool,
@@ -93,6 +93,7 @@ impl GpuBackend {
         };
         let a = {
             let mut pool = self
+                .experts
                 .transient
                 .lock()
                 .map_err(|_| anyhow!("GPU transient arenas poisoned by an earlier panic"))?;

@@ -1,16 +1,17 @@
 //! RMSNorm (grouped) and the block attention-residual mix.
 
-use super::buffers::GpuAct;
-use super::context::Dispatch;
-use super::shaders::Shader;
-use super::GpuBackend;
+use crate::backend::gpu::device::buffers::GpuAct;
+use crate::backend::gpu::device::context::Dispatch;
+use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
+use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::GpuBackend;
 use anyhow::{ensure, Result};
 
 /// Entries (bank + current) the mix kernel's workgroup array holds.
 pub const MAX_MIX_ENTRIES: usize = 64;
 
 impl GpuBackend {
-    pub(super) fn rmsnorm_op(
+    pub(in crate::backend::gpu) fn rmsnorm_op(
         &self,
         x: &GpuAct,
         w: &GpuAct,
@@ -38,7 +39,7 @@ impl GpuBackend {
         Ok(out)
     }
 
-    pub(super) fn attn_res_mix_op(
+    pub(in crate::backend::gpu) fn attn_res_mix_op(
         &self,
         bank: &[&GpuAct],
         cur: &GpuAct,
@@ -104,5 +105,13 @@ impl GpuBackend {
             [1, 3, 4],
         );
         Ok(out)
+    }
+}
+
+/// The pipelines of the RMSNorm and attention-residual kernels.
+pub(crate) fn pipeline_variants(_a: AdapterShape, list: &mut VariantList) {
+    list.push(Shader::RmsNorm, "rmsnorm", Vec::new());
+    for entry in ["scores", "mix"] {
+        list.push(Shader::AttnResMix, entry, Vec::new());
     }
 }

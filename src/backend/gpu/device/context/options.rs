@@ -3,8 +3,8 @@
 
 use super::matvec_shape::MatvecShape;
 use super::MAX_PENDING_PASSES;
-use crate::backend::gpu::chunk_gemm::ChunkGemm;
-use crate::backend::gpu::stationary::Stationary;
+use crate::backend::gpu::kernels::chunk_gemm::ChunkGemm;
+use crate::backend::gpu::kernels::stationary::Stationary;
 use std::path::PathBuf;
 
 /// Default for [`GpuOptions::submit_every`]: submit at readbacks (and every

@@ -1,8 +1,9 @@
 //! Adapter discovery and choice: which GPUs wgpu sees (honouring `WGPU_BACKEND`), what
 //! they offer, and which one a run uses (`--adapter NAME`, CPU-type adapters only on request).
 
-use super::context::{max_binding_bytes, EffectiveLimits, LimitsProfile};
-use super::upload_path::{self, UploadPath};
+use crate::backend::gpu::device::context::device_limits::max_binding_bytes;
+use crate::backend::gpu::device::context::limits_profile::{EffectiveLimits, LimitsProfile};
+use crate::backend::gpu::device::upload_path::{self, UploadPath};
 use anyhow::{bail, Result};
 use std::sync::OnceLock;
 

@@ -1,16 +1,17 @@
 //! Absorbed MLA attention on the device over a latent cache that stays there and grows.
 
-use super::buffers::{GpuAct, GpuMlaCache};
-use super::context::Dispatch;
-use super::shaders::Shader;
-use super::GpuBackend;
+use crate::backend::gpu::device::buffers::{GpuAct, GpuMlaCache};
+use crate::backend::gpu::device::context::Dispatch;
+use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
+use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::GpuBackend;
 use crate::backend::{MlaAttnWeights, MlaDims};
 use anyhow::{ensure, Result};
 
 /// Heads one `ctx` workgroup carries (the kernel's HT).
 const HEAD_TILE: u32 = 8;
 /// Lanes per output row of the `outv` kernel.
-pub(super) const OUTV_LANES: u32 = 32;
+pub(in crate::backend::gpu) const OUTV_LANES: u32 = 32;
 /// Positions a fresh cache holds before it first grows.
 const INITIAL_POSITIONS: usize = 64;
 /// Positions one `ctx` workgroup walks, at most (fewer chunks only when memory or the grid
@@ -36,11 +37,11 @@ fn cache_stride(d: &MlaDims) -> usize {
 
 impl GpuBackend {
     /// Positions the largest cache buffer this adapter binds holds.
-    pub(super) fn mla_cache_max_positions_op(&self, d: &MlaDims) -> usize {
+    pub(in crate::backend::gpu) fn mla_cache_max_positions_op(&self, d: &MlaDims) -> usize {
         (self.ctx.max_binding / (cache_stride(d) * 4) as u64) as usize
     }
 
-    pub(super) fn mla_cache_op(&self, d: &MlaDims) -> Result<GpuMlaCache> {
+    pub(in crate::backend::gpu) fn mla_cache_op(&self, d: &MlaDims) -> Result<GpuMlaCache> {
         let stride = cache_stride(d);
         let capacity = INITIAL_POSITIONS;
         let buf = self.ctx.buffer((capacity * stride * 4) as u64, "mla cache");
@@ -53,7 +54,7 @@ impl GpuBackend {
         })
     }
 
-    pub(super) fn grow(&self, cache: &mut GpuMlaCache, need: usize) -> Result<()> {
+    pub(in crate::backend::gpu) fn grow(&self, cache: &mut GpuMlaCache, need: usize) -> Result<()> {
         if need <= cache.capacity {
             return Ok(());
         }
@@ -84,7 +85,7 @@ impl GpuBackend {
     /// `[total]` row of scores per (token, head), so a window whose rows would exceed the
     /// grid or a binding attends in consecutive blocks of tokens, each appending its latents
     /// before it attends: causal attention sees the same positions either way.
-    pub(super) fn mla_attend_op(
+    pub(in crate::backend::gpu) fn mla_attend_op(
         &self,
         d: &MlaDims,
         w: &MlaAttnWeights<GpuAct>,
@@ -253,6 +254,14 @@ impl GpuBackend {
         });
         Ok(out)
     }
+}
+
+/// The MLA attention kernels' pipelines.
+pub(crate) fn pipeline_variants(_a: AdapterShape, list: &mut VariantList) {
+    for entry in ["append", "qabs", "softmax", "ctx", "ctx_sum"] {
+        list.push(Shader::MlaAttend, entry, Vec::new());
+    }
+    list.push(Shader::MlaAttend, "outv", vec![("LPR", OUTV_LANES)]);
 }
 
 #[cfg(test)]

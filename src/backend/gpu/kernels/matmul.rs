@@ -2,12 +2,15 @@
 //! uploaded once, its rows padded to whole 16-byte units and split into row chunks whose
 //! bindings stay under the adapter's limit; one dispatch per chunk writes its rows of y.
 
-use super::buffers::{f32_bytes, GpuAct};
-use super::chunk_gemm::{ChunkGemm, GemmTile, GK};
-use super::context::{Dispatch, Int4Decode, MatvecShape};
-use super::pipeline_variants::{digit_shape, mv_consts_of, row_split_variant, stationary_consts};
-use super::shaders::Shader;
-use super::GpuBackend;
+use crate::backend::gpu::device::buffers::{f32_bytes, GpuAct};
+use crate::backend::gpu::device::context::{x_tile_units, Dispatch, Int4Decode, MatvecShape};
+use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
+use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile, GK};
+use crate::backend::gpu::kernels::stationary::{
+    stationary_consts, stationary_subgroups, CsPlan, Stationary,
+};
+use crate::backend::gpu::GpuBackend;
 use crate::quant::{DenseData, DenseMatrix};
 use anyhow::{bail, ensure, Result};
 use std::cell::{OnceCell, RefCell};
@@ -98,7 +101,7 @@ fn pad_rows(src: &[u8], rows: usize, src_row: usize, dst_row: usize) -> Vec<u8> 
 }
 
 impl GpuBackend {
-    pub(super) fn load_matrix_op(&self, m: DenseMatrix) -> Result<GpuMat> {
+    pub(in crate::backend::gpu) fn load_matrix_op(&self, m: DenseMatrix) -> Result<GpuMat> {
         let (rows, cols) = (m.rows, m.cols);
         let (format, unit_bytes_per_col, raw_row, payload, scales, scales_per_row): (
             GpuFormat,
@@ -204,13 +207,13 @@ impl GpuBackend {
     }
 
     /// Output rows one matvec workgroup computes.
-    pub(super) fn rows_per_group(&self) -> u32 {
+    pub(in crate::backend::gpu) fn rows_per_group(&self) -> u32 {
         rows_per_group_of(self.ctx.wg, self.ctx.matvec)
     }
 
     /// The row-split kernel's entry and overrides for a `shader` matrix with rows of `units`
     /// units under `m` (see [`row_split_variant`]).
-    pub(super) fn row_split(
+    pub(in crate::backend::gpu) fn row_split(
         &self,
         shader: Shader,
         m: MatvecShape,
@@ -222,13 +225,13 @@ impl GpuBackend {
 
     /// The dense matvec pipeline overrides, x read from global memory (formats whose unit is
     /// not 32 columns).
-    pub(super) fn mv_consts(&self) -> [(&'static str, u32); 4] {
+    pub(in crate::backend::gpu) fn mv_consts(&self) -> [(&'static str, u32); 4] {
         mv_consts_of(self.ctx.matvec)
     }
 
     /// `y[t · stride + row0 + r] = Σ_s part[s][t][r]` for `(tokens, rows) = shape` and
     /// `(stride, row0) = place`: the split-K chunk kernel's partial sums added up.
-    pub(super) fn sum_segments(
+    pub(in crate::backend::gpu) fn sum_segments(
         &self,
         part: &wgpu::Buffer,
         y: &wgpu::Buffer,
@@ -296,14 +299,18 @@ impl GpuBackend {
         }
     }
 
-    pub(super) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
+    pub(in crate::backend::gpu) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
         self.matmul_sharing(w, x, &SharedX::of(&[w]))
     }
 
     /// `W · x` for each of `ws`: they share x's padded copies and its int4 `x_planes`
     /// pass, so the digit decode is taken when their int4 rows together reach
     /// [`DIGITS_FROM_ROWS`].
-    pub(super) fn matmul_many_op(&self, ws: &[&GpuMat], x: &GpuAct) -> Result<Vec<GpuAct>> {
+    pub(in crate::backend::gpu) fn matmul_many_op(
+        &self,
+        ws: &[&GpuMat],
+        x: &GpuAct,
+    ) -> Result<Vec<GpuAct>> {
         let shared = SharedX::of(ws);
         ws.iter()
             .map(|w| self.matmul_sharing(w, x, &shared))
@@ -493,6 +500,225 @@ impl SharedX {
 pub const DIGITS_FROM_ROWS: usize = 32768;
 
 /// Output rows one workgroup of `wg` lanes computes under `m`.
-pub(super) fn rows_per_group_of(wg: u32, m: MatvecShape) -> u32 {
+pub(in crate::backend::gpu) fn rows_per_group_of(wg: u32, m: MatvecShape) -> u32 {
     wg / m.lanes_per_row * m.rows_per_lane
+}
+
+/// Columns of one MXFP4 scale block, the unit of the MXFP4 kernels.
+const MXFP4_UNIT_COLS: u32 = 32;
+
+/// The matvec pipeline overrides of `m` shared by every matvec entry.
+pub fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 4] {
+    [
+        ("LPR", m.lanes_per_row),
+        ("LW", m.lanes_per_block),
+        ("RPL", m.rows_per_lane),
+        ("PIPE", u32::from(m.pipelined)),
+    ]
+}
+
+/// Whether a dispatch of `shader` under `m` takes the int4 digit decode.
+fn takes_digits(shader: Shader, m: MatvecShape) -> bool {
+    shader == Shader::MatvecInt4 && m.int4_decode == Some(Int4Decode::Digits)
+}
+
+/// `m` as the row-split kernel of the int4 digit decode runs it: the digits, at
+/// `digit_rows_per_lane` rows a lane.
+pub fn digit_shape(m: MatvecShape) -> MatvecShape {
+    MatvecShape {
+        int4_decode: Some(Int4Decode::Digits),
+        rows_per_lane: m.digit_rows_per_lane,
+        ..m
+    }
+}
+
+/// The row-split kernel's entry and overrides for a `shader` matrix with rows of `units`
+/// units under `m`, with `shared` bytes of workgroup memory: `entries.0`, or `entries.1`
+/// (its twin in matvec_staged.wgsl) with x staged in tiles of [`x_tile_units`], where the
+/// shader stages x, the decode reads plain x, and a tile fits the workgroup memory.
+pub fn row_split_variant(
+    shader: Shader,
+    m: MatvecShape,
+    units: usize,
+    shared: u32,
+    entries: (&'static str, &'static str),
+) -> (&'static str, Vec<(&'static str, u32)>) {
+    let digits = takes_digits(shader, m);
+    let mut consts = mv_consts_of(m).to_vec();
+    if digits {
+        consts.push(("DIGITS", 1));
+    }
+    let xt = if shader.stages_x() && !digits {
+        x_tile_units(m, units, shared)
+    } else {
+        0
+    };
+    if xt == 0 {
+        return (entries.0, consts);
+    }
+    consts.push(("XT", xt));
+    (entries.1, consts)
+}
+
+/// The MXFP4 kernels' `SPECIAL` override: whether the per-element path for huge scales is
+/// compiled in.
+pub fn special_const(huge: bool) -> (&'static str, u32) {
+    ("SPECIAL", u32::from(huge))
+}
+
+/// Row widths, in units, that reach every override value that depends on them: a row of
+/// one unit, the model's rows, and rows wider than any x tile or stationary span.
+const UNIT_COUNTS: [usize; 6] = [1, 7, 24, 96, 224, 1792];
+/// Token counts of chunk matmuls that reach every tile the chunk policy picks.
+const CHUNK_TOKENS: [usize; 3] = [16, 32, 512];
+
+/// The matvec pipelines on an adapter of shape `a`, under the engine's geometries (the
+/// dense, expert and expert-down matvec shapes, either int4 decode, x staged or not) and the
+/// chunk and column-stationary policies' defaults, with the segment sum they share.
+pub(crate) fn pipeline_variants(a: AdapterShape, list: &mut VariantList) {
+    let subgroups = list.subgroups();
+    let mut push = |shader: Shader, entry: &'static str, consts: Vec<(&'static str, u32)>| {
+        list.push(shader, entry, consts)
+    };
+    push(Shader::SumSegments, "sum_segments", Vec::new());
+
+    // Matvec geometries: the dense shape (either int4 decode, x staged or read from global
+    // memory), the expert shapes, and the digit decode's row-split shape.
+    let dense = MatvecShape::default();
+    let mut shapes = Vec::new();
+    for base in [dense, MatvecShape::experts(), MatvecShape::expert_down()] {
+        for stage_x in [base.stage_x, 0] {
+            for int4_decode in [None, Some(Int4Decode::Float), Some(Int4Decode::Digits)] {
+                let m = MatvecShape {
+                    stage_x,
+                    int4_decode,
+                    ..base
+                };
+                shapes.push(m);
+                if int4_decode == Some(Int4Decode::Digits) {
+                    shapes.push(digit_shape(m));
+                }
+            }
+        }
+    }
+    let stationary = Stationary::default();
+    let sub = stationary_subgroups(subgroups, a.subgroup_sizes);
+    let plans: Vec<CsPlan> = UNIT_COUNTS
+        .iter()
+        .flat_map(|&units| {
+            [(12288, 1), (3072, 16)]
+                .into_iter()
+                .filter_map(move |(rows, items)| stationary.plan(units, rows, items, a.wg, sub))
+        })
+        .collect();
+    let gemm = ChunkGemm::default();
+    let tiles: Vec<_> = CHUNK_TOKENS
+        .iter()
+        .filter_map(|&n| gemm.tile(a.wg, n, u64::from(a.shared_bytes)))
+        .collect();
+
+    let dense_formats = [
+        (Shader::MatvecF32, 4),
+        (Shader::MatvecBf16, 8),
+        (Shader::MatvecInt8, 16),
+        (Shader::MatvecInt4, 32),
+    ];
+    for (shader, unit_cols) in dense_formats {
+        for &m in &shapes {
+            for units in UNIT_COUNTS {
+                let (entry, consts) =
+                    row_split_variant(shader, m, units, a.shared_bytes, ("dense", "dense_xs"));
+                push(shader, entry, consts);
+            }
+        }
+        for &plan in &plans {
+            push(shader, "dense_cs", stationary_consts(plan, false));
+            if shader == Shader::MatvecInt4 {
+                push(shader, "dense_cs", stationary_consts(plan, true));
+            }
+        }
+        for &t in &tiles {
+            push(shader, "gemm", t.consts(a.wg, unit_cols).to_vec());
+        }
+    }
+    push(Shader::MatvecInt4, "x_planes", Vec::new());
+
+    for huge in [false, true] {
+        let special = special_const(huge);
+        for &m in &shapes {
+            for units in UNIT_COUNTS {
+                let (entry, mut consts) = row_split_variant(
+                    Shader::MatvecMxfp4,
+                    m,
+                    units,
+                    a.shared_bytes,
+                    ("moe", "moe_xs"),
+                );
+                consts.push(special);
+                push(Shader::MatvecMxfp4, entry, consts);
+            }
+        }
+        for &plan in &plans {
+            let mut consts = stationary_consts(plan, false);
+            consts.push(special);
+            push(Shader::MatvecMxfp4, "moe_cs", consts);
+        }
+    }
+    for &t in &tiles {
+        push(
+            Shader::MatvecMxfp4,
+            "moe_gemm",
+            t.consts(a.wg, MXFP4_UNIT_COLS).to_vec(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digit_decode_is_never_staged_and_only_int4_takes_it() {
+        let digits = MatvecShape {
+            int4_decode: Some(Int4Decode::Digits),
+            ..MatvecShape::default()
+        };
+        let (entry, consts) = row_split_variant(
+            Shader::MatvecInt4,
+            digits,
+            224,
+            48 << 10,
+            ("dense", "dense_xs"),
+        );
+        assert_eq!(entry, "dense");
+        assert!(consts.contains(&("DIGITS", 1)));
+        // The other formats read plain x whatever the int4 decode: MXFP4 stages it.
+        let (entry, consts) = row_split_variant(
+            Shader::MatvecMxfp4,
+            digits,
+            224,
+            48 << 10,
+            ("moe", "moe_xs"),
+        );
+        assert_eq!(entry, "moe_xs");
+        assert!(!consts.iter().any(|&(k, _)| k == "DIGITS"));
+        assert!(consts.contains(&("XT", 224)));
+        // The float decode stages x; formats without 32-column units never do.
+        let (entry, _) = row_split_variant(
+            Shader::MatvecInt4,
+            MatvecShape::default(),
+            224,
+            48 << 10,
+            ("dense", "dense_xs"),
+        );
+        assert_eq!(entry, "dense_xs");
+        let (entry, _) = row_split_variant(
+            Shader::MatvecInt8,
+            MatvecShape::default(),
+            224,
+            48 << 10,
+            ("dense", "dense_xs"),
+        );
+        assert_eq!(entry, "dense");
+    }
 }

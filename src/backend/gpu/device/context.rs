@@ -3,7 +3,7 @@
 //! context is made from, the matvec geometry, the adapter facts it derives, the recording
 //! of ops and the host copies each have a file under `context/`.
 
-mod device_limits;
+pub(crate) mod device_limits;
 mod host_copy;
 pub mod limits_profile;
 mod matvec_shape;
@@ -16,14 +16,15 @@ pub use matvec_shape::{x_tile_units, Int4Decode, MatvecShape};
 pub use options::{default_matvec_checks, GpuOptions, ReadStaging, SUBMIT_EVERY};
 pub use recording::Dispatch;
 
-use super::adapters;
-use super::chunk_gemm::{ChunkGemm, GemmTile};
-use super::device_errors::DeviceErrors;
-use super::pipeline_variants::{pipeline_kinds, AdapterShape, PipelineKind, PipelineVariant};
-use super::profiler::Profiler;
-use super::shaders::Shader;
-use super::stationary::{CsPlan, Stationary};
-use super::upload_path;
+use crate::backend::gpu::device::adapters;
+use crate::backend::gpu::device::device_errors::DeviceErrors;
+use crate::backend::gpu::device::pipeline::{AdapterShape, PipelineKind, PipelineVariant};
+use crate::backend::gpu::device::profiler::Profiler;
+use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::device::upload_path;
+use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile};
+use crate::backend::gpu::kernels::stationary::{CsPlan, Stationary};
+use crate::backend::gpu::pipeline_kinds;
 use anyhow::{anyhow, bail, Context as _, Result};
 use host_copy::{parallel_copy, parallel_copy_parts};
 use recording::Pending;
@@ -294,7 +295,7 @@ impl GpuContext {
         };
         if !self.kinds.contains(&variant.kind()) {
             self.errors.report(format!(
-                "pipeline {variant} is not among pipeline_variants() (src/backend/gpu/pipeline_variants.rs), so no test translates it for every backend"
+                "pipeline {variant} is not among pipeline_variants() (the kernel modules' lists), so no test translates it for every backend"
             ));
         }
         let module = self.module(shader);

@@ -1,9 +1,10 @@
 //! Elementwise kernels: add, sigmoid gate, the GLUs, zero-padded row copies.
 
-use super::buffers::GpuAct;
-use super::context::Dispatch;
-use super::shaders::Shader;
-use super::GpuBackend;
+use crate::backend::gpu::device::buffers::GpuAct;
+use crate::backend::gpu::device::context::Dispatch;
+use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
+use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::GpuBackend;
 use crate::backend::Glu;
 use anyhow::Result;
 
@@ -28,15 +29,24 @@ impl GpuBackend {
         Ok(out)
     }
 
-    pub(super) fn add_op(&self, a: &GpuAct, b: &GpuAct) -> Result<GpuAct> {
+    pub(in crate::backend::gpu) fn add_op(&self, a: &GpuAct, b: &GpuAct) -> Result<GpuAct> {
         self.zip("add", a, b)
     }
 
-    pub(super) fn sigmoid_gate_op(&self, x: &GpuAct, g: &GpuAct) -> Result<GpuAct> {
+    pub(in crate::backend::gpu) fn sigmoid_gate_op(
+        &self,
+        x: &GpuAct,
+        g: &GpuAct,
+    ) -> Result<GpuAct> {
         self.zip("sigmoid_gate", x, g)
     }
 
-    pub(super) fn glu_op(&self, g: &GpuAct, u: &GpuAct, glu: Glu) -> Result<GpuAct> {
+    pub(in crate::backend::gpu) fn glu_op(
+        &self,
+        g: &GpuAct,
+        u: &GpuAct,
+        glu: Glu,
+    ) -> Result<GpuAct> {
         Self::check_same(g, u, "glu")?;
         let out = self.alloc(g.rows, g.cols);
         let c = g.cols as u32;
@@ -45,7 +55,7 @@ impl GpuBackend {
     }
 
     /// `out[r, c] = glu(g[r·gs + c], u[r·us + uo + c])` for `(gs, us, uo) = strides`.
-    pub(super) fn glu_strided(
+    pub(in crate::backend::gpu) fn glu_strided(
         &self,
         g: &wgpu::Buffer,
         u: &wgpu::Buffer,
@@ -79,7 +89,7 @@ impl GpuBackend {
     }
 
     /// `x` with each row widened to `cols_out` by zero columns (returned as is if equal).
-    pub(super) fn padded(&self, x: &GpuAct, cols_out: usize) -> GpuAct {
+    pub(in crate::backend::gpu) fn padded(&self, x: &GpuAct, cols_out: usize) -> GpuAct {
         if cols_out == x.cols {
             return x.clone();
         }
@@ -95,5 +105,16 @@ impl GpuBackend {
             });
         }
         out
+    }
+}
+
+/// The pipelines of the elementwise, row-padding and GLU kernels.
+pub(crate) fn pipeline_variants(_a: AdapterShape, list: &mut VariantList) {
+    for entry in ["add", "sigmoid_gate"] {
+        list.push(Shader::Elementwise, entry, Vec::new());
+    }
+    list.push(Shader::PadRows, "pad", Vec::new());
+    for entry in ["situ", "silu"] {
+        list.push(Shader::Glu, entry, Vec::new());
     }
 }

@@ -1,9 +1,10 @@
 //! The router on the device: only the chosen ids and weights come back to the host.
 
-use super::buffers::GpuAct;
-use super::context::Dispatch;
-use super::shaders::Shader;
-use super::GpuBackend;
+use crate::backend::gpu::device::buffers::GpuAct;
+use crate::backend::gpu::device::context::Dispatch;
+use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
+use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::GpuBackend;
 use crate::backend::RouterParams;
 use crate::routed_expert::Route;
 use anyhow::{bail, ensure, Result};
@@ -12,7 +13,7 @@ use anyhow::{bail, ensure, Result};
 pub const MAX_TOP_K: usize = 64;
 
 impl GpuBackend {
-    pub(super) fn router_topk_op(
+    pub(in crate::backend::gpu) fn router_topk_op(
         &self,
         logits: &GpuAct,
         bias: &[f32],
@@ -77,4 +78,9 @@ impl GpuBackend {
         }
         Ok(routes)
     }
+}
+
+/// The router kernel's pipeline.
+pub(crate) fn pipeline_variants(_a: AdapterShape, list: &mut VariantList) {
+    list.push(Shader::Router, "topk", Vec::new());
 }

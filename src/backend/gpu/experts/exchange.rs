@@ -9,9 +9,9 @@
 //! it twice. The copy is only read once the GPU has finished it (every MoE layer waits for
 //! its routing readback, so by the next layer it has), never waited for here.
 
-use super::super::GpuBackend;
 use super::tier::TierState;
 use super::BLOCK;
+use crate::backend::gpu::GpuBackend;
 use crate::backend::{TierExchange, TierMoves};
 use crate::routed_expert::ExpertKey;
 use crate::routed_expert::{HostBytes, LoadedExpert};
@@ -234,7 +234,7 @@ impl GpuBackend {
     /// The demotions' readback buffers: made since the backend started, holding a demoted
     /// expert now, and kept free for the next demotions.
     pub fn demotion_readbacks(&self) -> Readbacks {
-        let f = &self.exchange.free;
+        let f = &self.experts.exchange.free;
         Readbacks {
             made: f.made.load(Ordering::Relaxed),
             held: f.held.load(Ordering::Relaxed),
@@ -244,7 +244,7 @@ impl GpuBackend {
 
     /// Records that `key` went into a tier slot.
     pub(super) fn note_promoted(&self, key: ExpertKey) -> Result<()> {
-        self.exchange.promoted(key)
+        self.experts.exchange.promoted(key)
     }
 
     /// Copies the expert `victim` out of slot `slot` before it is overwritten, when the host
@@ -255,8 +255,8 @@ impl GpuBackend {
         slot: usize,
         victim: ExpertKey,
     ) -> Result<()> {
-        self.exchange.evicted(victim);
-        if !self.exchange.demotes() {
+        self.experts.exchange.evicted(victim);
+        if !self.experts.exchange.demotes() {
             return Ok(());
         }
         let (i, d) = t.book.dims();
@@ -270,8 +270,12 @@ impl GpuBackend {
         let m = (i * d) as u64;
         let (hp, hs) = (m / 2, m / BLOCK as u64);
         let size = 3 * (hp + hs);
-        let buf = self.exchange.free.take(size).unwrap_or_else(|| {
-            self.exchange.free.made.fetch_add(1, Ordering::Relaxed);
+        let buf = self.experts.exchange.free.take(size).unwrap_or_else(|| {
+            self.experts
+                .exchange
+                .free
+                .made
+                .fetch_add(1, Ordering::Relaxed);
             self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("expert tier demotion"),
                 size,
@@ -302,7 +306,7 @@ impl GpuBackend {
             s.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release);
         });
         let (hp, hs) = (hp as usize, hs as usize);
-        self.exchange.lock()?.pending.push(Pending {
+        self.experts.exchange.lock()?.pending.push(Pending {
             key: victim,
             buf,
             state,

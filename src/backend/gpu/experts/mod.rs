@@ -3,33 +3,114 @@
 //! uploaded as their native MXFP4 bytes; rows are gathered from z and scattered back by
 //! routing tables built on the host. A call checks its experts, places each in a tier slot
 //! or a transient arena, routes the pairs, and dispatches gate+up, the GLU, down and the
-//! scatter; the arenas, the tier's pools, the routing and the batched matmuls each have a
-//! file under `moe/`.
+//! scatter. [`GpuExperts`] owns the experts' device state: the VRAM tier, the transient
+//! arenas, the chunk carry, the exchange with the host cache and the staging lent to reads.
+//! The arenas, the tier's pools, the routing, the batched matmuls, the carry, the exchange,
+//! the expert byte views, the tier's bookkeeping and the VRAM budget each have a file here.
 
 mod arena;
 mod batched;
 mod carry;
 mod exchange;
+pub mod expert_bytes;
+pub mod expert_tier;
 mod routing;
 mod tier;
+pub mod vram_budget;
 
-pub(super) use arena::Arena;
-pub(super) use carry::Carry;
-pub(super) use exchange::Mailbox;
-pub(super) use tier::TierState;
+use arena::Arena;
+use carry::Carry;
+use exchange::Mailbox;
+use tier::TierState;
 
-use super::buffers::GpuAct;
-use super::chunk_gemm::GemmTile;
-use super::context::Dispatch;
-use super::expert_bytes::{ExpertSrc, MatSrc};
-use super::shaders::Shader;
-use super::GpuBackend;
-use crate::backend::{ExpertAssignment, Glu};
+use crate::backend::gpu::device::buffers::GpuAct;
+use crate::backend::gpu::device::context::Dispatch;
+use crate::backend::gpu::device::context::{GpuContext, GpuOptions, ReadStaging};
+use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
+use crate::backend::gpu::device::read_staging::StagingLender;
+use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::device::upload_path::{self, UploadPath};
+use crate::backend::gpu::kernels::chunk_gemm::GemmTile;
+use crate::backend::gpu::GpuBackend;
+use crate::backend::{ExpertAssignment, ExpertResidency, FreeDeviceMemory, Glu, TierExchange};
+use crate::routed_expert::ReadLender;
 use anyhow::{anyhow, bail, ensure, Result};
 use arena::ArenaSet;
+use expert_bytes::{ExpertSrc, MatSrc};
 use routing::{build_routing, Routing};
 use std::collections::{HashMap, HashSet};
-use std::sync::MutexGuard;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The routed experts' state on the device, behind the [`ExpertResidency`] the backend
+/// implements.
+pub(crate) struct GpuExperts {
+    /// The VRAM expert tier (off until [`ExpertResidency::configure_expert_tier`]).
+    tier: Mutex<TierState>,
+    /// Device buffers that streamed experts outside the tier are written into, kept from
+    /// call to call (see `arena.rs`).
+    transient: Mutex<Vec<Option<Arena>>>,
+    /// What the last prefill chunk of each layer uploaded outside the tier (`carry.rs`).
+    carry: Mutex<Carry>,
+    /// The tier's promotions and demotions for the host cache (`exchange.rs`).
+    exchange: Arc<Mailbox>,
+    /// [`GpuOptions::no_chunk_carry`].
+    no_chunk_carry: bool,
+    /// Upload staging lent to the expert readers (see [`GpuOptions::read_staging`]).
+    lender: Option<Arc<StagingLender>>,
+    /// The tier is the single expert pool of a unified-memory adapter
+    /// ([`GpuOptions::expert_pool`]).
+    unified_pool: bool,
+}
+
+impl GpuExperts {
+    /// No tier, nothing carried, and staging lent to reads where `opts` and the adapter
+    /// of `ctx` call for it.
+    pub(crate) fn new(ctx: &GpuContext, opts: &GpuOptions) -> Self {
+        let shared = upload_path::unified_memory(ctx.info.device_type);
+        // Under an Apple limits profile the pool is the default on any adapter, as on the Mac.
+        let unified_pool = opts.expert_pool.unwrap_or(ctx.unified_memory);
+        // In the pool a read lands in lent staging and one device copy puts it in its slot.
+        let lend = match opts.read_staging {
+            ReadStaging::On => true,
+            ReadStaging::Off => false,
+            ReadStaging::Auto => {
+                unified_pool || upload_path::of(&ctx.adapter) == UploadPath::HostMemory
+            }
+        };
+        let lender = lend.then(|| Arc::new(StagingLender::new(ctx.device.clone(), shared)));
+        Self {
+            tier: Mutex::new(TierState::default()),
+            transient: Mutex::new(Vec::new()),
+            carry: Mutex::new(Carry::default()),
+            exchange: Arc::new(Mailbox::new(ctx.device.clone())),
+            no_chunk_carry: opts.no_chunk_carry,
+            lender,
+            unified_pool,
+        }
+    }
+
+    /// Upload buffers alive for lending to expert reads (0 when reads are not lent).
+    pub(crate) fn lent_buffers(&self) -> usize {
+        self.lender.as_ref().map_or(0, |l| l.buffers_alive())
+    }
+
+    /// Experts the VRAM tier holds now.
+    pub(crate) fn resident_experts(&self) -> Result<usize> {
+        Ok(self.tier()?.book.len())
+    }
+
+    fn tier(&self) -> Result<MutexGuard<'_, TierState>> {
+        self.tier
+            .lock()
+            .map_err(|_| anyhow!("GPU expert tier poisoned by an earlier panic"))
+    }
+
+    fn carry(&self) -> Result<MutexGuard<'_, Carry>> {
+        self.carry
+            .lock()
+            .map_err(|_| anyhow!("GPU chunk carry poisoned by an earlier panic"))
+    }
+}
 
 /// Columns per MXFP4 scale block (one kernel unit).
 const BLOCK: usize = 32;
@@ -80,7 +161,7 @@ impl GpuBackend {
             }
             return Ok(());
         }
-        let tier = self.tier()?;
+        let tier = self.experts.tier()?;
         let (srcs, i) = self.expert_sources(experts, z.cols, &tier)?;
         let placed = self.place_experts(experts, &srcs, (i, z.cols), z.rows, tier)?;
         let most = experts.iter().map(|e| e.tokens.len()).max().unwrap_or(0);
@@ -128,7 +209,7 @@ impl GpuBackend {
             })
             .collect::<Result<_>>()?;
         // Experts without bytes are resident in the tier or carried from the last chunk.
-        let carried = self.carry()?.dims;
+        let carried = self.experts.carry()?.dims;
         let held = |dims: (usize, usize)| tier.book.dims() == dims || carried == Some(dims);
         let i = match (srcs.iter().flatten().next(), carried) {
             (Some(w), _) => w.dims.0,
@@ -180,7 +261,7 @@ impl GpuBackend {
         rows: usize,
         mut tier: MutexGuard<'_, TierState>,
     ) -> Result<Placement> {
-        let mut carry = self.carry()?;
+        let mut carry = self.experts.carry()?;
         let keep = rows > 1 && carry.budget > 0;
         let per_batch = (self.ctx.max_binding / ((i * d) as u64).max(1)) as usize;
         let tier_fits = tier.book.dims() == (i, d);
@@ -384,4 +465,59 @@ fn resident_place(
         }
     }
     Ok((g, (s % per_pool) as u32))
+}
+
+impl ExpertResidency for GpuBackend {
+    fn read_lender(&self) -> Option<Arc<dyn ReadLender>> {
+        self.experts
+            .lender
+            .clone()
+            .map(|l| -> Arc<dyn ReadLender> { l })
+    }
+
+    fn tier_exchange(&self) -> Option<Arc<dyn TierExchange>> {
+        Some(self.experts.exchange.clone())
+    }
+
+    fn unified_pool(&self) -> bool {
+        self.experts.unified_pool
+    }
+
+    fn expert_tier_slots(&self) -> Result<usize> {
+        Ok(self.experts.tier()?.book.capacity())
+    }
+
+    fn configure_expert_tier(
+        &self,
+        bytes: u64,
+        experts: usize,
+        intermediate: usize,
+        hidden: usize,
+    ) -> Result<Option<usize>> {
+        self.configure_tier_op(bytes, experts, intermediate, hidden)
+            .map(Some)
+    }
+
+    fn pin_resident_experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>> {
+        let in_tier = self.experts.tier()?.book.pin(layer, ids);
+        let carried = self.experts.carry()?.pin(layer, ids);
+        Ok(in_tier.iter().zip(carried).map(|(&t, c)| t || c).collect())
+    }
+
+    fn free_device_memory(&self) -> Result<FreeDeviceMemory> {
+        // Dropped buffers (an earlier tier, staging) go back to the driver only once the
+        // device has been polled past the work that used them.
+        self.ctx.finish()?;
+        Ok(
+            match vram_budget::free_device_local_bytes(&self.ctx.adapter) {
+                Some(bytes) => FreeDeviceMemory::Bytes(bytes),
+                None => FreeDeviceMemory::Unknown(vram_budget::why_unknown(&self.ctx.info)),
+            },
+        )
+    }
+}
+
+/// The MoE scatter kernel's pipeline (the expert matmuls are the matvec kernels').
+pub(crate) fn pipeline_variants(_a: AdapterShape, list: &mut VariantList) {
+    list.push(Shader::Moe, "scatter", Vec::new());
 }

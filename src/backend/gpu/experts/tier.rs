@@ -1,12 +1,12 @@
 //! The VRAM expert tier's device side: its pools of expert slots, sized by
 //! `configure_tier_op` and written by `upload_to_slot`.
 
-use super::super::expert_bytes::ExpertSrc;
-use super::super::expert_tier::ExpertTier;
-use super::super::GpuBackend;
 use super::arena::{Arena, ArenaSet};
 use super::carry::Carry;
 use super::BLOCK;
+use crate::backend::gpu::experts::expert_bytes::ExpertSrc;
+use crate::backend::gpu::experts::expert_tier::ExpertTier;
+use crate::backend::gpu::GpuBackend;
 use anyhow::{ensure, Result};
 use std::collections::HashSet;
 
@@ -17,7 +17,7 @@ pub(in crate::backend::gpu) struct TierState {
     pub(in crate::backend::gpu) book: ExpertTier,
     pub(super) pools: Vec<ArenaSet>,
     /// Slots whose expert may hold a scale above
-    /// [`FAST_SCALE_MAX`](crate::backend::gpu::expert_bytes::FAST_SCALE_MAX) (its scale bytes had one, or
+    /// [`FAST_SCALE_MAX`](crate::backend::gpu::experts::expert_bytes::FAST_SCALE_MAX) (its scale bytes had one, or
     /// never passed through host memory).
     pub(super) huge: HashSet<usize>,
 }
@@ -54,49 +54,48 @@ impl GpuBackend {
         d: usize,
     ) -> Result<usize> {
         let slots = self.size_tier(bytes, experts, i, d)?;
-        self.exchange.reset(slots)?;
-        *self.carry()? = Carry::default();
+        self.experts.exchange.reset(slots)?;
+        *self.experts.carry()? = Carry::default();
         let free = self.free_vram_now()?;
         let tier_bytes = slots as u64 * expert_bytes(i, d);
-        let budget = if self.no_chunk_carry {
+        let budget = if self.experts.no_chunk_carry {
             0
         } else {
             carry_budget(free, tier_bytes)
         };
-        *self.carry()? = Carry::new(budget);
+        *self.experts.carry()? = Carry::new(budget);
         Ok(slots)
     }
 
     /// Free device-local VRAM now, once dropped buffers have gone back to the driver.
     fn free_vram_now(&self) -> Result<Option<u64>> {
         self.ctx.finish()?;
-        Ok(super::super::vram_budget::free_device_local_bytes(
-            &self.ctx.adapter,
-        ))
+        Ok(crate::backend::gpu::experts::vram_budget::free_device_local_bytes(&self.ctx.adapter))
     }
 
     /// Sets the byte budget of the chunk carry (what a prefill chunk leaves on the device for
     /// the next chunk of its layer) and drops what it held; 0 keeps nothing.
     pub fn set_chunk_carry_budget(&self, bytes: u64) -> Result<()> {
-        *self.carry()? = Carry::new(bytes);
+        *self.experts.carry()? = Carry::new(bytes);
         Ok(())
     }
 
     /// The chunk carry's byte budget.
     pub fn chunk_carry_budget(&self) -> Result<u64> {
-        Ok(self.carry()?.budget)
+        Ok(self.experts.carry()?.budget)
     }
 
     /// Experts written to the device (tier slots and transient arenas) and experts used from
     /// the chunk carry instead, since the tier or the carry was last configured.
     pub fn expert_uploads(&self) -> Result<(u64, u64)> {
-        let c = self.carry()?;
+        let c = self.experts.carry()?;
         Ok((c.uploads, c.hits))
     }
 
     /// Whether the VRAM tier holds expert `id` of `layer` now.
     pub fn tier_holds(&self, layer: usize, id: u32) -> Result<bool> {
         Ok(self
+            .experts
             .tier()?
             .book
             .holds(crate::routed_expert::ExpertKey { layer, id }))
@@ -105,20 +104,20 @@ impl GpuBackend {
     /// Experts in the VRAM tier now whose slot may hold a scale above the MXFP4 kernel's
     /// fast path (their dispatches keep the per-element path).
     pub fn tier_slots_with_huge_scales(&self) -> Result<usize> {
-        let t = self.tier()?;
+        let t = self.experts.tier()?;
         Ok(t.huge.len())
     }
 
     /// Experts the chunk carry holds now, and their device bytes.
     pub fn carried_experts(&self) -> Result<(usize, u64)> {
-        let c = self.carry()?;
+        let c = self.experts.carry()?;
         Ok((c.experts(), c.held()))
     }
 
     fn size_tier(&self, bytes: u64, experts: usize, i: usize, d: usize) -> Result<usize> {
         let per_expert = expert_bytes(i, d);
         if bytes < per_expert.max(1) || experts == 0 {
-            *self.tier()? = TierState::default();
+            *self.experts.tier()? = TierState::default();
             return Ok(0);
         }
         ensure!(
@@ -133,7 +132,7 @@ impl GpuBackend {
             self.ctx.max_binding
         );
         let capacity = ((bytes / per_expert) as usize).min(experts);
-        *self.tier()? = TierState {
+        *self.experts.tier()? = TierState {
             book: ExpertTier::new(capacity, per_pool, (i, d)),
             pools: Vec::new(),
             huge: HashSet::new(),

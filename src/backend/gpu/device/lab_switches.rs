@@ -13,8 +13,8 @@
 //! | `K3_LAB_CHUNK_CARRY` | on, off | on | whether a prefill chunk's expert uploads outside the VRAM tier are kept for the next chunk of the layer |
 //! | `K3_LAB_EXPERT_POOL` | auto, on, off | auto | whether the expert tier is the single expert pool, the host cache keeping nothing (auto: where CPU and GPU share memory); off keeps the discrete GPU's host cache + VRAM tier |
 
-use super::chunk_gemm::ChunkGemm;
-use super::context::{GpuOptions, Int4Decode, MatvecShape, ReadStaging};
+use crate::backend::gpu::device::context::{GpuOptions, Int4Decode, MatvecShape, ReadStaging};
+use crate::backend::gpu::kernels::chunk_gemm::ChunkGemm;
 use anyhow::{bail, Result};
 
 /// The most passes `K3_LAB_SUBMIT_EVERY` takes (the engine's default: only at readbacks).

@@ -1,16 +1,16 @@
 //! The batched MXFP4 expert matmuls: every (expert, token) pair of one arena group in one
 //! dispatch, through the matvec, the column-stationary kernel or the chunk kernel.
 
-use super::super::buffers::GpuAct;
-use super::super::chunk_gemm::{GemmTile, GK};
-use super::super::context::{Dispatch, MatvecShape};
-use super::super::matmul::rows_per_group_of;
-use super::super::pipeline_variants::special_const;
-use super::super::shaders::Shader;
-use super::super::GpuBackend;
 use super::arena::Arena;
 use super::routing::{build_routing, Routing};
 use super::BLOCK;
+use crate::backend::gpu::device::buffers::GpuAct;
+use crate::backend::gpu::device::context::{Dispatch, MatvecShape};
+use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::kernels::chunk_gemm::{GemmTile, GK};
+use crate::backend::gpu::kernels::matmul::rows_per_group_of;
+use crate::backend::gpu::kernels::matmul::special_const;
+use crate::backend::gpu::GpuBackend;
 use crate::backend::ExpertAssignment;
 use crate::quant::Mxfp4View;
 use crate::routed_expert::ExpertWeights;

@@ -1,6 +1,6 @@
 //! Device-resident tensors: activations, and the recurrent state of KDA and MLA layers.
 
-use super::buffer_pool::Lease;
+use crate::backend::gpu::device::buffer_pool::Lease;
 use crate::backend::{KdaDims, MlaDims};
 use std::sync::Arc;
 

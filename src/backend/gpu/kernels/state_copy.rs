@@ -4,20 +4,27 @@
 //! prompt cache both are read back to host values and written from them, the MLA rows
 //! without their padding.
 
-use super::buffers::{f32_bytes, GpuKdaState, GpuMlaCache};
-use super::GpuBackend;
+use crate::backend::gpu::device::buffers::{f32_bytes, GpuKdaState, GpuMlaCache};
+use crate::backend::gpu::GpuBackend;
 use crate::backend::{KdaDims, MlaDims};
 use anyhow::{ensure, Result};
 
 impl GpuBackend {
-    pub(super) fn kda_state_copy_op(&self, s: &GpuKdaState) -> Result<GpuKdaState> {
+    pub(in crate::backend::gpu) fn kda_state_copy_op(
+        &self,
+        s: &GpuKdaState,
+    ) -> Result<GpuKdaState> {
         let bytes = (GpuKdaState::values(&s.dims) * 4) as u64;
         let buf = self.ctx.buffer(bytes, "kda state");
         self.ctx.copy(&s.buf, 0, &buf, 0, bytes);
         Ok(GpuKdaState { buf, dims: s.dims })
     }
 
-    pub(super) fn mla_truncate_op(&self, c: &mut GpuMlaCache, len: usize) -> Result<()> {
+    pub(in crate::backend::gpu) fn mla_truncate_op(
+        &self,
+        c: &mut GpuMlaCache,
+        len: usize,
+    ) -> Result<()> {
         ensure!(
             len <= c.len,
             "mla_truncate: cannot keep {len} positions of a cache that holds {}",
@@ -27,13 +34,17 @@ impl GpuBackend {
         Ok(())
     }
 
-    pub(super) fn kda_state_read_op(&self, s: &GpuKdaState) -> Result<Vec<f32>> {
+    pub(in crate::backend::gpu) fn kda_state_read_op(&self, s: &GpuKdaState) -> Result<Vec<f32>> {
         let bytes = (GpuKdaState::values(&s.dims) * 4) as u64;
         let raw = self.ctx.read(&s.buf, 0, bytes)?;
         Ok(bytemuck::pod_collect_to_vec(&raw))
     }
 
-    pub(super) fn kda_state_write_op(&self, d: &KdaDims, values: &[f32]) -> Result<GpuKdaState> {
+    pub(in crate::backend::gpu) fn kda_state_write_op(
+        &self,
+        d: &KdaDims,
+        values: &[f32],
+    ) -> Result<GpuKdaState> {
         let n = GpuKdaState::values(d);
         ensure!(
             values.len() == n,
@@ -45,7 +56,7 @@ impl GpuBackend {
         Ok(s)
     }
 
-    pub(super) fn mla_cache_read_op(&self, c: &GpuMlaCache) -> Result<Vec<f32>> {
+    pub(in crate::backend::gpu) fn mla_cache_read_op(&self, c: &GpuMlaCache) -> Result<Vec<f32>> {
         let row = c.dims.cache_row();
         let raw = self.ctx.read(&c.buf, 0, (c.len * c.stride * 4) as u64)?;
         let padded: Vec<f32> = bytemuck::pod_collect_to_vec(&raw);
@@ -56,7 +67,11 @@ impl GpuBackend {
         Ok(v)
     }
 
-    pub(super) fn mla_cache_write_op(&self, d: &MlaDims, values: &[f32]) -> Result<GpuMlaCache> {
+    pub(in crate::backend::gpu) fn mla_cache_write_op(
+        &self,
+        d: &MlaDims,
+        values: &[f32],
+    ) -> Result<GpuMlaCache> {
         let (row, len) = (d.cache_row(), d.cache_positions(values)?);
         let mut c = self.mla_cache_op(d)?;
         self.grow(&mut c, len)?;

@@ -5,13 +5,13 @@
 use std::path::Path;
 
 /// Subgroup reductions (subgroup size read at run time).
-const REDUCE_SUBGROUP: &str = include_str!("../../../shaders_wgsl/reduce_subgroup.wgsl");
+const REDUCE_SUBGROUP: &str = include_str!("../../../../shaders_wgsl/reduce_subgroup.wgsl");
 /// Workgroup-memory reductions, the fallback.
-const REDUCE_SHARED: &str = include_str!("../../../shaders_wgsl/reduce_shared.wgsl");
+const REDUCE_SHARED: &str = include_str!("../../../../shaders_wgsl/reduce_shared.wgsl");
 /// The matvec driver shared by every weight format.
-const MATVEC_COMMON: &str = include_str!("../../../shaders_wgsl/matvec_common.wgsl");
+const MATVEC_COMMON: &str = include_str!("../../../../shaders_wgsl/matvec_common.wgsl");
 /// The row-split matvec with x staged in workgroup memory (the 32-column formats).
-const MATVEC_STAGED: &str = include_str!("../../../shaders_wgsl/matvec_staged.wgsl");
+const MATVEC_STAGED: &str = include_str!("../../../../shaders_wgsl/matvec_staged.wgsl");
 
 /// One WGSL module family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -91,21 +91,21 @@ impl Shader {
 
     fn body(self) -> &'static str {
         match self {
-            Shader::Elementwise => include_str!("../../../shaders_wgsl/elementwise.wgsl"),
-            Shader::PadRows => include_str!("../../../shaders_wgsl/pad_rows.wgsl"),
-            Shader::Glu => include_str!("../../../shaders_wgsl/glu.wgsl"),
-            Shader::RmsNorm => include_str!("../../../shaders_wgsl/rmsnorm.wgsl"),
-            Shader::AttnResMix => include_str!("../../../shaders_wgsl/attn_res_mix.wgsl"),
-            Shader::MatvecF32 => include_str!("../../../shaders_wgsl/matvec_f32.wgsl"),
-            Shader::MatvecBf16 => include_str!("../../../shaders_wgsl/matvec_bf16.wgsl"),
-            Shader::MatvecInt8 => include_str!("../../../shaders_wgsl/matvec_int8.wgsl"),
-            Shader::MatvecInt4 => include_str!("../../../shaders_wgsl/matvec_int4.wgsl"),
-            Shader::MatvecMxfp4 => include_str!("../../../shaders_wgsl/matvec_mxfp4.wgsl"),
-            Shader::Moe => include_str!("../../../shaders_wgsl/moe.wgsl"),
-            Shader::Router => include_str!("../../../shaders_wgsl/router.wgsl"),
-            Shader::KdaStep => include_str!("../../../shaders_wgsl/kda_step.wgsl"),
-            Shader::MlaAttend => include_str!("../../../shaders_wgsl/mla_attend.wgsl"),
-            Shader::SumSegments => include_str!("../../../shaders_wgsl/sum_segments.wgsl"),
+            Shader::Elementwise => include_str!("../../../../shaders_wgsl/elementwise.wgsl"),
+            Shader::PadRows => include_str!("../../../../shaders_wgsl/pad_rows.wgsl"),
+            Shader::Glu => include_str!("../../../../shaders_wgsl/glu.wgsl"),
+            Shader::RmsNorm => include_str!("../../../../shaders_wgsl/rmsnorm.wgsl"),
+            Shader::AttnResMix => include_str!("../../../../shaders_wgsl/attn_res_mix.wgsl"),
+            Shader::MatvecF32 => include_str!("../../../../shaders_wgsl/matvec_f32.wgsl"),
+            Shader::MatvecBf16 => include_str!("../../../../shaders_wgsl/matvec_bf16.wgsl"),
+            Shader::MatvecInt8 => include_str!("../../../../shaders_wgsl/matvec_int8.wgsl"),
+            Shader::MatvecInt4 => include_str!("../../../../shaders_wgsl/matvec_int4.wgsl"),
+            Shader::MatvecMxfp4 => include_str!("../../../../shaders_wgsl/matvec_mxfp4.wgsl"),
+            Shader::Moe => include_str!("../../../../shaders_wgsl/moe.wgsl"),
+            Shader::Router => include_str!("../../../../shaders_wgsl/router.wgsl"),
+            Shader::KdaStep => include_str!("../../../../shaders_wgsl/kda_step.wgsl"),
+            Shader::MlaAttend => include_str!("../../../../shaders_wgsl/mla_attend.wgsl"),
+            Shader::SumSegments => include_str!("../../../../shaders_wgsl/sum_segments.wgsl"),
         }
     }
 
@@ -195,8 +195,9 @@ impl Shader {
 
 #[cfg(test)]
 mod tests {
-    use super::super::pipeline_variants::{pipeline_variants, AdapterShape};
     use super::Shader;
+    use crate::backend::gpu::device::pipeline::AdapterShape;
+    use crate::backend::gpu::pipeline_variants;
     use naga::valid::{
         Capabilities, ShaderStages, SubgroupOperationSet, ValidationFlags, Validator,
     };

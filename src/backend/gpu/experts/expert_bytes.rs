@@ -2,8 +2,8 @@
 //! read buffer), written through wgpu's staging, or a staging buffer lent to the read
 //! (`read_staging.rs`), copied on the device.
 
-use super::read_staging::LentStaging;
-use super::GpuBackend;
+use crate::backend::gpu::device::read_staging::LentStaging;
+use crate::backend::gpu::GpuBackend;
 use crate::quant::Mxfp4View;
 use crate::routed_expert::{ExpertWeights, StagedExpert};
 use anyhow::{anyhow, ensure, Result};
@@ -14,7 +14,7 @@ const BLOCK: usize = 32;
 
 /// One tensor's bytes.
 #[derive(Clone, Copy)]
-pub(super) enum PartSrc<'a> {
+pub(in crate::backend::gpu) enum PartSrc<'a> {
     /// In host memory.
     Host(&'a [u8]),
     /// `len` bytes at `offset` of a lent staging buffer; `huge` unless its expert's scales
@@ -39,7 +39,7 @@ impl PartSrc<'_> {
 
 /// One MXFP4 matrix's packed nibbles and scale bytes.
 #[derive(Clone, Copy)]
-pub(super) struct MatSrc<'a> {
+pub(in crate::backend::gpu) struct MatSrc<'a> {
     /// Packed E2M1 nibbles.
     pub packed: PartSrc<'a>,
     /// E8M0 scale bytes.
@@ -57,7 +57,7 @@ impl<'a> From<Mxfp4View<'a>> for MatSrc<'a> {
 
 /// The largest E8M0 scale byte the MXFP4 kernel's fast path takes exactly; a matrix with a
 /// larger one needs the per-element path (`SPECIAL` in matvec_mxfp4.wgsl).
-pub(super) const FAST_SCALE_MAX: u8 = 240;
+pub(in crate::backend::gpu) const FAST_SCALE_MAX: u8 = 240;
 
 /// Scale bytes one thread scans at a time.
 const SCAN_CHUNK: usize = 64 << 10;
@@ -82,7 +82,7 @@ impl MatSrc<'_> {
 
 /// An expert's three matrices and its `(I, D)`.
 #[derive(Clone, Copy)]
-pub(super) struct ExpertSrc<'a> {
+pub(in crate::backend::gpu) struct ExpertSrc<'a> {
     /// Gate `[I, D]`.
     pub w1: MatSrc<'a>,
     /// Down `[D, I]`.
@@ -170,7 +170,9 @@ impl<'a> ExpertSrc<'a> {
 }
 
 /// The parts' host bytes, when every part is in host memory.
-pub(super) fn all_host<'a>(parts: &[(u64, PartSrc<'a>)]) -> Option<Vec<(u64, &'a [u8])>> {
+pub(in crate::backend::gpu) fn all_host<'a>(
+    parts: &[(u64, PartSrc<'a>)],
+) -> Option<Vec<(u64, &'a [u8])>> {
     parts
         .iter()
         .map(|&(o, p)| match p {
@@ -183,7 +185,11 @@ pub(super) fn all_host<'a>(parts: &[(u64, PartSrc<'a>)]) -> Option<Vec<(u64, &'a
 impl GpuBackend {
     /// Writes `parts` (`(offset in buf, bytes)`) into `buf` in stream order: host bytes
     /// through one staging copy where they lie back to back, lent staging by device copies.
-    pub(super) fn write_srcs(&self, buf: &wgpu::Buffer, parts: &[(u64, PartSrc<'_>)]) {
+    pub(in crate::backend::gpu) fn write_srcs(
+        &self,
+        buf: &wgpu::Buffer,
+        parts: &[(u64, PartSrc<'_>)],
+    ) {
         let host: Vec<(u64, &[u8])> = parts
             .iter()
             .filter_map(|&(o, p)| match p {

@@ -121,6 +121,25 @@ impl Stationary {
     }
 }
 
+/// The column-stationary kernel's overrides for `plan`, with the int4 digit decode or not.
+pub fn stationary_consts(plan: CsPlan, digits: bool) -> Vec<(&'static str, u32)> {
+    let mut consts = plan.consts().to_vec();
+    if digits {
+        consts.push(("DIGITS", 1));
+    }
+    consts
+}
+
+/// The subgroup sizes the column-stationary plan assumes: the adapter's with subgroup
+/// reductions, one lane without.
+pub fn stationary_subgroups(subgroups: bool, sizes: (u32, u32)) -> (u32, u32) {
+    if subgroups {
+        sizes
+    } else {
+        (1, 1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

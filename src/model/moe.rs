@@ -123,20 +123,12 @@ impl<B: Backend> Moe<B> {
             let assignments: Vec<ExpertAssignment<'_>> = batch
                 .iter()
                 .map(|s| {
-                    let (weights, staged) = match s {
-                        Supplied::Host(l) => match l.staged(&ck.config) {
-                            Some(st) => (None, Some(st)),
-                            None => (Some(l.weights(&ck.config)?), None),
-                        },
-                        Supplied::Resident(_) => (None, None),
-                    };
                     Ok(ExpertAssignment {
                         key: Some(ExpertKey {
                             layer: self.layer,
                             id: s.id(),
                         }),
-                        weights,
-                        staged,
+                        payload: s.payload(&ck.config)?,
                         tokens: plan.rows.get(&s.id()).cloned().unwrap_or_default(),
                     })
                 })

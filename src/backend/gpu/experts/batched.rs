@@ -11,7 +11,7 @@ use crate::backend::gpu::kernels::chunk_gemm::{GemmTile, GK};
 use crate::backend::gpu::kernels::matmul::rows_per_group_of;
 use crate::backend::gpu::kernels::matmul::special_const;
 use crate::backend::gpu::GpuBackend;
-use crate::backend::ExpertAssignment;
+use crate::backend::{ExpertAssignment, ExpertPayload};
 use crate::quant::Mxfp4View;
 use crate::routed_expert::ExpertWeights;
 use anyhow::{ensure, Result};
@@ -230,12 +230,11 @@ impl GpuBackend {
         let tokens: Vec<(usize, f32)> = (0..x.rows).map(|t| (t, 1.0)).collect();
         let single = [ExpertAssignment {
             key: None,
-            weights: Some(ExpertWeights {
+            payload: ExpertPayload::Host(ExpertWeights {
                 w1: w,
                 w2: w,
                 w3: w,
             }),
-            staged: None,
             tokens,
         }];
         let (tile, tiled) = self.expert_tiling(x.rows);

@@ -32,7 +32,9 @@ use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::device::upload_path::{self, UploadPath};
 use crate::backend::gpu::kernels::chunk_gemm::GemmTile;
 use crate::backend::gpu::GpuBackend;
-use crate::backend::{ExpertAssignment, ExpertResidency, FreeDeviceMemory, Glu, TierExchange};
+use crate::backend::{
+    ExpertAssignment, ExpertPayload, ExpertResidency, FreeDeviceMemory, Glu, TierExchange,
+};
 use crate::routed_expert::ReadLender;
 use anyhow::{anyhow, bail, ensure, Result};
 use arena::ArenaSet;
@@ -179,10 +181,10 @@ impl GpuBackend {
     fn max_pairs_per_call(&self, d: usize, experts: &[ExpertAssignment<'_>]) -> usize {
         let i = experts
             .iter()
-            .find_map(|e| match (&e.weights, &e.staged) {
-                (Some(w), _) => Some(w.w1.rows),
-                (None, Some(st)) => Some(st.dims.0),
-                (None, None) => None,
+            .find_map(|e| match &e.payload {
+                ExpertPayload::Host(w) => Some(w.w1.rows),
+                ExpertPayload::Staged(st) => Some(st.dims.0),
+                ExpertPayload::Resident => None,
             })
             .unwrap_or(d);
         let widest = (2 * i).max(d).max(1) as u64 * 4;
@@ -202,10 +204,10 @@ impl GpuBackend {
     ) -> Result<(Vec<Option<ExpertSrc<'a>>>, usize)> {
         let srcs: Vec<Option<ExpertSrc<'_>>> = experts
             .iter()
-            .map(|ex| match (&ex.weights, &ex.staged) {
-                (Some(w), _) => ExpertSrc::host(w, d).map(Some),
-                (None, Some(st)) => ExpertSrc::staged(st, d).map(Some),
-                (None, None) => Ok(None),
+            .map(|ex| match &ex.payload {
+                ExpertPayload::Host(w) => ExpertSrc::host(w, d).map(Some),
+                ExpertPayload::Staged(st) => ExpertSrc::staged(st, d).map(Some),
+                ExpertPayload::Resident => Ok(None),
             })
             .collect::<Result<_>>()?;
         // Experts without bytes are resident in the tier or carried from the last chunk.

@@ -129,8 +129,7 @@ mod tests {
     fn expert(tokens: &[usize]) -> ExpertAssignment<'static> {
         ExpertAssignment {
             key: None,
-            weights: None,
-            staged: None,
+            payload: crate::backend::ExpertPayload::Resident,
             tokens: tokens.iter().map(|&t| (t, 0.5)).collect(),
         }
     }

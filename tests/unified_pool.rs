@@ -10,7 +10,7 @@ mod support;
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::{GpuBackend, GpuOptions, ReadStaging};
 use k3::backend::{Backend, ExpertResidency};
-use k3::experts::route_trace::{RouteTap, RouteTrace, TraceHeader};
+use k3::experts::telemetry::route_trace::{RouteTap, RouteTrace, TraceHeader};
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
 use k3::model::{FormatPolicy, K3Model, Logits};

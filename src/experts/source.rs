@@ -1,17 +1,17 @@
 //! Supplies a MoE layer's chosen experts, in canonical (shard, offset) order, in batches:
 //! cached experts at once, misses as the loader pool delivers them.
 
-use super::cache_policy::CacheSetup;
-use super::disk_meter::DiskMeter;
-use super::expert_cache::LayerCache;
-use super::expert_reader::ExpertReader;
-use super::loader_pool::{LoadJob, LoaderPool};
-use super::prefetch::Prefetcher;
-use super::shard_io::IoMode;
 use crate::backend::TierExchange;
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
-use crate::experts::route_trace::RouteTap;
+use crate::experts::cache::cache_policy::CacheSetup;
+use crate::experts::cache::expert_cache::LayerCache;
+use crate::experts::io::expert_reader::ExpertReader;
+use crate::experts::io::loader_pool::{LoadJob, LoaderPool};
+use crate::experts::io::shard_io::IoMode;
+use crate::experts::plan::prefetch::Prefetcher;
+use crate::experts::telemetry::disk_meter::DiskMeter;
+use crate::experts::telemetry::route_trace::RouteTap;
 use crate::routed_expert::ReadLender;
 use crate::routed_expert::{ExpertPayload, LoadedExpert};
 use crate::stats::Stats;
@@ -262,7 +262,7 @@ impl ExpertSource {
     /// Splits each loader-pool read of an expert larger than `bytes` into pieces of about
     /// that size, which the loader threads read at once; 0 reads each expert in one read
     /// ([`ExpertReader::set_read_piece`]; the default is
-    /// [`super::expert_reader::DEFAULT_READ_PIECE`]).
+    /// [`crate::experts::io::expert_reader::DEFAULT_READ_PIECE`]).
     pub fn set_read_piece(&self, bytes: usize) {
         self.reader.set_read_piece(bytes);
     }

@@ -2,9 +2,9 @@
 //! back, six otherwise; or, through the loader pool, a contiguous expert in pieces that
 //! several threads read at once (`piece_read.rs`).
 
-use super::piece_read::SplitPlan;
-use super::shard_io::{region_len, FaultPlan, IoMode, ShardIo};
 use crate::checkpoint::{Checkpoint, ExpertLocation};
+use crate::experts::io::piece_read::SplitPlan;
+use crate::experts::io::shard_io::{region_len, FaultPlan, IoMode, ShardIo};
 use crate::platform::aligned_buf::{round_up, AlignedBuf, IO_ALIGN};
 use crate::routed_expert::{ExpertBytes, LentRegion, LoadedExpert, ReadLender};
 use anyhow::{anyhow, Context, Result};

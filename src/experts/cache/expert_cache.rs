@@ -1,7 +1,7 @@
 //! Per-layer expert cache: slots of one expert each; which expert leaves a full cache is the
 //! layer's [`SlotPolicy`] (`--cache-policy`), the same code the cache simulator replays.
 
-use super::cache_policy::{PolicyKind, SlotPolicy};
+use crate::experts::cache::cache_policy::{PolicyKind, SlotPolicy};
 use crate::routed_expert::LoadedExpert;
 use std::collections::HashMap;
 use std::sync::Arc;

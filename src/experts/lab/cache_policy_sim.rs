@@ -3,9 +3,9 @@
 //! expert looked up in load order, then the misses offered in that order), and counts hits
 //! and bytes read.
 
-use super::cache_policy::{PolicyKind, SlotPolicy};
-use super::usage_history::UsageHistory;
-use crate::experts::route_trace::RouteTrace;
+use crate::experts::cache::cache_policy::{PolicyKind, SlotPolicy};
+use crate::experts::cache::usage_history::UsageHistory;
+use crate::experts::telemetry::route_trace::RouteTrace;
 use std::collections::HashMap;
 
 /// What one replay counted.
@@ -224,7 +224,7 @@ pub fn dedup_factor(trace: &RouteTrace) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::experts::route_trace::{TraceHeader, TraceRecord};
+    use crate::experts::telemetry::route_trace::{TraceHeader, TraceRecord};
 
     fn trace(chunks: &[&[&[u32]]]) -> RouteTrace {
         let mut t = RouteTrace::new(TraceHeader::new(1, vec![0], 8, 2, 10, "t".into()));

@@ -9,10 +9,10 @@
 //! them, as wasted bytes otherwise. The experts a layer computes with, their order and their
 //! bytes are the same with or without guesses, so the logits are too.
 
-use super::expert_reader::ExpertReader;
-use super::loader_pool::{LoadJob, LoaderPool};
-use super::prefetch_gate::{BusyShare, DiskLoad, PrefetchGate, RoundOutcome};
 use crate::checkpoint::Checkpoint;
+use crate::experts::io::expert_reader::ExpertReader;
+use crate::experts::io::loader_pool::{LoadJob, LoaderPool};
+use crate::experts::plan::prefetch_gate::{BusyShare, DiskLoad, PrefetchGate, RoundOutcome};
 use crate::routed_expert::LoadedExpert;
 use crate::stats::Stats;
 use anyhow::{anyhow, Result};

@@ -3,10 +3,12 @@
 //! backend's resident experts (pinned for the layer), skipping the uncached light ones,
 //! and each expert's rows. The MoE block (`model/moe.rs`) keeps only the math.
 
-use super::expert_selection::{drop_experts, keep_top_p, uncached_to_skip, ExpertSelection};
-use super::ExpertSource;
 use crate::backend::ExpertResidency;
 use crate::checkpoint::Checkpoint;
+use crate::experts::plan::expert_selection::{
+    drop_experts, keep_top_p, uncached_to_skip, ExpertSelection,
+};
+use crate::experts::ExpertSource;
 use crate::routed_expert::Route;
 use crate::stats::Stats;
 use anyhow::Result;

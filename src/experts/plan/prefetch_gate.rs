@@ -25,7 +25,7 @@ pub const RETEST_EVERY: u32 = 16;
 /// its own outcome.
 const DECAY: f64 = 0.875;
 
-/// What one guess round for a layer did, as [`super::prefetch::Prefetcher::settle`] saw it.
+/// What one guess round for a layer did, as [`crate::experts::plan::prefetch::Prefetcher::settle`] saw it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RoundOutcome {
     /// Bytes of guessed reads a loader had started that the layer needed.

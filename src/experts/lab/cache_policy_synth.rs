@@ -10,9 +10,9 @@
 //! - a token's `top_k` distinct experts: each pick, with probability `reuse`, is a working-set
 //!   member the token has not picked yet (uniform), else a popularity draw it has not picked.
 
-use super::cache_policy::PolicyKind;
-use super::cache_policy_sim::{dedup_factor, replay, SimResult};
-use crate::experts::route_trace::{RouteTrace, TraceHeader, TraceRecord};
+use crate::experts::cache::cache_policy::PolicyKind;
+use crate::experts::lab::cache_policy_sim::{dedup_factor, replay, SimResult};
+use crate::experts::telemetry::route_trace::{RouteTrace, TraceHeader, TraceRecord};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -284,7 +284,12 @@ fn generate_observed(
 
 /// Slots per layer the full K3 gets from a cache request of `gb` (the engine's sizing).
 pub fn k3_slots(gb: f64) -> usize {
-    super::ram_budget::requested_slots(gb, K3_EXPERT_BYTES, K3_LAYERS - 1, K3_EXPERTS)
+    crate::experts::cache::ram_budget::requested_slots(
+        gb,
+        K3_EXPERT_BYTES,
+        K3_LAYERS - 1,
+        K3_EXPERTS,
+    )
 }
 
 /// What a model gives for the three published figures, and its distance from them.

@@ -8,10 +8,10 @@
 //! unread. A large expert's read is split into pieces (`piece_read.rs`): the threads take
 //! the front read's pieces in order, so several threads read one expert at once.
 
-use super::disk_meter::DiskMeter;
-use super::expert_reader::ExpertReader;
-use super::piece_read::PieceRead;
 use crate::checkpoint::ExpertLocation;
+use crate::experts::io::expert_reader::ExpertReader;
+use crate::experts::io::piece_read::PieceRead;
+use crate::experts::telemetry::disk_meter::DiskMeter;
 use crate::routed_expert::LoadedExpert;
 use anyhow::{anyhow, Context, Result};
 use std::collections::VecDeque;

@@ -8,11 +8,11 @@
 //! disk sees as many reads as there are threads until the layer's last piece, and the
 //! experts still complete one after another. Whether that reads faster depends on the disk
 //! (a block layer that already cuts a large read into several requests gains nothing), so
-//! it is off by default ([`super::expert_reader::DEFAULT_READ_PIECE`]).
+//! it is off by default ([`crate::experts::io::expert_reader::DEFAULT_READ_PIECE`]).
 
-use super::disk_meter::DiskMeter;
-use super::expert_reader::ExpertReader;
-use super::loader_pool::LoadJob;
+use crate::experts::io::expert_reader::ExpertReader;
+use crate::experts::io::loader_pool::LoadJob;
+use crate::experts::telemetry::disk_meter::DiskMeter;
 use crate::platform::aligned_buf::{round_up, AlignedBuf, IO_ALIGN};
 use crate::routed_expert::{ExpertBytes, LoadedExpert};
 use anyhow::{anyhow, Result};

@@ -12,6 +12,7 @@ pub use device::buffers::{GpuAct, GpuKdaState, GpuMlaCache};
 pub use device::context::{
     EffectiveLimits, GpuContext, GpuOptions, Int4Decode, LimitsProfile, MatvecShape, ReadStaging,
 };
+pub use device::pipeline::AdapterShape;
 pub use kernels::matmul::{GpuFormat, GpuMat, DIGITS_FROM_ROWS};
 
 use super::{
@@ -23,7 +24,7 @@ use crate::quant::DenseMatrix;
 use crate::routed_expert::Route;
 use anyhow::{ensure, Result};
 use device::buffer_pool::{BufferPool, Lease};
-use device::pipeline::{AdapterShape, PipelineKind, PipelineVariant, VariantList};
+use device::pipeline::{PipelineKind, PipelineVariant, VariantList};
 use experts::GpuExperts;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -364,8 +365,8 @@ pub fn pipeline_kinds(a: AdapterShape, subgroups: bool) -> HashSet<PipelineKind>
 
 #[cfg(test)]
 mod pipeline_tests {
-    use super::device::shaders::Shader;
     use super::*;
+    use device::shaders::Shader;
 
     #[test]
     fn every_module_and_both_reductions_are_listed() {

@@ -196,8 +196,7 @@ impl Shader {
 #[cfg(test)]
 mod tests {
     use super::Shader;
-    use crate::backend::gpu::device::pipeline::AdapterShape;
-    use crate::backend::gpu::pipeline_variants;
+    use crate::backend::gpu::{pipeline_variants, AdapterShape};
     use naga::valid::{
         Capabilities, ShaderStages, SubgroupOperationSet, ValidationFlags, Validator,
     };

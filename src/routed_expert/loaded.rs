@@ -34,6 +34,18 @@ pub enum ExpertBytes {
     Handed(Box<dyn HostBytes>),
 }
 
+impl ExpertBytes {
+    /// The bytes while the host can still see them: our memory, the memory handed over, or
+    /// a lent region before its backend takes it.
+    pub fn host_view(&mut self) -> &[u8] {
+        match self {
+            ExpertBytes::Host(b) => b,
+            ExpertBytes::Handed(h) => h.bytes(),
+            ExpertBytes::Lent(r) => r.bytes_mut(),
+        }
+    }
+}
+
 impl LoadedExpert {
     /// An expert of id `id` whose six tensors lie at `parts` of `buf` (a read's result).
     pub fn new(id: u32, buf: ExpertBytes, parts: [Range<usize>; 6]) -> Self {

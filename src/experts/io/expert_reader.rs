@@ -129,11 +129,7 @@ impl ExpertReader {
                 let parts = shifted_parts(loc, off);
                 // The lent region is host-visible until the backend takes it: its scale
                 // bytes are checked there, as a host read's are.
-                match &mut buf {
-                    ExpertBytes::Lent(r) => refuse_nan_scales(path, r.bytes_mut(), &parts)?,
-                    ExpertBytes::Host(b) => refuse_nan_scales(path, b, &parts)?,
-                    ExpertBytes::Handed(h) => refuse_nan_scales(path, h.bytes(), &parts)?,
-                }
+                refuse_nan_scales(path, buf.host_view(), &parts)?;
                 return Ok(LoadedExpert::new(id, buf, parts));
             }
             let (buf, off) = self.io.read(path, &span)?;
@@ -257,11 +253,7 @@ impl ExpertReader {
         };
         let off = (span.start - plan.start()) as usize;
         let parts = shifted_parts(loc, off);
-        match &mut bytes {
-            ExpertBytes::Lent(r) => refuse_nan_scales(path, r.bytes_mut(), &parts)?,
-            ExpertBytes::Host(b) => refuse_nan_scales(path, b, &parts)?,
-            ExpertBytes::Handed(h) => refuse_nan_scales(path, h.bytes(), &parts)?,
-        }
+        refuse_nan_scales(path, bytes.host_view(), &parts)?;
         Ok(LoadedExpert::new(id, bytes, parts))
     }
 

@@ -157,7 +157,7 @@ mod tests {
     use crate::backend::gpu::{GpuBackend, GpuOptions};
 
     fn set(g: &GpuBackend, bytes: u64) -> ArenaSet {
-        let a = || crate::backend::gpu::Arena {
+        let a = || crate::backend::gpu::experts::Arena {
             packed: g.ctx.buffer(bytes, "test packed"),
             scales: g.ctx.buffer(16, "test scales"),
             huge: false,

@@ -12,9 +12,11 @@
 //! gpu_kernels`; the probes that study them are in lab/gpu_probes/.
 
 #[cfg(feature = "lab")]
-use k3::backend::gpu::lab_switches::LabSwitches;
+use k3::backend::gpu::device::lab_switches::LabSwitches;
 use k3::backend::gpu::{GpuBackend, GpuOptions};
-use k3::backend::{Backend, ExpertAssignment, ExpertResidency, Glu, MlaAttnWeights, MlaDims};
+use k3::backend::{
+    Backend, ExpertAssignment, ExpertPayload, ExpertResidency, Glu, MlaAttnWeights, MlaDims,
+};
 use k3::quant::{DenseData, DenseMatrix, Mxfp4View};
 use k3::routed_expert::{ExpertKey, ExpertWeights};
 use rand::rngs::StdRng;
@@ -165,12 +167,15 @@ impl Bench<'_> {
                         layer: 1,
                         id: e as u32,
                     }),
-                    weights: (!resident).then(|| ExpertWeights {
-                        w1: view(&m[0], i, d),
-                        w2: view(&m[1], d, i),
-                        w3: view(&m[2], i, d),
-                    }),
-                    staged: None,
+                    payload: if resident {
+                        ExpertPayload::Resident
+                    } else {
+                        ExpertPayload::Host(ExpertWeights {
+                            w1: view(&m[0], i, d),
+                            w2: view(&m[1], d, i),
+                            w3: view(&m[2], i, d),
+                        })
+                    },
                     tokens: (0..tokens).map(|t| (t, 0.1)).collect(),
                 })
                 .collect()

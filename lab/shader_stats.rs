@@ -23,7 +23,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use ash::vk;
-use k3::backend::gpu::shaders::Shader;
+use k3::backend::gpu::device::shaders::Shader;
 use std::ffi::CStr;
 use std::path::{Path, PathBuf};
 

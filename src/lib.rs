@@ -12,10 +12,10 @@
 //! - `K3_GPU_LIMITS` (`LimitsProfile::from_env`, when [`backend::gpu::GpuOptions`]'s
 //!   `limits` is `None`): the test suites open GPUs directly and run under each profile by
 //!   setting it; the command line always passes the profile explicitly.
-//! - `K3_LAB_*` (`backend::gpu::lab_switches::LabSwitches::from_env`, compiled only with
+//! - `K3_LAB_*` (`backend::gpu::device::lab_switches::LabSwitches::from_env`, compiled only with
 //!   the `lab` feature and called by the command line): experiment switches, kept apart
 //!   from the engine's settings.
-//! - `CI` (a unit test in `backend::gpu::moe`): a missing adapter fails only on CI.
+//! - `CI` (a unit test in `backend::gpu::experts`): a missing adapter fails only on CI.
 
 pub mod atomic_file;
 pub mod backend;

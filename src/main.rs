@@ -13,7 +13,7 @@ fn main() {
         eprintln!("k3: error: {e:#}");
         // Exit 2 tells scripts the machine is too small, not that the input was bad.
         let code = if e
-            .downcast_ref::<k3::experts::ram_budget::RamBudgetError>()
+            .downcast_ref::<k3::experts::cache::ram_budget::RamBudgetError>()
             .is_some()
         {
             2

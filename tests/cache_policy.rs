@@ -5,11 +5,11 @@
 
 mod support;
 
-use k3::experts::cache_policy::{CacheSetup, PolicyKind};
-use k3::experts::cache_policy_sim::{replay, replay_best_fixed_set, replay_optimal, usage_of};
-use k3::experts::cache_policy_synth::{self as synth, TraceShape, FITTED};
-use k3::experts::route_trace::{RouteTrace, TraceHeader, TraceRecord};
-use k3::experts::usage_history::UsageHistory;
+use k3::experts::cache::cache_policy::{CacheSetup, PolicyKind};
+use k3::experts::cache::usage_history::UsageHistory;
+use k3::experts::lab::cache_policy_sim::{replay, replay_best_fixed_set, replay_optimal, usage_of};
+use k3::experts::lab::cache_policy_synth::{self as synth, TraceShape, FITTED};
+use k3::experts::telemetry::route_trace::{RouteTrace, TraceHeader, TraceRecord};
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
 use k3::model::FormatPolicy;

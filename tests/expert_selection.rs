@@ -3,7 +3,7 @@
 
 mod support;
 
-use k3::experts::expert_selection::ExpertSelection;
+use k3::experts::plan::expert_selection::ExpertSelection;
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
 use k3::model::FormatPolicy;

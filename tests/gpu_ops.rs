@@ -6,14 +6,13 @@
 mod support;
 
 use k3::backend::cpu::CpuBackend;
-use k3::backend::gpu::chunk_gemm::ChunkGemm;
-use k3::backend::gpu::stationary::Stationary;
-use k3::backend::gpu::{
-    vram_budget, GpuBackend, GpuMat, GpuOptions, Int4Decode, MatvecShape, DIGITS_FROM_ROWS,
-};
+use k3::backend::gpu::experts::vram_budget;
+use k3::backend::gpu::kernels::chunk_gemm::ChunkGemm;
+use k3::backend::gpu::kernels::stationary::Stationary;
+use k3::backend::gpu::{GpuBackend, GpuMat, GpuOptions, Int4Decode, MatvecShape, DIGITS_FROM_ROWS};
 use k3::backend::{
-    Backend, ExpertAssignment, ExpertResidency, FreeDeviceMemory, Glu, KdaDims, KdaStepInputs,
-    KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
+    Backend, ExpertAssignment, ExpertPayload, ExpertResidency, FreeDeviceMemory, Glu, KdaDims,
+    KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams,
 };
 use k3::quant::{DenseFormat, DenseMatrix, Mxfp4View};
 use k3::routed_expert::{ExpertKey, ExpertWeights};
@@ -997,12 +996,11 @@ fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n
                 .collect();
             ExpertAssignment {
                 key: None,
-                weights: Some(ExpertWeights {
+                payload: ExpertPayload::Host(ExpertWeights {
                     w1: Mxfp4View::new(i, d, &m[0].0, &m[0].1).unwrap(),
                     w2: Mxfp4View::new(d, i, &m[1].0, &m[1].1).unwrap(),
                     w3: Mxfp4View::new(i, d, &m[2].0, &m[2].1).unwrap(),
                 }),
-                staged: None,
                 tokens,
             }
         })
@@ -1098,12 +1096,15 @@ fn moe_through_the_expert_tier_matches_cpu() {
             layer: 2,
             id: e as u32,
         }),
-        weights: host.then(|| ExpertWeights {
-            w1: Mxfp4View::new(i, d, &mats[e][0].0, &mats[e][0].1).unwrap(),
-            w2: Mxfp4View::new(d, i, &mats[e][1].0, &mats[e][1].1).unwrap(),
-            w3: Mxfp4View::new(i, d, &mats[e][2].0, &mats[e][2].1).unwrap(),
-        }),
-        staged: None,
+        payload: if host {
+            ExpertPayload::Host(ExpertWeights {
+                w1: Mxfp4View::new(i, d, &mats[e][0].0, &mats[e][0].1).unwrap(),
+                w2: Mxfp4View::new(d, i, &mats[e][1].0, &mats[e][1].1).unwrap(),
+                w3: Mxfp4View::new(i, d, &mats[e][2].0, &mats[e][2].1).unwrap(),
+            })
+        } else {
+            ExpertPayload::Resident
+        },
         tokens: tokens[e].clone(),
     };
     let all: Vec<ExpertAssignment<'_>> = (0..n).map(|e| assign(e, true)).collect();

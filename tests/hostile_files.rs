@@ -9,8 +9,8 @@ mod support;
 
 use k3::checkpoint::Checkpoint;
 use k3::config::Config;
-use k3::experts::route_trace::RouteTrace;
-use k3::experts::usage_history::UsageHistory;
+use k3::experts::cache::usage_history::UsageHistory;
+use k3::experts::telemetry::route_trace::RouteTrace;
 use k3::model::weight_cache::{file_name, WeightCache, WeightCacheSetting};
 use k3::model::FormatPolicy;
 use k3::tokenizer::Tokenizer;

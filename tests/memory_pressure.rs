@@ -5,7 +5,7 @@
 
 mod support;
 
-use k3::experts::pressure_guard::{CacheSize, PressureGuard};
+use k3::experts::cache::pressure_guard::{CacheSize, PressureGuard};
 use k3::experts::{IoMode, StreamConfig};
 use k3::model::{FormatPolicy, K3Model, Logits};
 use k3::platform::memory_pressure::{PressureLevel, PressureSource};

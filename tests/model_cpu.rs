@@ -2,7 +2,7 @@
 
 mod support;
 
-use k3::experts::route_trace::{RouteTap, TraceHeader};
+use k3::experts::telemetry::route_trace::{RouteTap, TraceHeader};
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::{prefill, MAX_WINDOW};
 use k3::model::FormatPolicy;

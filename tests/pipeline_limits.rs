@@ -6,10 +6,11 @@
 //! without a Mac. The GPU suite also runs under `K3_GPU_LIMITS=apple-m1` (`.ci/run`),
 //! where wgpu validates every buffer, binding and dispatch against the same limits.
 
-use k3::backend::gpu::context::limits_profile::PROFILES;
-use k3::backend::gpu::context::{workgroup_size, LimitsProfile};
-use k3::backend::gpu::pipeline_variants::{pipeline_variants, AdapterShape};
-use k3::backend::gpu::shaders::Shader;
+use k3::backend::gpu::device::context::limits_profile::PROFILES;
+use k3::backend::gpu::device::context::{workgroup_size, LimitsProfile};
+use k3::backend::gpu::device::pipeline::AdapterShape;
+use k3::backend::gpu::device::shaders::Shader;
+use k3::backend::gpu::pipeline_variants;
 use naga::valid::{Capabilities, ModuleInfo, ShaderStages, SubgroupOperationSet, Validator};
 use naga::{AddressSpace, Module, ShaderStage};
 use std::collections::HashMap;

@@ -3,9 +3,9 @@
 
 mod support;
 
-use k3::experts::cache_policy::{CacheSetup, PolicyKind};
-use k3::experts::cache_policy_sim::replay;
-use k3::experts::route_trace::{RouteTap, RouteTrace, TraceHeader};
+use k3::experts::cache::cache_policy::{CacheSetup, PolicyKind};
+use k3::experts::lab::cache_policy_sim::replay;
+use k3::experts::telemetry::route_trace::{RouteTap, RouteTrace, TraceHeader};
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::{generate, GenerateOptions};
 use k3::model::FormatPolicy;

@@ -9,9 +9,10 @@
 //! `metal/adapter.rs`, `dx12/adapter.rs`, `vulkan/adapter.rs`): the newest the machine has,
 //! from the oldest that can run the engine up to the newest wgpu knows.
 
-use k3::backend::gpu::context::default_matvec_checks;
-use k3::backend::gpu::pipeline_variants::{pipeline_variants, AdapterShape, PipelineVariant};
-use k3::backend::gpu::shaders::Shader;
+use k3::backend::gpu::device::context::default_matvec_checks;
+use k3::backend::gpu::device::pipeline::{AdapterShape, PipelineVariant};
+use k3::backend::gpu::device::shaders::Shader;
+use k3::backend::gpu::pipeline_variants;
 use naga::back::{hlsl, msl, spv};
 use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 use naga::valid::{Capabilities, ModuleInfo, ShaderStages, SubgroupOperationSet, Validator};

@@ -10,7 +10,7 @@ mod support;
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::{GpuBackend, GpuOptions, ReadStaging};
 use k3::backend::{Backend, ExpertResidency};
-use k3::experts::route_trace::{RouteTap, RouteTrace, TraceHeader};
+use k3::experts::telemetry::route_trace::{RouteTap, RouteTrace, TraceHeader};
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
 use k3::model::{FormatPolicy, K3Model, Logits};
@@ -103,7 +103,7 @@ fn lavapipe_runs_the_pool_by_default_and_the_switch_turns_it_off() {
         return;
     };
     // The adapter's own fact, or the Apple profile's (K3_GPU_LIMITS) on any adapter.
-    let unified = k3::backend::gpu::upload_path::unified_memory(g.ctx.info.device_type)
+    let unified = k3::backend::gpu::device::upload_path::unified_memory(g.ctx.info.device_type)
         || g.ctx.profile != k3::backend::gpu::LimitsProfile::Native;
     assert_eq!(
         g.ctx.unified_memory, unified,

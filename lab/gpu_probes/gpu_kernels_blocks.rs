@@ -21,11 +21,11 @@
 //! (`TIMESTAMP_QUERY_INSIDE_ENCODERS`), else from the wall clock around a full sync.
 //! `K3_ADAPTER=NAME` picks the adapter.
 
-use k3::backend::gpu::buffers::GpuAct;
-use k3::backend::gpu::chunk_gemm::ChunkGemm;
-use k3::backend::gpu::stationary::Stationary;
+use k3::backend::gpu::device::buffers::GpuAct;
+use k3::backend::gpu::kernels::chunk_gemm::ChunkGemm;
+use k3::backend::gpu::kernels::stationary::Stationary;
 use k3::backend::gpu::{GpuBackend, GpuOptions, Int4Decode, MatvecShape};
-use k3::backend::{Backend, ExpertAssignment, ExpertResidency, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams};
+use k3::backend::{Backend, ExpertAssignment, ExpertPayload, ExpertResidency, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams};
 use k3::routed_expert::{ExpertKey, ExpertWeights};
 use k3::quant::{DenseData, DenseFormat, DenseMatrix, Mxfp4View};
 use rand::rngs::StdRng;
@@ -655,8 +655,11 @@ fn assignments(
                 layer: 1,
                 id: e as u32,
             }),
-            weights: (!resident).then(|| views(m, i, d)),
-            staged: None,
+            payload: if resident {
+                ExpertPayload::Resident
+            } else {
+                ExpertPayload::Host(views(m, i, d))
+            },
             tokens: (0..tokens).map(|r| (r, 0.1)).collect(),
         })
         .collect()

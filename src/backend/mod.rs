@@ -11,10 +11,11 @@ pub mod gpu;
 pub mod select;
 pub mod shape_checks;
 
+pub use crate::routed_expert::ExpertPayload;
 pub use expert_residency::{ExpertResidency, FreeDeviceMemory, TierExchange, TierMoves};
 
 use crate::quant::DenseMatrix;
-use crate::routed_expert::{ExpertKey, ExpertWeights, Route, StagedExpert};
+use crate::routed_expert::{ExpertKey, Route};
 use anyhow::Result;
 
 /// Shape parameters of one KDA layer, shared by every backend.
@@ -140,11 +141,9 @@ pub struct MlaAttnWeights<A> {
 pub struct ExpertAssignment<'a> {
     /// Which expert this is; `None` for anonymous weights a backend must not keep.
     pub key: Option<ExpertKey>,
-    /// The expert's host weights; `None` when the backend holds the expert resident
-    /// (reported by [`Backend::pin_resident_experts`]) or it was read into lent memory.
-    pub weights: Option<ExpertWeights<'a>>,
-    /// The expert in memory this backend lent for its read (then `weights` is `None`).
-    pub staged: Option<StagedExpert<'a>>,
+    /// Where the expert's bytes are: host views, memory this backend lent for the read,
+    /// or resident in the backend (reported by [`Backend::pin_resident_experts`]).
+    pub payload: ExpertPayload<'a>,
     /// `(token row, routing weight)` pairs, rows in increasing order.
     pub tokens: Vec<(usize, f32)>,
 }

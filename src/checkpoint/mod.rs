@@ -9,6 +9,7 @@ pub mod schema;
 pub mod shards;
 pub mod tensor;
 pub mod tensor_prefix;
+pub mod tensor_spec;
 
 pub use expert_table::{ExpertLocation, ExpertTable};
 pub use inspect::{inspect, InspectReport};

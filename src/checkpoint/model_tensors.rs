@@ -4,9 +4,9 @@
 //! sets in checkpoint order, so a name cannot differ between the two
 //! (docs/model.md#tensor-names).
 
-use super::schema::{TensorClass, TensorKind, TensorSpec};
 use super::tensor::Dtype;
 use super::tensor_prefix::TensorPrefix;
+use super::tensor_spec::{TensorClass, TensorKind, TensorSpec};
 use crate::config::{AttnKind, Config};
 
 /// Makes the specs of one block: under one prefix, of one class, stored as BF16.

@@ -4,17 +4,17 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use k3::experts::cache_policy::PolicyKind;
-use k3::experts::cache_policy_sim::{
+use k3::experts::cache::cache_policy::PolicyKind;
+use k3::experts::cache::ram_budget::requested_slots;
+use k3::experts::cache::usage_history::UsageHistory;
+use k3::experts::lab::cache_policy_sim::{
     dedup_factor, replay, replay_best_fixed_set, replay_optimal, usage_of,
 };
-use k3::experts::cache_policy_synth::{
+use k3::experts::lab::cache_policy_synth::{
     self as synth, RoutingModel, TraceShape, FITTED, TARGET_DEDUP_32, TARGET_HIT_44GB,
     TARGET_HIT_8GB,
 };
-use k3::experts::ram_budget::requested_slots;
-use k3::experts::route_trace::RouteTrace;
-use k3::experts::usage_history::UsageHistory;
+use k3::experts::telemetry::route_trace::RouteTrace;
 use std::path::PathBuf;
 
 /// Flags of `k3 bench cache`.

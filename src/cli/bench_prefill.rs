@@ -6,7 +6,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use k3::backend::Backend;
-use k3::experts::route_trace::{RouteTap, TraceHeader};
+use k3::experts::telemetry::route_trace::{RouteTap, TraceHeader};
 use k3::model::K3Model;
 use k3::stats::Stats;
 use std::path::PathBuf;

@@ -6,7 +6,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use k3::checkpoint::Checkpoint;
-use k3::experts::expert_reader::DEFAULT_READ_PIECE;
+use k3::experts::io::expert_reader::DEFAULT_READ_PIECE;
 use k3::experts::{ExpertReader, ExpertSource, IoMode, StreamConfig};
 use k3::platform::aligned_buf::{round_up, AlignedBuf, IO_ALIGN};
 use k3::platform::positional_read::read_at;

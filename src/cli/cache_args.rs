@@ -4,8 +4,8 @@
 
 use clap::Args;
 use k3::engine::config::CacheConfig;
-use k3::experts::cache_policy::PolicyKind;
-use k3::experts::usage_history::PinMode;
+use k3::experts::cache::cache_policy::PolicyKind;
+use k3::experts::cache::usage_history::PinMode;
 use std::path::PathBuf;
 
 /// Expert cache policy, usage pins and routing trace flags.

@@ -1,7 +1,8 @@
 //! `k3 devices`: every adapter wgpu sees, with the limits and features the kernels use.
 
 use clap::Args;
-use k3::backend::gpu::{adapters, LimitsProfile};
+use k3::backend::gpu::device::adapters;
+use k3::backend::gpu::LimitsProfile;
 
 /// Flags of `k3 devices` (`WGPU_BACKEND` narrows the backends searched).
 #[derive(Args, Debug)]

@@ -82,7 +82,7 @@ fn expert_reads(first_shard: Option<&Path>) -> String {
     let Some(first) = first_shard else {
         return "no shards".to_string();
     };
-    match k3::experts::shard_io::probe_direct(first) {
+    match k3::experts::io::shard_io::probe_direct(first) {
         Ok(()) => format!(
             "{} (K3_DIRECT=1, the default), accepted by {}",
             IoMode::Direct.describe(),

@@ -5,7 +5,7 @@ use super::stream_args::StreamArgs;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 #[cfg(feature = "lab")]
-use k3::backend::gpu::lab_switches::LabSwitches;
+use k3::backend::gpu::device::lab_switches::LabSwitches;
 use k3::backend::gpu::{GpuOptions, LimitsProfile};
 use k3::backend::select::{gpu_variable, BackendKind};
 use k3::engine::config::{BackendConfig, Formats, LoadConfig};

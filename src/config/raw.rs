@@ -4,7 +4,7 @@
 //! Fields k3 does not read are ignored, and a `null` counts as absent.
 
 use super::json_values::{read_object, Flag, Int, Layers, Num, Obj, Text};
-use anyhow::Result;
+use anyhow::{bail, Result};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -114,7 +114,7 @@ impl RawConfig {
     /// not run is named as such rather than by a field it lacks.
     pub(super) fn read(root: &Value) -> Result<RawConfig> {
         let raw_root: RawRoot = read_object(root, "")?;
-        super::validate::model_type(&raw_root.model_type)?;
+        model_type(&raw_root.model_type)?;
         let (text, text_at) = match &raw_root.text_config {
             Some(v) => (read_object(v, "text_config")?, "text_config"),
             None => (read_object(root, "")?, ""),
@@ -124,5 +124,16 @@ impl RawConfig {
             text,
             text_at,
         })
+    }
+}
+
+/// Refuses every model type but Kimi K3's.
+fn model_type(t: &Text) -> Result<()> {
+    match t.0.as_str() {
+        "kimi_k3" => Ok(()),
+        "kimi_linear" => bail!(
+            "model_type: \"kimi_linear\" (Kimi Linear) is not supported yet; k3 runs Kimi K3 checkpoints only"
+        ),
+        other => bail!("model_type: \"{other}\" is not supported (expected \"kimi_k3\")"),
     }
 }

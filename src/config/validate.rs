@@ -10,17 +10,6 @@ use super::{AttnKind, Config, KdaConfig, MXFP4_GROUP, QUANT_BITS, QUANT_FORMAT};
 use anyhow::{bail, Result};
 use serde_json::Value;
 
-/// Refuses every model type but Kimi K3's.
-pub(super) fn model_type(t: &Text) -> Result<()> {
-    match t.0.as_str() {
-        "kimi_k3" => Ok(()),
-        "kimi_linear" => bail!(
-            "model_type: \"kimi_linear\" (Kimi Linear) is not supported yet; k3 runs Kimi K3 checkpoints only"
-        ),
-        other => bail!("model_type: \"{other}\" is not supported (expected \"kimi_k3\")"),
-    }
-}
-
 /// A positive dimension, at most its [`DIM_LIMITS`] entry; `name` is the field's own name,
 /// `at` the object holding it.
 fn dim(at: &str, name: &str, v: Int) -> Result<usize> {

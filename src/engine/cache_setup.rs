@@ -3,9 +3,9 @@
 
 use super::config::CacheConfig;
 use crate::backend::Backend;
-use crate::experts::cache_policy::{CacheSetup, PolicyKind};
-use crate::experts::route_trace::{RouteTap, TraceHeader};
-use crate::experts::usage_history::{default_path, PinMode, UsageHistory};
+use crate::experts::cache::cache_policy::{CacheSetup, PolicyKind};
+use crate::experts::cache::usage_history::{default_path, PinMode, UsageHistory};
+use crate::experts::telemetry::route_trace::{RouteTap, TraceHeader};
 use crate::model::K3Model;
 use anyhow::Result;
 use std::collections::HashMap;

@@ -4,9 +4,9 @@
 
 use crate::backend::gpu::{GpuOptions, LimitsProfile};
 use crate::backend::select::BackendKind;
-use crate::experts::cache_policy::PolicyKind;
-use crate::experts::expert_selection::ExpertSelection;
-use crate::experts::usage_history::PinMode;
+use crate::experts::cache::cache_policy::PolicyKind;
+use crate::experts::cache::usage_history::PinMode;
+use crate::experts::plan::expert_selection::ExpertSelection;
 use crate::session::SnapshotLimits;
 use anyhow::{bail, Result};
 use std::path::PathBuf;

@@ -7,7 +7,7 @@
 use crate::backend::gpu::LimitsProfile;
 use crate::checkpoint::schema::TensorClass;
 use crate::config::Config;
-use crate::experts::ram_budget::{
+use crate::experts::cache::ram_budget::{
     self, BudgetInputs, BudgetPlan, ContextAsk, RamBudgetError, MACOS_FOOTPRINT_SHARE,
 };
 use crate::model::context::{checkpoint_context, kv_shape};

@@ -8,10 +8,10 @@ use super::tiers::{
     vram_window_tokens, VramFree, TIER_MARGIN_MIN_BYTES,
 };
 use crate::backend::{Backend, FreeDeviceMemory};
-use crate::experts::cache_policy::PolicyKind;
-use crate::experts::pressure_guard::{CacheSize, PressureGuard};
-use crate::experts::ram_budget::{self, BudgetInputs, BudgetPlan, ContextAsk, WindowAsk};
-use crate::experts::usage_history::PinMode;
+use crate::experts::cache::cache_policy::PolicyKind;
+use crate::experts::cache::pressure_guard::{CacheSize, PressureGuard};
+use crate::experts::cache::ram_budget::{self, BudgetInputs, BudgetPlan, ContextAsk, WindowAsk};
+use crate::experts::cache::usage_history::PinMode;
 use crate::experts::{IoMode, StreamConfig};
 use crate::model::prefill_window::bytes_per_token;
 use crate::model::state_size::{state_size, StateSize};

@@ -4,7 +4,7 @@
 
 use super::config::ExpertConfig;
 use crate::backend::Backend;
-use crate::experts::ram_budget;
+use crate::experts::cache::ram_budget;
 use crate::model::K3Model;
 use anyhow::Result;
 

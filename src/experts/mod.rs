@@ -1,26 +1,20 @@
 //! Routed experts: where their native MXFP4 bytes come from and how they are kept.
+//!
+//! [`ExpertSource`] (`source.rs`) streams a layer's experts to the model, built on four
+//! rooms: `plan/` (which experts a layer runs and which to guess for the next), `cache/`
+//! (the host cache, its eviction policy, its RAM budget and the memory-pressure guard),
+//! `io/` (the reads: shard I/O, the expert reader, the loader pool) and `telemetry/` (the
+//! route trace and the disk meter). The cache-policy simulators are research code under
+//! `lab/`, built only with the `lab` feature.
 
-pub mod cache_policy;
+pub mod cache;
+pub mod io;
 #[cfg(feature = "lab")]
-pub mod cache_policy_sim;
-#[cfg(feature = "lab")]
-pub mod cache_policy_synth;
-pub mod disk_meter;
-pub mod expert_cache;
-pub mod expert_plan;
-pub mod expert_reader;
-pub mod expert_selection;
-pub mod loader_pool;
-pub mod piece_read;
-pub mod prefetch;
-pub mod prefetch_gate;
-pub mod pressure_guard;
-pub mod ram_budget;
-pub mod route_trace;
-pub mod shard_io;
+pub mod lab;
+pub mod plan;
 pub mod source;
-pub mod usage_history;
+pub mod telemetry;
 
-pub use expert_reader::ExpertReader;
-pub use shard_io::{FaultPlan, IoMode, ReadFault};
+pub use io::expert_reader::ExpertReader;
+pub use io::shard_io::{FaultPlan, IoMode, ReadFault};
 pub use source::{ExpertSource, StreamConfig, Supplied};

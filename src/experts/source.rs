@@ -1,18 +1,19 @@
 //! Supplies a MoE layer's chosen experts, in canonical (shard, offset) order, in batches:
 //! cached experts at once, misses as the loader pool delivers them.
 
-use super::cache_policy::CacheSetup;
-use super::disk_meter::DiskMeter;
-use super::expert_cache::LayerCache;
-use super::expert_reader::ExpertReader;
-use super::loader_pool::{LoadJob, LoaderPool};
-use super::prefetch::Prefetcher;
-use super::shard_io::IoMode;
 use crate::backend::TierExchange;
 use crate::checkpoint::Checkpoint;
-use crate::experts::route_trace::RouteTap;
-use crate::routed_expert::LoadedExpert;
+use crate::config::Config;
+use crate::experts::cache::cache_policy::CacheSetup;
+use crate::experts::cache::expert_cache::LayerCache;
+use crate::experts::io::expert_reader::ExpertReader;
+use crate::experts::io::loader_pool::{LoadJob, LoaderPool};
+use crate::experts::io::shard_io::IoMode;
+use crate::experts::plan::prefetch::Prefetcher;
+use crate::experts::telemetry::disk_meter::DiskMeter;
+use crate::experts::telemetry::route_trace::RouteTap;
 use crate::routed_expert::ReadLender;
+use crate::routed_expert::{ExpertPayload, LoadedExpert};
 use crate::stats::Stats;
 use anyhow::{anyhow, Result};
 use std::collections::{HashMap, VecDeque};
@@ -61,10 +62,23 @@ pub struct ExpertSource {
     exchange: Option<Arc<dyn TierExchange>>,
 }
 
+/// Where one expert of a layer's list stands while the layer streams: in host memory (the
+/// cache's, or read just now), still to be read, or resident in the backend.
 enum Item {
     Ready(Arc<LoadedExpert>),
     Miss(u32),
     Resident(u32),
+}
+
+impl Item {
+    /// The expert as the consumer gets it; a miss is handed over only once read.
+    fn supplied(&self) -> Result<Supplied<'_>> {
+        match self {
+            Item::Ready(e) => Ok(Supplied::Host(e)),
+            Item::Resident(id) => Ok(Supplied::Resident(*id)),
+            Item::Miss(id) => Err(anyhow!("internal: expert {id} handed over before its read")),
+        }
+    }
 }
 
 /// One expert handed to the consumer: its bytes in host memory, or only its id when the
@@ -85,19 +99,12 @@ impl Supplied<'_> {
             Supplied::Resident(id) => *id,
         }
     }
-}
 
-/// Owned form of [`Supplied`] while a batch is collected.
-enum Held {
-    Host(Arc<LoadedExpert>),
-    Resident(u32),
-}
-
-impl Held {
-    fn supplied(&self) -> Supplied<'_> {
+    /// Where the expert's bytes are, as the backend runs it.
+    pub fn payload(&self, cfg: &Config) -> Result<ExpertPayload<'_>> {
         match self {
-            Held::Host(e) => Supplied::Host(e),
-            Held::Resident(id) => Supplied::Resident(*id),
+            Supplied::Host(e) => e.payload(cfg),
+            Supplied::Resident(_) => Ok(ExpertPayload::Resident),
         }
     }
 }
@@ -255,7 +262,7 @@ impl ExpertSource {
     /// Splits each loader-pool read of an expert larger than `bytes` into pieces of about
     /// that size, which the loader threads read at once; 0 reads each expert in one read
     /// ([`ExpertReader::set_read_piece`]; the default is
-    /// [`super::expert_reader::DEFAULT_READ_PIECE`]).
+    /// [`crate::experts::io::expert_reader::DEFAULT_READ_PIECE`]).
     pub fn set_read_piece(&self, bytes: usize) {
         self.reader.set_read_piece(bytes);
     }
@@ -480,8 +487,6 @@ impl ExpertSource {
         let mut all = Vec::with_capacity(items.len());
         for item in items {
             all.push(match item {
-                Item::Ready(e) => Held::Host(e),
-                Item::Resident(id) => Held::Resident(id),
                 Item::Miss(id) => {
                     self.meter.begin();
                     let r = self.reader.read(ck, layer, id);
@@ -489,12 +494,13 @@ impl ExpertSource {
                         .end(r.as_ref().map(|e| e.len() as u64).unwrap_or(0));
                     let e = Arc::new(r?);
                     self.remember(layer, &e)?;
-                    Held::Host(e)
+                    Item::Ready(e)
                 }
+                have => have,
             });
         }
         stats.eload += t0.elapsed();
-        let refs: Vec<Supplied<'_>> = all.iter().map(Held::supplied).collect();
+        let refs: Vec<Supplied<'_>> = all.iter().map(Item::supplied).collect::<Result<_>>()?;
         consume(&refs)
     }
 
@@ -544,20 +550,19 @@ impl ExpertSource {
             submit_next(&mut queued)?;
         }
         prework()?;
-        let mut batch: Vec<Held> = Vec::new();
-        let flush = |batch: &mut Vec<Held>, consume: &mut Consume<'_>| {
+        let mut batch: Vec<Item> = Vec::new();
+        let flush = |batch: &mut Vec<Item>, consume: &mut Consume<'_>| {
             if batch.is_empty() {
                 return Ok(());
             }
-            let refs: Vec<Supplied<'_>> = batch.iter().map(Held::supplied).collect();
+            let refs: Vec<Supplied<'_>> =
+                batch.iter().map(Item::supplied).collect::<Result<_>>()?;
             let r = consume(&refs);
             batch.clear();
             r
         };
         for item in items {
             let e = match item {
-                Item::Ready(e) => Held::Host(e),
-                Item::Resident(id) => Held::Resident(id),
                 Item::Miss(id) => {
                     let rx = queued
                         .pop_front()
@@ -584,8 +589,9 @@ impl ExpertSource {
                             e.context(format!("loading expert {id} of layer {layer}"))
                         })?);
                     self.remember(layer, &e)?;
-                    Held::Host(e)
+                    Item::Ready(e)
                 }
+                have => have,
             };
             batch.push(e);
         }

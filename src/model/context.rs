@@ -8,7 +8,7 @@ use super::mla::Mla;
 use super::K3Model;
 use crate::backend::Backend;
 use crate::config::{AttnKind, Config};
-use crate::experts::ram_budget::{KvShape, DEFAULT_CONTEXT};
+use crate::experts::cache::ram_budget::{KvShape, DEFAULT_CONTEXT};
 
 /// The checkpoint's limit and where it comes from: its config's `max_position_embeddings`,
 /// else [`DEFAULT_CONTEXT`].

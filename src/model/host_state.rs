@@ -6,11 +6,28 @@
 use super::k3::LayerState;
 use super::kda::Kda;
 use super::mla::Mla;
-use super::prompt_cache::entry_file::{LayerShape, StateShape};
 use super::{K3Model, State};
 use crate::backend::Backend;
 use crate::config::AttnKind;
 use anyhow::{ensure, Result};
+
+/// What this model's states look like: an entry must match it before any of it is used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateShape {
+    /// Logits after a token (the vocabulary).
+    pub vocab: usize,
+    /// Every layer's state, in layer order.
+    pub layers: Vec<LayerShape>,
+}
+
+/// One layer's state as this model holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerShape {
+    /// A KDA layer: this many values whatever the length.
+    Kda(usize),
+    /// An MLA layer: this many values per cached position.
+    Mla(usize),
+}
 
 /// One layer's state on the host.
 #[derive(Clone, Debug, PartialEq)]

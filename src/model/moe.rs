@@ -6,8 +6,8 @@ use super::glu_mlp::GluMlp;
 use super::loader::Loader;
 use crate::backend::{Backend, ExpertAssignment, Glu, RouterParams};
 use crate::checkpoint::model_tensors::MoeTensors;
-use crate::experts::expert_plan::{ExpertAccess, ExpertPlan};
-use crate::experts::prefetch::guess_limit;
+use crate::experts::plan::expert_plan::{ExpertAccess, ExpertPlan};
+use crate::experts::plan::prefetch::guess_limit;
 use crate::experts::Supplied;
 use crate::quant::DenseFormat;
 use crate::routed_expert::ExpertKey;
@@ -123,20 +123,12 @@ impl<B: Backend> Moe<B> {
             let assignments: Vec<ExpertAssignment<'_>> = batch
                 .iter()
                 .map(|s| {
-                    let (weights, staged) = match s {
-                        Supplied::Host(l) => match l.staged(&ck.config) {
-                            Some(st) => (None, Some(st)),
-                            None => (Some(l.weights(&ck.config)?), None),
-                        },
-                        Supplied::Resident(_) => (None, None),
-                    };
                     Ok(ExpertAssignment {
                         key: Some(ExpertKey {
                             layer: self.layer,
                             id: s.id(),
                         }),
-                        weights,
-                        staged,
+                        payload: s.payload(&ck.config)?,
                         tokens: plan.rows.get(&s.id()).cloned().unwrap_or_default(),
                     })
                 })

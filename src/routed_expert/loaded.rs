@@ -5,7 +5,7 @@ use super::LentRegion;
 use crate::config::Config;
 use crate::platform::aligned_buf::AlignedBuf;
 use crate::quant::Mxfp4View;
-use crate::routed_expert::{ExpertWeights, StagedExpert};
+use crate::routed_expert::{ExpertPayload, ExpertWeights, StagedExpert};
 use anyhow::{anyhow, Context, Result};
 use std::ops::Range;
 
@@ -32,6 +32,18 @@ pub enum ExpertBytes {
     Lent(Box<dyn LentRegion>),
     /// Host memory the backend handed over, read in place.
     Handed(Box<dyn HostBytes>),
+}
+
+impl ExpertBytes {
+    /// The bytes while the host can still see them: our memory, the memory handed over, or
+    /// a lent region before its backend takes it.
+    pub fn host_view(&mut self) -> &[u8] {
+        match self {
+            ExpertBytes::Host(b) => b,
+            ExpertBytes::Handed(h) => h.bytes(),
+            ExpertBytes::Lent(r) => r.bytes_mut(),
+        }
+    }
 }
 
 impl LoadedExpert {
@@ -97,41 +109,50 @@ impl LoadedExpert {
         })
     }
 
-    /// The expert as the backend lent it for the read, when it was (then there are no
-    /// host views of it: [`LoadedExpert::weights`] refuses).
-    pub fn staged(&self, cfg: &Config) -> Option<StagedExpert<'_>> {
-        match &self.buf {
-            ExpertBytes::Lent(r) => Some(StagedExpert {
-                region: r.as_any(),
-                dims: (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size),
-                parts: self.parts.clone().map(|p| p.start as u64..p.end as u64),
-            }),
-            ExpertBytes::Host(_) | ExpertBytes::Handed(_) => None,
-        }
-    }
-
-    /// Views the bytes as the expert's three MXFP4 matrices (gate w1, down w2, up w3).
-    pub fn weights(&self, cfg: &Config) -> Result<ExpertWeights<'_>> {
+    /// Where the expert's bytes are, as a backend runs it: host views of its three MXFP4
+    /// matrices (gate w1, down w2, up w3), or the region the backend lent for the read.
+    pub fn payload(&self, cfg: &Config) -> Result<ExpertPayload<'_>> {
         let (i, d) = (cfg.moe_intermediate_size, cfg.routed_expert_hidden_size);
         let buf: &[u8] = match &self.buf {
             ExpertBytes::Host(b) => b,
             ExpertBytes::Handed(h) => h.bytes(),
-            ExpertBytes::Lent(_) => {
-                return Err(anyhow!(
-                    "internal: expert {} was read into memory the backend lent; hand it over with staged()",
-                    self.id
-                ))
+            ExpertBytes::Lent(r) => {
+                return Ok(ExpertPayload::Staged(StagedExpert {
+                    region: r.as_any(),
+                    dims: (i, d),
+                    parts: self.parts.clone().map(|p| p.start as u64..p.end as u64),
+                }))
             }
         };
         let p = |k: usize| &buf[self.parts[k].clone()];
-        Ok(ExpertWeights {
+        Ok(ExpertPayload::Host(ExpertWeights {
             w1: Mxfp4View::new(i, d, p(0), p(1))
                 .with_context(|| format!("expert {} w1", self.id))?,
             w2: Mxfp4View::new(d, i, p(2), p(3))
                 .with_context(|| format!("expert {} w2", self.id))?,
             w3: Mxfp4View::new(i, d, p(4), p(5))
                 .with_context(|| format!("expert {} w3", self.id))?,
-        })
+        }))
+    }
+
+    /// The expert as the backend lent it for the read, when it was (then there are no
+    /// host views of it: [`LoadedExpert::weights`] refuses).
+    pub fn staged(&self, cfg: &Config) -> Option<StagedExpert<'_>> {
+        match self.payload(cfg) {
+            Ok(ExpertPayload::Staged(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Views the bytes as the expert's three MXFP4 matrices (gate w1, down w2, up w3).
+    pub fn weights(&self, cfg: &Config) -> Result<ExpertWeights<'_>> {
+        match self.payload(cfg)? {
+            ExpertPayload::Host(w) => Ok(w),
+            ExpertPayload::Staged(_) | ExpertPayload::Resident => Err(anyhow!(
+                "internal: expert {} was read into memory the backend lent; hand it over with payload()",
+                self.id
+            )),
+        }
     }
 }
 

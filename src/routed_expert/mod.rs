@@ -36,6 +36,19 @@ pub struct StagedExpert<'a> {
     pub parts: [std::ops::Range<u64>; 6],
 }
 
+/// Where a routed expert's bytes are when a backend runs it: the one answer the source, the
+/// model and both backends match on.
+#[derive(Clone, Debug)]
+pub enum ExpertPayload<'a> {
+    /// Host views of its three matrices (read into our memory, or handed over by the backend).
+    Host(ExpertWeights<'a>),
+    /// Read into memory the running backend lent for the read; only it can use them.
+    Staged(StagedExpert<'a>),
+    /// Held by the backend already (its VRAM tier, or carried from the last chunk): nothing
+    /// was read.
+    Resident,
+}
+
 /// Names one routed expert of the model: its MoE layer and its id within the layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ExpertKey {

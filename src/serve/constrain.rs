@@ -6,10 +6,11 @@
 
 use super::api_error::ApiError;
 use super::openai_body::tool_name;
+pub use super::request::RequestConstraint;
 use super::request::{ChatRequest, ResponseFormat, ToolChoice};
 use crate::grammar::{
-    CompilerBusy, GrammarCompiler, OutputConstraint, ReplyFrame, SchemaError, TokenConstraint,
-    ToolSchema, MAX_FORCED_TOOLS,
+    CompilerBusy, GrammarCompiler, OutputConstraint, ReplyFrame, SchemaError, ToolSchema,
+    MAX_FORCED_TOOLS,
 };
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -31,23 +32,6 @@ fn format_fields(api: Api) -> (&'static str, &'static str) {
     match api {
         Api::Responses => ("text.format", "text.format.schema"),
         Api::OpenAi | Api::Anthropic => ("response_format", "response_format.json_schema.schema"),
-    }
-}
-
-/// A compiled constraint a job carries; each choice samples under its own copy.
-#[derive(Clone)]
-pub struct RequestConstraint {
-    /// The grammar state at the reply's start, the first step's mask computed.
-    pub constraint: TokenConstraint,
-    /// Seconds the compile took (the grammar and the first step's mask).
-    pub compile_secs: f64,
-}
-
-impl std::fmt::Debug for RequestConstraint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RequestConstraint")
-            .field("compile_secs", &self.compile_secs)
-            .finish_non_exhaustive()
     }
 }
 

@@ -3,7 +3,7 @@
 //! Anthropic's in `anthropic.rs`, both through the sampling fields of `sampling_fields.rs`.
 
 use super::api_error::ApiError;
-use super::constrain::RequestConstraint;
+use crate::grammar::TokenConstraint;
 use crate::sampling::SamplerConfig;
 use crate::tokenizer::ThinkingEffort;
 use serde_json::Value;
@@ -206,4 +206,21 @@ pub struct Defaults {
     pub sampling: SamplerConfig,
     /// Whether chat opens the think channel.
     pub thinking: bool,
+}
+
+/// A compiled constraint a job carries; each choice samples under its own copy.
+#[derive(Clone)]
+pub struct RequestConstraint {
+    /// The grammar state at the reply's start, the first step's mask computed.
+    pub constraint: TokenConstraint,
+    /// Seconds the compile took (the grammar and the first step's mask).
+    pub compile_secs: f64,
+}
+
+impl std::fmt::Debug for RequestConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestConstraint")
+            .field("compile_secs", &self.compile_secs)
+            .finish_non_exhaustive()
+    }
 }

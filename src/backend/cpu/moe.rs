@@ -2,9 +2,9 @@
 
 use super::elementwise::glu;
 use super::CpuAct;
-use crate::backend::{ExpertAssignment, Glu};
+use crate::backend::{ExpertAssignment, ExpertPayload, Glu};
 use crate::quant::idot::{self, IdotKernel, QuantizedActs};
-use anyhow::{anyhow, ensure, Result};
+use anyhow::{bail, ensure, Result};
 use rayon::prelude::*;
 
 /// Gated values from which [`gated`] spreads over the pool: a decode step's expert (one
@@ -38,14 +38,14 @@ pub fn moe_accumulate(
     crate::backend::shape_checks::moe_accumulator((acc.rows, acc.cols), (z.rows, z.cols))?;
     let out = &mut acc.data;
     for ex in experts {
-        let w = ex.weights.as_ref().ok_or_else(|| {
+        let ExpertPayload::Host(w) = &ex.payload else {
             let name = ex.key.map_or("an expert".to_string(), |k| {
                 format!("expert {} of layer {}", k.id, k.layer)
             });
-            anyhow!(
+            bail!(
                 "moe: {name} came without host weights; the CPU backend keeps no experts resident"
             )
-        })?;
+        };
         let i = crate::backend::shape_checks::expert_shapes(w, d)?;
         let m = ex.tokens.len();
         let mut x = Vec::with_capacity(m * d);

@@ -4,125 +4,61 @@
 //! on the device. Ops are recorded into one pending command encoder that is submitted
 //! only when the host must read: a download (logits, traces) or the router's choices.
 
-pub mod adapters;
-pub mod buffer_pool;
-pub mod buffers;
-pub mod chunk_gemm;
-pub mod context;
-mod device_errors;
-mod elementwise;
-mod expert_bytes;
-pub mod expert_tier;
-mod kda;
-#[cfg(feature = "lab")]
-pub mod lab_switches;
-mod matmul;
-mod mla;
-mod moe;
-mod norm;
-mod param_arena;
-pub mod pipeline_variants;
-pub mod profiler;
-pub mod read_staging;
-mod router;
-pub mod shaders;
-mod state_copy;
-pub mod stationary;
-pub mod upload_path;
-pub mod vram_budget;
+pub mod device;
+pub mod experts;
+pub mod kernels;
 
-pub use buffers::{GpuAct, GpuKdaState, GpuMlaCache};
-pub use context::{
+pub use device::buffers::{GpuAct, GpuKdaState, GpuMlaCache};
+pub use device::context::{
     EffectiveLimits, GpuContext, GpuOptions, Int4Decode, LimitsProfile, MatvecShape, ReadStaging,
 };
-pub use matmul::{GpuFormat, GpuMat, DIGITS_FROM_ROWS};
+pub use device::pipeline::AdapterShape;
+pub use kernels::matmul::{GpuFormat, GpuMat, DIGITS_FROM_ROWS};
 
 use super::{
-    Backend, ExpertAssignment, ExpertResidency, FreeDeviceMemory, Glu, KdaDims, KdaStepInputs,
-    KdaStepWeights, MlaAttnWeights, MlaDims, RouterParams, TierExchange,
+    Backend, ExpertAssignment, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights,
+    MlaDims, RouterParams,
 };
 
 use crate::quant::DenseMatrix;
-use crate::routed_expert::ReadLender;
 use crate::routed_expert::Route;
-use anyhow::{anyhow, ensure, Result};
-use buffer_pool::{BufferPool, Lease};
-use read_staging::StagingLender;
-use std::sync::{Arc, Mutex, MutexGuard};
-use upload_path::UploadPath;
+use anyhow::{ensure, Result};
+use device::buffer_pool::{BufferPool, Lease};
+use device::pipeline::{PipelineKind, PipelineVariant, VariantList};
+use experts::GpuExperts;
+use std::collections::HashSet;
+use std::sync::Arc;
 
-/// The wgpu backend.
+/// The wgpu backend: the device, the expert tier on it, and the activation buffers kept for
+/// reuse.
 pub struct GpuBackend {
     /// Device, pipelines, pending encoder.
     pub ctx: GpuContext,
-    /// The VRAM expert tier (off until [`Backend::configure_expert_tier`]).
-    tier: Mutex<moe::TierState>,
-    /// Device buffers that streamed experts outside the tier are written into, kept from
-    /// call to call (see `moe::GpuBackend::arena`).
-    transient: Mutex<Vec<Option<moe::Arena>>>,
-    /// What the last prefill chunk of each layer uploaded outside the tier (`moe/carry.rs`).
-    carry: Mutex<moe::Carry>,
-    /// The tier's promotions and demotions for the host cache (`moe/exchange.rs`).
-    exchange: Arc<moe::Mailbox>,
-    /// [`GpuOptions::no_chunk_carry`].
-    no_chunk_carry: bool,
+    /// The routed experts on the device: the VRAM tier, transient arenas, the chunk carry,
+    /// the exchange with the host cache and the staging lent to reads.
+    experts: GpuExperts,
     /// Activation buffers for reuse (`None`: every activation gets a new buffer).
     pool: Option<Arc<BufferPool>>,
     /// [`GpuOptions::poison_reused`].
     poison_reused: bool,
-    /// Upload staging lent to the expert readers (see [`GpuOptions::read_staging`]).
-    lender: Option<Arc<StagingLender>>,
-    /// The tier is the single expert pool of a unified-memory adapter
-    /// ([`GpuOptions::expert_pool`]).
-    unified_pool: bool,
 }
 
 impl GpuBackend {
     /// Opens the adapter `opts` selects.
     pub fn new(opts: &GpuOptions) -> Result<Self> {
         let ctx = GpuContext::new(opts)?;
-        let shared = upload_path::unified_memory(ctx.info.device_type);
-        // Under an Apple limits profile the pool is the default on any adapter, as on the Mac.
-        let unified_pool = opts.expert_pool.unwrap_or(ctx.unified_memory);
-        // In the pool a read lands in lent staging and one device copy puts it in its slot.
-        let lend = match opts.read_staging {
-            ReadStaging::On => true,
-            ReadStaging::Off => false,
-            ReadStaging::Auto => {
-                unified_pool || upload_path::of(&ctx.adapter) == UploadPath::HostMemory
-            }
-        };
-        let lender = lend.then(|| Arc::new(StagingLender::new(ctx.device.clone(), shared)));
-        let exchange = Arc::new(moe::Mailbox::new(ctx.device.clone()));
+        let experts = GpuExperts::new(&ctx, opts);
         Ok(Self {
             ctx,
-            tier: Mutex::new(moe::TierState::default()),
-            transient: Mutex::new(Vec::new()),
-            carry: Mutex::new(moe::Carry::default()),
-            exchange,
-            no_chunk_carry: opts.no_chunk_carry,
+            experts,
             pool: (!opts.no_buffer_reuse).then(|| Arc::new(BufferPool::default())),
             poison_reused: opts.poison_reused,
-            lender,
-            unified_pool,
         })
     }
 
     /// Upload buffers alive for lending to expert reads (0 when reads are not lent).
     pub fn lent_buffers(&self) -> usize {
-        self.lender.as_ref().map_or(0, |l| l.buffers_alive())
-    }
-
-    fn tier(&self) -> Result<MutexGuard<'_, moe::TierState>> {
-        self.tier
-            .lock()
-            .map_err(|_| anyhow!("GPU expert tier poisoned by an earlier panic"))
-    }
-
-    fn carry(&self) -> Result<MutexGuard<'_, moe::Carry>> {
-        self.carry
-            .lock()
-            .map_err(|_| anyhow!("GPU chunk carry poisoned by an earlier panic"))
+        self.experts.lent_buffers()
     }
 
     /// Bytes of activation buffers waiting for reuse.
@@ -132,7 +68,7 @@ impl GpuBackend {
 
     /// Experts the VRAM tier holds now.
     pub fn resident_experts(&self) -> Result<usize> {
-        Ok(self.tier()?.book.len())
+        self.experts.resident_experts()
     }
 
     /// The `[n, rows]` output of `n` inputs through a `rows × cols` matrix, and whether
@@ -163,7 +99,7 @@ impl GpuBackend {
                 lease: None,
             };
         };
-        let buf = match pool.take(context::storage_size(size)) {
+        let buf = match pool.take(device::context::storage_size(size)) {
             Some(b) => {
                 if self.poison_reused {
                     let nan = f32::NAN.to_le_bytes();
@@ -301,7 +237,7 @@ impl Backend for GpuBackend {
     }
 
     fn state_in_host_ram(&self) -> bool {
-        self.unified_pool()
+        super::ExpertResidency::unified_pool(self)
     }
 
     fn mla_truncate(&self, cache: &mut GpuMlaCache, len: usize) -> Result<()> {
@@ -404,49 +340,62 @@ impl Backend for GpuBackend {
     }
 }
 
-impl ExpertResidency for GpuBackend {
-    fn read_lender(&self) -> Option<Arc<dyn ReadLender>> {
-        self.lender.clone().map(|l| -> Arc<dyn ReadLender> { l })
-    }
+/// Every pipeline the engine creates on an adapter of shape `a`, its modules composed with
+/// the subgroup reductions (`subgroups`) or the workgroup-memory ones: each kernel module's
+/// own list.
+pub fn pipeline_variants(a: AdapterShape, subgroups: bool) -> Vec<PipelineVariant> {
+    let mut list = VariantList::new(subgroups);
+    kernels::elementwise::pipeline_variants(a, &mut list);
+    kernels::norm::pipeline_variants(a, &mut list);
+    experts::pipeline_variants(a, &mut list);
+    kernels::router::pipeline_variants(a, &mut list);
+    kernels::mla::pipeline_variants(a, &mut list);
+    kernels::kda::pipeline_variants(a, &mut list);
+    kernels::matmul::pipeline_variants(a, &mut list);
+    list.into_vec()
+}
 
-    fn tier_exchange(&self) -> Option<Arc<dyn TierExchange>> {
-        Some(self.exchange.clone())
-    }
+/// The kinds of every pipeline [`pipeline_variants`] lists for an adapter of shape `a`.
+pub fn pipeline_kinds(a: AdapterShape, subgroups: bool) -> HashSet<PipelineKind> {
+    pipeline_variants(a, subgroups)
+        .iter()
+        .map(PipelineVariant::kind)
+        .collect()
+}
 
-    fn unified_pool(&self) -> bool {
-        self.unified_pool
-    }
+#[cfg(test)]
+mod pipeline_tests {
+    use super::*;
+    use device::shaders::Shader;
 
-    fn expert_tier_slots(&self) -> Result<usize> {
-        Ok(self.tier()?.book.capacity())
-    }
-
-    fn configure_expert_tier(
-        &self,
-        bytes: u64,
-        experts: usize,
-        intermediate: usize,
-        hidden: usize,
-    ) -> Result<Option<usize>> {
-        self.configure_tier_op(bytes, experts, intermediate, hidden)
-            .map(Some)
-    }
-
-    fn pin_resident_experts(&self, layer: usize, ids: &[u32]) -> Result<Vec<bool>> {
-        let in_tier = self.tier()?.book.pin(layer, ids);
-        let carried = self.carry()?.pin(layer, ids);
-        Ok(in_tier.iter().zip(carried).map(|(&t, c)| t || c).collect())
-    }
-
-    fn free_device_memory(&self) -> Result<FreeDeviceMemory> {
-        // Dropped buffers (an earlier tier, staging) go back to the driver only once the
-        // device has been polled past the work that used them.
-        self.ctx.finish()?;
-        Ok(
-            match vram_budget::free_device_local_bytes(&self.ctx.adapter) {
-                Some(bytes) => FreeDeviceMemory::Bytes(bytes),
-                None => FreeDeviceMemory::Unknown(vram_budget::why_unknown(&self.ctx.info)),
-            },
-        )
+    #[test]
+    fn every_module_and_both_reductions_are_listed() {
+        for a in AdapterShape::TYPICAL {
+            for subgroups in [false, true] {
+                let vs = pipeline_variants(a, subgroups);
+                for sh in Shader::ALL {
+                    assert!(vs.iter().any(|v| v.shader == sh), "{sh:?} in {a:?}");
+                }
+                assert!(vs.iter().all(|v| v.subgroups == subgroups));
+                // The int4 digits in both kernels, x staged and not, SPECIAL both ways.
+                for (sh, entry, name) in [
+                    (Shader::MatvecInt4, "dense", "DIGITS"),
+                    (Shader::MatvecInt4, "dense_cs", "DIGITS"),
+                    (Shader::MatvecInt4, "dense_xs", "XT"),
+                    (Shader::MatvecMxfp4, "moe_xs", "XT"),
+                    (Shader::MatvecMxfp4, "moe_cs", "SPECIAL"),
+                ] {
+                    assert!(
+                        vs.iter().any(|v| v.shader == sh
+                            && v.entry == entry
+                            && v.consts.iter().any(|&(k, _)| k == name)),
+                        "{sh:?} {entry} {name} in {a:?}"
+                    );
+                }
+                assert!(vs
+                    .iter()
+                    .any(|v| v.entry == "moe" && v.consts.contains(&("SPECIAL", 0))));
+            }
+        }
     }
 }

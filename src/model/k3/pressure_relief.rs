@@ -3,7 +3,7 @@
 
 use super::K3Model;
 use crate::backend::Backend;
-use crate::experts::pressure_guard::{CacheSize, PressureGuard};
+use crate::experts::cache::pressure_guard::{CacheSize, PressureGuard};
 use anyhow::{bail, Result};
 use std::time::Instant;
 

@@ -9,6 +9,7 @@
 //! ```
 
 use crate::model::host_state::{HostLayer, HostState};
+pub use crate::model::host_state::{LayerShape, StateShape};
 use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::io::Read;
@@ -32,24 +33,6 @@ pub struct Header {
     pub vocab: usize,
     /// Per layer: `true` for KDA, `false` for MLA, and how many values it holds.
     pub layers: Vec<(bool, usize)>,
-}
-
-/// What this model's states look like: an entry must match it before any of it is used.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StateShape {
-    /// Logits after a token (the vocabulary).
-    pub vocab: usize,
-    /// Every layer's state, in layer order.
-    pub layers: Vec<LayerShape>,
-}
-
-/// One layer's state as this model holds it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LayerShape {
-    /// A KDA layer: this many values whatever the length.
-    Kda(usize),
-    /// An MLA layer: this many values per cached position.
-    Mla(usize),
 }
 
 /// A state with the tokens that produced it and the logits after its last token.

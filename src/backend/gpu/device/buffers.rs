@@ -1,0 +1,74 @@
+//! Device-resident tensors: activations, and the recurrent state of KDA and MLA layers.
+
+use crate::backend::gpu::device::buffer_pool::Lease;
+use crate::backend::{KdaDims, MlaDims};
+use std::sync::Arc;
+
+/// A `[rows, cols]` row-major f32 activation in a device buffer.
+#[derive(Clone, Debug)]
+pub struct GpuAct {
+    /// The buffer (at least `rows · cols · 4` bytes).
+    pub buf: wgpu::Buffer,
+    /// Rows (tokens).
+    pub rows: usize,
+    /// Row width.
+    pub cols: usize,
+    /// Where the buffer goes back to for reuse once every clone has dropped (`None`: it is
+    /// simply freed).
+    pub lease: Option<Arc<Lease>>,
+}
+
+impl GpuAct {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// Whether it holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Size of the values in bytes.
+    pub fn bytes(&self) -> u64 {
+        (self.len() * 4) as u64
+    }
+}
+
+/// KDA state on the device: `hist_q | hist_k | hist_v` (each `[K-1, P]`) then
+/// `S [heads, dk, dk]`, all f32, in one buffer the fused step updates in place.
+#[derive(Debug)]
+pub struct GpuKdaState {
+    /// The state buffer.
+    pub buf: wgpu::Buffer,
+    /// Shapes it was made for.
+    pub dims: KdaDims,
+}
+
+impl GpuKdaState {
+    /// f32 values in the buffer.
+    pub fn values(d: &KdaDims) -> usize {
+        3 * (d.conv_k.max(1) - 1) * d.width() + d.heads * d.head_dim * d.head_dim
+    }
+}
+
+/// MLA latent cache on the device: `[capacity, stride]` rows of normalized latent, rope
+/// part and zero padding; it grows (doubling) as positions are appended.
+#[derive(Debug)]
+pub struct GpuMlaCache {
+    /// The cache buffer.
+    pub buf: wgpu::Buffer,
+    /// Rows the buffer holds.
+    pub capacity: usize,
+    /// Cached positions.
+    pub len: usize,
+    /// Row stride in f32 (`kv_lora + rope` rounded up to 4).
+    pub stride: usize,
+    /// Shapes it was made for.
+    pub dims: MlaDims,
+}
+
+/// Little-endian bytes of f32 values.
+pub fn f32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}

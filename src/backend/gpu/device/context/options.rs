@@ -1,0 +1,104 @@
+//! How a [`GpuContext`](super::GpuContext) is made: the options, their defaults, and the
+//! runtime checks the matvec modules keep.
+
+use super::matvec_shape::MatvecShape;
+use super::MAX_PENDING_PASSES;
+use crate::backend::gpu::kernels::chunk_gemm::ChunkGemm;
+use crate::backend::gpu::kernels::stationary::Stationary;
+use std::path::PathBuf;
+
+/// Default for [`GpuOptions::submit_every`]: submit at readbacks (and every
+/// `MAX_PENDING_PASSES`). Submitting every few passes, so the GPU starts while the host
+/// records, measured within the runs' noise of this (docs/perf.md#decode-resident).
+pub const SUBMIT_EVERY: usize = MAX_PENDING_PASSES;
+
+/// How a [`GpuContext`] is made.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Substring of the adapter name to use (`--adapter`).
+    pub adapter: Option<String>,
+    /// The limits profile to open the device under (`--gpu-limits`); `None` = the one
+    /// `K3_GPU_LIMITS` names, native when it is unset.
+    pub limits: Option<super::LimitsProfile>,
+    /// Accept CPU-type adapters such as lavapipe (explicit `--backend gpu`, tests).
+    pub allow_cpu_adapter: bool,
+    /// Use the workgroup-memory reductions even when subgroups exist (tests both paths).
+    pub no_subgroups: bool,
+    /// Cap on the bytes of one binding, below the adapter's limit (tests the row split).
+    pub max_binding: Option<u64>,
+    /// Matvec geometry of the dense formats; `None` = the default (benchmarks compare
+    /// variants).
+    pub matvec: Option<MatvecShape>,
+    /// Geometry of the batched MXFP4 expert kernel for dispatches of 32768 output rows or
+    /// more over all their (expert, token) pairs (smaller ones take `matvec`); `None` =
+    /// [`MatvecShape::experts`].
+    pub expert_matvec: Option<MatvecShape>,
+    /// The same for the MoE's down projection (w2), whose rows are the model's width and
+    /// whose x is the GLU's output; `None` = [`MatvecShape::expert_down`].
+    pub expert_down_matvec: Option<MatvecShape>,
+    /// When matmuls over chunks of tokens take the tiled kernels; `None` = the default.
+    pub chunk_gemm: Option<ChunkGemm>,
+    /// When one-token matvecs take the column-stationary kernel; `None` = the default.
+    pub stationary: Option<Stationary>,
+    /// Time every compute pass on the GPU and print the totals per kernel at the end
+    /// (`--gpu-profile`); needs timestamp queries.
+    pub profile: bool,
+    /// Give every activation a new buffer instead of reusing those of dropped activations
+    /// (benchmarks compare; reuse spares wgpu's zero-fill of each new buffer).
+    pub no_buffer_reuse: bool,
+    /// Give every dispatch a uniform buffer of its own for its parameters, instead of a
+    /// slot in the reused ones (`param_arena.rs`; benchmarks compare the host time).
+    pub fresh_params: bool,
+    /// Fill a reused activation buffer with NaN before handing it out, so a kernel that
+    /// leaves part of its output unwritten shows up in the results (the tests set it).
+    pub poison_reused: bool,
+    /// Recorded passes after which the host submits them without waiting for a readback
+    /// (`K3_LAB_SUBMIT_EVERY`), so the GPU starts on them while the host records the rest;
+    /// `None` = [`SUBMIT_EVERY`].
+    pub submit_every: Option<usize>,
+    /// Whether experts are read straight into upload staging (`K3_LAB_READ_STAGING`).
+    pub read_staging: ReadStaging,
+    /// Keep nothing of a prefill chunk's expert uploads for the next chunk
+    /// (`K3_LAB_CHUNK_CARRY=off`: every chunk uploads its experts again, to measure against).
+    pub no_chunk_carry: bool,
+    /// Whether the expert tier is the single expert pool of a unified-memory adapter
+    /// (`K3_LAB_EXPERT_POOL`); `None` = on exactly where CPU and GPU share memory.
+    pub expert_pool: Option<bool>,
+    /// Compose every kernel from this directory's WGSL files instead of the text built in
+    /// (shader work: a variant is measured without a rebuild; the benchmarks' `wgsl=DIR`).
+    pub wgsl_dir: Option<PathBuf>,
+    /// The runtime checks wgpu builds the matvec modules with; `None` =
+    /// `default_matvec_checks()`, or none where the geometry is `unchecked`. Benchmarks
+    /// set them (`nochecks=`) to see which costs what.
+    pub matvec_checks: Option<wgpu::ShaderRuntimeChecks>,
+}
+
+/// The runtime checks the matvec modules keep by default: wgpu's index clamps (and its
+/// buffer checks where the driver has no robust buffer access), which keep a wrong index
+/// inside the buffer. The loop counters and the integer-division guards go: every matvec
+/// loop steps by a positive override towards a bound the host derives from the matrix
+/// shapes, and every divisor is an override of 1 or more or a row stride of a matrix with
+/// columns. Without them the expert and head matvecs read faster (docs/perf.md#kernels).
+pub fn default_matvec_checks() -> wgpu::ShaderRuntimeChecks {
+    wgpu::ShaderRuntimeChecks {
+        bounds_checks: true,
+        force_loop_bounding: false,
+        int_div_checks: false,
+        ..wgpu::ShaderRuntimeChecks::checked()
+    }
+}
+
+/// When experts are read straight into mapped upload buffers (see `read_staging.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadStaging {
+    /// On a discrete GPU whose upload staging is host memory (`k3 devices`: no resizable
+    /// BAR), and in the unified expert pool ([`GpuOptions::expert_pool`]), where a read
+    /// lands in GPU-visible memory and one device copy moves it into its slot. Where staging
+    /// is VRAM the read buffer's one copy is already the transfer.
+    #[default]
+    Auto,
+    /// Always (measurements; a read that fails into it falls back to host memory).
+    On,
+    /// Never: read into host memory, then copy into staging.
+    Off,
+}

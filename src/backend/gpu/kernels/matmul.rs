@@ -1,0 +1,724 @@
+//! Dense weights on the device and the matvec/matmul kernels over them. A matrix is
+//! uploaded once, its rows padded to whole 16-byte units and split into row chunks whose
+//! bindings stay under the adapter's limit; one dispatch per chunk writes its rows of y.
+
+use crate::backend::gpu::device::buffers::{f32_bytes, GpuAct};
+use crate::backend::gpu::device::context::{x_tile_units, Dispatch, Int4Decode, MatvecShape};
+use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
+use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile, GK};
+use crate::backend::gpu::kernels::stationary::{
+    stationary_consts, stationary_subgroups, CsPlan, Stationary,
+};
+use crate::backend::gpu::GpuBackend;
+use crate::quant::{DenseData, DenseMatrix};
+use anyhow::{bail, ensure, Result};
+use std::cell::{OnceCell, RefCell};
+
+/// Format of a device matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuFormat {
+    /// f32.
+    F32,
+    /// bf16.
+    Bf16,
+    /// int8 per row.
+    Int8,
+    /// int4 groups of 64.
+    Int4,
+}
+
+impl GpuFormat {
+    /// Columns in one 16-byte unit.
+    pub fn unit_cols(self) -> usize {
+        match self {
+            GpuFormat::F32 => 4,
+            GpuFormat::Bf16 => 8,
+            GpuFormat::Int8 => 16,
+            GpuFormat::Int4 => 32,
+        }
+    }
+
+    fn shader(self) -> Shader {
+        match self {
+            GpuFormat::F32 => Shader::MatvecF32,
+            GpuFormat::Bf16 => Shader::MatvecBf16,
+            GpuFormat::Int8 => Shader::MatvecInt8,
+            GpuFormat::Int4 => Shader::MatvecInt4,
+        }
+    }
+}
+
+/// One row chunk of a device matrix.
+#[derive(Debug)]
+pub struct MatChunk {
+    /// First row.
+    pub row0: usize,
+    /// Rows in the chunk.
+    pub rows: usize,
+    /// Weight units.
+    pub w: wgpu::Buffer,
+    /// Per-row (int8) or per-group (int4) scales.
+    pub scale: Option<wgpu::Buffer>,
+}
+
+/// A dense matrix resident on the device.
+#[derive(Debug)]
+pub struct GpuMat {
+    /// Output dimension.
+    pub rows: usize,
+    /// Input dimension.
+    pub cols: usize,
+    /// Row width after padding to whole units.
+    pub cols_padded: usize,
+    /// Encoding.
+    pub format: GpuFormat,
+    /// Row chunks, in order.
+    pub chunks: Vec<MatChunk>,
+}
+
+impl GpuMat {
+    /// Weight bytes on the device (units and scales).
+    pub fn byte_size(&self) -> u64 {
+        self.chunks
+            .iter()
+            .map(|c| c.w.size() + c.scale.as_ref().map_or(0, |s| s.size()))
+            .sum()
+    }
+}
+
+/// Copies `rows` rows of `src_row` bytes into rows of `dst_row` bytes, zero padded.
+fn pad_rows(src: &[u8], rows: usize, src_row: usize, dst_row: usize) -> Vec<u8> {
+    if src_row == dst_row {
+        return src.to_vec();
+    }
+    let mut out = vec![0u8; rows * dst_row];
+    for r in 0..rows {
+        out[r * dst_row..r * dst_row + src_row]
+            .copy_from_slice(&src[r * src_row..(r + 1) * src_row]);
+    }
+    out
+}
+
+impl GpuBackend {
+    pub(in crate::backend::gpu) fn load_matrix_op(&self, m: DenseMatrix) -> Result<GpuMat> {
+        let (rows, cols) = (m.rows, m.cols);
+        let (format, unit_bytes_per_col, raw_row, payload, scales, scales_per_row): (
+            GpuFormat,
+            f64,
+            usize,
+            Vec<u8>,
+            Option<Vec<f32>>,
+            usize,
+        ) = match m.data {
+            DenseData::F32(v) => (
+                GpuFormat::F32,
+                4.0,
+                cols * 4,
+                bytemuck::cast_slice(&v).to_vec(),
+                None,
+                0,
+            ),
+            DenseData::Bf16(v) => (
+                GpuFormat::Bf16,
+                2.0,
+                cols * 2,
+                bytemuck::cast_slice(&v).to_vec(),
+                None,
+                0,
+            ),
+            DenseData::Int8 { q, scale } => (
+                GpuFormat::Int8,
+                1.0,
+                cols,
+                bytemuck::cast_slice(&q).to_vec(),
+                Some(scale),
+                1,
+            ),
+            DenseData::Int4 { q, scale } => (
+                GpuFormat::Int4,
+                0.5,
+                cols.div_ceil(2),
+                q,
+                Some(scale),
+                cols.div_ceil(64),
+            ),
+        };
+        ensure!(
+            payload.len() == rows * raw_row,
+            "load_matrix: {rows}x{cols} {format:?} payload has {} bytes, expected {}",
+            payload.len(),
+            rows * raw_row
+        );
+        if let Some(s) = &scales {
+            ensure!(
+                s.len() == rows * scales_per_row,
+                "load_matrix: {rows}x{cols} {format:?} has {} scales, expected {}",
+                s.len(),
+                rows * scales_per_row
+            );
+        }
+        let uc = format.unit_cols();
+        let cols_padded = cols.div_ceil(uc).max(1) * uc;
+        let row_bytes = (cols_padded as f64 * unit_bytes_per_col) as usize;
+        let padded = pad_rows(&payload, rows, raw_row, row_bytes);
+        drop(payload);
+        let max_rows_binding = (self.ctx.max_binding / row_bytes.max(1) as u64) as usize;
+        // Row groups of either kernel stay within the grid's y limit.
+        let max_rows_dispatch = self.ctx.limits.max_compute_workgroups_per_dimension as usize
+            * self
+                .rows_per_group()
+                .min(ChunkGemm::min_tile_rows(self.ctx.wg)) as usize;
+        let chunk_rows = max_rows_binding.min(max_rows_dispatch);
+        if chunk_rows == 0 {
+            bail!(
+                "load_matrix: one {cols}-column row ({row_bytes} B) exceeds the adapter's storage binding limit of {} B",
+                self.ctx.max_binding
+            );
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0;
+        while row0 < rows {
+            let n = chunk_rows.min(rows - row0);
+            let w = self
+                .ctx
+                .buffer_init(&padded[row0 * row_bytes..(row0 + n) * row_bytes], "weights");
+            let scale = scales.as_ref().map(|s| {
+                self.ctx.buffer_init(
+                    f32_bytes(&s[row0 * scales_per_row..(row0 + n) * scales_per_row]),
+                    "scales",
+                )
+            });
+            chunks.push(MatChunk {
+                row0,
+                rows: n,
+                w,
+                scale,
+            });
+            row0 += n;
+        }
+        Ok(GpuMat {
+            rows,
+            cols,
+            cols_padded,
+            format,
+            chunks,
+        })
+    }
+
+    /// Output rows one matvec workgroup computes.
+    pub(in crate::backend::gpu) fn rows_per_group(&self) -> u32 {
+        rows_per_group_of(self.ctx.wg, self.ctx.matvec)
+    }
+
+    /// The row-split kernel's entry and overrides for a `shader` matrix with rows of `units`
+    /// units under `m` (see [`row_split_variant`]).
+    pub(in crate::backend::gpu) fn row_split(
+        &self,
+        shader: Shader,
+        m: MatvecShape,
+        units: usize,
+        entries: (&'static str, &'static str),
+    ) -> (&'static str, Vec<(&'static str, u32)>) {
+        row_split_variant(shader, m, units, self.ctx.shared_bytes(), entries)
+    }
+
+    /// The dense matvec pipeline overrides, x read from global memory (formats whose unit is
+    /// not 32 columns).
+    pub(in crate::backend::gpu) fn mv_consts(&self) -> [(&'static str, u32); 4] {
+        mv_consts_of(self.ctx.matvec)
+    }
+
+    /// `y[t · stride + row0 + r] = Σ_s part[s][t][r]` for `(tokens, rows) = shape` and
+    /// `(stride, row0) = place`: the split-K chunk kernel's partial sums added up.
+    pub(in crate::backend::gpu) fn sum_segments(
+        &self,
+        part: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        shape: (usize, usize),
+        place: (usize, usize),
+        segs: u32,
+    ) {
+        let n = (shape.0 * shape.1) as u32;
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::SumSegments,
+            entry: "sum_segments",
+            consts: &[],
+            params: &[n, shape.1 as u32, place.0 as u32, place.1 as u32, segs, n],
+            buffers: &[part, y],
+            groups: self.ctx.grid(n.div_ceil(self.ctx.wg)),
+        });
+    }
+
+    /// One row chunk `c` of `w` for `n` tokens through the chunk kernel with tile `t`:
+    /// `bufs` are the dispatch's storage buffers (x, y, weights, scales), `params` the
+    /// matvec parameter block. Where K is split, the segments' partial sums go to a scratch
+    /// buffer and a `sum_segments` pass writes y.
+    fn gemm_chunk(
+        &self,
+        w: &GpuMat,
+        c: &MatChunk,
+        n: usize,
+        (y, mut bufs): (&wgpu::Buffer, Vec<&wgpu::Buffer>),
+        t: GemmTile,
+        mut params: [u32; 11],
+    ) {
+        let groups = (
+            (n as u32).div_ceil(t.tokens()),
+            (c.rows as u32).div_ceil(t.rows()),
+        );
+        let out = n * c.rows;
+        let (segs, seg_steps) = self.ctx.chunk_gemm.segments(
+            u64::from(groups.0) * u64::from(groups.1),
+            w.cols_padded.div_ceil(GK as usize) as u64,
+            out as u64 * 4,
+            self.ctx.max_binding,
+        );
+        params[9] = seg_steps;
+        let part = (segs > 1).then(|| {
+            // Each segment's outputs as [token][chunk row], segment after segment.
+            params[3] = 0;
+            params[4] = c.rows as u32;
+            params[10] = out as u32;
+            self.ctx
+                .buffer(u64::from(segs) * out as u64 * 4, "chunk partial sums")
+        });
+        if let Some(pb) = &part {
+            bufs[1] = pb;
+        }
+        self.ctx.dispatch(&Dispatch {
+            shader: w.format.shader(),
+            entry: "gemm",
+            consts: &t.consts(self.ctx.wg, w.format.unit_cols() as u32),
+            params: &params,
+            buffers: &bufs,
+            groups: (groups.0, groups.1, segs),
+        });
+        if let Some(pb) = &part {
+            self.sum_segments(pb, y, (n, c.rows), (w.rows, c.row0), segs);
+        }
+    }
+
+    pub(in crate::backend::gpu) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
+        self.matmul_sharing(w, x, &SharedX::of(&[w]))
+    }
+
+    /// `W · x` for each of `ws`: they share x's padded copies and its int4 `x_planes`
+    /// pass, so the digit decode is taken when their int4 rows together reach
+    /// [`DIGITS_FROM_ROWS`].
+    pub(in crate::backend::gpu) fn matmul_many_op(
+        &self,
+        ws: &[&GpuMat],
+        x: &GpuAct,
+    ) -> Result<Vec<GpuAct>> {
+        let shared = SharedX::of(ws);
+        ws.iter()
+            .map(|w| self.matmul_sharing(w, x, &shared))
+            .collect()
+    }
+
+    fn matmul_sharing(&self, w: &GpuMat, x: &GpuAct, shared: &SharedX) -> Result<GpuAct> {
+        ensure!(
+            x.cols == w.cols,
+            "matmul: input width {} does not match the matrix's {} columns",
+            x.cols,
+            w.cols
+        );
+        let (y, run) = self.matmul_output(x.rows, w.rows, w.cols)?;
+        if !run {
+            return Ok(y);
+        }
+        let xp = shared.padded(w.cols_padded, || self.padded(x, w.cols_padded));
+        let uc = w.format.unit_cols();
+        let rpg = self.rows_per_group();
+        let params = |c: &MatChunk| {
+            [
+                c.rows as u32,
+                (w.cols_padded / uc) as u32,
+                x.rows as u32,
+                c.row0 as u32,
+                w.rows as u32,
+                (w.cols_padded / 4) as u32,
+                w.cols.div_ceil(64) as u32,
+                0,
+                0,
+                0,
+                0,
+            ]
+        };
+        // A chunk of tokens: the tiled kernel decodes each weight unit once per tile.
+        let tile = self.ctx.gemm_tile(x.rows);
+        // int4's one-token kernels read x as exact integer digits (the digit decode), made
+        // once per call (for all its matrices), by the first row chunk that needs them: by
+        // default the row-split kernel where the call's int4 rows reach DIGITS_FROM_ROWS;
+        // every one-token kernel when asked.
+        let int4 = w.format == GpuFormat::Int4;
+        let decode = self.ctx.matvec.int4_decode;
+        let split_digits = int4
+            && match decode {
+                Some(d) => d == Int4Decode::Digits,
+                None => shared.int4_rows >= DIGITS_FROM_ROWS,
+            };
+        let cs_digits = int4 && decode == Some(Int4Decode::Digits);
+        // Every int4 matrix of the call has x's width, so one padded width: the planes fit
+        // them all.
+        let planes_of = || {
+            &shared
+                .planes
+                .get_or_init(|| self.x_planes(&xp.buf, (xp.rows, w.cols_padded / uc)))
+                .buf
+        };
+        for c in &w.chunks {
+            let mut bufs: Vec<&wgpu::Buffer> = vec![&xp.buf, &y.buf, &c.w];
+            if let Some(s) = &c.scale {
+                bufs.push(s);
+            }
+            let params = params(c);
+            if let Some(t) = tile {
+                self.gemm_chunk(w, c, x.rows, (&y.buf, bufs), t, params);
+                continue;
+            }
+            let split_groups = (c.rows as u32).div_ceil(rpg);
+            let plan = (self.ctx.stationary)
+                .wants(u64::from(split_groups) * x.rows as u64)
+                .then(|| self.ctx.stationary_plan(w.cols_padded / uc, c.rows, x.rows))
+                .flatten();
+            if let Some(plan) = plan {
+                let mut cs = [0u32; 12];
+                cs[..11].copy_from_slice(&params);
+                cs[11] = plan.row_block;
+                if cs_digits {
+                    bufs[0] = planes_of();
+                }
+                let consts = stationary_consts(plan, cs_digits);
+                self.ctx.dispatch(&Dispatch {
+                    shader: w.format.shader(),
+                    entry: "dense_cs",
+                    consts: &consts,
+                    params: &cs,
+                    buffers: &bufs,
+                    groups: (x.rows as u32, plan.groups(c.rows), 1),
+                });
+                continue;
+            }
+            let mut shape = self.ctx.matvec;
+            let mut groups = split_groups;
+            if split_digits {
+                bufs[0] = planes_of();
+                shape = digit_shape(shape);
+                groups = (c.rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, shape));
+            }
+            let (entry, consts) = self.row_split(
+                w.format.shader(),
+                shape,
+                w.cols_padded / uc,
+                ("dense", "dense_xs"),
+            );
+            self.ctx.dispatch(&Dispatch {
+                shader: w.format.shader(),
+                entry,
+                consts: &consts,
+                params: &params,
+                buffers: &bufs,
+                groups: (x.rows as u32, groups, 1),
+            });
+        }
+        Ok(y)
+    }
+
+    /// x in the layout of the int4 digit decode (`x_planes` in matvec_int4.wgsl: per
+    /// 32-column unit, x's exact integer digits, their sum and the power of two, stored by
+    /// blocks of 32 units). x is `rows` rows of `units` units, and so is the result.
+    fn x_planes(&self, x: &wgpu::Buffer, (rows, units): (usize, usize)) -> GpuAct {
+        let out = self.alloc(rows, 32 * units);
+        let mut params = [0u32; 11];
+        params[1] = units as u32;
+        params[2] = rows as u32;
+        params[5] = (8 * units) as u32;
+        self.ctx.dispatch_at(
+            &Dispatch {
+                shader: Shader::MatvecInt4,
+                entry: "x_planes",
+                consts: &[],
+                params: &params,
+                buffers: &[x, &out.buf],
+                groups: (
+                    // One invocation per output word of a unit.
+                    (32 * units as u32).div_ceil(self.ctx.wg),
+                    rows as u32,
+                    1,
+                ),
+            },
+            [1, 2],
+        );
+        out
+    }
+}
+
+/// What the matrices of one [`GpuBackend::matmul_many_op`] call derive from their common x,
+/// made at most once each: its copies padded to a matrix's width, and its integer digits
+/// (`x_planes`).
+struct SharedX {
+    /// Rows of the call's int4 matrices, which decide whether the digits pay.
+    int4_rows: usize,
+    /// x padded to each width asked for so far.
+    padded: RefCell<Vec<(usize, GpuAct)>>,
+    /// The planes, once a matrix needed them.
+    planes: OnceCell<GpuAct>,
+}
+
+impl SharedX {
+    fn of(ws: &[&GpuMat]) -> Self {
+        Self {
+            int4_rows: ws
+                .iter()
+                .filter(|w| w.format == GpuFormat::Int4)
+                .map(|w| w.rows)
+                .sum(),
+            padded: RefCell::new(Vec::new()),
+            planes: OnceCell::new(),
+        }
+    }
+
+    /// x padded to `cols` columns: made by `pad` the first time that width is asked for.
+    fn padded(&self, cols: usize, pad: impl FnOnce() -> GpuAct) -> GpuAct {
+        let mut made = self.padded.borrow_mut();
+        if let Some((_, xp)) = made.iter().find(|(c, _)| *c == cols) {
+            return xp.clone();
+        }
+        let xp = pad();
+        made.push((cols, xp.clone()));
+        xp
+    }
+}
+
+/// int4 matrices of at least this many rows (counted over the matrices of one
+/// `matmul_many` call, which share the digit pass) take the integer-digit decode by default.
+/// The digit pass costs GPU time and a pass of host time: it pays where several large
+/// matrices share it (a KDA layer's four 12288-row projections), not on every small int4
+/// matvec of a decode step (docs/perf.md#kernels).
+pub const DIGITS_FROM_ROWS: usize = 32768;
+
+/// Output rows one workgroup of `wg` lanes computes under `m`.
+pub(in crate::backend::gpu) fn rows_per_group_of(wg: u32, m: MatvecShape) -> u32 {
+    wg / m.lanes_per_row * m.rows_per_lane
+}
+
+/// Columns of one MXFP4 scale block, the unit of the MXFP4 kernels.
+const MXFP4_UNIT_COLS: u32 = 32;
+
+/// The matvec pipeline overrides of `m` shared by every matvec entry.
+pub fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 4] {
+    [
+        ("LPR", m.lanes_per_row),
+        ("LW", m.lanes_per_block),
+        ("RPL", m.rows_per_lane),
+        ("PIPE", u32::from(m.pipelined)),
+    ]
+}
+
+/// Whether a dispatch of `shader` under `m` takes the int4 digit decode.
+fn takes_digits(shader: Shader, m: MatvecShape) -> bool {
+    shader == Shader::MatvecInt4 && m.int4_decode == Some(Int4Decode::Digits)
+}
+
+/// `m` as the row-split kernel of the int4 digit decode runs it: the digits, at
+/// `digit_rows_per_lane` rows a lane.
+pub fn digit_shape(m: MatvecShape) -> MatvecShape {
+    MatvecShape {
+        int4_decode: Some(Int4Decode::Digits),
+        rows_per_lane: m.digit_rows_per_lane,
+        ..m
+    }
+}
+
+/// The row-split kernel's entry and overrides for a `shader` matrix with rows of `units`
+/// units under `m`, with `shared` bytes of workgroup memory: `entries.0`, or `entries.1`
+/// (its twin in matvec_staged.wgsl) with x staged in tiles of [`x_tile_units`], where the
+/// shader stages x, the decode reads plain x, and a tile fits the workgroup memory.
+pub fn row_split_variant(
+    shader: Shader,
+    m: MatvecShape,
+    units: usize,
+    shared: u32,
+    entries: (&'static str, &'static str),
+) -> (&'static str, Vec<(&'static str, u32)>) {
+    let digits = takes_digits(shader, m);
+    let mut consts = mv_consts_of(m).to_vec();
+    if digits {
+        consts.push(("DIGITS", 1));
+    }
+    let xt = if shader.stages_x() && !digits {
+        x_tile_units(m, units, shared)
+    } else {
+        0
+    };
+    if xt == 0 {
+        return (entries.0, consts);
+    }
+    consts.push(("XT", xt));
+    (entries.1, consts)
+}
+
+/// The MXFP4 kernels' `SPECIAL` override: whether the per-element path for huge scales is
+/// compiled in.
+pub fn special_const(huge: bool) -> (&'static str, u32) {
+    ("SPECIAL", u32::from(huge))
+}
+
+/// Row widths, in units, that reach every override value that depends on them: a row of
+/// one unit, the model's rows, and rows wider than any x tile or stationary span.
+const UNIT_COUNTS: [usize; 6] = [1, 7, 24, 96, 224, 1792];
+/// Token counts of chunk matmuls that reach every tile the chunk policy picks.
+const CHUNK_TOKENS: [usize; 3] = [16, 32, 512];
+
+/// The matvec pipelines on an adapter of shape `a`, under the engine's geometries (the
+/// dense, expert and expert-down matvec shapes, either int4 decode, x staged or not) and the
+/// chunk and column-stationary policies' defaults, with the segment sum they share.
+pub(crate) fn pipeline_variants(a: AdapterShape, list: &mut VariantList) {
+    let subgroups = list.subgroups();
+    let mut push = |shader: Shader, entry: &'static str, consts: Vec<(&'static str, u32)>| {
+        list.push(shader, entry, consts)
+    };
+    push(Shader::SumSegments, "sum_segments", Vec::new());
+
+    // Matvec geometries: the dense shape (either int4 decode, x staged or read from global
+    // memory), the expert shapes, and the digit decode's row-split shape.
+    let dense = MatvecShape::default();
+    let mut shapes = Vec::new();
+    for base in [dense, MatvecShape::experts(), MatvecShape::expert_down()] {
+        for stage_x in [base.stage_x, 0] {
+            for int4_decode in [None, Some(Int4Decode::Float), Some(Int4Decode::Digits)] {
+                let m = MatvecShape {
+                    stage_x,
+                    int4_decode,
+                    ..base
+                };
+                shapes.push(m);
+                if int4_decode == Some(Int4Decode::Digits) {
+                    shapes.push(digit_shape(m));
+                }
+            }
+        }
+    }
+    let stationary = Stationary::default();
+    let sub = stationary_subgroups(subgroups, a.subgroup_sizes);
+    let plans: Vec<CsPlan> = UNIT_COUNTS
+        .iter()
+        .flat_map(|&units| {
+            [(12288, 1), (3072, 16)]
+                .into_iter()
+                .filter_map(move |(rows, items)| stationary.plan(units, rows, items, a.wg, sub))
+        })
+        .collect();
+    let gemm = ChunkGemm::default();
+    let tiles: Vec<_> = CHUNK_TOKENS
+        .iter()
+        .filter_map(|&n| gemm.tile(a.wg, n, u64::from(a.shared_bytes)))
+        .collect();
+
+    let dense_formats = [
+        (Shader::MatvecF32, 4),
+        (Shader::MatvecBf16, 8),
+        (Shader::MatvecInt8, 16),
+        (Shader::MatvecInt4, 32),
+    ];
+    for (shader, unit_cols) in dense_formats {
+        for &m in &shapes {
+            for units in UNIT_COUNTS {
+                let (entry, consts) =
+                    row_split_variant(shader, m, units, a.shared_bytes, ("dense", "dense_xs"));
+                push(shader, entry, consts);
+            }
+        }
+        for &plan in &plans {
+            push(shader, "dense_cs", stationary_consts(plan, false));
+            if shader == Shader::MatvecInt4 {
+                push(shader, "dense_cs", stationary_consts(plan, true));
+            }
+        }
+        for &t in &tiles {
+            push(shader, "gemm", t.consts(a.wg, unit_cols).to_vec());
+        }
+    }
+    push(Shader::MatvecInt4, "x_planes", Vec::new());
+
+    for huge in [false, true] {
+        let special = special_const(huge);
+        for &m in &shapes {
+            for units in UNIT_COUNTS {
+                let (entry, mut consts) = row_split_variant(
+                    Shader::MatvecMxfp4,
+                    m,
+                    units,
+                    a.shared_bytes,
+                    ("moe", "moe_xs"),
+                );
+                consts.push(special);
+                push(Shader::MatvecMxfp4, entry, consts);
+            }
+        }
+        for &plan in &plans {
+            let mut consts = stationary_consts(plan, false);
+            consts.push(special);
+            push(Shader::MatvecMxfp4, "moe_cs", consts);
+        }
+    }
+    for &t in &tiles {
+        push(
+            Shader::MatvecMxfp4,
+            "moe_gemm",
+            t.consts(a.wg, MXFP4_UNIT_COLS).to_vec(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digit_decode_is_never_staged_and_only_int4_takes_it() {
+        let digits = MatvecShape {
+            int4_decode: Some(Int4Decode::Digits),
+            ..MatvecShape::default()
+        };
+        let (entry, consts) = row_split_variant(
+            Shader::MatvecInt4,
+            digits,
+            224,
+            48 << 10,
+            ("dense", "dense_xs"),
+        );
+        assert_eq!(entry, "dense");
+        assert!(consts.contains(&("DIGITS", 1)));
+        // The other formats read plain x whatever the int4 decode: MXFP4 stages it.
+        let (entry, consts) = row_split_variant(
+            Shader::MatvecMxfp4,
+            digits,
+            224,
+            48 << 10,
+            ("moe", "moe_xs"),
+        );
+        assert_eq!(entry, "moe_xs");
+        assert!(!consts.iter().any(|&(k, _)| k == "DIGITS"));
+        assert!(consts.contains(&("XT", 224)));
+        // The float decode stages x; formats without 32-column units never do.
+        let (entry, _) = row_split_variant(
+            Shader::MatvecInt4,
+            MatvecShape::default(),
+            224,
+            48 << 10,
+            ("dense", "dense_xs"),
+        );
+        assert_eq!(entry, "dense_xs");
+        let (entry, _) = row_split_variant(
+            Shader::MatvecInt8,
+            MatvecShape::default(),
+            224,
+            48 << 10,
+            ("dense", "dense_xs"),
+        );
+        assert_eq!(entry, "dense");
+    }
+}

@@ -1,0 +1,282 @@
+//! Absorbed MLA attention on the device over a latent cache that stays there and grows.
+
+use crate::backend::gpu::device::buffers::{GpuAct, GpuMlaCache};
+use crate::backend::gpu::device::context::Dispatch;
+use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
+use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::GpuBackend;
+use crate::backend::{MlaAttnWeights, MlaDims};
+use anyhow::{ensure, Result};
+
+/// Heads one `ctx` workgroup carries (the kernel's HT).
+const HEAD_TILE: u32 = 8;
+/// Lanes per output row of the `outv` kernel.
+pub(in crate::backend::gpu) const OUTV_LANES: u32 = 32;
+/// Positions a fresh cache holds before it first grows.
+const INITIAL_POSITIONS: usize = 64;
+/// Positions one `ctx` workgroup walks, at most (fewer chunks only when memory or the grid
+/// limit asks).
+const CTX_CHUNK: usize = 128;
+/// Bytes the `ctx` partial sums may take.
+const CTX_PARTIAL_BYTES: usize = 64 << 20;
+
+/// Positions per `ctx` chunk for `rows` query rows of `kv` values over `total` positions:
+/// [`CTX_CHUNK`], or longer where the partials would pass [`CTX_PARTIAL_BYTES`] or the
+/// grid's `max_z` (`n` tokens × chunks workgroups).
+fn ctx_chunk_len(total: usize, n: usize, rows: usize, kv: usize, max_z: usize) -> usize {
+    let by_memory = (CTX_PARTIAL_BYTES / (rows * kv * 4).max(1)).max(1);
+    let by_grid = (max_z / n.max(1)).max(1);
+    let chunks = total.div_ceil(CTX_CHUNK).min(by_memory).min(by_grid).max(1);
+    total.div_ceil(chunks).max(1)
+}
+
+/// Values one cached position takes in the device buffer (padded to whole vec4s).
+fn cache_stride(d: &MlaDims) -> usize {
+    (d.kv_lora + d.rope).div_ceil(4) * 4
+}
+
+impl GpuBackend {
+    /// Positions the largest cache buffer this adapter binds holds.
+    pub(in crate::backend::gpu) fn mla_cache_max_positions_op(&self, d: &MlaDims) -> usize {
+        (self.ctx.max_binding / (cache_stride(d) * 4) as u64) as usize
+    }
+
+    pub(in crate::backend::gpu) fn mla_cache_op(&self, d: &MlaDims) -> Result<GpuMlaCache> {
+        let stride = cache_stride(d);
+        let capacity = INITIAL_POSITIONS;
+        let buf = self.ctx.buffer((capacity * stride * 4) as u64, "mla cache");
+        Ok(GpuMlaCache {
+            buf,
+            capacity,
+            len: 0,
+            stride,
+            dims: *d,
+        })
+    }
+
+    pub(in crate::backend::gpu) fn grow(&self, cache: &mut GpuMlaCache, need: usize) -> Result<()> {
+        if need <= cache.capacity {
+            return Ok(());
+        }
+        // Doubling stops at the binding limit, so a context up to it always fits.
+        let most = self.mla_cache_max_positions_op(&cache.dims);
+        let capacity = need.max((cache.capacity * 2).min(most));
+        let bytes = (capacity * cache.stride * 4) as u64;
+        ensure!(
+            bytes <= self.ctx.max_binding,
+            "mla cache: {capacity} positions x {} values exceed the adapter's binding limit of {} B",
+            cache.stride,
+            self.ctx.max_binding
+        );
+        let buf = self.ctx.buffer(bytes, "mla cache");
+        self.ctx.copy(
+            &cache.buf,
+            0,
+            &buf,
+            0,
+            (cache.len * cache.stride * 4) as u64,
+        );
+        cache.buf = buf;
+        cache.capacity = capacity;
+        Ok(())
+    }
+
+    /// Absorbed MLA over `q`'s rows. The score pass runs one grid row and one
+    /// `[total]` row of scores per (token, head), so a window whose rows would exceed the
+    /// grid or a binding attends in consecutive blocks of tokens, each appending its latents
+    /// before it attends: causal attention sees the same positions either way.
+    pub(in crate::backend::gpu) fn mla_attend_op(
+        &self,
+        d: &MlaDims,
+        w: &MlaAttnWeights<GpuAct>,
+        cache: &mut GpuMlaCache,
+        q: &GpuAct,
+        c: &GpuAct,
+    ) -> Result<GpuAct> {
+        let n = q.rows;
+        let h = d.heads.max(1);
+        let total = cache.len + n;
+        let by_grid = self.ctx.limits.max_compute_workgroups_per_dimension as usize / h;
+        let by_scores = (self.ctx.max_binding / (h as u64 * total.max(1) as u64 * 4)) as usize;
+        let per = by_grid.min(by_scores).max(1);
+        if n <= per || c.rows != n {
+            return self.mla_attend_block(d, w, cache, q, c);
+        }
+        let out = self.alloc(n, h * d.v);
+        let row = (h * d.v * 4) as u64;
+        let mut start = 0;
+        while start < n {
+            let len = per.min(n - start);
+            let qb = crate::backend::Backend::slice_rows(self, q, start, len)?;
+            let cb = crate::backend::Backend::slice_rows(self, c, start, len)?;
+            let ob = self.mla_attend_block(d, w, cache, &qb, &cb)?;
+            self.ctx
+                .copy(&ob.buf, 0, &out.buf, start as u64 * row, len as u64 * row);
+            start += len;
+        }
+        Ok(out)
+    }
+
+    fn mla_attend_block(
+        &self,
+        d: &MlaDims,
+        w: &MlaAttnWeights<GpuAct>,
+        cache: &mut GpuMlaCache,
+        q: &GpuAct,
+        c: &GpuAct,
+    ) -> Result<GpuAct> {
+        ensure!(
+            cache.dims == *d,
+            "mla_attend: cache was made for {:?}, called with {:?}",
+            cache.dims,
+            d
+        );
+        let (h, r, nope, kv) = (d.heads, d.rope, d.nope, d.kv_lora);
+        let qw = nope + r;
+        crate::backend::shape_checks::mla_inputs(d, (q.rows, q.cols), (c.rows, c.cols))?;
+        ensure!(
+            w.wk.len() == h * nope * kv && w.wv.len() == h * d.v * kv && w.kv_norm.len() == kv,
+            "mla_attend: kv_b_proj blocks do not match {h} heads"
+        );
+        let n = q.rows;
+        let out = self.alloc(n, h * d.v);
+        if n == 0 {
+            return Ok(out);
+        }
+        let pos0 = cache.len;
+        self.grow(cache, pos0 + n)?;
+        let total = pos0 + n;
+        let cs = cache.stride;
+        let rows = n * h;
+        let max_z = self.ctx.limits.max_compute_workgroups_per_dimension as usize;
+        let plen = ctx_chunk_len(total, n, rows, kv, max_z);
+        let chunks = total.div_ceil(plen);
+        let params = |total: usize| -> [u32; 12] {
+            [
+                n as u32,
+                h as u32,
+                kv as u32,
+                r as u32,
+                nope as u32,
+                d.v as u32,
+                cs as u32,
+                pos0 as u32,
+                total as u32,
+                d.norm_eps.to_bits(),
+                (1.0 / (qw as f32).sqrt()).to_bits(),
+                plen as u32,
+            ]
+        };
+        let pr = params(total);
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::MlaAttend,
+            entry: "append",
+            consts: &[],
+            params: &pr,
+            buffers: &[&c.buf, &cache.buf, &w.kv_norm.buf],
+            groups: (n as u32, 1, 1),
+        });
+        cache.len = total;
+        let x = self.ctx.buffer((rows * cs * 4) as u64, "mla query");
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::MlaAttend,
+            entry: "qabs",
+            consts: &[],
+            params: &pr,
+            buffers: &[&q.buf, &x, &w.wk.buf],
+            groups: self.ctx.grid(rows as u32),
+        });
+        // Scores: the cache is the matrix of an f32 matvec, one "token" per (t, head).
+        let scores = self.ctx.buffer((rows * total * 4) as u64, "mla scores");
+        let rpw = self.ctx.wg / OUTV_LANES;
+        let rpg = self.rows_per_group();
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::MatvecF32,
+            entry: "dense",
+            consts: &self.mv_consts(),
+            params: &[
+                total as u32,
+                (cs / 4) as u32,
+                rows as u32,
+                0,
+                total as u32,
+                (cs / 4) as u32,
+                0,
+                0,
+            ],
+            buffers: &[&x, &scores, &cache.buf],
+            groups: (rows as u32, (total as u32).div_ceil(rpg), 1),
+        });
+        let probs = self.ctx.buffer((rows * total * 4) as u64, "mla probs");
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::MlaAttend,
+            entry: "softmax",
+            consts: &[],
+            params: &pr,
+            buffers: &[&scores, &probs],
+            groups: self.ctx.grid(rows as u32),
+        });
+        let ctxv = self.ctx.buffer((rows * kv * 4) as u64, "mla ctx");
+        // One chunk writes the ctx itself; more write partial sums that ctx_sum adds up.
+        let partial = (chunks > 1).then(|| {
+            self.ctx
+                .buffer((chunks * rows * kv * 4) as u64, "mla ctx partials")
+        });
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::MlaAttend,
+            entry: "ctx",
+            consts: &[],
+            params: &pr,
+            buffers: &[&probs, partial.as_ref().unwrap_or(&ctxv), &cache.buf],
+            groups: (
+                (kv as u32).div_ceil(self.ctx.wg),
+                (h as u32).div_ceil(HEAD_TILE),
+                (n * chunks) as u32,
+            ),
+        });
+        if let Some(part) = &partial {
+            self.ctx.dispatch(&Dispatch {
+                shader: Shader::MlaAttend,
+                entry: "ctx_sum",
+                consts: &[],
+                params: &pr,
+                buffers: &[part, &ctxv],
+                groups: self.ctx.grid(((rows * kv) as u32).div_ceil(self.ctx.wg)),
+            });
+        }
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::MlaAttend,
+            entry: "outv",
+            consts: &[("LPR", OUTV_LANES)],
+            params: &pr,
+            buffers: &[&ctxv, &out.buf, &w.wv.buf],
+            groups: ((d.v as u32).div_ceil(rpw), rows as u32, 1),
+        });
+        Ok(out)
+    }
+}
+
+/// The MLA attention kernels' pipelines.
+pub(crate) fn pipeline_variants(_a: AdapterShape, list: &mut VariantList) {
+    for entry in ["append", "qabs", "softmax", "ctx", "ctx_sum"] {
+        list.push(Shader::MlaAttend, entry, Vec::new());
+    }
+    list.push(Shader::MlaAttend, "outv", vec![("LPR", OUTV_LANES)]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ctx_chunk_len, CTX_CHUNK};
+
+    #[test]
+    fn ctx_chunks_keep_positions_short_within_memory_and_grid() {
+        // Decode over 4096 positions, 96 heads of 512: 32 chunks of 128.
+        assert_eq!(ctx_chunk_len(4096, 1, 96, 512, 65535), CTX_CHUNK);
+        // Short caches stay one chunk.
+        assert_eq!(ctx_chunk_len(100, 1, 96, 512, 65535), 100);
+        // A 512-token prefill: one chunk's partials would already pass 64 MB, so one chunk.
+        assert_eq!(ctx_chunk_len(4096, 512, 512 * 96, 512, 65535), 4096);
+        // The grid's z limit (tokens × chunks) caps the chunk count: 16 chunks of 256.
+        assert_eq!(ctx_chunk_len(4096, 4000, 4000, 4, 65535), 256);
+    }
+}

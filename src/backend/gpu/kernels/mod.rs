@@ -1,0 +1,14 @@
+//! The op kernels on the device, one module per op family, each dispatching its WGSL
+//! kernels and listing the pipelines it creates (`pipeline_variants`): dense matmuls
+//! (`matmul.rs`, with the chunk GEMM and column-stationary policies), elementwise ops and
+//! the GLU, the norms, KDA, MLA, the router and the state copies.
+
+pub mod chunk_gemm;
+pub(crate) mod elementwise;
+pub(crate) mod kda;
+pub mod matmul;
+pub(crate) mod mla;
+pub(crate) mod norm;
+pub(crate) mod router;
+pub(crate) mod state_copy;
+pub mod stationary;

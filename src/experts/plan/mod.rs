@@ -1,0 +1,9 @@
+//! Which experts a MoE layer runs and reads: the router's choices sorted into canonical
+//! order with their rows and residency (`expert_plan.rs`), the opt-in top-p and skipping
+//! (`expert_selection.rs`), and the guesses read ahead for the next layer (`prefetch.rs`)
+//! with the gate that judges whether a layer guesses (`prefetch_gate.rs`).
+
+pub mod expert_plan;
+pub mod expert_selection;
+pub mod prefetch;
+pub mod prefetch_gate;

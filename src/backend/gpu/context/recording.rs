@@ -219,7 +219,7 @@ impl GpuContext {
         self.queue.submit([enc.finish()]);
         drop(guard);
         if let Err(e) = prof.collect(&self.device, n) {
-            eprintln!("[K3-GPU] {e:#}");
+            tracing::error!("[K3-GPU] {e:#}");
         }
     }
 }

@@ -121,11 +121,11 @@ fn bad_inputs_exit_nonzero_with_a_message_that_names_the_cause() {
         let o = Command::new(env!("CARGO_BIN_EXE_k3"))
             .args(["run", d, "--ids", "1", "--quiet"])
             .env("RAYON_NUM_THREADS", "2")
-            .env("K3_LAB_SUBMIT_EVERY", "0")
+            .env("K3_LAB_CHUNK_FROM", "-1")
             .output()
             .expect("running k3");
         assert!(
-            !o.status.success() && stderr(&o).contains("K3_LAB_SUBMIT_EVERY"),
+            !o.status.success() && stderr(&o).contains("K3_LAB_CHUNK_FROM"),
             "{}",
             stderr(&o)
         );

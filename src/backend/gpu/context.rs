@@ -102,8 +102,6 @@ pub struct GpuContext {
     /// The kinds of pipeline `pipeline_variants` lists for this adapter: the only ones
     /// `pipeline` creates.
     kinds: HashSet<PipelineKind>,
-    /// Parameters in one uniform buffer per dispatch (`GpuOptions::fresh_params`).
-    fresh_params: bool,
     pending: Mutex<Pending>,
 }
 
@@ -245,7 +243,6 @@ impl GpuContext {
             matvec_checks: opts.matvec_checks.unwrap_or_else(default_matvec_checks),
             pipelines: Mutex::new(HashMap::new()),
             kinds,
-            fresh_params: opts.fresh_params,
             pending: Mutex::new(Pending::new(uniform_align)),
         })
     }

@@ -64,10 +64,8 @@ pub struct GpuBackend {
     carry: Mutex<moe::Carry>,
     /// The tier's promotions and demotions for the host cache (`moe/exchange.rs`).
     exchange: Arc<moe::Mailbox>,
-    /// [`GpuOptions::no_chunk_carry`].
-    no_chunk_carry: bool,
-    /// Activation buffers for reuse (`None`: every activation gets a new buffer).
-    pool: Option<Arc<BufferPool>>,
+    /// Activation buffers for reuse.
+    pool: Arc<BufferPool>,
     /// [`GpuOptions::poison_reused`].
     poison_reused: bool,
     /// Upload staging lent to the expert readers (see [`GpuOptions::read_staging`]).
@@ -100,8 +98,7 @@ impl GpuBackend {
             transient: Mutex::new(Vec::new()),
             carry: Mutex::new(moe::Carry::default()),
             exchange,
-            no_chunk_carry: opts.no_chunk_carry,
-            pool: (!opts.no_buffer_reuse).then(|| Arc::new(BufferPool::default())),
+            pool: Arc::new(BufferPool::default()),
             poison_reused: opts.poison_reused,
             lender,
             unified_pool,
@@ -127,7 +124,7 @@ impl GpuBackend {
 
     /// Bytes of activation buffers waiting for reuse.
     pub fn pooled_bytes(&self) -> u64 {
-        self.pool.as_ref().map_or(0, |p| p.pooled_bytes())
+        self.pool.pooled_bytes()
     }
 
     /// Experts the VRAM tier holds now.
@@ -155,14 +152,7 @@ impl GpuBackend {
     /// still in it), else a new one.
     pub fn alloc(&self, rows: usize, cols: usize) -> GpuAct {
         let size = (rows * cols * 4) as u64;
-        let Some(pool) = &self.pool else {
-            return GpuAct {
-                buf: self.ctx.buffer(size, "activation"),
-                rows,
-                cols,
-                lease: None,
-            };
-        };
+        let pool = &self.pool;
         let buf = match pool.take(context::storage_size(size)) {
             Some(b) => {
                 if self.poison_reused {

@@ -43,24 +43,15 @@ pub struct GpuOptions {
     /// Time every compute pass on the GPU and print the totals per kernel at the end
     /// (`--gpu-profile`); needs timestamp queries.
     pub profile: bool,
-    /// Give every activation a new buffer instead of reusing those of dropped activations
-    /// (benchmarks compare; reuse spares wgpu's zero-fill of each new buffer).
-    pub no_buffer_reuse: bool,
-    /// Give every dispatch a uniform buffer of its own for its parameters, instead of a
-    /// slot in the reused ones (`param_arena.rs`; benchmarks compare the host time).
-    pub fresh_params: bool,
     /// Fill a reused activation buffer with NaN before handing it out, so a kernel that
     /// leaves part of its output unwritten shows up in the results (the tests set it).
     pub poison_reused: bool,
-    /// Recorded passes after which the host submits them without waiting for a readback
-    /// (`K3_LAB_SUBMIT_EVERY`), so the GPU starts on them while the host records the rest;
-    /// `None` = [`SUBMIT_EVERY`].
+    /// Recorded passes after which the host submits them without waiting for a readback;
+    /// `None` = [`SUBMIT_EVERY`]. The tests set it to run the early-submit path, which a
+    /// full timestamp query set also takes.
     pub submit_every: Option<usize>,
     /// Whether experts are read straight into upload staging (`K3_LAB_READ_STAGING`).
     pub read_staging: ReadStaging,
-    /// Keep nothing of a prefill chunk's expert uploads for the next chunk
-    /// (`K3_LAB_CHUNK_CARRY=off`: every chunk uploads its experts again, to measure against).
-    pub no_chunk_carry: bool,
     /// Whether the expert tier is the single expert pool of a unified-memory adapter
     /// (`K3_LAB_EXPERT_POOL`); `None` = on exactly where CPU and GPU share memory.
     pub expert_pool: Option<bool>,

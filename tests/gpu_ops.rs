@@ -1473,6 +1473,7 @@ fn int4_integer_digits_against_cpu(stationary: bool) {
 /// `GpuOptions::wgsl_dir` composes the kernels from that directory's files: a copy of
 /// shaders_wgsl/ whose `add` subtracts changes what `add` returns, and a directory without
 /// the files fails when the backend opens, naming the file it could not read.
+#[cfg(feature = "lab")]
 #[test]
 fn kernels_compose_from_a_wgsl_dir() {
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders_wgsl");
@@ -1508,6 +1509,7 @@ fn kernels_compose_from_a_wgsl_dir() {
 
 /// Matvec modules built with one of wgpu's runtime checks off at a time (the benchmarks'
 /// `nochecks=`) give the CPU's sums: the kernels' own clamps and bounded loops stand in.
+#[cfg(feature = "lab")]
 #[test]
 fn matvecs_without_single_runtime_checks_match_cpu() {
     let mut rng = StdRng::seed_from_u64(24);

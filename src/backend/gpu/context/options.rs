@@ -5,6 +5,7 @@ use super::matvec_shape::MatvecShape;
 use super::MAX_PENDING_PASSES;
 use crate::backend::gpu::chunk_gemm::ChunkGemm;
 use crate::backend::gpu::stationary::Stationary;
+#[cfg(feature = "lab")]
 use std::path::PathBuf;
 
 /// Default for [`GpuOptions::submit_every`]: submit at readbacks (and every
@@ -56,11 +57,13 @@ pub struct GpuOptions {
     /// (`K3_LAB_EXPERT_POOL`); `None` = on exactly where CPU and GPU share memory.
     pub expert_pool: Option<bool>,
     /// Compose every kernel from this directory's WGSL files instead of the text built in
-    /// (shader work: a variant is measured without a rebuild; the benchmarks' `wgsl=DIR`).
+    /// (shader work: a variant is measured without a rebuild; lab builds only).
+    #[cfg(feature = "lab")]
     pub wgsl_dir: Option<PathBuf>,
     /// The runtime checks wgpu builds the matvec modules with; `None` =
-    /// `default_matvec_checks()`, or none where the geometry is `unchecked`. Benchmarks
-    /// set them (`nochecks=`) to see which costs what.
+    /// `default_matvec_checks()`, or none where the geometry is `unchecked`. The lab sets
+    /// them to see which check costs what, and the tests to show each is redundant.
+    #[cfg(feature = "lab")]
     pub matvec_checks: Option<wgpu::ShaderRuntimeChecks>,
 }
 

@@ -488,7 +488,7 @@ impl<'m, B: Backend> Session<'m, B> {
                 self.tokens.len()
             }
             Err(err) => {
-                eprintln!(
+                tracing::warn!(
                     "[K3] prompt cache: {}: {err:#}; prefilling instead",
                     pc.dir().display()
                 );
@@ -512,7 +512,9 @@ impl<'m, B: Backend> Session<'m, B> {
                 logits: self.last_logits.clone(),
                 state,
             }),
-            Err(err) => eprintln!("[K3] prompt cache: reading the state back: {err:#}; not stored"),
+            Err(err) => {
+                tracing::warn!("[K3] prompt cache: reading the state back: {err:#}; not stored")
+            }
         }
     }
 

@@ -161,11 +161,11 @@ fn bad_inputs_exit_nonzero_with_a_message_that_names_the_cause() {
         let o = Command::new(env!("CARGO_BIN_EXE_k3"))
             .args(["run", d, "--ids", "1", "--quiet"])
             .env("RAYON_NUM_THREADS", "2")
-            .env("K3_LAB_SUBMIT_EVERY", "0")
+            .env("K3_LAB_CHUNK_FROM", "-1")
             .output()
             .expect("running k3");
         assert!(
-            !o.status.success() && stderr(&o).contains("K3_LAB_SUBMIT_EVERY"),
+            !o.status.success() && stderr(&o).contains("K3_LAB_CHUNK_FROM"),
             "{}",
             stderr(&o)
         );
@@ -498,4 +498,87 @@ fn a_usage_file_that_is_a_fifo_is_refused_not_replaced() {
         .unwrap()
         .file_type()
         .is_fifo());
+}
+
+/// K3_LOG (else RUST_LOG) filters the engine's log lines, which keep their exact text; the
+/// stats lines of `k3 run` stay at every level, and a bad filter is refused by name.
+#[test]
+fn k3_log_filters_the_log_lines_but_not_the_stats_lines() {
+    let dir = support::tiny(0);
+    let cache = tempfile::tempdir().unwrap();
+    let run = |vars: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_k3"));
+        c.args([
+            "run",
+            dir.to_str().unwrap(),
+            "--ids",
+            "768,5,6",
+            "--ngen",
+            "2",
+        ])
+        .args([
+            "--backend",
+            "cpu",
+            "--prompt-cache",
+            cache.path().to_str().unwrap(),
+        ])
+        .env("RAYON_NUM_THREADS", "2")
+        .env_remove("K3_EXPERT_GB")
+        .env_remove("K3_LOG")
+        .env_remove("RUST_LOG");
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        c.output().expect("running k3")
+    };
+    let has = |err: &str, prefix: &str| err.lines().any(|l| l.starts_with(prefix));
+    let stats = [
+        "[K3] prompt: 3 tokens",
+        "[K3] decode 2 tokens in ",
+        "[K3] disk: ",
+    ];
+
+    let o = run(&[]);
+    let default = stderr(&o);
+    assert!(o.status.success(), "{default}");
+    assert!(has(&default, "[K3] backend: cpu ("), "{default}");
+    assert!(
+        !has(&default, "[K3] prompt cache: no stored prefix"),
+        "{default}"
+    );
+
+    for vars in [&[("K3_LOG", "warn")][..], &[("RUST_LOG", "warn")][..]] {
+        let o = run(vars);
+        let err = stderr(&o);
+        assert!(o.status.success(), "{vars:?}: {err}");
+        assert!(!has(&err, "[K3] backend: "), "{vars:?}: {err}");
+        for s in stats {
+            assert!(has(&err, s), "{vars:?}: no {s} in {err}");
+        }
+    }
+
+    // K3_LOG wins over RUST_LOG; debug adds lines the default leaves out.
+    let o = run(&[("K3_LOG", "debug"), ("RUST_LOG", "warn")]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(has(&err, "[K3] backend: cpu ("), "{err}");
+    assert!(
+        has(
+            &err,
+            "[K3] prompt cache: no stored prefix of the prompt's 3 tokens"
+        ),
+        "{err}"
+    );
+
+    for (var, value) in [("K3_LOG", "k3=loud"), ("RUST_LOG", "serve=noisy")] {
+        let o = run(&[(var, value)]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{var}={value}: {err}");
+        assert!(
+            err.contains(&format!(
+                "k3: error: {var}: \"{value}\" is not a log filter"
+            )),
+            "{var}={value}: {err}"
+        );
+    }
 }

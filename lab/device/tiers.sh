@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Expert tiers on the GPU backend, one device call (a few minutes):
-#  1. Prefill with the VRAM tier on against off, the chunk carry on and off
-#     (K3_LAB_CHUNK_CARRY=off: every chunk uploads its experts again), in alternated rounds.
+#  1. Prefill with the VRAM tier on against off (the chunk carry on), in alternated rounds.
+#     The rounds without the carry (K3_LAB_CHUNK_CARRY=off) went with the switch, which lost
+#     (lab/notebook.md, "Lab switches and GPU options removed").
 #     Reads are buffered and a warm-up run fills the page cache first, so each run reads its
 #     experts from host memory and the figure is the uploads, not the disk.
 #  2. Decode from disk (O_DIRECT) with the host cache and the VRAM tier split: RAM only,
@@ -22,9 +23,6 @@ SPLITS=${SPLITS:-"1:0 0:1 0.5:0.5 1:1 2:0"}
 SNAP=${1:-/tmp/k3slice64}
 EXPERTS=${2:-64}
 K=${K3BIN:-.devbin/k3}
-# The prefill rounds set K3_LAB_CHUNK_CARRY, which only a lab build reads (device_prepare.sh
-# builds one); a product binary would run every round with the carry on.
-grep -q K3_LAB_ "$K" || { echo "$K is not a lab build: cargo build --release --features lab" >&2; exit 2; }
 OUT=${OUT:-/tmp/tiers_out}
 mkdir -p "$OUT"
 [ -d .gl ] && . "$(dirname "$0")/device_vulkan.sh"
@@ -35,17 +33,16 @@ if [ ! -f "$SNAP/config.json" ]; then
 fi
 PROMPT=$(seq -s, 1000 97 13400) # 128 ids
 field() { grep -o "\"$2\": *[0-9.e-]*" "$1" | head -1 | grep -o '[0-9.e-]*$'; }
-pre() { # name, gpu-expert-gb, carry on|off
-    K3_LAB_CHUNK_CARRY=$3 K3_DIRECT=0 timeout 300 "$K" run "$SNAP" --ids "$PROMPT" --ngen 1 \
+pre() { # name, gpu-expert-gb
+    K3_DIRECT=0 timeout 300 "$K" run "$SNAP" --ids "$PROMPT" --ngen 1 \
         --ignore-eos --quiet --backend gpu --chunk 32 --expert-gb 60 --gpu-expert-gb "$2" \
         --stats-json "$OUT/$1.json" > "$OUT/$1.ids" 2> "$OUT/$1.err"
     echo "$1: prefill_s $(field "$OUT/$1.json" prefill_s) gpu_hits $(field "$OUT/$1.json" gpu_hits) ids $(cat "$OUT/$1.ids" | tr '\n' ' ')"
 }
-[ "$ROUNDS" -gt 0 ] && pre warmup 0 on
+[ "$ROUNDS" -gt 0 ] && pre warmup 0
 for r in $(seq 1 "$ROUNDS"); do
-    pre "tier_on_$r" 60 on
-    pre "tier_off_carry_$r" 0 on
-    pre "tier_off_nocarry_$r" 0 off
+    pre "tier_on_$r" 60
+    pre "tier_off_carry_$r" 0
 done
 DPROMPT=$(seq -s, 1000 97 1700) # 8 ids
 dec() { # name, expert-gb, gpu-expert-gb [binary]

@@ -127,7 +127,7 @@ pub fn open_shards(dir: &Path, extra_dirs: &[PathBuf]) -> Result<ShardSet> {
     }
     for (k, n) in per_extra.iter().enumerate() {
         if *n > 0 {
-            eprintln!("[SPLIT] +{} -> {n} shard(s)", extra_dirs[k].display());
+            tracing::info!("[SPLIT] +{} -> {n} shard(s)", extra_dirs[k].display());
         }
     }
 

@@ -9,6 +9,7 @@ mod cache_args;
 mod chat_cmd;
 mod devices_cmd;
 mod inspect_cmd;
+pub(crate) mod log;
 mod model_args;
 mod prompt_cache_args;
 mod run_cmd;
@@ -24,7 +25,16 @@ use clap::{Parser, Subcommand};
 
 /// k3 — run Kimi K3 on one machine, streaming routed experts from disk.
 #[derive(Parser, Debug)]
-#[command(name = "k3", version, about, long_about = None)]
+#[command(
+    name = "k3",
+    version,
+    about,
+    long_about = None,
+    after_help = "Log lines: the engine's start-up, warning and progress lines go to stderr, \
+                  filtered by K3_LOG (else RUST_LOG; default info): K3_LOG=warn keeps warnings \
+                  and errors, K3_LOG=debug adds detail, K3_LOG=k3::serve=debug,info raises \
+                  one part. The stats lines of `k3 run` are always printed."
+)]
 pub struct Cli {
     #[command(subcommand)]
     cmd: Command,

@@ -108,9 +108,11 @@ impl EngineBuilder {
         let (model, plan) =
             match select(c.backend.kind, &c.backend.gpu, c.backend.gpu_variable_set)? {
                 Selected::Gpu(g) => {
-                    eprintln!("[K3] backend: {}", g.name());
+                    tracing::info!("[K3] backend: {}", g.name());
                     if c.backend.idot {
-                        eprintln!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
+                        tracing::warn!(
+                            "[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact"
+                        );
                     }
                     let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
                     let plan = self.configure(&mut model, &policy)?;
@@ -118,16 +120,18 @@ impl EngineBuilder {
                 }
                 Selected::Cpu { fallback } => {
                     if let Some(line) = fallback {
-                        eprintln!("{line}");
+                        tracing::info!("{line}");
                     }
                     let idot = c
                         .backend
                         .idot
                         .then(|| IdotKernel::for_level(crate::quant::simd::level()));
                     let cpu = CpuBackend::with_idot(idot);
-                    eprintln!("[K3] backend: {}", crate::backend::cpu::describe(&cpu));
+                    tracing::info!("[K3] backend: {}", crate::backend::cpu::describe(&cpu));
                     if idot.is_some() {
-                        eprintln!("[K3] K3_IDOT=1: routed experts on int8 activations (not exact)");
+                        tracing::info!(
+                            "[K3] K3_IDOT=1: routed experts on int8 activations (not exact)"
+                        );
                     }
                     let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
                     let plan = self.configure(&mut model, &policy)?;

@@ -28,7 +28,7 @@ impl CacheConfig {
         match UsageHistory::load(&path, cfg.num_hidden_layers, cfg.num_experts) {
             Ok(h) => h,
             Err(e) => {
-                eprintln!("[K3] {e:#}: ignored, the history starts again");
+                tracing::warn!("[K3] {e:#}: ignored, the history starts again");
                 None
             }
         }
@@ -48,7 +48,7 @@ impl CacheConfig {
                             pins.insert(l, p);
                         }
                     }
-                    eprintln!(
+                    tracing::info!(
                         "[K3] usage pins: {} experts over {} layers from {} ({:.0} selections a layer{})",
                         pins.values().map(Vec::len).sum::<usize>(),
                         pins.len(),
@@ -61,11 +61,11 @@ impl CacheConfig {
                         }
                     );
                 }
-                None => eprintln!("[K3] usage pins: no history at {} yet", path.display()),
+                None => tracing::info!("[K3] usage pins: no history at {} yet", path.display()),
             }
         }
         if self.policy != PolicyKind::default() {
-            eprintln!("[K3] expert cache policy: {}", self.policy);
+            tracing::info!("[K3] expert cache policy: {}", self.policy);
         }
         model.experts_mut().set_cache_setup(CacheSetup {
             kind: self.policy,
@@ -97,7 +97,7 @@ impl CacheConfig {
             return Ok(());
         };
         if let Some((path, n)) = tap.write_trace()? {
-            eprintln!(
+            tracing::info!(
                 "[K3] route trace: {n} layer records written to {}",
                 path.display()
             );
@@ -110,12 +110,12 @@ impl CacheConfig {
                 .unwrap_or_else(|| UsageHistory::empty(cfg.num_hidden_layers, cfg.num_experts));
             h.merge(&tap.usage()?)?;
             match h.save(&path) {
-                Ok(()) => eprintln!(
+                Ok(()) => tracing::info!(
                     "[K3] usage history: {} ({:.0} selections a layer)",
                     path.display(),
                     h.selections()
                 ),
-                Err(e) => eprintln!("[K3] usage history not saved: {e:#}"),
+                Err(e) => tracing::warn!("[K3] usage history not saved: {e:#}"),
             }
         }
         Ok(())

@@ -21,7 +21,7 @@ impl PromptCacheSettings {
         let gb = self.plan_gb()?;
         if self.off || gb == 0.0 {
             model.set_prompt_cache(None);
-            eprintln!("[K3] prompt cache: off");
+            tracing::info!("[K3] prompt cache: off");
             return Ok(());
         }
         let Some(dir) = self
@@ -29,7 +29,7 @@ impl PromptCacheSettings {
             .clone()
             .or_else(|| crate::platform::cache_dir::user_cache_dir().map(|d| d.join("prompts")))
         else {
-            eprintln!(
+            tracing::warn!(
                 "[K3] prompt cache: off (no user cache directory: HOME is not set; --prompt-cache DIR names one)"
             );
             model.set_prompt_cache(None);
@@ -38,7 +38,7 @@ impl PromptCacheSettings {
         let stamp = match crate::model::weight_cache::model_stamp(&model.ckpt, policy) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("[K3] prompt cache: off ({e:#})");
+                tracing::warn!("[K3] prompt cache: off ({e:#})");
                 model.set_prompt_cache(None);
                 return Ok(());
             }
@@ -54,7 +54,7 @@ impl PromptCacheSettings {
         };
         match PromptCache::open(cfg, &identity) {
             Ok(pc) => {
-                eprintln!(
+                tracing::info!(
                     "[K3] prompt cache: {} (up to {gb} GB; prompts of {MIN_TOKENS}+ tokens; key {:016x})",
                     dir.display(),
                     pc.key()
@@ -62,7 +62,7 @@ impl PromptCacheSettings {
                 model.set_prompt_cache(Some(Arc::new(pc)));
             }
             Err(e) => {
-                eprintln!("[K3] prompt cache: off ({e:#}); the run goes on without it");
+                tracing::warn!("[K3] prompt cache: off ({e:#}); the run goes on without it");
                 model.set_prompt_cache(None);
             }
         }

@@ -119,8 +119,8 @@ pub fn configure_streaming<B: Backend>(
         pool,
         ceiling_gb: ram_budget::os_footprint_ceiling_gb(),
     })?;
-    eprintln!("{plan}");
-    eprintln!("{}", plan.context_line());
+    tracing::info!("{plan}");
+    tracing::info!("{}", plan.context_line());
     model.set_context(plan.context);
     let sc = StreamConfig {
         mode: if engine.streaming.direct {
@@ -133,7 +133,7 @@ pub fn configure_streaming<B: Backend>(
         slots_per_layer: plan.slots,
     };
     let prefetch = sc.pipe && engine.streaming.prefetch != Prefetch::Off;
-    eprintln!(
+    tracing::info!(
         "[K3] expert reads: {} | pipe {} | {} loader threads | prefetch {}",
         sc.mode.describe(),
         if sc.pipe { "on" } else { "off" },
@@ -152,7 +152,7 @@ pub fn configure_streaming<B: Backend>(
         .set_prefetch_always(engine.streaming.prefetch == Prefetch::Always);
     let sel = engine.experts.selection()?;
     if !sel.is_exact() {
-        eprintln!(
+        tracing::info!(
             "[K3] fewer experts (not exact): top-p {} | skip uncached below {}",
             sel.top_p.map_or("off".into(), |p| format!("{p:.2}")),
             sel.skip_uncached_below
@@ -164,7 +164,7 @@ pub fn configure_streaming<B: Backend>(
     if pool {
         configure_pool(model, &engine.experts, plan.pool_slots)?;
         if engine.cache.policy != PolicyKind::default() || engine.cache.usage_pins != PinMode::Off {
-            eprintln!(
+            tracing::warn!(
                     "[K3] --cache-policy and --usage-pins choose for the host cache, which the unified pool replaces: the pool evicts the least recently used expert and pins none"
                 );
         }
@@ -227,7 +227,7 @@ pub fn configure_streaming<B: Backend>(
     } else {
         format!("memory: {place}")
     };
-    eprintln!(
+    tracing::info!(
             "[K3] prefill window: {w} tokens a pass (each routed expert read once a layer per pass) | {:.2} MB of activations a token, {:.1} GB at the full window | bound: {why}",
             per_token as f64 / 1e6,
             (w as u64 * per_token) as f64 / 1e9,
@@ -256,13 +256,13 @@ fn install_pressure_guard<B: Backend>(
         (CacheSize::PerLayer(plan.slots), 1)
     };
     let guard = if !enabled {
-        eprintln!("[K3] memory pressure: ignored (--memory-pressure off)");
+        tracing::info!("[K3] memory pressure: ignored (--memory-pressure off)");
         None
     } else {
         match memory_pressure::os_source() {
             Ok(source) => Some(PressureGuard::new(source, size, floor)),
             Err(why) => {
-                eprintln!("[K3] memory pressure: no signal ({why}); the cache keeps its size");
+                tracing::warn!("[K3] memory pressure: no signal ({why}); the cache keeps its size");
                 None
             }
         }

@@ -29,7 +29,7 @@ pub(super) fn configure_pool<B: Backend>(
 ) -> Result<()> {
     let eb = model.ckpt.config.expert_bytes() as u64;
     let n = size_expert_tier(model, slots as u64 * eb)?.unwrap_or(0);
-    eprintln!(
+    tracing::info!(
         "[K3-GPU] expert tier: unified pool of {n} slots ({:.1} GB; --expert-gb {} + --gpu-expert-gb {}, clamped to RAM) | the only expert cache: no host copies, evicted experts dropped",
         n as f64 * eb as f64 / 1e9,
         experts.expert_gb,
@@ -57,7 +57,7 @@ pub(super) fn configure_gpu_tier<B: Backend>(
     } else {
         String::new()
     };
-    eprintln!(
+    tracing::info!(
         "[K3-GPU] expert tier: {n} slots ({:.1} GB; {}){kept}",
         n as f64 * cfg.expert_bytes() as f64 / 1e9,
         size.why

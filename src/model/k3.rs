@@ -156,7 +156,7 @@ impl<B: Backend> K3Model<B> {
         let (lines, cache_words, pending) = ld.finish_in_background(opts.announce);
         for line in lines {
             if opts.announce {
-                eprintln!("{line}");
+                tracing::info!("{line}");
             }
         }
         drop(ld);

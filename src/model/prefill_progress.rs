@@ -166,7 +166,7 @@ impl PrefillProgress {
     }
 
     fn print_line(&self) {
-        eprintln!("{}", self.read());
+        tracing::info!("{}", self.read());
     }
 }
 

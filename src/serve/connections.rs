@@ -231,7 +231,7 @@ pub async fn serve_connections(
     let _ = stop_tx.send(true);
     let drained = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(SHUTDOWN_GRACE, drained).await.is_err() {
-        eprintln!(
+        tracing::info!(
             "[K3] serve: closing {} connection(s) still open {}s after the stop",
             tasks.len(),
             SHUTDOWN_GRACE.as_secs()

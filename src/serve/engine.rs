@@ -212,15 +212,15 @@ pub fn run_engine<B: Backend>(
     session.set_snapshot_limits(snapshots);
     let one = model.snapshot_bytes() + model.vocab_size() * 4;
     if snapshots.count == 0 {
-        eprintln!("[K3] serve: state snapshots off: a resent conversation that diverges from the held one is prefilled from its start");
+        tracing::info!("[K3] serve: state snapshots off: a resent conversation that diverges from the held one is prefilled from its start");
     } else if one > snapshots.bytes {
-        eprintln!(
+        tracing::warn!(
             "[K3] serve: WARNING: one state snapshot takes {:.1} MB, more than --snapshot-mb {:.0}: none is kept",
             one as f64 / 1e6,
             snapshots.bytes as f64 / (1 << 20) as f64
         );
     } else {
-        eprintln!(
+        tracing::info!(
             "[K3] serve: state snapshots: up to {} of {:.1} MB each, {:.0} MB at most",
             snapshots.count.min(snapshots.bytes / one),
             one as f64 / 1e6,
@@ -234,7 +234,7 @@ pub fn run_engine<B: Backend>(
         ),
         None => String::new(),
     };
-    eprintln!(
+    tracing::info!(
         "[K3] serve: states kept at each prompt's end and at the end of its system prompt and tools (up to {} boundaries a prompt): in RAM as snapshots{disk}",
         crate::session::MAX_BOUNDARIES
     );
@@ -265,7 +265,7 @@ pub fn run_engine<B: Backend>(
                     request_secs: job.queued.elapsed().as_secs_f64(),
                     stats: outcome.stats.clone(),
                 });
-                eprintln!(
+                tracing::info!(
                     "[K3] serve {}: prompt {} (cached {}) | generated {} | queued {:.3}s | ttft {:.3}s | prefill {:.3}s | decode {:.3}s | {}{}",
                     job.id,
                     outcome.prompt_tokens,
@@ -281,11 +281,11 @@ pub fn run_engine<B: Backend>(
                 Event::Done(Box::new(outcome))
             }
             Ok(Err(e)) => {
-                eprintln!("[K3] serve {}: failed: {e:#}", job.id);
+                tracing::warn!("[K3] serve {}: failed: {e:#}", job.id);
                 Event::Failed(format!("{e:#}"))
             }
             Err(_) => {
-                eprintln!(
+                tracing::error!(
                     "[K3] serve {}: the engine panicked; its state is reset",
                     job.id
                 );

@@ -264,7 +264,7 @@ impl App {
         let id = format!("{:x}", self.next_id.fetch_add(1, Ordering::Relaxed));
         let left = self.context - ids.len();
         if params.max_tokens > left {
-            eprintln!(
+            tracing::info!(
                 "[K3] serve: request {id}: max_tokens {} clamped to {left}: the prompt is {} tokens of a {}-token context",
                 params.max_tokens,
                 ids.len(),

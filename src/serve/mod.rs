@@ -98,7 +98,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
     let loopback = addr.ip().is_loopback();
     let origins = origin::OriginPolicy::new(addr, &opts.allow_hosts, &opts.allow_origins)?;
     if !loopback && opts.api_key.is_none() {
-        eprintln!(
+        tracing::warn!(
             "[K3] serve: WARNING: listening on {} without --api-key / K3_API_KEY: anyone who \
              can reach this address can use the model",
             addr.ip()
@@ -159,7 +159,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
             })
         })
         .context("starting the HTTP thread")?;
-    eprintln!(
+    tracing::info!(
         "[K3] serve: listening on http://{addr} | model {} | backend {}",
         opts.model_name,
         model.backend.name()
@@ -171,7 +171,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         .map_err(|_| anyhow::anyhow!("the HTTP thread panicked"))?;
     engine?;
     http?;
-    eprintln!("[K3] serve: stopped");
+    tracing::info!("[K3] serve: stopped");
     Ok(())
 }
 
@@ -183,7 +183,7 @@ fn grammar_compiler(tok: &Tokenizer, eos: &[u32], queue: usize) -> Option<Arc<Gr
     let t0 = std::time::Instant::now();
     match GrammarCompiler::new(tok, eos) {
         Ok(g) => {
-            eprintln!(
+            tracing::info!(
                 "[K3] serve: output constraints: a trie of {} tokens in {:.0} ms",
                 tok.vocab_size(),
                 t0.elapsed().as_secs_f64() * 1e3
@@ -191,7 +191,7 @@ fn grammar_compiler(tok: &Tokenizer, eos: &[u32], queue: usize) -> Option<Arc<Gr
             Some(Arc::new(g.with_max_compiles(queue)))
         }
         Err(e) => {
-            eprintln!("[K3] serve: WARNING: no constrained output (response_format, forced tool_choice): {e:#}");
+            tracing::warn!("[K3] serve: WARNING: no constrained output (response_format, forced tool_choice): {e:#}");
             None
         }
     }
@@ -218,7 +218,7 @@ async fn shutdown_signal(shared: Arc<EngineShared>) {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    eprintln!("[K3] serve: stopping (the running request is cancelled)");
+    tracing::info!("[K3] serve: stopping (the running request is cancelled)");
     shared.stopping.store(true, Ordering::SeqCst);
     if let Ok(c) = shared.current.lock() {
         if let Some(flag) = c.as_ref() {

@@ -101,7 +101,7 @@ pub(super) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next)
                 e.into_response()
             };
             app.shared.metrics.count_status(403);
-            eprintln!("{}", refusal_line(method.as_str(), &route, &r));
+            tracing::info!("{}", refusal_line(method.as_str(), &route, &r));
             return r;
         }
     };
@@ -159,7 +159,7 @@ pub(super) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next)
     let status = resp.status().as_u16();
     app.shared.metrics.count_status(status);
     if status >= 400 {
-        eprintln!("{}", refusal_line(method.as_str(), &route, &resp));
+        tracing::info!("{}", refusal_line(method.as_str(), &route, &resp));
     }
     with_cors(resp, &admit)
 }

@@ -37,8 +37,8 @@ pub struct GpuBackend {
     /// The routed experts on the device: the VRAM tier, transient arenas, the chunk carry,
     /// the exchange with the host cache and the staging lent to reads.
     experts: GpuExperts,
-    /// Activation buffers for reuse (`None`: every activation gets a new buffer).
-    pool: Option<Arc<BufferPool>>,
+    /// Activation buffers for reuse.
+    pool: Arc<BufferPool>,
     /// [`GpuOptions::poison_reused`].
     poison_reused: bool,
 }
@@ -51,7 +51,7 @@ impl GpuBackend {
         Ok(Self {
             ctx,
             experts,
-            pool: (!opts.no_buffer_reuse).then(|| Arc::new(BufferPool::default())),
+            pool: Arc::new(BufferPool::default()),
             poison_reused: opts.poison_reused,
         })
     }
@@ -63,7 +63,7 @@ impl GpuBackend {
 
     /// Bytes of activation buffers waiting for reuse.
     pub fn pooled_bytes(&self) -> u64 {
-        self.pool.as_ref().map_or(0, |p| p.pooled_bytes())
+        self.pool.pooled_bytes()
     }
 
     /// Experts the VRAM tier holds now.
@@ -91,14 +91,7 @@ impl GpuBackend {
     /// still in it), else a new one.
     pub fn alloc(&self, rows: usize, cols: usize) -> GpuAct {
         let size = (rows * cols * 4) as u64;
-        let Some(pool) = &self.pool else {
-            return GpuAct {
-                buf: self.ctx.buffer(size, "activation"),
-                rows,
-                cols,
-                lease: None,
-            };
-        };
+        let pool = &self.pool;
         let buf = match pool.take(device::context::storage_size(size)) {
             Some(b) => {
                 if self.poison_reused {

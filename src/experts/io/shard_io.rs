@@ -176,7 +176,7 @@ impl ShardIo {
 
     fn refuse_direct(&self, path: &Path, why: &str) {
         if !self.direct_refused.swap(true, Ordering::Relaxed) {
-            eprintln!(
+            tracing::warn!(
                 "[K3] direct I/O refused on {} ({why}): falling back to buffered reads (as K3_DIRECT=0)",
                 path.display()
             );

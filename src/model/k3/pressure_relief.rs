@@ -49,9 +49,10 @@ impl<B: Backend> K3Model<B> {
             }
             (a, b) => bail!("internal: the pressure guard turned {a:?} into {b:?}"),
         };
-        eprintln!(
+        tracing::info!(
             "[K3] memory pressure {} ({}): {what}, {gb:.1} GB handed back",
-            shrink.level, shrink.from
+            shrink.level,
+            shrink.from
         );
         Ok(())
     }

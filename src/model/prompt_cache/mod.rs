@@ -142,7 +142,7 @@ impl PromptCache {
             match self.load(&f.path, &prompt[..f.tokens], shape) {
                 Ok(e) => {
                     touch(&f.path);
-                    eprintln!(
+                    tracing::info!(
                         "[K3] prompt cache: loaded {} of {} prompt tokens from {} ({:.1} MB in {:.2} s)",
                         f.tokens,
                         prompt.len(),
@@ -153,17 +153,21 @@ impl PromptCache {
                     return Some(e);
                 }
                 Err(e) => match std::fs::remove_file(&f.path) {
-                    Ok(()) => eprintln!(
+                    Ok(()) => tracing::warn!(
                         "[K3] prompt cache: {}: {e:#}; ignored and removed",
                         f.path.display()
                     ),
-                    Err(why) => eprintln!(
+                    Err(why) => tracing::warn!(
                         "[K3] prompt cache: {}: {e:#}; ignored (not removed: {why})",
                         f.path.display()
                     ),
                 },
             }
         }
+        tracing::debug!(
+            "[K3] prompt cache: no stored prefix of the prompt's {} tokens longer than {beyond}",
+            prompt.len()
+        );
         None
     }
 
@@ -186,7 +190,7 @@ impl PromptCache {
     pub fn store(&self, e: Entry) {
         let bytes = e.file_bytes();
         if bytes > self.cfg.max_bytes {
-            eprintln!(
+            tracing::warn!(
                 "[K3] prompt cache: the state of {} tokens takes {:.1} MB, more than --prompt-cache-gb {:.2}; not stored",
                 e.tokens.len(),
                 bytes as f64 / 1e6,
@@ -204,14 +208,16 @@ impl PromptCache {
         *w = Some(std::thread::spawn(move || {
             make_room(&dir, max.saturating_sub(bytes));
             match write_entry(&path, &e, key) {
-                Ok(n) => eprintln!(
+                Ok(n) => tracing::info!(
                     "[K3] prompt cache: stored {} tokens in {} ({:.1} MB)",
                     e.tokens.len(),
                     path.display(),
                     n as f64 / 1e6
                 ),
                 Err(err) => {
-                    eprintln!("[K3] prompt cache: not stored ({err:#}); the run goes on without it")
+                    tracing::warn!(
+                        "[K3] prompt cache: not stored ({err:#}); the run goes on without it"
+                    )
                 }
             }
         }));

@@ -89,7 +89,7 @@ impl PendingWrite {
                 } else {
                     format!("{:.0} MB written", mb(written))
                 };
-                eprintln!(
+                tracing::info!(
                     "[K3] weight cache: finishing the write of {:.0} MB to {} ({step}) ...",
                     mb(b.sent),
                     b.path.display()
@@ -140,7 +140,7 @@ impl Drop for PendingWrite {
         if self.building.is_some() {
             let r = self.end();
             if self.announce {
-                eprintln!("{}", r.stats_line());
+                tracing::info!("{}", r.stats_line());
             }
         }
     }

@@ -282,7 +282,7 @@ pub(crate) const ROW_BLOCK: usize = 4;
 /// `out[i][t] = Σ_c w[r + i, c] · x_t[c]` for the [`ROW_BLOCK`] rows from `r`, with the same
 /// bits as [`dot_tokens`] row by row. On AVX-512 the nibble formats run both rows in one
 /// pass, so each x vector loaded feeds two rows' multiply-adds: a many-token matmul is
-/// bound by loading x from L2, not by its arithmetic (docs/perf.md, "CPU prefill").
+/// bound by loading x from L2, not by its arithmetic (lab/notebook.md, "CPU prefill: four rows").
 pub(crate) fn dot_rows_tokens<const T: usize>(
     level: SimdLevel,
     w: &EncodedRows<'_>,

@@ -83,7 +83,7 @@ impl ResponseStore {
                 .map(|m| m.to_string().len())
                 .sum::<usize>();
         if bytes > MAX_STORED_BYTES {
-            eprintln!("[K3] serve: response {id} is {bytes} bytes, more than the store holds ({MAX_STORED_BYTES}): not kept");
+            tracing::warn!("[K3] serve: response {id} is {bytes} bytes, more than the store holds ({MAX_STORED_BYTES}): not kept");
             return;
         }
         let mut s = self.lock();

@@ -96,6 +96,7 @@ pub struct GpuContext {
     submit_every: usize,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     /// Every module's text read from `GpuOptions::wgsl_dir` at start, when it is set.
+    #[cfg(feature = "lab")]
     wgsl_sources: Option<HashMap<Shader, String>>,
     /// `GpuOptions::matvec_checks`, or `default_matvec_checks()`.
     matvec_checks: wgpu::ShaderRuntimeChecks,
@@ -103,8 +104,6 @@ pub struct GpuContext {
     /// The kinds of pipeline `pipeline_variants` lists for this adapter: the only ones
     /// `pipeline` creates.
     kinds: HashSet<PipelineKind>,
-    /// Parameters in one uniform buffer per dispatch (`GpuOptions::fresh_params`).
-    fresh_params: bool,
     pending: Mutex<Pending>,
 }
 
@@ -199,6 +198,7 @@ impl GpuContext {
         let uniform_align = limits.min_uniform_buffer_offset_alignment;
         // Read at start, so a missing or unreadable file is an error here that names it,
         // not a failure in the middle of a run.
+        #[cfg(feature = "lab")]
         let wgsl_sources = match &opts.wgsl_dir {
             Some(dir) => Some(
                 Shader::ALL
@@ -242,11 +242,14 @@ impl GpuContext {
                 .unwrap_or(SUBMIT_EVERY)
                 .clamp(1, MAX_PENDING_PASSES),
             modules: Mutex::new(HashMap::new()),
+            #[cfg(feature = "lab")]
             wgsl_sources,
+            #[cfg(feature = "lab")]
             matvec_checks: opts.matvec_checks.unwrap_or_else(default_matvec_checks),
+            #[cfg(not(feature = "lab"))]
+            matvec_checks: default_matvec_checks(),
             pipelines: Mutex::new(HashMap::new()),
             kinds,
-            fresh_params: opts.fresh_params,
             pending: Mutex::new(Pending::new(uniform_align)),
         })
     }
@@ -323,15 +326,17 @@ impl GpuContext {
         modules
             .entry(shader)
             .or_insert_with(|| {
+                #[cfg(feature = "lab")]
+                let text = self
+                    .wgsl_sources
+                    .as_ref()
+                    .and_then(|m| m.get(&shader).cloned())
+                    .unwrap_or_else(|| shader.source(self.subgroups));
+                #[cfg(not(feature = "lab"))]
+                let text = shader.source(self.subgroups);
                 let desc = wgpu::ShaderModuleDescriptor {
                     label: Some(shader.file()),
-                    source: wgpu::ShaderSource::Wgsl(
-                        self.wgsl_sources
-                            .as_ref()
-                            .and_then(|m| m.get(&shader).cloned())
-                            .unwrap_or_else(|| shader.source(self.subgroups))
-                            .into(),
-                    ),
+                    source: wgpu::ShaderSource::Wgsl(text.into()),
                 };
                 let unchecked = if shader == Shader::MatvecMxfp4 {
                     self.expert_matvec.unchecked

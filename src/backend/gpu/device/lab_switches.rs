@@ -6,35 +6,29 @@
 //! | Variable | Values | Default | What it changes |
 //! |---|---|---|---|
 //! | `K3_LAB_CHUNK_FROM` | tokens | 16 | prefill chunks of at least this many tokens run their matmuls through the tiled chunk kernel, smaller ones one matvec per token (0: always the matvec) |
-//! | `K3_LAB_SUBMIT_EVERY` | 1..=4096 | 4096 | the host submits recorded work after this many passes (4096: only at readbacks) |
 //! | `K3_LAB_READ_STAGING` | auto, on, off | auto | whether streamed experts are read straight into mapped upload buffers (auto: on a discrete GPU whose staging is host memory, and in the unified expert pool) |
 //! | `K3_LAB_INT4_DECODE` | auto, digits, float | auto | how one-token int4 matvecs meet x (auto: digits where the int4 matrices of one input have 32768 rows or more together) |
 //! | `K3_LAB_STAGE_X` | on, off | on | whether the one-token int4 (outside digits) and MXFP4 matvecs copy x into workgroup memory first |
-//! | `K3_LAB_CHUNK_CARRY` | on, off | on | whether a prefill chunk's expert uploads outside the VRAM tier are kept for the next chunk of the layer |
 //! | `K3_LAB_EXPERT_POOL` | auto, on, off | auto | whether the expert tier is the single expert pool, the host cache keeping nothing (auto: where CPU and GPU share memory); off keeps the discrete GPU's host cache + VRAM tier |
+//!
+//! A switch whose alternative lost is removed, with its record in lab/notebook.md ("Lab
+//! switches and GPU options removed").
 
 use crate::backend::gpu::device::context::{GpuOptions, Int4Decode, MatvecShape, ReadStaging};
 use crate::backend::gpu::kernels::chunk_gemm::ChunkGemm;
 use anyhow::{bail, Result};
-
-/// The most passes `K3_LAB_SUBMIT_EVERY` takes (the engine's default: only at readbacks).
-const MAX_SUBMIT_EVERY: usize = 4096;
 
 /// The experiment switches set in the environment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LabSwitches {
     /// `K3_LAB_CHUNK_FROM`.
     pub chunk_from: Option<u32>,
-    /// `K3_LAB_SUBMIT_EVERY`.
-    pub submit_every: Option<usize>,
     /// `K3_LAB_READ_STAGING`.
     pub read_staging: ReadStaging,
     /// `K3_LAB_INT4_DECODE` (`None`: auto).
     pub int4_decode: Option<Int4Decode>,
     /// `K3_LAB_STAGE_X` (false: off).
     pub stage_x: bool,
-    /// `K3_LAB_CHUNK_CARRY=off`.
-    pub no_chunk_carry: bool,
     /// `K3_LAB_EXPERT_POOL` (`None`: auto).
     pub expert_pool: Option<bool>,
 }
@@ -54,15 +48,6 @@ impl LabSwitches {
                 anyhow::anyhow!("K3_LAB_CHUNK_FROM must be a token count (0 or more), got {v:?}")
             })?),
         };
-        let submit_every = match get("K3_LAB_SUBMIT_EVERY") {
-            None => None,
-            Some(v) => match v.trim().parse::<usize>() {
-                Ok(n) if (1..=MAX_SUBMIT_EVERY).contains(&n) => Some(n),
-                _ => bail!(
-                    "K3_LAB_SUBMIT_EVERY must be a pass count from 1 to {MAX_SUBMIT_EVERY}, got {v:?}"
-                ),
-            },
-        };
         let read_staging = match get("K3_LAB_READ_STAGING").as_deref().map(str::trim) {
             None | Some("auto") => ReadStaging::Auto,
             Some("on") => ReadStaging::On,
@@ -80,11 +65,6 @@ impl LabSwitches {
             Some("off") => false,
             Some(v) => bail!("K3_LAB_STAGE_X must be on or off, got {v:?}"),
         };
-        let no_chunk_carry = match get("K3_LAB_CHUNK_CARRY").as_deref().map(str::trim) {
-            None | Some("on") => false,
-            Some("off") => true,
-            Some(v) => bail!("K3_LAB_CHUNK_CARRY must be on or off, got {v:?}"),
-        };
         let expert_pool = match get("K3_LAB_EXPERT_POOL").as_deref().map(str::trim) {
             None | Some("auto") => None,
             Some("on") => Some(true),
@@ -93,11 +73,9 @@ impl LabSwitches {
         };
         Ok(Self {
             chunk_from,
-            submit_every,
             read_staging,
             int4_decode,
             stage_x,
-            no_chunk_carry,
             expert_pool,
         })
     }
@@ -114,9 +92,7 @@ impl LabSwitches {
                 }),
                 None => opts.chunk_gemm,
             },
-            submit_every: self.submit_every.or(opts.submit_every),
             read_staging: self.read_staging,
-            no_chunk_carry: self.no_chunk_carry || opts.no_chunk_carry,
             expert_pool: self.expert_pool.or(opts.expert_pool),
             matvec: Some(MatvecShape {
                 int4_decode: self.int4_decode,
@@ -162,7 +138,6 @@ mod tests {
         assert_eq!(opts.chunk_gemm, None);
         assert_eq!(opts.submit_every, None);
         assert_eq!(opts.read_staging, ReadStaging::Auto);
-        assert!(!opts.no_chunk_carry);
         assert_eq!(opts.expert_pool, None);
         assert_eq!(opts.matvec, Some(MatvecShape::default()));
         assert_eq!(opts.expert_matvec, Some(MatvecShape::experts()));
@@ -173,11 +148,9 @@ mod tests {
     fn every_switch_reaches_its_option() {
         let s = lookup(&[
             ("K3_LAB_CHUNK_FROM", "0"),
-            ("K3_LAB_SUBMIT_EVERY", " 64 "),
             ("K3_LAB_READ_STAGING", "off"),
             ("K3_LAB_INT4_DECODE", "digits"),
             ("K3_LAB_STAGE_X", "off"),
-            ("K3_LAB_CHUNK_CARRY", "off"),
             ("K3_LAB_EXPERT_POOL", "off"),
         ])
         .unwrap();
@@ -187,9 +160,7 @@ mod tests {
         });
         assert_eq!(opts.adapter.as_deref(), Some("lavapipe"));
         assert_eq!(opts.chunk_gemm.map(|c| c.from_tokens), Some(0));
-        assert_eq!(opts.submit_every, Some(64));
         assert_eq!(opts.read_staging, ReadStaging::Off);
-        assert!(opts.no_chunk_carry);
         assert_eq!(opts.expert_pool, Some(false));
         let m = opts.matvec.unwrap();
         assert_eq!((m.int4_decode, m.stage_x), (Some(Int4Decode::Digits), 0));
@@ -211,12 +182,9 @@ mod tests {
     fn a_bad_value_names_its_variable() {
         for (name, value) in [
             ("K3_LAB_CHUNK_FROM", "-1"),
-            ("K3_LAB_SUBMIT_EVERY", "0"),
-            ("K3_LAB_SUBMIT_EVERY", "4097"),
             ("K3_LAB_READ_STAGING", "maybe"),
             ("K3_LAB_INT4_DECODE", "half"),
             ("K3_LAB_STAGE_X", "yes"),
-            ("K3_LAB_CHUNK_CARRY", "1"),
             ("K3_LAB_EXPERT_POOL", "yes"),
         ] {
             let err = lookup(&[(name, value)]).unwrap_err().to_string();

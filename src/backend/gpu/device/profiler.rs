@@ -185,7 +185,7 @@ fn table(
 impl Drop for Profiler {
     fn drop(&mut self) {
         if !self.totals.is_empty() {
-            eprint!("{}", self.report());
+            tracing::info!("{}", self.report().trim_end());
         }
     }
 }

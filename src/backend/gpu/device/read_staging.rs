@@ -134,7 +134,7 @@ impl ReadLender for StagingLender {
 
     fn refuse(&self, why: &str) {
         if !self.refused.swap(true, Ordering::Relaxed) {
-            eprintln!(
+            tracing::warn!(
                 "[K3-GPU] reading experts straight into upload staging failed ({why}); reading them into host memory from now on"
             );
         }

@@ -51,12 +51,10 @@ pub(crate) struct GpuExperts {
     /// Device buffers that streamed experts outside the tier are written into, kept from
     /// call to call (see `arena.rs`).
     transient: Mutex<Vec<Option<Arena>>>,
-    /// What the last prefill chunk of each layer uploaded outside the tier (`carry.rs`).
+    /// What the last prefill window of each layer uploaded outside the tier (`carry.rs`).
     carry: Mutex<Carry>,
     /// The tier's promotions and demotions for the host cache (`exchange.rs`).
     exchange: Arc<Mailbox>,
-    /// [`GpuOptions::no_chunk_carry`].
-    no_chunk_carry: bool,
     /// Upload staging lent to the expert readers (see [`GpuOptions::read_staging`]).
     lender: Option<Arc<StagingLender>>,
     /// The tier is the single expert pool of a unified-memory adapter
@@ -85,7 +83,6 @@ impl GpuExperts {
             transient: Mutex::new(Vec::new()),
             carry: Mutex::new(Carry::default()),
             exchange: Arc::new(Mailbox::new(ctx.device.clone())),
-            no_chunk_carry: opts.no_chunk_carry,
             lender,
             unified_pool,
         }

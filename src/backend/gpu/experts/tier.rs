@@ -58,12 +58,7 @@ impl GpuBackend {
         *self.experts.carry()? = Carry::default();
         let free = self.free_vram_now()?;
         let tier_bytes = slots as u64 * expert_bytes(i, d);
-        let budget = if self.experts.no_chunk_carry {
-            0
-        } else {
-            carry_budget(free, tier_bytes)
-        };
-        *self.experts.carry()? = Carry::new(budget);
+        *self.experts.carry()? = Carry::new(carry_budget(free, tier_bytes));
         Ok(slots)
     }
 

@@ -5,6 +5,7 @@ use super::matvec_shape::MatvecShape;
 use super::MAX_PENDING_PASSES;
 use crate::backend::gpu::kernels::chunk_gemm::ChunkGemm;
 use crate::backend::gpu::kernels::stationary::Stationary;
+#[cfg(feature = "lab")]
 use std::path::PathBuf;
 
 /// Default for [`GpuOptions::submit_every`]: submit at readbacks (and every
@@ -43,33 +44,26 @@ pub struct GpuOptions {
     /// Time every compute pass on the GPU and print the totals per kernel at the end
     /// (`--gpu-profile`); needs timestamp queries.
     pub profile: bool,
-    /// Give every activation a new buffer instead of reusing those of dropped activations
-    /// (benchmarks compare; reuse spares wgpu's zero-fill of each new buffer).
-    pub no_buffer_reuse: bool,
-    /// Give every dispatch a uniform buffer of its own for its parameters, instead of a
-    /// slot in the reused ones (`param_arena.rs`; benchmarks compare the host time).
-    pub fresh_params: bool,
     /// Fill a reused activation buffer with NaN before handing it out, so a kernel that
     /// leaves part of its output unwritten shows up in the results (the tests set it).
     pub poison_reused: bool,
-    /// Recorded passes after which the host submits them without waiting for a readback
-    /// (`K3_LAB_SUBMIT_EVERY`), so the GPU starts on them while the host records the rest;
-    /// `None` = [`SUBMIT_EVERY`].
+    /// Recorded passes after which the host submits them without waiting for a readback;
+    /// `None` = [`SUBMIT_EVERY`]. The tests set it to run the early-submit path, which a
+    /// full timestamp query set also takes.
     pub submit_every: Option<usize>,
     /// Whether experts are read straight into upload staging (`K3_LAB_READ_STAGING`).
     pub read_staging: ReadStaging,
-    /// Keep nothing of a prefill chunk's expert uploads for the next chunk
-    /// (`K3_LAB_CHUNK_CARRY=off`: every chunk uploads its experts again, to measure against).
-    pub no_chunk_carry: bool,
     /// Whether the expert tier is the single expert pool of a unified-memory adapter
     /// (`K3_LAB_EXPERT_POOL`); `None` = on exactly where CPU and GPU share memory.
     pub expert_pool: Option<bool>,
     /// Compose every kernel from this directory's WGSL files instead of the text built in
-    /// (shader work: a variant is measured without a rebuild; the benchmarks' `wgsl=DIR`).
+    /// (shader work: a variant is measured without a rebuild; lab builds only).
+    #[cfg(feature = "lab")]
     pub wgsl_dir: Option<PathBuf>,
     /// The runtime checks wgpu builds the matvec modules with; `None` =
-    /// `default_matvec_checks()`, or none where the geometry is `unchecked`. Benchmarks
-    /// set them (`nochecks=`) to see which costs what.
+    /// `default_matvec_checks()`, or none where the geometry is `unchecked`. The lab sets
+    /// them to see which check costs what, and the tests to show each is redundant.
+    #[cfg(feature = "lab")]
     pub matvec_checks: Option<wgpu::ShaderRuntimeChecks>,
 }
 

@@ -129,7 +129,7 @@ impl GpuContext {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(d.groups.0, d.groups.1, d.groups.2);
         };
-        if self.fresh_params || words.len() > SLOT_BYTES {
+        if words.len() > SLOT_BYTES {
             let ubuf = self
                 .device
                 .create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -219,7 +219,7 @@ impl GpuContext {
         self.queue.submit([enc.finish()]);
         drop(guard);
         if let Err(e) = prof.collect(&self.device, n) {
-            eprintln!("[K3-GPU] {e:#}");
+            tracing::error!("[K3-GPU] {e:#}");
         }
     }
 }

@@ -1125,6 +1125,74 @@ fn a_restarted_server_loads_a_long_prompt_from_the_prompt_cache_and_answers_the_
     );
 }
 
+/// The first `boundaries at N` of the server's per-request lines.
+fn first_boundary(log: &str) -> Option<u64> {
+    let line = log.lines().find(|l| l.contains("| boundaries at "))?;
+    let at = line.split("| boundaries at ").nth(1)?;
+    at.split(',').next()?.trim().parse().ok()
+}
+
+#[test]
+fn an_anthropic_cache_breakpoint_inside_the_messages_is_a_prefix_later_requests_reuse() {
+    let dir = support::tiny(0);
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["--prompt-cache", cache.path().to_str().unwrap()];
+    // No system prompt and no tools: the only boundary is the client's breakpoint, on the
+    // first user message's block; the conversations part at the last user message.
+    let shared = "Read the file, then edit it with the smallest change. ".repeat(30);
+    let body = |last: &str| {
+        json!({"max_tokens": 4, "temperature": 0, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": shared,
+                                          "cache_control": {"type": "ephemeral"}}]},
+            {"role": "assistant", "content": "Which file?"},
+            {"role": "user", "content": last}]})
+    };
+    let cached = |v: &Value| v["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    let prompt = |v: &Value| v["usage"]["input_tokens"].as_u64().unwrap() + cached(v);
+    // The shared message alone, and a one-letter one: their difference is the shared
+    // text's tokens less one, which the breakpoint's prefix holds, and more.
+    let counter = Server::start(&dir, &["--no-prompt-cache"]);
+    let count = |text: &str| {
+        let (st, v) = post_json(
+            &counter.url("/v1/messages/count_tokens"),
+            &json!({"messages": [{"role": "user", "content": text}]}),
+        );
+        assert_eq!(st, 200, "{v}");
+        v["input_tokens"].as_u64().unwrap()
+    };
+    let (alone, text) = (count(&shared), count(&shared) - count("x"));
+    assert!(text >= 256, "{text}");
+    let at = {
+        let s = Server::start(&dir, &args);
+        let url = s.url("/v1/messages");
+        let (st, a) = post_json(&url, &body("main.rs, fix the typo."));
+        assert_eq!(st, 200, "{a}");
+        assert_eq!(cached(&a), 0, "{a}");
+        assert!(s.wait_log("| boundaries at ", 10), "{}", s.log());
+        let at = first_boundary(&s.log()).unwrap();
+        // The breakpoint's message ends before the shared message's generation prompt.
+        assert!(
+            at >= text && at < alone,
+            "boundary {at}, text {text}, all {alone}"
+        );
+        let (st, b) = post_json(&url, &body("lib.rs, why does the build fail?"));
+        assert_eq!(st, 200, "{b}");
+        assert_eq!(cached(&b), at, "{b}");
+        assert!(prompt(&b) > at, "{b}");
+        assert!(
+            s.wait_log(&format!("[K3] prompt cache: stored {at} tokens"), 30),
+            "{}",
+            s.log()
+        );
+        at
+    };
+    // After a restart the breakpoint's state comes from the prompt cache on disk.
+    let s = Server::start(&dir, &args);
+    let (st, c) = post_json(&s.url("/v1/messages"), &body("Add a test for the parser."));
+    assert_eq!(st, 200, "{c}");
+    assert_eq!(cached(&c), at, "{c}");
+}
+
 #[test]
 fn a_new_session_with_the_same_preamble_prefills_only_its_own_messages() {
     let dir = support::tiny(0);

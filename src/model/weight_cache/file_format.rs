@@ -187,7 +187,13 @@ impl Reader {
             .enumerate()
             .try_for_each(|(i, chunk)| {
                 let at = p.offset + (i * COPY_CHUNK) as u64;
-                read_exact(&self.file, &self.path, chunk, at, &format!("`{}` {what}", e.name))
+                read_exact(
+                    &self.file,
+                    &self.path,
+                    chunk,
+                    at,
+                    &format!("`{}` {what}", e.name),
+                )
             })?;
         if xxh3_64(&out) != p.xxh3 {
             bail!(
@@ -222,7 +228,9 @@ fn hash_part(file: &File, path: &Path, p: &Part, name: &str, what: &str) -> Resu
     let mut at = p.offset;
     let end = p.offset + p.len;
     while at < end {
-        let n = buf.len().min(usize::try_from(end - at).unwrap_or(usize::MAX));
+        let n = buf
+            .len()
+            .min(usize::try_from(end - at).unwrap_or(usize::MAX));
         read_exact(file, path, &mut buf[..n], at, &format!("`{name}` {what}"))?;
         hasher.update(&buf[..n]);
         at += n as u64;

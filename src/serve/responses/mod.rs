@@ -840,6 +840,7 @@ pub fn read_request(
         chat: ChatRequest {
             messages,
             tools,
+            tools_breakpoint: false,
             tool_choice,
             single_tool_call: !parallel,
             response_format,

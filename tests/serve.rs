@@ -825,6 +825,78 @@ fn a_client_that_disconnects_during_prefill_cancels_it_between_chunks() {
     assert_eq!(st, 200, "{v}");
 }
 
+/// `/health`'s `queue_depth` and `state`.
+fn queue_and_state(s: &Server) -> (u64, String) {
+    let (st, body) = get(&s.url("/health"), None);
+    assert_eq!(st, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    (
+        v["queue_depth"].as_u64().unwrap(),
+        v["state"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// Sends `body` to `/v1/chat/completions` on a connection left open and unread.
+fn send_raw(s: &Server, body: &Value) -> std::net::TcpStream {
+    use std::io::Write;
+    let body = body.to_string();
+    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+    write!(
+        c,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        s.addr,
+        body.len()
+    )
+    .unwrap();
+    c
+}
+
+/// Polls `/health` until `f` holds of its queue depth and state, for up to 20 s.
+fn wait_health(s: &Server, f: impl Fn(u64, &str) -> bool) -> (u64, String) {
+    for _ in 0..400 {
+        let (q, st) = queue_and_state(s);
+        if f(q, &st) {
+            return (q, st);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    queue_and_state(s)
+}
+
+#[test]
+fn a_full_queue_refuses_a_constrained_request_before_compiling_it() {
+    let dir = support::tiny(0);
+    // One token a chunk: the first prompt's prefill keeps the engine busy past the test.
+    let s = Server::start(
+        &dir,
+        &["--queue", "1", "--chunk", "1", "--max-tokens", "8192"],
+    );
+    let running = send_raw(&s, &chat_body(&"word ".repeat(6000), 4, true));
+    let (q, st) = wait_health(&s, |q, st| q == 0 && st == "busy");
+    assert_eq!((q, st.as_str()), (0, "busy"), "{}", s.log());
+    let waiting = send_raw(&s, &chat_body("hi", 2, true));
+    let (q, _) = wait_health(&s, |q, _| q == 1);
+    assert_eq!(q, 1, "{}", s.log());
+    // A schema that does not compile: a request that compiled first would get its 400.
+    let bad = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}});
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "x", "schema": bad, "strict": true}}});
+    let (st, retry, v) = post(&s.url("/v1/chat/completions"), &body.to_string(), None);
+    assert_eq!((st, retry.as_deref()), (429, Some("1")), "{v}");
+    // The refused request gave its place back; the queue still holds the waiting one.
+    assert_eq!(queue_and_state(&s).0, 1);
+    drop(waiting);
+    drop(running);
+    // Both dropped requests end; the queue's place is free again and the bad schema gets
+    // its compile, and its 400.
+    let (q, st) = wait_health(&s, |q, st| q == 0 && st == "idle");
+    assert_eq!((q, st.as_str()), (0, "idle"), "{}", s.log());
+    let (st, v) = post_json(&s.url("/v1/chat/completions"), &body);
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(queue_and_state(&s).0, 0);
+}
+
 /// The `prefill N.NNNs` figure of the log line of request `id` (hex).
 fn logged_prefill_secs(log: &str, id: &str) -> f64 {
     let line = log

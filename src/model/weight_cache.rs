@@ -249,7 +249,7 @@ impl WeightCache {
                 match r.matrix(&e, fmt) {
                     Ok(m) => {
                         r.used += 1;
-                        return Some(m);
+                        Some(m)
                     }
                     Err(why) => {
                         // Cut short or rewritten under the load: what was taken checked

@@ -60,15 +60,22 @@ pub struct DecodeOptions<'a> {
     /// tool-choice note), so that prompt resumes there instead of from the start.
     pub snapshot_at: Option<usize>,
     /// Prompt positions at message boundaries later prompts are likely to share (the end
-    /// of the system prompt and tools): the prefill keeps a state snapshot at each and
-    /// stores it in the prompt cache, so a prompt that shares only those messages resumes
-    /// there. At most [`MAX_BOUNDARIES`] are kept a prompt.
+    /// of the system prompt and tools, a client's cache breakpoints), ascending: the
+    /// prefill keeps a state snapshot at each and stores it in the prompt cache, so a
+    /// prompt that shares only those messages resumes there. The last [`MAX_BOUNDARIES`]
+    /// are kept a prompt.
     pub boundaries: &'a [usize],
 }
 
-/// Message boundaries kept per prompt ([`DecodeOptions::boundaries`]), the first ones: each
-/// costs a state copy and a prompt-cache entry.
+/// Message boundaries kept per prompt ([`DecodeOptions::boundaries`]), the last ones (a
+/// client puts its latest breakpoint last; Anthropic allows four): each costs a state
+/// snapshot in RAM and a prompt-cache entry on disk.
 pub const MAX_BOUNDARIES: usize = 4;
+
+/// The boundaries of `marked` (ascending) a prompt keeps: the last [`MAX_BOUNDARIES`].
+pub fn kept_boundaries(marked: &[usize]) -> &[usize] {
+    &marked[marked.len().saturating_sub(MAX_BOUNDARIES)..]
+}
 
 /// One generated token and what producing it cost.
 #[derive(Clone, Debug)]
@@ -554,7 +561,7 @@ impl<'m, B: Backend> Session<'m, B> {
         // The prompt is fed in segments that end at each point worth a state: the
         // divergence mark (a snapshot) and the message boundaries (a snapshot and a
         // prompt-cache entry); the prompt's end comes after.
-        let boundaries = &opts.boundaries[..opts.boundaries.len().min(MAX_BOUNDARIES)];
+        let boundaries = kept_boundaries(opts.boundaries);
         let mut points: Vec<usize> = opts
             .snapshot_at
             .into_iter()

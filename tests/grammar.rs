@@ -168,6 +168,39 @@ fn json_schema_validates_with_and_without_thinking() {
 }
 
 #[test]
+fn a_strict_object_that_leaves_additional_properties_out_writes_each_key_once() {
+    let tok = tokenizer();
+    // Open by JSON Schema's default: under strict it is closed, so every key the model
+    // writes is a declared one, each once (extra keys could repeat one another).
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"},
+        "b": {"type": "string", "maxLength": 8}}, "required": ["a"]});
+    let c = OutputConstraint::JsonSchema {
+        schema: schema.clone(),
+        strict: true,
+    };
+    for seed in 0..6 {
+        let prompt = tok.try_encode("Object:").unwrap();
+        let run = constrained(
+            &prompt,
+            Some((&c, ReplyFrame::Bare)),
+            sampled(seed),
+            200,
+            None,
+        );
+        let text = tok.decode(&run.tokens, false).unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        support::assert_valid(&schema, &v);
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert!(
+            keys.iter().all(|k| *k == "a" || *k == "b"),
+            "seed {seed}: {text}"
+        );
+        // serde_json keeps the last of repeated keys: count them in the text.
+        assert_eq!(text.matches("\"a\":").count(), 1, "seed {seed}: {text}");
+    }
+}
+
+#[test]
 fn bare_frame_is_json_then_eos() {
     let tok = tokenizer();
     let schema = json!({"type": "array", "items": {"type": "integer"}, "maxItems": 4});
@@ -454,6 +487,19 @@ fn what_the_grammar_cannot_enforce_is_refused_naming_the_schema_path() {
             ".properties.n.enum[1]",
         ),
         (r#"{"type":"object","minProperties":3}"#, ".minProperties"),
+        // Extra keys may repeat one another: refused under strict, naming the keyword.
+        (
+            r#"{"type":"object","additionalProperties":true}"#,
+            ".additionalProperties",
+        ),
+        (
+            r#"{"properties":{"m":{"type":"object","additionalProperties":{"type":"integer"}}}}"#,
+            ".properties.m.additionalProperties",
+        ),
+        (
+            r#"{"type":"object","patternProperties":{"^x":{"type":"string"}},"additionalProperties":false}"#,
+            ".patternProperties",
+        ),
     ] {
         assert_eq!(refused(schema, true).path, path, "{schema}");
     }

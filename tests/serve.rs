@@ -825,6 +825,78 @@ fn a_client_that_disconnects_during_prefill_cancels_it_between_chunks() {
     assert_eq!(st, 200, "{v}");
 }
 
+/// `/health`'s `queue_depth` and `state`.
+fn queue_and_state(s: &Server) -> (u64, String) {
+    let (st, body) = get(&s.url("/health"), None);
+    assert_eq!(st, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    (
+        v["queue_depth"].as_u64().unwrap(),
+        v["state"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// Sends `body` to `/v1/chat/completions` on a connection left open and unread.
+fn send_raw(s: &Server, body: &Value) -> std::net::TcpStream {
+    use std::io::Write;
+    let body = body.to_string();
+    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+    write!(
+        c,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        s.addr,
+        body.len()
+    )
+    .unwrap();
+    c
+}
+
+/// Polls `/health` until `f` holds of its queue depth and state, for up to 20 s.
+fn wait_health(s: &Server, f: impl Fn(u64, &str) -> bool) -> (u64, String) {
+    for _ in 0..400 {
+        let (q, st) = queue_and_state(s);
+        if f(q, &st) {
+            return (q, st);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    queue_and_state(s)
+}
+
+#[test]
+fn a_full_queue_refuses_a_constrained_request_before_compiling_it() {
+    let dir = support::tiny(0);
+    // One token a chunk: the first prompt's prefill keeps the engine busy past the test.
+    let s = Server::start(
+        &dir,
+        &["--queue", "1", "--chunk", "1", "--max-tokens", "8192"],
+    );
+    let running = send_raw(&s, &chat_body(&"word ".repeat(6000), 4, true));
+    let (q, st) = wait_health(&s, |q, st| q == 0 && st == "busy");
+    assert_eq!((q, st.as_str()), (0, "busy"), "{}", s.log());
+    let waiting = send_raw(&s, &chat_body("hi", 2, true));
+    let (q, _) = wait_health(&s, |q, _| q == 1);
+    assert_eq!(q, 1, "{}", s.log());
+    // A schema that does not compile: a request that compiled first would get its 400.
+    let bad = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}});
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "x", "schema": bad, "strict": true}}});
+    let (st, retry, v) = post(&s.url("/v1/chat/completions"), &body.to_string(), None);
+    assert_eq!((st, retry.as_deref()), (429, Some("1")), "{v}");
+    // The refused request gave its place back; the queue still holds the waiting one.
+    assert_eq!(queue_and_state(&s).0, 1);
+    drop(waiting);
+    drop(running);
+    // Both dropped requests end; the queue's place is free again and the bad schema gets
+    // its compile, and its 400.
+    let (q, st) = wait_health(&s, |q, st| q == 0 && st == "idle");
+    assert_eq!((q, st.as_str()), (0, "idle"), "{}", s.log());
+    let (st, v) = post_json(&s.url("/v1/chat/completions"), &body);
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(queue_and_state(&s).0, 0);
+}
+
 /// The `prefill N.NNNs` figure of the log line of request `id` (hex).
 fn logged_prefill_secs(log: &str, id: &str) -> f64 {
     let line = log
@@ -1123,6 +1195,74 @@ fn a_restarted_server_loads_a_long_prompt_from_the_prompt_cache_and_answers_the_
         "{}",
         s.log()
     );
+}
+
+/// The first `boundaries at N` of the server's per-request lines.
+fn first_boundary(log: &str) -> Option<u64> {
+    let line = log.lines().find(|l| l.contains("| boundaries at "))?;
+    let at = line.split("| boundaries at ").nth(1)?;
+    at.split(',').next()?.trim().parse().ok()
+}
+
+#[test]
+fn an_anthropic_cache_breakpoint_inside_the_messages_is_a_prefix_later_requests_reuse() {
+    let dir = support::tiny(0);
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["--prompt-cache", cache.path().to_str().unwrap()];
+    // No system prompt and no tools: the only boundary is the client's breakpoint, on the
+    // first user message's block; the conversations part at the last user message.
+    let shared = "Read the file, then edit it with the smallest change. ".repeat(30);
+    let body = |last: &str| {
+        json!({"max_tokens": 4, "temperature": 0, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": shared,
+                                          "cache_control": {"type": "ephemeral"}}]},
+            {"role": "assistant", "content": "Which file?"},
+            {"role": "user", "content": last}]})
+    };
+    let cached = |v: &Value| v["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    let prompt = |v: &Value| v["usage"]["input_tokens"].as_u64().unwrap() + cached(v);
+    // The shared message alone, and a one-letter one: their difference is the shared
+    // text's tokens less one, which the breakpoint's prefix holds, and more.
+    let counter = Server::start(&dir, &["--no-prompt-cache"]);
+    let count = |text: &str| {
+        let (st, v) = post_json(
+            &counter.url("/v1/messages/count_tokens"),
+            &json!({"messages": [{"role": "user", "content": text}]}),
+        );
+        assert_eq!(st, 200, "{v}");
+        v["input_tokens"].as_u64().unwrap()
+    };
+    let (alone, text) = (count(&shared), count(&shared) - count("x"));
+    assert!(text >= 256, "{text}");
+    let at = {
+        let s = Server::start(&dir, &args);
+        let url = s.url("/v1/messages");
+        let (st, a) = post_json(&url, &body("main.rs, fix the typo."));
+        assert_eq!(st, 200, "{a}");
+        assert_eq!(cached(&a), 0, "{a}");
+        assert!(s.wait_log("| boundaries at ", 10), "{}", s.log());
+        let at = first_boundary(&s.log()).unwrap();
+        // The breakpoint's message ends before the shared message's generation prompt.
+        assert!(
+            at >= text && at < alone,
+            "boundary {at}, text {text}, all {alone}"
+        );
+        let (st, b) = post_json(&url, &body("lib.rs, why does the build fail?"));
+        assert_eq!(st, 200, "{b}");
+        assert_eq!(cached(&b), at, "{b}");
+        assert!(prompt(&b) > at, "{b}");
+        assert!(
+            s.wait_log(&format!("[K3] prompt cache: stored {at} tokens"), 30),
+            "{}",
+            s.log()
+        );
+        at
+    };
+    // After a restart the breakpoint's state comes from the prompt cache on disk.
+    let s = Server::start(&dir, &args);
+    let (st, c) = post_json(&s.url("/v1/messages"), &body("Add a test for the parser."));
+    assert_eq!(st, 200, "{c}");
+    assert_eq!(cached(&c), at, "{c}");
 }
 
 #[test]

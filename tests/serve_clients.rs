@@ -407,6 +407,29 @@ fn answered(log: &str) -> Vec<&str> {
         .collect()
 }
 
+/// Each answered request's prompt tokens and TTFT from the server's lines, as
+/// `prompt 1234 tokens (cached 0), ttft 1.234s`, one a request.
+fn prompt_sizes_and_ttft(log: &str) -> Vec<String> {
+    answered(log)
+        .iter()
+        .map(|l| {
+            let field = |name: &str| {
+                l.split(name)
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .unwrap_or("?")
+                    .to_string()
+            };
+            format!(
+                "prompt {} tokens (cached {}, ttft {}",
+                field(": prompt "),
+                field("(cached ").trim_end_matches(')'),
+                field("| ttft ")
+            ) + ")"
+        })
+        .collect()
+}
+
 #[test]
 fn claude_code_completes_a_turn_against_the_demo() {
     let Some(version) = agent_cli("claude") else {
@@ -445,7 +468,11 @@ fn claude_code_completes_a_turn_against_the_demo() {
     }
     let (status, out, err) = run_for(cmd, 600);
     let log = s.log();
-    eprintln!("claude {version}: {}", answered(&log).join("\n  "));
+    eprintln!(
+        "claude {version}: {}\n  {}",
+        prompt_sizes_and_ttft(&log).join("; "),
+        answered(&log).join("\n  ")
+    );
     assert_eq!(status, Some(0), "{out}\n{err}\nserver log:\n{log}");
     let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(v["is_error"], false, "{v}\nserver log:\n{log}");
@@ -485,7 +512,11 @@ fn codex_exec_completes_a_turn_against_the_demo() {
     .env("K3_TEST_KEY", "dummy");
     let (status, out, err) = run_for(cmd, 600);
     let log = s.log();
-    eprintln!("codex {version}: {}", answered(&log).join("\n  "));
+    eprintln!(
+        "codex {version}: {}\n  {}",
+        prompt_sizes_and_ttft(&log).join("; "),
+        answered(&log).join("\n  ")
+    );
     assert!(
         status.is_some(),
         "codex did not finish:\n{out}\n{err}\nserver log:\n{log}"

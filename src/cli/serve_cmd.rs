@@ -38,8 +38,9 @@ pub struct ServeArgs {
     /// The model id clients name [default: the snapshot directory's name, `k3-demo` with --demo].
     #[arg(long)]
     pub model_name: Option<String>,
-    /// Requests that may wait while one runs, and output constraints (response_format,
-    /// forced tool_choice) that may compile at once; beyond that, 429 with Retry-After.
+    /// Requests that may wait while one runs, counting those still compiling their output
+    /// constraint (response_format, forced tool_choice) on the way to the queue; beyond
+    /// that, 429 with Retry-After, before any compile.
     #[arg(long, default_value_t = 8)]
     pub queue: usize,
     /// Tokens an answer gets when the request names no max_tokens.

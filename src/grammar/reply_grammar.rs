@@ -6,7 +6,7 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 
-use super::schema_check::{any_object_schema, prepare_schema};
+use super::schema_check::{any_object_schema, prepare_open_schema, prepare_schema};
 
 /// Most tools a forced call may offer (OpenAI's own limit on `tools`): each one's schema
 /// is compiled into the grammar, whose time and memory grow with them.
@@ -67,7 +67,8 @@ pub fn reply_lark(c: &OutputConstraint, frame: ReplyFrame) -> Result<String> {
     let mut rules = Vec::new();
     let body = match c {
         OutputConstraint::JsonObject => {
-            rules.push(json_rule("value", &any_object_schema(), true)?);
+            let any = prepare_open_schema(&any_object_schema())?;
+            rules.push(prepared_json_rule("value", any, true)?);
             "value".to_string()
         }
         OutputConstraint::JsonSchema { schema, strict } => {
@@ -142,7 +143,11 @@ pub fn reply_lark(c: &OutputConstraint, frame: ReplyFrame) -> Result<String> {
 /// grammar first ([`prepare_schema`]: its error, a [`super::schema_check::SchemaError`],
 /// names the path).
 fn json_rule(name: &str, schema: &Value, strict: bool) -> Result<String> {
-    let schema = prepare_schema(schema, strict)?;
+    prepared_json_rule(name, prepare_schema(schema, strict)?, strict)
+}
+
+/// [`json_rule`] of a schema already made fit for the grammar.
+fn prepared_json_rule(name: &str, schema: Value, strict: bool) -> Result<String> {
     let mut schema = match schema {
         Value::Object(m) => m,
         Value::Bool(true) => Map::new(),

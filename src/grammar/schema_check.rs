@@ -9,7 +9,9 @@
 //! [`-INT_LIMIT`, `INT_LIMIT`] (at most 19 digits, never `-0`) and every `number` to
 //! [`-NUM_LIMIT`, `NUM_LIMIT`] (a plain decimal, no exponent); a bound, `const` or `enum`
 //! number a double does not hold exactly is refused, and so is a `minProperties` beyond
-//! the keys the grammar keeps distinct (extra keys of `additionalProperties` may repeat).
+//! the keys the grammar keeps distinct (extra keys of `additionalProperties` may repeat);
+//! under `strict`, extra keys themselves are refused and open objects closed, so a
+//! strict object never repeats a key.
 
 use serde_json::{json, Map, Number, Value};
 
@@ -49,8 +51,29 @@ impl std::error::Error for SchemaError {}
 pub fn prepare_schema(schema: &Value, strict: bool) -> Result<Value, SchemaError> {
     let mut out = schema.clone();
     let mut path = String::new();
-    walk(&mut out, &mut path, strict)?;
+    walk(&mut out, &mut path, strict, Place::Own)?;
     Ok(out)
+}
+
+/// `schema` shaped as [`prepare_schema`] does with `strict`, its objects left open: for
+/// k3's own schemas (`json_object`'s any object), whose extra keys are the point.
+pub fn prepare_open_schema(schema: &Value) -> Result<Value, SchemaError> {
+    let mut out = schema.clone();
+    let mut path = String::new();
+    walk(&mut out, &mut path, true, Place::Open)?;
+    Ok(out)
+}
+
+/// Where a subschema sits, for what its object may be made to hold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// On its own (or an alternative of `anyOf` / `oneOf`): an object that leaves
+    /// `additionalProperties` out is closed under `strict`.
+    Own,
+    /// Under `allOf`, where closing one part would refuse the other parts' keys.
+    AllOf,
+    /// A schema whose objects stay open.
+    Open,
 }
 
 /// The schema of `response_format: json_object`: any object, its numbers shaped as a
@@ -96,11 +119,22 @@ fn err(path: &str, message: impl Into<String>) -> SchemaError {
     }
 }
 
-fn walk(node: &mut Value, path: &mut String, strict: bool) -> Result<(), SchemaError> {
+fn walk(
+    node: &mut Value,
+    path: &mut String,
+    strict: bool,
+    place: Place,
+) -> Result<(), SchemaError> {
     let Value::Object(m) = node else {
         return Ok(());
     };
     let types = types_of(m);
+    // A subschema's own objects may be closed again, unless the whole schema stays open.
+    let inner = if place == Place::Open {
+        Place::Open
+    } else {
+        Place::Own
+    };
     let integer_only = types.iter().any(|t| t == "integer") && !types.iter().any(|t| t == "number");
     let limit = if integer_only { INT_LIMIT } else { NUM_LIMIT };
     for key in ["minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"] {
@@ -117,18 +151,22 @@ fn walk(node: &mut Value, path: &mut String, strict: bool) -> Result<(), SchemaE
             check_literal(v, &format!("{path}.enum[{i}]"))?;
         }
     }
+    if strict && place != Place::Open {
+        check_extra_keys(m, &types, path, place)?;
+    }
     check_min_properties(m, path, strict)?;
     for key in SCHEMA_MAPS {
         if let Some(Value::Object(props)) = m.get_mut(key) {
             for (name, sub) in props.iter_mut() {
-                descend(sub, path, &format!(".{key}.{name}"), strict)?;
+                descend(sub, path, &format!(".{key}.{name}"), strict, inner)?;
             }
         }
     }
     for key in SCHEMA_LISTS {
         if let Some(Value::Array(list)) = m.get_mut(key) {
             for (i, sub) in list.iter_mut().enumerate() {
-                descend(sub, path, &format!(".{key}[{i}]"), strict)?;
+                let place = if key == "allOf" { Place::AllOf } else { inner };
+                descend(sub, path, &format!(".{key}[{i}]"), strict, place)?;
             }
         }
     }
@@ -136,10 +174,10 @@ fn walk(node: &mut Value, path: &mut String, strict: bool) -> Result<(), SchemaE
         match m.get_mut(key) {
             Some(Value::Array(list)) if key == "items" => {
                 for (i, sub) in list.iter_mut().enumerate() {
-                    descend(sub, path, &format!(".{key}[{i}]"), strict)?;
+                    descend(sub, path, &format!(".{key}[{i}]"), strict, inner)?;
                 }
             }
-            Some(sub) => descend(sub, path, &format!(".{key}"), strict)?,
+            Some(sub) => descend(sub, path, &format!(".{key}"), strict, inner)?,
             None => {}
         }
     }
@@ -152,10 +190,11 @@ fn descend(
     path: &mut String,
     step: &str,
     strict: bool,
+    place: Place,
 ) -> Result<(), SchemaError> {
     let len = path.len();
     path.push_str(step);
-    let r = walk(sub, path, strict);
+    let r = walk(sub, path, strict, place);
     path.truncate(len);
     r
 }
@@ -242,6 +281,44 @@ fn check_literal(v: &Value, at: &str) -> Result<(), SchemaError> {
             .iter()
             .try_for_each(|(k, x)| check_literal(x, &format!("{at}.{k}"))),
         _ => Ok(()),
+    }
+}
+
+/// Under `strict`, an object's keys are distinct: the grammar writes each declared
+/// property at most once, but keys beyond them (`additionalProperties` other than
+/// `false`, `patternProperties`) form a repetition that may write one key twice. Such an
+/// object is refused naming the keyword, and one that leaves `additionalProperties` out is
+/// closed (OpenAI's and Anthropic's strict modes require `false` there), except under
+/// `allOf`, where closing one part would refuse the others' keys.
+fn check_extra_keys(
+    m: &mut Map<String, Value>,
+    types: &[String],
+    path: &str,
+    place: Place,
+) -> Result<(), SchemaError> {
+    if let Some(p) = m.get("patternProperties") {
+        if p.as_object().is_none_or(|p| !p.is_empty()) {
+            return Err(err(
+                &format!("{path}.patternProperties"),
+                "keys matched by a pattern may repeat one another in what the grammar writes; under strict, declare the keys in `properties` with additionalProperties false",
+            ));
+        }
+    }
+    let object = types.iter().any(|t| t == "object")
+        || ["properties", "required", "minProperties", "maxProperties"]
+            .iter()
+            .any(|k| m.contains_key(*k));
+    match m.get("additionalProperties") {
+        Some(Value::Bool(false)) => Ok(()),
+        Some(_) => Err(err(
+            &format!("{path}.additionalProperties"),
+            "keys beyond `properties` may repeat one another in what the grammar writes; under strict it must be false (declare the keys in `properties`), or send the schema without strict",
+        )),
+        None if object && place == Place::Own => {
+            m.insert("additionalProperties".into(), Value::Bool(false));
+            Ok(())
+        }
+        None => Ok(()),
     }
 }
 

@@ -246,8 +246,23 @@ impl WeightCache {
         let found = r.entries.iter().find(|e| e.name == name).cloned();
         match found {
             Some(e) if e.format == format_name(fmt) && e.rows == rows && e.cols == cols => {
-                r.used += 1;
-                Some(r.matrix(&e, fmt))
+                match r.matrix(&e, fmt) {
+                    Ok(m) => {
+                        r.used += 1;
+                        Some(m)
+                    }
+                    Err(why) => {
+                        // Cut short or rewritten under the load: what was taken checked
+                        // out, the rest is quantized.
+                        self.notes.push(format!(
+                            "[K3] weight cache: {why:#}: removed, the rest of this load \
+                             quantizes and the next start rebuilds it"
+                        ));
+                        let _ = std::fs::remove_file(&r.path);
+                        self.state = State::Off;
+                        None
+                    }
+                }
             }
             other => {
                 let why = match other {

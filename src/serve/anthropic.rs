@@ -41,6 +41,16 @@ fn blocks_text(v: &Value, field: &str) -> R<String> {
     }
 }
 
+/// Whether a `system` value or a message's `content` carries a `cache_control`
+/// breakpoint on one of its blocks.
+fn has_breakpoint(content: &Value) -> bool {
+    content.as_array().is_some_and(|blocks| {
+        blocks
+            .iter()
+            .any(|b| b.get("cache_control").is_some_and(|c| !c.is_null()))
+    })
+}
+
 /// One Anthropic message as OpenAI messages (a user turn's tool results become tool
 /// messages before its text).
 fn translate_message(m: &Value, i: usize, out: &mut Vec<Value>) -> R<()> {
@@ -182,8 +192,8 @@ struct ToolBody {
     /// `"custom"` or left out; Anthropic's server tools (`web_search_...`) are refused.
     #[serde(rename = "type")]
     kind: Option<String>,
-    /// Prompt-caching hints: accepted, the engine keeps the prefix it holds anyway.
-    #[allow(dead_code)]
+    /// A prompt-caching breakpoint: the prompt cache keeps a state where the tool
+    /// declarations end.
     cache_control: Option<Value>,
     #[serde(flatten)]
     unknown: Unknown,
@@ -253,16 +263,31 @@ pub fn read_request(
         }
     };
     let mut messages = Vec::new();
+    // The translated messages that end at a `cache_control` breakpoint: each block's
+    // breakpoint is kept where its message ends, a message boundary whose tokens do not
+    // depend on where the client puts its breakpoints.
+    let mut breakpoints = Vec::new();
     if let Some(v) = b.system.as_ref().filter(|v| !v.is_null()) {
         messages.push(json!({"role": "system", "content": blocks_text(v, "system")?}));
+        if has_breakpoint(v) {
+            breakpoints.push(messages.len() - 1);
+        }
     }
     let Some(Value::Array(msgs)) = b.messages.as_ref() else {
         return Err(field_err("messages", "an array"));
     };
     for (i, msg) in msgs.iter().enumerate() {
         translate_message(msg, i, &mut messages)?;
+        if msg.get("content").is_some_and(has_breakpoint) && !messages.is_empty() {
+            breakpoints.push(messages.len() - 1);
+        }
     }
-    let messages = openai_body::messages(Some(Value::Array(messages)), limits)?;
+    let mut messages = openai_body::messages(Some(Value::Array(messages)), limits)?;
+    for i in breakpoints {
+        if let Some(m) = messages.get_mut(i) {
+            m.cache_breakpoint = true;
+        }
+    }
     let fields = SamplingFields {
         temperature: b.temperature,
         top_p: b.top_p,
@@ -274,6 +299,7 @@ pub fn read_request(
         ..SamplingFields::default()
     };
     let params = fields.params(limits, &defaults.sampling)?;
+    let mut tools_breakpoint = false;
     let tools: Vec<Value> = b
         .tools
         .unwrap_or_default()
@@ -286,6 +312,7 @@ pub fn read_request(
             }
             let t: ToolBody = from_value(t, &f)?;
             refuse_unknown(&t.unknown, &f)?;
+            tools_breakpoint |= t.cache_control.as_ref().is_some_and(|c| !c.is_null());
             if let Some(kind) = t.kind.as_deref().filter(|k| *k != "custom") {
                 return Err(ApiError::field(
                     &format!("{f}.type"),
@@ -392,6 +419,7 @@ pub fn read_request(
         chat: ChatRequest {
             messages,
             tools,
+            tools_breakpoint,
             tool_choice,
             single_tool_call,
             response_format: format.unwrap_or(ResponseFormat::Text),

@@ -227,16 +227,22 @@ pub fn run_engine<B: Backend>(
             snapshots.bytes as f64 / (1 << 20) as f64
         );
     }
+    let state = crate::model::state_size::state_size(&model.ckpt.config, 1);
     let disk = match model.prompt_cache() {
-        Some(_) => format!(
-            " and on disk in the prompt cache (prompts of {}+ tokens)",
-            crate::model::prompt_cache::MIN_TOKENS
+        Some(c) => format!(
+            "; on disk as prompt-cache entries of {:.1} MB + {:.1} KB a token (prompts of {}+ tokens, {:.2} GB in all)",
+            (state.kda_gb * 1e9 + model.vocab_size() as f64 * 4.0) / 1e6,
+            state.kv_gb * 1e9 / 1e3,
+            crate::model::prompt_cache::MIN_TOKENS,
+            c.max_bytes() as f64 / 1e9
         ),
         None => String::new(),
     };
     tracing::info!(
-        "[K3] serve: states kept at each prompt's end and at the end of its system prompt and tools (up to {} boundaries a prompt): in RAM as snapshots{disk}",
-        crate::session::MAX_BOUNDARIES
+        "[K3] serve: states kept at each prompt's end and at up to {} message boundaries a prompt (the end of its system prompt and tools, each Anthropic cache_control breakpoint; the last ones when there are more): in RAM as snapshots of {:.1} MB each ({:.0} MB in all){disk}",
+        crate::session::MAX_BOUNDARIES,
+        one as f64 / 1e6,
+        snapshots.bytes as f64 / (1 << 20) as f64
     );
     let eos = model.ckpt.config.eos_token_ids.clone();
     while let Ok(job) = jobs.recv() {
@@ -265,8 +271,15 @@ pub fn run_engine<B: Backend>(
                     request_secs: job.queued.elapsed().as_secs_f64(),
                     stats: outcome.stats.clone(),
                 });
+                let kept = crate::session::kept_boundaries(&job.params.boundaries);
+                let kept = if kept.is_empty() {
+                    String::new()
+                } else {
+                    let at: Vec<String> = kept.iter().map(|b| b.to_string()).collect();
+                    format!(" | boundaries at {}", at.join(", "))
+                };
                 tracing::info!(
-                    "[K3] serve {}: prompt {} (cached {}) | generated {} | queued {:.3}s | ttft {:.3}s | prefill {:.3}s | decode {:.3}s | {}{}",
+                    "[K3] serve {}: prompt {} (cached {}) | generated {} | queued {:.3}s | ttft {:.3}s | prefill {:.3}s | decode {:.3}s | {}{}{kept}",
                     job.id,
                     outcome.prompt_tokens,
                     outcome.cached_tokens,

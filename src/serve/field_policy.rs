@@ -93,7 +93,7 @@ pub const ANTHROPIC: &[InertField] = &[
     InertField {
         name: "cache_control",
         accepts: Accepts::Object,
-        why: "a prompt-caching breakpoint; k3 keeps the conversation's prefix on its own (the same holds for `cache_control` on blocks, tools and system text)",
+        why: "automatic caching at the prompt's last block; k3 keeps the state at every prompt's end anyway (`cache_control` on blocks, tools and system text marks a boundary the prompt cache keeps)",
     },
 ];
 

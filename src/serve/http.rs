@@ -27,7 +27,7 @@ use axum::{Json, Router};
 use futures_util::stream::{Stream, StreamExt};
 use serde_json::{json, Value};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::Receiver;
@@ -36,6 +36,9 @@ use tokio::sync::mpsc::Receiver;
 pub struct App {
     /// The queue to the engine.
     pub jobs: mpsc::SyncSender<Job>,
+    /// Requests the queue holds, counting those whose output constraint compiles on their
+    /// way to it (`--queue`, at least 1).
+    pub queue: usize,
     /// Counters and the running job, shared with the engine.
     pub shared: Arc<EngineShared>,
     /// The model's tokenizer.
@@ -236,8 +239,26 @@ impl App {
 
     /// Checks the prompt against the context and queues the job; `inline_reasoning` puts
     /// think text into content.
+    /// A place in the queue, or a 429 when every place is taken: queued requests and
+    /// requests compiling their output constraint on the way to the queue share the
+    /// `--queue` places, so a full queue refuses a request before its compile.
+    pub(super) fn queue_place(&self) -> Result<QueuePlace<'_>, ApiError> {
+        let depth = &self.shared.metrics.queue_depth;
+        depth
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |d| {
+                (d < self.queue).then_some(d + 1)
+            })
+            .map_err(|_| queue_full())?;
+        Ok(QueuePlace {
+            depth,
+            queued: false,
+        })
+    }
+
+    /// Queues a job in the place `place` holds.
     pub(super) fn submit(
         &self,
+        place: QueuePlace<'_>,
         ids: Vec<u32>,
         mut params: GenParams,
         kind: JobKind,
@@ -285,17 +306,17 @@ impl App {
             cancel: cancel.clone(),
             queued: Instant::now(),
         };
-        let depth = &self.shared.metrics.queue_depth;
-        depth.fetch_add(1, Ordering::SeqCst);
+        let mut place = place;
         match self.jobs.try_send(job) {
-            Ok(()) => Ok((id, rx, CancelOnDrop(cancel))),
+            Ok(()) => {
+                // The engine frees the place when it takes the job.
+                place.queued = true;
+                Ok((id, rx, CancelOnDrop(cancel)))
+            }
             Err(e) => {
-                depth.fetch_sub(1, Ordering::SeqCst);
+                drop(place);
                 Err(match e {
-                    mpsc::TrySendError::Full(_) => ApiError {
-                        retry_after: Some(1),
-                        ..ApiError::status(429, "the queue is full; retry shortly")
-                    },
+                    mpsc::TrySendError::Full(_) => queue_full(),
                     mpsc::TrySendError::Disconnected(_) => {
                         ApiError::status(503, "the engine has stopped")
                     }
@@ -305,11 +326,37 @@ impl App {
     }
 }
 
+/// The 429 of a full queue.
+fn queue_full() -> ApiError {
+    ApiError {
+        retry_after: Some(1),
+        ..ApiError::status(429, "the queue is full; retry shortly")
+    }
+}
+
+/// A request's place in the engine's queue ([`App::queue_place`]), held while its output
+/// constraint compiles: dropped before [`App::submit`] queues the job, it frees the place.
+pub(super) struct QueuePlace<'a> {
+    depth: &'a AtomicUsize,
+    /// Whether the job went into the queue, which now owns the place.
+    queued: bool,
+}
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        if !self.queued {
+            self.depth.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 impl App {
     /// Compiles a chat request's output constraint for a prompt of `prompt_len` tokens, on
-    /// this worker thread (the runtime moves its other tasks away meanwhile).
+    /// this worker thread (the runtime moves its other tasks away meanwhile), while the
+    /// request holds its queue `_place`.
     pub(super) fn constrain(
         &self,
+        _place: &QueuePlace<'_>,
         req: &ChatRequest,
         api: Api,
         prompt_len: usize,
@@ -361,7 +408,8 @@ async fn chat(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiEr
     let mut req = chat_request(&bytes, &app.limits, &app.defaults)?;
     app.check_model(&req.params)?;
     let ids = chat_ids_marked(app, &mut req)?;
-    req.params.constraint = app.constrain(&req, Api::OpenAi, ids.len())?;
+    let place = app.queue_place()?;
+    req.params.constraint = app.constrain(&place, &req, Api::OpenAi, ids.len())?;
     let (stream, include_usage) = (req.params.stream, req.params.include_usage);
     let (seed, n) = (req.params.sampling.seed, req.params.n);
     let kind = JobKind::Chat {
@@ -369,7 +417,7 @@ async fn chat(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiEr
         single_tool_call: req.single_tool_call,
     };
     let inline = app.reasoning_format == ReasoningFormat::Inline;
-    let (id, mut rx, guard) = app.submit(ids, req.params, kind, inline)?;
+    let (id, mut rx, guard) = app.submit(place, ids, req.params, kind, inline)?;
     let model = app.model_name.clone();
     if !stream {
         let o = wait_outcome(&mut rx).await?;
@@ -422,7 +470,8 @@ async fn completions(State(app): State<Arc<App>>, body: Body) -> Result<Response
         .try_encode(&req.prompt)
         .map_err(|e| ApiError::field("prompt", format!("{e:#}")))?;
     let (stream, seed) = (req.params.stream, req.params.sampling.seed);
-    let (id, mut rx, guard) = app.submit(ids, req.params, JobKind::Completion, false)?;
+    let place = app.queue_place()?;
+    let (id, mut rx, guard) = app.submit(place, ids, req.params, JobKind::Completion, false)?;
     let model = app.model_name.clone();
     if !stream {
         let o = wait_outcome(&mut rx).await?;
@@ -543,14 +592,15 @@ async fn messages_inner(app: &Arc<App>, body: Body) -> Result<Response, ApiError
     req.params.snapshot_at = marked.divergence;
     req.params.boundaries = marked.boundaries;
     let ids = marked.ids;
-    req.params.constraint = app.constrain(&req, Api::Anthropic, ids.len())?;
+    let place = app.queue_place()?;
+    req.params.constraint = app.constrain(&place, &req, Api::Anthropic, ids.len())?;
     let input_tokens = ids.len();
     let (stream, seed) = (req.params.stream, req.params.sampling.seed);
     let kind = JobKind::Chat {
         thinking: req.thinking,
         single_tool_call: req.single_tool_call,
     };
-    let (id, mut rx, guard) = app.submit(ids, req.params, kind, false)?;
+    let (id, mut rx, guard) = app.submit(place, ids, req.params, kind, false)?;
     let model = app.model_name.clone();
     if !stream {
         let o = wait_outcome(&mut rx).await?;

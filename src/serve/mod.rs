@@ -110,6 +110,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
     let (jobs_tx, jobs_rx) = mpsc::sync_channel(opts.queue.max(1));
     let app = Arc::new(http::App {
         jobs: jobs_tx,
+        queue: opts.queue.max(1),
         shared: shared.clone(),
         tok: tok.clone(),
         model_name: opts.model_name.clone(),
@@ -176,8 +177,8 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
 }
 
 /// The compiler of output constraints over `tok`'s vocabulary, built once at startup, with
-/// as many compiles at once as the queue holds requests (a compile is a request on its
-/// way to the queue; past that, 429); a model whose config names no usable end-of-sequence
+/// as many compiles at once as the queue holds requests (a compiling request holds a queue
+/// place, `http::App::queue_place`: a full queue answers 429 before compiling); a model whose config names no usable end-of-sequence
 /// id serves without one (constrained requests are then refused, naming why).
 fn grammar_compiler(tok: &Tokenizer, eos: &[u32], queue: usize) -> Option<Arc<GrammarCompiler>> {
     let t0 = std::time::Instant::now();

@@ -285,6 +285,7 @@ pub fn messages(v: Option<Value>, limits: &Limits) -> R<Vec<ApiMessage>> {
                 tool_calls: tool_calls_in(m.tool_calls, &format!("{f}.tool_calls"))?,
                 tool_call_id: m.tool_call_id,
                 name: m.name,
+                cache_breakpoint: false,
             })
         })
         .collect()
@@ -509,6 +510,7 @@ pub fn chat_request(body: &[u8], limits: &Limits, defaults: &Defaults) -> R<Chat
     Ok(ChatRequest {
         messages,
         tools,
+        tools_breakpoint: false,
         tool_choice,
         single_tool_call: b.parallel_tool_calls == Some(false),
         response_format: response_format(b.response_format.take())?,

@@ -27,6 +27,9 @@ pub fn render_request(req: &ChatRequest) -> Result<Prompt, ApiError> {
         p.push_text("\n```");
         p.close_tag("message");
         p.end_of_msg();
+        if req.tools_breakpoint {
+            p.mark_boundary();
+        }
     }
     p.thinking_effort(&ChatOptions {
         add_generation_prompt: true,
@@ -64,6 +67,9 @@ pub fn render_request(req: &ChatRequest) -> Result<Prompt, ApiError> {
                 p.push_text(&m.content);
                 p.close_tag("message");
                 p.end_of_msg();
+                if m.cache_breakpoint {
+                    p.mark_boundary();
+                }
                 i += 1;
             }
             ApiRole::Assistant => {
@@ -85,6 +91,9 @@ pub fn render_request(req: &ChatRequest) -> Result<Prompt, ApiError> {
                 }
                 p.close_tag("message");
                 p.end_of_msg();
+                if m.cache_breakpoint {
+                    p.mark_boundary();
+                }
                 i += 1;
             }
             ApiRole::Tool => {
@@ -93,6 +102,9 @@ pub fn render_request(req: &ChatRequest) -> Result<Prompt, ApiError> {
                     .position(|t| t.role != ApiRole::Tool)
                     .map_or(msgs.len(), |n| i + n);
                 tool_run(&mut p, &msgs[i..end], last_calls, &mut tool_index, i)?;
+                if msgs[i..end].iter().any(|m| m.cache_breakpoint) {
+                    p.mark_boundary();
+                }
                 i = end;
             }
         }

@@ -77,6 +77,9 @@ pub struct ApiMessage {
     pub tool_call_id: Option<String>,
     /// The `name` field (a tool result's function name).
     pub name: Option<String>,
+    /// Whether a client's cache breakpoint (Anthropic `cache_control`) ends in this
+    /// message: the prompt cache keeps a state where the message ends.
+    pub cache_breakpoint: bool,
 }
 
 impl ApiMessage {
@@ -89,6 +92,7 @@ impl ApiMessage {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            cache_breakpoint: false,
         }
     }
 }
@@ -173,6 +177,9 @@ pub struct ChatRequest {
     pub messages: Vec<ApiMessage>,
     /// Tool declarations, as sent (`{"type":"function","function":{...}}`).
     pub tools: Vec<Value>,
+    /// Whether a client's cache breakpoint (Anthropic `cache_control` on a tool) ends the
+    /// tool declarations: the prompt cache keeps a state where they end.
+    pub tools_breakpoint: bool,
     /// `tool_choice`.
     pub tool_choice: ToolChoice,
     /// Whether only one tool call may come (`parallel_tool_calls: false`).

@@ -82,6 +82,11 @@ impl PromptCache {
         self.key
     }
 
+    /// Bytes the entries may take together (`--prompt-cache-gb`).
+    pub fn max_bytes(&self) -> u64 {
+        self.cfg.max_bytes
+    }
+
     /// The directory of the entries.
     pub fn dir(&self) -> &Path {
         &self.cfg.dir

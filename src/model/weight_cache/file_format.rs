@@ -1,4 +1,4 @@
-//! The weight cache's file: its layout (see the parent module), the reader that maps and
+//! The weight cache's file: its layout (see the parent module), the reader that reads and
 //! checks a file through before any of it is used, and the builder that writes one in a
 //! single pass as matrices arrive.
 
@@ -6,13 +6,14 @@ use super::key::{key_difference, Key};
 use super::{Parts, FORMAT_VERSION};
 use crate::atomic_file::AtomicFile;
 use crate::platform::input_file::{self, FileKind};
+use crate::platform::positional_read;
 use crate::quant::{int4, DenseData, DenseFormat, DenseMatrix};
 use anyhow::{anyhow, bail, Context, Result};
-use memmap2::Mmap;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use std::fs::File;
 use std::path::{Path, PathBuf};
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 pub(super) const MAGIC: &[u8; 8] = b"K3WCACHE";
 pub(super) const END_MAGIC: &[u8; 8] = b"K3WCEND\0";
@@ -21,7 +22,7 @@ pub(super) const TRAILER_BYTES: u64 = 32;
 pub(super) const ALIGN: u64 = 64;
 /// Largest table accepted: the full model's table is well under a megabyte.
 pub(super) const MAX_TABLE_BYTES: u64 = 64 << 20;
-/// Bytes one thread copies at a time out of the map.
+/// Bytes one thread reads at a time.
 pub(super) const COPY_CHUNK: usize = 4 << 20;
 
 /// One cached matrix.
@@ -49,10 +50,11 @@ pub(super) struct Table {
     pub(super) entries: Vec<Entry>,
 }
 
-/// A cache file that checked out: its map and table.
+/// A cache file that checked out: its open file and table. The file is read, never
+/// mapped: a file cut short while k3 reads it is a read error naming it, not a SIGBUS.
 pub(super) struct Reader {
     pub(super) path: PathBuf,
-    pub(super) map: Mmap,
+    file: File,
     pub(super) entries: Vec<Entry>,
     pub(super) used: usize,
     pub(super) bytes: u64,
@@ -72,29 +74,36 @@ pub(super) fn read_u64(b: &[u8]) -> u64 {
 }
 
 impl Reader {
-    /// Maps `path` and checks it through: header, trailer, table, key, every range and
+    /// Opens `path` and checks it through: header, trailer, table, key, every range and
     /// every checksum. Any failure says what was wrong.
     pub(super) fn open(path: &Path, key: &Key) -> Result<Reader> {
+        Self::open_checked(path, key, || {})
+    }
+
+    /// [`Reader::open`], calling `before_data` once the table checked out and before the
+    /// matrices' bytes are read (a test cuts the file there).
+    pub(super) fn open_checked(
+        path: &Path,
+        key: &Key,
+        before_data: impl FnOnce(),
+    ) -> Result<Reader> {
         let file = input_file::open(path, FileKind::WeightCache)?.file;
-        // SAFETY: the map is read-only. k3 replaces a cache file only by renaming a new one
-        // over it, which leaves this mapping's file intact; a process that truncated the file
-        // in place would be writing where only k3 writes.
-        // Populated: every page is read in with the mapping rather than one fault at a time.
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
-            .context("cannot map it")?;
-        let len = map.len() as u64;
+        let len = file.metadata().context("cannot stat it")?.len();
         if len < HEADER_BYTES + TRAILER_BYTES {
             bail!("truncated: {len} bytes");
         }
-        if &map[..8] != MAGIC {
+        let mut head = [0u8; HEADER_BYTES as usize];
+        let mut t = [0u8; TRAILER_BYTES as usize];
+        read_exact(&file, path, &mut head, 0, "the header")?;
+        if &head[..8] != MAGIC {
             bail!("not a k3 weight cache (bad magic)");
         }
-        let t = &map[(len - TRAILER_BYTES) as usize..];
+        read_exact(&file, path, &mut t, len - TRAILER_BYTES, "the trailer")?;
         if &t[24..32] != END_MAGIC {
             bail!("truncated or corrupt: no end marker");
         }
         let (table_off, table_len, table_hash) =
-            (read_u64(t), read_u64(&t[8..]), read_u64(&t[16..]));
+            (read_u64(&t), read_u64(&t[8..]), read_u64(&t[16..]));
         if table_len > MAX_TABLE_BYTES
             || table_off < HEADER_BYTES
             || table_off.checked_add(table_len) != Some(len - TRAILER_BYTES)
@@ -103,21 +112,25 @@ impl Reader {
                 "corrupt: the table at {table_off} (+{table_len}) does not fit the {len}-byte file"
             );
         }
-        let table = &map[table_off as usize..(table_off + table_len) as usize];
-        if xxh3_64(table) != table_hash {
+        // The bound above keeps the table's length well within usize.
+        let mut table = vec![0u8; table_len as usize];
+        read_exact(&file, path, &mut table, table_off, "the table")?;
+        if xxh3_64(&table) != table_hash {
             bail!("corrupt: table checksum mismatch");
         }
-        let table: Table = serde_json::from_slice(table).context("corrupt: table is not valid")?;
+        let table: Table = serde_json::from_slice(&table).context("corrupt: table is not valid")?;
         if table.key != *key {
             bail!("stale: {}", key_difference(&table.key, key));
         }
         for e in &table.entries {
             check_entry(e, table_off).with_context(|| format!("corrupt: entry `{}`", e.name))?;
         }
+        before_data();
+        // Every part is read and hashed once here, so a damaged file is rebuilt at this
+        // start; the reads fill the page cache that `matrix` then copies from.
         table.entries.par_iter().try_for_each(|e| {
             for (what, p) in [("values", &e.q), ("scales", &e.scale)] {
-                let bytes = &map[p.offset as usize..(p.offset + p.len) as usize];
-                if xxh3_64(bytes) != p.xxh3 {
+                if hash_part(&file, path, p, &e.name, what)? != p.xxh3 {
                     return Err(anyhow!(
                         "corrupt: checksum of `{}` {what} (bytes {}..{}) mismatch",
                         e.name,
@@ -130,40 +143,99 @@ impl Reader {
         })?;
         Ok(Reader {
             path: path.to_path_buf(),
-            map,
+            file,
             entries: table.entries,
             used: 0,
             bytes: len,
         })
     }
 
-    /// Copies entry `e` (checked at open) out of the map, in parallel: a start from the
-    /// cache is this copy, and the pages it touches fault in on every core at once.
-    pub(super) fn matrix(&self, e: &Entry, fmt: DenseFormat) -> DenseMatrix {
-        let part = |p: &Part| &self.map[p.offset as usize..(p.offset + p.len) as usize];
-        let scale: Vec<f32> = part(&e.scale)
+    /// Reads entry `e` (checked at open) into memory, in parallel, and checks its bytes
+    /// again: a file cut short or rewritten since the open is an error naming it.
+    pub(super) fn matrix(&self, e: &Entry, fmt: DenseFormat) -> Result<DenseMatrix> {
+        let q = self.part(e, &e.q, "values")?;
+        let scale: Vec<f32> = self
+            .part(e, &e.scale, "scales")?
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        let copy = |dst: &mut [u8]| copy_in_parallel(dst, part(&e.q));
         let data = match fmt {
-            DenseFormat::Int8 => {
-                let mut q = vec![0i8; e.q.len as usize];
-                copy(bytemuck::cast_slice_mut(&mut q));
-                DenseData::Int8 { q, scale }
-            }
-            _ => {
-                let mut q = vec![0u8; e.q.len as usize];
-                copy(&mut q);
-                DenseData::Int4 { q, scale }
-            }
+            DenseFormat::Int8 => DenseData::Int8 {
+                // Collected in place: the same allocation, reinterpreted byte for byte.
+                q: q.into_iter().map(|b| b as i8).collect(),
+                scale,
+            },
+            _ => DenseData::Int4 { q, scale },
         };
-        DenseMatrix {
+        Ok(DenseMatrix {
             rows: e.rows,
             cols: e.cols,
             data,
-        }
+        })
     }
+
+    /// The bytes of part `p` of entry `e`, read over every core and checked against the
+    /// part's checksum.
+    fn part(&self, e: &Entry, p: &Part, what: &str) -> Result<Vec<u8>> {
+        // check_entry bounded the part by the file's length, which was read into memory
+        // as a u64; a part too large for usize is refused rather than truncated.
+        let len = usize::try_from(p.len).with_context(|| {
+            format!("{}: `{}` {what} is too large", self.path.display(), e.name)
+        })?;
+        let mut out = vec![0u8; len];
+        out.par_chunks_mut(COPY_CHUNK)
+            .enumerate()
+            .try_for_each(|(i, chunk)| {
+                let at = p.offset + (i * COPY_CHUNK) as u64;
+                read_exact(
+                    &self.file,
+                    &self.path,
+                    chunk,
+                    at,
+                    &format!("`{}` {what}", e.name),
+                )
+            })?;
+        if xxh3_64(&out) != p.xxh3 {
+            bail!(
+                "{}: `{}` {what} (bytes {}..{}) changed since the file was checked; was it \
+                 rewritten while k3 loaded it?",
+                self.path.display(),
+                e.name,
+                p.offset,
+                p.offset + p.len
+            );
+        }
+        Ok(out)
+    }
+}
+
+/// Fills `buf` from `offset` of the cache file at `path`: a short read (the file cut
+/// short) is an error naming the file, `what` was read and where.
+fn read_exact(file: &File, path: &Path, buf: &mut [u8], offset: u64, what: &str) -> Result<()> {
+    positional_read::read_exact_at(file, buf, offset).with_context(|| {
+        format!(
+            "{}: reading {what} ({} bytes at offset {offset}; was the file truncated?)",
+            path.display(),
+            buf.len()
+        )
+    })
+}
+
+/// The xxh3 of part `p`, read in [`COPY_CHUNK`] pieces through one buffer.
+fn hash_part(file: &File, path: &Path, p: &Part, name: &str, what: &str) -> Result<u64> {
+    let mut hasher = Xxh3::new();
+    let mut buf = vec![0u8; COPY_CHUNK.min(usize::try_from(p.len).unwrap_or(COPY_CHUNK))];
+    let mut at = p.offset;
+    let end = p.offset + p.len;
+    while at < end {
+        let n = buf
+            .len()
+            .min(usize::try_from(end - at).unwrap_or(usize::MAX));
+        read_exact(file, path, &mut buf[..n], at, &format!("`{name}` {what}"))?;
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(hasher.digest())
 }
 
 /// A copy of `src`, made by every core.

@@ -83,7 +83,7 @@ fn a_process_that_ends_while_the_writer_writes_waits_for_a_whole_file() {
     assert!(crate::atomic_file::partials_of(&path).is_empty());
     let read = Reader::open(&path, &key()).unwrap();
     assert_eq!(read.entries.len(), 3);
-    let m = read.matrix(&read.entries[1], DenseFormat::Int8);
+    let m = read.matrix(&read.entries[1], DenseFormat::Int8).unwrap();
     let DenseData::Int8 { q, scale } = m.data else {
         panic!("not int8")
     };
@@ -171,4 +171,90 @@ fn the_load_waits_only_for_a_backlog_past_its_bound() {
     q.close();
     assert_eq!(q.recv().map(|p| p.name), Some("small".to_string()));
     assert!(q.recv().is_none());
+}
+
+/// A whole cache file of three int8 matrices at `path`.
+fn written(path: &Path) {
+    let b = building(path);
+    let mut cache = WeightCache {
+        state: State::Build(b),
+        notes: Vec::new(),
+    };
+    if let State::Build(b) = &mut cache.state {
+        for (i, rows) in [64usize, 128, 32].into_iter().enumerate() {
+            let p = parts(&format!("m{i}"), rows, 4096);
+            b.sent += p.bytes();
+            b.queue.send(p);
+        }
+    }
+    assert!(cache.finish().0.starts_with("built"));
+}
+
+fn cut_to(path: &Path, len: u64) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(len).unwrap();
+}
+
+#[test]
+fn a_file_cut_short_after_the_check_is_a_note_naming_it_and_the_load_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(file_name(&FormatPolicy::default()));
+    written(&path);
+    let mut cache = WeightCache {
+        state: State::Hit(Reader::open(&path, &key()).unwrap()),
+        notes: Vec::new(),
+    };
+    assert!(cache.take("m0", DenseFormat::Int8, 64, 4096).is_some());
+    // Cut inside the second matrix's values: a mapped file would raise SIGBUS here.
+    cut_to(&path, 16 + 64 * 4096 + 4096);
+    assert!(cache.take("m1", DenseFormat::Int8, 128, 4096).is_none());
+    assert!(cache.take("m2", DenseFormat::Int8, 32, 4096).is_none());
+    let (line, notes) = cache.finish();
+    assert_eq!(line, "off");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let note = &notes[0];
+    assert!(
+        note.contains(&path.display().to_string())
+            && note.contains("`m1` values")
+            && note.contains("truncated")
+            && note.contains("next start rebuilds it"),
+        "{note}"
+    );
+    assert!(!path.exists(), "the cut file was kept");
+}
+
+#[test]
+fn a_file_rewritten_in_place_after_the_check_is_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(file_name(&FormatPolicy::default()));
+    written(&path);
+    let r = Reader::open(&path, &key()).unwrap();
+    let e = r.entries[1].clone();
+    let mut b = std::fs::read(&path).unwrap();
+    b[e.q.offset as usize + 7] ^= 1;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &b))
+        .unwrap();
+    let err = format!("{:#}", r.matrix(&e, DenseFormat::Int8).unwrap_err());
+    assert!(
+        err.contains(&path.display().to_string()) && err.contains("changed since"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_file_cut_short_while_it_is_checked_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(file_name(&FormatPolicy::default()));
+    written(&path);
+    let err = Reader::open_checked(&path, &key(), || cut_to(&path, 16 + 64 * 4096))
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(
+        err.contains(&path.display().to_string()) && err.contains("truncated"),
+        "{err}"
+    );
 }

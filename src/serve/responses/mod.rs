@@ -840,6 +840,7 @@ pub fn read_request(
         chat: ChatRequest {
             messages,
             tools,
+            tools_breakpoint: false,
             tool_choice,
             single_tool_call: !parallel,
             response_format,
@@ -883,13 +884,14 @@ pub async fn create(State(app): State<Arc<App>>, body: Body) -> Result<Response,
     } = req;
     app.check_model(&chat.params)?;
     let ids = chat_ids_marked(&app, &mut chat)?;
-    chat.params.constraint = app.constrain(&chat, Api::Responses, ids.len())?;
+    let place = app.queue_place()?;
+    chat.params.constraint = app.constrain(&place, &chat, Api::Responses, ids.len())?;
     let (stream, seed) = (chat.params.stream, chat.params.sampling.seed);
     let kind = JobKind::Chat {
         thinking: chat.thinking,
         single_tool_call: chat.single_tool_call,
     };
-    let (job, mut rx, guard) = app.submit(ids, chat.params, kind, false)?;
+    let (job, mut rx, guard) = app.submit(place, ids, chat.params, kind, false)?;
     let id = app.responses.response_id(&job);
     let mut events = ResponseEvents::new(&id, &app.model_name, echo, summary, namespaces);
     if !stream {

@@ -10,3 +10,14 @@ mod chat_input;
 mod cli;
 mod module_layers;
 mod synth;
+
+/// The tests compiled out on this system (`#[cfg(unix)]`) say so in one skip line.
+#[cfg(not(unix))]
+#[test]
+fn unix_only_tests_say_they_are_left_out() {
+    support::skip_on_this_os(
+        "the FIFO and symlink outputs (cli::outputs_go_into_fifos_stdout_and_through_symlinks, cli::a_usage_file_that_is_a_fifo_is_refused_not_replaced)",
+        "Windows has no FIFOs, and its symlinks need a privilege",
+        "Linux or macOS",
+    );
+}

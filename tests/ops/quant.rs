@@ -128,7 +128,7 @@ fn mxfp4_view_rejects_wrong_lengths() {
 fn mxfp4_matmul_matches_reference() {
     let mut rng = StdRng::seed_from_u64(7);
     for (rows, cols) in [(37, 96), (1, 32), (9, 320)] {
-        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.random()).collect();
+        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.random::<u8>()).collect();
         let scales: Vec<u8> = (0..rows * cols / 32)
             .map(|_| rng.random_range(120..=132))
             .collect();
@@ -426,7 +426,7 @@ fn simd_dense_kernels_match_portable_on_awkward_shapes() {
 fn simd_mxfp4_kernels_match_portable_on_awkward_shapes() {
     let mut rng = StdRng::seed_from_u64(19);
     for (rows, cols) in [(1, 32), (3, 96), (7, 64), (11, 320), (5, 3584), (9, 7168)] {
-        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.random()).collect();
+        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.random::<u8>()).collect();
         let scales: Vec<u8> = (0..rows * cols / 32)
             .map(|_| rng.random_range(110..=140))
             .collect();

@@ -227,7 +227,7 @@ fn avx512_exact_kernels_match_portable_where_the_cpu_has_them() {
         }
     }
     for (rows, cols) in [(1, 32), (3, 96), (7, 64), (11, 320), (5, 3584), (9, 7168)] {
-        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.random()).collect();
+        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.random::<u8>()).collect();
         let scales: Vec<u8> = (0..rows * cols / 32)
             .map(|_| rng.random_range(110..=140))
             .collect();

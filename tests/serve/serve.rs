@@ -561,6 +561,8 @@ fn sixteen_concurrent_clients_get_answers_or_429_and_the_server_stays_up() {
     std::thread::sleep(Duration::from_millis(50));
 }
 
+// Unix signals (tests/serve/main.rs says so on other systems).
+#[cfg(unix)]
 #[test]
 fn sigint_and_sigterm_cancel_the_running_request_and_exit_zero() {
     let dir = support::tiny(0);
@@ -880,6 +882,7 @@ fn a_disconnect_cancels_a_prefill_within_its_window() {
 
 /// Connects to `addr` (`127.0.0.1:PORT`) with a 4 KiB receive buffer, so a client that
 /// reads nothing stalls the server's writes after a few KiB, and sends `body` to `path`.
+#[cfg(unix)]
 fn post_unread(addr: &str, path: &str, body: &str) -> std::net::TcpStream {
     use std::io::Write;
     use std::os::fd::FromRawFd;
@@ -930,6 +933,7 @@ fn post_unread(addr: &str, path: &str, body: &str) -> std::net::TcpStream {
 
 /// A streamed answer of 8000 tokens (end-of-sequence ignored), each event a few KB with
 /// its top log-probabilities, so it fills any socket buffer long before its end.
+#[cfg(unix)]
 fn unread_body() -> String {
     let mut body = chat_body("Tell me a very long story", 8000, true);
     body["ignore_eos"] = json!(true);
@@ -938,6 +942,8 @@ fn unread_body() -> String {
     body.to_string()
 }
 
+// The small receive buffer is set through libc's sockets (tests/serve/main.rs).
+#[cfg(unix)]
 #[test]
 fn a_client_that_reads_nothing_pauses_the_engine_and_is_dropped() {
     let dir = support::tiny(0);
@@ -963,6 +969,8 @@ fn a_client_that_reads_nothing_pauses_the_engine_and_is_dropped() {
     assert_eq!(st, 200, "{v}");
 }
 
+// Unix signals and libc's sockets (tests/serve/main.rs).
+#[cfg(unix)]
 #[test]
 fn shutdown_closes_clients_that_read_nothing_or_send_half_a_body() {
     use std::io::Write;

@@ -21,7 +21,7 @@
 #      o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
 #      apt-get $o update; (cd .gl && apt-get $o download libvulkan1)
 # 2. Here: `bash tools/device_measure.sh build` (release k3, the gpu_kernels bench and the
-#    gpu_ops test binary; nothing is compiled on the device).
+#    GPU test binary (tests/gpu/); nothing is compiled on the device).
 # 3. `run` with carry [".devbin", ".gl"], command `bash tools/device_measure.sh`, then again
 #    with `bash tools/device_measure.sh cpu`. Results land under $OUT; the tool copies them back.
 # BENCH_ARGS names benchmark cases to run instead of every case (`gpu_kernels list` prints
@@ -36,12 +36,12 @@ if [ "${1:-}" = build ]; then
     }
     cargo build --release
     cargo bench --bench gpu_kernels --no-run
-    cargo test --release --test gpu_ops --no-run
+    cargo test --release --test gpu --no-run
     mkdir -p .devbin
     cp target/release/k3 .devbin/k3
     cp "$(newest gpu_kernels)" .devbin/gpu_kernels
-    cp "$(newest gpu_ops)" .devbin/gpu_ops
-    strip .devbin/k3 .devbin/gpu_kernels .devbin/gpu_ops
+    cp "$(newest gpu)" .devbin/gpu
+    strip .devbin/k3 .devbin/gpu_kernels .devbin/gpu
     ls -la .devbin
     exit 0
 fi
@@ -83,7 +83,7 @@ fi
 "$K" devices > "$OUT/devices.txt" 2>&1
 ( synth ) &
 SYNTH=$!
-CI=true timeout 120 ./.devbin/gpu_ops > "$OUT/gpu_ops.txt" 2>&1
+CI=true timeout 120 ./.devbin/gpu gpu_ops:: > "$OUT/gpu_ops.txt" 2>&1
 grep -E "test result|FAILED|panicked" "$OUT/gpu_ops.txt" | head -5
 wait "$SYNTH"
 tail -1 "$OUT/synth.txt"

@@ -8,7 +8,7 @@ reads what this writes).
    [n_base, n_base + 256) from `added_tokens_decoder` (else `<|reserved_token_{id}|>`),
    with its 400k-char / 25k-run input splitting. The vocabulary is the synthetic one in
    tests/fixtures/tokenizer/synthetic/ (written by `write_synthetic_tokenizer`, checked
-   by tests/tokenizer.rs); the real Kimi tiktoken.model is not available offline.
+   by tests/text/tokenizer.rs); the real Kimi tiktoken.model is not available offline.
 2. tests/fixtures/tokenizer/chat_cases.json: tools/templates/Kimi-K3.jinja rendered by
    Python jinja2 the way Hugging Face `apply_chat_template` sets jinja2 up.
 

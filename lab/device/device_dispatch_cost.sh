@@ -19,7 +19,7 @@ M=/tmp/k3slice32
 SYNTH=$!
 S0=$(date +%s)
 if [ "${ROUNDS_ONLY:-}" != 1 ]; then
-    CI=true timeout 60 $D/gpu_ops --test-threads 4 > "$OUT/gpu_ops.txt" 2>&1
+    CI=true timeout 60 $D/gpu gpu_ops:: --test-threads 4 > "$OUT/gpu_ops.txt" 2>&1
     echo "gpu_ops rc $?: $(grep -E 'test result|FAILED|panicked' "$OUT/gpu_ops.txt" | head -3)"
 fi
 # The benchmarks after the synth: it loads the disk and the CPUs.

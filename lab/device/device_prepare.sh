@@ -28,14 +28,13 @@ exe() { # newest test/bench executable of a target name
     ls -t target/release/deps/"$1"-* | grep -v '\.d$' | head -1
 }
 cargo bench --features lab --bench gpu_kernels --no-run
-cargo test --release --features lab --test gpu_ops --no-run
-cargo test --release --features lab --test gpu_model --no-run
+cargo test --release --features lab --test gpu --no-run
 cp target/release/k3 .devbin/k3
 [ -f examples/shader_stats.rs ] && cp target/release/examples/shader_stats .devbin/shader_stats
 cp "$(exe gpu_kernels)" .devbin/gpu_kernels
-cp "$(exe gpu_ops)" .devbin/gpu_ops
-# Its CLI tests need the k3 built here; on the device run the others (e.g. `gpu_model lent`).
-cp "$(exe gpu_model)" .devbin/gpu_model
-strip .devbin/k3 .devbin/gpu_kernels .devbin/gpu_ops .devbin/gpu_model
+# The GPU test binary (tests/gpu/): its CLI tests need the k3 built here; on the device run
+# the others by module (e.g. `.devbin/gpu gpu_ops::`, `.devbin/gpu gpu_model::lent`).
+cp "$(exe gpu)" .devbin/gpu
+strip .devbin/k3 .devbin/gpu_kernels .devbin/gpu
 [ -f .devbin/shader_stats ] && strip .devbin/shader_stats
 ls -la .devbin

@@ -143,6 +143,7 @@ mod tests {
         let e = format!("{:#}", stamp.check_file(&f, &p, 0).unwrap_err());
         #[cfg(unix)]
         assert!(e.contains("another file was put in its place"), "{e}");
+        let _ = e;
         std::fs::remove_file(&p).unwrap();
         let e = format!("{:#}", stamp.check_file(&f, &p, 0).unwrap_err());
         assert!(e.contains("it is gone from its path"), "{e}");

@@ -177,7 +177,7 @@ impl EngineBuilder {
     /// Opens the prompt cache for `model` under the identity of everything that changes
     /// its state: the weights and formats, the backend, the CPU kernel set (the SIMD level
     /// and the integer-dot kernels) and the expert selection. The prefill window is not part of it: on the CPU every window
-    /// gives the same bits (`tests/model_cpu.rs`), on the GPU the same results within the
+    /// gives the same bits (`tests/model/model_cpu.rs`), on the GPU the same results within the
     /// tolerance windows already have, so a state stored under one window serves them all.
     fn open_prompt_cache<B: Backend>(
         &self,

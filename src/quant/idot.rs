@@ -381,7 +381,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     fn random_view_bytes(rng: &mut StdRng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
-        let packed = (0..rows * cols / 2).map(|_| rng.random()).collect();
+        let packed = (0..rows * cols / 2).map(|_| rng.random::<u8>()).collect();
         let scales = (0..rows * cols / GROUP)
             .map(|_| rng.random_range(115..=130))
             .collect();

@@ -97,6 +97,19 @@ pub fn in_ci() -> bool {
 /// so the line shows in a plain `cargo test` (README.md, "Run the tests").
 pub fn skip_group(group: &str, why: &str, install: &str) {
     assert!(!in_ci(), "CI=true but {group} cannot run: {why}");
+    say_skipped(group, why, install);
+}
+
+/// Says that `group` of this test binary is compiled out on this operating system, why, and
+/// on which ones it runs (`elsewhere`), in [`skip_group`]'s line. No install brings what it
+/// needs, so CI=true does not fail it: the Windows run under Wine
+/// (`tools/windows_under_wine.sh`) shows these lines.
+pub fn skip_on_this_os(group: &str, why: &str, elsewhere: &str) {
+    say_skipped(group, why, elsewhere);
+}
+
+/// Writes the skip line of `group` once per test binary.
+fn say_skipped(group: &str, why: &str, install: &str) {
     static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
     if said.iter().any(|g| g == group) {

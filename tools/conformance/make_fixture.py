@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 
 def fingerprint(model_dir: Path) -> str:
     """FNV-1a 64 over name + bytes of every *.safetensors and config.json, in name order
-    (the same function as checkpoint_fingerprint() in tests/conformance.rs)."""
+    (the same function as checkpoint_fingerprint() in tests/model/conformance.rs)."""
     names = sorted(p.name for p in model_dir.iterdir() if p.name.endswith(".safetensors") or p.name == "config.json")
     h = 0xCBF29CE484222325
     mask = (1 << 64) - 1

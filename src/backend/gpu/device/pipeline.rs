@@ -7,7 +7,7 @@
 //! [`crate::backend::gpu::pipeline_variants`] gathers them.
 //! [`GpuContext::pipeline`](crate::backend::gpu::device::context::GpuContext::pipeline)
 //! builds every pipeline from a [`PipelineVariant`] and refuses one whose kind (module,
-//! entry, override names) the list lacks, and `tests/shader_translation.rs` translates every
+//! entry, override names) the list lacks, and `tests/gpu/shader_translation.rs` translates every
 //! listed variant to MSL, HLSL and SPIR-V: a new kernel or override is tested on every
 //! backend's shading language as soon as the engine can create it.
 

@@ -1,0 +1,42 @@
+//! No silent garbage on the GPU: a non-finite hidden state is named by the MoE layer whose
+//! router first sees it (the router's readback is the one the GPU already makes).
+
+use crate::support;
+
+use k3::backend::gpu::GpuOptions;
+use k3::checkpoint::Checkpoint;
+use k3::experts::{ExpertReader, IoMode, StreamConfig};
+use k3::generate::prefill;
+use k3::model::{FormatPolicy, K3Model};
+use k3::stats::Stats;
+
+const PROMPT: [u32; 6] = [768, 5, 300, 17, 999, 42];
+
+#[test]
+fn a_non_finite_hidden_state_on_the_gpu_names_the_moe_layer() {
+    let ck = Checkpoint::open(&support::tiny(0), &[]).unwrap();
+    let layer = (0..ck.config.num_hidden_layers)
+        .find(|&l| ExpertReader::locate(&ck, l, 0).is_ok())
+        .unwrap();
+    let copy = support::with_nan_tensor(&format!("model.layers.{layer}.input_layernorm.weight"));
+    let Some(g) = support::gpu_backend(GpuOptions::default()) else {
+        return;
+    };
+    let ck = Checkpoint::open(copy.path(), &[]).unwrap();
+    let mut m = K3Model::load(ck, g, FormatPolicy::default(), false).unwrap();
+    m.set_streaming(StreamConfig {
+        mode: IoMode::Buffered,
+        pipe: false,
+        load_threads: 1,
+        slots_per_layer: 0,
+    })
+    .unwrap();
+    let mut st = m.new_state().unwrap();
+    let e = prefill(&m, &mut st, &PROMPT, 32, false, &mut Stats::default(), None).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains(&format!("layer {layer} (MoE)")),
+        "the layer is not named: {msg}"
+    );
+    assert!(msg.contains("non-finite value (NaN or Inf)"), "{msg}");
+}

@@ -1,0 +1,17 @@
+//! The GPU backend: each op and whole models against the CPU, the expert tiers and the
+//! unified pool, injected GPU faults, every pipeline against Apple's limits and translated
+//! to MSL, HLSL and SPIR-V. `.ci/run` runs this binary again under
+//! `K3_GPU_LIMITS=apple-m1`.
+//!
+//! One test binary for the files beside this one, each a module (`cargo test --test gpu NAME::`).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod expert_tiers;
+mod fault_gpu;
+mod gpu_model;
+mod gpu_ops;
+mod pipeline_limits;
+mod shader_translation;
+mod unified_pool;

@@ -114,6 +114,7 @@ impl EngineBuilder {
                     }
                     let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
                     let plan = self.configure(&mut model, &policy)?;
+                    self.join_ranks(&mut model)?;
                     (AnyModel::Gpu(Box::new(model)), plan)
                 }
                 Selected::Cpu { fallback } => {
@@ -131,6 +132,7 @@ impl EngineBuilder {
                     }
                     let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
                     let plan = self.configure(&mut model, &policy)?;
+                    self.join_ranks(&mut model)?;
                     (AnyModel::Cpu(Box::new(model)), plan)
                 }
             };
@@ -139,6 +141,63 @@ impl EngineBuilder {
             plan,
             cache: self.config.cache,
         })
+    }
+
+    /// Builds the engine for the checkpoint at `dir` as a rank other than the head of an
+    /// expert-parallel job and serves the head's requests until it says stop. A failed
+    /// start is reported to the head, which names this rank, its host and the error.
+    #[cfg(feature = "mpi")]
+    pub fn run_rank_worker(mut self, dir: &Path) -> Result<()> {
+        self.config.prompt_cache.in_use = false;
+        match self.build(dir) {
+            Err(e) => {
+                crate::ranks::worker::report_failure(&e);
+                Err(e)
+            }
+            Ok(engine) => engine.run(RankWorkerJob),
+        }
+    }
+
+    /// On the head of an expert-parallel job, waits for every rank's start-up report and
+    /// hands the model the ranks; elsewhere does nothing.
+    #[cfg(feature = "mpi")]
+    fn join_ranks<B: Backend>(&self, model: &mut K3Model<B>) -> Result<()> {
+        use crate::ranks::{head, placement::Placement, world};
+        if !world::is_head() {
+            return Ok(());
+        }
+        let size = world::info().map_or(1, |i| i.size);
+        let experts = model.ckpt.config.num_experts;
+        let rates = &self.config.ranks.read_gbps;
+        let placement = if rates.is_empty() {
+            Placement::balanced(experts, size)?
+        } else {
+            anyhow::ensure!(
+                rates.len() == size,
+                "--rank-read-gbps gives {} rates for {size} ranks: give one per rank, the head's first",
+                rates.len()
+            );
+            Placement::new(experts, rates)?
+        };
+        let own = crate::ranks::worker::hello(Some(&*model), None);
+        let wait = std::time::Duration::from_secs(self.config.ranks.timeout_s);
+        let h = head::Head::connect(placement, own, wait, wait)?;
+        for (r, hello) in h.hellos().iter().enumerate() {
+            let own = h.placement().owned(0, r);
+            eprintln!(
+                "[K3] rank {r} of {size} on {} (pid {}): experts {}..{} of layer 0's {experts}, {}",
+                hello.host, hello.pid, own.start, own.end, hello.backend
+            );
+        }
+        let h = std::sync::Arc::new(h);
+        head::set_current(h.clone());
+        model.set_remote_experts(Some(h));
+        Ok(())
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn join_ranks<B: Backend>(&self, _model: &mut K3Model<B>) -> Result<()> {
+        Ok(())
     }
 
     /// The progress bar, weight cache and start-up lines the config asks for.
@@ -190,5 +249,17 @@ impl EngineBuilder {
             c.experts.selection()?,
         );
         c.prompt_cache.open(model, policy, &numerics)
+    }
+}
+
+/// A rank's work besides the head: serve the head's expert requests.
+#[cfg(feature = "mpi")]
+struct RankWorkerJob;
+
+#[cfg(feature = "mpi")]
+impl ModelJob for RankWorkerJob {
+    type Out = ();
+    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+        crate::ranks::worker::serve(model)
     }
 }

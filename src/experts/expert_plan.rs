@@ -4,6 +4,7 @@
 //! and each expert's rows. The MoE block (`model/moe.rs`) keeps only the math.
 
 use super::expert_selection::{drop_experts, keep_top_p, uncached_to_skip, ExpertSelection};
+use super::remote::RemoteExperts;
 use super::ExpertSource;
 use crate::backend::ExpertResidency;
 use crate::checkpoint::Checkpoint;
@@ -22,6 +23,8 @@ pub struct ExpertAccess<'a> {
     pub source: &'a ExpertSource,
     /// Top-p and skipping (`--expert-top-p`, `--skip-uncached-below`).
     pub selection: &'a ExpertSelection,
+    /// The other ranks of an expert-parallel job, when this process is its head.
+    pub remote: Option<&'a dyn RemoteExperts>,
 }
 
 /// What a MoE layer reads and runs for one window.

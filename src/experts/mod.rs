@@ -16,6 +16,7 @@ pub mod prefetch;
 pub mod prefetch_gate;
 pub mod pressure_guard;
 pub mod ram_budget;
+pub mod remote;
 pub mod route_trace;
 pub mod shard_io;
 pub mod source;

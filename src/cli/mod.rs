@@ -94,7 +94,9 @@ pub fn ranks_start() -> anyhow::Result<Option<k3::ranks::world::RankGuard>> {
 pub fn rank_prefix() -> String {
     #[cfg(feature = "mpi")]
     if let Some(i) = k3::ranks::world::info().filter(|i| i.size > 1) {
-        return format!("rank {} on host {}: ", i.rank, i.host);
+        if i.rank != 0 {
+            return format!("rank {} on host {}: ", i.rank, i.host);
+        }
     }
     String::new()
 }

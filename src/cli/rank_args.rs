@@ -45,7 +45,7 @@ impl RankArgs {
 }
 
 /// Parses `--rank-read-gbps`: positive numbers separated by commas.
-fn parse_rates(s: &str) -> Result<Vec<f64>> {
+pub(super) fn parse_rates(s: &str) -> Result<Vec<f64>> {
     let mut out = Vec::new();
     for (i, part) in s.split(',').enumerate() {
         let v: f64 = match part.trim().parse() {

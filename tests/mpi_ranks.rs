@@ -105,6 +105,11 @@ fn ranks_give_the_single_process_logits_bit_for_bit() {
                 "no rank lines: {err}"
             );
             assert!(
+                err.contains("[K3] ranks: rank 0 (")
+                    && err.contains(&format!("all {ranks} ranks hit")),
+                "no ranks stats line: {err}"
+            );
+            assert!(
                 std::fs::read(&path).unwrap() == want,
                 "{preset}, {ranks} ranks: logits differ from one process's"
             );

@@ -33,6 +33,7 @@ pub trait RemoteExperts: Send + Sync {
         work: &[(usize, Vec<ExpertRows>)],
     ) -> Result<()>;
     /// Waits (bounded) for the answers to the last [`RemoteExperts::send`]; the ranks'
-    /// hits, lookups and bytes read are added to `stats`.
+    /// hits and lookups are added to `stats` (their bytes and disk time stay theirs: the
+    /// stats lines' disk figures are this process's disk).
     fn receive(&self, layer: usize, stats: &mut Stats) -> Result<ExpertOutputs>;
 }

@@ -182,7 +182,6 @@ impl RemoteExperts for Head {
                 Reply::Done { outputs, counts } => {
                     stats.expert_lookups += counts.lookups;
                     stats.expert_hits += counts.hits;
-                    stats.bytes_streamed += counts.bytes;
                     if let Ok(mut t) = self.totals.lock() {
                         if let Some(t) = t.get_mut(r) {
                             t.counts.lookups += counts.lookups;

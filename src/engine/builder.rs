@@ -105,37 +105,37 @@ impl EngineBuilder {
         let policy = FormatPolicy::from_bits(f.bits, f.mla_bits, f.head_bits)?;
         c.check_before_load()?;
         let ckpt = Checkpoint::open(dir, &c.load.extra_dirs)?;
-        let (model, plan) =
-            match select(c.backend.kind, &c.backend.gpu, c.backend.gpu_variable_set)? {
-                Selected::Gpu(g) => {
-                    eprintln!("[K3] backend: {}", g.name());
-                    if c.backend.idot {
-                        eprintln!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
-                    }
-                    let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
-                    let plan = self.configure(&mut model, &policy)?;
-                    self.join_ranks(&mut model)?;
-                    (AnyModel::Gpu(Box::new(model)), plan)
+        let (gpu, gpu_note) = local_gpu(&c.backend.gpu);
+        let (model, plan) = match select(c.backend.kind, &gpu, c.backend.gpu_variable_set)? {
+            Selected::Gpu(g) => {
+                eprintln!("[K3] backend: {}{gpu_note}", g.name());
+                if c.backend.idot {
+                    eprintln!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
                 }
-                Selected::Cpu { fallback } => {
-                    if let Some(line) = fallback {
-                        eprintln!("{line}");
-                    }
-                    let idot = c
-                        .backend
-                        .idot
-                        .then(|| IdotKernel::for_level(crate::quant::simd::level()));
-                    let cpu = CpuBackend::with_idot(idot);
-                    eprintln!("[K3] backend: {}", crate::backend::cpu::describe(&cpu));
-                    if idot.is_some() {
-                        eprintln!("[K3] K3_IDOT=1: routed experts on int8 activations (not exact)");
-                    }
-                    let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
-                    let plan = self.configure(&mut model, &policy)?;
-                    self.join_ranks(&mut model)?;
-                    (AnyModel::Cpu(Box::new(model)), plan)
+                let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
+                let plan = self.configure(&mut model, &policy)?;
+                self.join_ranks(&mut model)?;
+                (AnyModel::Gpu(Box::new(model)), plan)
+            }
+            Selected::Cpu { fallback } => {
+                if let Some(line) = fallback {
+                    eprintln!("{line}");
                 }
-            };
+                let idot = c
+                    .backend
+                    .idot
+                    .then(|| IdotKernel::for_level(crate::quant::simd::level()));
+                let cpu = CpuBackend::with_idot(idot);
+                eprintln!("[K3] backend: {}", crate::backend::cpu::describe(&cpu));
+                if idot.is_some() {
+                    eprintln!("[K3] K3_IDOT=1: routed experts on int8 activations (not exact)");
+                }
+                let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
+                let plan = self.configure(&mut model, &policy)?;
+                self.join_ranks(&mut model)?;
+                (AnyModel::Cpu(Box::new(model)), plan)
+            }
+        };
         Ok(Engine {
             model,
             plan,
@@ -250,6 +250,34 @@ impl EngineBuilder {
         );
         c.prompt_cache.open(model, policy, &numerics)
     }
+}
+
+/// The GPU options with, on a host running several ranks of an expert-parallel job and no
+/// `--adapter`, the rank's own GPU (the local rank-th of the host's best ones), and what
+/// the backend line adds to say so.
+fn local_gpu(gpu: &crate::backend::gpu::GpuOptions) -> (crate::backend::gpu::GpuOptions, String) {
+    #[cfg(feature = "mpi")]
+    if let Some(i) = crate::ranks::world::info().filter(|i| i.local_size > 1) {
+        if gpu.adapter.is_some() {
+            return (
+                gpu.clone(),
+                format!(
+                    " | rank {} (local {} of {} on {}): --adapter chose it",
+                    i.rank, i.local_rank, i.local_size, i.host
+                ),
+            );
+        }
+        let mut g = gpu.clone();
+        g.gpu_index = Some(i.local_rank);
+        return (
+            g,
+            format!(
+                " | rank {}: GPU {} of this host's (local rank {} of {} on {}; --adapter overrides)",
+                i.rank, i.local_rank, i.local_rank, i.local_size, i.host
+            ),
+        );
+    }
+    (gpu.clone(), String::new())
 }
 
 /// A rank's work besides the head: serve the head's expert requests.

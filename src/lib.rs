@@ -30,6 +30,7 @@ pub mod json_kind;
 pub mod model;
 pub mod platform;
 pub mod quant;
+pub mod ranks;
 pub mod routed_expert;
 pub mod sampling;
 pub mod serve;

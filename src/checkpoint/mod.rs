@@ -235,6 +235,20 @@ impl Checkpoint {
     pub fn shard_count(&self) -> usize {
         self.shards.len()
     }
+
+    /// The shards holding a tensor that is not a routed expert's (the dense weights), in
+    /// file order: what the head of an expert-parallel job reads besides its experts.
+    pub fn dense_shards(&self) -> Vec<usize> {
+        let mut used = vec![false; self.shards.len()];
+        for (name, e) in &self.entries {
+            if schema::parse_expert_name(name).is_none() {
+                if let Some(u) = used.get_mut(e.shard) {
+                    *u = true;
+                }
+            }
+        }
+        (0..used.len()).filter(|&i| used[i]).collect()
+    }
 }
 
 /// One routed expert's six stored parts, read from its shard.

@@ -56,6 +56,13 @@ pub struct InspectArgs {
     /// With `--plan`: load-time format of lm_head (4, 8, 16, 32).
     #[arg(long, env = "K3_HEAD_BITS", default_value_t = 8)]
     pub head_bits: u32,
+    /// Print which shard files each of N ranks of an expert-parallel job (`mpirun -np N`)
+    /// reads: the shards holding the routed experts it owns, and the head's dense weights.
+    #[arg(long, value_name = "N", conflicts_with = "plan")]
+    pub ranks: Option<usize>,
+    /// With `--ranks`: each rank's read rate in GB/s, comma-separated, as `k3 run` takes it.
+    #[arg(long = "rank-read-gbps", env = "K3_RANK_READ_GBPS", requires = "ranks")]
+    pub rank_read_gbps: Option<String>,
 }
 
 /// Runs `k3 inspect`; exits non-zero when a tensor is missing or mis-shaped.
@@ -64,6 +71,9 @@ pub fn run(a: InspectArgs) -> Result<()> {
         return plan(&a);
     }
     let extra = a.dirs.as_deref().map(super::split_dirs).unwrap_or_default();
+    if let Some(n) = a.ranks {
+        return ranks(&a, n, &extra);
+    }
     let mut report = k3::checkpoint::inspect(&a.model, &extra)?;
     report.expert_reads = Some(expert_reads(report.first_shard.as_deref()));
     println!("{report}");
@@ -73,6 +83,71 @@ pub fn run(a: InspectArgs) -> Result<()> {
             a.model.display()
         );
     }
+    Ok(())
+}
+
+/// `k3 inspect --ranks N`: each rank's shard files and the bytes of its experts in them.
+fn ranks(a: &InspectArgs, n: usize, extra: &[PathBuf]) -> Result<()> {
+    if n == 0 {
+        bail!("--ranks 0: give the number of ranks of the job (mpirun -np N), at least 1");
+    }
+    let ck = k3::checkpoint::Checkpoint::open(&a.model, extra)?;
+    let experts = ck.config.num_experts;
+    let placement = match &a.rank_read_gbps {
+        Some(s) => {
+            let rates = super::rank_args::parse_rates(s)?;
+            if rates.len() != n {
+                bail!(
+                    "--rank-read-gbps gives {} rates for --ranks {n}: give one per rank, the head's first",
+                    rates.len()
+                );
+            }
+            k3::ranks::placement::Placement::new(experts, &rates)?
+        }
+        None => k3::ranks::placement::Placement::balanced(experts, n)?,
+    };
+    let dense = ck.dense_shards();
+    let size = |b: u64| {
+        if b >= 1_000_000_000 {
+            format!("{:.2} GB", b as f64 / 1e9)
+        } else {
+            format!("{:.1} MB", b as f64 / 1e6)
+        }
+    };
+    for r in 0..n {
+        let mut bytes = vec![0u64; ck.shard_count()];
+        let mut owned = 0usize;
+        for (layer, id, loc) in ck.experts().iter() {
+            if placement.owner(layer, id as u32) == r {
+                owned += 1;
+                if let Some(b) = bytes.get_mut(loc.shard) {
+                    *b += loc.byte_len();
+                }
+            }
+        }
+        let files = k3::ranks::shards_of_rank(&ck, &placement, r);
+        let role = if r == 0 { " (head)" } else { "" };
+        println!(
+            "rank {r}{role}: {owned} routed experts ({}) in {} shard file(s)",
+            size(bytes.iter().sum()),
+            files.len()
+        );
+        for f in files {
+            let name = ck.shard_path(f).file_name().map_or_else(
+                || ck.shard_path(f).display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            let what = if r == 0 && dense.contains(&f) {
+                " + dense weights"
+            } else {
+                ""
+            };
+            println!("  {name}: {} of its experts{what}", size(bytes[f]));
+        }
+    }
+    println!(
+        "every rank opens every shard at start (the checkpoint's identity is checked across ranks and each rank loads the dense weights): copy the whole snapshot to each host; the files above are what each rank reads while it runs"
+    );
     Ok(())
 }
 

@@ -12,6 +12,7 @@ mod inspect_cmd;
 pub(crate) mod log;
 mod model_args;
 mod prompt_cache_args;
+mod rank_args;
 mod run_cmd;
 mod sampling_args;
 mod serve_cmd;
@@ -84,4 +85,28 @@ pub fn split_dirs(s: &str) -> Vec<std::path::PathBuf> {
         .filter(|p| !p.is_empty())
         .map(std::path::PathBuf::from)
         .collect()
+}
+
+/// Starts MPI when `mpirun` (Open MPI, or an MPICH-style launcher) started this process;
+/// `None` otherwise, so a plain run behaves as without the `mpi` feature.
+#[cfg(feature = "mpi")]
+pub fn ranks_start() -> anyhow::Result<Option<k3::ranks::world::RankGuard>> {
+    let launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    if !launched {
+        return Ok(None);
+    }
+    k3::ranks::world::init().map(Some)
+}
+
+/// `rank R on host H: ` in a job of several ranks, so an error says which process it is.
+pub fn rank_prefix() -> String {
+    #[cfg(feature = "mpi")]
+    if let Some(i) = k3::ranks::world::info().filter(|i| i.size > 1) {
+        if i.rank != 0 {
+            return format!("rank {} on host {}: ", i.rank, i.host);
+        }
+    }
+    String::new()
 }

@@ -83,6 +83,8 @@ pub struct ModelArgs {
     pub no_weight_cache: bool,
     #[command(flatten)]
     pub stream: StreamArgs,
+    #[command(flatten)]
+    pub ranks: super::rank_args::RankArgs,
 }
 
 /// Where `--demo` keeps its synthesized model: k3's directory under the user's cache
@@ -158,6 +160,7 @@ impl ModelArgs {
                 weight_cache: !self.no_weight_cache,
             },
             max_window: self.max_window,
+            ranks: self.ranks.config()?,
             ..EngineConfig::default()
         };
         self.stream.apply(&mut cfg);
@@ -166,7 +169,14 @@ impl ModelArgs {
 
     /// Assembles the engine for the checkpoint at `dir` from these flags, then runs `job`
     /// on it.
+    /// In an expert-parallel job a rank other than the head serves the head's experts
+    /// instead, and ends with [`k3::ranks::WorkerDone`].
     pub fn with_model<J: ModelJob>(&self, dir: &Path, job: J) -> Result<J::Out> {
+        #[cfg(feature = "mpi")]
+        if k3::ranks::world::is_worker() {
+            EngineBuilder::new(self.config()?).run_rank_worker(dir)?;
+            return Err(k3::ranks::WorkerDone.into());
+        }
         EngineBuilder::new(self.config()?).run(dir, job)
     }
 }

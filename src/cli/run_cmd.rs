@@ -310,9 +310,16 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
     if let Some(line) = stats::skipped_line(&total) {
         eprintln!("{line}");
     }
+    let ranks = k3::ranks::figures(&total);
+    if let Some(line) = k3::ranks::ranks_line(&ranks) {
+        eprintln!("{line}");
+    }
     if let Some(path) = &a.stats_json {
         let mut json = stats::run_json(ids.len(), &g, &total);
         json["startup"] = startup;
+        if !ranks.is_empty() {
+            json["ranks"] = k3::ranks::ranks_json(&ranks);
+        }
         if let Some((recency, layers)) = modes {
             json["cache_policy_auto"] =
                 serde_json::json!({"layers": layers, "layers_evicting_by_recency": recency});

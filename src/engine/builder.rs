@@ -105,44 +105,105 @@ impl EngineBuilder {
         let policy = FormatPolicy::from_bits(f.bits, f.mla_bits, f.head_bits)?;
         c.check_before_load()?;
         let ckpt = Checkpoint::open(dir, &c.load.extra_dirs)?;
-        let (model, plan) =
-            match select(c.backend.kind, &c.backend.gpu, c.backend.gpu_variable_set)? {
-                Selected::Gpu(g) => {
-                    tracing::info!("[K3] backend: {}", g.name());
-                    if c.backend.idot {
-                        tracing::warn!(
-                            "[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact"
-                        );
-                    }
-                    let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
-                    let plan = self.configure(&mut model, &policy)?;
-                    (AnyModel::Gpu(Box::new(model)), plan)
+        let (gpu, gpu_note) = local_gpu(&c.backend.gpu);
+        let (model, plan) = match select(c.backend.kind, &gpu, c.backend.gpu_variable_set)? {
+            Selected::Gpu(g) => {
+                tracing::info!("[K3] backend: {}{gpu_note}", g.name());
+                if c.backend.idot {
+                    tracing::warn!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
                 }
-                Selected::Cpu { fallback } => {
-                    if let Some(line) = fallback {
-                        tracing::info!("{line}");
-                    }
-                    let idot = c
-                        .backend
-                        .idot
-                        .then(|| IdotKernel::for_level(crate::quant::simd::level()));
-                    let cpu = CpuBackend::with_idot(idot);
-                    tracing::info!("[K3] backend: {}", crate::backend::cpu::describe(&cpu));
-                    if idot.is_some() {
-                        tracing::info!(
-                            "[K3] K3_IDOT=1: routed experts on int8 activations (not exact)"
-                        );
-                    }
-                    let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
-                    let plan = self.configure(&mut model, &policy)?;
-                    (AnyModel::Cpu(Box::new(model)), plan)
+                let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
+                let plan = self.configure(&mut model, &policy)?;
+                self.join_ranks(&mut model)?;
+                (AnyModel::Gpu(Box::new(model)), plan)
+            }
+            Selected::Cpu { fallback } => {
+                if let Some(line) = fallback {
+                    tracing::info!("{line}");
                 }
-            };
+                let idot = c
+                    .backend
+                    .idot
+                    .then(|| IdotKernel::for_level(crate::quant::simd::level()));
+                let cpu = CpuBackend::with_idot(idot);
+                tracing::info!("[K3] backend: {}", crate::backend::cpu::describe(&cpu));
+                if idot.is_some() {
+                    tracing::info!(
+                        "[K3] K3_IDOT=1: routed experts on int8 activations (not exact)"
+                    );
+                }
+                let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
+                let plan = self.configure(&mut model, &policy)?;
+                self.join_ranks(&mut model)?;
+                (AnyModel::Cpu(Box::new(model)), plan)
+            }
+        };
         Ok(Engine {
             model,
             plan,
             cache: self.config.cache,
         })
+    }
+
+    /// Builds the engine for the checkpoint at `dir` as a rank other than the head of an
+    /// expert-parallel job and serves the head's requests until it says stop. A failed
+    /// start is reported to the head, which names this rank, its host and the error.
+    #[cfg(feature = "mpi")]
+    pub fn run_rank_worker(mut self, dir: &Path) -> Result<()> {
+        self.config.prompt_cache.in_use = false;
+        match self.build(dir) {
+            Err(e) => {
+                crate::ranks::worker::report_failure(&e);
+                Err(e)
+            }
+            Ok(engine) => engine.run(RankWorkerJob),
+        }
+    }
+
+    /// On the head of an expert-parallel job, waits for every rank's start-up report and
+    /// hands the model the ranks; elsewhere does nothing.
+    #[cfg(feature = "mpi")]
+    fn join_ranks<B: Backend>(&self, model: &mut K3Model<B>) -> Result<()> {
+        use crate::ranks::{head, placement::Placement, world};
+        if !world::is_head() {
+            return Ok(());
+        }
+        let size = world::info().map_or(1, |i| i.size);
+        let experts = model.ckpt.config.num_experts;
+        let rates = &self.config.ranks.read_gbps;
+        let placement = if rates.is_empty() {
+            Placement::balanced(experts, size)?
+        } else {
+            anyhow::ensure!(
+                rates.len() == size,
+                "--rank-read-gbps gives {} rates for {size} ranks: give one per rank, the head's first",
+                rates.len()
+            );
+            Placement::new(experts, rates)?
+        };
+        let own = crate::ranks::worker::hello(Some(&*model), None);
+        let wait = std::time::Duration::from_secs(self.config.ranks.timeout_s);
+        let h = head::Head::connect(placement, own, wait, wait)?;
+        for (r, hello) in h.hellos().iter().enumerate() {
+            let own = h.placement().owned(0, r);
+            tracing::info!(
+                "[K3] rank {r} of {size} on {} (pid {}): experts {}..{} of layer 0's {experts}, {}",
+                hello.host,
+                hello.pid,
+                own.start,
+                own.end,
+                hello.backend
+            );
+        }
+        let h = std::sync::Arc::new(h);
+        head::set_current(h.clone());
+        model.set_remote_experts(Some(h));
+        Ok(())
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn join_ranks<B: Backend>(&self, _model: &mut K3Model<B>) -> Result<()> {
+        Ok(())
     }
 
     /// The progress bar, weight cache and start-up lines the config asks for.
@@ -194,5 +255,45 @@ impl EngineBuilder {
             c.experts.selection()?,
         );
         c.prompt_cache.open(model, policy, &numerics)
+    }
+}
+
+/// The GPU options with, on a host running several ranks of an expert-parallel job and no
+/// `--adapter`, the rank's own GPU (the local rank-th of the host's best ones), and what
+/// the backend line adds to say so.
+fn local_gpu(gpu: &crate::backend::gpu::GpuOptions) -> (crate::backend::gpu::GpuOptions, String) {
+    #[cfg(feature = "mpi")]
+    if let Some(i) = crate::ranks::world::info().filter(|i| i.local_size > 1) {
+        if gpu.adapter.is_some() {
+            return (
+                gpu.clone(),
+                format!(
+                    " | rank {} (local {} of {} on {}): --adapter chose it",
+                    i.rank, i.local_rank, i.local_size, i.host
+                ),
+            );
+        }
+        let mut g = gpu.clone();
+        g.gpu_index = Some(i.local_rank);
+        return (
+            g,
+            format!(
+                " | rank {}: GPU {} of this host's (local rank {} of {} on {}; --adapter overrides)",
+                i.rank, i.local_rank, i.local_rank, i.local_size, i.host
+            ),
+        );
+    }
+    (gpu.clone(), String::new())
+}
+
+/// A rank's work besides the head: serve the head's expert requests.
+#[cfg(feature = "mpi")]
+struct RankWorkerJob;
+
+#[cfg(feature = "mpi")]
+impl ModelJob for RankWorkerJob {
+    type Out = ();
+    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+        crate::ranks::worker::serve(model)
     }
 }

@@ -43,6 +43,26 @@ pub struct EngineConfig {
     pub max_window: Option<usize>,
     /// In-RAM state snapshots the engine's user keeps (`k3 serve`), reserved by the plan.
     pub snapshots: SnapshotLimits,
+    /// The ranks of an expert-parallel job (`mpirun`; used only with the `mpi` feature).
+    pub ranks: RankConfig,
+}
+
+/// How an expert-parallel job splits and waits (`--rank-read-gbps`, `--rank-timeout`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankConfig {
+    /// Each rank's read rate in GB/s, one per rank; empty: equal rates.
+    pub read_gbps: Vec<f64>,
+    /// Seconds the head waits for a rank's start-up report or answer before it ends the job.
+    pub timeout_s: u64,
+}
+
+impl Default for RankConfig {
+    fn default() -> Self {
+        Self {
+            read_gbps: Vec::new(),
+            timeout_s: 300,
+        }
+    }
 }
 
 impl EngineConfig {

@@ -12,6 +12,7 @@ pub mod io;
 #[cfg(feature = "lab")]
 pub mod lab;
 pub mod plan;
+pub mod remote;
 pub mod source;
 pub mod telemetry;
 

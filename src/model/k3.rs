@@ -19,6 +19,7 @@ use crate::checkpoint::model_tensors::{AttnTensors, FfnTensors, ModelTensors};
 use crate::checkpoint::{Checkpoint, TensorSpec};
 use crate::experts::cache::pressure_guard::PressureGuard;
 use crate::experts::plan::expert_plan::ExpertAccess;
+use crate::experts::remote::RemoteExperts;
 use crate::experts::{ExpertSource, StreamConfig};
 use crate::stats::Stats;
 use anyhow::{bail, Context, Result};
@@ -94,6 +95,8 @@ pub struct K3Model<B: Backend> {
     progress: Arc<PrefillProgress>,
     /// Shrinks the expert cache when the OS reports memory pressure (off when `None`).
     pressure: Option<PressureGuard>,
+    /// The other ranks' experts when this process heads an expert-parallel job.
+    remote: Option<Arc<dyn RemoteExperts>>,
 }
 
 impl<B: Backend> K3Model<B> {
@@ -187,6 +190,7 @@ impl<B: Backend> K3Model<B> {
             window,
             progress: Arc::default(),
             pressure: None,
+            remote: None,
             startup: Startup::new(
                 process.elapsed().as_secs_f64(),
                 dense_s,
@@ -305,6 +309,17 @@ impl<B: Backend> K3Model<B> {
     /// The prompt cache sessions share, when one is on.
     pub fn prompt_cache(&self) -> Option<&crate::model::prompt_cache::PromptCache> {
         self.prompt_cache.as_deref()
+    }
+
+    /// Hands the routed experts other ranks own to `remote` (expert parallel; `None`: every
+    /// expert is this process's).
+    pub fn set_remote_experts(&mut self, remote: Option<Arc<dyn RemoteExperts>>) {
+        self.remote = remote;
+    }
+
+    /// The gated linear unit the MLPs and experts use.
+    pub fn glu(&self) -> Glu {
+        self.glu
     }
 
     /// The expert source (for disk counters).
@@ -512,6 +527,7 @@ impl<B: Backend> K3Model<B> {
                     ck: &self.ckpt,
                     source: &self.experts,
                     selection: &self.selection,
+                    remote: self.remote.as_deref(),
                 },
                 &x,
                 self.glu,

@@ -16,6 +16,9 @@ use anyhow::{anyhow, Result};
 use std::cell::OnceCell;
 use std::time::{Duration, Instant};
 
+mod ranked;
+pub use ranked::expert_rows;
+
 /// The MoE layer after this one and the hidden state its router is scored on to guess
 /// which experts it will read (`--prefetch`).
 pub struct NextMoe<'a, B: Backend> {
@@ -87,6 +90,9 @@ impl<B: Backend> Moe<B> {
         next: Option<NextMoe<'_, B>>,
         stats: &mut Stats,
     ) -> Result<B::Act> {
+        if let Some(remote) = ex.remote {
+            return self.forward_ranked(b, ex, remote, x, glu, next, stats);
+        }
         let t = Instant::now();
         let routes = b.router_topk(&b.matmul(&self.gate, x)?, &self.bias, self.router)?;
         stats.router_wait += t.elapsed();
@@ -174,7 +180,11 @@ impl<B: Backend> Moe<B> {
         let router = t.elapsed();
         stats.router_wait += router;
         let limit = guess_limit(self.router.top_k, source.config().load_threads);
-        let ids = ExpertPlan::guesses(ex.ck, self.layer, &routes, limit)?;
+        let mut ids = ExpertPlan::guesses(ex.ck, self.layer, &routes, limit)?;
+        // A guess reads only the experts this process owns.
+        if let Some(r) = ex.remote {
+            ids.retain(|&id| r.owner(self.layer, id) == 0);
+        }
         source.prefetch(ex.ck, self.layer, &ids, router, stats)
     }
 }

@@ -123,7 +123,7 @@ pub fn router(app: Arc<App>) -> Router {
 async fn health(State(app): State<Arc<App>>) -> Json<Value> {
     let m = &app.shared.metrics;
     let busy = m.busy.load(Ordering::Relaxed);
-    Json(json!({
+    let mut body = json!({
         "status": "ok",
         "model": app.model_name,
         "backend": app.backend_name,
@@ -131,7 +131,13 @@ async fn health(State(app): State<Arc<App>>) -> Json<Value> {
         "state": if busy { "busy" } else { "idle" },
         "live": app.shared.live.snapshot(),
         "prefill": app.prefill.view(),
-    }))
+    });
+    // An expert-parallel job's head lists its ranks.
+    let ranks = m.ranks();
+    if !ranks.is_empty() {
+        body["ranks"] = crate::ranks::ranks_json(&ranks);
+    }
+    Json(body)
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {

@@ -123,6 +123,13 @@ impl Metrics {
         t.stats = t.stats.plus(&s.stats);
     }
 
+    /// Each rank's expert figures when this server heads a job of several ranks (empty
+    /// otherwise), over the server's life.
+    pub fn ranks(&self) -> Vec<crate::ranks::RankFigures> {
+        let t = self.totals.lock().map(|t| t.clone()).unwrap_or_default();
+        crate::ranks::figures(&t.stats)
+    }
+
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut o = String::new();
@@ -237,6 +244,7 @@ impl Metrics {
             "Bytes the state snapshots take.",
             self.snapshot_bytes.load(Ordering::Relaxed).to_string(),
         );
+        render_ranks(&crate::ranks::figures(&t.stats), &mut o);
         t.ttft.render(
             "k3_time_to_first_token_seconds",
             "Seconds from a request's start in the engine to its first token.",
@@ -267,5 +275,52 @@ impl Metrics {
             }
         }
         o
+    }
+}
+
+/// The per-rank series of an expert-parallel job, labelled by rank and host; nothing
+/// without ranks.
+fn render_ranks(f: &[crate::ranks::RankFigures], o: &mut String) {
+    if f.is_empty() {
+        return;
+    }
+    type Value = fn(&crate::ranks::RankFigures) -> String;
+    let series: [(&str, &str, &str, Value); 4] = [
+        (
+            "k3_rank_expert_hit_ratio",
+            "gauge",
+            "A rank's experts found cached, of those it looked up.",
+            |r| format!("{:.4}", r.hit_percent() / 100.0),
+        ),
+        (
+            "k3_rank_expert_lookups_total",
+            "counter",
+            "Experts a rank looked up.",
+            |r| r.lookups.to_string(),
+        ),
+        (
+            "k3_rank_streamed_bytes_total",
+            "counter",
+            "Expert bytes a rank read from disk.",
+            |r| r.bytes.to_string(),
+        ),
+        (
+            "k3_rank_disk_gigabytes_per_second",
+            "gauge",
+            "A rank's expert bytes per second of its disk busy time, in GB/s.",
+            |r| format!("{:.3}", r.gb_per_s()),
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for r in f {
+            let host = r.host.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(
+                o,
+                "{name}{{rank=\"{}\",host=\"{host}\"}} {}",
+                r.rank,
+                value(r)
+            );
+        }
     }
 }

@@ -242,6 +242,46 @@ fn inspect_passes_a_good_snapshot_and_lists_what_a_bad_one_lacks() {
 }
 
 #[test]
+fn inspect_ranks_lists_each_ranks_shards_and_refuses_bad_counts() {
+    let dir = support::tiny(0);
+    let d = dir.to_str().unwrap();
+    let o = k3(&["inspect", d, "--ranks", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("rank 0 (head): "), "{out}");
+    assert!(out.contains("rank 1: "), "{out}");
+    assert!(out.contains("+ dense weights"), "{out}");
+    assert!(!out.contains("rank 2"), "{out}");
+    // The tiny model's 8 experts a layer: 4 and 4 equal, 2 and 6 at rates 1 and 3.
+    let o = k3(&["inspect", d, "--ranks", "2", "--rank-read-gbps", "1,3"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let experts = |rank: &str| -> usize {
+        let line = out.lines().find(|l| l.starts_with(rank)).unwrap();
+        line.split(": ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(3 * experts("rank 0"), experts("rank 1"), "{out}");
+    let o = k3(&["inspect", d, "--ranks", "0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--ranks 0"), "{}", stderr(&o));
+    let o = k3(&["inspect", d, "--ranks", "3", "--rank-read-gbps", "1,2"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("2 rates for --ranks 3"),
+        "{}",
+        stderr(&o)
+    );
+    let o = k3(&["inspect", d, "--ranks", "2", "--rank-read-gbps", "1,x"]);
+    assert!(stderr(&o).contains("`x` (rank 1)"), "{}", stderr(&o));
+}
+
+#[test]
 fn text_prompt_chat_and_tokenize_round_trip() {
     let dir = support::tiny(0);
     let d = dir.to_str().unwrap();

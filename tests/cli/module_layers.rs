@@ -22,7 +22,7 @@ const LAYERS: &[&[&str]] = &[
     &["synth", "backend"],
     &["experts"],
     &["model"],
-    &["sampling", "grammar"],
+    &["sampling", "grammar", "ranks"],
     &["session"],
     &["engine", "generate", "token_picker"],
     &["serve"],

@@ -8,6 +8,7 @@ use crate::checkpoint::Checkpoint;
 use crate::experts::plan::expert_selection::{
     drop_experts, keep_top_p, uncached_to_skip, ExpertSelection,
 };
+use crate::experts::remote::RemoteExperts;
 use crate::experts::ExpertSource;
 use crate::routed_expert::Route;
 use crate::stats::Stats;
@@ -24,6 +25,8 @@ pub struct ExpertAccess<'a> {
     pub source: &'a ExpertSource,
     /// Top-p and skipping (`--expert-top-p`, `--skip-uncached-below`).
     pub selection: &'a ExpertSelection,
+    /// The other ranks of an expert-parallel job, when this process is its head.
+    pub remote: Option<&'a dyn RemoteExperts>,
 }
 
 /// What a MoE layer reads and runs for one window.

@@ -188,11 +188,13 @@ fn type_rank(t: wgpu::DeviceType) -> u8 {
 }
 
 /// Picks an adapter: the first whose name contains `name` (case-insensitive) when given,
-/// otherwise the best real GPU (discrete first); CPU-type adapters only when `allow_cpu`.
+/// otherwise the best real GPU (discrete first), or with `index` the index-th (modulo their
+/// count) of the adapters of that best type; CPU-type adapters only when `allow_cpu`.
 pub fn choose(
     adapters: Vec<wgpu::Adapter>,
     name: Option<&str>,
     allow_cpu: bool,
+    index: Option<usize>,
 ) -> Result<wgpu::Adapter> {
     if adapters.is_empty() {
         bail!(
@@ -237,12 +239,36 @@ pub fn choose(
         }
     }
     cands.sort_by_key(|a| type_rank(a.get_info().device_type));
-    Ok(cands.remove(0))
+    let best = type_rank(cands[0].get_info().device_type);
+    let same = cands
+        .iter()
+        .take_while(|a| type_rank(a.get_info().device_type) == best)
+        .count();
+    let at = match (name, index) {
+        (None, Some(i)) => pick_index(i, same),
+        _ => 0,
+    };
+    Ok(cands.remove(at))
+}
+
+/// Which of `count` equal adapters the `index`-th rank of a host takes: its own while there
+/// are enough, shared round-robin beyond.
+fn pick_index(index: usize, count: usize) -> usize {
+    index % count.max(1)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_local_rank_takes_its_own_gpu_then_they_share() {
+        assert_eq!(pick_index(0, 4), 0);
+        assert_eq!(pick_index(3, 4), 3);
+        assert_eq!(pick_index(5, 4), 1);
+        assert_eq!(pick_index(2, 1), 0);
+        assert_eq!(pick_index(2, 0), 0);
+    }
 
     #[test]
     fn the_report_says_whether_memory_is_unified_and_the_binding_cap() {

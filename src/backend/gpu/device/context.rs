@@ -116,6 +116,7 @@ impl GpuContext {
             adapters::enumerate(&inst),
             opts.adapter.as_deref(),
             opts.allow_cpu_adapter,
+            opts.gpu_index,
         )?;
         let info = adapter.get_info();
         let profile = match opts.limits {

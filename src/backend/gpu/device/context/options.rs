@@ -18,6 +18,9 @@ pub const SUBMIT_EVERY: usize = MAX_PENDING_PASSES;
 pub struct GpuOptions {
     /// Substring of the adapter name to use (`--adapter`).
     pub adapter: Option<String>,
+    /// Without `adapter`: take the n-th of the host's best GPUs (modulo their count) rather
+    /// than the first, so each MPI rank on a host takes its own (its local rank).
+    pub gpu_index: Option<usize>,
     /// The limits profile to open the device under (`--gpu-limits`); `None` = the one
     /// `K3_GPU_LIMITS` names, native when it is unset.
     pub limits: Option<super::LimitsProfile>,

@@ -1,0 +1,295 @@
+//! Expert parallel over MPI ranks (`--features mpi`, Open MPI's `mpirun` on PATH): 2 and 3
+//! ranks on one machine give a single process's ids and logits bit for bit on the CPU, over
+//! prefill windows, decode and a prompt-cache restore; a rank without its shards, with
+//! another checkpoint or other flags stops the job at start naming it, and a killed rank
+//! ends the job, within 20 s.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const K3: &str = env!("CARGO_BIN_EXE_k3");
+
+/// Writes a synthetic checkpoint of `preset` with `seed` into `dir/name`.
+fn synth(dir: &Path, name: &str, preset: &str, seed: u64) -> PathBuf {
+    let out = dir.join(name);
+    let o = Command::new(K3)
+        .args(["synth", "--preset", preset, "--seed", &seed.to_string()])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+/// `mpirun` with the flags a test machine needs (root in containers, fewer cores than ranks).
+fn mpirun() -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--allow-run-as-root", "--oversubscribe"])
+        .env("RAYON_NUM_THREADS", "1")
+        .env_remove("K3_EXPERT_GB");
+    c
+}
+
+/// Runs `k3 run` with `args`, in one process (`ranks` 1) or over `ranks` ranks.
+fn run(ranks: usize, args: &[&str]) -> Output {
+    let o = if ranks == 1 {
+        Command::new(K3)
+            .arg("run")
+            .args(args)
+            .env("RAYON_NUM_THREADS", "1")
+            .env_remove("K3_EXPERT_GB")
+            .output()
+            .unwrap()
+    } else {
+        mpirun()
+            .args(["-np", &ranks.to_string(), K3, "run"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(
+        o.status.success(),
+        "{ranks} rank(s): {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn ids(n: usize) -> String {
+    (1..=n).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+}
+
+#[test]
+fn ranks_give_the_single_process_logits_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    for preset in ["tiny", "small"] {
+        let model = synth(tmp.path(), preset, preset, 3);
+        let m = model.to_str().unwrap();
+        let prompt = ids(11);
+        // Windows of 4 tokens: three prefill passes, then decode.
+        let base = [
+            m,
+            "--backend",
+            "cpu",
+            "--ids",
+            &prompt,
+            "--ngen",
+            "6",
+            "--ignore-eos",
+            "--chunk",
+            "4",
+            "--no-prompt-cache",
+            "--quiet",
+        ];
+        let dump = |name: &str| tmp.path().join(format!("{preset}-{name}.bin"));
+        let one_path = dump("1");
+        let mut a = base.to_vec();
+        a.extend(["--dump-logits", one_path.to_str().unwrap()]);
+        let one = run(1, &a);
+        let want = std::fs::read(&one_path).unwrap();
+        assert!(!want.is_empty());
+        for ranks in [2, 3] {
+            let path = dump(&ranks.to_string());
+            let mut a = base.to_vec();
+            a.extend(["--dump-logits", path.to_str().unwrap()]);
+            let got = run(ranks, &a);
+            assert_eq!(
+                got.stdout, one.stdout,
+                "{preset}, {ranks} ranks: ids differ"
+            );
+            let err = String::from_utf8_lossy(&got.stderr);
+            assert!(
+                err.contains(&format!("rank {} of {ranks}", ranks - 1)),
+                "no rank lines: {err}"
+            );
+            assert!(
+                err.contains("[K3] ranks: rank 0 (")
+                    && err.contains(&format!("all {ranks} ranks hit")),
+                "no ranks stats line: {err}"
+            );
+            assert!(
+                std::fs::read(&path).unwrap() == want,
+                "{preset}, {ranks} ranks: logits differ from one process's"
+            );
+        }
+    }
+}
+
+#[test]
+fn ranks_restore_a_prompt_cache_entry_as_one_process_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny", "tiny", 5);
+    let m = model.to_str().unwrap();
+    let mut answers = Vec::new();
+    for ranks in [1, 2] {
+        let cache = tmp.path().join(format!("pc{ranks}"));
+        let c = cache.to_str().unwrap();
+        // The prompt cache keeps prompts of 256 tokens and more.
+        let (first, second) = (ids(300), ids(310));
+        let flags = |p: &str| -> Vec<String> {
+            [
+                m,
+                "--backend",
+                "cpu",
+                "--ngen",
+                "8",
+                "--ignore-eos",
+                "--chunk",
+                "64",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["--prompt-cache", c, "--ids", p].map(String::from))
+            .collect()
+        };
+        let a = flags(&first);
+        run(ranks, &a.iter().map(String::as_str).collect::<Vec<_>>());
+        let a = flags(&second);
+        let o = run(ranks, &a.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("prompt cache: loaded 300 of 310"),
+            "{ranks} rank(s) did not restore: {err}"
+        );
+        answers.push(o.stdout);
+    }
+    assert_eq!(answers[0], answers[1], "the restored run's ids differ");
+}
+
+/// Runs an MPMD job: rank 0 in `wdir0`, rank 1 in `wdir1`, each `k3 run` with its `args`;
+/// returns its output and how long it took. The job must fail.
+fn mpmd(wdir0: &Path, args0: &[&str], wdir1: &Path, args1: &[&str]) -> (String, Duration) {
+    let t = Instant::now();
+    let o = mpirun()
+        .args(["-np", "1", "-wdir"])
+        .arg(wdir0)
+        .args([K3, "run"])
+        .args(args0)
+        .args([":", "-np", "1", "-wdir"])
+        .arg(wdir1)
+        .args([K3, "run"])
+        .args(args1)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "the job ran: {err}");
+    (err, t.elapsed())
+}
+
+const RUN: [&str; 8] = [
+    "m",
+    "--backend",
+    "cpu",
+    "--ids",
+    "1,2,3",
+    "--ngen",
+    "2",
+    "--no-prompt-cache",
+];
+
+#[test]
+fn a_rank_without_its_shards_stops_the_job_naming_rank_host_and_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let ma = synth(&a, "m", "tiny", 1);
+    let mb = synth(&b, "m", "tiny", 1);
+    // A shard of the tiny layout that holds routed experts of both ranks.
+    let gone = mb.join("model-00003-of-00006.safetensors");
+    std::fs::remove_file(&gone).unwrap();
+    let (err, took) = mpmd(&a, &RUN, &b, &RUN);
+    let file = gone.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        err.contains("rank 1 on host") && err.contains("could not start") && err.contains(&file),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    drop(ma);
+}
+
+#[test]
+fn a_rank_on_another_checkpoint_or_with_other_flags_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    synth(&a, "m", "tiny", 1);
+    synth(&b, "m", "tiny", 2);
+    let (err, took) = mpmd(&a, &RUN, &b, &RUN);
+    assert!(
+        err.contains("rank 1 on host") && err.contains("different checkpoint"),
+        "{err}"
+    );
+    assert!(err.contains(".safetensors"), "names no file: {err}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let mut other = RUN.to_vec();
+    other[6] = "3";
+    let (err, _) = mpmd(&a, &RUN, &a, &other);
+    assert!(
+        err.contains("rank 1 on host") && err.contains("other flags") && err.contains("`3`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny", "tiny", 1);
+    let mut child = mpirun()
+        .args(["-np", "2", K3, "chat"])
+        .arg(&model)
+        .args(["--backend", "cpu", "--no-prompt-cache", "--quiet"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    // The head names each rank's pid once every rank has started.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        use std::io::{BufRead, BufReader};
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(at) = line.find("rank 1 of 2 on ") {
+                let pid: String = line[at..]
+                    .split("(pid ")
+                    .nth(1)
+                    .unwrap_or("")
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                let _ = tx.send(pid);
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let pid = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("no rank line");
+    let t = Instant::now();
+    let killed = Command::new("kill").args(["-9", &pid]).status().unwrap();
+    assert!(killed.success());
+    // A turn the dead rank would have to serve.
+    let _ = stdin.write_all(b"hello\n");
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("the job still runs 20 s after rank 1 died");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(stdin);
+    let err = reader.join().unwrap();
+    assert!(err.contains("rank 1"), "the end names no rank: {err}");
+    assert!(!child.wait().unwrap().success());
+}

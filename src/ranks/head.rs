@@ -4,7 +4,7 @@
 
 use super::hello::{check, Hello};
 use super::placement::Placement;
-use super::wire::{stop_request, work_request, ReadCounts, Reply};
+use super::wire::{work_request, ReadCounts, Reply};
 use super::world::with_world;
 use super::{TAG_HELLO, TAG_REPLY, TAG_WORK};
 use crate::experts::remote::{ExpertOutputs, ExpertRows, RemoteExperts};
@@ -208,15 +208,4 @@ pub fn set_current(h: Arc<Head>) {
 /// The job's head, when this process is one.
 pub fn current() -> Option<&'static Arc<Head>> {
     CURRENT.get()
-}
-
-/// Tells every other rank the job is over, so each leaves its loop and ends cleanly.
-pub fn stop_ranks(size: usize) {
-    let stop = stop_request();
-    for r in 1..size {
-        with_world(|w| {
-            w.process_at_rank(r as i32)
-                .send_with_tag(&stop[..], TAG_WORK)
-        });
-    }
 }

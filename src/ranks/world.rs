@@ -4,6 +4,7 @@
 
 use anyhow::{anyhow, Result};
 use mpi::environment::Universe;
+use mpi::point_to_point::Destination;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::Threading;
 use std::sync::{Mutex, OnceLock};
@@ -32,7 +33,7 @@ pub struct RankGuard {
 impl Drop for RankGuard {
     fn drop(&mut self) {
         if let Some(i) = info().filter(|_| is_head()) {
-            super::head::stop_ranks(i.size);
+            stop_ranks(i.size);
         }
     }
 }
@@ -92,4 +93,15 @@ pub fn with_world<T>(f: impl FnOnce(&SimpleCommunicator) -> T) -> T {
 pub fn abort(code: i32) -> ! {
     let world = SimpleCommunicator::world();
     world.abort(code)
+}
+
+/// Tells every other rank the job is over, so each leaves its loop and ends cleanly.
+pub fn stop_ranks(size: usize) {
+    let stop = super::wire::stop_request();
+    for r in 1..size {
+        with_world(|w| {
+            w.process_at_rank(r as i32)
+                .send_with_tag(&stop[..], super::TAG_WORK)
+        });
+    }
 }

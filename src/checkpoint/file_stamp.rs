@@ -17,14 +17,17 @@ pub struct FileStamp {
     pub len: u64,
     /// Last modification, where the filesystem records one.
     pub modified: Option<SystemTime>,
-    /// Device and inode (Unix): another file renamed over the path has other ones.
+    /// Device and inode (Unix), volume and file index (Windows): another file renamed over
+    /// the path has other ones.
     pub id: Option<(u64, u64)>,
-    /// The inode's change time in seconds and nanoseconds (Unix).
+    /// The change time: the inode's in seconds and nanoseconds (Unix), the file's in
+    /// 100-nanosecond ticks (Windows).
     pub changed: Option<(i64, i64)>,
 }
 
 impl FileStamp {
-    /// The stamp of `meta`.
+    /// The stamp of `meta`, the metadata of a file or path. On Windows it holds no identity
+    /// or change time: [`FileStamp::of_file`] reads those from an open handle.
     pub fn of(meta: &Metadata) -> FileStamp {
         #[cfg(unix)]
         let (id, changed) = {
@@ -42,6 +45,30 @@ impl FileStamp {
             id,
             changed,
         }
+    }
+
+    /// The stamp of the open file `f`, with its identity and change time on every OS.
+    pub fn of_file(f: &File) -> std::io::Result<FileStamp> {
+        let stamp = FileStamp::of(&f.metadata()?);
+        #[cfg(windows)]
+        let stamp = {
+            let (id, changed) = crate::platform::file_identity::of_handle(f);
+            FileStamp {
+                id,
+                changed,
+                ..stamp
+            }
+        };
+        Ok(stamp)
+    }
+
+    /// The stamp of whatever file is at `path` now. On Unix its metadata (opening a FIFO
+    /// put there would block); on Windows an open handle, the only way to its identity.
+    fn of_path(path: &Path) -> std::io::Result<FileStamp> {
+        #[cfg(windows)]
+        return FileStamp::of_file(&File::open(path)?);
+        #[cfg(not(windows))]
+        return std::fs::metadata(path).map(|m| FileStamp::of(&m));
     }
 
     /// What differs between this stamp and `now`, in a few words; `None` when nothing does.
@@ -75,16 +102,14 @@ impl FileStamp {
     pub fn check_file(&self, f: &File, path: &Path, offset: u64) -> Result<()> {
         // The path first: a file renamed over it or removed also changes the open file's
         // change time (its link count), which would read as an edit.
-        match std::fs::metadata(path) {
-            Ok(m) => self.check(path, offset, &FileStamp::of(&m))?,
+        match FileStamp::of_path(path) {
+            Ok(now) => self.check(path, offset, &now)?,
             Err(e) => {
                 let what = format!("it is gone from its path ({e})");
                 return Err(changed(path, offset, &what));
             }
         }
-        let now = f
-            .metadata()
-            .map(|m| FileStamp::of(&m))
+        let now = FileStamp::of_file(f)
             .with_context(|| format!("{}: cannot read the shard's size", path.display()))?;
         self.check(path, offset, &now)
     }

@@ -243,10 +243,12 @@ fn open_shard(path: PathBuf) -> Result<Shard> {
             path.display()
         );
     }
+    let stamp = FileStamp::of_file(&file)
+        .with_context(|| format!("{}: cannot read the file's identity", path.display()))?;
     let mut shard = Shard {
         path,
         file,
-        stamp: FileStamp::of(&meta),
+        stamp,
         sampled: 0,
     };
     shard.sampled = sample_hash(&shard)?;

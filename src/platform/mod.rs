@@ -4,6 +4,7 @@
 pub mod aligned_buf;
 pub mod available_memory;
 pub mod cache_dir;
+pub mod file_identity;
 pub mod file_size_signal;
 pub mod input_file;
 pub mod memory_pressure;

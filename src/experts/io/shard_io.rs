@@ -161,9 +161,7 @@ impl ShardIo {
                 );
             }
         }
-        let stamp = buffered
-            .metadata()
-            .map(|m| FileStamp::of(&m))
+        let stamp = FileStamp::of_file(&buffered)
             .with_context(|| format!("reading the size of expert shard {}", path.display()))?;
         let f = Arc::new(ShardFiles {
             buffered,

@@ -134,7 +134,7 @@ mod tests {
         let p = dir.path().join("s.safetensors");
         std::fs::write(&p, [1u8; 64]).unwrap();
         let f = File::open(&p).unwrap();
-        let stamp = FileStamp::of(&f.metadata().unwrap());
+        let stamp = FileStamp::of_file(&f).unwrap();
         stamp.check_file(&f, &p, 0).unwrap();
         let was = stamp.modified.unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -146,13 +146,11 @@ mod tests {
             .set_modified(was)
             .unwrap();
         let e = format!("{:#}", stamp.check_file(&f, &p, 8).unwrap_err());
-        #[cfg(unix)]
         assert!(
             e.contains("changed while k3 was running (it was modified in place)")
                 && e.contains("offset 8"),
             "{e}"
         );
-        let _ = e;
     }
 
     #[test]
@@ -161,14 +159,18 @@ mod tests {
         let p = dir.path().join("s.safetensors");
         std::fs::write(&p, [1u8; 64]).unwrap();
         let f = File::open(&p).unwrap();
-        let stamp = FileStamp::of(&f.metadata().unwrap());
+        let stamp = FileStamp::of_file(&f).unwrap();
         let tmp = dir.path().join("new");
         std::fs::write(&tmp, [1u8; 64]).unwrap();
-        std::fs::rename(&tmp, &p).unwrap();
+        match std::fs::rename(&tmp, &p) {
+            Ok(()) => {}
+            // A Windows without POSIX rename semantics (Wine's) keeps an open file in
+            // place: the change cannot happen there.
+            Err(e) if cfg!(windows) && e.kind() == std::io::ErrorKind::PermissionDenied => return,
+            Err(e) => panic!("rename over the shard: {e}"),
+        }
         let e = format!("{:#}", stamp.check_file(&f, &p, 0).unwrap_err());
-        #[cfg(unix)]
         assert!(e.contains("another file was put in its place"), "{e}");
-        let _ = e;
         std::fs::remove_file(&p).unwrap();
         let e = format!("{:#}", stamp.check_file(&f, &p, 0).unwrap_err());
         assert!(e.contains("it is gone from its path"), "{e}");

@@ -487,8 +487,7 @@ mod tests {
     fn a_stamp_from_the_checkpoint_catches_a_change_before_the_first_read() {
         let (f, _) = pattern_file(2 * IO_ALIGN);
         let io = ShardIo::new(IoMode::Buffered);
-        let meta = std::fs::metadata(f.path()).unwrap();
-        let mut validated = FileStamp::of(&meta);
+        let mut validated = FileStamp::of_file(&std::fs::File::open(f.path()).unwrap()).unwrap();
         validated.len += 1;
         io.require_stamp(f.path(), validated).unwrap();
         let e = format!("{:#}", io.read(f.path(), &(0..10)).unwrap_err());

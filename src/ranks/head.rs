@@ -1,6 +1,7 @@
 //! The head's side of an expert-parallel job: the handshake with every rank at start, then,
 //! for each MoE layer, the rows sent to each owner before waiting on any and the answers
-//! taken back within a bounded wait. Stopping the ranks at the end is its drop.
+//! taken back within a bounded wait. The ranks are told to stop when MPI ends
+//! (`world::RankGuard`).
 
 use super::hello::{check, Hello};
 use super::placement::Placement;

@@ -1,5 +1,6 @@
 //! The Kimi K3 model: the layer schedule and its blocks, written against the op interface.
 
+pub mod batch;
 pub mod context;
 pub mod dense_footprint;
 pub mod format_policy;
@@ -19,6 +20,7 @@ pub mod state_snapshot;
 pub mod trace;
 pub mod weight_cache;
 
+pub use batch::Segment;
 pub use format_policy::FormatPolicy;
 pub use k3::{K3Model, Logits, State};
 pub use state_snapshot::StateSnapshot;

@@ -10,7 +10,7 @@ use super::pass_observer::PassObserver;
 use crate::experts::plan::expert_selection::ExpertSelection;
 
 mod pressure_relief;
-use super::batch::{Piece, RowLayout, Segment};
+use super::batch::{PieceState, RowLayout, Segment};
 use super::prefill_progress::PrefillProgress;
 use super::prefill_window::{moe_row_bytes, sub_batches, widest_row_bytes};
 use super::trace::Trace;
@@ -508,8 +508,8 @@ impl<B: Backend> K3Model<B> {
         Ok(ps)
     }
 
-    /// Layer `i`'s attention over sub-batch `j`'s normed input `x`: each segment's piece
-    /// of it on that segment's state, the outputs in row order.
+    /// Layer `i`'s attention over sub-batch `j`'s normed input `x`: the projections over all
+    /// its rows, the recurrence or attention on each segment's piece with that segment's state.
     fn attend(
         &self,
         i: usize,
@@ -520,28 +520,39 @@ impl<B: Backend> K3Model<B> {
         x: &B::Act,
     ) -> Result<B::Act> {
         let b = &self.backend;
-        let run = |ls: &mut LayerState<B>, x: &B::Act| match (&layer.attn, ls) {
-            (Attn::Kda(k), LayerState::Kda(s)) => k.forward(b, s, x),
-            (Attn::Mla(m), LayerState::Mla(c)) => m.forward(b, c, x),
-            _ => bail!("internal: layer {i} state does not match its attention kind"),
-        };
-        // In a pass of several segments an error names the segment and position.
-        let named = |r: Result<B::Act>, p: &Piece| match layout.len() {
-            1 => r,
-            _ => r.with_context(|| format!("layer {i} attention at {}", layout.at_piece(j, p))),
-        };
-        let pieces = &layout.pieces[j];
-        if let [one] = pieces.as_slice() {
-            let st = ls.get_mut(one.seg).ok_or_else(|| no_state(one.seg))?;
-            return named(run(st, x), one);
+        // The pieces' states: each segment has at most one piece in a sub-batch, in order.
+        let mut wanted = layout.pieces[j].iter().peekable();
+        let mut pieces = Vec::with_capacity(layout.pieces[j].len());
+        for (s, st) in ls.iter_mut().enumerate() {
+            if let Some(p) = wanted.next_if(|p| p.seg == s) {
+                let at = (layout.len() > 1).then(|| layout.at_piece(j, p));
+                pieces.push((&mut **st, p.rows.clone(), at));
+            }
         }
-        let mut outs = Vec::with_capacity(pieces.len());
-        for p in pieces {
-            let st = ls.get_mut(p.seg).ok_or_else(|| no_state(p.seg))?;
-            let xp = b.slice_rows(x, p.rows.start, p.rows.len())?;
-            outs.push(named(run(st, &xp), p)?);
+        let mismatch =
+            || anyhow::anyhow!("internal: layer {i} state does not match its attention kind");
+        match &layer.attn {
+            Attn::Kda(k) => {
+                let mut ps = pieces
+                    .into_iter()
+                    .map(|(st, rows, at)| match st {
+                        LayerState::Kda(state) => Ok(PieceState { state, rows, at }),
+                        LayerState::Mla(_) => Err(mismatch()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                k.forward(b, x, &mut ps)
+            }
+            Attn::Mla(m) => {
+                let mut ps = pieces
+                    .into_iter()
+                    .map(|(st, rows, at)| match st {
+                        LayerState::Mla(state) => Ok(PieceState { state, rows, at }),
+                        LayerState::Kda(_) => Err(mismatch()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                m.forward(b, x, &mut ps)
+            }
         }
-        whole(b, outs)
     }
 
     /// Layer `i`'s feed-forward input (the residual mix over `bank` and `ps`, normed) and
@@ -676,11 +687,6 @@ fn gather_rows<B: Backend>(b: &B, x: &B::Act, ranges: &[std::ops::Range<usize>])
         .map(|r| b.slice_rows(x, r.start, r.len()))
         .collect::<Result<_>>()?;
     whole(b, parts)
-}
-
-/// The error of a piece whose segment has no state for the layer (the layout checks first).
-fn no_state(seg: usize) -> anyhow::Error {
-    anyhow::anyhow!("internal: segment {seg} has no state for this layer")
 }
 
 /// The sub-batches as one activation (the one itself when there is only one).

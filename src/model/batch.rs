@@ -6,20 +6,18 @@
 //! for every row routed to it, whatever its sequence; attention (KDA and MLA) runs per piece,
 //! a segment's rows within one sub-batch, on that segment's own state.
 
-use super::k3::{Logits, State};
 use super::prefill_window::sub_batches;
-use crate::backend::Backend;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use std::ops::Range;
 
-/// One sequence's rows in a batched forward pass.
-pub struct Segment<'s, B: Backend> {
-    /// The sequence's state (advanced by `ids.len()`).
-    pub state: &'s mut State<B>,
-    /// Its tokens this pass: one for a decoding sequence, a slice of its prompt for one prefilling.
-    pub ids: &'s [u32],
-    /// Which of its logits to return.
-    pub want: Logits,
+/// What the layout needs of one segment.
+pub(super) struct SegmentRows<'a> {
+    /// Its tokens this pass.
+    pub ids: &'a [u32],
+    /// Its first context position.
+    pub pos: usize,
+    /// Whether it wants every row's logits (else only its last row's).
+    pub all: bool,
 }
 
 /// A segment's rows within one sub-batch: attention runs on them with the segment's state.
@@ -38,8 +36,8 @@ pub(super) struct RowLayout {
     segs: Vec<Range<usize>>,
     /// Each segment's first context position.
     pos: Vec<usize>,
-    /// Each segment's wanted logits.
-    want: Vec<Logits>,
+    /// Whether each segment wants every row's logits (else its last row's).
+    all: Vec<bool>,
     /// The rows of each sub-batch.
     pub parts: Vec<Range<usize>>,
     /// The pieces of each sub-batch, in row order.
@@ -47,14 +45,9 @@ pub(super) struct RowLayout {
 }
 
 impl RowLayout {
-    /// The layout of `segs` in sub-batches of `sub_rows` rows, checking each segment against
-    /// a model of `layers` layers and `vocab` token ids.
-    pub fn new<B: Backend>(
-        segs: &[Segment<'_, B>],
-        sub_rows: usize,
-        layers: usize,
-        vocab: usize,
-    ) -> Result<Self> {
+    /// The layout of `segs` in sub-batches of `sub_rows` rows, checking each segment's ids
+    /// against a vocabulary of `vocab`.
+    pub fn new(segs: &[SegmentRows<'_>], sub_rows: usize, vocab: usize) -> Result<Self> {
         if segs.is_empty() {
             bail!("forward: a batch with no segments");
         }
@@ -65,18 +58,12 @@ impl RowLayout {
             if seg.ids.is_empty() {
                 bail!("forward: empty window{who}");
             }
-            if seg.state.layers.len() != layers {
-                bail!(
-                    "forward: the state{who} holds {} layers; the model has {layers}",
-                    seg.state.layers.len()
-                );
-            }
             if let Some(k) = seg.ids.iter().position(|&id| id as usize >= vocab) {
                 let id = seg.ids[k];
                 let at = if segs.len() == 1 {
                     String::new()
                 } else {
-                    format!("{who}, at position {},", seg.state.pos + k)
+                    format!("{who}, at position {},", seg.pos + k)
                 };
                 bail!(
                     "token id {id}{at} is out of range: the model's vocab_size is {vocab} \
@@ -105,15 +92,15 @@ impl RowLayout {
             .collect();
         Ok(Self {
             segs: ranges,
-            pos: segs.iter().map(|s| s.state.pos).collect(),
-            want: segs.iter().map(|s| s.want).collect(),
+            pos: segs.iter().map(|s| s.pos).collect(),
+            all: segs.iter().map(|s| s.all).collect(),
             parts,
             pieces,
         })
     }
 
     /// " of segment `s`" in a pass of several segments; nothing in a pass of one.
-    fn name(count: usize, s: usize) -> String {
+    pub fn name(count: usize, s: usize) -> String {
         if count == 1 {
             String::new()
         } else {
@@ -146,9 +133,10 @@ impl RowLayout {
 
     /// Row `row` of segment `s`'s logits as an error names it.
     pub fn at_logit_row(&self, s: usize, row: usize) -> String {
-        let first = match self.want[s] {
-            Logits::All => 0,
-            Logits::Last => self.segs[s].len() - 1,
+        let first = if self.all[s] {
+            0
+        } else {
+            self.segs[s].len() - 1
         };
         self.at_row(self.segs[s].start + first + row)
     }
@@ -174,12 +162,9 @@ impl RowLayout {
         let p = &self.parts[part];
         self.segs
             .iter()
-            .zip(&self.want)
-            .filter_map(|(r, want)| {
-                let r = match want {
-                    Logits::All => r.clone(),
-                    Logits::Last => r.end - 1..r.end,
-                };
+            .zip(&self.all)
+            .filter_map(|(r, &all)| {
+                let r = if all { r.clone() } else { r.end - 1..r.end };
                 let (a, b) = (r.start.max(p.start), r.end.min(p.end));
                 (a < b).then(|| a - p.start..b - p.start)
             })
@@ -190,88 +175,28 @@ impl RowLayout {
     pub fn logit_rows(&self) -> Vec<usize> {
         self.segs
             .iter()
-            .zip(&self.want)
-            .map(|(r, want)| match want {
-                Logits::All => r.len(),
-                Logits::Last => 1,
-            })
+            .zip(&self.all)
+            .map(|(r, &all)| if all { r.len() } else { 1 })
             .collect()
-    }
-}
-
-/// A piece as an attention block runs it: its segment's state for the layer, its rows
-/// within the sub-batch, and, in a pass of several segments, how an error names it.
-pub struct PieceState<'p, S> {
-    /// The segment's state of this layer.
-    pub state: &'p mut S,
-    /// The piece's rows within the sub-batch.
-    pub rows: Range<usize>,
-    /// Where the piece is, for errors (`None` in a pass of one segment).
-    pub at: Option<String>,
-}
-
-/// Runs `f` on each piece's rows of `xs` (activations over the same rows) with the piece's
-/// state and returns the outputs in row order; `f` gets `xs` themselves when one piece
-/// holds every row.
-pub fn each_piece<B: Backend, S, const N: usize>(
-    b: &B,
-    xs: [&B::Act; N],
-    pieces: &mut [PieceState<'_, S>],
-    mut f: impl FnMut(&mut S, [&B::Act; N]) -> Result<B::Act>,
-) -> Result<B::Act> {
-    let rows = xs.first().map_or(0, |x| b.shape(x).0);
-    if let [one] = pieces {
-        if one.rows.len() == rows {
-            return named(f(one.state, xs), &one.at);
-        }
-    }
-    let mut outs = Vec::with_capacity(pieces.len());
-    for p in pieces.iter_mut() {
-        let cut: Vec<B::Act> = xs
-            .iter()
-            .map(|x| b.slice_rows(x, p.rows.start, p.rows.len()))
-            .collect::<Result<_>>()?;
-        let refs: [&B::Act; N] = std::array::from_fn(|i| &cut[i]);
-        outs.push(named(f(p.state, refs), &p.at)?);
-    }
-    let refs: Vec<&B::Act> = outs.iter().collect();
-    b.concat_rows(&refs)
-}
-
-/// `r` with the piece's place as context, when it has one.
-fn named<T>(r: Result<T>, at: &Option<String>) -> Result<T> {
-    match at {
-        Some(at) => r.with_context(|| format!("attention at {at}")),
-        None => r,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::CpuBackend;
-    use Logits::*;
 
-    fn layout(ids: &[&[u32]], want: &[Logits], sub_rows: usize) -> Result<RowLayout> {
-        let mut states: Vec<State<CpuBackend>> = ids
+    fn layout(ids: &[&[u32]], all: &[bool], sub_rows: usize) -> Result<RowLayout> {
+        let segs: Vec<SegmentRows<'_>> = ids
             .iter()
-            .map(|_| State {
-                layers: Vec::new(),
-                pos: 10,
-            })
+            .zip(all)
+            .map(|(&ids, &all)| SegmentRows { ids, pos: 10, all })
             .collect();
-        let segs: Vec<Segment<'_, CpuBackend>> = states
-            .iter_mut()
-            .zip(ids)
-            .zip(want)
-            .map(|((state, ids), &want)| Segment { state, ids, want })
-            .collect();
-        RowLayout::new(&segs, sub_rows, 0, 100)
+        RowLayout::new(&segs, sub_rows, 100)
     }
 
     #[test]
     fn pieces_cut_segments_at_sub_batch_edges() {
-        let l = layout(&[&[1], &[1, 2, 3, 4, 5], &[1]], &[Last, All, Last], 4).unwrap();
+        let l = layout(&[&[1], &[1, 2, 3, 4, 5], &[1]], &[false, true, false], 4).unwrap();
         assert_eq!(l.parts, vec![0..4, 4..7]);
         let p = |seg, rows| Piece { seg, rows };
         assert_eq!(l.pieces[0], vec![p(0, 0..1), p(1, 1..4)]);
@@ -288,15 +213,15 @@ mod tests {
 
     #[test]
     fn a_bad_segment_is_named() {
-        let e = layout(&[&[1], &[]], &[Last, Last], 4).unwrap_err();
+        let e = layout(&[&[1], &[]], &[false, false], 4).unwrap_err();
         assert_eq!(e.to_string(), "forward: empty window of segment 1");
-        let e = layout(&[&[1], &[2, 300]], &[Last, Last], 4).unwrap_err();
+        let e = layout(&[&[1], &[2, 300]], &[false, false], 4).unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("token id 300 of segment 1, at position 11, is out of range"),
             "{e}"
         );
-        let e = layout(&[&[300]], &[Last], 4).unwrap_err();
+        let e = layout(&[&[300]], &[false], 4).unwrap_err();
         assert!(
             e.to_string().starts_with("token id 300 is out of range"),
             "{e}"

@@ -10,7 +10,8 @@ use super::pass_observer::PassObserver;
 use crate::experts::plan::expert_selection::ExpertSelection;
 
 mod pressure_relief;
-use super::batch::{PieceState, RowLayout, Segment};
+use super::batch::{RowLayout, SegmentRows};
+use super::pieces::PieceState;
 use super::prefill_progress::PrefillProgress;
 use super::prefill_window::{moe_row_bytes, sub_batches, widest_row_bytes};
 use super::trace::Trace;
@@ -65,6 +66,16 @@ pub enum Logits {
     Last,
     /// Every row of the window.
     All,
+}
+
+/// One sequence's rows in a batched forward pass ([`K3Model::forward_batch`]).
+pub struct Segment<'s, B: Backend> {
+    /// The sequence's state (advanced by `ids.len()`).
+    pub state: &'s mut State<B>,
+    /// Its tokens this pass: one for a decoding sequence, a slice of its prompt for one prefilling.
+    pub ids: &'s [u32],
+    /// Which of its logits to return.
+    pub want: Logits,
 }
 
 /// A loaded K3 model bound to one backend.
@@ -415,7 +426,25 @@ impl<B: Backend> K3Model<B> {
     ) -> Result<Option<Vec<Vec<f32>>>> {
         let raised = || cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst));
         let cfg = &self.ckpt.config;
-        let layout = RowLayout::new(segs, self.sub_rows, self.layers.len(), cfg.vocab_size)?;
+        for (s, seg) in segs.iter().enumerate() {
+            if seg.state.layers.len() != self.layers.len() {
+                bail!(
+                    "forward: the state{} holds {} layers; the model has {}",
+                    RowLayout::name(segs.len(), s),
+                    seg.state.layers.len(),
+                    self.layers.len()
+                );
+            }
+        }
+        let rows: Vec<SegmentRows<'_>> = segs
+            .iter()
+            .map(|s| SegmentRows {
+                ids: s.ids,
+                pos: s.state.pos,
+                all: s.want == Logits::All,
+            })
+            .collect();
+        let layout = RowLayout::new(&rows, self.sub_rows, cfg.vocab_size)?;
         if layout.rows() > self.max_window() {
             bail!(
                 "forward: a pass of {} rows is more than this backend runs at once ({}); \

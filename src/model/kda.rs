@@ -1,9 +1,9 @@
 //! Kimi Delta Attention layer (docs/model.md#kda-layer): projections here, the fused step in
 //! the backend.
 
-use super::batch::{each_piece, PieceState};
 use super::format_policy::FormatPolicy;
 use super::loader::Loader;
+use super::pieces::{each_piece, PieceState};
 use crate::backend::{matmul_each, Backend, KdaDims, KdaStepInputs, KdaStepWeights};
 use crate::checkpoint::model_tensors::KdaTensors;
 use crate::config::Config;

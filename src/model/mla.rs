@@ -1,9 +1,9 @@
 //! Gated multi-head latent attention (docs/model.md#mla-layer), absorbed form over the latent
 //! cache.
 
-use super::batch::{each_piece, PieceState};
 use super::format_policy::FormatPolicy;
 use super::loader::Loader;
+use super::pieces::{each_piece, PieceState};
 use crate::backend::{matmul_each, Backend, MlaAttnWeights, MlaDims};
 use crate::checkpoint::model_tensors::MlaTensors;
 use crate::config::Config;

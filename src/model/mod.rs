@@ -1,6 +1,6 @@
 //! The Kimi K3 model: the layer schedule and its blocks, written against the op interface.
 
-pub mod batch;
+mod batch;
 pub mod context;
 pub mod dense_footprint;
 pub mod format_policy;
@@ -12,6 +12,7 @@ pub mod loader;
 pub mod mla;
 pub mod moe;
 mod pass_observer;
+mod pieces;
 pub mod prefill_progress;
 pub mod prefill_window;
 pub mod prompt_cache;
@@ -20,7 +21,6 @@ pub mod state_snapshot;
 pub mod trace;
 pub mod weight_cache;
 
-pub use batch::Segment;
 pub use format_policy::FormatPolicy;
-pub use k3::{K3Model, Logits, State};
+pub use k3::{K3Model, Logits, Segment, State};
 pub use state_snapshot::StateSnapshot;

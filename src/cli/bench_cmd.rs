@@ -32,6 +32,11 @@ enum BenchKind {
     /// `--chunk 32`, each from empty caches: time, expert GB read, GB read ÷ the GB of the
     /// distinct experts routed per layer (summed), tok/s.
     Prefill(Box<super::bench_prefill::PrefillArgs>),
+    /// Decode N greedy streams together, one forward pass a step, for each N of
+    /// `--streams`, against the same streams one at a time: aggregate and per-stream tok/s,
+    /// expert GB read per step and its ratio to one stream's; fails if a stream's tokens
+    /// differ from its tokens alone.
+    Streams(Box<super::bench_streams::StreamsArgs>),
 }
 
 #[derive(Args, Debug)]
@@ -65,6 +70,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         #[cfg(feature = "lab")]
         BenchKind::Cache(c) => super::bench_cache::run(c),
         BenchKind::Prefill(p) => super::bench_prefill::run(*p),
+        BenchKind::Streams(s) => super::bench_streams::run(*s),
     }
 }
 

@@ -72,7 +72,12 @@ struct PrefillJob<'a> {
 }
 
 /// `n` prompt ids from `seed`: a fixed xorshift stream below the first special token.
-fn prompt_ids(n: usize, seed: u64, vocab: usize, first_special: Option<u32>) -> Vec<u32> {
+pub(super) fn prompt_ids(
+    n: usize,
+    seed: u64,
+    vocab: usize,
+    first_special: Option<u32>,
+) -> Vec<u32> {
     let top = first_special
         .map_or(vocab, |s| (s as usize).min(vocab))
         .max(2) as u64;

@@ -5,6 +5,7 @@ mod bench_cache;
 mod bench_cmd;
 mod bench_prefill;
 mod bench_reader;
+mod bench_streams;
 mod cache_args;
 mod chat_cmd;
 mod devices_cmd;

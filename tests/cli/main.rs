@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod bench_streams;
 mod chat_input;
 mod cli;
 mod module_layers;

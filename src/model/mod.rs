@@ -1,5 +1,6 @@
 //! The Kimi K3 model: the layer schedule and its blocks, written against the op interface.
 
+pub mod batch;
 pub mod context;
 pub mod dense_footprint;
 pub mod format_policy;

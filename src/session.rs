@@ -476,6 +476,26 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(pos)
     }
 
+    /// Tokens of `ids` a generation of it would reuse from what the session holds (its
+    /// consumed tokens when they are a prefix of `ids`, else its longest snapshot that is).
+    pub fn reusable(&self, ids: &[u32]) -> usize {
+        let common = self
+            .tokens
+            .iter()
+            .zip(ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common == self.tokens.len() {
+            return common;
+        }
+        self.snapshots
+            .iter()
+            .map(|s| s.state.pos())
+            .filter(|&p| p <= common)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Loads the longest prefix of `prompt` longer than `reused` tokens that the model's
     /// prompt cache holds, in place of the session's state. Returns the tokens the session
     /// now holds of `prompt` (`reused` when nothing better was loaded).

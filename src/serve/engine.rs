@@ -454,7 +454,7 @@ pub fn run_engine<B: Backend>(
                 None => i += 1,
                 Some(failure) => {
                     let q = active.swap_remove(i);
-                    finish_job(q, failure, &mut slots, shared);
+                    finish_job(q, failure, &mut slots, shared, active.len());
                 }
             }
         }
@@ -542,7 +542,7 @@ pub fn run_engine<B: Backend>(
         failure.sort_by(|a, b| b.0.cmp(&a.0));
         for (qi, e) in failure {
             let q = active.swap_remove(qi);
-            finish_job(q, Some(e), &mut slots, shared);
+            finish_job(q, Some(e), &mut slots, shared, active.len());
         }
     }
     Ok(())
@@ -767,6 +767,7 @@ fn finish_job<B: Backend>(
     failure: Option<String>,
     slots: &mut [Slot<'_, B>],
     shared: &EngineShared,
+    remaining: usize,
 ) {
     let slot = &mut slots[q.slot];
     slot.busy = false;
@@ -838,6 +839,12 @@ fn finish_job<B: Backend>(
     });
     m.snapshots.store(count, Ordering::Relaxed);
     m.snapshot_bytes.store(bytes, Ordering::Relaxed);
+    // Idle before the answer leaves, so a client that then asks /health sees it so.
+    if let Ok(mut s) = shared.sequences.lock() {
+        s.retain(|v| v.id != job.id);
+    }
+    m.active_sequences.store(remaining, Ordering::Relaxed);
+    m.busy.store(remaining > 0, Ordering::SeqCst);
     deliver(&job.events, &job.cancel, job.stall_timeout, event, true);
 }
 

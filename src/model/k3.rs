@@ -10,6 +10,7 @@ use super::pass_observer::PassObserver;
 use crate::experts::plan::expert_selection::ExpertSelection;
 
 mod pressure_relief;
+use super::batch::{PieceState, RowLayout, Segment};
 use super::prefill_progress::PrefillProgress;
 use super::prefill_window::{moe_row_bytes, sub_batches, widest_row_bytes};
 use super::trace::Trace;
@@ -381,37 +382,73 @@ impl<B: Backend> K3Model<B> {
         trace: Option<&Trace>,
         cancel: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<Option<Vec<f32>>> {
+        let mut segs = [Segment {
+            state: st,
+            ids,
+            want,
+        }];
+        match self.forward_batch(&mut segs, stats, trace, cancel)? {
+            None => Ok(None),
+            Some(logits) => logits
+                .into_iter()
+                .next()
+                .map(Some)
+                .ok_or_else(|| anyhow::anyhow!("internal: a pass of one segment returned none")),
+        }
+    }
+
+    /// Runs every segment's rows through the model in one layer-major pass and returns each
+    /// segment's logits (as [`Self::forward`] would for it alone), or None when `cancel` was
+    /// raised (checked before each layer; the states are then part-advanced, as in
+    /// [`Self::forward_until`]). The rows of all segments are concatenated in segment order:
+    /// the embedding, the residual mixes and norms, the dense MLPs, the MoE layers (each
+    /// routed expert read once a layer for every row routed to it, whatever its sequence)
+    /// and the head run over all of them; attention runs on each segment's rows with its own
+    /// state. Outside the routed experts the rows run in sub-batches
+    /// ([`Self::sub_batch_rows`]), attention on each segment's piece of each.
+    pub fn forward_batch(
+        &self,
+        segs: &mut [Segment<'_, B>],
+        stats: &mut Stats,
+        trace: Option<&Trace>,
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
         let raised = || cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst));
-        if ids.is_empty() {
-            bail!("forward: empty window");
+        let cfg = &self.ckpt.config;
+        let layout = RowLayout::new(segs, self.sub_rows, self.layers.len(), cfg.vocab_size)?;
+        if layout.rows() > self.max_window() {
+            bail!(
+                "forward: a pass of {} rows is more than this backend runs at once ({}); \
+                 send fewer segments or shorter prompt slices",
+                layout.rows(),
+                self.max_window()
+            );
         }
         self.relieve_memory_pressure()?;
-        let cfg = &self.ckpt.config;
-        // parts[j]: the rows of sub-batch j; h[j]: its hidden states [rows_j, hidden].
-        let parts = sub_batches(ids.len(), self.sub_rows);
-        let mut h: Vec<B::Act> = parts
+        let ids: Vec<u32> = segs.iter().flat_map(|s| s.ids.iter().copied()).collect();
+        // h[j]: the hidden states of sub-batch j, [rows_j, hidden].
+        let mut h: Vec<B::Act> = layout
+            .parts
             .iter()
             .map(|r| self.embed(&ids[r.clone()]))
             .collect::<Result<_>>()?;
-        let mut obs = PassObserver::begin(
-            &self.experts,
-            &self.progress,
-            stats,
-            trace,
-            st.pos,
-            ids.len(),
-        )?;
+        let mut obs = PassObserver::begin(&self.experts, &self.progress, stats, trace, &layout)?;
         // bank[e][j]: bank entry e (a block's banked input, [rows_j, hidden]) of sub-batch j.
         let mut bank: Vec<Vec<B::Act>> = Vec::new();
-        for (i, (layer, ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
+        for (i, layer) in self.layers.iter().enumerate() {
             if raised() {
                 return Ok(None);
             }
+            // ls[s]: segment s's state of layer i.
+            let mut ls: Vec<&mut LayerState<B>> = segs
+                .iter_mut()
+                .filter_map(|s| s.state.layers.get_mut(i))
+                .collect();
             // ps[j]: the residual stream after attention, [rows_j, hidden].
-            let ps = self.attention_block(i, layer, ls, h, &mut bank)?;
+            let ps = self.attention_block(i, layer, &mut ls, &layout, h, &mut bank)?;
             obs.attention_done();
             // fs[j]: the feed-forward output, [rows_j, hidden].
-            let fs = self.ffn_block(i, &ps, &bank, &parts, st.pos, &mut obs)?;
+            let fs = self.ffn_block(i, &ps, &bank, &layout, &mut obs)?;
             h = ps
                 .iter()
                 .zip(&fs)
@@ -421,20 +458,24 @@ impl<B: Backend> K3Model<B> {
             obs.layer_output(&self.backend, i, &h, cfg.hidden_size)?;
         }
         obs.layers_done();
-        let logits = self.head(&h, &bank, &parts, want)?;
-        obs.head_done(&logits, want, self.vocab_size())?;
-        st.pos += ids.len();
+        let logits = self.head(&h, &bank, &layout)?;
+        obs.head_done(&logits, self.vocab_size())?;
+        for s in segs.iter_mut() {
+            s.state.pos += s.ids.len();
+        }
         Ok(Some(logits))
     }
 
-    /// Layer `i`'s input mix, norm and attention over every sub-batch of `h`, advancing its
-    /// state `ls`; returns the residual stream after attention. A layer that opens a block
-    /// banks its raw input into `bank` (and its residual restarts from the attention).
+    /// Layer `i`'s input mix, norm and attention over every sub-batch of `h`, advancing the
+    /// segments' states `ls`; returns the residual stream after attention. A layer that
+    /// opens a block banks its raw input into `bank` (and its residual restarts from the
+    /// attention).
     fn attention_block(
         &self,
         i: usize,
         layer: &Layer<B>,
-        ls: &mut LayerState<B>,
+        ls: &mut [&mut LayerState<B>],
+        layout: &RowLayout,
         h: Vec<B::Act>,
         bank: &mut Vec<Vec<B::Act>>,
     ) -> Result<Vec<B::Act>> {
@@ -452,11 +493,7 @@ impl<B: Backend> K3Model<B> {
                 let mixed = b.attn_res_mix(&refs, &hj, &layer.w_attn_res, eps)?;
                 b.rmsnorm(&mixed, &layer.input_norm, h_dim, eps)?
             };
-            let a = match (&layer.attn, &mut *ls) {
-                (Attn::Kda(k), LayerState::Kda(s)) => k.forward(b, s, &x)?,
-                (Attn::Mla(m), LayerState::Mla(c)) => m.forward(b, c, &x)?,
-                _ => bail!("internal: layer {i} state does not match its attention kind"),
-            };
+            let a = self.attend(i, layer, ls, layout, j, &x)?;
             // The raw layer input is banked after the mix; the prefix restarts at a bank.
             ps.push(if banks {
                 entry.push(hj);
@@ -471,17 +508,62 @@ impl<B: Backend> K3Model<B> {
         Ok(ps)
     }
 
+    /// Layer `i`'s attention over sub-batch `j`'s normed input `x`: the projections over all
+    /// its rows, the recurrence or attention on each segment's piece with that segment's state.
+    fn attend(
+        &self,
+        i: usize,
+        layer: &Layer<B>,
+        ls: &mut [&mut LayerState<B>],
+        layout: &RowLayout,
+        j: usize,
+        x: &B::Act,
+    ) -> Result<B::Act> {
+        let b = &self.backend;
+        // The pieces' states: each segment has at most one piece in a sub-batch, in order.
+        let mut wanted = layout.pieces[j].iter().peekable();
+        let mut pieces = Vec::with_capacity(layout.pieces[j].len());
+        for (s, st) in ls.iter_mut().enumerate() {
+            if let Some(p) = wanted.next_if(|p| p.seg == s) {
+                let at = (layout.len() > 1).then(|| layout.at_piece(j, p));
+                pieces.push((&mut **st, p.rows.clone(), at));
+            }
+        }
+        let mismatch =
+            || anyhow::anyhow!("internal: layer {i} state does not match its attention kind");
+        match &layer.attn {
+            Attn::Kda(k) => {
+                let mut ps = pieces
+                    .into_iter()
+                    .map(|(st, rows, at)| match st {
+                        LayerState::Kda(state) => Ok(PieceState { state, rows, at }),
+                        LayerState::Mla(_) => Err(mismatch()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                k.forward(b, x, &mut ps)
+            }
+            Attn::Mla(m) => {
+                let mut ps = pieces
+                    .into_iter()
+                    .map(|(st, rows, at)| match st {
+                        LayerState::Mla(state) => Ok(PieceState { state, rows, at }),
+                        LayerState::Kda(_) => Err(mismatch()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                m.forward(b, x, &mut ps)
+            }
+        }
+    }
+
     /// Layer `i`'s feed-forward input (the residual mix over `bank` and `ps`, normed) and
     /// its dense MLP or MoE block; a MoE layer also hands the next MoE layer's router input
-    /// to the expert plan for read-ahead when prefetch is on. `pos` is the window's first
-    /// context position (for errors).
+    /// to the expert plan for read-ahead when prefetch is on.
     fn ffn_block(
         &self,
         i: usize,
         ps: &[B::Act],
         bank: &[Vec<B::Act>],
-        parts: &[std::ops::Range<usize>],
-        pos: usize,
+        layout: &RowLayout,
         obs: &mut PassObserver<'_>,
     ) -> Result<Vec<B::Act>> {
         let b = &self.backend;
@@ -534,63 +616,77 @@ impl<B: Backend> K3Model<B> {
                 next.as_ref().map(|(m, x)| NextMoe { moe: m, x }),
                 obs.stats(),
             )
-            .with_context(|| format!("layer {i} (MoE) at position {pos} of the context"))?;
-        split(b, f, parts)
+            .with_context(|| format!("layer {i} (MoE) {}", layout.at_all()))?;
+        split(b, f, &layout.parts)
     }
 
-    /// The final mix, norm and lm_head over the last row of the window or every row.
+    /// The final mix, norm and lm_head over the rows whose logits the segments want (each
+    /// segment's last row or every row); returns each segment's logits, row-major.
     fn head(
         &self,
         h: &[B::Act],
         bank: &[Vec<B::Act>],
-        parts: &[std::ops::Range<usize>],
-        want: Logits,
-    ) -> Result<Vec<f32>> {
+        layout: &RowLayout,
+    ) -> Result<Vec<Vec<f32>>> {
         let b = &self.backend;
         let cfg = &self.ckpt.config;
         let (eps, h_dim) = (cfg.rms_norm_eps, cfg.hidden_size);
-        let last = parts.len() - 1;
+        // Every wanted row's logits, in row order (which is segment order).
         let mut logits = Vec::new();
-        match want {
-            Logits::All => {
-                for (j, hj) in h.iter().enumerate() {
-                    let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
-                    let out = b.rmsnorm(
-                        &b.attn_res_mix(&refs, hj, &self.w_out, eps)?,
-                        &self.final_norm,
-                        h_dim,
-                        eps,
-                    )?;
-                    let rows = parts[j].len();
-                    for r in sub_batches(rows, self.head_rows) {
-                        let piece = if r.len() == rows {
-                            b.matmul(&self.head, &out)?
-                        } else {
-                            b.matmul(&self.head, &b.slice_rows(&out, r.start, r.len())?)?
-                        };
-                        logits.extend(b.download(&piece)?);
-                    }
-                }
+        for (j, hj) in h.iter().enumerate() {
+            let wanted = layout.head_rows(j);
+            let rows: usize = wanted.iter().map(|r| r.len()).sum();
+            if rows == 0 {
+                continue;
             }
-            Logits::Last => {
-                let rows = parts[last].len();
-                let hl = b.slice_rows(&h[last], rows - 1, 1)?;
-                let last_bank: Vec<B::Act> = bank
+            let picked;
+            let (x, xs): (&B::Act, Vec<&B::Act>) = if rows == layout.parts[j].len() {
+                (hj, bank.iter().map(|e| &e[j]).collect())
+            } else {
+                let bank_j: Vec<B::Act> = bank
                     .iter()
-                    .map(|e| b.slice_rows(&e[last], rows - 1, 1))
+                    .map(|e| gather_rows(b, &e[j], &wanted))
                     .collect::<Result<_>>()?;
-                let refs: Vec<&B::Act> = last_bank.iter().collect();
-                let out = b.rmsnorm(
-                    &b.attn_res_mix(&refs, &hl, &self.w_out, eps)?,
-                    &self.final_norm,
-                    h_dim,
-                    eps,
-                )?;
-                logits = b.download(&b.matmul(&self.head, &out)?)?;
+                picked = (gather_rows(b, hj, &wanted)?, bank_j);
+                (&picked.0, picked.1.iter().collect())
+            };
+            let out = b.rmsnorm(
+                &b.attn_res_mix(&xs, x, &self.w_out, eps)?,
+                &self.final_norm,
+                h_dim,
+                eps,
+            )?;
+            for r in sub_batches(rows, self.head_rows) {
+                let piece = if r.len() == rows {
+                    b.matmul(&self.head, &out)?
+                } else {
+                    b.matmul(&self.head, &b.slice_rows(&out, r.start, r.len())?)?
+                };
+                logits.extend(b.download(&piece)?);
             }
         }
-        Ok(logits)
+        let v = self.vocab_size();
+        let mut rest = logits.as_slice();
+        let mut per_seg = Vec::with_capacity(layout.len());
+        for n in layout.logit_rows() {
+            if rest.len() < n * v {
+                bail!("internal: the head returned fewer logits than the segments want");
+            }
+            let (mine, more) = rest.split_at(n * v);
+            per_seg.push(mine.to_vec());
+            rest = more;
+        }
+        Ok(per_seg)
     }
+}
+
+/// The rows `ranges` of `x` as one activation.
+fn gather_rows<B: Backend>(b: &B, x: &B::Act, ranges: &[std::ops::Range<usize>]) -> Result<B::Act> {
+    let parts: Vec<B::Act> = ranges
+        .iter()
+        .map(|r| b.slice_rows(x, r.start, r.len()))
+        .collect::<Result<_>>()?;
+    whole(b, parts)
 }
 
 /// The sub-batches as one activation (the one itself when there is only one).

@@ -1,6 +1,7 @@
 //! Kimi Delta Attention layer (docs/model.md#kda-layer): projections here, the fused step in
 //! the backend.
 
+use super::batch::{each_piece, PieceState};
 use super::format_policy::FormatPolicy;
 use super::loader::Loader;
 use crate::backend::{matmul_each, Backend, KdaDims, KdaStepInputs, KdaStepWeights};
@@ -68,8 +69,14 @@ impl<B: Backend> Kda<B> {
         b.kda_state(&self.dims)
     }
 
-    /// Runs the window's rows (normed layer input `x`) through the layer, in order.
-    pub fn forward(&self, b: &B, state: &mut B::KdaState, x: &B::Act) -> Result<B::Act> {
+    /// Runs the rows of `x` (the normed layer input) through the layer: the projections over
+    /// every row, the recurrence on each piece's rows with that piece's state, in order.
+    pub fn forward(
+        &self,
+        b: &B,
+        x: &B::Act,
+        pieces: &mut [PieceState<'_, B::KdaState>],
+    ) -> Result<B::Act> {
         let [q, k, v, fa, beta, gate] = matmul_each(
             b,
             [
@@ -83,15 +90,22 @@ impl<B: Backend> Kda<B> {
             x,
         )?;
         let f = b.matmul(&self.f_b_proj, &fa)?;
-        let inp = KdaStepInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            f: &f,
-            beta: &beta,
-            gate: &gate,
-        };
-        let o = b.kda_step(&self.dims, &self.step, state, inp)?;
+        let o = each_piece(
+            b,
+            [&q, &k, &v, &f, &beta, &gate],
+            pieces,
+            |state, [q, k, v, f, beta, gate]| {
+                let inp = KdaStepInputs {
+                    q,
+                    k,
+                    v,
+                    f,
+                    beta,
+                    gate,
+                };
+                b.kda_step(&self.dims, &self.step, state, inp)
+            },
+        )?;
         b.matmul(&self.o_proj, &o)
     }
 }

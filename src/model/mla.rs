@@ -1,6 +1,7 @@
 //! Gated multi-head latent attention (docs/model.md#mla-layer), absorbed form over the latent
 //! cache.
 
+use super::batch::{each_piece, PieceState};
 use super::format_policy::FormatPolicy;
 use super::loader::Loader;
 use crate::backend::{matmul_each, Backend, MlaAttnWeights, MlaDims};
@@ -72,12 +73,20 @@ impl<B: Backend> Mla<B> {
         b.mla_cache(&self.dims)
     }
 
-    /// Runs the window's rows (normed layer input `x`) through the layer, causally.
-    pub fn forward(&self, b: &B, cache: &mut B::MlaCache, x: &B::Act) -> Result<B::Act> {
+    /// Runs the rows of `x` (the normed layer input) through the layer: the projections over
+    /// every row, the attention on each piece's rows with that piece's cache, causally.
+    pub fn forward(
+        &self,
+        b: &B,
+        x: &B::Act,
+        pieces: &mut [PieceState<'_, B::MlaCache>],
+    ) -> Result<B::Act> {
         let [qa, c, g] = matmul_each(b, [&self.q_a_proj, &self.kv_a_proj, &self.g_proj], x)?;
         let qa = b.rmsnorm(&qa, &self.q_a_norm, self.q_lora, self.eps)?;
         let q = b.matmul(&self.q_b_proj, &qa)?;
-        let o = b.mla_attend(&self.dims, &self.attn, cache, &q, &c)?;
+        let o = each_piece(b, [&q, &c], pieces, |cache, [q, c]| {
+            b.mla_attend(&self.dims, &self.attn, cache, q, c)
+        })?;
         let o = b.sigmoid_gate(&o, &g)?;
         b.matmul(&self.o_proj, &o)
     }

@@ -20,6 +20,7 @@ pub mod state_snapshot;
 pub mod trace;
 pub mod weight_cache;
 
+pub use batch::Segment;
 pub use format_policy::FormatPolicy;
 pub use k3::{K3Model, Logits, State};
 pub use state_snapshot::StateSnapshot;

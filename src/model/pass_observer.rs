@@ -3,24 +3,23 @@
 //! prefill progress, the per-layer trace and the non-finite checks. The pass itself
 //! ([`super::K3Model::forward`]) keeps only the math.
 
+use super::batch::RowLayout;
 use super::prefill_progress::PrefillProgress;
 use super::trace::Trace;
-use super::Logits;
 use crate::backend::Backend;
 use crate::experts::ExpertSource;
 use crate::stats::Stats;
 use anyhow::{bail, Result};
 use std::time::{Duration, Instant};
 
-/// The observer of one forward pass over a window of `rows` tokens from context position
-/// `pos`.
+/// The observer of one forward pass over the rows of `layout` (one window of one sequence,
+/// or several sequences' rows).
 pub(super) struct PassObserver<'a> {
     experts: &'a ExpertSource,
     progress: &'a PrefillProgress,
     stats: &'a mut Stats,
     trace: Option<&'a Trace>,
-    pos: usize,
-    rows: usize,
+    layout: &'a RowLayout,
     /// The disk's busy time and bytes when the pass began: reads guessed for a next layer
     /// run between the layers' own streams, so the disk is metered over the whole pass.
     disk0: (Duration, u64),
@@ -33,19 +32,19 @@ pub(super) struct PassObserver<'a> {
 }
 
 impl<'a> PassObserver<'a> {
-    /// A pass begins: the route tap opens a chunk at `pos`, the progress a window.
+    /// A pass begins: the route tap opens a chunk at the first segment's position, the
+    /// progress a window of all the pass's rows.
     pub(super) fn begin(
         experts: &'a ExpertSource,
         progress: &'a PrefillProgress,
         stats: &'a mut Stats,
         trace: Option<&'a Trace>,
-        pos: usize,
-        rows: usize,
+        layout: &'a RowLayout,
     ) -> Result<Self> {
         if let Some(tap) = experts.route_tap() {
-            tap.begin_chunk(pos)?;
+            tap.begin_chunk(layout.first_pos())?;
         }
-        progress.window_started(rows);
+        progress.window_started(layout.rows());
         let disk0 = experts.disk_totals();
         let stats_disk0 = (stats.disk_busy, stats.bytes_streamed);
         Ok(Self {
@@ -53,8 +52,7 @@ impl<'a> PassObserver<'a> {
             progress,
             stats,
             trace,
-            pos,
-            rows,
+            layout,
             disk0,
             stats_disk0,
             layer_bytes0: disk0.1,
@@ -103,16 +101,15 @@ impl<'a> PassObserver<'a> {
         h_dim: usize,
     ) -> Result<()> {
         if self.wants_layer_output(b) {
-            let mut host = Vec::with_capacity(self.rows * h_dim);
+            let mut host = Vec::with_capacity(self.layout.rows() * h_dim);
             for hj in h {
                 host.extend(b.download(hj)?);
             }
             if let Some(at) = first_non_finite(&host) {
                 bail!(
                     "layer {i} produced a non-finite value (NaN or Inf) in its output at \
-                     position {} of the context: the weights or the input are broken; \
-                     nothing after it is computed",
-                    self.pos + at / h_dim
+                     {}: the weights or the input are broken; nothing after it is computed",
+                    self.layout.at_row(at / h_dim.max(1))
                 );
             }
             if let Some(t) = self.trace {
@@ -135,23 +132,20 @@ impl<'a> PassObserver<'a> {
         self.stage = Instant::now();
     }
 
-    /// The head produced `logits` (`want` of them, over `vocab` columns): they are checked
+    /// The head produced each segment's `logits` (over `vocab` columns): they are checked
     /// for NaN/Inf and the progress closes the window.
-    pub(super) fn head_done(&mut self, logits: &[f32], want: Logits, vocab: usize) -> Result<()> {
+    pub(super) fn head_done(&mut self, logits: &[Vec<f32>], vocab: usize) -> Result<()> {
         let t = self.lap();
         self.stats.head += t;
-        if let Some(at) = first_non_finite(logits) {
-            let first_row = if want == Logits::All {
-                0
-            } else {
-                self.rows - 1
-            };
-            bail!(
-                "the logits hold a non-finite value (NaN or Inf) at position {} of the context; \
-                 this backend does not check each layer, so run the same input with --backend cpu \
-                 (or --trace DIR) to find the layer that produced it",
-                self.pos + at / vocab.max(1) + first_row
-            );
+        for (s, l) in logits.iter().enumerate() {
+            if let Some(at) = first_non_finite(l) {
+                bail!(
+                    "the logits hold a non-finite value (NaN or Inf) at {}; this backend does \
+                     not check each layer, so run the same input with --backend cpu (or \
+                     --trace DIR) to find the layer that produced it",
+                    self.layout.at_logit_row(s, at / vocab.max(1))
+                );
+            }
         }
         self.progress.window_done();
         Ok(())

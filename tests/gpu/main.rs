@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod batch_gpu;
 mod expert_tiers;
 mod fault_gpu;
 mod gpu_model;

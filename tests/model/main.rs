@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod batch;
 mod conformance;
 mod context;
 mod expert_selection;

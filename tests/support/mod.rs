@@ -13,6 +13,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
+pub mod batch_scenario;
 pub mod read_faults;
 pub mod tiny_ckpt;
 

@@ -1,0 +1,43 @@
+//! Several sequences in one GPU forward pass: each segment's logits match its own pass
+//! within the tolerance of chunked prefill, with and without sub-batches cutting segments.
+
+use crate::support;
+use support::batch_scenario;
+use support::rel_l2;
+
+use k3::backend::gpu::GpuOptions;
+
+/// Batched against alone on one GPU model: the ops differ only in rows per call.
+const BATCH_TOL: f64 = 1e-5;
+
+#[test]
+fn gpu_segments_get_their_own_logits() {
+    let Some(mut m) = support::gpu_model(
+        &support::tiny(0),
+        GpuOptions::default(),
+        support::serial_stream(),
+    ) else {
+        return;
+    };
+    for sub_rows in [None, Some(3)] {
+        if let Some(r) = sub_rows {
+            m.set_sub_batch_rows(r);
+        }
+        let alone = batch_scenario::run(&m, false);
+        let together = batch_scenario::run(&m, true);
+        for (s, (a, t)) in alone.iter().zip(&together).enumerate() {
+            for step in 0..2 {
+                assert_eq!(t[step].len(), a[step].len());
+                let d = rel_l2(&t[step], &a[step]);
+                assert!(
+                    d < BATCH_TOL,
+                    "sub-batches {sub_rows:?}, segment {s}, step {step}: rel L2 {d}"
+                );
+            }
+        }
+        assert!(
+            rel_l2(&alone[0][1], &alone[1][1]) > 1e-3,
+            "sequences differ"
+        );
+    }
+}

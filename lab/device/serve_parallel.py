@@ -5,12 +5,16 @@ streams against one, and a short chat's TTFT while a long prompt prefills, each 
 
   python3 lab/device/serve_parallel.py MODEL_DIR --k3 target/release/k3 --flags "--backend cpu"
 """
-import argparse, json, subprocess, threading, time, urllib.request, re, sys, shlex
+import argparse, os, json, subprocess, threading, time, urllib.request, re, sys, shlex
 
 
 def start(k3, model, flags):
     cmd = [k3, "serve", model, "--port", "0", "--quiet"] + flags
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # No prompt cache: every prompt is prefilled, in every run.
+    env = dict(os.environ, K3_NO_PROMPT_CACHE="1")
+    env.pop("K3_PROMPT_CACHE", None)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=env)
     for line in p.stderr:
         m = re.search(r"listening on http://(\S+)", line)
         if m:
@@ -61,18 +65,18 @@ def aggregate(url, n, ngen):
 
 
 def interleave(url, words, short_tokens):
-    long_body = chat(url, "word " * words, 2)
+    # Prompts that share no prefix, so no slot's held state shortens a prefill.
     alone_long, alone_short = {}, {}
-    stream(url, long_body, alone_long)
-    stream(url, chat(url, "hi", short_tokens), alone_short)
+    stream(url, chat(url, "alpha " + "word " * words, 2), alone_long)
+    stream(url, chat(url, "Hi there", short_tokens), alone_short)
     long, short = {}, {}
-    t = threading.Thread(target=stream, args=(url, chat(url, "word " * words + "again", 2), long))
+    t = threading.Thread(target=stream, args=(url, chat(url, "beta " + "word " * words, 2), long))
     t.start()
     # Send the short chat once the long one is in the engine (prefilling).
     while not health(url).get("state") == "busy":
         time.sleep(0.005)
     time.sleep(0.2)
-    stream(url, chat(url, "hi", short_tokens), short)
+    stream(url, chat(url, "Good day", short_tokens), short)
     t.join()
     return {
         "long_alone_s": alone_long["end"] - alone_long["t0"],

@@ -376,7 +376,7 @@ pub fn run_engine<B: Backend>(
                 }
                 Err(Admit::Wait(job)) => {
                     if told_wait.as_deref() == Some(job.id.as_str()) {
-                        waiting = Some(job);
+                        waiting = Some(*job);
                         break;
                     }
                     told_wait = Some(job.id.clone());
@@ -387,7 +387,7 @@ pub fn run_engine<B: Backend>(
                         job.params.max_tokens,
                         active.len()
                     );
-                    waiting = Some(job);
+                    waiting = Some(*job);
                     break;
                 }
                 Err(Admit::Failed(job, e)) => {
@@ -539,7 +539,7 @@ pub fn run_engine<B: Backend>(
         };
         // Failed sequences leave, highest index first so the others keep theirs.
         let mut failure = failure;
-        failure.sort_by(|a, b| b.0.cmp(&a.0));
+        failure.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (qi, e) in failure {
             let q = active.swap_remove(qi);
             finish_job(q, Some(e), &mut slots, shared, active.len());
@@ -551,9 +551,9 @@ pub fn run_engine<B: Backend>(
 /// Why a job was not admitted.
 enum Admit {
     /// Its state does not fit beside the running ones': it waits.
-    Wait(Job),
+    Wait(Box<Job>),
     /// Its first choice could not start.
-    Failed(Job, anyhow::Error),
+    Failed(Box<Job>, anyhow::Error),
 }
 
 /// Puts `job` in a free slot: the one whose held conversation (or a snapshot of it) shares
@@ -594,7 +594,7 @@ fn admit<'m, 't, B: Backend>(
             (reuse, std::cmp::Reverse(held(&slots[i])))
         })
     else {
-        return Err(Admit::Wait(job));
+        return Err(Admit::Wait(Box::new(job)));
     };
     let need = state_bytes(cfg, job.ids.len() + job.params.max_tokens);
     let others = |slots: &[Slot<'m, B>]| -> usize {
@@ -611,7 +611,7 @@ fn admit<'m, 't, B: Backend>(
         }
     }
     if !active.is_empty() && others(slots) + need > budget {
-        return Err(Admit::Wait(job));
+        return Err(Admit::Wait(Box::new(job)));
     }
     if slots[si].session.is_none() {
         match Session::new(model) {
@@ -619,12 +619,12 @@ fn admit<'m, 't, B: Backend>(
                 s.set_snapshot_limits(snapshots);
                 slots[si].session = Some(s);
             }
-            Err(e) => return Err(Admit::Failed(job, e)),
+            Err(e) => return Err(Admit::Failed(Box::new(job), e)),
         }
     }
     let Some(session) = slots[si].session.as_mut() else {
         return Err(Admit::Failed(
-            job,
+            Box::new(job),
             anyhow::anyhow!("internal: a slot without a session"),
         ));
     };
@@ -666,12 +666,12 @@ fn admit<'m, 't, B: Backend>(
         }
         Ok(Err(e)) => {
             slots[si].session = None;
-            Err(Admit::Failed(job, e))
+            Err(Admit::Failed(Box::new(job), e))
         }
         Err(_) => {
             slots[si].session = None;
             Err(Admit::Failed(
-                job,
+                Box::new(job),
                 anyhow::anyhow!("internal error in the engine; the request was dropped"),
             ))
         }

@@ -82,7 +82,7 @@ fn concurrent_requests_get_the_greedy_tokens_they_get_alone() {
     let s = Server::start(&dir, &["--parallel", "4"]);
     let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}},
         "required": ["a"], "additionalProperties": false});
-    let bodies = vec![
+    let bodies = [
         long_chat("Tell me about the sea", 40, false),
         long_chat("Write a short poem", 33, false),
         // Logprobs and a grammar in the batch.

@@ -497,8 +497,12 @@ pub fn run_engine<B: Backend>(
         drop(segs);
         let secs = t.elapsed().as_secs_f64();
         shared.metrics.observe_batch(who.len());
-        if decoding > 0 {
-            shared.live.push(secs, &stats);
+        // The live figures count tokens: a step gives each decoding sequence one, in a
+        // share of its seconds; its counters go with the first.
+        for k in 0..decoding {
+            let none = Stats::default();
+            let st = if k == 0 { &stats } else { &none };
+            shared.live.push(secs / decoding as f64, st);
         }
         for &qi in &who {
             active[qi].steps += 1;

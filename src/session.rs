@@ -9,6 +9,7 @@
 //! within [`SnapshotLimits`].
 
 use crate::backend::Backend;
+use crate::model::batch::Segment;
 use crate::model::trace::Trace;
 use crate::model::{K3Model, Logits, State, StateSnapshot};
 use crate::stats::{RunReport, Stats};
@@ -475,6 +476,26 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(pos)
     }
 
+    /// Tokens of `ids` a generation of it would reuse from what the session holds (its
+    /// consumed tokens when they are a prefix of `ids`, else its longest snapshot that is).
+    pub fn reusable(&self, ids: &[u32]) -> usize {
+        let common = self
+            .tokens
+            .iter()
+            .zip(ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common == self.tokens.len() {
+            return common;
+        }
+        self.snapshots
+            .iter()
+            .map(|s| s.state.pos())
+            .filter(|&p| p <= common)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Loads the longest prefix of `prompt` longer than `reused` tokens that the model's
     /// prompt cache holds, in place of the session's state. Returns the tokens the session
     /// now holds of `prompt` (`reused` when nothing better was loaded).
@@ -530,6 +551,8 @@ impl<'m, B: Backend> Session<'m, B> {
     /// [`Flow::Stop`], or the cancel flag (checked between prefill layers and between tokens).
     /// Every generated token but the last is fed back; the last is fed by the next call
     /// that continues from it, so a generation that ends costs no extra forward pass.
+    /// This is the blocking form of the step API ([`Self::begin`], [`Self::segment`],
+    /// [`Self::apply`], [`Self::pick`]): one sequence, the prompt in whole windows.
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -537,6 +560,82 @@ impl<'m, B: Backend> Session<'m, B> {
         pick: &mut dyn FnMut(&[f32], &[u32]) -> u32,
         on_token: &mut dyn FnMut(&TokenEvent) -> Result<Flow>,
     ) -> Result<Generation> {
+        let mut s = self.begin(prompt, opts)?;
+        let slice = window(self.model, self.max_window);
+        let progress = self.model.progress();
+        // Ends the progress on every way out of the prefill.
+        struct End<'a>(&'a crate::model::prefill_progress::PrefillProgress);
+        impl Drop for End<'_> {
+            fn drop(&mut self) {
+                self.0.end();
+            }
+        }
+        let left = s.prompt.len() - s.fed;
+        let mut end = (s.phase == Phase::Prefill && left > 1).then(|| {
+            progress.begin(left, self.model.layer_count());
+            End(progress)
+        });
+        loop {
+            if s.phase != Phase::Prefill {
+                end = None;
+            }
+            if matches!(s.phase, Phase::Done(_)) {
+                break;
+            }
+            if cancelled(opts.cancel) {
+                s.end(Finish::Cancelled);
+                continue;
+            }
+            if s.phase == Phase::Pick {
+                self.pick(&mut s, pick, on_token)?;
+                continue;
+            }
+            // The cancel flag stops a prefill window between layers; a decode pass is short.
+            let cancel = if s.phase == Phase::Prefill {
+                opts.cancel
+            } else {
+                None
+            };
+            let t = Instant::now();
+            let mut stats = Stats::default();
+            let ids = s.step_ids(slice);
+            let n = ids.len();
+            let r = self.model.forward_until(
+                &mut self.state,
+                ids,
+                s.want(),
+                &mut stats,
+                opts.trace,
+                cancel,
+            );
+            match r {
+                Ok(Some(logits)) => {
+                    self.apply(&mut s, n, logits, t.elapsed().as_secs_f64(), stats)?
+                }
+                Ok(None) => {
+                    self.stats = self.stats.plus(&stats);
+                    self.rewind_part_advanced()?;
+                    s.end(Finish::Cancelled);
+                }
+                Err(e) => {
+                    // A failed forward leaves the state half-advanced: forget it all.
+                    self.stats = self.stats.plus(&stats);
+                    self.reset()?;
+                    return Err(e);
+                }
+            }
+        }
+        drop(end);
+        Ok(s.into_generation())
+    }
+
+    /// Starts a generation of `prompt` under `opts`' stop rule: reuses the prefix the
+    /// session holds (or a snapshot of it, or a prompt-cache entry), and plans the prefill
+    /// of the rest. The session is then advanced with [`Self::segment`]/[`Self::apply`]
+    /// (prefill slices and fed tokens) and [`Self::pick`] (each token), until
+    /// [`Stepper::phase`] is [`Phase::Done`]. `opts.cancel` and `opts.trace` are the
+    /// caller's to apply at each step.
+    pub fn begin(&mut self, prompt: &[u32], opts: &DecodeOptions<'_>) -> Result<Stepper> {
         if prompt.is_empty() {
             bail!("the prompt is empty: give at least one token id");
         }
@@ -557,11 +656,10 @@ impl<'m, B: Backend> Session<'m, B> {
         }
         g.cached_tokens = reused;
         g.prefilled_tokens = prompt.len() - reused;
-        let mut prefill_stats = Stats::default();
         // The prompt is fed in segments that end at each point worth a state: the
         // divergence mark (a snapshot) and the message boundaries (a snapshot and a
         // prompt-cache entry); the prompt's end comes after.
-        let boundaries = kept_boundaries(opts.boundaries);
+        let boundaries = kept_boundaries(opts.boundaries).to_vec();
         let mut points: Vec<usize> = opts
             .snapshot_at
             .into_iter()
@@ -570,93 +668,260 @@ impl<'m, B: Backend> Session<'m, B> {
             .collect();
         points.sort_unstable();
         points.dedup();
-        let mut done = Ok(true);
-        let mut from = reused;
-        for at in points {
-            done = self.feed(
-                &prompt[from..at],
-                opts,
-                &mut prefill_stats,
-                &mut g.prompt_logits,
+        let mut s = Stepper {
+            prompt: prompt.to_vec(),
+            history: prompt.to_vec(),
+            fed: reused,
+            points,
+            boundaries,
+            max_tokens: opts.max_tokens,
+            stop_ids: opts.stop_ids.to_vec(),
+            all_logits: opts.all_logits,
+            phase: Phase::Prefill,
+            g,
+            t0,
+            t1: None,
+            secs: 0.0,
+            step_stats: Stats::default(),
+        };
+        if s.fed == prompt.len() {
+            self.end_prefill(&mut s)?;
+        }
+        Ok(s)
+    }
+
+    /// The forward-pass segment of this step for `s`: the next slice of at most `slice`
+    /// prompt tokens (ending at the next snapshot point) while it prefills, the picked token
+    /// while it decodes; `None` when it needs no pass (a token to pick, or done).
+    pub fn segment<'a>(&'a mut self, s: &'a Stepper, slice: usize) -> Option<Segment<'a, B>> {
+        if !matches!(s.phase, Phase::Prefill | Phase::Feed(_)) {
+            return None;
+        }
+        Some(Segment {
+            state: &mut self.state,
+            ids: s.step_ids(slice),
+            want: s.want(),
+        })
+    }
+
+    /// Takes the result of `s`'s segment: `n` tokens fed, their `logits`, the pass's
+    /// seconds and counters. At a snapshot point the state is kept; at a message boundary
+    /// it also goes to the prompt cache; at the prompt's end both, and `s` goes on to pick.
+    pub fn apply(
+        &mut self,
+        s: &mut Stepper,
+        n: usize,
+        logits: Vec<f32>,
+        secs: f64,
+        stats: Stats,
+    ) -> Result<()> {
+        let v = self.model.vocab_size();
+        let ids = s.step_ids(n);
+        if ids.len() != n {
+            bail!(
+                "internal: a step fed {n} tokens where {} were due",
+                ids.len()
             );
-            if !matches!(done, Ok(true)) {
-                break;
+        }
+        self.tokens.extend_from_slice(ids);
+        self.last_logits = logits[logits.len().saturating_sub(v)..].to_vec();
+        self.stats = self.stats.plus(&stats);
+        match s.phase {
+            Phase::Prefill => {
+                if s.all_logits {
+                    s.g.prompt_logits.extend(logits);
+                }
+                s.g.prefill_stats = s.g.prefill_stats.plus(&stats);
+                s.fed += n;
+                if s.fed == s.prompt.len() {
+                    self.end_prefill(s)?;
+                } else if s.points.contains(&s.fed) {
+                    self.take_snapshot()?;
+                    if s.boundaries.contains(&s.fed) {
+                        self.store_prompt();
+                    }
+                }
             }
-            self.take_snapshot()?;
-            if boundaries.contains(&at) {
-                self.store_prompt();
+            Phase::Feed(_) => {
+                s.g.decode_stats = s.g.decode_stats.plus(&stats);
+                s.secs = secs;
+                s.step_stats = stats;
+                s.phase = Phase::Pick;
             }
-            from = at;
+            Phase::Pick | Phase::Done(_) => {
+                bail!("internal: a step applied to a sequence with nothing to feed")
+            }
         }
-        if matches!(done, Ok(true)) {
-            done = self.feed(
-                &prompt[from..],
-                opts,
-                &mut prefill_stats,
-                &mut g.prompt_logits,
-            );
-        }
-        g.prefill_stats = prefill_stats;
-        self.stats = self.stats.plus(&g.prefill_stats);
-        g.prefill_secs = t0.elapsed().as_secs_f64();
-        if !done? {
-            g.finish = Finish::Cancelled;
-            return Ok(g);
-        }
+        Ok(())
+    }
+
+    /// The prompt is in: keeps the state at its end (a snapshot, and a prompt-cache entry
+    /// when this call fed any of it), and `s` goes on to pick its first token.
+    fn end_prefill(&mut self, s: &mut Stepper) -> Result<()> {
         self.take_snapshot()?;
-        if g.prefilled_tokens > 0 {
+        if s.g.prefilled_tokens > 0 {
             self.store_prompt();
         }
-        let t1 = Instant::now();
-        let mut history = prompt.to_vec();
-        let (mut secs, mut step_stats) = (0.0, Stats::default());
-        g.finish = Finish::Length;
-        for index in 0..opts.max_tokens {
-            if cancelled(opts.cancel) {
-                g.finish = Finish::Cancelled;
-                break;
-            }
-            let id = pick(&self.last_logits, &history);
-            history.push(id);
-            g.tokens.push(id);
-            let flow = on_token(&TokenEvent {
-                id,
-                index,
-                secs,
-                stats: step_stats.clone(),
-            })?;
-            if flow == Flow::Stop || opts.stop_ids.contains(&id) {
-                g.finish = Finish::Stop;
-                break;
-            }
-            if index + 1 == opts.max_tokens {
-                break;
-            }
-            if cancelled(opts.cancel) {
-                g.finish = Finish::Cancelled;
-                break;
-            }
-            let (t, before) = (Instant::now(), g.decode_stats.clone());
-            let mut one = Vec::new();
-            let step = self.feed(
-                &[id],
-                &DecodeOptions {
-                    all_logits: false,
-                    cancel: None,
-                    ..*opts
-                },
-                &mut g.decode_stats,
-                &mut one,
-            );
-            if let Err(e) = step {
-                self.stats = self.stats.plus(&g.decode_stats);
-                return Err(e);
-            }
-            secs = t.elapsed().as_secs_f64();
-            step_stats = g.decode_stats.since(&before);
+        s.t1 = Some(Instant::now());
+        s.g.prefill_secs = s.t0.elapsed().as_secs_f64();
+        if s.max_tokens == 0 {
+            s.end(Finish::Length);
+        } else {
+            s.phase = Phase::Pick;
         }
-        self.stats = self.stats.plus(&g.decode_stats);
-        g.decode_secs = t1.elapsed().as_secs_f64();
-        Ok(g)
+        Ok(())
+    }
+
+    /// Picks `s`'s next token with `pick` from the logits the session holds and reports it
+    /// to `on_token`; the stop rule then ends `s` or leaves the token to be fed.
+    pub fn pick(
+        &mut self,
+        s: &mut Stepper,
+        pick: &mut dyn FnMut(&[f32], &[u32]) -> u32,
+        on_token: &mut dyn FnMut(&TokenEvent) -> Result<Flow>,
+    ) -> Result<()> {
+        if s.phase != Phase::Pick {
+            bail!("internal: a token picked for a sequence without logits");
+        }
+        let index = s.g.tokens.len();
+        let id = pick(&self.last_logits, &s.history);
+        s.history.push(id);
+        s.g.tokens.push(id);
+        let flow = on_token(&TokenEvent {
+            id,
+            index,
+            secs: s.secs,
+            stats: s.step_stats.clone(),
+        })?;
+        if flow == Flow::Stop || s.stop_ids.contains(&id) {
+            s.end(Finish::Stop);
+        } else if index + 1 == s.max_tokens {
+            s.end(Finish::Length);
+        } else {
+            s.phase = Phase::Feed(id);
+        }
+        Ok(())
+    }
+
+    /// After a batched pass stopped between layers: the session goes back to what it
+    /// consumed whole ([`Self::rewind_part_advanced`]) and `s` ends cancelled.
+    pub fn stopped_in_pass(&mut self, s: &mut Stepper) -> Result<()> {
+        s.end(Finish::Cancelled);
+        self.rewind_part_advanced()
+    }
+}
+
+/// Where a [`Stepper`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Feeding the prompt.
+    Prefill,
+    /// The logits of the last fed token are in: the next step picks a token.
+    Pick,
+    /// A picked token waits to be fed.
+    Feed(u32),
+    /// The generation ended.
+    Done(Finish),
+}
+
+/// A generation in progress on a [`Session`] ([`Session::begin`]), advanced a step at a
+/// time, so one engine can run several sequences' steps in one batched forward pass.
+#[derive(Debug)]
+pub struct Stepper {
+    prompt: Vec<u32>,
+    /// The prompt and the tokens generated so far (what penalties look back on).
+    history: Vec<u32>,
+    /// Prompt tokens the session holds.
+    fed: usize,
+    /// Prompt positions worth a snapshot, ascending, past what was reused.
+    points: Vec<usize>,
+    /// Of them, the message boundaries (also stored in the prompt cache).
+    boundaries: Vec<usize>,
+    max_tokens: usize,
+    stop_ids: Vec<u32>,
+    all_logits: bool,
+    phase: Phase,
+    g: Generation,
+    t0: Instant,
+    /// When the prefill ended.
+    t1: Option<Instant>,
+    /// Seconds and counters of the pass that produced the logits held now.
+    secs: f64,
+    step_stats: Stats,
+}
+
+impl Stepper {
+    /// Where it is.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Prompt tokens.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt.len()
+    }
+
+    /// Prompt tokens the session holds (reused or fed).
+    pub fn prompt_fed(&self) -> usize {
+        self.fed
+    }
+
+    /// Prompt tokens reused from the session or the prompt cache.
+    pub fn cached_tokens(&self) -> usize {
+        self.g.cached_tokens
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.g.tokens.len()
+    }
+
+    /// Ends it now with `f` (a cancelled prefill holds the slices fed whole).
+    pub fn end(&mut self, f: Finish) {
+        if matches!(self.phase, Phase::Done(_)) {
+            return;
+        }
+        match self.t1 {
+            Some(t1) => self.g.decode_secs = t1.elapsed().as_secs_f64(),
+            None => self.g.prefill_secs = self.t0.elapsed().as_secs_f64(),
+        }
+        self.phase = Phase::Done(f);
+    }
+
+    /// What it produced (call once it is done; an unfinished one counts as cancelled).
+    pub fn into_generation(mut self) -> Generation {
+        self.end(Finish::Cancelled);
+        if let Phase::Done(f) = self.phase {
+            self.g.finish = f;
+        }
+        self.g
+    }
+
+    /// The tokens this step feeds: the next prompt slice of at most `slice` tokens,
+    /// ending at the next snapshot point, or the picked token; empty otherwise.
+    fn step_ids(&self, slice: usize) -> &[u32] {
+        match self.phase {
+            Phase::Prefill => {
+                let next = self
+                    .points
+                    .iter()
+                    .copied()
+                    .find(|&p| p > self.fed)
+                    .unwrap_or(self.prompt.len());
+                let end = next.min(self.fed + slice.max(1));
+                &self.prompt[self.fed..end]
+            }
+            Phase::Feed(_) => &self.history[self.history.len() - 1..],
+            Phase::Pick | Phase::Done(_) => &[],
+        }
+    }
+
+    /// Which logits the step's pass returns.
+    fn want(&self) -> Logits {
+        if self.phase == Phase::Prefill && self.all_logits {
+            Logits::All
+        } else {
+            Logits::Last
+        }
     }
 }

@@ -43,6 +43,17 @@ pub struct ServeArgs {
     /// that, 429 with Retry-After, before any compile.
     #[arg(long, default_value_t = 8)]
     pub queue: usize,
+    /// Requests in flight at once: each its own state, sampler and stop rules, all advanced
+    /// together one batched forward pass a step (a prompt slice for those that prefill, one
+    /// token for those that decode); 1 runs one request at a time. Their states share the
+    /// one context's state the memory plan reserves (--max-tokens / K3_MAXT): a request
+    /// that does not fit beside the running ones waits in the queue.
+    #[arg(long, env = "K3_PARALLEL", default_value_t = 4)]
+    pub parallel: usize,
+    /// Prompt tokens a request feeds per engine step while it prefills (at most the prefill
+    /// window), so requests already generating keep producing tokens between slices.
+    #[arg(long, env = "K3_PREFILL_SLICE", default_value_t = 512)]
+    pub prefill_slice: usize,
     /// Tokens an answer gets when the request names no max_tokens.
     #[arg(long, default_value_t = 1024)]
     pub max_answer: usize,
@@ -125,6 +136,19 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         bail!(
             "--header-timeout must be between 1 and 3600 seconds, got {}",
             a.header_timeout
+        );
+    }
+    if a.parallel == 0 || a.parallel > 64 {
+        bail!(
+            "--parallel / K3_PARALLEL must be between 1 and 64, got {}",
+            a.parallel
+        );
+    }
+    if a.prefill_slice == 0 || a.prefill_slice > k3::session::MAX_WINDOW {
+        bail!(
+            "--prefill-slice / K3_PREFILL_SLICE must be between 1 and {}, got {}",
+            k3::session::MAX_WINDOW,
+            a.prefill_slice
         );
     }
     if a.snapshots > 64 {
@@ -213,6 +237,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         allow_hosts: a.allow_host.clone(),
         allow_origins: a.allow_origin.clone(),
         stall_timeout: Duration::from_secs(a.stall_timeout),
+        parallel: a.parallel,
+        prefill_slice: a.prefill_slice,
     };
     a.load.with_model(&dir, ServeJob { dir: &dir, opts })
 }

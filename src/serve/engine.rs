@@ -1,8 +1,10 @@
 //! The engine worker: the one thread that owns the model. It takes jobs from a bounded
-//! queue one at a time, runs them through the shared decode loop on one [`Session`]
-//! (so a request that extends the held conversation prefills only its new tokens), and
-//! streams what it generates back to the request's handler. An error or a panic in a job
-//! answers that job with an error and leaves the engine serving.
+//! queue into up to `--parallel` slots, each a [`Session`] of its own (so a request that
+//! extends a held conversation prefills only its new tokens), advances every sequence in
+//! flight a step at a time through one batched forward pass (a prompt slice for those that
+//! prefill, a token for those that decode), and streams what each generates back to its
+//! request's handler. An error or a panic in a job answers that job with an error and
+//! leaves the engine serving.
 
 use super::live::LiveFigures;
 use super::logprobs::{LogprobEntry, LogprobWriter};
@@ -14,12 +16,12 @@ use crate::backend::Backend;
 use crate::model::K3Model;
 use crate::sampling::Sampler;
 use crate::session::{
-    DecodeOptions, Finish, Flow, Generation, Session, SnapshotLimits, TokenEvent,
+    DecodeOptions, Finish, Flow, Generation, Phase, Session, SnapshotLimits, Stepper, TokenEvent,
 };
 use crate::stats::Stats;
 use crate::token_picker::TokenPicker;
 use crate::tokenizer::{chat_stop_ids, Channel, ChatEvent, ChatSplitter, StreamDecoder, Tokenizer};
-use anyhow::Result;
+use anyhow::{bail, Result};
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +33,9 @@ use tokio::sync::mpsc::Sender;
 /// Events a job's channel holds before the engine waits for its handler: a streaming
 /// client that reads nothing pauses the engine, not the server's memory.
 pub const EVENTS_IN_FLIGHT: usize = 64;
+/// Free places a job's channel needs before its sequence picks a token (a token can send
+/// a few events: text, held logprobs, the end of a think section).
+const ROOM_TO_PICK: usize = 4;
 /// How often a paused engine looks again at a full channel.
 const FULL_POLL: Duration = Duration::from_millis(2);
 
@@ -186,48 +191,118 @@ pub enum Event {
     Failed(String),
 }
 
+/// One sequence in flight, as `/health` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SequenceView {
+    /// The request's id.
+    pub id: String,
+    /// `prefill` while its prompt is fed, `decode` after.
+    pub state: &'static str,
+    /// The choice it runs (of the request's `n`).
+    pub choice: usize,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens its state holds (reused or fed so far): the prefill's progress.
+    pub prefilled_tokens: usize,
+    /// Tokens it generated so far.
+    pub generated_tokens: usize,
+}
+
 /// State the engine shares with the HTTP side.
 #[derive(Default)]
 pub struct EngineShared {
     /// Counters.
     pub metrics: Metrics,
-    /// The running job's cancel flag, so shutdown can stop it.
-    pub current: Mutex<Option<Arc<AtomicBool>>>,
+    /// The running jobs' cancel flags, so shutdown can stop them.
+    pub current: Mutex<Vec<Arc<AtomicBool>>>,
     /// Raised at shutdown: jobs still queued end at once, cancelled.
     pub stopping: AtomicBool,
     /// The figures of the last decode steps.
     pub live: LiveFigures,
+    /// The sequences in flight.
+    pub sequences: Mutex<Vec<SequenceView>>,
 }
 
-/// Serves jobs until every sender of `jobs` is gone, keeping state snapshots within
-/// `snapshots` so a prompt that diverges from the held conversation reuses what it can.
+/// How the engine runs requests together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// State snapshots kept, over all slots (each slot keeps its share of the bytes).
+    pub snapshots: SnapshotLimits,
+    /// Sequences in flight at most (`--parallel`).
+    pub parallel: usize,
+    /// Prompt tokens a prefilling sequence feeds per step (`--prefill-slice`), at most
+    /// the model's prefill window.
+    pub prefill_slice: usize,
+}
+
+/// A place for one sequence: its session (state, tokens, snapshots), kept after its
+/// request ends so a later request that extends the conversation reuses it.
+struct Slot<'m, B: Backend> {
+    session: Option<Session<'m, B>>,
+    /// Bytes of state the sequence running here may grow to (0 when free).
+    reserved: usize,
+    busy: bool,
+}
+
+/// A job in flight: the choice running now, its stepper, what the finished choices gave.
+struct Seq<'t> {
+    job: Job,
+    slot: usize,
+    out: Outcome,
+    choice: usize,
+    run: Option<ChoiceRun<'t>>,
+    stepper: Option<Stepper>,
+    started: Instant,
+    ttft: Option<f64>,
+    /// Steps it took part in, and the sequences of those steps summed (the batch sizes).
+    steps: usize,
+    batch_rows: usize,
+    /// Since when its client has left no room for the events of a token.
+    stalled: Option<Instant>,
+}
+
+/// Bytes of one sequence's state at `tokens` tokens of context.
+fn state_bytes(cfg: &crate::config::Config, tokens: usize) -> usize {
+    let s = crate::model::state_size::state_size(cfg, tokens);
+    ((s.kv_gb + s.kda_gb) * 1e9) as usize
+}
+
+/// Serves jobs until every sender of `jobs` is gone: up to `opts.parallel` at once, each
+/// in a slot of its own ([`Session`]), all advanced together a step at a time: every
+/// sequence that prefills feeds its next slice of at most `opts.prefill_slice` prompt
+/// tokens, every one that decodes its last token, in one [`K3Model::forward_batch`]; then
+/// each picks its token. A job that finishes, fails or is cancelled frees its slot at once.
 pub fn run_engine<B: Backend>(
     model: &K3Model<B>,
     tok: &Tokenizer,
-    snapshots: SnapshotLimits,
+    opts: EngineOptions,
     jobs: mpsc::Receiver<Job>,
     shared: &EngineShared,
 ) -> Result<()> {
-    let mut session = Session::new(model)?;
-    session.set_snapshot_limits(snapshots);
+    let parallel = opts.parallel.max(1);
+    let snapshots = SnapshotLimits {
+        count: opts.snapshots.count,
+        bytes: opts.snapshots.bytes / parallel,
+    };
     let one = model.snapshot_bytes() + model.vocab_size() * 4;
     if snapshots.count == 0 {
         tracing::info!("[K3] serve: state snapshots off: a resent conversation that diverges from the held one is prefilled from its start");
     } else if one > snapshots.bytes {
         tracing::warn!(
-            "[K3] serve: WARNING: one state snapshot takes {:.1} MB, more than --snapshot-mb {:.0}: none is kept",
+            "[K3] serve: WARNING: one state snapshot takes {:.1} MB, more than --snapshot-mb {:.0} / --parallel {parallel}: none is kept",
             one as f64 / 1e6,
-            snapshots.bytes as f64 / (1 << 20) as f64
+            opts.snapshots.bytes as f64 / (1 << 20) as f64
         );
     } else {
         tracing::info!(
-            "[K3] serve: state snapshots: up to {} of {:.1} MB each, {:.0} MB at most",
+            "[K3] serve: state snapshots: up to {} of {:.1} MB each per slot, {:.0} MB at most per slot (--snapshot-mb / --parallel {parallel})",
             snapshots.count.min(snapshots.bytes / one),
             one as f64 / 1e6,
             snapshots.bytes as f64 / (1 << 20) as f64
         );
     }
-    let state = crate::model::state_size::state_size(&model.ckpt.config, 1);
+    let cfg = &model.ckpt.config;
+    let state = crate::model::state_size::state_size(cfg, 1);
     let disk = match model.prompt_cache() {
         Some(c) => format!(
             "; on disk as prompt-cache entries of {:.1} MB + {:.1} KB a token (prompts of {}+ tokens, {:.2} GB in all)",
@@ -242,86 +317,572 @@ pub fn run_engine<B: Backend>(
         "[K3] serve: states kept at each prompt's end and at up to {} message boundaries a prompt (the end of its system prompt and tools, each Anthropic cache_control breakpoint; the last ones when there are more): in RAM as snapshots of {:.1} MB each ({:.0} MB in all){disk}",
         crate::session::MAX_BOUNDARIES,
         one as f64 / 1e6,
-        snapshots.bytes as f64 / (1 << 20) as f64
+        opts.snapshots.bytes as f64 / (1 << 20) as f64
     );
-    let eos = model.ckpt.config.eos_token_ids.clone();
-    while let Ok(job) = jobs.recv() {
-        shared.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
+    let slice = opts
+        .prefill_slice
+        .clamp(1, crate::session::window(model, crate::session::MAX_WINDOW));
+    // The sequences share the state the memory plan reserves: one context's.
+    let budget = state_bytes(cfg, model.context());
+    tracing::info!(
+        "[K3] serve: up to {parallel} sequences at once (--parallel), sharing {:.1} MB of state (one {}-token context); prompts fed {slice} tokens a step (--prefill-slice)",
+        budget as f64 / 1e6,
+        model.context()
+    );
+    let eos = cfg.eos_token_ids.clone();
+    let mut slots: Vec<Slot<'_, B>> = (0..parallel)
+        .map(|_| Slot {
+            session: None,
+            reserved: 0,
+            busy: false,
+        })
+        .collect();
+    let mut active: Vec<Seq<'_>> = Vec::new();
+    let mut waiting: Option<Job> = None;
+    // The job whose wait for memory the log told (once a job).
+    let mut told_wait: Option<String> = None;
+    let mut closed = false;
+    loop {
+        // Admit queued jobs while a slot and the memory allow; block only when idle.
+        while active.len() < parallel {
+            let job = match waiting.take() {
+                Some(j) => j,
+                None if closed => break,
+                None if active.is_empty() => match jobs.recv() {
+                    Ok(j) => j,
+                    Err(_) => {
+                        closed = true;
+                        break;
+                    }
+                },
+                None => match jobs.try_recv() {
+                    Ok(j) => j,
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                },
+            };
+            match admit(
+                model, tok, &eos, job, &mut slots, &active, snapshots, budget,
+            ) {
+                Ok(seq) => {
+                    shared.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
+                    if shared.stopping.load(Ordering::SeqCst) {
+                        seq.job.cancel.store(true, Ordering::SeqCst);
+                    }
+                    active.push(seq);
+                }
+                Err(Admit::Wait(job)) => {
+                    if told_wait.as_deref() == Some(job.id.as_str()) {
+                        waiting = Some(*job);
+                        break;
+                    }
+                    told_wait = Some(job.id.clone());
+                    tracing::info!(
+                        "[K3] serve {}: waits in the queue: its state ({} prompt + {} answer tokens) does not fit beside the {} running (--max-tokens / K3_MAXT bounds the state they share)",
+                        job.id,
+                        job.ids.len(),
+                        job.params.max_tokens,
+                        active.len()
+                    );
+                    waiting = Some(*job);
+                    break;
+                }
+                Err(Admit::Failed(job, e)) => {
+                    shared.metrics.queue_depth.fetch_sub(1, Ordering::SeqCst);
+                    tracing::warn!("[K3] serve {}: failed: {e:#}", job.id);
+                    deliver(
+                        &job.events,
+                        &job.cancel,
+                        job.stall_timeout,
+                        Event::Failed(format!("{e:#}")),
+                        true,
+                    );
+                }
+            }
+        }
+        if active.is_empty() {
+            shared.metrics.busy.store(false, Ordering::SeqCst);
+            publish(shared, &active, &slots);
+            if closed && waiting.is_none() {
+                break;
+            }
+            continue;
+        }
         shared.metrics.busy.store(true, Ordering::SeqCst);
-        if let Ok(mut c) = shared.current.lock() {
-            *c = Some(job.cancel.clone());
-        }
         if shared.stopping.load(Ordering::SeqCst) {
-            job.cancel.store(true, Ordering::SeqCst);
+            for q in &active {
+                q.job.cancel.store(true, Ordering::SeqCst);
+            }
         }
-        let started = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            run_job(&mut session, tok, &eos, &job, &shared.live)
+        // Picks: every sequence whose logits are in takes its token; ended choices give way
+        // to the next, ended jobs leave.
+        let mut i = 0;
+        while i < active.len() {
+            let q = &mut active[i];
+            // A client that reads slower than the engine writes pauses its own sequence,
+            // not the others: it skips steps while its channel is nearly full, and is
+            // cancelled once it has read nothing for the stall timeout.
+            if q.stepper
+                .as_ref()
+                .is_some_and(|st| st.phase() == Phase::Pick)
+                && q.job.events.capacity() < ROOM_TO_PICK
+            {
+                let since = *q.stalled.get_or_insert_with(Instant::now);
+                if since.elapsed() < q.job.stall_timeout {
+                    i += 1;
+                    continue;
+                }
+                q.job.cancel.store(true, Ordering::SeqCst);
+            } else {
+                q.stalled = None;
+            }
+            let Some(session) = slots[q.slot].session.as_mut() else {
+                i += 1;
+                continue;
+            };
+            let r = catch_unwind(AssertUnwindSafe(|| advance(q, session, tok, &eos)));
+            let end = match r {
+                Ok(Ok(false)) => None,
+                Ok(Ok(true)) => Some(None),
+                Ok(Err(e)) => Some(Some(format!("{e:#}"))),
+                Err(_) => Some(Some(String::new())),
+            };
+            match end {
+                None => i += 1,
+                Some(failure) => {
+                    let q = active.swap_remove(i);
+                    finish_job(q, failure, &mut slots, shared, active.len());
+                }
+            }
+        }
+        publish(shared, &active, &slots);
+        // One batched pass for every sequence that feeds tokens this step.
+        let mut owner = vec![None; slots.len()];
+        for (qi, q) in active.iter().enumerate() {
+            owner[q.slot] = Some(qi);
+        }
+        let mut segs = Vec::new();
+        let mut who = Vec::new();
+        for (si, slot) in slots.iter_mut().enumerate() {
+            let (Some(qi), Some(session)) = (owner[si], slot.session.as_mut()) else {
+                continue;
+            };
+            if let Some(seg) = active[qi]
+                .stepper
+                .as_ref()
+                .and_then(|st| session.segment(st, slice))
+            {
+                segs.push(seg);
+                who.push(qi);
+            }
+        }
+        if segs.is_empty() {
+            // Every sequence waits for its client: look again shortly.
+            std::thread::sleep(FULL_POLL);
+            continue;
+        }
+        let lens: Vec<usize> = segs.iter().map(|s| s.ids.len()).collect();
+        let decoding = lens.iter().filter(|&&n| n == 1).count();
+        // A lone sequence's pass stops between layers when its client leaves; a shared
+        // pass runs to its end (a slice is bounded), and the step after ends the one that left.
+        let cancel = (segs.len() == 1).then(|| active[who[0]].job.cancel.clone());
+        let t = Instant::now();
+        let mut stats = Stats::default();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            model.forward_batch(&mut segs, &mut stats, None, cancel.as_deref())
         }));
-        let event = match result {
-            Ok(Ok(outcome)) => {
-                shared.metrics.add(&GenerationSample {
-                    prompt_tokens: outcome.prompt_tokens,
-                    cached_tokens: outcome.cached_tokens,
-                    generated_tokens: outcome.completion_tokens,
-                    prefill_secs: outcome.prefill_secs,
-                    decode_secs: outcome.decode_secs,
-                    ttft_secs: (outcome.completion_tokens > 0).then_some(outcome.ttft_secs),
-                    queue_secs: started.duration_since(job.queued).as_secs_f64(),
-                    request_secs: job.queued.elapsed().as_secs_f64(),
-                    stats: outcome.stats.clone(),
-                });
-                let kept = crate::session::kept_boundaries(&job.params.boundaries);
-                let kept = if kept.is_empty() {
-                    String::new()
-                } else {
-                    let at: Vec<String> = kept.iter().map(|b| b.to_string()).collect();
-                    format!(" | boundaries at {}", at.join(", "))
+        drop(segs);
+        let secs = t.elapsed().as_secs_f64();
+        shared.metrics.observe_batch(who.len());
+        // The live figures count tokens: a step gives each decoding sequence one, in a
+        // share of its seconds; its counters go with the first.
+        for k in 0..decoding {
+            let none = Stats::default();
+            let st = if k == 0 { &stats } else { &none };
+            shared.live.push(secs / decoding as f64, st);
+        }
+        for &qi in &who {
+            active[qi].steps += 1;
+            active[qi].batch_rows += who.len();
+        }
+        let failure = match r {
+            Ok(Ok(Some(logits))) => {
+                let mut stats = Some(stats);
+                let mut failed = Vec::new();
+                for ((&qi, n), l) in who.iter().zip(&lens).zip(logits) {
+                    let q = &mut active[qi];
+                    let (Some(session), Some(st)) =
+                        (slots[q.slot].session.as_mut(), q.stepper.as_mut())
+                    else {
+                        continue;
+                    };
+                    // The step's counters go to its first sequence, so totals count them once.
+                    if let Err(e) = session.apply(st, *n, l, secs, stats.take().unwrap_or_default())
+                    {
+                        failed.push((qi, format!("{e:#}")));
+                    }
+                }
+                failed
+            }
+            Ok(Ok(None)) => {
+                let q = &mut active[who[0]];
+                if let (Some(session), Some(st)) =
+                    (slots[q.slot].session.as_mut(), q.stepper.as_mut())
+                {
+                    if let Err(e) = session.stopped_in_pass(st) {
+                        tracing::warn!("[K3] serve {}: {e:#}", q.job.id);
+                    }
+                }
+                Vec::new()
+            }
+            Ok(Err(e)) => who.iter().map(|&qi| (qi, format!("{e:#}"))).collect(),
+            Err(_) => who.iter().map(|&qi| (qi, String::new())).collect(),
+        };
+        // Failed sequences leave, highest index first so the others keep theirs.
+        let mut failure = failure;
+        failure.sort_by_key(|f| std::cmp::Reverse(f.0));
+        for (qi, e) in failure {
+            let q = active.swap_remove(qi);
+            finish_job(q, Some(e), &mut slots, shared, active.len());
+        }
+    }
+    Ok(())
+}
+
+/// Why a job was not admitted.
+enum Admit {
+    /// Its state does not fit beside the running ones': it waits.
+    Wait(Box<Job>),
+    /// Its first choice could not start.
+    Failed(Box<Job>, anyhow::Error),
+}
+
+/// Puts `job` in a free slot: the one whose held conversation (or a snapshot of it) shares
+/// the longest prefix with its prompt, so a conversation's next turn feeds only its new
+/// tokens. The sequences' states (prompt plus `max_tokens` each, or what a free slot holds)
+/// share `budget` bytes: free slots' conversations are dropped to make room, and a job that
+/// still does not fit waits (a job alone always runs).
+#[allow(clippy::too_many_arguments)]
+fn admit<'m, 't, B: Backend>(
+    model: &'m K3Model<B>,
+    tok: &'t Tokenizer,
+    eos: &[u32],
+    job: Job,
+    slots: &mut [Slot<'m, B>],
+    active: &[Seq<'t>],
+    snapshots: SnapshotLimits,
+    budget: usize,
+) -> std::result::Result<Seq<'t>, Admit> {
+    let cfg = &model.ckpt.config;
+    let held = |s: &Slot<'m, B>| {
+        if s.busy {
+            s.reserved
+        } else {
+            s.session.as_ref().map_or(0, |x| match x.tokens().len() {
+                0 => 0,
+                n => state_bytes(cfg, n),
+            })
+        }
+    };
+    let Some(si) = (0..slots.len())
+        .filter(|&i| !slots[i].busy)
+        .max_by_key(|&i| {
+            let reuse = slots[i]
+                .session
+                .as_ref()
+                .map_or(0, |s| s.reusable(&job.ids));
+            // Ties go to the slot holding least, so held conversations stay.
+            (reuse, std::cmp::Reverse(held(&slots[i])))
+        })
+    else {
+        return Err(Admit::Wait(Box::new(job)));
+    };
+    let need = state_bytes(cfg, job.ids.len() + job.params.max_tokens);
+    let others = |slots: &[Slot<'m, B>]| -> usize {
+        (0..slots.len())
+            .filter(|&i| i != si)
+            .map(|i| held(&slots[i]))
+            .sum()
+    };
+    if others(slots) + need > budget {
+        for (i, s) in slots.iter_mut().enumerate() {
+            if i != si && !s.busy {
+                s.session = None;
+            }
+        }
+    }
+    if !active.is_empty() && others(slots) + need > budget {
+        return Err(Admit::Wait(Box::new(job)));
+    }
+    if slots[si].session.is_none() {
+        match Session::new(model) {
+            Ok(mut s) => {
+                s.set_snapshot_limits(snapshots);
+                slots[si].session = Some(s);
+            }
+            Err(e) => return Err(Admit::Failed(Box::new(job), e)),
+        }
+    }
+    let Some(session) = slots[si].session.as_mut() else {
+        return Err(Admit::Failed(
+            Box::new(job),
+            anyhow::anyhow!("internal: a slot without a session"),
+        ));
+    };
+    let out = Outcome {
+        choices: Vec::with_capacity(job.params.n.max(1)),
+        prompt_tokens: job.ids.len(),
+        cached_tokens: 0,
+        completion_tokens: 0,
+        reasoning_tokens: 0,
+        ttft_secs: 0.0,
+        prefill_secs: 0.0,
+        decode_secs: 0.0,
+        stats: Stats::default(),
+        cancelled: false,
+        seed: job.params.sampling.seed,
+        constraint_compile_secs: job.params.constraint.as_ref().map(|c| c.compile_secs),
+        pick_secs: 0.0,
+    };
+    let started = catch_unwind(AssertUnwindSafe(|| {
+        start_choice(session, tok, eos, &job, 0)
+    }));
+    match started {
+        Ok(Ok((run, stepper))) => {
+            slots[si].busy = true;
+            slots[si].reserved = need;
+            Ok(Seq {
+                job,
+                slot: si,
+                out,
+                choice: 0,
+                run: Some(run),
+                stepper: Some(stepper),
+                started: Instant::now(),
+                ttft: None,
+                steps: 0,
+                batch_rows: 0,
+                stalled: None,
+            })
+        }
+        Ok(Err(e)) => {
+            slots[si].session = None;
+            Err(Admit::Failed(Box::new(job), e))
+        }
+        Err(_) => {
+            slots[si].session = None;
+            Err(Admit::Failed(
+                Box::new(job),
+                anyhow::anyhow!("internal error in the engine; the request was dropped"),
+            ))
+        }
+    }
+}
+
+/// Starts choice `choice` of `job` on `session`: its own sampler (`seed + choice`),
+/// grammar, stop rules and logprobs; the session reuses what it holds of the prompt (a
+/// later choice goes back to the snapshot taken at the prompt's end).
+fn start_choice<'t, B: Backend>(
+    session: &mut Session<'_, B>,
+    tok: &'t Tokenizer,
+    eos: &[u32],
+    job: &Job,
+    choice: usize,
+) -> Result<(ChoiceRun<'t>, Stepper)> {
+    let (run, stop_ids) = ChoiceRun::new(tok, eos, job, choice)?;
+    let p = &job.params;
+    let opts = DecodeOptions {
+        max_tokens: p.max_tokens,
+        stop_ids: &stop_ids,
+        snapshot_at: p.snapshot_at,
+        boundaries: &p.boundaries,
+        ..DecodeOptions::default()
+    };
+    let stepper = session.begin(&job.ids, &opts)?;
+    Ok((run, stepper))
+}
+
+/// Moves `q` on as far as it goes without a forward pass: ends it when cancelled, picks
+/// its token when its logits are in, finishes an ended choice and starts the next.
+/// Returns whether the job is over.
+fn advance<'t, B: Backend>(
+    q: &mut Seq<'t>,
+    session: &mut Session<'_, B>,
+    tok: &'t Tokenizer,
+    eos: &[u32],
+) -> Result<bool> {
+    loop {
+        let (Some(run), Some(st)) = (q.run.as_mut(), q.stepper.as_mut()) else {
+            bail!("internal: a sequence without a running choice");
+        };
+        if q.job.cancel.load(Ordering::SeqCst) {
+            st.end(Finish::Cancelled);
+        }
+        match st.phase() {
+            Phase::Prefill | Phase::Feed(_) => return Ok(false),
+            Phase::Pick => {
+                let ttft = &mut q.ttft;
+                let started = q.started;
+                run.step(session, st, &mut |_| {
+                    ttft.get_or_insert_with(|| started.elapsed().as_secs_f64());
+                })?;
+            }
+            Phase::Done(_) => {
+                let (Some(run), Some(st)) = (q.run.take(), q.stepper.take()) else {
+                    bail!("internal: a sequence without a running choice");
                 };
-                tracing::info!(
-                    "[K3] serve {}: prompt {} (cached {}) | generated {} | queued {:.3}s | ttft {:.3}s | prefill {:.3}s | decode {:.3}s | {}{}{kept}",
-                    job.id,
-                    outcome.prompt_tokens,
-                    outcome.cached_tokens,
-                    outcome.completion_tokens,
-                    started.duration_since(job.queued).as_secs_f64(),
-                    outcome.ttft_secs,
-                    outcome.prefill_secs,
-                    outcome.decode_secs,
-                    outcome.first().finish.as_str(),
-                    if outcome.cancelled { " (cancelled)" } else { "" }
-                );
-                Event::Done(Box::new(outcome))
+                let g = st.into_generation();
+                let (c, pick_secs) = run.finish(tok, &q.job, &g);
+                let out = &mut q.out;
+                if q.choice == 0 {
+                    out.cached_tokens = g.cached_tokens;
+                }
+                out.completion_tokens += g.tokens.len();
+                out.reasoning_tokens += c.reasoning_tokens;
+                out.prefill_secs += g.prefill_secs;
+                out.decode_secs += g.decode_secs;
+                out.pick_secs += pick_secs;
+                out.stats = out.stats.plus(&g.prefill_stats.plus(&g.decode_stats));
+                out.choices.push(c);
+                if g.finish == Finish::Cancelled {
+                    out.cancelled = true;
+                    return Ok(true);
+                }
+                q.choice += 1;
+                if q.choice >= q.job.params.n.max(1) {
+                    return Ok(true);
+                }
+                let (run, st) = start_choice(session, tok, eos, &q.job, q.choice)?;
+                q.run = Some(run);
+                q.stepper = Some(st);
             }
-            Ok(Err(e)) => {
-                tracing::warn!("[K3] serve {}: failed: {e:#}", job.id);
-                Event::Failed(format!("{e:#}"))
-            }
-            Err(_) => {
+        }
+    }
+}
+
+/// Ends `q`'s job: its answer (or `failure`: a message, empty for a panic) goes to its
+/// handler, its counters to the metrics, and its slot is free at once (reset after a
+/// failure, whose state may be half-advanced).
+fn finish_job<B: Backend>(
+    q: Seq<'_>,
+    failure: Option<String>,
+    slots: &mut [Slot<'_, B>],
+    shared: &EngineShared,
+    remaining: usize,
+) {
+    let slot = &mut slots[q.slot];
+    slot.busy = false;
+    slot.reserved = 0;
+    let job = q.job;
+    let batch = if q.steps > 0 {
+        q.batch_rows as f64 / q.steps as f64
+    } else {
+        0.0
+    };
+    let event = match failure {
+        None => {
+            let mut outcome = q.out;
+            outcome.ttft_secs = q.ttft.unwrap_or(0.0);
+            let queue_secs = q.started.duration_since(job.queued).as_secs_f64();
+            shared.metrics.add(&GenerationSample {
+                prompt_tokens: outcome.prompt_tokens,
+                cached_tokens: outcome.cached_tokens,
+                generated_tokens: outcome.completion_tokens,
+                prefill_secs: outcome.prefill_secs,
+                decode_secs: outcome.decode_secs,
+                ttft_secs: (outcome.completion_tokens > 0).then_some(outcome.ttft_secs),
+                queue_secs,
+                request_secs: job.queued.elapsed().as_secs_f64(),
+                stats: outcome.stats.clone(),
+            });
+            let kept = crate::session::kept_boundaries(&job.params.boundaries);
+            let kept = if kept.is_empty() {
+                String::new()
+            } else {
+                let at: Vec<String> = kept.iter().map(|b| b.to_string()).collect();
+                format!(" | boundaries at {}", at.join(", "))
+            };
+            tracing::info!(
+                "[K3] serve {}: prompt {} (cached {}) | generated {} | queued {:.3}s | ttft {:.3}s | prefill {:.3}s | decode {:.3}s | batch {batch:.1} over {} steps | {}{}{kept}",
+                job.id,
+                outcome.prompt_tokens,
+                outcome.cached_tokens,
+                outcome.completion_tokens,
+                queue_secs,
+                outcome.ttft_secs,
+                outcome.prefill_secs,
+                outcome.decode_secs,
+                q.steps,
+                outcome.choices.last().map_or("stop", |c| c.finish.as_str()),
+                if outcome.cancelled { " (cancelled)" } else { "" }
+            );
+            Event::Done(Box::new(outcome))
+        }
+        Some(e) => {
+            // The state may be half-advanced: the slot's next request starts from scratch.
+            slot.session = None;
+            if e.is_empty() {
                 tracing::error!(
                     "[K3] serve {}: the engine panicked; its state is reset",
                     job.id
                 );
                 Event::Failed("internal error in the engine; the request was dropped".into())
+            } else {
+                tracing::warn!("[K3] serve {}: failed: {e}", job.id);
+                Event::Failed(e)
             }
-        };
-        if matches!(event, Event::Failed(_)) {
-            // The state may be half-advanced: start the next request from scratch.
-            session.reset()?;
         }
-        let m = &shared.metrics;
-        m.snapshots
-            .store(session.snapshot_count(), Ordering::Relaxed);
-        m.snapshot_bytes
-            .store(session.snapshot_bytes(), Ordering::Relaxed);
-        if let Ok(mut c) = shared.current.lock() {
-            *c = None;
-        }
-        // Idle before the answer leaves, so a client that then asks /health sees it so.
-        shared.metrics.busy.store(false, Ordering::SeqCst);
-        deliver(&job.events, &job.cancel, job.stall_timeout, event, true);
+    };
+    let m = &shared.metrics;
+    let sessions = slots.iter().filter_map(|s| s.session.as_ref());
+    let (count, bytes) = sessions.fold((0, 0), |(c, b), s| {
+        (c + s.snapshot_count(), b + s.snapshot_bytes())
+    });
+    m.snapshots.store(count, Ordering::Relaxed);
+    m.snapshot_bytes.store(bytes, Ordering::Relaxed);
+    // Idle before the answer leaves, so a client that then asks /health sees it so.
+    if let Ok(mut s) = shared.sequences.lock() {
+        s.retain(|v| v.id != job.id);
     }
-    Ok(())
+    m.active_sequences.store(remaining, Ordering::Relaxed);
+    m.busy.store(remaining > 0, Ordering::SeqCst);
+    deliver(&job.events, &job.cancel, job.stall_timeout, event, true);
+}
+
+/// Shows the sequences in flight on `/health` and `/metrics`, and keeps their cancel
+/// flags where shutdown finds them.
+fn publish<B: Backend>(shared: &EngineShared, active: &[Seq<'_>], _slots: &[Slot<'_, B>]) {
+    let views: Vec<SequenceView> = active
+        .iter()
+        .filter_map(|q| {
+            let st = q.stepper.as_ref()?;
+            Some(SequenceView {
+                id: q.job.id.clone(),
+                state: if st.phase() == Phase::Prefill {
+                    "prefill"
+                } else {
+                    "decode"
+                },
+                choice: q.choice,
+                prompt_tokens: st.prompt_len(),
+                prefilled_tokens: st.prompt_fed(),
+                generated_tokens: q.out.completion_tokens + st.generated(),
+            })
+        })
+        .collect();
+    shared
+        .metrics
+        .active_sequences
+        .store(active.len(), Ordering::Relaxed);
+    if let Ok(mut s) = shared.sequences.lock() {
+        *s = views;
+    }
+    if let Ok(mut c) = shared.current.lock() {
+        *c = active.iter().map(|q| q.job.cancel.clone()).collect();
+    }
 }
 
 /// Hands `ev` to the job's handler, waiting while its channel is full (the client reads
@@ -358,9 +919,9 @@ fn deliver(
 /// Turns one choice's generated text into events: the think channel as reasoning (or as
 /// `<think>…</think>` inside content when inline), the rest as content through the stop
 /// strings; the tools channel is held for parsing at the end.
-struct Streamer<'a> {
-    events: &'a Sender<Event>,
-    cancel: &'a AtomicBool,
+struct Streamer {
+    events: Sender<Event>,
+    cancel: Arc<AtomicBool>,
     stall_timeout: Duration,
     choice: usize,
     inline: bool,
@@ -372,7 +933,7 @@ struct Streamer<'a> {
     pending: Vec<LogprobEntry>,
 }
 
-impl Streamer<'_> {
+impl Streamer {
     fn send(&mut self, field: Field, text: String) {
         if text.is_empty() {
             return;
@@ -405,8 +966,8 @@ impl Streamer<'_> {
 
     fn deliver(&mut self, delta: Delta) {
         deliver(
-            self.events,
-            self.cancel,
+            &self.events,
+            &self.cancel,
             self.stall_timeout,
             Event::Delta(delta),
             false,
@@ -462,229 +1023,210 @@ enum Output<'t> {
     Text(StreamDecoder<'t>),
 }
 
-/// Runs a job's choices one after another from the same prompt: the first prefills it,
-/// the later ones go back to the state snapshot taken at its end (or prefill again when
-/// snapshots are off), each with its own sampler (`seed + i`).
-fn run_job<B: Backend>(
-    session: &mut Session<'_, B>,
-    tok: &Tokenizer,
-    eos: &[u32],
-    job: &Job,
-    live: &LiveFigures,
-) -> Result<Outcome> {
-    let t0 = Instant::now();
-    let n = job.params.n.max(1);
-    let mut out = Outcome {
-        choices: Vec::with_capacity(n),
-        prompt_tokens: job.ids.len(),
-        cached_tokens: 0,
-        completion_tokens: 0,
-        reasoning_tokens: 0,
-        ttft_secs: 0.0,
-        prefill_secs: 0.0,
-        decode_secs: 0.0,
-        stats: Stats::default(),
-        cancelled: false,
-        seed: job.params.sampling.seed,
-        constraint_compile_secs: job.params.constraint.as_ref().map(|c| c.compile_secs),
-        pick_secs: 0.0,
-    };
-    let mut ttft = None;
-    for choice in 0..n {
-        let (c, g, pick_secs) = run_choice(session, tok, eos, job, choice, &mut |ev| {
-            ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
-            if ev.index > 0 {
-                live.push(ev.secs, &ev.stats);
-            }
-        })?;
-        if choice == 0 {
-            out.cached_tokens = g.cached_tokens;
-        }
-        out.completion_tokens += g.tokens.len();
-        out.reasoning_tokens += c.reasoning_tokens;
-        out.prefill_secs += g.prefill_secs;
-        out.decode_secs += g.decode_secs;
-        out.pick_secs += pick_secs;
-        out.stats = out.stats.plus(&g.prefill_stats.plus(&g.decode_stats));
-        out.choices.push(c);
-        if g.finish == Finish::Cancelled {
-            out.cancelled = true;
-            break;
-        }
-    }
-    out.ttft_secs = ttft.unwrap_or(0.0);
-    Ok(out)
+/// One choice's own parts: its sampler and constraint, think budget, stop strings,
+/// logprobs and the streaming of its text.
+struct ChoiceRun<'t> {
+    picker: RefCell<TokenPicker>,
+    writer: LogprobWriter<'t>,
+    all_logprobs: Option<Vec<LogprobEntry>>,
+    output: Output<'t>,
+    st: Streamer,
+    budget: Option<ThinkBudget>,
+    pick_secs: f64,
+    reasoning_tokens: usize,
 }
 
-fn run_choice<B: Backend>(
-    session: &mut Session<'_, B>,
-    tok: &Tokenizer,
-    eos: &[u32],
-    job: &Job,
-    choice: usize,
-    on_token: &mut dyn FnMut(&TokenEvent),
-) -> Result<(ChoiceOut, Generation, f64)> {
-    let p = &job.params;
-    let mut sampling = p.sampling;
-    sampling.seed = sampling.seed.wrapping_add(choice as u64);
-    let constraint = p.constraint.as_ref().map(|c| c.constraint.clone());
-    let picker = RefCell::new(
-        TokenPicker::new(
-            Sampler::new(sampling)?.with_prompt_len(job.ids.len()),
-            constraint,
-            p.logprobs,
-        )
-        .with_budget(p.max_tokens),
-    );
-    let mut writer = LogprobWriter::new(tok);
-    let mut all_logprobs = p.logprobs.map(|_| Vec::new());
-    let mut stop_ids = match job.kind {
-        JobKind::Chat { .. } => chat_stop_ids(tok, eos),
-        JobKind::Completion => eos.to_vec(),
-    };
-    let mut output = match job.kind {
-        JobKind::Chat { thinking, .. } => {
-            let splitter = ChatSplitter::new(tok, thinking, eos)?;
-            Output::Chat(Box::new(if p.ignore_eos {
-                splitter.without_stops()
-            } else {
-                splitter
-            }))
-        }
-        JobKind::Completion => Output::Text(StreamDecoder::new(tok, false)),
-    };
-    if p.ignore_eos {
-        stop_ids.clear();
-    }
-    let mut st = Streamer {
-        events: &job.events,
-        stall_timeout: job.stall_timeout,
-        cancel: &job.cancel,
-        choice,
-        inline: job.inline_reasoning,
-        in_think: false,
-        stops: StopStrings::new(&p.stop),
-        reasoning: String::new(),
-        content: String::new(),
-        pending: Vec::new(),
-    };
-    let mut pick_secs = 0.0;
-    let mut reasoning_tokens = 0usize;
-    let mut budget = match job.kind {
-        JobKind::Chat { thinking: true, .. } => p
-            .think_budget
-            .and_then(|b| ThinkBudget::new(tok, b, p.constraint.is_some())),
-        _ => None,
-    };
-    let mut pick = |logits: &[f32], history: &[u32]| {
-        let t = Instant::now();
-        let id = match budget.as_mut().and_then(ThinkBudget::forced) {
-            Some(id) => {
-                picker.borrow_mut().force(id);
-                id
-            }
-            None => {
-                let id = picker.borrow_mut().pick(logits, history);
-                if let Some(b) = budget.as_mut() {
-                    b.saw(id);
-                }
-                id
-            }
+impl<'t> ChoiceRun<'t> {
+    /// Choice `choice` of `job`, with the ids that stop it.
+    fn new(tok: &'t Tokenizer, eos: &[u32], job: &Job, choice: usize) -> Result<(Self, Vec<u32>)> {
+        let p = &job.params;
+        let mut sampling = p.sampling;
+        sampling.seed = sampling.seed.wrapping_add(choice as u64);
+        let constraint = p.constraint.as_ref().map(|c| c.constraint.clone());
+        let picker = RefCell::new(
+            TokenPicker::new(
+                Sampler::new(sampling)?.with_prompt_len(job.ids.len()),
+                constraint,
+                p.logprobs,
+            )
+            .with_budget(p.max_tokens),
+        );
+        let mut stop_ids = match job.kind {
+            JobKind::Chat { .. } => chat_stop_ids(tok, eos),
+            JobKind::Completion => eos.to_vec(),
         };
-        pick_secs += t.elapsed().as_secs_f64();
-        id
-    };
-    let opts = DecodeOptions {
-        max_tokens: p.max_tokens,
-        stop_ids: &stop_ids,
-        cancel: Some(&job.cancel),
-        snapshot_at: p.snapshot_at,
-        boundaries: &p.boundaries,
-        ..DecodeOptions::default()
-    };
-    let g = session.generate(&job.ids, &opts, &mut pick, &mut |ev| {
-        let mut pk = picker.borrow_mut();
-        if let Some(e) = pk.take_error() {
-            return Err(e);
-        }
-        on_token(ev);
-        if let Some(lp) = pk.take_logprobs() {
-            let entry = writer.entry(&lp);
-            if let Some(all) = all_logprobs.as_mut() {
-                all.push(entry.clone());
+        let output = match job.kind {
+            JobKind::Chat { thinking, .. } => {
+                let splitter = ChatSplitter::new(tok, thinking, eos)?;
+                Output::Chat(Box::new(if p.ignore_eos {
+                    splitter.without_stops()
+                } else {
+                    splitter
+                }))
             }
-            st.pending.push(entry);
+            JobKind::Completion => Output::Text(StreamDecoder::new(tok, false)),
+        };
+        if p.ignore_eos {
+            stop_ids.clear();
         }
-        match &mut output {
-            Output::Chat(s) => {
-                if s.channel() == Channel::Think {
-                    reasoning_tokens += 1;
+        let st = Streamer {
+            events: job.events.clone(),
+            stall_timeout: job.stall_timeout,
+            cancel: job.cancel.clone(),
+            choice,
+            inline: job.inline_reasoning,
+            in_think: false,
+            stops: StopStrings::new(&p.stop),
+            reasoning: String::new(),
+            content: String::new(),
+            pending: Vec::new(),
+        };
+        let budget = match job.kind {
+            JobKind::Chat { thinking: true, .. } => p
+                .think_budget
+                .and_then(|b| ThinkBudget::new(tok, b, p.constraint.is_some())),
+            _ => None,
+        };
+        let run = Self {
+            picker,
+            writer: LogprobWriter::new(tok),
+            all_logprobs: p.logprobs.map(|_| Vec::new()),
+            output,
+            st,
+            budget,
+            pick_secs: 0.0,
+            reasoning_tokens: 0,
+        };
+        Ok((run, stop_ids))
+    }
+
+    /// Picks the choice's next token on `session` and streams what it shows.
+    fn step<B: Backend>(
+        &mut self,
+        session: &mut Session<'_, B>,
+        stepper: &mut Stepper,
+        on_token: &mut dyn FnMut(&TokenEvent),
+    ) -> Result<()> {
+        let Self {
+            picker,
+            writer,
+            all_logprobs,
+            output,
+            st,
+            budget,
+            pick_secs,
+            reasoning_tokens,
+        } = self;
+        let mut pick = |logits: &[f32], history: &[u32]| {
+            let t = Instant::now();
+            let id = match budget.as_mut().and_then(ThinkBudget::forced) {
+                Some(id) => {
+                    picker.borrow_mut().force(id);
+                    id
                 }
-                let evs = s.push(ev.id)?;
+                None => {
+                    let id = picker.borrow_mut().pick(logits, history);
+                    if let Some(b) = budget.as_mut() {
+                        b.saw(id);
+                    }
+                    id
+                }
+            };
+            *pick_secs += t.elapsed().as_secs_f64();
+            id
+        };
+        session.pick(stepper, &mut pick, &mut |ev| {
+            let mut pk = picker.borrow_mut();
+            if let Some(e) = pk.take_error() {
+                return Err(e);
+            }
+            on_token(ev);
+            if let Some(lp) = pk.take_logprobs() {
+                let entry = writer.entry(&lp);
+                if let Some(all) = all_logprobs.as_mut() {
+                    all.push(entry.clone());
+                }
+                st.pending.push(entry);
+            }
+            match output {
+                Output::Chat(s) => {
+                    if s.channel() == Channel::Think {
+                        *reasoning_tokens += 1;
+                    }
+                    let evs = s.push(ev.id)?;
+                    st.chat_events(evs);
+                }
+                Output::Text(d) => {
+                    let text = d.push(ev.id)?;
+                    st.text(Channel::Response, &text);
+                }
+            }
+            // A finished constraint allows only end-of-sequence ids, which `ignore_eos` would
+            // otherwise repeat to the budget's end.
+            Ok(if st.stops.hit() || pk.constraint_finished() {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            })
+        })
+    }
+
+    /// Ends the choice: flushes its text, parses its tool calls; returns it with the
+    /// seconds its picks took.
+    fn finish(mut self, tok: &Tokenizer, job: &Job, g: &Generation) -> (ChoiceOut, f64) {
+        let p = &job.params;
+        let st = &mut self.st;
+        match &mut self.output {
+            Output::Chat(s) => {
+                let evs = if p.constraint.is_some() {
+                    s.finish_framed()
+                } else {
+                    s.finish()
+                };
                 st.chat_events(evs);
             }
             Output::Text(d) => {
-                let text = d.push(ev.id)?;
+                let text = d.finish();
                 st.text(Channel::Response, &text);
             }
         }
-        // A finished constraint allows only end-of-sequence ids, which `ignore_eos` would
-        // otherwise repeat to the budget's end.
-        Ok(if st.stops.hit() || pk.constraint_finished() {
-            Flow::Stop
+        let tail = st.stops.finish();
+        st.send(Field::Content, tail);
+        let mut tool_calls = Vec::new();
+        if let JobKind::Chat {
+            thinking,
+            single_tool_call,
+        } = job.kind
+        {
+            let reply = parse_reply(&pieces_from_ids(tok, &g.tokens), thinking);
+            tool_calls = reply.tool_calls;
+            if single_tool_call {
+                tool_calls.truncate(1);
+            }
+            st.send(Field::Content, reply.unparsed_tools);
+        }
+        st.end_think();
+        st.flush_logprobs();
+        let finish = if !tool_calls.is_empty() {
+            FinishReason::ToolCalls
+        } else if g.finish == Finish::Length && !st.stops.hit() {
+            FinishReason::Length
         } else {
-            Flow::Continue
-        })
-    })?;
-    match &mut output {
-        Output::Chat(s) => {
-            let evs = if p.constraint.is_some() {
-                s.finish_framed()
-            } else {
-                s.finish()
-            };
-            st.chat_events(evs);
-        }
-        Output::Text(d) => {
-            let text = d.finish();
-            st.text(Channel::Response, &text);
-        }
+            FinishReason::Stop
+        };
+        let stop_string = st.stops.matched().map(str::to_string);
+        let c = ChoiceOut {
+            reasoning: std::mem::take(&mut st.reasoning),
+            content: std::mem::take(&mut st.content),
+            tool_calls,
+            finish,
+            stop_string,
+            completion_tokens: g.tokens.len(),
+            reasoning_tokens: self.reasoning_tokens,
+            logprobs: self.all_logprobs,
+        };
+        (c, self.pick_secs)
     }
-    let tail = st.stops.finish();
-    st.send(Field::Content, tail);
-    let mut tool_calls = Vec::new();
-    if let JobKind::Chat {
-        thinking,
-        single_tool_call,
-    } = job.kind
-    {
-        let reply = parse_reply(&pieces_from_ids(tok, &g.tokens), thinking);
-        tool_calls = reply.tool_calls;
-        if single_tool_call {
-            tool_calls.truncate(1);
-        }
-        st.send(Field::Content, reply.unparsed_tools);
-    }
-    st.end_think();
-    st.flush_logprobs();
-    let finish = if !tool_calls.is_empty() {
-        FinishReason::ToolCalls
-    } else if g.finish == Finish::Length && !st.stops.hit() {
-        FinishReason::Length
-    } else {
-        FinishReason::Stop
-    };
-    let c = ChoiceOut {
-        reasoning: st.reasoning,
-        content: st.content,
-        tool_calls,
-        finish,
-        stop_string: st.stops.matched().map(str::to_string),
-        completion_tokens: g.tokens.len(),
-        reasoning_tokens,
-        logprobs: all_logprobs,
-    };
-    Ok((c, g, pick_secs))
 }
 
 /// `thinking.budget_tokens` in the decode loop: once the think channel has taken its

@@ -63,6 +63,8 @@ pub struct App {
     pub next_id: AtomicU64,
     /// Where a chat answer's think text goes.
     pub reasoning_format: ReasoningFormat,
+    /// Requests in flight at once (`--parallel`), for `/health`.
+    pub parallel: usize,
     /// The running prefill's progress, for `/health`.
     pub prefill: Arc<crate::model::prefill_progress::PrefillProgress>,
     /// Compiles output constraints (None when the model names no end-of-sequence id).
@@ -131,6 +133,8 @@ async fn health(State(app): State<Arc<App>>) -> Json<Value> {
         "state": if busy { "busy" } else { "idle" },
         "live": app.shared.live.snapshot(),
         "prefill": app.prefill.view(),
+        "parallel": app.parallel,
+        "sequences": app.shared.sequences.lock().map(|s| json!(*s)).unwrap_or(json!([])),
     });
     // An expert-parallel job's head lists its ranks.
     let ranks = m.ranks();

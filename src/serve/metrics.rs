@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Totals since the server started.
-#[derive(Default)]
 pub struct Metrics {
     /// Answers by HTTP status.
     by_status: Mutex<BTreeMap<u16, u64>>,
@@ -23,6 +22,10 @@ pub struct Metrics {
     pub snapshots: AtomicUsize,
     /// Bytes those snapshots take.
     pub snapshot_bytes: AtomicUsize,
+    /// Sequences in flight.
+    pub active_sequences: AtomicUsize,
+    /// Sequences per engine step.
+    batch: Mutex<Histogram>,
 }
 
 #[derive(Clone)]
@@ -84,7 +87,33 @@ pub struct GenerationSample {
     pub stats: Stats,
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            by_status: Mutex::default(),
+            queue_depth: AtomicUsize::default(),
+            busy: AtomicBool::default(),
+            totals: Mutex::default(),
+            generations: AtomicU64::default(),
+            snapshots: AtomicUsize::default(),
+            snapshot_bytes: AtomicUsize::default(),
+            active_sequences: AtomicUsize::default(),
+            batch: Mutex::new(Histogram::new(BATCH_BUCKETS)),
+        }
+    }
+}
+
+/// Bounds of the batch-size histogram (sequences per step).
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
+
 impl Metrics {
+    /// Counts one engine step of `n` sequences.
+    pub fn observe_batch(&self, n: usize) {
+        if let Ok(mut b) = self.batch.lock() {
+            b.observe(n as f64);
+        }
+    }
+
     /// Counts an answer.
     pub fn count_status(&self, status: u16) {
         if let Ok(mut m) = self.by_status.lock() {
@@ -244,6 +273,19 @@ impl Metrics {
             "Bytes the state snapshots take.",
             self.snapshot_bytes.load(Ordering::Relaxed).to_string(),
         );
+        metric(
+            "k3_active_sequences",
+            "gauge",
+            "Requests in flight in the engine (prefilling or decoding).",
+            self.active_sequences.load(Ordering::Relaxed).to_string(),
+        );
+        if let Ok(b) = self.batch.lock() {
+            b.render(
+                "k3_batch_size",
+                "Sequences per engine step (one batched forward pass).",
+                &mut o,
+            );
+        }
         render_ranks(&crate::ranks::figures(&t.stats), &mut o);
         t.ttft.render(
             "k3_time_to_first_token_seconds",
@@ -257,7 +299,7 @@ impl Metrics {
         );
         t.queue_wait.render(
             "k3_queue_wait_seconds",
-            "Seconds a request waited for the engine.",
+            "Seconds each request waited in the queue for an engine slot.",
             &mut o,
         );
         t.duration.render(

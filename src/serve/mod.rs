@@ -1,6 +1,6 @@
 //! `k3 serve`: an OpenAI-compatible (and Anthropic `/v1/messages`) HTTP server over one
-//! loaded model. The calling thread is the engine: it owns the model and runs one
-//! generation at a time ([`engine`]); a tokio runtime on other threads runs the HTTP side
+//! loaded model. The calling thread is the engine: it owns the model and runs up to
+//! `--parallel` generations together, a batched step at a time ([`engine`]); a tokio runtime on other threads runs the HTTP side
 //! ([`http`]) and hands requests over through a bounded queue.
 
 pub mod anthropic;
@@ -34,7 +34,7 @@ use crate::model::K3Model;
 use crate::session::SnapshotLimits;
 use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result};
-use engine::{run_engine, EngineShared};
+use engine::{run_engine, EngineOptions, EngineShared};
 use request::{Defaults, Limits};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -79,6 +79,10 @@ pub struct ServeOptions {
     pub allow_origins: Vec<String>,
     /// Longest wait for a streaming client to read before its request is dropped.
     pub stall_timeout: Duration,
+    /// Requests in flight at once (`--parallel`).
+    pub parallel: usize,
+    /// Prompt tokens a prefilling request feeds per engine step (`--prefill-slice`).
+    pub prefill_slice: usize,
 }
 
 /// Serves `model` until SIGINT or SIGTERM: binds, prints the address, runs the HTTP side
@@ -124,6 +128,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         next_id: AtomicU64::new(1),
         reasoning_format: opts.reasoning_format,
         prefill: model.progress().clone(),
+        parallel: opts.parallel,
         grammar,
         origins,
         stall_timeout: opts.stall_timeout,
@@ -166,7 +171,12 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         model.backend.name()
     );
     // Returns once the HTTP side has stopped and dropped every sender of the queue.
-    let engine = run_engine(model, &tok, opts.snapshots, jobs_rx, &shared);
+    let engine_opts = EngineOptions {
+        snapshots: opts.snapshots,
+        parallel: opts.parallel,
+        prefill_slice: opts.prefill_slice,
+    };
+    let engine = run_engine(model, &tok, engine_opts, jobs_rx, &shared);
     let http = http
         .join()
         .map_err(|_| anyhow::anyhow!("the HTTP thread panicked"))?;
@@ -219,10 +229,10 @@ async fn shutdown_signal(shared: Arc<EngineShared>) {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    tracing::info!("[K3] serve: stopping (the running request is cancelled)");
+    tracing::info!("[K3] serve: stopping (the running requests are cancelled)");
     shared.stopping.store(true, Ordering::SeqCst);
     if let Ok(c) = shared.current.lock() {
-        if let Some(flag) = c.as_ref() {
+        for flag in c.iter() {
             flag.store(true, Ordering::SeqCst);
         }
     }

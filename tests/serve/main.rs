@@ -9,6 +9,7 @@ mod support;
 
 mod serve;
 mod serve_api;
+mod serve_parallel;
 mod serve_parsers;
 mod serve_structured;
 

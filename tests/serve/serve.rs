@@ -110,8 +110,9 @@ fn chat_completions_models_health_and_metrics() {
         "k3_disk_gigabytes_per_second ",
         "k3_queue_length 0",
         "k3_engine_busy 0",
-        // The completions prompt shares no snapshot's prefix: the chat's were dropped.
-        "k3_state_snapshots 1",
+        // The completions prompt shares no prefix with the chat's: it went to a free slot
+        // of its own, and each slot keeps the snapshot of its prompt's end.
+        "k3_state_snapshots 2",
         "k3_state_snapshot_bytes ",
     ] {
         assert!(body.contains(line), "{line:?} missing from\n{body}");
@@ -871,7 +872,16 @@ fn a_full_queue_refuses_a_constrained_request_before_compiling_it() {
     // One token a chunk: the first prompt's prefill keeps the engine busy past the test.
     let s = Server::start(
         &dir,
-        &["--queue", "1", "--chunk", "1", "--max-tokens", "8192"],
+        &[
+            "--queue",
+            "1",
+            "--chunk",
+            "1",
+            "--max-tokens",
+            "8192",
+            "--parallel",
+            "1",
+        ],
     );
     let running = send_raw(&s, &chat_body(&"word ".repeat(6000), 4, true));
     let (q, st) = wait_health(&s, |q, st| q == 0 && st == "busy");

@@ -1,0 +1,299 @@
+//! `k3 serve --parallel`: several requests in flight at once, advanced together a batched
+//! step at a time. Each test checks a property the one-at-a-time engine lacks.
+
+use crate::serve_support;
+use crate::support;
+
+use serde_json::{json, Value};
+use serve_support::*;
+use std::io::{BufRead, BufReader, Read};
+use std::time::{Duration, Instant};
+
+/// A greedy chat of `max_tokens` tokens that ignores end-of-sequence, so it runs its length.
+fn long_chat(content: &str, max_tokens: u32, stream: bool) -> Value {
+    json!({
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": true,
+        "stream": stream,
+    })
+}
+
+/// The parts of an answer that must not depend on what else ran beside it.
+fn answer_key(v: &Value) -> Value {
+    let c = &v["choices"][0];
+    json!({
+        "content": c["message"]["content"],
+        "reasoning": c["message"]["reasoning_content"],
+        "finish": c["finish_reason"],
+        "logprobs": c["logprobs"],
+        "tokens": v["usage"]["completion_tokens"],
+    })
+}
+
+/// `/health` as JSON.
+fn health(s: &Server) -> Value {
+    let (st, body) = get(&s.url("/health"), None);
+    assert_eq!(st, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Polls `/health` until `f` holds, for up to `secs`; returns the last reading.
+fn wait_until(s: &Server, secs: u64, f: impl Fn(&Value) -> bool) -> Value {
+    let t = Instant::now();
+    loop {
+        let h = health(s);
+        if f(&h) || t.elapsed() > Duration::from_secs(secs) {
+            return h;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The sequences `/health` lists in `state`.
+fn in_state(h: &Value, state: &str) -> usize {
+    h["sequences"]
+        .as_array()
+        .map_or(0, |a| a.iter().filter(|q| q["state"] == state).count())
+}
+
+/// Reads an SSE stream's lines until its first chunk with text (a token), returning when.
+fn first_text(r: &mut dyn BufRead) -> Instant {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "the stream ended");
+        if let Some(data) = line.strip_prefix("data: ") {
+            if let Ok(v) = serde_json::from_str::<Value>(data.trim()) {
+                let d = &v["choices"][0]["delta"];
+                let text = |k: &str| d[k].as_str().is_some_and(|t| !t.is_empty());
+                if text("content") || text("reasoning_content") {
+                    return Instant::now();
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn concurrent_requests_get_the_greedy_tokens_they_get_alone() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--parallel", "4"]);
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+        "required": ["a"], "additionalProperties": false});
+    let bodies = [
+        long_chat("Tell me about the sea", 40, false),
+        long_chat("Write a short poem", 33, false),
+        // Logprobs and a grammar in the batch.
+        json!({"messages": [{"role": "user", "content": "Count to ten"}], "max_tokens": 30,
+            "temperature": 0, "logprobs": true, "top_logprobs": 2}),
+        json!({"messages": [{"role": "user", "content": "Answer in JSON"}], "max_tokens": 40,
+            "temperature": 0, "response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": schema, "strict": true}}}),
+    ];
+    let url = s.url("/v1/chat/completions");
+    let alone: Vec<Value> = bodies
+        .iter()
+        .map(|b| {
+            let (st, v) = post_json(&url, b);
+            assert_eq!(st, 200, "{v}");
+            answer_key(&v)
+        })
+        .collect();
+    for round in 0..2 {
+        let together: Vec<Value> = std::thread::scope(|sc| {
+            let hs: Vec<_> = bodies
+                .iter()
+                .map(|b| {
+                    let url = url.clone();
+                    sc.spawn(move || post_json(&url, b))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    let (st, v) = h.join().unwrap();
+                    assert_eq!(st, 200, "{v}");
+                    answer_key(&v)
+                })
+                .collect()
+        });
+        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+            assert_eq!(a, t, "round {round}, request {i}: alone vs together");
+        }
+    }
+    // They ran together: steps of more than one sequence.
+    let (st, m) = get(&s.url("/metrics"), None);
+    assert_eq!(st, 200);
+    let count = |name: &str| -> f64 {
+        m.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|x| x.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}: {m}"))
+    };
+    let steps = count("k3_batch_size_count");
+    let alone_steps = count("k3_batch_size_bucket{le=\"1\"}");
+    assert!(
+        steps > alone_steps,
+        "no step ran more than one sequence: {m}"
+    );
+    assert!(m.contains("k3_active_sequences 0"), "{m}");
+    assert!(s.log().contains("| batch "), "{}", s.log());
+}
+
+#[test]
+fn a_disconnect_mid_batch_frees_its_slot_for_the_next_queued_request() {
+    let dir = support::tiny(0);
+    let s = Server::start(
+        &dir,
+        &["--parallel", "2", "--queue", "4", "--max-tokens", "65536"],
+    );
+    let url = s.url("/v1/chat/completions");
+    let mut a = BufReader::new(open_stream(&url, &long_chat("first", 20000, true)));
+    first_text(&mut a);
+    let mut b = BufReader::new(open_stream(&url, &long_chat("second", 20000, true)));
+    first_text(&mut b);
+    let h = wait_until(&s, 20, |h| in_state(h, "decode") == 2);
+    assert_eq!(in_state(&h, "decode"), 2, "{h}");
+    // The third waits for a slot; when the first client leaves, it gets the first's slot
+    // while the second still decodes.
+    let third = std::thread::spawn({
+        let url = url.clone();
+        move || post_json(&url, &long_chat("third", 5, false))
+    });
+    let h = wait_until(&s, 20, |h| h["queue_depth"] == 1);
+    assert_eq!(h["queue_depth"], 1, "{h}");
+    drop(a);
+    let (st, v) = third.join().unwrap();
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 5, "{v}");
+    let h = health(&s);
+    assert_eq!(in_state(&h, "decode"), 1, "the second stopped: {h}");
+    let mut buf = [0u8; 256];
+    assert!(b.read(&mut buf).unwrap() > 0, "the second still streams");
+    assert!(s.log().contains("(cancelled)"), "{}", s.log());
+}
+
+#[test]
+fn only_a_full_queue_answers_429() {
+    let dir = support::tiny(0);
+    let s = Server::start(
+        &dir,
+        &["--parallel", "2", "--queue", "1", "--max-tokens", "65536"],
+    );
+    let url = s.url("/v1/chat/completions");
+    let mut running = Vec::new();
+    for (i, p) in ["one", "two"].iter().enumerate() {
+        let mut r = BufReader::new(open_stream(&url, &long_chat(p, 20000, true)));
+        first_text(&mut r);
+        running.push(r);
+        let h = wait_until(&s, 20, |h| in_state(h, "decode") == i + 1);
+        assert_eq!(in_state(&h, "decode"), i + 1, "{h}");
+    }
+    // Both slots run: the next request waits in the queue's one place, the one after is 429.
+    let waiting = open_stream(&url, &long_chat("three", 3, true));
+    let h = wait_until(&s, 20, |h| h["queue_depth"] == 1);
+    assert_eq!(h["queue_depth"], 1, "{h}");
+    let (st, retry, v) = post(&url, &long_chat("four", 3, false).to_string(), None);
+    assert_eq!((st, retry.as_deref()), (429, Some("1")), "{v}");
+    drop(waiting);
+    drop(running);
+    let h = wait_until(&s, 30, |h| {
+        h["sequences"].as_array().is_some_and(|a| a.is_empty())
+    });
+    assert_eq!(h["state"], "idle", "{h}");
+}
+
+#[test]
+fn a_short_chat_gets_its_first_token_while_a_long_prompt_prefills() {
+    let dir = support::tiny(0);
+    let s = Server::start(
+        &dir,
+        &[
+            "--parallel",
+            "2",
+            "--prefill-slice",
+            "16",
+            "--max-tokens",
+            "16384",
+        ],
+    );
+    let url = s.url("/v1/chat/completions");
+    let mut long = BufReader::new(open_stream(
+        &url,
+        &long_chat(&"word ".repeat(6000), 2, true),
+    ));
+    let h = wait_until(&s, 30, |h| in_state(h, "prefill") == 1);
+    let q = &h["sequences"][0];
+    assert_eq!(q["state"], "prefill", "{h}");
+    assert!(q["prompt_tokens"].as_u64().unwrap() > 6000, "{h}");
+    assert!(
+        q["prefilled_tokens"].as_u64().unwrap() < q["prompt_tokens"].as_u64().unwrap(),
+        "{h}"
+    );
+    let mut short = BufReader::new(open_stream(&url, &long_chat("hi", 4, true)));
+    let short_first = first_text(&mut short);
+    // The long one is still prefilling when the short one has its first token.
+    let h = health(&s);
+    let long_first = first_text(&mut long);
+    assert!(short_first < long_first, "{h}");
+    assert!(
+        h["sequences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|q| q["state"] == "prefill"),
+        "the long prompt was not prefilling any more: {h}"
+    );
+}
+
+#[test]
+fn bad_parallel_and_prefill_slice_are_refused_naming_the_flag() {
+    let dir = support::tiny(0);
+    for (flag, value) in [
+        ("--parallel", "0"),
+        ("--parallel", "65"),
+        ("--prefill-slice", "0"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_k3"))
+            .arg("serve")
+            .arg(&dir)
+            .args(["--port", "0", flag, value])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value} was accepted");
+        assert!(err.contains(flag), "{flag} {value}: {err}");
+    }
+}
+
+#[test]
+fn a_request_whose_state_does_not_fit_beside_the_running_one_waits() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--parallel", "2", "--max-tokens", "4096"]);
+    let url = s.url("/v1/chat/completions");
+    let mut a = BufReader::new(open_stream(&url, &long_chat("one", 3000, true)));
+    first_text(&mut a);
+    // Two answers of 3000 tokens do not fit one 4096-token context's state: the second waits.
+    let b = std::thread::spawn({
+        let url = url.clone();
+        move || post_json(&url, &long_chat("two", 3000, false))
+    });
+    assert!(s.wait_log("waits in the queue", 20), "{}", s.log());
+    let h = health(&s);
+    assert_eq!(
+        (in_state(&h, "decode"), &h["queue_depth"]),
+        (1, &json!(1)),
+        "{h}"
+    );
+    drop(a);
+    let (st, v) = b.join().unwrap();
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        s.log().matches("waits in the queue").count(),
+        1,
+        "{}",
+        s.log()
+    );
+}

@@ -105,6 +105,10 @@ fn ranks_give_the_single_process_logits_bit_for_bit() {
                 "no rank lines: {err}"
             );
             assert!(
+                err.contains("GB/s (measured at start)"),
+                "no measured rates: {err}"
+            );
+            assert!(
                 err.contains("[K3] ranks: rank 0 (")
                     && err.contains(&format!("all {ranks} ranks hit")),
                 "no ranks stats line: {err}"
@@ -158,11 +162,9 @@ fn ranks_restore_a_prompt_cache_entry_as_one_process_does() {
     assert_eq!(answers[0], answers[1], "the restored run's ids differ");
 }
 
-/// Runs an MPMD job: rank 0 in `wdir0`, rank 1 in `wdir1`, each `k3 run` with its `args`;
-/// returns its output and how long it took. The job must fail.
-fn mpmd(wdir0: &Path, args0: &[&str], wdir1: &Path, args1: &[&str]) -> (String, Duration) {
-    let t = Instant::now();
-    let o = mpirun()
+/// Runs an MPMD job: rank 0 in `wdir0`, rank 1 in `wdir1`, each `k3 run` with its `args`.
+fn mpmd_output(wdir0: &Path, args0: &[&str], wdir1: &Path, args1: &[&str]) -> Output {
+    mpirun()
         .args(["-np", "1", "-wdir"])
         .arg(wdir0)
         .args([K3, "run"])
@@ -172,13 +174,21 @@ fn mpmd(wdir0: &Path, args0: &[&str], wdir1: &Path, args1: &[&str]) -> (String, 
         .args([K3, "run"])
         .args(args1)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// [`mpmd_output`] for a job that must fail: its stderr and how long it took.
+fn mpmd(wdir0: &Path, args0: &[&str], wdir1: &Path, args1: &[&str]) -> (String, Duration) {
+    let t = Instant::now();
+    let o = mpmd_output(wdir0, args0, wdir1, args1);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(!o.status.success(), "the job ran: {err}");
     (err, t.elapsed())
 }
 
-const RUN: [&str; 8] = [
+/// The flags of the MPMD fault tests: the even split, so which rank owns which shard does
+/// not depend on the read rates measured at start.
+const RUN: [&str; 10] = [
     "m",
     "--backend",
     "cpu",
@@ -187,6 +197,8 @@ const RUN: [&str; 8] = [
     "--ngen",
     "2",
     "--no-prompt-cache",
+    "--rank-read-gbps",
+    "1,1",
 ];
 
 #[test]
@@ -208,6 +220,119 @@ fn a_rank_without_its_shards_stops_the_job_naming_rank_host_and_file() {
     );
     assert!(took < Duration::from_secs(20), "took {took:?}");
     drop(ma);
+}
+
+/// The shard files `k3 inspect --ranks 2` lists for rank `rank` of `model`.
+fn inspect_files(model: &Path, rank: usize, rates: &str) -> Vec<String> {
+    let o = Command::new(K3)
+        .arg("inspect")
+        .arg(model)
+        .args(["--ranks", "2", "--rank-read-gbps", rates])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut files = Vec::new();
+    let mut inside = false;
+    for line in out.lines() {
+        if line.starts_with("rank ") {
+            inside = line.starts_with(&format!("rank {rank}"));
+        } else if inside {
+            if let Some(name) = line.trim().split(':').next() {
+                if name.ends_with(".safetensors") {
+                    files.push(name.to_string());
+                }
+            }
+        }
+    }
+    files
+}
+
+#[test]
+fn a_worker_holding_only_its_shards_gives_the_single_process_logits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(b.join("m")).unwrap();
+    let full = synth(&a, "m", "tiny", 4);
+    // The worker's host holds the config, the index and its own shards, nothing else.
+    let own = inspect_files(&full, 1, "1,1");
+    let all = std::fs::read_dir(&full)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".safetensors")
+        })
+        .count();
+    assert!(!own.is_empty() && own.len() < all, "{own:?} of {all}");
+    for f in own
+        .iter()
+        .map(String::as_str)
+        .chain(["config.json", "model.safetensors.index.json"])
+    {
+        std::fs::copy(full.join(f), b.join("m").join(f)).unwrap();
+    }
+    let one_path = tmp.path().join("one.bin");
+    let two_path = tmp.path().join("two.bin");
+    let args = |dump: &Path| -> Vec<String> {
+        [
+            "m",
+            "--backend",
+            "cpu",
+            "--ids",
+            "1,2,3,4,5,6,7",
+            "--ngen",
+            "5",
+            "--ignore-eos",
+            "--chunk",
+            "3",
+            "--no-prompt-cache",
+            "--rank-read-gbps",
+            "1,1",
+            "--dump-logits",
+            dump.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let one_args = args(&one_path);
+    let one = Command::new(K3)
+        .current_dir(&a)
+        .arg("run")
+        .args(&one_args)
+        .env("RAYON_NUM_THREADS", "1")
+        .env_remove("K3_EXPERT_GB")
+        .output()
+        .unwrap();
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    let two_args = args(&two_path);
+    let two_args: Vec<&str> = two_args.iter().map(String::as_str).collect();
+    let two = mpmd_output(&a, &two_args, &b, &two_args);
+    let err = String::from_utf8_lossy(&two.stderr);
+    assert!(two.status.success(), "{err}");
+    assert!(err.contains("no dense weights"), "{err}");
+    // The flag overrides the read probe.
+    assert!(err.contains("1.00, 1.00 GB/s (--rank-read-gbps)"), "{err}");
+    assert_eq!(two.stdout, one.stdout, "ids differ: {err}");
+    assert!(
+        std::fs::read(&two_path).unwrap() == std::fs::read(&one_path).unwrap(),
+        "logits differ from one process's"
+    );
+    // A shard the worker owns, gone: the job stops naming rank, host and file.
+    std::fs::remove_file(b.join("m").join(&own[0])).unwrap();
+    let (err, took) = mpmd(&a, &two_args, &b, &two_args);
+    assert!(
+        err.contains("rank 1 on host") && err.contains("could not start") && err.contains(&own[0]),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}");
 }
 
 #[test]

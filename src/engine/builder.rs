@@ -101,10 +101,13 @@ impl EngineBuilder {
     /// `[K3] context:`, `[K3] prefill window`, ...) as it goes.
     pub fn build(self, dir: &Path) -> Result<Engine> {
         let c = &self.config;
+        // First: every rank of a job takes part in the exchange of read rates.
+        let ranks = crate::ranks::setup::plan(dir, &c.load.extra_dirs, &c.ranks.read_gbps)?;
         let f = c.formats;
         let policy = FormatPolicy::from_bits(f.bits, f.mla_bits, f.head_bits)?;
         c.check_before_load()?;
-        let ckpt = Checkpoint::open(dir, &c.load.extra_dirs)?;
+        let only = ranks.as_ref().and_then(|r| r.files.as_ref());
+        let ckpt = Checkpoint::open_part(dir, &c.load.extra_dirs, only)?;
         let (gpu, gpu_note) = local_gpu(&c.backend.gpu);
         let (model, plan) = match select(c.backend.kind, &gpu, c.backend.gpu_variable_set)? {
             Selected::Gpu(g) => {
@@ -112,9 +115,10 @@ impl EngineBuilder {
                 if c.backend.idot {
                     tracing::warn!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
                 }
-                let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
+                let opts = self.load_options();
+                let mut model = crate::ranks::setup::load(ckpt, *g, policy, &opts)?;
                 let plan = self.configure(&mut model, &policy)?;
-                self.join_ranks(&mut model)?;
+                self.join_ranks(&mut model, ranks)?;
                 (AnyModel::Gpu(Box::new(model)), plan)
             }
             Selected::Cpu { fallback } => {
@@ -132,9 +136,10 @@ impl EngineBuilder {
                         "[K3] K3_IDOT=1: routed experts on int8 activations (not exact)"
                     );
                 }
-                let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
+                let opts = self.load_options();
+                let mut model = crate::ranks::setup::load(ckpt, cpu, policy, &opts)?;
                 let plan = self.configure(&mut model, &policy)?;
-                self.join_ranks(&mut model)?;
+                self.join_ranks(&mut model, ranks)?;
                 (AnyModel::Cpu(Box::new(model)), plan)
             }
         };
@@ -163,27 +168,24 @@ impl EngineBuilder {
     /// On the head of an expert-parallel job, waits for every rank's start-up report and
     /// hands the model the ranks; elsewhere does nothing.
     #[cfg(feature = "mpi")]
-    fn join_ranks<B: Backend>(&self, model: &mut K3Model<B>) -> Result<()> {
-        use crate::ranks::{head, placement::Placement, world};
-        if !world::is_head() {
+    fn join_ranks<B: Backend>(
+        &self,
+        model: &mut K3Model<B>,
+        ranks: Option<crate::ranks::setup::RankPlan>,
+    ) -> Result<()> {
+        use crate::ranks::{head, world};
+        let Some(ranks) = ranks.filter(|_| world::is_head()) else {
             return Ok(());
-        }
-        let size = world::info().map_or(1, |i| i.size);
-        let experts = model.ckpt.config.num_experts;
-        let rates = &self.config.ranks.read_gbps;
-        let placement = if rates.is_empty() {
-            Placement::balanced(experts, size)?
-        } else {
-            anyhow::ensure!(
-                rates.len() == size,
-                "--rank-read-gbps gives {} rates for {size} ranks: give one per rank, the head's first",
-                rates.len()
-            );
-            Placement::new(experts, rates)?
         };
+        let size = ranks.placement.ranks();
+        let experts = model.ckpt.config.num_experts;
+        tracing::info!(
+            "[K3] ranks: {size}, expert read rates {}",
+            ranks.rates_line()
+        );
         let own = crate::ranks::worker::hello(Some(&*model), None);
         let wait = std::time::Duration::from_secs(self.config.ranks.timeout_s);
-        let h = head::Head::connect(placement, own, wait, wait)?;
+        let h = head::Head::connect(ranks.placement, own, wait, wait)?;
         for (r, hello) in h.hellos().iter().enumerate() {
             let own = h.placement().owned(0, r);
             tracing::info!(
@@ -202,7 +204,11 @@ impl EngineBuilder {
     }
 
     #[cfg(not(feature = "mpi"))]
-    fn join_ranks<B: Backend>(&self, _model: &mut K3Model<B>) -> Result<()> {
+    fn join_ranks<B: Backend>(
+        &self,
+        _model: &mut K3Model<B>,
+        _ranks: Option<crate::ranks::setup::RankPlan>,
+    ) -> Result<()> {
         Ok(())
     }
 

@@ -22,7 +22,7 @@ use crate::experts::plan::expert_plan::ExpertAccess;
 use crate::experts::remote::RemoteExperts;
 use crate::experts::{ExpertSource, StreamConfig};
 use crate::stats::Stats;
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::sync::Arc;
 
 enum Attn<B: Backend> {
@@ -66,6 +66,13 @@ pub enum Logits {
     All,
 }
 
+/// The final mix, norm and lm_head.
+struct Output<B: Backend> {
+    final_norm: B::Act,
+    w_out: B::Act,
+    head: B::Mat,
+}
+
 /// A loaded K3 model bound to one backend.
 pub struct K3Model<B: Backend> {
     /// The checkpoint (embeddings and experts are read from it on demand).
@@ -75,9 +82,8 @@ pub struct K3Model<B: Backend> {
     /// The embedding table, read a row per token.
     embed: TensorSpec,
     layers: Vec<Layer<B>>,
-    final_norm: B::Act,
-    w_out: B::Act,
-    head: B::Mat,
+    /// `None` on a model of routed experts only ([`K3Model::experts_only`]).
+    output: Option<Output<B>>,
     glu: Glu,
     experts: ExpertSource,
     selection: ExpertSelection,
@@ -177,9 +183,11 @@ impl<B: Backend> K3Model<B> {
             backend,
             embed: tensors.embed,
             layers,
-            final_norm,
-            w_out,
-            head,
+            output: Some(Output {
+                final_norm,
+                w_out,
+                head,
+            }),
             experts,
             selection: ExpertSelection::exact(),
             prefetch: false,
@@ -196,6 +204,49 @@ impl<B: Backend> K3Model<B> {
                 dense_s,
                 cache_words,
                 pending,
+            ),
+        })
+    }
+
+    /// A model holding no dense weights, only what runs routed experts (the checkpoint,
+    /// the backend and the expert source): a rank other than the head of an expert-parallel
+    /// job, which needs neither the dense shards nor the RAM they take. Its forward pass is
+    /// an error; its experts are run through [`K3Model::experts`].
+    pub fn experts_only(ckpt: Checkpoint, backend: B) -> Result<Self> {
+        let process = crate::stats::process_start();
+        let cfg = ckpt.config.clone();
+        let tensors = ModelTensors::new(&cfg);
+        let experts = ExpertSource::with_lender(StreamConfig::default(), backend.read_lender())?
+            .with_tier_exchange(backend.tier_exchange());
+        let sub_rows = backend.max_rows(widest_row_bytes(&cfg));
+        let head_rows = backend.max_rows(cfg.vocab_size * 4);
+        let window = backend.max_rows(moe_row_bytes(&cfg));
+        Ok(Self {
+            glu: Glu::Situ {
+                beta: cfg.situ_beta,
+                linear_beta: cfg.situ_linear_beta,
+            },
+            ckpt,
+            backend,
+            embed: tensors.embed,
+            layers: Vec::new(),
+            output: None,
+            experts,
+            selection: ExpertSelection::exact(),
+            prefetch: false,
+            context: super::context::checkpoint_context(&cfg).0,
+            prompt_cache: None,
+            sub_rows,
+            head_rows,
+            window,
+            progress: Arc::default(),
+            pressure: None,
+            remote: None,
+            startup: Startup::new(
+                process.elapsed().as_secs_f64(),
+                0.0,
+                "no dense weights (routed experts only)".to_string(),
+                None,
             ),
         })
     }
@@ -549,6 +600,9 @@ impl<B: Backend> K3Model<B> {
         let b = &self.backend;
         let cfg = &self.ckpt.config;
         let (eps, h_dim) = (cfg.rms_norm_eps, cfg.hidden_size);
+        let o = self.output.as_ref().ok_or_else(|| {
+            anyhow!("this model holds routed experts only (a rank of an expert-parallel job): it has no output head")
+        })?;
         let last = parts.len() - 1;
         let mut logits = Vec::new();
         match want {
@@ -556,17 +610,17 @@ impl<B: Backend> K3Model<B> {
                 for (j, hj) in h.iter().enumerate() {
                     let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
                     let out = b.rmsnorm(
-                        &b.attn_res_mix(&refs, hj, &self.w_out, eps)?,
-                        &self.final_norm,
+                        &b.attn_res_mix(&refs, hj, &o.w_out, eps)?,
+                        &o.final_norm,
                         h_dim,
                         eps,
                     )?;
                     let rows = parts[j].len();
                     for r in sub_batches(rows, self.head_rows) {
                         let piece = if r.len() == rows {
-                            b.matmul(&self.head, &out)?
+                            b.matmul(&o.head, &out)?
                         } else {
-                            b.matmul(&self.head, &b.slice_rows(&out, r.start, r.len())?)?
+                            b.matmul(&o.head, &b.slice_rows(&out, r.start, r.len())?)?
                         };
                         logits.extend(b.download(&piece)?);
                     }
@@ -581,12 +635,12 @@ impl<B: Backend> K3Model<B> {
                     .collect::<Result<_>>()?;
                 let refs: Vec<&B::Act> = last_bank.iter().collect();
                 let out = b.rmsnorm(
-                    &b.attn_res_mix(&refs, &hl, &self.w_out, eps)?,
-                    &self.final_norm,
+                    &b.attn_res_mix(&refs, &hl, &o.w_out, eps)?,
+                    &o.final_norm,
                     h_dim,
                     eps,
                 )?;
-                logits = b.download(&b.matmul(&self.head, &out)?)?;
+                logits = b.download(&b.matmul(&o.head, &out)?)?;
             }
         }
         Ok(logits)

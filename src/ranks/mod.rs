@@ -8,6 +8,7 @@
 
 pub mod hello;
 pub mod placement;
+pub mod setup;
 pub mod wire;
 
 #[cfg(feature = "mpi")]

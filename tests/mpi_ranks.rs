@@ -418,3 +418,114 @@ fn a_killed_rank_ends_the_job_naming_it() {
     assert!(err.contains("rank 1"), "the end names no rank: {err}");
     assert!(!child.wait().unwrap().success());
 }
+
+/// An HTTP client that returns every status as it came.
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into()
+}
+
+/// The value of the `/metrics` sample `name{rank="R",...}` for rank `rank`.
+fn rank_sample(metrics: &str, name: &str, rank: usize) -> Option<f64> {
+    let head = format!("{name}{{rank=\"{rank}\",");
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&head))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn a_served_job_shows_its_ranks_in_health_and_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny", "tiny", 6);
+    let mut child = mpirun()
+        .args(["-np", "2", K3, "serve"])
+        .arg(&model)
+        .args(["--port", "0", "--backend", "cpu", "--no-prompt-cache"])
+        .env_remove("K3_API_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        use std::io::{BufRead, BufReader};
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(at) = line.find("listening on http://") {
+                let rest = &line[at + "listening on http://".len()..];
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(120));
+    let checks = addr.as_ref().map(|addr| {
+        let a = agent();
+        let body = serde_json::json!({
+            "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 4,
+        });
+        let mut r = a
+            .post(&format!("http://{addr}/v1/chat/completions"))
+            .header("Content-Type", "application/json")
+            .send(body.to_string())
+            .unwrap();
+        let chat = (r.status().as_u16(), r.body_mut().read_to_string().unwrap());
+        let mut r = a.get(&format!("http://{addr}/health")).call().unwrap();
+        let health: serde_json::Value =
+            serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        let mut r = a.get(&format!("http://{addr}/metrics")).call().unwrap();
+        let metrics = r.body_mut().read_to_string().unwrap();
+        (chat, health, metrics)
+    });
+    // mpirun passes SIGTERM on to the ranks.
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = reader.join().unwrap();
+    let (chat, health, metrics) = checks.unwrap_or_else(|_| panic!("no address: {log}"));
+    assert_eq!(chat.0, 200, "{}: {log}", chat.1);
+    let ranks = health["ranks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{health}"));
+    assert_eq!(ranks.len(), 2, "{health}");
+    for (r, v) in ranks.iter().enumerate() {
+        assert_eq!(v["rank"], r, "{health}");
+        assert!(
+            v["host"].as_str().is_some_and(|h| !h.is_empty()),
+            "{health}"
+        );
+        // Each rank owns half of every layer's experts: a request looks some up on each.
+        assert!(v["expert_lookups"].as_u64().unwrap_or(0) > 0, "{health}");
+        let hit = v["expert_hit_percent"].as_f64().unwrap();
+        assert!((0.0..=100.0).contains(&hit), "{health}");
+        let lookups = rank_sample(&metrics, "k3_rank_expert_lookups_total", r);
+        assert_eq!(lookups, v["expert_lookups"].as_f64(), "{metrics}");
+        for name in [
+            "k3_rank_expert_hit_ratio",
+            "k3_rank_streamed_bytes_total",
+            "k3_rank_disk_gigabytes_per_second",
+        ] {
+            assert!(
+                rank_sample(&metrics, name, r).is_some(),
+                "{name}: {metrics}"
+            );
+        }
+    }
+    assert!(rank_sample(&metrics, "k3_rank_expert_lookups_total", 2).is_none());
+}

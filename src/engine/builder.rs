@@ -108,10 +108,10 @@ impl EngineBuilder {
         c.check_before_load()?;
         let only = ranks.as_ref().and_then(|r| r.files.as_ref());
         let ckpt = Checkpoint::open_part(dir, &c.load.extra_dirs, only)?;
-        let (gpu, gpu_note) = local_gpu(&c.backend.gpu);
+        let gpu = local_gpu(&c.backend.gpu);
         let (model, plan) = match select(c.backend.kind, &gpu, c.backend.gpu_variable_set)? {
             Selected::Gpu(g) => {
-                tracing::info!("[K3] backend: {}{gpu_note}", g.name());
+                tracing::info!("[K3] backend: {}{}", g.name(), local_gpu_note(&gpu));
                 if c.backend.idot {
                     tracing::warn!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
                 }
@@ -265,31 +265,40 @@ impl EngineBuilder {
 }
 
 /// The GPU options with, on a host running several ranks of an expert-parallel job and no
-/// `--adapter`, the rank's own GPU (the local rank-th of the host's best ones), and what
-/// the backend line adds to say so.
-fn local_gpu(gpu: &crate::backend::gpu::GpuOptions) -> (crate::backend::gpu::GpuOptions, String) {
+/// `--adapter`, the rank's own GPU (the local rank-th of the host's best ones, modulo their
+/// count).
+fn local_gpu(gpu: &crate::backend::gpu::GpuOptions) -> crate::backend::gpu::GpuOptions {
+    let mut g = gpu.clone();
     #[cfg(feature = "mpi")]
     if let Some(i) = crate::ranks::world::info().filter(|i| i.local_size > 1) {
-        if gpu.adapter.is_some() {
-            return (
-                gpu.clone(),
-                format!(
-                    " | rank {} (local {} of {} on {}): --adapter chose it",
-                    i.rank, i.local_rank, i.local_size, i.host
-                ),
-            );
+        if g.adapter.is_none() {
+            g.gpu_index = Some(i.local_rank);
         }
-        let mut g = gpu.clone();
-        g.gpu_index = Some(i.local_rank);
-        return (
-            g,
-            format!(
-                " | rank {}: GPU {} of this host's (local rank {} of {} on {}; --adapter overrides)",
-                i.rank, i.local_rank, i.local_rank, i.local_size, i.host
-            ),
+    }
+    g
+}
+
+/// What the backend line adds on a host running several ranks: which GPU this rank took.
+fn local_gpu_note(gpu: &crate::backend::gpu::GpuOptions) -> String {
+    #[cfg(feature = "mpi")]
+    if let Some(i) = crate::ranks::world::info().filter(|i| i.local_size > 1) {
+        use crate::backend::gpu::device::adapters;
+        let count = if gpu.adapter.is_some() {
+            0
+        } else {
+            adapters::best_type_count(&adapters::enumerate(&adapters::instance()))
+        };
+        return crate::ranks::gpu_note(
+            i.rank,
+            i.local_rank,
+            i.local_size,
+            &i.host,
+            gpu.adapter.is_some(),
+            count,
         );
     }
-    (gpu.clone(), String::new())
+    let _ = gpu;
+    String::new()
 }
 
 /// A rank's work besides the head: serve the head's expert requests.

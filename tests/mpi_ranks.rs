@@ -1,6 +1,9 @@
 //! Expert parallel over MPI ranks (`--features mpi`, Open MPI's `mpirun` on PATH): 2 and 3
 //! ranks on one machine give a single process's ids and logits bit for bit on the CPU, over
-//! prefill windows, decode and a prompt-cache restore; a rank without its shards, with
+//! prefill windows, decode and a prompt-cache restore, and within the GPU tolerance on the
+//! GPU (lavapipe in CI; skipped without an adapter, except under CI=true); a worker holding
+//! only its own shards gives the same logits; a served job shows its ranks in `/health` and
+//! `/metrics`; a rank without its shards, with
 //! another checkpoint or other flags stops the job at start naming it, and a killed rank
 //! ends the job, within 20 s.
 
@@ -528,4 +531,91 @@ fn a_served_job_shows_its_ranks_in_health_and_metrics() {
         }
     }
     assert!(rank_sample(&metrics, "k3_rank_expert_lookups_total", 2).is_none());
+}
+
+/// Relative L2 distance of `a` from `b`.
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut d, mut n) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        d += (f64::from(*x) - f64::from(*y)).powi(2);
+        n += f64::from(*y).powi(2);
+    }
+    (d / n.max(1e-30)).sqrt()
+}
+
+fn read_f32(p: &Path) -> Vec<f32> {
+    std::fs::read(p)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[test]
+fn gpu_ranks_give_the_single_process_logits_within_tolerance() {
+    // The GPU tests' tolerance on logits (tests/gpu/gpu_model.rs).
+    const TOL: f64 = 1e-4;
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny", "tiny", 7);
+    let m = model.to_str().unwrap();
+    let args = |dump: &Path| -> Vec<String> {
+        [
+            m,
+            "--backend",
+            "gpu",
+            "--ids",
+            &ids(9),
+            "--ngen",
+            "4",
+            "--ignore-eos",
+            "--chunk",
+            "4",
+            "--no-prompt-cache",
+            "--quiet",
+            "--dump-logits",
+            dump.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let one_path = tmp.path().join("one.bin");
+    let one = Command::new(K3)
+        .arg("run")
+        .args(args(&one_path))
+        .env("RAYON_NUM_THREADS", "1")
+        .env_remove("K3_EXPERT_GB")
+        .output()
+        .unwrap();
+    if !one.status.success() {
+        let err = String::from_utf8_lossy(&one.stderr);
+        let no_adapter = err.contains("no GPU adapter");
+        assert!(
+            no_adapter && std::env::var("CI").as_deref() != Ok("true"),
+            "one process on the GPU failed: {err}"
+        );
+        eprintln!("skipped: no GPU adapter ({err})");
+        return;
+    }
+    let two_path = tmp.path().join("two.bin");
+    let two = mpirun()
+        .args(["-np", "2", K3, "run"])
+        .args(args(&two_path))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&two.stderr);
+    assert!(two.status.success(), "{err}");
+    assert!(err.contains("rank 1 of 2") && err.contains("gpu"), "{err}");
+    let (a, b) = (read_f32(&two_path), read_f32(&one_path));
+    assert!(
+        !b.is_empty() && a.len() == b.len(),
+        "{} vs {} logits",
+        a.len(),
+        b.len()
+    );
+    let e = rel_l2(&a, &b);
+    assert!(
+        e <= TOL,
+        "2 GPU ranks: logits rel L2 {e:e} > {TOL:e} vs one process"
+    );
+    assert_eq!(two.stdout, one.stdout, "ids differ");
 }

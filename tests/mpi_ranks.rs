@@ -3,9 +3,8 @@
 //! prefill windows, decode and a prompt-cache restore, and within the GPU tolerance on the
 //! GPU (lavapipe in CI; skipped without an adapter, except under CI=true); a worker holding
 //! only its own shards gives the same logits; a served job shows its ranks in `/health` and
-//! `/metrics`; a rank without its shards, with
-//! another checkpoint or other flags stops the job at start naming it, and a killed rank
-//! ends the job, within 20 s.
+//! `/metrics`; a rank without its shards, with another checkpoint or other flags stops the
+//! job at start naming it, and a killed rank ends the job, within 20 s.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -268,14 +268,16 @@ impl EngineBuilder {
 /// `--adapter`, the rank's own GPU (the local rank-th of the host's best ones, modulo their
 /// count).
 fn local_gpu(gpu: &crate::backend::gpu::GpuOptions) -> crate::backend::gpu::GpuOptions {
-    let mut g = gpu.clone();
     #[cfg(feature = "mpi")]
     if let Some(i) = crate::ranks::world::info().filter(|i| i.local_size > 1) {
-        if g.adapter.is_none() {
-            g.gpu_index = Some(i.local_rank);
+        if gpu.adapter.is_none() {
+            return crate::backend::gpu::GpuOptions {
+                gpu_index: Some(i.local_rank),
+                ..gpu.clone()
+            };
         }
     }
-    g
+    gpu.clone()
 }
 
 /// What the backend line adds on a host running several ranks: which GPU this rank took.

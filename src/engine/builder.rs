@@ -179,17 +179,15 @@ impl EngineBuilder {
         };
         let size = ranks.placement.ranks();
         let experts = model.ckpt.config.num_experts;
-        tracing::info!(
-            "[K3] ranks: {size}, expert read rates {}",
-            ranks.rates_line()
-        );
+        tracing::info!("[K3] rank read rates: {}", ranks.rates_line());
         let own = crate::ranks::worker::hello(Some(&*model), None);
         let wait = std::time::Duration::from_secs(self.config.ranks.timeout_s);
         let h = head::Head::connect(ranks.placement, own, wait, wait)?;
         for (r, hello) in h.hellos().iter().enumerate() {
             let own = h.placement().owned(0, r);
+            let rate = ranks.rates.get(r).copied().unwrap_or(0.0);
             tracing::info!(
-                "[K3] rank {r} of {size} on {} (pid {}): experts {}..{} of layer 0's {experts}, {}",
+                "[K3] rank {r} of {size} on {} (pid {}): experts {}..{} of layer 0's {experts}, {rate:.2} GB/s, {}",
                 hello.host,
                 hello.pid,
                 own.start,

@@ -266,6 +266,23 @@ mod tests {
     }
 
     #[test]
+    fn the_probe_reads_the_expert_files_a_rank_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut index = BTreeMap::new();
+        let e = crate::checkpoint::schema::expert_tensor_name(1, 0, 0);
+        index.insert(e, "x.safetensors".to_string());
+        // A rank holding none of its expert files measures nothing.
+        assert_eq!(probe_read_gbps(dir.path(), &[], Some(&index)), None);
+        std::fs::write(dir.path().join("x.safetensors"), vec![7u8; 3 << 20]).unwrap();
+        let r = probe_read_gbps(dir.path(), &[], Some(&index)).unwrap();
+        assert!(r.is_finite() && r > 0.0, "{r}");
+        // Files that hold no routed expert are not read.
+        let mut dense = BTreeMap::new();
+        dense.insert("model.norm.weight".to_string(), "x.safetensors".to_string());
+        assert_eq!(probe_read_gbps(dir.path(), &[], Some(&dense)), None);
+    }
+
+    #[test]
     fn each_rank_opens_its_experts_files_and_the_head_the_dense_ones() {
         let mut index = BTreeMap::new();
         let e = |l: usize, x: usize| crate::checkpoint::schema::expert_tensor_name(l, x, 0);

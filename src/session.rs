@@ -9,7 +9,7 @@
 //! within [`SnapshotLimits`].
 
 use crate::backend::Backend;
-use crate::model::batch::Segment;
+use crate::model::Segment;
 use crate::model::trace::Trace;
 use crate::model::{K3Model, Logits, State, StateSnapshot};
 use crate::stats::{RunReport, Stats};

@@ -43,12 +43,23 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Opens a snapshot; shards missing from `dir` are looked for in `extra_dirs`, in order.
     pub fn open(dir: &Path, extra_dirs: &[PathBuf]) -> Result<Checkpoint> {
+        Self::open_part(dir, extra_dirs, None)
+    }
+
+    /// [`Checkpoint::open`] opening only the shard files in `only` (all with `None`): a rank
+    /// of an expert-parallel job needs only those holding its experts (and, on the head,
+    /// the dense weights). Tensors in other files are absent from the result.
+    pub fn open_part(
+        dir: &Path,
+        extra_dirs: &[PathBuf],
+        only: Option<&std::collections::BTreeSet<String>>,
+    ) -> Result<Checkpoint> {
         shards::check_dir(dir, "snapshot directory")?;
         for d in extra_dirs {
             shards::check_dir(d, "extra shard directory (K3_DIRS / --dirs)")?;
         }
         let config = Config::from_file(&dir.join(CONFIG_FILE))?;
-        let set = shards::open_shards(dir, extra_dirs)?;
+        let set = shards::open_shards(dir, extra_dirs, only)?;
         let experts = ExpertTable::build(&config, &set.entries);
         Ok(Checkpoint {
             config,

@@ -8,7 +8,7 @@ use crate::platform::input_file::{self, FileKind, InputFile};
 use crate::platform::positional_read;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3;
@@ -100,12 +100,38 @@ pub fn check_dir(dir: &Path, what: &str) -> Result<()> {
         .with_context(|| format!("{what} {}: cannot read the directory", dir.display()))
 }
 
-/// Reads the snapshot's shard list, opens every shard that holds text-model tensors and
-/// validates its header.
-pub fn open_shards(dir: &Path, extra_dirs: &[PathBuf]) -> Result<ShardSet> {
+/// The snapshot's index (canonical tensor name → shard file name), `None` for an unsharded
+/// snapshot: which files hold which tensors, known without opening a shard.
+pub fn index_map(dir: &Path) -> Result<Option<BTreeMap<String, String>>> {
+    let index_path = dir.join(INDEX_FILE);
+    if input_file::is_present(&index_path) {
+        Ok(Some(read_index(&index_path)?.1))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Where shard file `name` is: in `dir`, else in the first of `extra_dirs` holding it
+/// (an error naming the file and every directory searched when none does).
+pub fn find_shard(name: &str, dir: &Path, extra_dirs: &[PathBuf]) -> Result<PathBuf> {
+    locate(name, dir, extra_dirs).map(|(p, _)| p)
+}
+
+/// Reads the snapshot's shard list, opens every shard that holds text-model tensors (or,
+/// with `only`, those of its files the index names; an unsharded snapshot's one file is
+/// always opened) and validates its header.
+pub fn open_shards(
+    dir: &Path,
+    extra_dirs: &[PathBuf],
+    only: Option<&BTreeSet<String>>,
+) -> Result<ShardSet> {
     let index_path = dir.join(INDEX_FILE);
     let (shard_names, indexed) = if input_file::is_present(&index_path) {
-        let (names, map) = read_index(&index_path)?;
+        let (mut names, mut map) = read_index(&index_path)?;
+        if let Some(only) = only {
+            names.retain(|n| only.contains(n));
+            map.retain(|_, file| only.contains(file));
+        }
         (names, Some(map))
     } else if input_file::is_present(&dir.join(SINGLE_FILE)) {
         (vec![SINGLE_FILE.to_string()], None)

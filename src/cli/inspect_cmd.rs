@@ -144,9 +144,25 @@ fn ranks(a: &InspectArgs, n: usize, extra: &[PathBuf]) -> Result<()> {
             };
             println!("  {name}: {} of its experts{what}", size(bytes[f]));
         }
+        let index = if ck.dir.join(k3::checkpoint::shards::INDEX_FILE).exists() {
+            format!(", {}", k3::checkpoint::shards::INDEX_FILE)
+        } else {
+            String::new()
+        };
+        let tokenizer = if r == 0 {
+            " and the tokenizer files"
+        } else {
+            ""
+        };
+        println!("  with {}{index}{tokenizer}", k3::checkpoint::CONFIG_FILE);
     }
     println!(
-        "every rank opens every shard at start (the checkpoint's identity is checked across ranks and each rank loads the dense weights): copy the whole snapshot to each host; the files above are what each rank reads while it runs"
+        "a rank opens only the files listed for it (a worker loads no dense weights): copy each host the files of its rank(s). This split is {}; a job run without --rank-read-gbps splits by each rank's read rate measured at start (the even split when the rates are within 10%), so give a job on partial copies the --rank-read-gbps given here",
+        if a.rank_read_gbps.is_some() {
+            "--rank-read-gbps's"
+        } else {
+            "the even one"
+        }
     );
     Ok(())
 }

@@ -101,20 +101,24 @@ impl EngineBuilder {
     /// `[K3] context:`, `[K3] prefill window`, ...) as it goes.
     pub fn build(self, dir: &Path) -> Result<Engine> {
         let c = &self.config;
+        // First: every rank of a job takes part in the exchange of read rates.
+        let ranks = crate::ranks::setup::plan(dir, &c.load.extra_dirs, &c.ranks.read_gbps)?;
         let f = c.formats;
         let policy = FormatPolicy::from_bits(f.bits, f.mla_bits, f.head_bits)?;
         c.check_before_load()?;
-        let ckpt = Checkpoint::open(dir, &c.load.extra_dirs)?;
-        let (gpu, gpu_note) = local_gpu(&c.backend.gpu);
+        let only = ranks.as_ref().and_then(|r| r.files.as_ref());
+        let ckpt = Checkpoint::open_part(dir, &c.load.extra_dirs, only)?;
+        let gpu = local_gpu(&c.backend.gpu);
         let (model, plan) = match select(c.backend.kind, &gpu, c.backend.gpu_variable_set)? {
             Selected::Gpu(g) => {
-                tracing::info!("[K3] backend: {}{gpu_note}", g.name());
+                tracing::info!("[K3] backend: {}{}", g.name(), local_gpu_note(&gpu));
                 if c.backend.idot {
                     tracing::warn!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
                 }
-                let mut model = K3Model::load_with(ckpt, *g, policy, &self.load_options())?;
+                let opts = self.load_options();
+                let mut model = crate::ranks::setup::load(ckpt, *g, policy, &opts)?;
                 let plan = self.configure(&mut model, &policy)?;
-                self.join_ranks(&mut model)?;
+                self.join_ranks(&mut model, ranks)?;
                 (AnyModel::Gpu(Box::new(model)), plan)
             }
             Selected::Cpu { fallback } => {
@@ -132,9 +136,10 @@ impl EngineBuilder {
                         "[K3] K3_IDOT=1: routed experts on int8 activations (not exact)"
                     );
                 }
-                let mut model = K3Model::load_with(ckpt, cpu, policy, &self.load_options())?;
+                let opts = self.load_options();
+                let mut model = crate::ranks::setup::load(ckpt, cpu, policy, &opts)?;
                 let plan = self.configure(&mut model, &policy)?;
-                self.join_ranks(&mut model)?;
+                self.join_ranks(&mut model, ranks)?;
                 (AnyModel::Cpu(Box::new(model)), plan)
             }
         };
@@ -163,31 +168,26 @@ impl EngineBuilder {
     /// On the head of an expert-parallel job, waits for every rank's start-up report and
     /// hands the model the ranks; elsewhere does nothing.
     #[cfg(feature = "mpi")]
-    fn join_ranks<B: Backend>(&self, model: &mut K3Model<B>) -> Result<()> {
-        use crate::ranks::{head, placement::Placement, world};
-        if !world::is_head() {
+    fn join_ranks<B: Backend>(
+        &self,
+        model: &mut K3Model<B>,
+        ranks: Option<crate::ranks::setup::RankPlan>,
+    ) -> Result<()> {
+        use crate::ranks::{head, world};
+        let Some(ranks) = ranks.filter(|_| world::is_head()) else {
             return Ok(());
-        }
-        let size = world::info().map_or(1, |i| i.size);
-        let experts = model.ckpt.config.num_experts;
-        let rates = &self.config.ranks.read_gbps;
-        let placement = if rates.is_empty() {
-            Placement::balanced(experts, size)?
-        } else {
-            anyhow::ensure!(
-                rates.len() == size,
-                "--rank-read-gbps gives {} rates for {size} ranks: give one per rank, the head's first",
-                rates.len()
-            );
-            Placement::new(experts, rates)?
         };
+        let size = ranks.placement.ranks();
+        let experts = model.ckpt.config.num_experts;
+        tracing::info!("[K3] rank read rates: {}", ranks.rates_line());
         let own = crate::ranks::worker::hello(Some(&*model), None);
         let wait = std::time::Duration::from_secs(self.config.ranks.timeout_s);
-        let h = head::Head::connect(placement, own, wait, wait)?;
+        let h = head::Head::connect(ranks.placement, own, wait, wait)?;
         for (r, hello) in h.hellos().iter().enumerate() {
             let own = h.placement().owned(0, r);
+            let rate = ranks.rates.get(r).copied().unwrap_or(0.0);
             tracing::info!(
-                "[K3] rank {r} of {size} on {} (pid {}): experts {}..{} of layer 0's {experts}, {}",
+                "[K3] rank {r} of {size} on {} (pid {}): experts {}..{} of layer 0's {experts}, {rate:.2} GB/s, {}",
                 hello.host,
                 hello.pid,
                 own.start,
@@ -202,7 +202,11 @@ impl EngineBuilder {
     }
 
     #[cfg(not(feature = "mpi"))]
-    fn join_ranks<B: Backend>(&self, _model: &mut K3Model<B>) -> Result<()> {
+    fn join_ranks<B: Backend>(
+        &self,
+        _model: &mut K3Model<B>,
+        _ranks: Option<crate::ranks::setup::RankPlan>,
+    ) -> Result<()> {
         Ok(())
     }
 
@@ -259,31 +263,42 @@ impl EngineBuilder {
 }
 
 /// The GPU options with, on a host running several ranks of an expert-parallel job and no
-/// `--adapter`, the rank's own GPU (the local rank-th of the host's best ones), and what
-/// the backend line adds to say so.
-fn local_gpu(gpu: &crate::backend::gpu::GpuOptions) -> (crate::backend::gpu::GpuOptions, String) {
+/// `--adapter`, the rank's own GPU (the local rank-th of the host's best ones, modulo their
+/// count).
+fn local_gpu(gpu: &crate::backend::gpu::GpuOptions) -> crate::backend::gpu::GpuOptions {
     #[cfg(feature = "mpi")]
     if let Some(i) = crate::ranks::world::info().filter(|i| i.local_size > 1) {
-        if gpu.adapter.is_some() {
-            return (
-                gpu.clone(),
-                format!(
-                    " | rank {} (local {} of {} on {}): --adapter chose it",
-                    i.rank, i.local_rank, i.local_size, i.host
-                ),
-            );
+        if gpu.adapter.is_none() {
+            return crate::backend::gpu::GpuOptions {
+                gpu_index: Some(i.local_rank),
+                ..gpu.clone()
+            };
         }
-        let mut g = gpu.clone();
-        g.gpu_index = Some(i.local_rank);
-        return (
-            g,
-            format!(
-                " | rank {}: GPU {} of this host's (local rank {} of {} on {}; --adapter overrides)",
-                i.rank, i.local_rank, i.local_rank, i.local_size, i.host
-            ),
+    }
+    gpu.clone()
+}
+
+/// What the backend line adds on a host running several ranks: which GPU this rank took.
+fn local_gpu_note(gpu: &crate::backend::gpu::GpuOptions) -> String {
+    #[cfg(feature = "mpi")]
+    if let Some(i) = crate::ranks::world::info().filter(|i| i.local_size > 1) {
+        use crate::backend::gpu::device::adapters;
+        let count = if gpu.adapter.is_some() {
+            0
+        } else {
+            adapters::best_type_count(&adapters::enumerate(&adapters::instance()))
+        };
+        return crate::ranks::gpu_note(
+            i.rank,
+            i.local_rank,
+            i.local_size,
+            &i.host,
+            gpu.adapter.is_some(),
+            count,
         );
     }
-    (gpu.clone(), String::new())
+    let _ = gpu;
+    String::new()
 }
 
 /// A rank's work besides the head: serve the head's expert requests.

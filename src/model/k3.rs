@@ -24,7 +24,7 @@ use crate::experts::plan::expert_plan::ExpertAccess;
 use crate::experts::remote::RemoteExperts;
 use crate::experts::{ExpertSource, StreamConfig};
 use crate::stats::Stats;
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::sync::Arc;
 
 enum Attn<B: Backend> {
@@ -78,6 +78,13 @@ pub struct Segment<'s, B: Backend> {
     pub want: Logits,
 }
 
+/// The final mix, norm and lm_head.
+struct Output<B: Backend> {
+    final_norm: B::Act,
+    w_out: B::Act,
+    head: B::Mat,
+}
+
 /// A loaded K3 model bound to one backend.
 pub struct K3Model<B: Backend> {
     /// The checkpoint (embeddings and experts are read from it on demand).
@@ -87,9 +94,8 @@ pub struct K3Model<B: Backend> {
     /// The embedding table, read a row per token.
     embed: TensorSpec,
     layers: Vec<Layer<B>>,
-    final_norm: B::Act,
-    w_out: B::Act,
-    head: B::Mat,
+    /// `None` on a model of routed experts only ([`K3Model::experts_only`]).
+    output: Option<Output<B>>,
     glu: Glu,
     experts: ExpertSource,
     selection: ExpertSelection,
@@ -189,9 +195,11 @@ impl<B: Backend> K3Model<B> {
             backend,
             embed: tensors.embed,
             layers,
-            final_norm,
-            w_out,
-            head,
+            output: Some(Output {
+                final_norm,
+                w_out,
+                head,
+            }),
             experts,
             selection: ExpertSelection::exact(),
             prefetch: false,
@@ -208,6 +216,49 @@ impl<B: Backend> K3Model<B> {
                 dense_s,
                 cache_words,
                 pending,
+            ),
+        })
+    }
+
+    /// A model holding no dense weights, only what runs routed experts (the checkpoint,
+    /// the backend and the expert source): a rank other than the head of an expert-parallel
+    /// job, which needs neither the dense shards nor the RAM they take. Its forward pass is
+    /// an error; its experts are run through [`K3Model::experts`].
+    pub fn experts_only(ckpt: Checkpoint, backend: B) -> Result<Self> {
+        let process = crate::stats::process_start();
+        let cfg = ckpt.config.clone();
+        let tensors = ModelTensors::new(&cfg);
+        let experts = ExpertSource::with_lender(StreamConfig::default(), backend.read_lender())?
+            .with_tier_exchange(backend.tier_exchange());
+        let sub_rows = backend.max_rows(widest_row_bytes(&cfg));
+        let head_rows = backend.max_rows(cfg.vocab_size * 4);
+        let window = backend.max_rows(moe_row_bytes(&cfg));
+        Ok(Self {
+            glu: Glu::Situ {
+                beta: cfg.situ_beta,
+                linear_beta: cfg.situ_linear_beta,
+            },
+            ckpt,
+            backend,
+            embed: tensors.embed,
+            layers: Vec::new(),
+            output: None,
+            experts,
+            selection: ExpertSelection::exact(),
+            prefetch: false,
+            context: super::context::checkpoint_context(&cfg).0,
+            prompt_cache: None,
+            sub_rows,
+            head_rows,
+            window,
+            progress: Arc::default(),
+            pressure: None,
+            remote: None,
+            startup: Startup::new(
+                process.elapsed().as_secs_f64(),
+                0.0,
+                "no dense weights (routed experts only)".to_string(),
+                None,
             ),
         })
     }
@@ -660,6 +711,9 @@ impl<B: Backend> K3Model<B> {
         let b = &self.backend;
         let cfg = &self.ckpt.config;
         let (eps, h_dim) = (cfg.rms_norm_eps, cfg.hidden_size);
+        let o = self.output.as_ref().ok_or_else(|| {
+            anyhow!("this model holds routed experts only (a rank of an expert-parallel job): it has no output head")
+        })?;
         // Every wanted row's logits, in row order (which is segment order).
         let mut logits = Vec::new();
         for (j, hj) in h.iter().enumerate() {
@@ -680,16 +734,16 @@ impl<B: Backend> K3Model<B> {
                 (&picked.0, picked.1.iter().collect())
             };
             let out = b.rmsnorm(
-                &b.attn_res_mix(&xs, x, &self.w_out, eps)?,
-                &self.final_norm,
+                &b.attn_res_mix(&xs, x, &o.w_out, eps)?,
+                &o.final_norm,
                 h_dim,
                 eps,
             )?;
             for r in sub_batches(rows, self.head_rows) {
                 let piece = if r.len() == rows {
-                    b.matmul(&self.head, &out)?
+                    b.matmul(&o.head, &out)?
                 } else {
-                    b.matmul(&self.head, &b.slice_rows(&out, r.start, r.len())?)?
+                    b.matmul(&o.head, &b.slice_rows(&out, r.start, r.len())?)?
                 };
                 logits.extend(b.download(&piece)?);
             }

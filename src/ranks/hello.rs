@@ -2,7 +2,8 @@
 //! checkpoint it opened (each file's content identity), or why it could not start. The head
 //! refuses a job whose ranks disagree, naming the rank, its host and the file or flag.
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::shards::INDEX_FILE;
+use crate::checkpoint::{Checkpoint, CONFIG_FILE};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
@@ -26,12 +27,16 @@ pub struct Hello {
     pub error: Option<String>,
 }
 
-/// The content identity of `ck`'s files: the config's bytes and each shard's sampled hash
-/// (header and sampled blocks, as the weight cache keys them), by file name, so two hosts
-/// holding the same snapshot at different paths agree.
+/// The content identity of `ck`'s files: the config's and the index's bytes and each
+/// opened shard's sampled hash (header and sampled blocks, as the weight cache keys them),
+/// by file name, so two hosts holding the same snapshot at different paths agree. A rank
+/// opens only its own shards, so two ranks list the shards they share.
 pub fn checkpoint_files(ck: &Checkpoint) -> Vec<(String, u64)> {
-    let config = std::fs::read(ck.dir.join("config.json")).map_or(0, |b| xxh3_64(&b));
-    let mut files = vec![("config.json".to_string(), config)];
+    let config = std::fs::read(ck.dir.join(CONFIG_FILE)).map_or(0, |b| xxh3_64(&b));
+    let mut files = vec![(CONFIG_FILE.to_string(), config)];
+    if let Ok(b) = std::fs::read(ck.dir.join(INDEX_FILE)) {
+        files.push((INDEX_FILE.to_string(), xxh3_64(&b)));
+    }
     for i in 0..ck.shard_count() {
         let name = ck.shard_path(i).file_name().map_or_else(
             || format!("shard {i}"),
@@ -70,21 +75,26 @@ pub fn check(head: &Hello, rank: &Hello) -> Result<()> {
             head.args.get(at).map_or("(nothing)", String::as_str),
         );
     }
-    for (name, id) in &head.files {
-        match rank.files.iter().find(|(n, _)| n == name) {
-            Some((_, other)) if other == id => {}
-            Some(_) => bail!(
-                "{who} runs a different checkpoint: its {name} differs from the head's (content stamps differ; copy the same snapshot to every host)"
+    let find = |h: &'_ Hello, name: &str| h.files.iter().find(|(n, _)| n == name).map(|f| f.1);
+    // The config and the index both hold; each shard only where both ranks opened it.
+    for name in [CONFIG_FILE, INDEX_FILE] {
+        match (find(head, name), find(rank, name)) {
+            (Some(a), Some(b)) if a != b => bail!(
+                "{who} runs a different checkpoint: its {name} differs from the head's (copy the same snapshot's files to every host)"
             ),
-            None => bail!("{who} runs a different checkpoint: it has no {name}"),
+            (Some(_), None) => bail!("{who} runs a different checkpoint: it has no {name}"),
+            (None, Some(_)) => bail!("{who} runs a different checkpoint: it has a {name}, the head has none"),
+            _ => {}
         }
     }
-    if rank.files.len() != head.files.len() {
-        bail!(
-            "{who} runs a different checkpoint: {} files where the head has {}",
-            rank.files.len(),
-            head.files.len()
-        );
+    for (name, id) in &head.files {
+        if let Some(other) = find(rank, name) {
+            if other != *id {
+                bail!(
+                    "{who} runs a different checkpoint: its {name} differs from the head's (content stamps differ; copy the same snapshot to every host)"
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -127,5 +137,33 @@ mod tests {
             e.contains("could not start") && e.contains("x.safetensors"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn ranks_compare_only_the_shards_both_opened() {
+        let mut head = hello(0);
+        head.files.push((INDEX_FILE.into(), 7));
+        head.files.push(("dense.safetensors".into(), 9));
+        let mut r = hello(1);
+        r.files.push((INDEX_FILE.into(), 7));
+        r.files.push(("b.safetensors".into(), 4));
+        // Shards only one rank opened are not compared; the shared one matches.
+        check(&head, &r).unwrap();
+        // Another index, or none, is another checkpoint.
+        r.files[2].1 = 8;
+        let e = check(&head, &r).unwrap_err().to_string();
+        assert!(
+            e.contains("different checkpoint") && e.contains(INDEX_FILE),
+            "{e}"
+        );
+        r.files.remove(2);
+        let e = check(&head, &r).unwrap_err().to_string();
+        assert!(e.contains("has no") && e.contains(INDEX_FILE), "{e}");
+        // Another config is another checkpoint.
+        let mut r = hello(1);
+        r.files.push((INDEX_FILE.into(), 7));
+        r.files[0].1 = 5;
+        let e = check(&head, &r).unwrap_err().to_string();
+        assert!(e.contains("config.json"), "{e}");
     }
 }

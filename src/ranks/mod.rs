@@ -8,6 +8,7 @@
 
 pub mod hello;
 pub mod placement;
+pub mod setup;
 pub mod wire;
 
 #[cfg(feature = "mpi")]
@@ -48,6 +49,33 @@ pub fn shards_of_rank(
         }
     }
     (0..used.len()).filter(|&i| used[i]).collect()
+}
+
+/// What the backend line adds for rank `rank`, the `local_rank`-th of `local_size` ranks on
+/// `host`: the adapter `--adapter` chose, or which of the host's `gpus` equal GPUs it took
+/// (its local rank modulo their count, so ranks beyond the count share them).
+pub fn gpu_note(
+    rank: usize,
+    local_rank: usize,
+    local_size: usize,
+    host: &str,
+    adapter: bool,
+    gpus: usize,
+) -> String {
+    if adapter {
+        return format!(
+            " | rank {rank} (local {local_rank} of {local_size} on {host}): --adapter chose it"
+        );
+    }
+    let at = crate::backend::gpu::device::adapters::pick_index(local_rank, gpus);
+    let shared = if local_size > gpus {
+        format!("; {local_size} ranks share its {gpus} GPU(s)")
+    } else {
+        String::new()
+    };
+    format!(
+        " | rank {rank}: GPU {at} of this host's {gpus} (local rank {local_rank} of {local_size} on {host}{shared}; --adapter overrides)"
+    )
 }
 
 /// Returned by a command run as a rank other than the head once it served the job: the
@@ -185,6 +213,22 @@ pub fn ranks_json(f: &[RankFigures]) -> serde_json::Value {
 #[cfg(test)]
 mod figure_tests {
     use super::*;
+
+    #[test]
+    fn the_backend_line_names_the_gpu_a_rank_wraps_to() {
+        // Three ranks on a host with two GPUs: the third takes GPU 0 again.
+        let n = gpu_note(2, 2, 3, "h", false, 2);
+        assert!(n.contains("GPU 0 of this host's 2"), "{n}");
+        assert!(n.contains("local rank 2 of 3 on h"), "{n}");
+        assert!(n.contains("3 ranks share its 2 GPU(s)"), "{n}");
+        let n = gpu_note(1, 1, 2, "h", false, 2);
+        assert!(
+            n.contains("GPU 1 of this host's 2") && !n.contains("share"),
+            "{n}"
+        );
+        let n = gpu_note(5, 1, 2, "h", true, 0);
+        assert!(n.contains("--adapter chose it"), "{n}");
+    }
 
     #[test]
     fn the_ranks_line_shows_each_rank_and_the_totals() {

@@ -89,6 +89,15 @@ pub fn with_world<T>(f: impl FnOnce(&SimpleCommunicator) -> T) -> T {
     f(&SimpleCommunicator::world())
 }
 
+/// Every rank's `v`, in rank order (a collective: every rank of the job calls it once).
+pub fn all_gather_f64(v: f64) -> Vec<f64> {
+    use mpi::collective::CommunicatorCollectives;
+    let size = info().map_or(1, |i| i.size);
+    let mut all = vec![0.0f64; size];
+    with_world(|w| w.all_gather_into(&v, &mut all[..]));
+    all
+}
+
 /// Ends every rank of the job with `code` (after an error the head cannot recover from).
 pub fn abort(code: i32) -> ! {
     let world = SimpleCommunicator::world();

@@ -252,6 +252,13 @@ fn inspect_ranks_lists_each_ranks_shards_and_refuses_bad_counts() {
     assert!(out.contains("rank 1: "), "{out}");
     assert!(out.contains("+ dense weights"), "{out}");
     assert!(!out.contains("rank 2"), "{out}");
+    assert!(out.contains("a rank opens only the files listed"), "{out}");
+    assert!(!out.contains("whole snapshot"), "{out}");
+    // The worker's list names no file holding only dense weights.
+    let worker = out.split("rank 1: ").nth(1).unwrap();
+    let worker = worker.split("a rank opens").next().unwrap();
+    assert!(!worker.contains("dense"), "{out}");
+    assert!(worker.contains("with config.json"), "{out}");
     // The tiny model's 8 experts a layer: 4 and 4 equal, 2 and 6 at rates 1 and 3.
     let o = k3(&["inspect", d, "--ranks", "2", "--rank-read-gbps", "1,3"]);
     let out = String::from_utf8_lossy(&o.stdout);

@@ -13,6 +13,7 @@ mod fault_limits;
 mod fault_reads;
 mod lent_reads;
 mod prompt_cache;
+mod rank_shards;
 mod shard_faults;
 mod split_reads;
 mod weight_cache;

@@ -251,9 +251,22 @@ pub fn choose(
     Ok(cands.remove(at))
 }
 
+/// How many of `adapters` share the best type (discrete first): the count [`choose`] wraps
+/// a rank's index at when no name is given.
+pub fn best_type_count(adapters: &[wgpu::Adapter]) -> usize {
+    let ranks: Vec<u8> = adapters
+        .iter()
+        .map(|a| type_rank(a.get_info().device_type))
+        .collect();
+    ranks
+        .iter()
+        .min()
+        .map_or(0, |b| ranks.iter().filter(|r| *r == b).count())
+}
+
 /// Which of `count` equal adapters the `index`-th rank of a host takes: its own while there
 /// are enough, shared round-robin beyond.
-fn pick_index(index: usize, count: usize) -> usize {
+pub fn pick_index(index: usize, count: usize) -> usize {
     index % count.max(1)
 }
 

@@ -291,3 +291,45 @@ pub fn assert_valid(schema: &serde_json::Value, v: &serde_json::Value) {
     let errors: Vec<String> = validator.iter_errors(v).map(|e| e.to_string()).collect();
     assert!(errors.is_empty(), "{v} does not validate: {errors:?}");
 }
+
+/// Why this OS cannot do what a re-download or a cleanup does to a shard that k3 holds
+/// open, or `None` where it can: rename a new file over it, and delete it so that its name
+/// is gone at once. Linux, macOS and Windows 10 and later (POSIX rename and delete
+/// semantics, which Rust's standard library asks for) do both; Wine 8 refuses the rename and
+/// keeps a deleted file's name until its last handle closes, whatever the handle's share
+/// mode. The probe holds its file open as the standard library's `File::open` does, as k3's
+/// shard handles are.
+pub fn open_file_replace_refused() -> Option<String> {
+    let dir = tempfile::tempdir().ok()?;
+    let (held, new) = (dir.path().join("held"), dir.path().join("new"));
+    std::fs::write(&held, b"old").ok()?;
+    std::fs::write(&new, b"new").ok()?;
+    let handle = std::fs::File::open(&held).ok()?;
+    if let Err(e) = std::fs::rename(&new, &held) {
+        return Some(format!(
+            "this OS refuses to rename a file over one that is open ({e})"
+        ));
+    }
+    if let Err(e) = std::fs::remove_file(&held) {
+        return Some(format!(
+            "this OS refuses to delete a file that is open ({e})"
+        ));
+    }
+    let name_kept = held.exists();
+    drop(handle);
+    name_kept
+        .then(|| "this OS keeps a deleted file's name until its last handle closes".to_string())
+}
+
+/// Runs `test` unless [`open_file_replace_refused`] says this OS cannot; then it writes the
+/// skip line of the tests that replace or delete shards k3 holds open.
+pub fn where_open_files_can_be_replaced(test: impl FnOnce()) {
+    match open_file_replace_refused() {
+        None => test(),
+        Some(why) => skip_on_this_os(
+            "the shards replaced or deleted while k3 holds them open (fault_reads::a_shard_replaced_while_experts_stream_is_reported, fault_reads::a_shard_deleted_while_experts_stream_is_reported_with_the_file, shard_faults::an_embedding_shard_replaced_by_rename_is_reported)",
+            &why,
+            "Linux, macOS or Windows 10 and later (not Wine)",
+        ),
+    }
+}

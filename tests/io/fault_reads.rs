@@ -243,7 +243,7 @@ fn a_shard_truncated_while_experts_stream_is_reported_with_file_and_offset() {
 
 #[test]
 fn a_shard_replaced_while_experts_stream_is_reported() {
-    support::where_open_files_can_be_replaced(|| {
+    support::where_open_files_can_be_replaced(crate::REPLACED_WHILE_OPEN, || {
         for (mode, pipe) in [(IoMode::Buffered, false), (IoMode::Direct, true)] {
             let msg = prefill_after(stream(mode, pipe), |p| {
                 // A new file renamed over the old one (what a re-download does): the same
@@ -274,7 +274,7 @@ fn a_shard_replaced_while_experts_stream_is_reported() {
 
 #[test]
 fn a_shard_deleted_while_experts_stream_is_reported_with_the_file() {
-    support::where_open_files_can_be_replaced(|| {
+    support::where_open_files_can_be_replaced(crate::REPLACED_WHILE_OPEN, || {
         for (mode, pipe) in [(IoMode::Buffered, false), (IoMode::Direct, true)] {
             let msg = prefill_after(stream(mode, pipe), |p| std::fs::remove_file(p).unwrap())
                 .expect("a run over deleted shards succeeded");

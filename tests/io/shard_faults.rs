@@ -250,7 +250,7 @@ fn an_embedding_shard_rewritten_in_place_with_its_time_restored_is_reported() {
 
 #[test]
 fn an_embedding_shard_replaced_by_rename_is_reported() {
-    support::where_open_files_can_be_replaced(|| {
+    support::where_open_files_can_be_replaced(crate::REPLACED_WHILE_OPEN, || {
         let msg = prefill_error_after_embedding_shard(|p| {
             // What a re-download does: a complete new file renamed over the old one, here
             // with the same bytes and modification time.

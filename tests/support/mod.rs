@@ -322,12 +322,12 @@ pub fn open_file_replace_refused() -> Option<String> {
 }
 
 /// Runs `test` unless [`open_file_replace_refused`] says this OS cannot; then it writes the
-/// skip line of the tests that replace or delete shards k3 holds open.
-pub fn where_open_files_can_be_replaced(test: impl FnOnce()) {
+/// skip line of `group`, the tests that replace or delete shards k3 holds open.
+pub fn where_open_files_can_be_replaced(group: &str, test: impl FnOnce()) {
     match open_file_replace_refused() {
         None => test(),
         Some(why) => skip_on_this_os(
-            "the shards replaced or deleted while k3 holds them open (fault_reads::a_shard_replaced_while_experts_stream_is_reported, fault_reads::a_shard_deleted_while_experts_stream_is_reported_with_the_file, shard_faults::an_embedding_shard_replaced_by_rename_is_reported)",
+            group,
             &why,
             "Linux, macOS or Windows 10 and later (not Wine)",
         ),

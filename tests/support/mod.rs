@@ -305,20 +305,21 @@ pub fn open_file_replace_refused() -> Option<String> {
     std::fs::write(&held, b"old").ok()?;
     std::fs::write(&new, b"new").ok()?;
     let handle = std::fs::File::open(&held).ok()?;
+    let mut refused = Vec::new();
     if let Err(e) = std::fs::rename(&new, &held) {
-        return Some(format!(
-            "this OS refuses to rename a file over one that is open ({e})"
+        refused.push(format!(
+            "refuses to rename a file over one that is open ({e})"
         ));
     }
-    if let Err(e) = std::fs::remove_file(&held) {
-        return Some(format!(
-            "this OS refuses to delete a file that is open ({e})"
-        ));
+    match std::fs::remove_file(&held) {
+        Err(e) => refused.push(format!("refuses to delete a file that is open ({e})")),
+        Ok(()) if held.exists() => {
+            refused.push("keeps a deleted file's name until its last handle closes".to_string())
+        }
+        Ok(()) => {}
     }
-    let name_kept = held.exists();
     drop(handle);
-    name_kept
-        .then(|| "this OS keeps a deleted file's name until its last handle closes".to_string())
+    (!refused.is_empty()).then(|| format!("this OS {}", refused.join(" and ")))
 }
 
 /// Runs `test` unless [`open_file_replace_refused`] says this OS cannot; then it writes the

@@ -3,10 +3,12 @@
 use super::*;
 #[cfg(unix)]
 use std::os::unix::fs::FileTypeExt;
+#[cfg(unix)]
 use std::sync::mpsc;
 
 /// Runs `f` on a thread; a call still running after 20 s is the hang these tests
 /// guard against.
+#[cfg(unix)]
 fn within_limit<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -17,6 +19,7 @@ fn within_limit<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 's
 }
 
 /// Sets the modification time of `path` to `ago` before now.
+#[cfg(unix)]
 fn age(path: &Path, ago: Duration) {
     let f = File::options().write(true).open(path).unwrap();
     f.set_modified(SystemTime::now() - ago).unwrap();

@@ -76,13 +76,26 @@ pub enum DenseData {
 mod tests {
     use super::round_half_away;
 
+    /// Half away from zero in f64, where `x ± 0.5` is exact for every f32 `x`, and the
+    /// cast truncates: no libm call. `f32::round` is no reference on every target: the
+    /// mingw-w64 C runtime that the x86_64-pc-windows-gnu build links rounds 0.49999997 to 1.
+    fn exact_round(x: f32) -> f32 {
+        (f64::from(x) + 0.5f64.copysign(f64::from(x))) as i64 as f32
+    }
+
     #[test]
     fn round_half_away_is_round() {
         let mut cases = vec![0.5f32, -0.5, 1.5, -2.5, 0.49999997, -0.49999997, 6.5, 127.5];
+        cases.extend([2.4999998, -2.4999998, 8388607.5, -8388607.5, 1e-40, -0.0]);
         cases.extend((0..20_000).map(|i| (i as f32 - 10_000.0) * 0.013_7));
         cases.extend((0..2_000).map(|i| i as f32 * 0.25 - 250.0));
         for x in cases {
-            assert_eq!(round_half_away(x), x.round(), "{x}");
+            // Bits: both give +0 for a zero result.
+            assert_eq!(
+                round_half_away(x).to_bits(),
+                exact_round(x).to_bits(),
+                "{x}"
+            );
         }
     }
 }

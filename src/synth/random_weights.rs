@@ -8,6 +8,7 @@ use half::{bf16, f16};
 
 use crate::checkpoint::schema::TensorKind;
 use crate::checkpoint::tensor::Dtype;
+use crate::quant::round_half_away;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
@@ -155,7 +156,9 @@ fn fill_block(rng: &mut ChaCha8Rng, init: Init, ty: Dtype, out: &mut [u8]) {
                     Dtype::Bf16 => elem.copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
                     Dtype::F16 => elem.copy_from_slice(&f16::from_f32(v).to_le_bytes()),
                     Dtype::F32 => elem.copy_from_slice(&v.to_le_bytes()),
-                    Dtype::U8 => elem[0] = v.round().clamp(0.0, 255.0) as u8,
+                    // Clamped first: `round_half_away` wants |x| < 2^23; it, not
+                    // `f32::round`, so that the bytes are the same on every target.
+                    Dtype::U8 => elem[0] = round_half_away(v.clamp(0.0, 255.0)) as u8,
                 }
             }
         }

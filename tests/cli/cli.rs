@@ -32,7 +32,9 @@ fn a_build_without_the_lab_feature_says_it_leaves_the_lab_tests_out() {
 #[test]
 fn run_prints_ids_and_the_stats_lines_users_parse() {
     let dir = support::tiny(0);
-    let logits = tempfile::NamedTempFile::new().unwrap();
+    // Its handle closed: k3 renames its output over the file, which Wine (and Windows
+    // before 10) refuse while another handle holds it open.
+    let logits = tempfile::NamedTempFile::new().unwrap().into_temp_path();
     let o = k3(&[
         "run",
         dir.to_str().unwrap(),
@@ -43,7 +45,7 @@ fn run_prints_ids_and_the_stats_lines_users_parse() {
         "--ignore-eos",
         "--quiet",
         "--dump-logits",
-        logits.path().to_str().unwrap(),
+        logits.to_str().unwrap(),
     ]);
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
@@ -66,7 +68,7 @@ fn run_prints_ids_and_the_stats_lines_users_parse() {
     assert!(line("[K3][RAM_GB=").contains("GB for experts; cache "));
     assert!(line("[K3] disk: ").ends_with(" GB/s)"));
     assert_eq!(
-        std::fs::metadata(logits.path()).unwrap().len(),
+        std::fs::metadata(&logits).unwrap().len(),
         4 * 1024 * 4,
         "[positions x vocab] f32"
     );
@@ -81,7 +83,8 @@ fn chunk_bounds_the_windows_run_prefills_in() {
     let ids: Vec<String> = (0..32).map(|i| (768 + i).to_string()).collect();
     let ids = ids.join(",");
     let lookups = |extra: &[&str]| {
-        let stats = tempfile::NamedTempFile::new().unwrap();
+        // Its handle closed, as `logits` in run_prints_ids_and_the_stats_lines_users_parse.
+        let stats = tempfile::NamedTempFile::new().unwrap().into_temp_path();
         let mut args = vec![
             "run",
             dir.to_str().unwrap(),
@@ -91,13 +94,12 @@ fn chunk_bounds_the_windows_run_prefills_in() {
             "1",
             "--quiet",
             "--stats-json",
-            stats.path().to_str().unwrap(),
+            stats.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
         let o = k3(&args);
         assert!(o.status.success(), "{}", stderr(&o));
-        let v: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(stats.path()).unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
         (v["prefill"]["expert_lookups"].as_u64().unwrap(), stderr(&o))
     };
     let (whole, _) = lookups(&[]);

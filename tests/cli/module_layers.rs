@@ -456,7 +456,16 @@ fn named_modules(file_module: &[String], code: &str) -> Vec<Vec<String>> {
 fn import_graph(src: &Path) -> BTreeMap<String, std::collections::BTreeSet<String>> {
     let mut files = Vec::new();
     rust_files(src, &mut files);
-    let rel = |f: &Path| f.strip_prefix(src).unwrap().display().to_string();
+    // Joined with `/` on every OS, as ALLOWED_CIRCLES names them.
+    let rel = |f: &Path| {
+        let parts: Vec<String> = f
+            .strip_prefix(src)
+            .unwrap()
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().to_string())
+            .collect();
+        parts.join("/")
+    };
     let files: Vec<PathBuf> = files
         .into_iter()
         .filter(|f| {

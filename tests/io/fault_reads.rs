@@ -243,43 +243,47 @@ fn a_shard_truncated_while_experts_stream_is_reported_with_file_and_offset() {
 
 #[test]
 fn a_shard_replaced_while_experts_stream_is_reported() {
-    for (mode, pipe) in [(IoMode::Buffered, false), (IoMode::Direct, true)] {
-        let msg = prefill_after(stream(mode, pipe), |p| {
-            // A new file renamed over the old one (what a re-download does): the same
-            // length, other bytes, another modification time.
-            let mut bytes = std::fs::read(p).unwrap();
-            let n = bytes.len();
-            bytes[n - 64..].fill(0x11);
-            let tmp = p.with_extension("new");
-            std::fs::write(&tmp, &bytes).unwrap();
-            let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
-            std::fs::File::options()
-                .write(true)
-                .open(&tmp)
-                .unwrap()
-                .set_modified(later)
-                .unwrap();
-            std::fs::rename(&tmp, p).unwrap();
-        })
-        .expect("a run over replaced shards succeeded");
-        assert!(msg.contains(".safetensors"), "{msg}");
-        assert!(
-            msg.contains("changed while k3 was running"),
-            "{mode:?}: {msg}"
-        );
-    }
+    support::where_open_files_can_be_replaced(crate::REPLACED_WHILE_OPEN, || {
+        for (mode, pipe) in [(IoMode::Buffered, false), (IoMode::Direct, true)] {
+            let msg = prefill_after(stream(mode, pipe), |p| {
+                // A new file renamed over the old one (what a re-download does): the same
+                // length, other bytes, another modification time.
+                let mut bytes = std::fs::read(p).unwrap();
+                let n = bytes.len();
+                bytes[n - 64..].fill(0x11);
+                let tmp = p.with_extension("new");
+                std::fs::write(&tmp, &bytes).unwrap();
+                let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+                std::fs::File::options()
+                    .write(true)
+                    .open(&tmp)
+                    .unwrap()
+                    .set_modified(later)
+                    .unwrap();
+                std::fs::rename(&tmp, p).unwrap();
+            })
+            .expect("a run over replaced shards succeeded");
+            assert!(msg.contains(".safetensors"), "{msg}");
+            assert!(
+                msg.contains("changed while k3 was running"),
+                "{mode:?}: {msg}"
+            );
+        }
+    });
 }
 
 #[test]
 fn a_shard_deleted_while_experts_stream_is_reported_with_the_file() {
-    for (mode, pipe) in [(IoMode::Buffered, false), (IoMode::Direct, true)] {
-        let msg = prefill_after(stream(mode, pipe), |p| std::fs::remove_file(p).unwrap())
-            .expect("a run over deleted shards succeeded");
-        assert!(msg.contains(".safetensors"), "{msg}");
-        // A shard the reader had not opened yet cannot be opened; one it holds open
-        // would still read its old bytes (the file lives on until closed).
-        assert!(msg.contains("opening expert shard"), "{mode:?}: {msg}");
-    }
+    support::where_open_files_can_be_replaced(crate::REPLACED_WHILE_OPEN, || {
+        for (mode, pipe) in [(IoMode::Buffered, false), (IoMode::Direct, true)] {
+            let msg = prefill_after(stream(mode, pipe), |p| std::fs::remove_file(p).unwrap())
+                .expect("a run over deleted shards succeeded");
+            assert!(msg.contains(".safetensors"), "{msg}");
+            // A shard the reader had not opened yet cannot be opened; one it holds open
+            // would still read its old bytes (the file lives on until closed).
+            assert!(msg.contains("opening expert shard"), "{mode:?}: {msg}");
+        }
+    });
 }
 
 /// Lends host buffers, as a GPU's host-memory upload staging would.

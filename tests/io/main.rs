@@ -21,6 +21,9 @@ mod weight_cache;
 #[cfg(feature = "lab")]
 mod cache_policy;
 
+/// The skip line's group of the tests that replace or delete shards k3 holds open.
+const REPLACED_WHILE_OPEN: &str = "the shards replaced or deleted while k3 holds them open (fault_reads::a_shard_replaced_while_experts_stream_is_reported, fault_reads::a_shard_deleted_while_experts_stream_is_reported_with_the_file, shard_faults::an_embedding_shard_replaced_by_rename_is_reported)";
+
 /// The tests compiled out on this system (`#[cfg(unix)]`) say so in one skip line.
 #[cfg(not(unix))]
 #[test]

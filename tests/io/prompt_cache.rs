@@ -527,6 +527,7 @@ fn an_entry_larger_than_the_bound_is_not_stored() {
 }
 
 /// Sets the modification time of `path` to `ago` before now.
+#[cfg(unix)]
 fn age(path: &Path, ago: std::time::Duration) {
     let f = std::fs::File::options().write(true).open(path).unwrap();
     f.set_modified(std::time::SystemTime::now() - ago).unwrap();

@@ -250,22 +250,46 @@ fn an_embedding_shard_rewritten_in_place_with_its_time_restored_is_reported() {
 
 #[test]
 fn an_embedding_shard_replaced_by_rename_is_reported() {
-    let msg = prefill_error_after_embedding_shard(|p| {
-        // What a re-download does: a complete new file renamed over the old one, here
-        // with the same bytes and modification time.
-        let was = std::fs::metadata(p).unwrap().modified().unwrap();
-        let tmp = p.with_extension("incomplete");
-        std::fs::copy(p, &tmp).unwrap();
-        std::fs::File::options()
-            .write(true)
-            .open(&tmp)
-            .unwrap()
-            .set_modified(was)
-            .unwrap();
-        std::fs::rename(&tmp, p).unwrap();
+    support::where_open_files_can_be_replaced(crate::REPLACED_WHILE_OPEN, || {
+        let msg = prefill_error_after_embedding_shard(|p| {
+            // What a re-download does: a complete new file renamed over the old one, here
+            // with the same bytes and modification time.
+            let was = std::fs::metadata(p).unwrap().modified().unwrap();
+            let tmp = p.with_extension("incomplete");
+            std::fs::copy(p, &tmp).unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&tmp)
+                .unwrap()
+                .set_modified(was)
+                .unwrap();
+            std::fs::rename(&tmp, p).unwrap();
+        });
+        assert!(msg.contains("changed while k3 was running"), "{msg}");
+        assert!(msg.contains(".safetensors"), "{msg}");
     });
-    assert!(msg.contains("changed while k3 was running"), "{msg}");
-    assert!(msg.contains(".safetensors"), "{msg}");
+}
+
+/// Every handle k3 keeps on a shard lets another program delete or replace the file (on
+/// Windows, a share mode with `FILE_SHARE_DELETE`): a re-download or a cleanup while k3
+/// runs is k3's to notice, never refused by the OS.
+#[test]
+fn the_shards_k3_holds_open_can_be_deleted() {
+    for (mode, pipe) in [(IoMode::Buffered, false), (IoMode::Direct, true)] {
+        let copy = support::copy_dir(&support::tiny(0));
+        let m = support::cpu_model(copy.path(), FormatPolicy::default(), stream(mode, pipe));
+        let mut st = m.new_state().unwrap();
+        prefill(&m, &mut st, &PROMPT, 32, false, &mut Stats::default(), None).unwrap();
+        for p in shards(copy.path()) {
+            if let Err(e) = std::fs::remove_file(&p) {
+                panic!(
+                    "{mode:?}: {} is held open against deletion: {e}",
+                    p.display()
+                );
+            }
+        }
+        drop(m);
+    }
 }
 
 #[test]

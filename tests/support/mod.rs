@@ -292,3 +292,46 @@ pub fn assert_valid(schema: &serde_json::Value, v: &serde_json::Value) {
     let errors: Vec<String> = validator.iter_errors(v).map(|e| e.to_string()).collect();
     assert!(errors.is_empty(), "{v} does not validate: {errors:?}");
 }
+
+/// Why this OS cannot do what a re-download or a cleanup does to a shard that k3 holds
+/// open, or `None` where it can: rename a new file over it, and delete it so that its name
+/// is gone at once. Linux, macOS and Windows 10 and later (POSIX rename and delete
+/// semantics, which Rust's standard library asks for) do both; Wine 8 refuses the rename and
+/// keeps a deleted file's name until its last handle closes, whatever the handle's share
+/// mode. The probe holds its file open as the standard library's `File::open` does, as k3's
+/// shard handles are.
+pub fn open_file_replace_refused() -> Option<String> {
+    let dir = tempfile::tempdir().ok()?;
+    let (held, new) = (dir.path().join("held"), dir.path().join("new"));
+    std::fs::write(&held, b"old").ok()?;
+    std::fs::write(&new, b"new").ok()?;
+    let handle = std::fs::File::open(&held).ok()?;
+    let mut refused = Vec::new();
+    if let Err(e) = std::fs::rename(&new, &held) {
+        refused.push(format!(
+            "refuses to rename a file over one that is open ({e})"
+        ));
+    }
+    match std::fs::remove_file(&held) {
+        Err(e) => refused.push(format!("refuses to delete a file that is open ({e})")),
+        Ok(()) if held.exists() => {
+            refused.push("keeps a deleted file's name until its last handle closes".to_string())
+        }
+        Ok(()) => {}
+    }
+    drop(handle);
+    (!refused.is_empty()).then(|| format!("this OS {}", refused.join(" and ")))
+}
+
+/// Runs `test` unless [`open_file_replace_refused`] says this OS cannot; then it writes the
+/// skip line of `group`, the tests that replace or delete shards k3 holds open.
+pub fn where_open_files_can_be_replaced(group: &str, test: impl FnOnce()) {
+    match open_file_replace_refused() {
+        None => test(),
+        Some(why) => skip_on_this_os(
+            group,
+            &why,
+            "Linux, macOS or Windows 10 and later (not Wine)",
+        ),
+    }
+}

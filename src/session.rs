@@ -9,8 +9,8 @@
 //! within [`SnapshotLimits`].
 
 use crate::backend::Backend;
-use crate::model::Segment;
 use crate::model::trace::Trace;
+use crate::model::Segment;
 use crate::model::{K3Model, Logits, State, StateSnapshot};
 use crate::stats::{RunReport, Stats};
 use anyhow::{bail, Result};

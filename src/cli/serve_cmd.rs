@@ -51,7 +51,9 @@ pub struct ServeArgs {
     #[arg(long, env = "K3_PARALLEL", default_value_t = 4)]
     pub parallel: usize,
     /// Prompt tokens a request feeds per engine step while it prefills (at most the prefill
-    /// window), so requests already generating keep producing tokens between slices.
+    /// window), so requests already generating keep producing tokens between slices. A
+    /// prompt alone with nothing queued feeds whole windows when the host cache cannot hold
+    /// every expert (slices would re-read them).
     #[arg(long, env = "K3_PREFILL_SLICE", default_value_t = 512)]
     pub prefill_slice: usize,
     /// Tokens an answer gets when the request names no max_tokens.

@@ -319,9 +319,12 @@ pub fn run_engine<B: Backend>(
         one as f64 / 1e6,
         opts.snapshots.bytes as f64 / (1 << 20) as f64
     );
-    let slice = opts
-        .prefill_slice
-        .clamp(1, crate::session::window(model, crate::session::MAX_WINDOW));
+    let whole = crate::session::window(model, crate::session::MAX_WINDOW);
+    let slice = opts.prefill_slice.clamp(1, whole);
+    // Slicing a prompt re-reads, slice after slice, every routed expert it touches unless the
+    // host cache holds each layer's every expert: then a lone prompt with nobody queued
+    // behind it feeds whole windows, as `k3 run` does (docs/api.md, "Several requests at once").
+    let slices_reread = model.experts().slots_per_layer() < cfg.num_experts;
     // The sequences share the state the memory plan reserves: one context's.
     let budget = state_bytes(cfg, model.context());
     tracing::info!(
@@ -464,6 +467,10 @@ pub fn run_engine<B: Backend>(
         for (qi, q) in active.iter().enumerate() {
             owner[q.slot] = Some(qi);
         }
+        let alone = active.len() == 1
+            && waiting.is_none()
+            && shared.metrics.queue_depth.load(Ordering::SeqCst) == 0;
+        let feed = if alone && slices_reread { whole } else { slice };
         let mut segs = Vec::new();
         let mut who = Vec::new();
         for (si, slot) in slots.iter_mut().enumerate() {
@@ -473,7 +480,7 @@ pub fn run_engine<B: Backend>(
             if let Some(seg) = active[qi]
                 .stepper
                 .as_ref()
-                .and_then(|st| session.segment(st, slice))
+                .and_then(|st| session.segment(st, feed))
             {
                 segs.push(seg);
                 who.push(qi);

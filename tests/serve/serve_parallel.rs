@@ -297,3 +297,41 @@ fn a_request_whose_state_does_not_fit_beside_the_running_one_waits() {
         s.log()
     );
 }
+
+/// Steps the engine has run (`k3_batch_size_count` in /metrics).
+fn steps_run(s: &Server) -> f64 {
+    let (st, m) = get(&s.url("/metrics"), None);
+    assert_eq!(st, 200, "{m}");
+    m.lines()
+        .find(|l| l.starts_with("k3_batch_size_count"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no k3_batch_size_count: {m}"))
+}
+
+#[test]
+fn a_lone_prompt_feeds_whole_windows_when_the_cache_cannot_hold_every_expert() {
+    let dir = support::tiny(0);
+    // 400 words at 16 tokens a slice: 25 or more prefill steps when sliced.
+    let body = long_chat(&"word ".repeat(400), 1, false);
+    let steps_with = |flags: &[&str]| {
+        let mut args = vec!["--parallel", "2", "--prefill-slice", "16"];
+        args.extend_from_slice(flags);
+        let s = Server::start(&dir, &args);
+        let (st, b) = post_json(&s.url("/v1/chat/completions"), &body);
+        assert_eq!(st, 200, "{b}");
+        steps_run(&s)
+    };
+    // The tiny model's 4 experts a layer all fit the default cache: slices cost nothing.
+    let all_held = steps_with(&[]);
+    assert!(
+        all_held >= 25.0,
+        "a lone prompt was not sliced: {all_held} steps"
+    );
+    // A cache of fewer slots than experts: slices would re-read experts, so whole windows.
+    let few_held = steps_with(&["--expert-gb", "0.000001"]);
+    assert!(
+        few_held <= 3.0,
+        "a lone prompt was sliced: {few_held} steps"
+    );
+}

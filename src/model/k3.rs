@@ -181,42 +181,55 @@ impl<B: Backend> K3Model<B> {
             }
         }
         drop(ld);
+        let startup = Startup::new(
+            process.elapsed().as_secs_f64(),
+            dense_s,
+            cache_words,
+            pending,
+        );
+        let output = Some(Output {
+            final_norm,
+            w_out,
+            head,
+        });
+        Self::assemble(ckpt, backend, tensors.embed, layers, output, startup)
+    }
+
+    /// The model around its weights: the expert source, the row bounds of this backend and
+    /// the defaults every runtime service starts from.
+    fn assemble(
+        ckpt: Checkpoint,
+        backend: B,
+        embed: TensorSpec,
+        layers: Vec<Layer<B>>,
+        output: Option<Output<B>>,
+        startup: Startup,
+    ) -> Result<Self> {
+        let cfg = &ckpt.config;
         let experts = ExpertSource::with_lender(StreamConfig::default(), backend.read_lender())?
             .with_tier_exchange(backend.tier_exchange());
-        let sub_rows = backend.max_rows(widest_row_bytes(&cfg));
-        let head_rows = backend.max_rows(cfg.vocab_size * 4);
-        let window = backend.max_rows(moe_row_bytes(&cfg));
         Ok(Self {
             glu: Glu::Situ {
                 beta: cfg.situ_beta,
                 linear_beta: cfg.situ_linear_beta,
             },
+            sub_rows: backend.max_rows(widest_row_bytes(cfg)),
+            head_rows: backend.max_rows(cfg.vocab_size * 4),
+            window: backend.max_rows(moe_row_bytes(cfg)),
+            context: super::context::checkpoint_context(cfg).0,
             ckpt,
             backend,
-            embed: tensors.embed,
+            embed,
             layers,
-            output: Some(Output {
-                final_norm,
-                w_out,
-                head,
-            }),
+            output,
             experts,
             selection: ExpertSelection::exact(),
             prefetch: false,
-            context: super::context::checkpoint_context(&cfg).0,
             prompt_cache: None,
-            sub_rows,
-            head_rows,
-            window,
             progress: Arc::default(),
             pressure: None,
             remote: None,
-            startup: Startup::new(
-                process.elapsed().as_secs_f64(),
-                dense_s,
-                cache_words,
-                pending,
-            ),
+            startup,
         })
     }
 
@@ -226,41 +239,14 @@ impl<B: Backend> K3Model<B> {
     /// an error; its experts are run through [`K3Model::experts`].
     pub fn experts_only(ckpt: Checkpoint, backend: B) -> Result<Self> {
         let process = crate::stats::process_start();
-        let cfg = ckpt.config.clone();
-        let tensors = ModelTensors::new(&cfg);
-        let experts = ExpertSource::with_lender(StreamConfig::default(), backend.read_lender())?
-            .with_tier_exchange(backend.tier_exchange());
-        let sub_rows = backend.max_rows(widest_row_bytes(&cfg));
-        let head_rows = backend.max_rows(cfg.vocab_size * 4);
-        let window = backend.max_rows(moe_row_bytes(&cfg));
-        Ok(Self {
-            glu: Glu::Situ {
-                beta: cfg.situ_beta,
-                linear_beta: cfg.situ_linear_beta,
-            },
-            ckpt,
-            backend,
-            embed: tensors.embed,
-            layers: Vec::new(),
-            output: None,
-            experts,
-            selection: ExpertSelection::exact(),
-            prefetch: false,
-            context: super::context::checkpoint_context(&cfg).0,
-            prompt_cache: None,
-            sub_rows,
-            head_rows,
-            window,
-            progress: Arc::default(),
-            pressure: None,
-            remote: None,
-            startup: Startup::new(
-                process.elapsed().as_secs_f64(),
-                0.0,
-                "no dense weights (routed experts only)".to_string(),
-                None,
-            ),
-        })
+        let embed = ModelTensors::new(&ckpt.config).embed;
+        let startup = Startup::new(
+            process.elapsed().as_secs_f64(),
+            0.0,
+            "no dense weights (routed experts only)".to_string(),
+            None,
+        );
+        Self::assemble(ckpt, backend, embed, Vec::new(), None, startup)
     }
 
     /// The most tokens one forward pass may take on this backend: the MoE layer runs the

@@ -5,8 +5,8 @@
 use super::api_error::ApiError;
 use super::body_json::{from_value, parse_body, refuse_unknown, Unknown};
 use super::context_edits::{self, ContextEdit};
-use super::engine::{Delta, Event, Field, FinishReason, Outcome};
 use super::field_policy::{self, refuse_unknown_except};
+use super::job::{Delta, Event, Field, FinishReason, Outcome};
 use super::openai_body;
 use super::request::{ChatRequest, Defaults, Limits, ResponseFormat, ToolChoice};
 use super::sampling_fields::SamplingFields;

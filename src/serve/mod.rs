@@ -6,6 +6,7 @@
 pub mod anthropic;
 pub mod api_error;
 pub mod body_json;
+pub mod choice_run;
 pub mod connections;
 pub mod constrain;
 pub mod context_edits;
@@ -13,6 +14,7 @@ pub mod engine;
 pub mod field_policy;
 pub mod histogram;
 pub mod http;
+pub mod job;
 pub mod live;
 pub mod logprobs;
 pub mod metrics;

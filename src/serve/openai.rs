@@ -1,7 +1,7 @@
 //! OpenAI response bodies: chat completions, their streamed chunks, text completions,
 //! the model list and usage.
 
-use super::engine::{ChoiceOut, Delta, Field, Outcome};
+use super::job::{ChoiceOut, Delta, Field, Outcome};
 use super::logprobs::{chat_json, completion_json};
 use super::reply::ToolCallOut;
 use serde_json::{json, Value};

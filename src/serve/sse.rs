@@ -4,7 +4,7 @@
 //! cancels its job.
 
 use super::api_error::ApiError;
-use super::engine::Event;
+use super::job::Event;
 use axum::response::sse::Event as SseEvent;
 use futures_util::stream::{self, Stream};
 use std::collections::VecDeque;

@@ -9,8 +9,8 @@
 use super::api_error::ApiError;
 use super::body_json::{from_value, parse_body, refuse_unknown, Unknown};
 use super::constrain::Api;
-use super::engine::{Delta, Event, Field, FinishReason, JobKind, Outcome};
 use super::http::{chat_ids_marked, sse_response, with_seed, App};
+use super::job::{Delta, Event, Field, FinishReason, JobKind, Outcome};
 use super::openai::now_secs;
 use super::openai_body;
 use super::request::{ChatRequest, Defaults, Limits, ResponseFormat, ToolChoice, R};

@@ -228,7 +228,7 @@ pub fn run_engine<B: Backend>(
         }
         if active.is_empty() {
             shared.metrics.busy.store(false, Ordering::SeqCst);
-            publish(shared, &active, &slots);
+            publish(shared, &active);
             if closed && waiting.is_none() {
                 break;
             }
@@ -281,7 +281,7 @@ pub fn run_engine<B: Backend>(
                 }
             }
         }
-        publish(shared, &active, &slots);
+        publish(shared, &active);
         // One batched pass for every sequence that feeds tokens this step.
         let mut owner = vec![None; slots.len()];
         for (qi, q) in active.iter().enumerate() {
@@ -681,7 +681,7 @@ fn finish_job<B: Backend>(
 
 /// Shows the sequences in flight on `/health` and `/metrics`, and keeps their cancel
 /// flags where shutdown finds them.
-fn publish<B: Backend>(shared: &EngineShared, active: &[Seq<'_>], _slots: &[Slot<'_, B>]) {
+fn publish(shared: &EngineShared, active: &[Seq<'_>]) {
     let views: Vec<SequenceView> = active
         .iter()
         .filter_map(|q| {

@@ -38,11 +38,20 @@ fn run_python_client(
     script: &str,
     missing: &dyn Fn(&str),
 ) -> Option<(bool, String, String, String)> {
+    run_python_client_with(script, &[], missing)
+}
+
+/// [`run_python_client`] against a server started with `flags`.
+fn run_python_client_with(
+    script: &str,
+    flags: &[&str],
+    missing: &dyn Fn(&str),
+) -> Option<(bool, String, String, String)> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/serve_clients")
         .join(script);
     let dir = support::tiny(0);
-    let s = Server::start(&dir, &[]);
+    let s = Server::start(&dir, flags);
     let model = dir.file_name().unwrap().to_str().unwrap();
     let o = match Command::new("python3")
         .arg(&script)
@@ -92,6 +101,20 @@ fn the_openai_python_client_speaks_the_responses_api() {
     };
     assert!(ok, "{out}\n{err}\nserver log:\n{log}");
     assert!(out.contains("responses client: ok"), "{out}");
+}
+
+#[test]
+fn concurrent_openai_and_anthropic_clients_get_their_replies_alone_and_one_may_leave() {
+    let flags = ["--parallel", "4", "--max-tokens", "65536"];
+    let Some((ok, out, err, log)) =
+        run_python_client_with("concurrent_clients.py", &flags, &no_python_clients)
+    else {
+        return;
+    };
+    assert!(ok, "{out}\n{err}\nserver log:\n{log}");
+    assert!(out.contains("concurrent clients: ok"), "{out}");
+    // The stream that left was cancelled, not run to its 20000 tokens.
+    assert!(log.contains("(cancelled)"), "{log}");
 }
 
 fn chromium() -> Option<&'static str> {

@@ -1,6 +1,7 @@
 //! The engine worker: the one thread that owns the model. It takes jobs from a bounded
 //! queue into up to `--parallel` slots, each a [`Session`] of its own (so a request that
-//! extends a held conversation prefills only its new tokens), advances every sequence in
+//! extends a held conversation prefills only its new tokens; a request of `n` choices takes
+//! `n`, the later ones forking the first's state once it holds the prompt), advances every sequence in
 //! flight a step at a time through one batched forward pass (a prompt slice for those that
 //! prefill, a token for those that decode), and streams what each generates back to its
 //! request's handler. An error or a panic in a job answers that job with an error and

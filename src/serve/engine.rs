@@ -196,6 +196,8 @@ pub fn run_engine<B: Backend>(
     let mut waiting: Option<Job> = None;
     // The job whose wait for memory the log told (once a job).
     let mut told_wait: Option<String> = None;
+    // The job whose wait for free slots the log told.
+    let mut told_slots: Option<String> = None;
     let mut closed = false;
     loop {
         // Admit queued jobs while slots and the memory allow; block only when idle.
@@ -225,6 +227,15 @@ pub fn run_engine<B: Backend>(
             };
             // A job of `n` choices waits for `n` free slots, ahead of those queued after it.
             if job.params.n.max(1) > free && job.params.n <= slots.len() {
+                if told_slots.as_deref() != Some(job.id.as_str()) {
+                    told_slots = Some(job.id.clone());
+                    tracing::info!(
+                        "[K3] serve {}: waits in the queue for {} free slots, one a choice ({free} free of --parallel {})",
+                        job.id,
+                        job.params.n,
+                        slots.len()
+                    );
+                }
                 waiting = Some(job);
                 break;
             }

@@ -406,10 +406,25 @@ fn n_choices_run_as_sequences_of_their_own_with_the_tokens_each_gets_alone() {
     let mut choices: Vec<u64> = seqs.iter().map(|q| q["choice"].as_u64().unwrap()).collect();
     choices.sort_unstable();
     assert_eq!(choices, [0, 1, 2], "{h}");
-    // Another request still finds a slot beside them.
+    // Another request still finds a slot beside them; one of two choices waits for two.
     let (st, v) = post_json(&url, &long_chat("short", 3, false));
     assert_eq!(st, 200, "{v}");
+    let mut pair = long_chat("a pair", 3, false);
+    pair["n"] = json!(2);
+    let pair = std::thread::spawn({
+        let url = url.clone();
+        move || post_json(&url, &pair)
+    });
+    assert!(
+        s.wait_log("waits in the queue for 2 free slots", 20),
+        "{}",
+        s.log()
+    );
+    assert_eq!(health(&s)["queue_depth"], 1);
     drop(r);
+    let (st, v) = pair.join().unwrap();
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(2), "{v}");
     let h = wait_until(&s, 30, |h| {
         h["sequences"].as_array().is_some_and(|a| a.is_empty())
     });

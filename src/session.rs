@@ -295,6 +295,22 @@ impl<'m, B: Backend> Session<'m, B> {
         })
     }
 
+    /// A new session that holds what this one holds: a copy of its state
+    /// ([`K3Model::copy_state`]), its tokens and the logits after them, under the same
+    /// window and snapshot limits. Its snapshots stay here: the copy goes on its own branch.
+    pub fn fork(&self) -> Result<Session<'m, B>> {
+        Ok(Self {
+            model: self.model,
+            state: self.model.copy_state(&self.state)?,
+            tokens: self.tokens.clone(),
+            last_logits: self.last_logits.clone(),
+            max_window: self.max_window,
+            snapshots: Vec::new(),
+            snapshot_limits: self.snapshot_limits,
+            stats: Stats::default(),
+        })
+    }
+
     /// Keeps state snapshots at the end of each prompt within `limits` (none by default).
     pub fn set_snapshot_limits(&mut self, limits: SnapshotLimits) {
         self.snapshot_limits = limits;

@@ -129,6 +129,50 @@ impl Stats {
             prefetch_rounds_skipped: self.prefetch_rounds_skipped - earlier.prefetch_rounds_skipped,
         }
     }
+
+    /// These counters shared among parts in proportion to `weights` (the rows each
+    /// sequence fed to one batched pass): part `k` takes the difference of the floors of
+    /// the running shares before and after it, so each counter's parts add up to it
+    /// exactly and totals over the parts count the pass once. Weights that are all zero
+    /// share evenly.
+    pub fn split(&self, weights: &[usize]) -> Vec<Stats> {
+        let even = weights.iter().all(|&w| w == 0);
+        let weight = |w: usize| if even { 1 } else { w as u128 };
+        let total: u128 = weights.iter().map(|&w| weight(w)).sum();
+        let mut before = 0u128;
+        let mut out = Vec::with_capacity(weights.len());
+        for &w in weights {
+            let after = before + weight(w);
+            let share = |x: u128| x * after / total - x * before / total;
+            let n = |x: u64| share(x as u128) as u64;
+            let d = |x: Duration| Duration::from_nanos(share(x.as_nanos()) as u64);
+            out.push(Stats {
+                attn: d(self.attn),
+                moe: d(self.moe),
+                eload: d(self.eload),
+                head: d(self.head),
+                expert_hits: n(self.expert_hits),
+                gpu_expert_hits: n(self.gpu_expert_hits),
+                expert_lookups: n(self.expert_lookups),
+                bytes_streamed: n(self.bytes_streamed),
+                disk_busy: d(self.disk_busy),
+                expert_handoff: d(self.expert_handoff),
+                router_wait: d(self.router_wait),
+                experts_skipped: n(self.experts_skipped),
+                bytes_skipped: n(self.bytes_skipped),
+                tier_promotions: n(self.tier_promotions),
+                tier_demotions: n(self.tier_demotions),
+                prefetch_guesses: n(self.prefetch_guesses),
+                prefetch_hits: n(self.prefetch_hits),
+                prefetch_unread: n(self.prefetch_unread),
+                prefetch_wasted_bytes: n(self.prefetch_wasted_bytes),
+                prefetch_rounds: n(self.prefetch_rounds),
+                prefetch_rounds_skipped: n(self.prefetch_rounds_skipped),
+            });
+            before = after;
+        }
+        out
+    }
 }
 
 /// `[K3] prompt: %d tokens | ngen %d | temp %.2f`
@@ -347,6 +391,33 @@ pub fn rss_gb() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_split_shares_each_counter_by_rows_and_adds_up_to_it() {
+        let s = Stats {
+            expert_hits: 7,
+            expert_lookups: 10,
+            bytes_streamed: 1_000_003,
+            moe: Duration::from_nanos(999),
+            prefetch_rounds_skipped: 1,
+            ..Default::default()
+        };
+        let parts = s.split(&[512, 1, 0, 3]);
+        assert_eq!(parts.len(), 4);
+        let sum = parts.iter().fold(Stats::default(), |a, p| a.plus(p));
+        assert_eq!(format!("{sum:?}"), format!("{s:?}"));
+        // The 512-row slice takes nearly all; the row-less part takes nothing.
+        assert_eq!(parts[0].expert_lookups, 9);
+        assert_eq!(parts[0].bytes_streamed, 1_000_003 * 512 / 516);
+        assert_eq!(parts[2].expert_lookups, 0);
+        assert_eq!(parts[2].bytes_streamed, 0);
+        // Equal rows share evenly; weights all zero too.
+        let even = s.split(&[1, 1]);
+        assert_eq!((even[0].expert_lookups, even[1].expert_lookups), (5, 5));
+        let zero = s.split(&[0, 0]);
+        assert_eq!((zero[0].expert_hits, zero[1].expert_hits), (3, 4));
+        assert!(s.split(&[]).is_empty());
+    }
 
     #[test]
     fn the_policy_line_counts_layers_only_for_auto() {

@@ -43,9 +43,10 @@ pub struct ServeArgs {
     /// that, 429 with Retry-After, before any compile.
     #[arg(long, default_value_t = 8)]
     pub queue: usize,
-    /// Requests in flight at once: each its own state, sampler and stop rules, all advanced
+    /// Sequences in flight at once: each its own state, sampler and stop rules, all advanced
     /// together one batched forward pass a step (a prompt slice for those that prefill, one
-    /// token for those that decode); 1 runs one request at a time. Their states share the
+    /// token for those that decode); a request of `n` choices takes n, and an `n` above this
+    /// is refused; 1 runs one request at a time. Their states share the
     /// one context's state the memory plan reserves (--max-tokens / K3_MAXT): a request
     /// that does not fit beside the running ones waits in the queue.
     #[arg(long, env = "K3_PARALLEL", default_value_t = 4)]

@@ -70,4 +70,29 @@ impl<B: Backend> K3Model<B> {
         st.pos = snap.pos;
         Ok(())
     }
+
+    /// A copy of `st` that goes on apart from it: each KDA layer copied on the backend,
+    /// each MLA cache through the host ([`Backend::mla_cache_read`] and
+    /// [`Backend::mla_cache_write`], which keep its values exactly). The server's `n`
+    /// choices start from one prefilled prompt this way.
+    pub fn copy_state(&self, st: &State<B>) -> Result<State<B>> {
+        let dims = super::mla::Mla::<B>::dims(&self.ckpt.config);
+        let layers = st
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(match l {
+                    LayerState::Kda(s) => LayerState::Kda(self.backend.kda_state_copy(s)?),
+                    LayerState::Mla(c) => {
+                        let v = self.backend.mla_cache_read(c)?;
+                        LayerState::Mla(self.backend.mla_cache_write(&dims, &v)?)
+                    }
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(State {
+            layers,
+            pos: st.pos,
+        })
+    }
 }

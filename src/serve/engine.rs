@@ -1,13 +1,14 @@
 //! The engine worker: the one thread that owns the model. It takes jobs from a bounded
 //! queue into up to `--parallel` slots, each a [`Session`] of its own (so a request that
-//! extends a held conversation prefills only its new tokens), advances every sequence in
+//! extends a held conversation prefills only its new tokens; a request of `n` choices takes
+//! `n`, the later ones forking the first's state once it holds the prompt), advances every sequence in
 //! flight a step at a time through one batched forward pass (a prompt slice for those that
 //! prefill, a token for those that decode), and streams what each generates back to its
 //! request's handler. An error or a panic in a job answers that job with an error and
 //! leaves the engine serving.
 
 use super::choice_run::ChoiceRun;
-use super::job::{deliver, Event, Job, Outcome, SequenceView, FULL_POLL};
+use super::job::{deliver, ChoiceOut, Event, Job, Outcome, SequenceView, FULL_POLL};
 use super::live::LiveFigures;
 use super::metrics::{GenerationSample, Metrics};
 use crate::backend::Backend;
@@ -64,14 +65,33 @@ struct Slot<'m, B: Backend> {
     busy: bool,
 }
 
-/// A job in flight: the choice running now, its stepper, what the finished choices gave.
-struct Seq<'t> {
-    job: Job,
+/// One choice of a job in flight: a sequence in a slot of its own.
+struct Lane<'t> {
     slot: usize,
-    out: Outcome,
     choice: usize,
+    /// Its sampler, grammar, stop rules and streamer; `None` while a later choice waits
+    /// for the first to prefill the prompt they share, and once it ended.
     run: Option<ChoiceRun<'t>>,
     stepper: Option<Stepper>,
+    /// Its choice ended (its slot is free again).
+    done: bool,
+}
+
+impl Lane<'_> {
+    /// Whether it waits for the shared prompt.
+    fn waiting(&self) -> bool {
+        !self.done && self.run.is_none()
+    }
+}
+
+/// A job in flight: its `n` choices, each a sequence of its own ([`Lane`]), decoding
+/// together; what the ended choices gave.
+struct Seq<'t> {
+    job: Job,
+    out: Outcome,
+    lanes: Vec<Lane<'t>>,
+    /// The ended choices, by index.
+    finished: Vec<Option<ChoiceOut>>,
     started: Instant,
     ttft: Option<f64>,
     /// Steps it took part in, and the sequences of those steps summed (the batch sizes).
@@ -79,6 +99,18 @@ struct Seq<'t> {
     batch_rows: usize,
     /// Since when its client has left no room for the events of a token.
     stalled: Option<Instant>,
+}
+
+impl Seq<'_> {
+    /// Its sequences that still run (or wait for the shared prompt).
+    fn running(&self) -> usize {
+        self.lanes.iter().filter(|l| !l.done).count()
+    }
+}
+
+/// Sequences in flight over `active`.
+fn sequences(active: &[Seq<'_>]) -> usize {
+    active.iter().map(Seq::running).sum()
 }
 
 /// Bytes of one sequence's state at `tokens` tokens of context.
@@ -164,10 +196,16 @@ pub fn run_engine<B: Backend>(
     let mut waiting: Option<Job> = None;
     // The job whose wait for memory the log told (once a job).
     let mut told_wait: Option<String> = None;
+    // The job whose wait for free slots the log told.
+    let mut told_slots: Option<String> = None;
     let mut closed = false;
     loop {
-        // Admit queued jobs while a slot and the memory allow; block only when idle.
-        while active.len() < parallel {
+        // Admit queued jobs while slots and the memory allow; block only when idle.
+        loop {
+            let free = slots.iter().filter(|s| !s.busy).count();
+            if free == 0 {
+                break;
+            }
             let job = match waiting.take() {
                 Some(j) => j,
                 None if closed => break,
@@ -187,6 +225,20 @@ pub fn run_engine<B: Backend>(
                     }
                 },
             };
+            // A job of `n` choices waits for `n` free slots, ahead of those queued after it.
+            if job.params.n.max(1) > free && job.params.n <= slots.len() {
+                if told_slots.as_deref() != Some(job.id.as_str()) {
+                    told_slots = Some(job.id.clone());
+                    tracing::info!(
+                        "[K3] serve {}: waits in the queue for {} free slots, one a choice ({free} free of --parallel {})",
+                        job.id,
+                        job.params.n,
+                        slots.len()
+                    );
+                }
+                waiting = Some(job);
+                break;
+            }
             match admit(
                 model, tok, &eos, job, &mut slots, &active, snapshots, budget,
             ) {
@@ -204,11 +256,12 @@ pub fn run_engine<B: Backend>(
                     }
                     told_wait = Some(job.id.clone());
                     tracing::info!(
-                        "[K3] serve {}: waits in the queue: its state ({} prompt + {} answer tokens) does not fit beside the {} running (--max-tokens / K3_MAXT bounds the state they share)",
+                        "[K3] serve {}: waits in the queue: its state ({} x ({} prompt + {} answer tokens)) does not fit beside the {} running (--max-tokens / K3_MAXT bounds the state they share)",
                         job.id,
+                        job.params.n.max(1),
                         job.ids.len(),
                         job.params.max_tokens,
-                        active.len()
+                        sequences(&active)
                     );
                     waiting = Some(*job);
                     break;
@@ -240,33 +293,13 @@ pub fn run_engine<B: Backend>(
                 q.job.cancel.store(true, Ordering::SeqCst);
             }
         }
-        // Picks: every sequence whose logits are in takes its token; ended choices give way
-        // to the next, ended jobs leave.
+        // Picks: every sequence whose logits are in takes its token; later choices start
+        // once the first has prefilled their prompt; ended choices free their slots, ended
+        // jobs leave.
         let mut i = 0;
         while i < active.len() {
             let q = &mut active[i];
-            // A client that reads slower than the engine writes pauses its own sequence,
-            // not the others: it skips steps while its channel is nearly full, and is
-            // cancelled once it has read nothing for the stall timeout.
-            if q.stepper
-                .as_ref()
-                .is_some_and(|st| st.phase() == Phase::Pick)
-                && q.job.events.capacity() < ROOM_TO_PICK
-            {
-                let since = *q.stalled.get_or_insert_with(Instant::now);
-                if since.elapsed() < q.job.stall_timeout {
-                    i += 1;
-                    continue;
-                }
-                q.job.cancel.store(true, Ordering::SeqCst);
-            } else {
-                q.stalled = None;
-            }
-            let Some(session) = slots[q.slot].session.as_mut() else {
-                i += 1;
-                continue;
-            };
-            let r = catch_unwind(AssertUnwindSafe(|| advance(q, session, tok, &eos)));
+            let r = catch_unwind(AssertUnwindSafe(|| advance(q, &mut slots, tok, &eos)));
             let end = match r {
                 Ok(Ok(false)) => None,
                 Ok(Ok(true)) => Some(None),
@@ -277,7 +310,8 @@ pub fn run_engine<B: Backend>(
                 None => i += 1,
                 Some(failure) => {
                     let q = active.swap_remove(i);
-                    finish_job(q, failure, &mut slots, shared, active.len());
+                    let remaining = sequences(&active);
+                    finish_job(q, failure, &mut slots, shared, remaining);
                 }
             }
         }
@@ -285,7 +319,11 @@ pub fn run_engine<B: Backend>(
         // One batched pass for every sequence that feeds tokens this step.
         let mut owner = vec![None; slots.len()];
         for (qi, q) in active.iter().enumerate() {
-            owner[q.slot] = Some(qi);
+            for (li, lane) in q.lanes.iter().enumerate() {
+                if lane.stepper.is_some() {
+                    owner[lane.slot] = Some((qi, li));
+                }
+            }
         }
         let alone = active.len() == 1
             && waiting.is_none()
@@ -294,16 +332,16 @@ pub fn run_engine<B: Backend>(
         let mut segs = Vec::new();
         let mut who = Vec::new();
         for (si, slot) in slots.iter_mut().enumerate() {
-            let (Some(qi), Some(session)) = (owner[si], slot.session.as_mut()) else {
+            let (Some((qi, li)), Some(session)) = (owner[si], slot.session.as_mut()) else {
                 continue;
             };
-            if let Some(seg) = active[qi]
+            if let Some(seg) = active[qi].lanes[li]
                 .stepper
                 .as_ref()
                 .and_then(|st| session.segment(st, feed))
             {
                 segs.push(seg);
-                who.push(qi);
+                who.push((qi, li));
             }
         }
         if segs.is_empty() {
@@ -315,7 +353,7 @@ pub fn run_engine<B: Backend>(
         let decoding = lens.iter().filter(|&&n| n == 1).count();
         // A lone sequence's pass stops between layers when its client leaves; a shared
         // pass runs to its end (a slice is bounded), and the step after ends the one that left.
-        let cancel = (segs.len() == 1).then(|| active[who[0]].job.cancel.clone());
+        let cancel = (segs.len() == 1).then(|| active[who[0].0].job.cancel.clone());
         let t = Instant::now();
         let mut stats = Stats::default();
         let r = catch_unwind(AssertUnwindSafe(|| {
@@ -331,33 +369,39 @@ pub fn run_engine<B: Backend>(
             let st = if k == 0 { &stats } else { &none };
             shared.live.push(secs / decoding as f64, st);
         }
-        for &qi in &who {
+        let mut jobs_in: Vec<usize> = who.iter().map(|w| w.0).collect();
+        jobs_in.sort_unstable();
+        jobs_in.dedup();
+        for &qi in &jobs_in {
             active[qi].steps += 1;
             active[qi].batch_rows += who.len();
         }
         let failure = match r {
             Ok(Ok(Some(logits))) => {
-                let mut stats = Some(stats);
+                // Each sequence takes the step's counters in proportion to the rows it fed,
+                // so the requests' counters add up to the step's.
+                let shares = stats.split(&lens);
                 let mut failed = Vec::new();
-                for ((&qi, n), l) in who.iter().zip(&lens).zip(logits) {
-                    let q = &mut active[qi];
+                for ((((qi, li), n), l), share) in who.iter().zip(&lens).zip(logits).zip(shares) {
+                    let q = &mut active[*qi];
+                    let lane = &mut q.lanes[*li];
                     let (Some(session), Some(st)) =
-                        (slots[q.slot].session.as_mut(), q.stepper.as_mut())
+                        (slots[lane.slot].session.as_mut(), lane.stepper.as_mut())
                     else {
                         continue;
                     };
-                    // The step's counters go to its first sequence, so totals count them once.
-                    if let Err(e) = session.apply(st, *n, l, secs, stats.take().unwrap_or_default())
-                    {
-                        failed.push((qi, format!("{e:#}")));
+                    if let Err(e) = session.apply(st, *n, l, secs, share) {
+                        failed.push((*qi, format!("{e:#}")));
                     }
                 }
                 failed
             }
             Ok(Ok(None)) => {
-                let q = &mut active[who[0]];
+                let (qi, li) = who[0];
+                let q = &mut active[qi];
+                let lane = &mut q.lanes[li];
                 if let (Some(session), Some(st)) =
-                    (slots[q.slot].session.as_mut(), q.stepper.as_mut())
+                    (slots[lane.slot].session.as_mut(), lane.stepper.as_mut())
                 {
                     if let Err(e) = session.stopped_in_pass(st) {
                         tracing::warn!("[K3] serve {}: {e:#}", q.job.id);
@@ -365,15 +409,17 @@ pub fn run_engine<B: Backend>(
                 }
                 Vec::new()
             }
-            Ok(Err(e)) => who.iter().map(|&qi| (qi, format!("{e:#}"))).collect(),
-            Err(_) => who.iter().map(|&qi| (qi, String::new())).collect(),
+            Ok(Err(e)) => jobs_in.iter().map(|&qi| (qi, format!("{e:#}"))).collect(),
+            Err(_) => jobs_in.iter().map(|&qi| (qi, String::new())).collect(),
         };
-        // Failed sequences leave, highest index first so the others keep theirs.
+        // Failed jobs leave, highest index first so the others keep theirs.
         let mut failure = failure;
         failure.sort_by_key(|f| std::cmp::Reverse(f.0));
+        failure.dedup_by_key(|f| f.0);
         for (qi, e) in failure {
             let q = active.swap_remove(qi);
-            finish_job(q, Some(e), &mut slots, shared, active.len());
+            let remaining = sequences(&active);
+            finish_job(q, Some(e), &mut slots, shared, remaining);
         }
     }
     Ok(())
@@ -387,11 +433,13 @@ enum Admit {
     Failed(Box<Job>, anyhow::Error),
 }
 
-/// Puts `job` in a free slot: the one whose held conversation (or a snapshot of it) shares
-/// the longest prefix with its prompt, so a conversation's next turn feeds only its new
-/// tokens. The sequences' states (prompt plus `max_tokens` each, or what a free slot holds)
-/// share `budget` bytes: free slots' conversations are dropped to make room, and a job that
-/// still does not fit waits (a job alone always runs).
+/// Puts `job`'s `n` choices in free slots, one each: its first choice in the one whose held
+/// conversation (or a snapshot of it) shares the longest prefix with its prompt, so a
+/// conversation's next turn feeds only its new tokens; the others in those holding least,
+/// which take a copy of the first's state once it has the prompt. The sequences' states
+/// (prompt plus `max_tokens` each, or what a free slot holds) share `budget` bytes: free
+/// slots' conversations are dropped to make room, and a job that still does not fit waits
+/// (a job alone always runs).
 #[allow(clippy::too_many_arguments)]
 fn admit<'m, 't, B: Backend>(
     model: &'m K3Model<B>,
@@ -404,6 +452,14 @@ fn admit<'m, 't, B: Backend>(
     budget: usize,
 ) -> std::result::Result<Seq<'t>, Admit> {
     let cfg = &model.ckpt.config;
+    let n = job.params.n.max(1);
+    if n > slots.len() {
+        let e = anyhow::anyhow!(
+            "n: {n} choices need {n} sequences; this server runs {} at once (--parallel)",
+            slots.len()
+        );
+        return Err(Admit::Failed(Box::new(job), e));
+    }
     let held = |s: &Slot<'m, B>| {
         if s.busy {
             s.reserved
@@ -414,7 +470,7 @@ fn admit<'m, 't, B: Backend>(
             })
         }
     };
-    let Some(si) = (0..slots.len())
+    let Some(first) = (0..slots.len())
         .filter(|&i| !slots[i].busy)
         .max_by_key(|&i| {
             let reuse = slots[i]
@@ -427,16 +483,26 @@ fn admit<'m, 't, B: Backend>(
     else {
         return Err(Admit::Wait(Box::new(job)));
     };
-    let need = state_bytes(cfg, job.ids.len() + job.params.max_tokens);
+    let mut rest: Vec<usize> = (0..slots.len())
+        .filter(|&i| i != first && !slots[i].busy)
+        .collect();
+    rest.sort_by_key(|&i| held(&slots[i]));
+    if rest.len() + 1 < n {
+        return Err(Admit::Wait(Box::new(job)));
+    }
+    rest.truncate(n - 1);
+    let chosen: Vec<usize> = std::iter::once(first).chain(rest.iter().copied()).collect();
+    let one = state_bytes(cfg, job.ids.len() + job.params.max_tokens);
+    let need = one * n;
     let others = |slots: &[Slot<'m, B>]| -> usize {
         (0..slots.len())
-            .filter(|&i| i != si)
+            .filter(|i| !chosen.contains(i))
             .map(|i| held(&slots[i]))
             .sum()
     };
     if others(slots) + need > budget {
         for (i, s) in slots.iter_mut().enumerate() {
-            if i != si && !s.busy {
+            if !chosen.contains(&i) && !s.busy {
                 s.session = None;
             }
         }
@@ -444,23 +510,23 @@ fn admit<'m, 't, B: Backend>(
     if !active.is_empty() && others(slots) + need > budget {
         return Err(Admit::Wait(Box::new(job)));
     }
-    if slots[si].session.is_none() {
+    if slots[first].session.is_none() {
         match Session::new(model) {
             Ok(mut s) => {
                 s.set_snapshot_limits(snapshots);
-                slots[si].session = Some(s);
+                slots[first].session = Some(s);
             }
             Err(e) => return Err(Admit::Failed(Box::new(job), e)),
         }
     }
-    let Some(session) = slots[si].session.as_mut() else {
+    let Some(session) = slots[first].session.as_mut() else {
         return Err(Admit::Failed(
             Box::new(job),
             anyhow::anyhow!("internal: a slot without a session"),
         ));
     };
     let out = Outcome {
-        choices: Vec::with_capacity(job.params.n.max(1)),
+        choices: Vec::with_capacity(n),
         prompt_tokens: job.ids.len(),
         cached_tokens: 0,
         completion_tokens: 0,
@@ -479,15 +545,31 @@ fn admit<'m, 't, B: Backend>(
     }));
     match started {
         Ok(Ok((run, stepper))) => {
-            slots[si].busy = true;
-            slots[si].reserved = need;
-            Ok(Seq {
-                job,
-                slot: si,
-                out,
+            let mut lanes = vec![Lane {
+                slot: first,
                 choice: 0,
                 run: Some(run),
                 stepper: Some(stepper),
+                done: false,
+            }];
+            for (k, &si) in rest.iter().enumerate() {
+                lanes.push(Lane {
+                    slot: si,
+                    choice: k + 1,
+                    run: None,
+                    stepper: None,
+                    done: false,
+                });
+            }
+            for &si in &chosen {
+                slots[si].busy = true;
+                slots[si].reserved = one;
+            }
+            Ok(Seq {
+                job,
+                out,
+                lanes,
+                finished: vec![None; n],
                 started: Instant::now(),
                 ttft: None,
                 steps: 0,
@@ -496,11 +578,11 @@ fn admit<'m, 't, B: Backend>(
             })
         }
         Ok(Err(e)) => {
-            slots[si].session = None;
+            slots[first].session = None;
             Err(Admit::Failed(Box::new(job), e))
         }
         Err(_) => {
-            slots[si].session = None;
+            slots[first].session = None;
             Err(Admit::Failed(
                 Box::new(job),
                 anyhow::anyhow!("internal error in the engine; the request was dropped"),
@@ -511,7 +593,7 @@ fn admit<'m, 't, B: Backend>(
 
 /// Starts choice `choice` of `job` on `session`: its own sampler (`seed + choice`),
 /// grammar, stop rules and logprobs; the session reuses what it holds of the prompt (a
-/// later choice goes back to the snapshot taken at the prompt's end).
+/// later choice holds a copy of the first's state at the prompt's end).
 fn start_choice<'t, B: Backend>(
     session: &mut Session<'_, B>,
     tok: &'t Tokenizer,
@@ -532,67 +614,138 @@ fn start_choice<'t, B: Backend>(
     Ok((run, stepper))
 }
 
-/// Moves `q` on as far as it goes without a forward pass: ends it when cancelled, picks
-/// its token when its logits are in, finishes an ended choice and starts the next.
-/// Returns whether the job is over.
-fn advance<'t, B: Backend>(
+/// Moves `q` on as far as it goes without a forward pass: once its first choice has the
+/// prompt's logits, starts the later choices on copies of that state; then, choice by
+/// choice, ends it when cancelled, picks its token when its logits are in, and finishes an
+/// ended choice (freeing its slot). A choice whose client has left no room for a token's
+/// events skips the step, up to the stall timeout. Returns whether the job is over.
+fn advance<'m, 't, B: Backend>(
     q: &mut Seq<'t>,
-    session: &mut Session<'_, B>,
+    slots: &mut [Slot<'m, B>],
     tok: &'t Tokenizer,
     eos: &[u32],
 ) -> Result<bool> {
-    loop {
-        let (Some(run), Some(st)) = (q.run.as_mut(), q.stepper.as_mut()) else {
-            bail!("internal: a sequence without a running choice");
-        };
-        if q.job.cancel.load(Ordering::SeqCst) {
-            st.end(Finish::Cancelled);
+    let cancelled = q.job.cancel.load(Ordering::SeqCst);
+    let prompt_in = q.lanes[0]
+        .stepper
+        .as_ref()
+        .is_some_and(|st| st.phase() == Phase::Pick && st.generated() == 0);
+    let (src, first_done) = (q.lanes[0].slot, q.lanes[0].done);
+    for lane in q.lanes.iter_mut().skip(1) {
+        if !lane.waiting() {
+            continue;
         }
-        match st.phase() {
-            Phase::Prefill | Phase::Feed(_) => return Ok(false),
-            Phase::Pick => {
-                let ttft = &mut q.ttft;
-                let started = q.started;
-                run.step(session, st, &mut |_| {
-                    ttft.get_or_insert_with(|| started.elapsed().as_secs_f64());
-                })?;
+        if cancelled || first_done {
+            // The shared prompt never came in: the choice is dropped with its job.
+            lane.done = true;
+            free_slot(&mut slots[lane.slot]);
+            continue;
+        }
+        if !prompt_in {
+            continue;
+        }
+        let dst = lane.slot;
+        slots[dst].session = None;
+        let copy = match slots[src].session.as_ref() {
+            Some(s) => s.fork()?,
+            None => bail!("internal: the first choice's slot holds no session"),
+        };
+        let session = slots[dst].session.insert(copy);
+        let (run, st) = start_choice(session, tok, eos, &q.job, lane.choice)?;
+        lane.run = Some(run);
+        lane.stepper = Some(st);
+    }
+    let Seq {
+        job,
+        out,
+        lanes,
+        finished,
+        started,
+        ttft,
+        stalled,
+        ..
+    } = q;
+    for lane in lanes.iter_mut() {
+        if lane.done || lane.run.is_none() {
+            continue;
+        }
+        let Some(session) = slots[lane.slot].session.as_mut() else {
+            bail!("internal: a running choice's slot holds no session");
+        };
+        // A client that reads slower than the engine writes pauses its own request, not
+        // the others: it skips steps while its channel is nearly full, and is cancelled
+        // once it has read nothing for the stall timeout.
+        let at_pick = lane
+            .stepper
+            .as_ref()
+            .is_some_and(|st| st.phase() == Phase::Pick);
+        if at_pick && !job.cancel.load(Ordering::SeqCst) {
+            if job.events.capacity() < ROOM_TO_PICK {
+                let since = *stalled.get_or_insert_with(Instant::now);
+                if since.elapsed() < job.stall_timeout {
+                    continue;
+                }
+                job.cancel.store(true, Ordering::SeqCst);
+            } else {
+                *stalled = None;
             }
-            Phase::Done(_) => {
-                let (Some(run), Some(st)) = (q.run.take(), q.stepper.take()) else {
-                    bail!("internal: a sequence without a running choice");
-                };
-                let g = st.into_generation();
-                let (c, pick_secs) = run.finish(tok, &q.job, &g);
-                let out = &mut q.out;
-                if q.choice == 0 {
-                    out.cached_tokens = g.cached_tokens;
+        }
+        loop {
+            let (Some(run), Some(st)) = (lane.run.as_mut(), lane.stepper.as_mut()) else {
+                bail!("internal: a sequence without a running choice");
+            };
+            if job.cancel.load(Ordering::SeqCst) {
+                st.end(Finish::Cancelled);
+            }
+            match st.phase() {
+                Phase::Prefill | Phase::Feed(_) => break,
+                Phase::Pick => {
+                    let t0 = *started;
+                    run.step(session, st, &mut |_| {
+                        ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                    })?;
                 }
-                out.completion_tokens += g.tokens.len();
-                out.reasoning_tokens += c.reasoning_tokens;
-                out.prefill_secs += g.prefill_secs;
-                out.decode_secs += g.decode_secs;
-                out.pick_secs += pick_secs;
-                out.stats = out.stats.plus(&g.prefill_stats.plus(&g.decode_stats));
-                out.choices.push(c);
-                if g.finish == Finish::Cancelled {
-                    out.cancelled = true;
-                    return Ok(true);
+                Phase::Done(_) => {
+                    let (Some(run), Some(st)) = (lane.run.take(), lane.stepper.take()) else {
+                        bail!("internal: a sequence without a running choice");
+                    };
+                    let g = st.into_generation();
+                    let (c, pick_secs) = run.finish(tok, job, &g);
+                    if lane.choice == 0 {
+                        out.cached_tokens = g.cached_tokens;
+                    }
+                    out.completion_tokens += g.tokens.len();
+                    out.reasoning_tokens += c.reasoning_tokens;
+                    out.prefill_secs += g.prefill_secs;
+                    // The choices decode together: the job's decode time is the longest's.
+                    out.decode_secs = out.decode_secs.max(g.decode_secs);
+                    out.pick_secs += pick_secs;
+                    out.stats = out.stats.plus(&g.prefill_stats.plus(&g.decode_stats));
+                    if g.finish == Finish::Cancelled {
+                        out.cancelled = true;
+                    }
+                    if let Some(f) = finished.get_mut(lane.choice) {
+                        *f = Some(c);
+                    }
+                    lane.done = true;
+                    free_slot(&mut slots[lane.slot]);
+                    break;
                 }
-                q.choice += 1;
-                if q.choice >= q.job.params.n.max(1) {
-                    return Ok(true);
-                }
-                let (run, st) = start_choice(session, tok, eos, &q.job, q.choice)?;
-                q.run = Some(run);
-                q.stepper = Some(st);
             }
         }
     }
+    Ok(lanes.iter().all(|l| l.done))
+}
+
+/// Marks a slot free; its session stays for a later request that extends its conversation.
+fn free_slot<B: Backend>(slot: &mut Slot<'_, B>) {
+    slot.busy = false;
+    slot.reserved = 0;
 }
 
 /// Ends `q`'s job: its answer (or `failure`: a message, empty for a panic) goes to its
-/// handler, its counters to the metrics, and its slot is free at once (reset after a
-/// failure, whose state may be half-advanced).
+/// handler, its counters to the metrics, and the slots of its choices still running are
+/// free at once (reset after a failure, whose state may be half-advanced).
 fn finish_job<B: Backend>(
     q: Seq<'_>,
     failure: Option<String>,
@@ -600,9 +753,14 @@ fn finish_job<B: Backend>(
     shared: &EngineShared,
     remaining: usize,
 ) {
-    let slot = &mut slots[q.slot];
-    slot.busy = false;
-    slot.reserved = 0;
+    for lane in q.lanes.iter().filter(|l| !l.done) {
+        let slot = &mut slots[lane.slot];
+        free_slot(slot);
+        if failure.is_some() {
+            // The state may be half-advanced: the slot's next request starts from scratch.
+            slot.session = None;
+        }
+    }
     let job = q.job;
     let batch = if q.steps > 0 {
         q.batch_rows as f64 / q.steps as f64
@@ -612,6 +770,7 @@ fn finish_job<B: Backend>(
     let event = match failure {
         None => {
             let mut outcome = q.out;
+            outcome.choices = q.finished.into_iter().flatten().collect();
             outcome.ttft_secs = q.ttft.unwrap_or(0.0);
             let queue_secs = q.started.duration_since(job.queued).as_secs_f64();
             shared.metrics.add(&GenerationSample {
@@ -632,8 +791,9 @@ fn finish_job<B: Backend>(
                 let at: Vec<String> = kept.iter().map(|b| b.to_string()).collect();
                 format!(" | boundaries at {}", at.join(", "))
             };
+            let st = &outcome.stats;
             tracing::info!(
-                "[K3] serve {}: prompt {} (cached {}) | generated {} | queued {:.3}s | ttft {:.3}s | prefill {:.3}s | decode {:.3}s | batch {batch:.1} over {} steps | {}{}{kept}",
+                "[K3] serve {}: prompt {} (cached {}) | generated {} | queued {:.3}s | ttft {:.3}s | prefill {:.3}s | decode {:.3}s | batch {batch:.1} over {} steps | experts {} needed, {} cached, {} bytes read | {}{}{kept}",
                 job.id,
                 outcome.prompt_tokens,
                 outcome.cached_tokens,
@@ -643,14 +803,19 @@ fn finish_job<B: Backend>(
                 outcome.prefill_secs,
                 outcome.decode_secs,
                 q.steps,
+                st.expert_lookups,
+                st.expert_hits,
+                st.bytes_streamed,
                 outcome.choices.last().map_or("stop", |c| c.finish.as_str()),
                 if outcome.cancelled { " (cancelled)" } else { "" }
             );
-            Event::Done(Box::new(outcome))
+            if outcome.choices.is_empty() {
+                Event::Failed("internal: the request ended without a choice".into())
+            } else {
+                Event::Done(Box::new(outcome))
+            }
         }
         Some(e) => {
-            // The state may be half-advanced: the slot's next request starts from scratch.
-            slot.session = None;
             if e.is_empty() {
                 tracing::error!(
                     "[K3] serve {}: the engine panicked; its state is reset",
@@ -679,31 +844,43 @@ fn finish_job<B: Backend>(
     deliver(&job.events, &job.cancel, job.stall_timeout, event, true);
 }
 
-/// Shows the sequences in flight on `/health` and `/metrics`, and keeps their cancel
-/// flags where shutdown finds them.
+/// Shows the sequences in flight on `/health` and `/metrics` (each running choice of a
+/// request one; a later choice that waits for the shared prompt shows its prefill), and
+/// keeps their jobs' cancel flags where shutdown finds them.
 fn publish(shared: &EngineShared, active: &[Seq<'_>]) {
-    let views: Vec<SequenceView> = active
-        .iter()
-        .filter_map(|q| {
-            let st = q.stepper.as_ref()?;
-            Some(SequenceView {
-                id: q.job.id.clone(),
-                state: if st.phase() == Phase::Prefill {
-                    "prefill"
-                } else {
-                    "decode"
+    let mut views = Vec::new();
+    for q in active {
+        let first = q.lanes[0].stepper.as_ref();
+        for lane in q.lanes.iter().filter(|l| !l.done) {
+            let view = match lane.stepper.as_ref() {
+                Some(st) => SequenceView {
+                    id: q.job.id.clone(),
+                    state: if st.phase() == Phase::Prefill {
+                        "prefill"
+                    } else {
+                        "decode"
+                    },
+                    choice: lane.choice,
+                    prompt_tokens: st.prompt_len(),
+                    prefilled_tokens: st.prompt_fed(),
+                    generated_tokens: st.generated(),
                 },
-                choice: q.choice,
-                prompt_tokens: st.prompt_len(),
-                prefilled_tokens: st.prompt_fed(),
-                generated_tokens: q.out.completion_tokens + st.generated(),
-            })
-        })
-        .collect();
+                None => SequenceView {
+                    id: q.job.id.clone(),
+                    state: "prefill",
+                    choice: lane.choice,
+                    prompt_tokens: q.job.ids.len(),
+                    prefilled_tokens: first.map_or(0, Stepper::prompt_fed),
+                    generated_tokens: 0,
+                },
+            };
+            views.push(view);
+        }
+    }
     shared
         .metrics
         .active_sequences
-        .store(active.len(), Ordering::Relaxed);
+        .store(views.len(), Ordering::Relaxed);
     if let Ok(mut s) = shared.sequences.lock() {
         *s = views;
     }

@@ -282,6 +282,18 @@ impl App {
         if ids.is_empty() {
             return Err(ApiError::status(400, "the prompt is empty"));
         }
+        // Each choice is a sequence of its own, and they run together.
+        if params.n > self.parallel.max(1) {
+            return Err(ApiError::field(
+                "n",
+                format!(
+                    "{} choices run as {} sequences at once; this server runs at most {} (--parallel / K3_PARALLEL)",
+                    params.n,
+                    params.n,
+                    self.parallel.max(1)
+                ),
+            ));
+        }
         if ids.len() >= self.context {
             return Err(ApiError::status(
                 400,

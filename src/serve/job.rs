@@ -110,7 +110,7 @@ pub struct Outcome {
     /// Prompt tokens.
     pub prompt_tokens: usize,
     /// Prompt tokens reused from the engine's state (for the first choice; later choices
-    /// restart from the state at the prompt's end).
+    /// start from a copy of its state at the prompt's end).
     pub cached_tokens: usize,
     /// Tokens generated, over all choices.
     pub completion_tokens: usize,
@@ -120,9 +120,9 @@ pub struct Outcome {
     pub ttft_secs: f64,
     /// Seconds in prefill.
     pub prefill_secs: f64,
-    /// Seconds in decode.
+    /// Seconds in decode (the longest choice's: the choices decode together).
     pub decode_secs: f64,
-    /// Engine counters of the job.
+    /// Engine counters of the job: its share of each step's, by the rows it fed.
     pub stats: Stats,
     /// Whether the job was cancelled.
     pub cancelled: bool,
@@ -179,7 +179,7 @@ pub struct SequenceView {
     pub prompt_tokens: usize,
     /// Prompt tokens its state holds (reused or fed so far): the prefill's progress.
     pub prefilled_tokens: usize,
-    /// Tokens it generated so far.
+    /// Tokens its choice generated so far.
     pub generated_tokens: usize,
 }
 

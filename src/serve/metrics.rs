@@ -276,7 +276,7 @@ impl Metrics {
         metric(
             "k3_active_sequences",
             "gauge",
-            "Requests in flight in the engine (prefilling or decoding).",
+            "Sequences in flight in the engine (prefilling or decoding; a request of n choices runs n).",
             self.active_sequences.load(Ordering::Relaxed).to_string(),
         );
         if let Ok(b) = self.batch.lock() {

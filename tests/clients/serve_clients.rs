@@ -38,11 +38,20 @@ fn run_python_client(
     script: &str,
     missing: &dyn Fn(&str),
 ) -> Option<(bool, String, String, String)> {
+    run_python_client_with(script, &[], missing)
+}
+
+/// [`run_python_client`] against a server started with `flags`.
+fn run_python_client_with(
+    script: &str,
+    flags: &[&str],
+    missing: &dyn Fn(&str),
+) -> Option<(bool, String, String, String)> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/serve_clients")
         .join(script);
     let dir = support::tiny(0);
-    let s = Server::start(&dir, &[]);
+    let s = Server::start(&dir, flags);
     let model = dir.file_name().unwrap().to_str().unwrap();
     let o = match Command::new("python3")
         .arg(&script)
@@ -92,6 +101,20 @@ fn the_openai_python_client_speaks_the_responses_api() {
     };
     assert!(ok, "{out}\n{err}\nserver log:\n{log}");
     assert!(out.contains("responses client: ok"), "{out}");
+}
+
+#[test]
+fn concurrent_openai_and_anthropic_clients_get_their_replies_alone_and_one_may_leave() {
+    let flags = ["--parallel", "4", "--max-tokens", "65536"];
+    let Some((ok, out, err, log)) =
+        run_python_client_with("concurrent_clients.py", &flags, &no_python_clients)
+    else {
+        return;
+    };
+    assert!(ok, "{out}\n{err}\nserver log:\n{log}");
+    assert!(out.contains("concurrent clients: ok"), "{out}");
+    // The stream that left was cancelled, not run to its 20000 tokens.
+    assert!(log.contains("(cancelled)"), "{log}");
 }
 
 fn chromium() -> Option<&'static str> {
@@ -285,6 +308,85 @@ fn wait_done(b: &mut Browser, session: &str, s: &Server) {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+#[test]
+fn the_web_page_answers_chats_from_two_tabs_at_once() {
+    let Some(binary) = chromium() else {
+        return no_browser();
+    };
+    let dir = support::tiny(0);
+    // Small prefill slices: each tab's long prompt takes many steps, so the two overlap.
+    let s = Server::start(&dir, &["--parallel", "4", "--prefill-slice", "16"]);
+    let profile = tempfile::tempdir().unwrap();
+    let mut b = Browser::start(binary, profile.path());
+    let tabs: Vec<String> = (0..2)
+        .map(|_| {
+            let target = b.call(None, "Target.createTarget", json!({"url": s.url("/")}));
+            let attached = b.call(
+                None,
+                "Target.attachToTarget",
+                json!({"targetId": target["targetId"], "flatten": true}),
+            );
+            attached["sessionId"].as_str().unwrap().to_string()
+        })
+        .collect();
+    for tab in &tabs {
+        let t = std::time::Instant::now();
+        while b.eval(tab, "typeof send") != json!("function") {
+            assert!(t.elapsed().as_secs() < 30, "the page never loaded");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    let prompts = [
+        format!("{}Tell me about the sea", "word ".repeat(800)),
+        format!("{}Write a short poem", "note ".repeat(800)),
+    ];
+    for (tab, p) in tabs.iter().zip(&prompts) {
+        b.eval(
+            tab,
+            &format!(
+                "send({}, {{temperature: 0, maxTokens: 12, thinking: false}}); true",
+                json!(p)
+            ),
+        );
+    }
+    for (tab, p) in tabs.iter().zip(&prompts) {
+        wait_done(&mut b, tab, &s);
+        let dom = b
+            .eval(tab, "document.documentElement.outerHTML")
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(!dom.contains("class=\"error\""), "{dom}");
+        assert_eq!(b.eval(tab, "history.length"), json!(2), "{dom}");
+        // Each tab shows the greedy answer its own turn gets alone.
+        let (st, v) = serve_support::post_json(
+            &s.url("/v1/chat/completions"),
+            &json!({"messages": [{"role": "user", "content": p}], "max_tokens": 12,
+                    "temperature": 0, "chat_template_kwargs": {"enable_thinking": false}}),
+        );
+        assert_eq!(st, 200, "{v}");
+        let answer = b.eval(tab, "document.querySelector('.answer').textContent");
+        assert_eq!(answer, v["choices"][0]["message"]["content"], "{dom}");
+        let stats = b.eval(tab, "document.querySelector('.stats').textContent");
+        assert!(stats.as_str().is_some_and(|t| t.contains("tok/s")), "{dom}");
+    }
+    // The two tabs' requests ran together: steps of more than one sequence.
+    let (st, m) = serve_support::get(&s.url("/metrics"), None);
+    assert_eq!(st, 200);
+    let count = |name: &str| -> f64 {
+        m.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|x| x.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}: {m}"))
+    };
+    assert!(
+        count("k3_batch_size_count") > count("k3_batch_size_bucket{le=\"1\"}"),
+        "the two tabs never shared a step: {m}"
+    );
+    let _ = b.call(None, "Browser.close", json!({}));
 }
 
 #[test]

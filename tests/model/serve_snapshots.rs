@@ -197,3 +197,38 @@ fn gpu_snapshots_resume_like_a_fresh_gpu_session_and_the_cpu() {
         assert!(e < 1e-5, "chunk {chunk}: logits rel l2 {e}");
     }
 }
+
+/// After `P1`, a session's fork and the session itself each continue greedily (the fork
+/// first, so a state they shared would show in the original), and a fresh session does.
+fn fork_original_fresh<B: Backend>(m: &K3Model<B>) -> [(Generation, Vec<f32>); 3] {
+    let mut s = Session::with_max_window(m, 4).unwrap();
+    assert_eq!(s.sync_to(&P1).unwrap(), P1.len());
+    let mut f = s.fork().unwrap();
+    assert_eq!(f.tokens(), &P1);
+    let forked = greedy(&mut f, &P1, GEN);
+    let original = greedy(&mut s, &P1, GEN);
+    let fresh = greedy(&mut Session::with_max_window(m, 4).unwrap(), &P1, GEN);
+    [forked, original, fresh]
+}
+
+#[test]
+fn a_forked_session_and_its_original_go_on_apart_as_a_fresh_one_does() {
+    let [(f, fl), (o, ol), (n, nl)] = fork_original_fresh(&cpu());
+    assert_eq!((f.cached_tokens, f.prefilled_tokens), (P1.len(), 0));
+    assert_eq!(f.tokens, n.tokens, "fork vs fresh");
+    assert_eq!(o.tokens, n.tokens, "original vs fresh");
+    assert_eq!(fl, nl, "the fork's logits differ");
+    assert_eq!(ol, nl, "the original's logits differ");
+}
+
+#[test]
+fn a_forked_gpu_session_goes_on_as_a_fresh_one_does() {
+    let Some(g) = gpu() else { return };
+    let [(f, fl), (o, ol), (n, nl)] = fork_original_fresh(&g);
+    assert_eq!(f.tokens, n.tokens, "fork vs fresh");
+    assert_eq!(o.tokens, n.tokens, "original vs fresh");
+    for (what, l) in [("fork", &fl), ("original", &ol)] {
+        let e = rel_l2(l, &nl);
+        assert!(e < 1e-5, "{what}: logits rel l2 {e}");
+    }
+}

@@ -335,3 +335,224 @@ fn a_lone_prompt_feeds_whole_windows_when_the_cache_cannot_hold_every_expert() {
         "a lone prompt was sliced: {few_held} steps"
     );
 }
+
+/// One choice of an answer, without its index: what must not depend on how it ran.
+fn choice_key(c: &Value) -> Value {
+    json!({
+        "content": c["message"]["content"],
+        "reasoning": c["message"]["reasoning_content"],
+        "finish": c["finish_reason"],
+        "logprobs": c["logprobs"],
+    })
+}
+
+#[test]
+fn n_choices_run_as_sequences_of_their_own_with_the_tokens_each_gets_alone() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--parallel", "4", "--max-tokens", "65536"]);
+    let url = s.url("/v1/chat/completions");
+    let alone = |body: &Value| {
+        let (st, v) = post_json(&url, body);
+        assert_eq!(st, 200, "{v}");
+        choice_key(&v["choices"][0])
+    };
+    // Greedy, n = 2: both choices are the greedy answer.
+    let mut greedy = long_chat("Tell me about the sea", 24, false);
+    greedy["logprobs"] = json!(true);
+    let one = alone(&greedy);
+    greedy["n"] = json!(2);
+    let (st, v) = post_json(&url, &greedy);
+    assert_eq!(st, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2, "{v}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i, "{v}");
+        assert_eq!(choice_key(c), one, "greedy choice {i}");
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 48, "{v}");
+    // Seeded sampling, n = 3: choice i samples with seed + i, as a request of that seed alone.
+    let sampled = json!({"messages": [{"role": "user", "content": "Pick some words"}],
+        "max_tokens": 16, "temperature": 1.5, "seed": 11, "ignore_eos": true, "n": 3});
+    let (st, v) = post_json(&url, &sampled);
+    assert_eq!(st, 200, "{v}");
+    for i in 0..3u64 {
+        let mut single = sampled.clone();
+        single["n"] = json!(1);
+        single["seed"] = json!(11 + i);
+        assert_eq!(
+            choice_key(&v["choices"][i as usize]),
+            alone(&single),
+            "sampled choice {i}"
+        );
+    }
+    // The request's log line counts the tokens of its three choices.
+    let id = v["id"].as_str().unwrap().trim_start_matches("chatcmpl-");
+    let line = s
+        .log()
+        .lines()
+        .find(|l| l.contains(&format!("serve {id}: prompt")))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no log line of {id}: {}", s.log()));
+    assert!(line.contains("generated 48"), "{line}");
+    // While they run, /health lists one sequence per choice, decoding together.
+    let mut stream = long_chat("Go on and on", 5000, true);
+    stream["n"] = json!(3);
+    let mut r = BufReader::new(open_stream(&url, &stream));
+    first_text(&mut r);
+    let h = wait_until(&s, 20, |h| in_state(h, "decode") == 3);
+    let seqs = h["sequences"].as_array().unwrap();
+    assert_eq!(in_state(&h, "decode"), 3, "{h}");
+    assert!(seqs.iter().all(|q| q["id"] == seqs[0]["id"]), "{h}");
+    let mut choices: Vec<u64> = seqs.iter().map(|q| q["choice"].as_u64().unwrap()).collect();
+    choices.sort_unstable();
+    assert_eq!(choices, [0, 1, 2], "{h}");
+    // Another request still finds a slot beside them; one of two choices waits for two.
+    let (st, v) = post_json(&url, &long_chat("short", 3, false));
+    assert_eq!(st, 200, "{v}");
+    let mut pair = long_chat("a pair", 3, false);
+    pair["n"] = json!(2);
+    let pair = std::thread::spawn({
+        let url = url.clone();
+        move || post_json(&url, &pair)
+    });
+    assert!(
+        s.wait_log("waits in the queue for 2 free slots", 20),
+        "{}",
+        s.log()
+    );
+    assert_eq!(health(&s)["queue_depth"], 1);
+    drop(r);
+    let (st, v) = pair.join().unwrap();
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(2), "{v}");
+    let h = wait_until(&s, 30, |h| {
+        h["sequences"].as_array().is_some_and(|a| a.is_empty())
+    });
+    assert_eq!(h["state"], "idle", "{h}");
+    // More choices than sequences at once is refused, naming both.
+    let mut wide = long_chat("x", 2, false);
+    wide["n"] = json!(5);
+    let (st, v) = post_json(&url, &wide);
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "n", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("--parallel") && msg.contains('5'), "{msg}");
+}
+
+#[test]
+fn streamed_choices_interleave_by_index_and_join_to_the_whole_answers() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--parallel", "3"]);
+    for (route, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "Say things"}], "max_tokens": 20,
+                "temperature": 1.2, "seed": 5, "ignore_eos": true, "n": 3,
+                "chat_template_kwargs": {"enable_thinking": false}}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Once upon a time", "max_tokens": 20, "temperature": 1.2,
+                "seed": 5, "ignore_eos": true, "n": 3}),
+        ),
+    ] {
+        let url = s.url(route);
+        let (st, whole) = post_json(&url, &body);
+        assert_eq!(st, 200, "{whole}");
+        let text = |c: &Value| {
+            c["message"]["content"]
+                .as_str()
+                .or(c["text"].as_str())
+                .unwrap()
+                .to_string()
+        };
+        let want: Vec<String> = whole["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(text)
+            .collect();
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let (st, chunks) = post_stream(&url, &streamed);
+        assert_eq!(st, 200);
+        let mut got = vec![String::new(); 3];
+        let mut finishes = [0; 3];
+        let mut order = Vec::new();
+        for ch in &chunks {
+            for c in ch["choices"].as_array().into_iter().flatten() {
+                let i = c["index"].as_u64().unwrap() as usize;
+                let piece = c["delta"]["content"].as_str().or(c["text"].as_str());
+                if let Some(t) = piece.filter(|t| !t.is_empty()) {
+                    got[i].push_str(t);
+                    order.push(i);
+                }
+                finishes[i] += usize::from(c["finish_reason"].is_string());
+            }
+        }
+        assert_eq!(got, want, "{route}");
+        assert_eq!(finishes, [1, 1, 1], "{route}");
+        // The choices decode together: their pieces come interleaved, not one after another.
+        let switches = order.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(switches > 2, "{route}: pieces in order {order:?}");
+    }
+}
+
+/// The expert counters of request `id`'s log line: needed, cached, bytes read.
+fn expert_counts(log: &str, id: &str) -> [u64; 3] {
+    let line = log
+        .lines()
+        .find(|l| l.contains(&format!("serve {id}: prompt")))
+        .unwrap_or_else(|| panic!("no log line of {id}: {log}"));
+    let part = line
+        .split(" | ")
+        .find_map(|p| p.strip_prefix("experts "))
+        .unwrap_or_else(|| panic!("no expert counters: {line}"));
+    let nums: Vec<u64> = part
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse().unwrap())
+        .collect();
+    [nums[0], nums[1], nums[2]]
+}
+
+#[test]
+fn requests_that_share_steps_share_their_expert_counters() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--parallel", "2"]);
+    let url = s.url("/v1/chat/completions");
+    let ids: Vec<String> = std::thread::scope(|sc| {
+        let hs: Vec<_> = ["Tell me about the sea", "Write a short poem"]
+            .iter()
+            .map(|p| {
+                let url = url.clone();
+                sc.spawn(move || post_json(&url, &long_chat(p, 30, false)))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                let (st, v) = h.join().unwrap();
+                assert_eq!(st, 200, "{v}");
+                let id = v["id"].as_str().unwrap();
+                id.trim_start_matches("chatcmpl-").to_string()
+            })
+            .collect()
+    });
+    let (st, m) = get(&s.url("/metrics"), None);
+    assert_eq!(st, 200);
+    let total = |name: &str| -> u64 {
+        m.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|x| x.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}: {m}"))
+    };
+    let steps = total("k3_batch_size_count");
+    let alone = total("k3_batch_size_bucket{le=\"1\"}");
+    assert!(steps > alone, "the two never shared a step: {m}");
+    let log = s.log();
+    let [a, b] = [expert_counts(&log, &ids[0]), expert_counts(&log, &ids[1])];
+    assert!(a[0] > 0 && b[0] > 0, "{a:?} {b:?}\n{log}");
+    assert_eq!(a[0] + b[0], total("k3_expert_lookups_total"), "{m}\n{log}");
+    assert_eq!(a[2] + b[2], total("k3_streamed_bytes_total"), "{m}\n{log}");
+}

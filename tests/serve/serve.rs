@@ -927,8 +927,9 @@ fn a_disconnect_cancels_a_prefill_within_its_window() {
     use std::io::Write;
     use std::net::TcpStream;
     let dir = support::tiny(0);
-    // The default window: the whole prompt in one pass, cancellable only between layers.
-    let s = Server::start(&dir, &["--max-tokens", "16384"]);
+    // The whole prompt in one pass (a slice as long as the prompt), cancellable only between
+    // layers: with smaller slices a slice finished before the disconnect stays cached.
+    let s = Server::start(&dir, &["--max-tokens", "16384", "--prefill-slice", "16384"]);
     let prompt = "word ".repeat(12000);
     let body = chat_body(&prompt, 1, true).to_string();
     let mut c = TcpStream::connect(&s.addr).unwrap();

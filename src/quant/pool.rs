@@ -39,7 +39,7 @@ mod tests {
     fn small_work_runs_on_the_calling_thread() {
         use rayon::prelude::*;
         let caller = std::thread::current().id();
-        let mut v = vec![0u8; 64];
+        let mut v = [0u8; 64];
         v.par_chunks_mut(1)
             .with_min_len(min_len(64, 64))
             .for_each(|_| assert_eq!(std::thread::current().id(), caller));

@@ -327,37 +327,43 @@ pub fn matmul(kernel: IdotKernel, w: &Mxfp4View<'_>, x: &QuantizedActs, y: &mut 
     } else {
         kernel::TILE_ROWS
     };
-    yt.par_chunks_mut(block * n).enumerate().for_each_init(
-        || vec![0i32; MAX_TOKENS * groups],
-        |sums, (b, out)| {
-            kernel::for_each_tile(out.len() / n, n, 1, MAX_TOKENS, |i, _, t0, take| {
-                let r = b * block + i;
-                let packed = &w.packed[r * rb..(r + 1) * rb];
-                let wscales = &w.scales[r * groups..(r + 1) * groups];
-                let tk = &toks[t0..t0 + take];
-                let s = &mut sums[..take * groups];
-                match take {
-                    1 => tokens::<1>(kernel, packed, tk, s, groups),
-                    2 => tokens::<2>(kernel, packed, tk, s, groups),
-                    3 => tokens::<3>(kernel, packed, tk, s, groups),
-                    _ => tokens::<4>(kernel, packed, tk, s, groups),
-                }
-                for (j, d) in out[i * n + t0..i * n + t0 + take].iter_mut().enumerate() {
-                    let gs = &s[j * groups..(j + 1) * groups];
-                    *d = fold(gs, wscales, tk[j].scale);
-                }
-            });
-        },
-    );
+    yt.par_chunks_mut(block * n)
+        .with_min_len(super::pool::min_len(rows.div_ceil(block), rows * cols * n))
+        .enumerate()
+        .for_each_init(
+            || vec![0i32; MAX_TOKENS * groups],
+            |sums, (b, out)| {
+                kernel::for_each_tile(out.len() / n, n, 1, MAX_TOKENS, |i, _, t0, take| {
+                    let r = b * block + i;
+                    let packed = &w.packed[r * rb..(r + 1) * rb];
+                    let wscales = &w.scales[r * groups..(r + 1) * groups];
+                    let tk = &toks[t0..t0 + take];
+                    let s = &mut sums[..take * groups];
+                    match take {
+                        1 => tokens::<1>(kernel, packed, tk, s, groups),
+                        2 => tokens::<2>(kernel, packed, tk, s, groups),
+                        3 => tokens::<3>(kernel, packed, tk, s, groups),
+                        _ => tokens::<4>(kernel, packed, tk, s, groups),
+                    }
+                    for (j, d) in out[i * n + t0..i * n + t0 + take].iter_mut().enumerate() {
+                        let gs = &s[j * groups..(j + 1) * groups];
+                        *d = fold(gs, wscales, tk[j].scale);
+                    }
+                });
+            },
+        );
     if n == 1 {
         y.copy_from_slice(&yt);
         return;
     }
-    y.par_chunks_mut(rows).enumerate().for_each(|(t, yrow)| {
-        for (r, v) in yrow.iter_mut().enumerate() {
-            *v = yt[r * n + t];
-        }
-    });
+    y.par_chunks_mut(rows)
+        .with_min_len(super::pool::min_len(n, rows * n))
+        .enumerate()
+        .for_each(|(t, yrow)| {
+            for (r, v) in yrow.iter_mut().enumerate() {
+                *v = yt[r * n + t];
+            }
+        });
 }
 
 /// [`group_sums`] of the first `T` tokens of `tk` into consecutive `groups`-long slices.

@@ -2,6 +2,7 @@
 //! portable (each block decoded once to f32, then dotted with all `n` tokens) or fused
 //! (the SIMD kernels of [`super::simd`] read the stored encoding directly).
 
+use super::pool::min_len;
 use super::simd::{self, EncodedRows, SimdLevel, MAX_TOKENS, ROW_BLOCK};
 use rayon::prelude::*;
 
@@ -140,47 +141,64 @@ pub(crate) fn matmul<S: RowSource>(w: &S, x: &[f32], n: usize, y: &mut [f32], le
 /// The portable driver: each row decoded to f32, then [`dot`] with every token.
 fn portable_matmul<S: RowSource>(w: &S, x: &[f32], n: usize, y: &mut [f32]) {
     let (rows, cols) = (w.rows(), w.cols());
+    let work = rows * cols * n;
     if n == 1 {
         // y is one contiguous row: write it in place.
-        y.par_chunks_mut(BLOCK_ROWS).enumerate().for_each_init(
-            || vec![0f32; cols],
-            |buf, (b, ys)| {
-                for (i, out) in ys.iter_mut().enumerate() {
-                    let r = b * BLOCK_ROWS + i;
-                    *out = match w.borrowed(r) {
-                        Some(row) => dot(row, x),
-                        None => {
-                            w.decode(r, buf);
-                            dot(buf, x)
-                        }
-                    };
-                }
-            },
-        );
+        let tasks = rows.div_ceil(BLOCK_ROWS);
+        y.par_chunks_mut(BLOCK_ROWS)
+            .with_min_len(min_len(tasks, work))
+            .enumerate()
+            .for_each_init(
+                || vec![0f32; cols],
+                |buf, (b, ys)| {
+                    for (i, out) in ys.iter_mut().enumerate() {
+                        let r = b * BLOCK_ROWS + i;
+                        *out = match w.borrowed(r) {
+                            Some(row) => dot(row, x),
+                            None => {
+                                w.decode(r, buf);
+                                dot(buf, x)
+                            }
+                        };
+                    }
+                },
+            );
         return;
     }
     // Row-major [rows, n] so that each task owns a contiguous slice; transposed at the end.
     let mut yt = vec![0f32; rows * n];
-    yt.par_chunks_mut(BLOCK_ROWS * n).enumerate().for_each_init(
-        || vec![0f32; BLOCK_ROWS * cols],
-        |buf, (b, out)| {
-            let first = b * BLOCK_ROWS;
-            let count = out.len() / n;
-            for (i, dst) in buf.chunks_exact_mut(cols).take(count).enumerate() {
-                w.decode(first + i, dst);
-            }
-            for (t, xt) in x.chunks_exact(cols).enumerate() {
-                for i in 0..count {
-                    out[i * n + t] = dot(&buf[i * cols..(i + 1) * cols], xt);
+    let tasks = rows.div_ceil(BLOCK_ROWS);
+    yt.par_chunks_mut(BLOCK_ROWS * n)
+        .with_min_len(min_len(tasks, work))
+        .enumerate()
+        .for_each_init(
+            || vec![0f32; BLOCK_ROWS * cols],
+            |buf, (b, out)| {
+                let first = b * BLOCK_ROWS;
+                let count = out.len() / n;
+                for (i, dst) in buf.chunks_exact_mut(cols).take(count).enumerate() {
+                    w.decode(first + i, dst);
                 }
+                for (t, xt) in x.chunks_exact(cols).enumerate() {
+                    for i in 0..count {
+                        out[i * n + t] = dot(&buf[i * cols..(i + 1) * cols], xt);
+                    }
+                }
+            },
+        );
+    transpose(&yt, rows, n, y);
+}
+
+/// `y: [n, rows]` from `yt: [rows, n]`, tokens across the pool when it pays.
+fn transpose(yt: &[f32], rows: usize, n: usize, y: &mut [f32]) {
+    y.par_chunks_mut(rows)
+        .with_min_len(min_len(n, rows * n))
+        .enumerate()
+        .for_each(|(t, yrow)| {
+            for (r, v) in yrow.iter_mut().enumerate() {
+                *v = yt[r * n + t];
             }
-        },
-    );
-    y.par_chunks_mut(rows).enumerate().for_each(|(t, yrow)| {
-        for (r, v) in yrow.iter_mut().enumerate() {
-            *v = yt[r * n + t];
-        }
-    });
+        });
 }
 
 /// The fused driver: every output through [`simd::dot_tokens`], tokens taken up to
@@ -188,6 +206,7 @@ fn portable_matmul<S: RowSource>(w: &S, x: &[f32], n: usize, y: &mut [f32]) {
 /// ([`for_each_tile`]). Shapes are checked and non-empty.
 fn fused_matmul(w: &EncodedRows<'_>, x: &[f32], n: usize, y: &mut [f32], level: SimdLevel) {
     let (rows, cols) = (w.rows, w.cols);
+    let work = rows * cols * n;
     let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
     let prepared: Vec<Vec<f32>> = if w.packs_nibbles() {
         xs.iter().map(|xt| simd::prepare(level, xt)).collect()
@@ -202,6 +221,7 @@ fn fused_matmul(w: &EncodedRows<'_>, x: &[f32], n: usize, y: &mut [f32], level: 
     if n == 1 {
         let (x1, p1) = ([xs[0]], [xp[0]]);
         y.par_chunks_mut(BLOCK_ROWS)
+            .with_min_len(min_len(rows.div_ceil(BLOCK_ROWS), work))
             .enumerate()
             .for_each(|(b, ys)| {
                 for (i, out) in ys.iter_mut().enumerate() {
@@ -213,6 +233,7 @@ fn fused_matmul(w: &EncodedRows<'_>, x: &[f32], n: usize, y: &mut [f32], level: 
     // Row-major [rows, n] so that each task owns a contiguous slice; transposed at the end.
     let mut yt = vec![0f32; rows * n];
     yt.par_chunks_mut(TILE_ROWS * n)
+        .with_min_len(min_len(rows.div_ceil(TILE_ROWS), work))
         .enumerate()
         .for_each(|(b, out)| {
             for_each_tile(
@@ -236,11 +257,7 @@ fn fused_matmul(w: &EncodedRows<'_>, x: &[f32], n: usize, y: &mut [f32], level: 
                 },
             );
         });
-    y.par_chunks_mut(rows).enumerate().for_each(|(t, yrow)| {
-        for (r, v) in yrow.iter_mut().enumerate() {
-            *v = yt[r * n + t];
-        }
-    });
+    transpose(&yt, rows, n, y);
 }
 
 /// The first `T` tokens of `xs` / `xp` through rows `r..r + count` (`count` ≤

@@ -11,4 +11,5 @@ mod idot;
 mod quant;
 mod sampling;
 mod simd_kernels;
+mod small_ops_inline;
 mod state_size;

@@ -2,6 +2,7 @@
 
 use super::CpuAct;
 use crate::backend::Glu;
+use crate::quant::pool;
 use anyhow::Result;
 use rayon::prelude::*;
 
@@ -34,11 +35,17 @@ pub fn glu(g: f32, u: f32, glu: Glu) -> f32 {
     }
 }
 
+/// Element steps one value of [`zip`] counts as against [`pool::POOL_WORK_FROM`]: the
+/// gated units take a few transcendental calls a value.
+const ZIP_WORK: usize = 16;
+
 /// Applies `f` elementwise to two same-shaped activations.
 pub fn zip(a: &CpuAct, b: &CpuAct, f: impl Fn(f32, f32) -> f32 + Sync) -> Result<CpuAct> {
+    let n = a.data.len();
     let data = a
         .data
         .par_iter()
+        .with_min_len(pool::min_len(n, n * ZIP_WORK))
         .zip(&b.data)
         .map(|(&x, &y)| f(x, y))
         .collect();

@@ -4,9 +4,15 @@ use super::elementwise::{sigmoid, silu, softplus};
 use super::norm::inv_rms;
 use super::CpuAct;
 use crate::backend::{KdaDims, KdaStepInputs, KdaStepWeights};
+use crate::quant::pool;
 use crate::quant::simd::{self, vector, SimdLevel};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
+
+/// Multiply-adds a head's delta rule takes per state value, counted against
+/// [`pool::POOL_WORK_FROM`]: the decay, the key's read-out, the update and the query's
+/// read-out each pass over the state once.
+const KDA_HEAD_WORK: usize = 4;
 
 /// Epsilon of the per-head l2 normalization of q and k (docs/model.md#kda-layer, step 3).
 pub const KDA_L2_EPS: f32 = 1e-6;
@@ -110,6 +116,7 @@ pub fn kda_step_at(
         let q_scale = 1.0 / (dk as f32).sqrt();
         st.s.par_chunks_mut(dk * dk)
             .zip(out[t * p..(t + 1) * p].par_chunks_mut(dk))
+            .with_min_len(pool::min_len(d.heads, d.heads * dk * dk * KDA_HEAD_WORK))
             .enumerate()
             .for_each(|(h, (s, o))| {
                 let hs = h * dk..(h + 1) * dk;

@@ -3,6 +3,7 @@
 use super::norm::inv_rms;
 use super::CpuAct;
 use crate::backend::{MlaAttnWeights, MlaDims};
+use crate::quant::pool;
 use crate::quant::simd::{self, vector, SimdLevel};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
@@ -68,8 +69,12 @@ pub fn mla_attend_at(
         cache.len += 1;
         let qt = q.row(t);
         let cache_ref = &*cache;
+        // Per head: the query's and output's absorption through kv_b_proj, and a score
+        // and a weighted sum over every cached position's latent and rope.
+        let head_work = (nope + d.v) * kv + 2 * cache_ref.len * (kv + r);
         out[t * h * d.v..(t + 1) * h * d.v]
             .par_chunks_mut(d.v)
+            .with_min_len(pool::min_len(h, h * head_work))
             .enumerate()
             .for_each(|(hh, o)| {
                 let head = vector::MlaHead {

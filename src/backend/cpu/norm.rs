@@ -1,8 +1,13 @@
 //! RMSNorm and the block attention-residual mix.
 
 use super::CpuAct;
+use crate::quant::pool;
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
+
+/// Element steps a value of a norm counts as against [`pool::POOL_WORK_FROM`]: a widened
+/// square and sum, then a scale (and for the mix, a weighted score and sum).
+const NORM_WORK: usize = 4;
 
 /// `1 / sqrt(mean(x²) + eps)`, the sum widened to f64.
 pub fn inv_rms(x: &[f32], eps: f32) -> f32 {
@@ -19,12 +24,15 @@ pub fn rmsnorm(x: &CpuAct, w: &CpuAct, group: usize, eps: f32) -> Result<CpuAct>
         w.data.len()
     );
     let mut out = x.data.clone();
-    out.par_chunks_mut(group).for_each(|g| {
-        let s = inv_rms(g, eps);
-        for (v, &wv) in g.iter_mut().zip(&w.data) {
-            *v = *v * s * wv;
-        }
-    });
+    let len = out.len();
+    out.par_chunks_mut(group)
+        .with_min_len(pool::min_len(len / group, len * NORM_WORK))
+        .for_each(|g| {
+            let s = inv_rms(g, eps);
+            for (v, &wv) in g.iter_mut().zip(&w.data) {
+                *v = *v * s * wv;
+            }
+        });
     CpuAct::new(out, x.rows, x.cols)
 }
 
@@ -39,27 +47,31 @@ pub fn attn_res_mix(bank: &[&CpuAct], cur: &CpuAct, w: &CpuAct, eps: f32) -> Res
     );
     let cols = cur.cols;
     let mut out = vec![0.0f32; cur.data.len()];
-    out.par_chunks_mut(cols).enumerate().for_each(|(r, o)| {
-        let entries: Vec<&[f32]> = bank.iter().map(|b| b.row(r)).chain([cur.row(r)]).collect();
-        let scores: Vec<f64> = entries
-            .iter()
-            .map(|e| {
-                let s = inv_rms(e, eps);
-                e.iter()
-                    .zip(&w.data)
-                    .map(|(&v, &wv)| f64::from(v * s) * f64::from(wv))
-                    .sum()
-            })
-            .collect();
-        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-        let total: f64 = exps.iter().sum();
-        for (e, p) in entries.iter().zip(&exps) {
-            let p = (p / total) as f32;
-            for (ov, &ev) in o.iter_mut().zip(e.iter()) {
-                *ov += p * ev;
+    let work = cur.data.len() * (bank.len() + 1) * NORM_WORK;
+    out.par_chunks_mut(cols)
+        .with_min_len(pool::min_len(cur.rows, work))
+        .enumerate()
+        .for_each(|(r, o)| {
+            let entries: Vec<&[f32]> = bank.iter().map(|b| b.row(r)).chain([cur.row(r)]).collect();
+            let scores: Vec<f64> = entries
+                .iter()
+                .map(|e| {
+                    let s = inv_rms(e, eps);
+                    e.iter()
+                        .zip(&w.data)
+                        .map(|(&v, &wv)| f64::from(v * s) * f64::from(wv))
+                        .sum()
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = exps.iter().sum();
+            for (e, p) in entries.iter().zip(&exps) {
+                let p = (p / total) as f32;
+                for (ov, &ev) in o.iter_mut().zip(e.iter()) {
+                    *ov += p * ev;
+                }
             }
-        }
-    });
+        });
     CpuAct::new(out, cur.rows, cols)
 }

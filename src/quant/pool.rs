@@ -1,0 +1,47 @@
+//! When an op's pieces go across the rayon pool and when they stay on the calling thread.
+//!
+//! Handing work to the pool from the engine's thread (which is no pool worker) costs a
+//! queue push, a futex wake of a sleeping worker and a blocking wait for it: tens of
+//! microseconds on a small VM, more than a one-token op of a small model computes. Below
+//! [`POOL_WORK_FROM`] an op's parallel iterator is given a minimum length of all its items,
+//! so rayon never splits it and runs it inline. Which thread computes a piece never
+//! changes what it computes, so results are the same bits either way.
+
+/// Work, counted in multiply-adds (or element steps of like cost), from which an op pays
+/// for the pool: tens of microseconds of one core, so that splitting it saves more than a
+/// hand-off costs. A one-token op of the real model's widest matrices is far above it; the
+/// demo model's ops and a decode step's elementwise ops are below it.
+pub const POOL_WORK_FROM: usize = 1 << 18;
+
+/// The `with_min_len` of a parallel iterator over `items` pieces that together take
+/// `work` (see [`POOL_WORK_FROM`]): all of them (one inline run) when the work is too small
+/// to pay for the pool, else 1 (rayon splits as it likes).
+pub fn min_len(items: usize, work: usize) -> usize {
+    if work < POOL_WORK_FROM {
+        items.max(1)
+    } else {
+        1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_work_stays_in_one_piece() {
+        assert_eq!(min_len(8, POOL_WORK_FROM - 1), 8);
+        assert_eq!(min_len(0, 0), 1);
+        assert_eq!(min_len(8, POOL_WORK_FROM), 1);
+    }
+
+    #[test]
+    fn small_work_runs_on_the_calling_thread() {
+        use rayon::prelude::*;
+        let caller = std::thread::current().id();
+        let mut v = [0u8; 64];
+        v.par_chunks_mut(1)
+            .with_min_len(min_len(64, 64))
+            .for_each(|_| assert_eq!(std::thread::current().id(), caller));
+    }
+}

@@ -257,9 +257,10 @@ impl GpuBackend {
                     t.tokens() as usize,
                 ),
             ),
-            // Fewer tokens than a tile: experts with two or more go through `moe_t4` in
-            // items of up to T4_PAIRS pairs, the rest one pair an item.
-            None if most >= 2 => (None, (2, T4_PAIRS)),
+            // Fewer tokens than a tile, with the few-token kernel on: experts with two or
+            // more go through `moe_t4` in items of up to T4_PAIRS pairs, the rest one pair
+            // an item.
+            None if most >= 2 && self.ctx.few_token_experts => (None, (2, T4_PAIRS)),
             None => (None, (0, 0)),
         }
     }

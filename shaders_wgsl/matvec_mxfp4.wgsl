@@ -144,6 +144,174 @@ fn moe_job(wg: vec3<u32>, lid: u32) -> RowJob {
     return row_job(lid, wg.y, slot * p.rows, rt[p.map_off + pr] * p.x_stride4, pr * p.y_stride);
 }
 
+// Batched experts, up to four pairs of one expert a workgroup: work item item0 + wg.x =
+// (expert slot, first pair, pairs), wg.y the row group, lanes placed as in `moe`. Each lane
+// reads and decodes its weight units once for all the item's pairs instead of once a pair
+// (a decode step of several streams routes most experts two to eight rows); each pair's
+// sums take `moe`'s order. x is read from global memory: four rows do not fit a staging
+// tile.
+@compute @workgroup_size(WG)
+fn moe_t4(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    lanes_init(lanes);
+    let item = p.item0 + wg.x;
+    let slot = rt[3u * item];
+    let pr0 = rt[3u * item + 1u];
+    let last = max(rt[3u * item + 2u], 1u) - 1u;
+    let j = row_job(lanes.lid, wg.y, slot * p.rows, 0u, 0u);
+    // Past the item's pairs a lane repeats the last one (computed, never written), so every
+    // lane reaches the reductions.
+    let m = p.map_off + pr0;
+    let xb = vec4<u32>(rt[m], rt[m + min(1u, last)], rt[m + min(2u, last)], rt[m + min(3u, last)]) * p.x_stride4;
+    var acc = PairSums(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    let wl = j.nrows - 1u;
+    var u = j.lane;
+    var cur = load_w8(j.wrow, wl, min(u, p.units - 1u));
+    while (u < p.units) {
+        let un = u + LPR;
+        let nxt = load_w8(j.wrow, wl, min(un, p.units - 1u));
+        acc = step4(acc, cur, xb, u);
+        cur = nxt;
+        u = un;
+    }
+    for (var t = 0u; t < 4u; t++) {
+        let sums = Acc(vec4<f32>(acc.r0[t], acc.r1[t], acc.r2[t], acc.r3[t]), vec4<f32>(acc.r4[t], acc.r5[t], acc.r6[t], acc.r7[t]));
+        write_sums(sums, RPL, j.lane, (pr0 + t) * p.y_stride + j.yb, 1u, select(0u, j.valid, t <= last));
+        // The next pair's partial sums reuse this one's workgroup slots.
+        workgroupBarrier();
+    }
+}
+
+// Per row of a lane (RPL at most 8), its sums for each of four pairs.
+struct PairSums {
+    r0: vec4<f32>,
+    r1: vec4<f32>,
+    r2: vec4<f32>,
+    r3: vec4<f32>,
+    r4: vec4<f32>,
+    r5: vec4<f32>,
+    r6: vec4<f32>,
+    r7: vec4<f32>,
+}
+
+fn step4(acc: PairSums, w: W8, xb: vec4<u32>, u: u32) -> PairSums {
+    var r = acc;
+    if (SPECIAL != 0u) {
+        // Huge scales may sit in the arena: each unit through `unit_dot`'s per-element path.
+        r.r0 += unit_dot4(w.w0, xb, u);
+        if (RPL > 1u) {
+            r.r1 += unit_dot4(w.w1, xb, u);
+        }
+        if (RPL > 2u) {
+            r.r2 += unit_dot4(w.w2, xb, u);
+        }
+        if (RPL > 3u) {
+            r.r3 += unit_dot4(w.w3, xb, u);
+        }
+        if (RPL > 4u) {
+            r.r4 += unit_dot4(w.w4, xb, u);
+        }
+        if (RPL > 5u) {
+            r.r5 += unit_dot4(w.w5, xb, u);
+        }
+        if (RPL > 6u) {
+            r.r6 += unit_dot4(w.w6, xb, u);
+        }
+        if (RPL > 7u) {
+            r.r7 += unit_dot4(w.w7, xb, u);
+        }
+        return r;
+    }
+    // Word by word: the four rows' slices of x are loaded once for all RPL rows, and each
+    // row's word is decoded once for the four; the unit's sums then take its scale, as in
+    // `unit_dot` (same order: the four word dots left to right, then the scale).
+    var d = PairSums(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var k = 0u; k < 4u; k++) {
+        let o = u * UV + 2u * k;
+        let xs = X8(x[xb.x + o], x[xb.x + o + 1u], x[xb.y + o], x[xb.y + o + 1u],
+            x[xb.z + o], x[xb.z + o + 1u], x[xb.w + o], x[xb.w + o + 1u]);
+        d.r0 += word_dots(word_f16(w.w0.q[k]), xs);
+        if (RPL > 1u) {
+            d.r1 += word_dots(word_f16(w.w1.q[k]), xs);
+        }
+        if (RPL > 2u) {
+            d.r2 += word_dots(word_f16(w.w2.q[k]), xs);
+        }
+        if (RPL > 3u) {
+            d.r3 += word_dots(word_f16(w.w3.q[k]), xs);
+        }
+        if (RPL > 4u) {
+            d.r4 += word_dots(word_f16(w.w4.q[k]), xs);
+        }
+        if (RPL > 5u) {
+            d.r5 += word_dots(word_f16(w.w5.q[k]), xs);
+        }
+        if (RPL > 6u) {
+            d.r6 += word_dots(word_f16(w.w6.q[k]), xs);
+        }
+        if (RPL > 7u) {
+            d.r7 += word_dots(word_f16(w.w7.q[k]), xs);
+        }
+    }
+    r.r0 += d.r0 * unit_factor(w.w0);
+    if (RPL > 1u) {
+        r.r1 += d.r1 * unit_factor(w.w1);
+    }
+    if (RPL > 2u) {
+        r.r2 += d.r2 * unit_factor(w.w2);
+    }
+    if (RPL > 3u) {
+        r.r3 += d.r3 * unit_factor(w.w3);
+    }
+    if (RPL > 4u) {
+        r.r4 += d.r4 * unit_factor(w.w4);
+    }
+    if (RPL > 5u) {
+        r.r5 += d.r5 * unit_factor(w.w5);
+    }
+    if (RPL > 6u) {
+        r.r6 += d.r6 * unit_factor(w.w6);
+    }
+    if (RPL > 7u) {
+        r.r7 += d.r7 * unit_factor(w.w7);
+    }
+    return r;
+}
+
+// A unit's scale times the f16 placement's bias (scales of at most 240).
+fn unit_factor(wu: WU) -> f32 {
+    return bitcast<f32>(wu.s << 23u) * F16_BIAS;
+}
+
+// One word's dot products with the matching slices of four x rows (x0, x1: the first
+// row's two vec4s, x2, x3: the second's, ...).
+fn word_dots(v: W2, xs: X8) -> vec4<f32> {
+    return vec4<f32>(word_dot(v, xs.x0, xs.x1), word_dot(v, xs.x2, xs.x3),
+        word_dot(v, xs.x4, xs.x5), word_dot(v, xs.x6, xs.x7));
+}
+
+// A word's dot products with four x rows (vec4 offsets xb + o, xb + o + 1).
+fn word_dot4(v: W2, xb: vec4<u32>, o: u32) -> vec4<f32> {
+    return vec4<f32>(
+        word_dot(v, x[xb.x + o], x[xb.x + o + 1u]),
+        word_dot(v, x[xb.y + o], x[xb.y + o + 1u]),
+        word_dot(v, x[xb.z + o], x[xb.z + o + 1u]),
+        word_dot(v, x[xb.w + o], x[xb.w + o + 1u]));
+}
+
+// `unit_dot` of one unit against unit u of four x rows, each word decoded once.
+fn unit_dot4(wu: WU, xb: vec4<u32>, u: u32) -> vec4<f32> {
+    let s = wu.s;
+    if (SPECIAL != 0u && s > 240u) {
+        return vec4<f32>(unit_dot(wu, load_x(xb.x, u)), unit_dot(wu, load_x(xb.y, u)),
+            unit_dot(wu, load_x(xb.z, u)), unit_dot(wu, load_x(xb.w, u)));
+    }
+    let q = wu.q;
+    let o = u * UV;
+    let d = word_dot4(word_f16(q.x), xb, o) + word_dot4(word_f16(q.y), xb, o + 2u)
+        + word_dot4(word_f16(q.z), xb, o + 4u) + word_dot4(word_f16(q.w), xb, o + 6u);
+    return d * (bitcast<f32>(s << 23u) * F16_BIAS);
+}
+
 // Batched experts, column-stationary (`cs_rows`): work item item0 + wg.x as in `moe`, wg.y
 // the block of row_block rows.
 @compute @workgroup_size(WG)

@@ -968,8 +968,27 @@ fn router_matches_cpu_including_ties() {
 }
 
 fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n_experts: usize) {
+    let routes: Vec<Vec<usize>> = (0..n_experts)
+        .map(|e| (0..rows).filter(|t| (t + e) % 3 != 1).collect())
+        .collect();
+    moe_routes_case(g, rng, rows, (d, i), &routes, false);
+}
+
+/// The experts of `routes` (expert e takes rows `routes[e]`) over `rows` rows of width `d`,
+/// `i` wide inside, through the GPU's and the CPU's `moe_accumulate`, held to each other;
+/// with `huge`, every 7th scale block of each down projection from the 4th is huge (the
+/// kernels' per-element path).
+fn moe_routes_case(
+    g: &GpuBackend,
+    rng: &mut StdRng,
+    rows: usize,
+    (d, i): (usize, usize),
+    routes: &[Vec<usize>],
+    huge: bool,
+) {
     let c = CpuBackend::new();
-    let mats: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..n_experts)
+    let n_experts = routes.len();
+    let mut mats: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..n_experts)
         .map(|_| {
             [
                 rand_mxfp4(rng, i, d),
@@ -978,13 +997,20 @@ fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n
             ]
         })
         .collect();
+    if huge {
+        for m in &mut mats {
+            for s in m[1].1.iter_mut().skip(3).step_by(7) {
+                *s = 241;
+            }
+        }
+    }
     let experts: Vec<ExpertAssignment<'_>> = mats
         .iter()
-        .enumerate()
-        .map(|(e, m)| {
-            let tokens: Vec<(usize, f32)> = (0..rows)
-                .filter(|t| (t + e) % 3 != 1)
-                .map(|t| (t, rng.random_range(0.05f32..0.5)))
+        .zip(routes)
+        .map(|(m, route)| {
+            let tokens: Vec<(usize, f32)> = route
+                .iter()
+                .map(|&t| (t, rng.random_range(0.05f32..0.5)))
                 .collect();
             ExpertAssignment {
                 key: None,
@@ -1016,11 +1042,78 @@ fn moe_case(g: &GpuBackend, rng: &mut StdRng, rows: usize, d: usize, i: usize, n
     c.moe_accumulate(&mut cacc, &cz, rest, glu).unwrap();
     let want = cacc.data;
     check(
-        &format!("moe rows={rows} d={d} i={i} experts={n_experts}"),
+        &format!("moe rows={rows} d={d} i={i} experts={n_experts} huge {huge}"),
         &got,
         &want,
         F32_TOL,
     );
+}
+
+/// A decode step of several streams: experts taken by one row and experts shared by two to
+/// eight (the few-token kernel's items of up to four rows, a fifth row in an item of its
+/// own), in the dense and the expert geometry, with and without huge scales, each row held
+/// to the CPU's sums, with the few-token kernel on (`GpuOptions::few_token_experts`) and
+/// both reductions; where the adapter has timestamps, the profile shows that kernel ran.
+#[test]
+fn experts_shared_by_a_few_streams_match_cpu() {
+    let mut rng = StdRng::seed_from_u64(44);
+    let four = vec![
+        vec![0],
+        vec![0, 1, 2, 3],
+        vec![1, 3],
+        vec![2],
+        vec![0, 2, 3],
+    ];
+    let eight = vec![
+        (0..8).collect(),
+        vec![5],
+        vec![1, 2, 3, 4, 6],
+        vec![0, 7],
+        vec![3],
+        vec![1, 2, 4],
+    ];
+    let on = |profile: bool| {
+        GpuBackend::new(&GpuOptions {
+            allow_cpu_adapter: true,
+            few_token_experts: true,
+            poison_reused: true,
+            profile,
+            ..Default::default()
+        })
+    };
+    if gpus(None).is_empty() {
+        return;
+    }
+    // With timestamps where the adapter has them, else a plain backend.
+    let (pg, profiled) = match on(true) {
+        Ok(g) => (g, true),
+        Err(_) => (
+            on(false).expect("the adapter opens with the few-token kernel"),
+            false,
+        ),
+    };
+    let plain = gpu_with(&GpuOptions {
+        allow_cpu_adapter: true,
+        few_token_experts: true,
+        no_subgroups: true,
+        poison_reused: true,
+        ..Default::default()
+    });
+    for g in plain.iter().chain([&pg]) {
+        for huge in [false, true] {
+            moe_routes_case(g, &mut rng, 4, (96, 64), &four, huge);
+            moe_routes_case(g, &mut rng, 8, (64, 96), &eight, huge);
+        }
+        // 16 items of 2048 gate|up rows: the expert geometry (32768 rows and more).
+        let all: Vec<Vec<usize>> = vec![(0..8).collect(); 8];
+        moe_routes_case(g, &mut rng, 8, (256, 1024), &all, false);
+    }
+    if profiled {
+        assert!(
+            passes_of(&pg, "moe_t4") > 0,
+            "the few-token expert kernel (moe_t4) never ran"
+        );
+    }
 }
 
 #[test]

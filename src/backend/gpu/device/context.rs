@@ -88,6 +88,9 @@ pub struct GpuContext {
     pub chunk_gemm: ChunkGemm,
     /// When one-token matvecs take the column-stationary kernel.
     pub stationary: Stationary,
+    /// Whether experts shared by a few rows take the few-token kernel
+    /// ([`GpuOptions::few_token_experts`]).
+    pub few_token_experts: bool,
     /// Per-kernel GPU times, when profiling.
     profiler: Option<Mutex<Profiler>>,
     /// The first error the device reported (instead of wgpu's panic).
@@ -236,6 +239,7 @@ impl GpuContext {
             expert_down_matvec,
             chunk_gemm,
             stationary,
+            few_token_experts: opts.few_token_experts,
             profiler,
             errors,
             submit_every: opts

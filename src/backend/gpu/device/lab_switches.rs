@@ -10,6 +10,7 @@
 //! | `K3_LAB_INT4_DECODE` | auto, digits, float | auto | how one-token int4 matvecs meet x (auto: digits where the int4 matrices of one input have 32768 rows or more together) |
 //! | `K3_LAB_STAGE_X` | on, off | on | whether the one-token int4 (outside digits) and MXFP4 matvecs copy x into workgroup memory first |
 //! | `K3_LAB_EXPERT_POOL` | auto, on, off | auto | whether the expert tier is the single expert pool, the host cache keeping nothing (auto: where CPU and GPU share memory); off keeps the discrete GPU's host cache + VRAM tier |
+//! | `K3_LAB_FEW_TOKEN_EXPERTS` | on, off | off | whether experts that 2–15 rows of a call share run four rows a workgroup (`moe_t4`) instead of one matvec item a row |
 //!
 //! A switch whose alternative lost is removed, with its record in lab/notebook.md ("Lab
 //! switches and GPU options removed").
@@ -31,6 +32,8 @@ pub struct LabSwitches {
     pub stage_x: bool,
     /// `K3_LAB_EXPERT_POOL` (`None`: auto).
     pub expert_pool: Option<bool>,
+    /// `K3_LAB_FEW_TOKEN_EXPERTS` (true: on).
+    pub few_token_experts: bool,
 }
 
 impl LabSwitches {
@@ -71,12 +74,18 @@ impl LabSwitches {
             Some("off") => Some(false),
             Some(v) => bail!("K3_LAB_EXPERT_POOL must be auto, on or off, got {v:?}"),
         };
+        let few_token_experts = match get("K3_LAB_FEW_TOKEN_EXPERTS").as_deref().map(str::trim) {
+            None | Some("off") => false,
+            Some("on") => true,
+            Some(v) => bail!("K3_LAB_FEW_TOKEN_EXPERTS must be on or off, got {v:?}"),
+        };
         Ok(Self {
             chunk_from,
             read_staging,
             int4_decode,
             stage_x,
             expert_pool,
+            few_token_experts,
         })
     }
 
@@ -94,6 +103,7 @@ impl LabSwitches {
             },
             read_staging: self.read_staging,
             expert_pool: self.expert_pool.or(opts.expert_pool),
+            few_token_experts: self.few_token_experts || opts.few_token_experts,
             matvec: Some(MatvecShape {
                 int4_decode: self.int4_decode,
                 ..staged(opts.matvec.unwrap_or_default())
@@ -139,6 +149,7 @@ mod tests {
         assert_eq!(opts.submit_every, None);
         assert_eq!(opts.read_staging, ReadStaging::Auto);
         assert_eq!(opts.expert_pool, None);
+        assert!(!opts.few_token_experts);
         assert_eq!(opts.matvec, Some(MatvecShape::default()));
         assert_eq!(opts.expert_matvec, Some(MatvecShape::experts()));
         assert_eq!(opts.expert_down_matvec, Some(MatvecShape::expert_down()));
@@ -152,6 +163,7 @@ mod tests {
             ("K3_LAB_INT4_DECODE", "digits"),
             ("K3_LAB_STAGE_X", "off"),
             ("K3_LAB_EXPERT_POOL", "off"),
+            ("K3_LAB_FEW_TOKEN_EXPERTS", "on"),
         ])
         .unwrap();
         let opts = s.apply(GpuOptions {
@@ -162,6 +174,7 @@ mod tests {
         assert_eq!(opts.chunk_gemm.map(|c| c.from_tokens), Some(0));
         assert_eq!(opts.read_staging, ReadStaging::Off);
         assert_eq!(opts.expert_pool, Some(false));
+        assert!(opts.few_token_experts);
         let m = opts.matvec.unwrap();
         assert_eq!((m.int4_decode, m.stage_x), (Some(Int4Decode::Digits), 0));
         assert_eq!(opts.expert_matvec.unwrap().stage_x, 0);
@@ -186,6 +199,7 @@ mod tests {
             ("K3_LAB_INT4_DECODE", "half"),
             ("K3_LAB_STAGE_X", "yes"),
             ("K3_LAB_EXPERT_POOL", "yes"),
+            ("K3_LAB_FEW_TOKEN_EXPERTS", "auto"),
         ] {
             let err = lookup(&[(name, value)]).unwrap_err().to_string();
             assert!(err.contains(name) && err.contains(value), "{err}");

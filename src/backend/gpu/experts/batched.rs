@@ -8,8 +8,7 @@ use crate::backend::gpu::device::buffers::GpuAct;
 use crate::backend::gpu::device::context::{Dispatch, MatvecShape};
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::kernels::chunk_gemm::{GemmTile, GK};
-use crate::backend::gpu::kernels::matmul::rows_per_group_of;
-use crate::backend::gpu::kernels::matmul::special_const;
+use crate::backend::gpu::kernels::matmul::{mv_consts_of, rows_per_group_of, special_const};
 use crate::backend::gpu::GpuBackend;
 use crate::backend::{ExpertAssignment, ExpertPayload};
 use crate::quant::Mxfp4View;
@@ -21,6 +20,9 @@ use anyhow::{ensure, Result};
 /// two per SM of a large GPU. Measured at the ends only: one expert's 3072 rows read faster
 /// in the dense geometry, 16 experts' 98304 in the expert one (docs/perf.md#kernels).
 pub(super) const FEW_ROWS: u64 = 32768;
+
+/// Pairs of one expert that one workgroup of the few-token kernel (`moe_t4`) runs.
+pub(super) const T4_PAIRS: usize = 4;
 
 /// How one expert pass runs its tiled items through the chunk kernel.
 pub(super) struct ChunkPass {
@@ -96,6 +98,9 @@ impl GpuBackend {
             });
             buffers[1] = y;
         }
+        if chunk.is_none() && tiled.1 > 0 {
+            self.mxfp4_t4(big, a, &buffers, (rows, cols), map_off, tiled);
+        }
         if one.1 == 0 {
             return;
         }
@@ -142,6 +147,53 @@ impl GpuBackend {
             params: &params(one.0, (0, 0), 0),
             buffers: &buffers,
             groups: (one.1, split_groups, 1),
+        });
+    }
+
+    /// The items of up to [`T4_PAIRS`] pairs of one expert (`items`: first, count) through
+    /// `moe_t4`, which decodes each weight unit once for the item's pairs: in geometry `big`
+    /// where the items cover many rows, else the dense one (as the one-pair items).
+    fn mxfp4_t4(
+        &self,
+        big: MatvecShape,
+        a: &Arena,
+        buffers: &[&wgpu::Buffer; 5],
+        (rows, cols): (usize, usize),
+        map_off: u32,
+        items: (u32, u32),
+    ) {
+        debug_assert!(items.1 <= self.ctx.limits.max_compute_workgroups_per_dimension);
+        let shape = if u64::from(items.1) * rows as u64 >= FEW_ROWS {
+            big
+        } else {
+            self.ctx.matvec
+        };
+        let mut consts = mv_consts_of(shape).to_vec();
+        consts.push(special_const(a.huge));
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::MatvecMxfp4,
+            entry: "moe_t4",
+            consts: &consts,
+            params: &[
+                rows as u32,
+                (cols / BLOCK) as u32,
+                0,
+                0,
+                rows as u32,
+                (cols / 4) as u32,
+                (cols / BLOCK) as u32,
+                map_off,
+                items.0,
+                0,
+                0,
+                0,
+            ],
+            buffers,
+            groups: (
+                items.1,
+                (rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, shape)),
+                1,
+            ),
         });
     }
 
@@ -205,6 +257,10 @@ impl GpuBackend {
                     t.tokens() as usize,
                 ),
             ),
+            // Fewer tokens than a tile, with the few-token kernel on: experts with two or
+            // more go through `moe_t4` in items of up to T4_PAIRS pairs, the rest one pair
+            // an item.
+            None if most >= 2 && self.ctx.few_token_experts => (None, (2, T4_PAIRS)),
             None => (None, (0, 0)),
         }
     }

@@ -663,6 +663,11 @@ pub(crate) fn pipeline_variants(a: AdapterShape, list: &mut VariantList) {
             consts.push(special);
             push(Shader::MatvecMxfp4, "moe_cs", consts);
         }
+        for &m in &shapes {
+            let mut consts = mv_consts_of(m).to_vec();
+            consts.push(special);
+            push(Shader::MatvecMxfp4, "moe_t4", consts);
+        }
     }
     for &t in &tiles {
         push(

@@ -59,6 +59,10 @@ pub struct GpuOptions {
     /// Whether the expert tier is the single expert pool of a unified-memory adapter
     /// (`K3_LAB_EXPERT_POOL`); `None` = on exactly where CPU and GPU share memory.
     pub expert_pool: Option<bool>,
+    /// Whether experts that two to fifteen rows of a call share run through the few-token
+    /// kernel (`moe_t4`, four rows a workgroup) rather than one matvec item a row
+    /// (`K3_LAB_FEW_TOKEN_EXPERTS`; off: it measured no gain on the device box).
+    pub few_token_experts: bool,
     /// Compose every kernel from this directory's WGSL files instead of the text built in
     /// (shader work: a variant is measured without a rebuild; lab builds only).
     #[cfg(feature = "lab")]

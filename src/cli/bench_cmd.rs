@@ -107,7 +107,11 @@ struct DecodeJob<'a> {
 
 impl super::model_args::ModelJob for DecodeJob<'_> {
     type Out = ();
-    fn run<B: k3::backend::Backend>(self, model: &mut k3::model::K3Model<B>) -> Result<()> {
+    fn run<B: k3::backend::Backend>(
+        self,
+        model: &mut k3::model::K3Model<B>,
+        _plan: &k3::engine::Plan,
+    ) -> Result<()> {
         let DecodeJob { a, ids, gbs } = self;
         {
             println!("| K3_EXPERT_GB | pipe | run | s/token | hit % | GB read/token | eload s/token | disk busy s/token |");

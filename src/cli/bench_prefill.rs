@@ -101,7 +101,7 @@ struct Run {
 
 impl super::model_args::ModelJob for PrefillJob<'_> {
     type Out = ();
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+    fn run<B: Backend>(self, model: &mut K3Model<B>, _plan: &k3::engine::Plan) -> Result<()> {
         let PrefillJob { a, windows } = self;
         let cfg = model.ckpt.config.clone();
         let ids = match &a.ids {

@@ -118,7 +118,7 @@ impl Case {
 
 impl super::model_args::ModelJob for StreamsJob<'_> {
     type Out = ();
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+    fn run<B: Backend>(self, model: &mut K3Model<B>, _plan: &k3::engine::Plan) -> Result<()> {
         let StreamsJob { a, counts } = self;
         let cfg = model.ckpt.config.clone();
         let most = counts.iter().copied().max().unwrap_or(1);

@@ -177,7 +177,7 @@ struct ChatJob<'a> {
 impl ModelJob for ChatJob<'_> {
     type Out = ();
     const PROMPT_CACHE: bool = true;
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+    fn run<B: Backend>(self, model: &mut K3Model<B>, _plan: &k3::engine::Plan) -> Result<()> {
         chat_loop(model, self.a, self.dir, self.stop)
     }
 }

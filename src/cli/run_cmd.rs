@@ -141,7 +141,7 @@ struct RunJob<'a> {
 impl ModelJob for RunJob<'_> {
     type Out = ();
     const PROMPT_CACHE: bool = true;
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+    fn run<B: Backend>(self, model: &mut K3Model<B>, _plan: &k3::engine::Plan) -> Result<()> {
         run_model(model, self.a, self.dir)
     }
 }

@@ -4,7 +4,8 @@
 //! whatever backend was chosen.
 
 use super::config::{CacheConfig, EngineConfig};
-use super::streaming::{configure_streaming, StreamPlan};
+use super::plan::Plan;
+use super::streaming::configure_streaming;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::GpuBackend;
 use crate::backend::select::{select, Selected};
@@ -25,8 +26,13 @@ pub trait ModelJob {
     /// benchmark measures the prefill a cached prompt would skip): [`EngineBuilder::run`]
     /// sets the config's `prompt_cache.in_use` from it.
     const PROMPT_CACHE: bool = false;
-    /// Runs the job on `model`.
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<Self::Out>;
+    /// Sequences the job runs at once (`k3 serve --parallel`): [`EngineBuilder::run`] sets
+    /// the config's `parallel` from it, and the plan reserves a state for each.
+    fn parallel(&self) -> usize {
+        1
+    }
+    /// Runs the job on `model`, sized by `plan`.
+    fn run<B: Backend>(self, model: &mut K3Model<B>, plan: &Plan) -> Result<Self::Out>;
 }
 
 /// A loaded model on the backend that was chosen.
@@ -42,7 +48,7 @@ pub struct Engine {
     /// The model, configured.
     pub model: AnyModel,
     /// What the memory plan decided (its lines were printed at start-up).
-    pub plan: StreamPlan,
+    pub plan: Plan,
     /// The cache settings, for the end-of-run writes.
     cache: CacheConfig,
 }
@@ -53,11 +59,13 @@ impl Engine {
     /// the job's error comes first.
     pub fn run<J: ModelJob>(self, job: J) -> Result<J::Out> {
         let Engine {
-            mut model, cache, ..
+            mut model,
+            cache,
+            plan,
         } = self;
         match &mut model {
-            AnyModel::Cpu(m) => finish(job.run(m.as_mut()), &cache, m),
-            AnyModel::Gpu(m) => finish(job.run(m.as_mut()), &cache, m),
+            AnyModel::Cpu(m) => finish(job.run(m.as_mut(), &plan), &cache, m),
+            AnyModel::Gpu(m) => finish(job.run(m.as_mut(), &plan), &cache, m),
         }
     }
 }
@@ -91,6 +99,7 @@ impl EngineBuilder {
     /// then runs `job` on it.
     pub fn run<J: ModelJob>(mut self, dir: &Path, job: J) -> Result<J::Out> {
         self.config.prompt_cache.in_use = J::PROMPT_CACHE;
+        self.config.parallel = job.parallel();
         self.build(dir)?.run(job)
     }
 
@@ -225,11 +234,7 @@ impl EngineBuilder {
 
     /// Everything after the load: streaming, cache and window sizing, the progress lines,
     /// and the prompt cache.
-    fn configure<B: Backend>(
-        &self,
-        model: &mut K3Model<B>,
-        policy: &FormatPolicy,
-    ) -> Result<StreamPlan> {
+    fn configure<B: Backend>(&self, model: &mut K3Model<B>, policy: &FormatPolicy) -> Result<Plan> {
         let c = &self.config;
         let plan = configure_streaming(model, c)?;
         model.progress().set_print(!c.load.quiet);
@@ -308,7 +313,7 @@ struct RankWorkerJob;
 #[cfg(feature = "mpi")]
 impl ModelJob for RankWorkerJob {
     type Out = ();
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+    fn run<B: Backend>(self, model: &mut K3Model<B>, _plan: &Plan) -> Result<()> {
         crate::ranks::worker::serve(model)
     }
 }

@@ -43,6 +43,9 @@ pub struct EngineConfig {
     pub max_window: Option<usize>,
     /// In-RAM state snapshots the engine's user keeps (`k3 serve`), reserved by the plan.
     pub snapshots: SnapshotLimits,
+    /// Sequences run at once (`k3 serve --parallel`; 0 counts as 1), each with a
+    /// full-context state the plan reserves as far as memory allows.
+    pub parallel: usize,
     /// The ranks of an expert-parallel job (`mpirun`; used only with the `mpi` feature).
     pub ranks: RankConfig,
 }

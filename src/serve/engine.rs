@@ -53,6 +53,10 @@ pub struct EngineOptions {
     /// Prompt tokens a prefilling sequence feeds per step (`--prefill-slice`), at most
     /// the model's prefill window.
     pub prefill_slice: usize,
+    /// Bytes of state the sequences together may grow to: what the memory plan reserves.
+    pub state_budget: usize,
+    /// Sequences whose full-context state that is.
+    pub state_sequences: usize,
 }
 
 /// A place for one sequence: its session (state, tokens, snapshots), kept after its
@@ -145,12 +149,17 @@ pub fn run_engine<B: Backend>(
     // host cache holds each layer's every expert: then a lone prompt with nobody queued
     // behind it feeds whole windows, as `k3 run` does (docs/api.md, "Several requests at once").
     let slices_reread = model.experts().slots_per_layer() < cfg.num_experts;
-    // The sequences share the state the memory plan reserves: one context's.
-    let budget = state_bytes(cfg, model.context());
+    // The sequences share the state the memory plan reserves: a context's for each that fit.
+    let budget = opts.state_budget;
+    let contexts = match opts.state_sequences {
+        0 | 1 => "one".to_string(),
+        n => n.to_string(),
+    };
     tracing::info!(
-        "[K3] serve: up to {parallel} sequences at once (--parallel), sharing {:.1} MB of state (one {}-token context); prompts fed {slice} tokens a step (--prefill-slice)",
+        "[K3] serve: up to {parallel} sequences at once (--parallel), sharing {:.1} MB of state ({contexts} {}-token context{}); prompts fed {slice} tokens a step (--prefill-slice)",
         budget as f64 / 1e6,
-        model.context()
+        model.context(),
+        if opts.state_sequences > 1 { "s" } else { "" }
     );
     let eos = cfg.eos_token_ids.clone();
     let mut slots: Vec<Slot<'_, B>> = (0..parallel)

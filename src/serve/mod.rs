@@ -61,6 +61,11 @@ pub struct ServeOptions {
     pub defaults: Defaults,
     /// Tokens the context holds (prompt plus answer).
     pub context: usize,
+    /// The state the memory plan reserves for the sequences together, bytes
+    /// ([`crate::engine::plan::StateReservation`]).
+    pub state_budget: usize,
+    /// Sequences whose full-context state that reserves.
+    pub state_sequences: usize,
     /// State snapshots kept for prompts that diverge from the held conversation.
     pub snapshots: SnapshotLimits,
     /// Largest request body, in bytes.
@@ -177,6 +182,8 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         snapshots: opts.snapshots,
         parallel: opts.parallel,
         prefill_slice: opts.prefill_slice,
+        state_budget: opts.state_budget,
+        state_sequences: opts.state_sequences,
     };
     let engine = run_engine(model, &tok, engine_opts, jobs_rx, &shared);
     let http = http

@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use k3::backend::Backend;
 use k3::engine::config::MAX_CONTEXT;
-use k3::model::K3Model;
+use k3::model::Runner;
 use k3::serve::http::ReasoningFormat;
 use k3::serve::origin::OriginPolicy;
 use k3::serve::request::{Defaults, Limits};
@@ -259,9 +259,9 @@ impl ModelJob for ServeJob<'_> {
     fn parallel(&self) -> usize {
         self.opts.parallel
     }
-    fn run<B: Backend>(mut self, model: &mut K3Model<B>, plan: &k3::engine::Plan) -> Result<()> {
+    fn run<B: Backend>(mut self, model: &mut Runner<B>, plan: &k3::engine::Plan) -> Result<()> {
         let tok = Tokenizer::from_dir(self.dir)?;
-        self.opts.context = model.context();
+        self.opts.context = model.rt.context();
         self.opts.state_budget = usize::try_from(plan.state.total_bytes()).unwrap_or(usize::MAX);
         self.opts.state_sequences = plan.state.sequences;
         serve(model, tok, self.opts)

@@ -13,7 +13,7 @@ use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::model::loader::LoadOptions;
 use crate::model::weight_cache::WeightCacheSetting;
-use crate::model::{FormatPolicy, K3Model};
+use crate::model::{FormatPolicy, K3Model, Runner};
 use crate::quant::idot::IdotKernel;
 use anyhow::Result;
 use std::path::Path;
@@ -31,16 +31,16 @@ pub trait ModelJob {
     fn parallel(&self) -> usize {
         1
     }
-    /// Runs the job on `model`, sized by `plan`.
-    fn run<B: Backend>(self, model: &mut K3Model<B>, plan: &Plan) -> Result<Self::Out>;
+    /// Runs the job on `model` and its runtime, sized by `plan`.
+    fn run<B: Backend>(self, model: &mut Runner<B>, plan: &Plan) -> Result<Self::Out>;
 }
 
 /// A loaded model on the backend that was chosen.
 pub enum AnyModel {
     /// On the CPU oracle.
-    Cpu(Box<K3Model<CpuBackend>>),
+    Cpu(Box<Runner<CpuBackend>>),
     /// On the GPU.
-    Gpu(Box<K3Model<GpuBackend>>),
+    Gpu(Box<Runner<GpuBackend>>),
 }
 
 /// An assembled engine: the configured model and the plan it was sized by.
@@ -71,7 +71,7 @@ impl Engine {
 }
 
 /// The job's result after the end-of-run writes; the job's error comes first.
-fn finish<B: Backend, T>(out: Result<T>, cache: &CacheConfig, model: &K3Model<B>) -> Result<T> {
+fn finish<B: Backend, T>(out: Result<T>, cache: &CacheConfig, model: &Runner<B>) -> Result<T> {
     let fin = cache.finish(model);
     let out = out?;
     fin?;
@@ -125,10 +125,9 @@ impl EngineBuilder {
                     tracing::warn!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
                 }
                 let opts = self.load_options();
-                let mut model = crate::ranks::setup::load(ckpt, *g, policy, &opts)?;
-                let plan = self.configure(&mut model, &policy)?;
-                self.join_ranks(&mut model, ranks)?;
-                (AnyModel::Gpu(Box::new(model)), plan)
+                let model = crate::ranks::setup::load(ckpt, *g, policy, &opts)?;
+                let (runner, plan) = self.configure(model, &policy, ranks)?;
+                (AnyModel::Gpu(Box::new(runner)), plan)
             }
             Selected::Cpu { fallback } => {
                 if let Some(line) = fallback {
@@ -146,10 +145,9 @@ impl EngineBuilder {
                     );
                 }
                 let opts = self.load_options();
-                let mut model = crate::ranks::setup::load(ckpt, cpu, policy, &opts)?;
-                let plan = self.configure(&mut model, &policy)?;
-                self.join_ranks(&mut model, ranks)?;
-                (AnyModel::Cpu(Box::new(model)), plan)
+                let model = crate::ranks::setup::load(ckpt, cpu, policy, &opts)?;
+                let (runner, plan) = self.configure(model, &policy, ranks)?;
+                (AnyModel::Cpu(Box::new(runner)), plan)
             }
         };
         Ok(Engine {
@@ -175,21 +173,21 @@ impl EngineBuilder {
     }
 
     /// On the head of an expert-parallel job, waits for every rank's start-up report and
-    /// hands the model the ranks; elsewhere does nothing.
+    /// returns the ranks for the model's runtime; elsewhere `None`.
     #[cfg(feature = "mpi")]
     fn join_ranks<B: Backend>(
         &self,
-        model: &mut K3Model<B>,
+        model: &K3Model<B>,
         ranks: Option<crate::ranks::setup::RankPlan>,
-    ) -> Result<()> {
+    ) -> Result<Option<std::sync::Arc<dyn crate::experts::remote::RemoteExperts>>> {
         use crate::ranks::{head, world};
         let Some(ranks) = ranks.filter(|_| world::is_head()) else {
-            return Ok(());
+            return Ok(None);
         };
         let size = ranks.placement.ranks();
         let experts = model.ckpt.config.num_experts;
         tracing::info!("[K3] rank read rates: {}", ranks.rates_line());
-        let own = crate::ranks::worker::hello(Some(&*model), None);
+        let own = crate::ranks::worker::hello(Some(model), None);
         let wait = std::time::Duration::from_secs(self.config.ranks.timeout_s);
         let h = head::Head::connect(ranks.placement, own, wait, wait)?;
         for (r, hello) in h.hellos().iter().enumerate() {
@@ -206,17 +204,16 @@ impl EngineBuilder {
         }
         let h = std::sync::Arc::new(h);
         head::set_current(h.clone());
-        model.set_remote_experts(Some(h));
-        Ok(())
+        Ok(Some(h))
     }
 
     #[cfg(not(feature = "mpi"))]
     fn join_ranks<B: Backend>(
         &self,
-        _model: &mut K3Model<B>,
+        _model: &K3Model<B>,
         _ranks: Option<crate::ranks::setup::RankPlan>,
-    ) -> Result<()> {
-        Ok(())
+    ) -> Result<Option<std::sync::Arc<dyn crate::experts::remote::RemoteExperts>>> {
+        Ok(None)
     }
 
     /// The progress bar, weight cache and start-up lines the config asks for.
@@ -232,16 +229,23 @@ impl EngineBuilder {
         }
     }
 
-    /// Everything after the load: streaming, cache and window sizing, the progress lines,
-    /// and the prompt cache.
-    fn configure<B: Backend>(&self, model: &mut K3Model<B>, policy: &FormatPolicy) -> Result<Plan> {
+    /// Everything after the load: the plan (streaming, cache and window sizing), the
+    /// prompt cache and the other ranks, then the model's runtime, built once.
+    fn configure<B: Backend>(
+        &self,
+        model: K3Model<B>,
+        policy: &FormatPolicy,
+        ranks: Option<crate::ranks::setup::RankPlan>,
+    ) -> Result<(Runner<B>, Plan)> {
         let c = &self.config;
-        let plan = configure_streaming(model, c)?;
-        model.progress().set_print(!c.load.quiet);
+        let (plan, mut settings) = configure_streaming(&model, c)?;
         if c.prompt_cache.in_use {
-            self.open_prompt_cache(model, policy)?;
+            settings.prompt_cache = self.open_prompt_cache(&model, policy)?;
         }
-        Ok(plan)
+        settings.remote = self.join_ranks(&model, ranks)?;
+        let runner = Runner::new(model, settings)?;
+        runner.rt.progress().set_print(!c.load.quiet);
+        Ok((runner, plan))
     }
 
     /// Opens the prompt cache for `model` under the identity of everything that changes
@@ -251,9 +255,9 @@ impl EngineBuilder {
     /// tolerance windows already have, so a state stored under one window serves them all.
     fn open_prompt_cache<B: Backend>(
         &self,
-        model: &mut K3Model<B>,
+        model: &K3Model<B>,
         policy: &FormatPolicy,
-    ) -> Result<()> {
+    ) -> Result<Option<std::sync::Arc<crate::model::prompt_cache::PromptCache>>> {
         let c = &self.config;
         // The CPU kernels' level (`K3_SIMD`) changes the bits of every CPU matmul and
         // attention kernel, as the integer-dot kernels (`K3_IDOT`) do.
@@ -313,7 +317,7 @@ struct RankWorkerJob;
 #[cfg(feature = "mpi")]
 impl ModelJob for RankWorkerJob {
     type Out = ();
-    fn run<B: Backend>(self, model: &mut K3Model<B>, _plan: &Plan) -> Result<()> {
+    fn run<B: Backend>(self, model: &mut Runner<B>, _plan: &Plan) -> Result<()> {
         crate::ranks::worker::serve(model)
     }
 }

@@ -1,7 +1,7 @@
-//! The machine measured ([`measure`]) and the memory plan ([`super::plan::Plan`]) applied to
-//! a loaded model: the streaming settings, the cache policy, the expert selection, the
-//! memory-pressure guard, the expert tier or unified pool, the context and the prefill
-//! window, with the start-up lines that say how.
+//! The machine measured ([`measure`]) and the memory plan ([`super::plan::Plan`]) turned
+//! into a loaded model's runtime settings ([`configure_streaming`]): the streaming settings,
+//! the cache policy, the expert selection, the memory-pressure guard, the expert tier or
+//! unified pool, the context and the prefill window, with the start-up lines that say how.
 
 use super::config::EngineConfig;
 use super::plan::{Machine, Plan, TierPlan, Vram};
@@ -13,7 +13,7 @@ use crate::experts::cache::ram_budget;
 use crate::experts::cache::usage_history::PinMode;
 use crate::model::mla::Mla;
 use crate::model::prefill_window::moe_row_bytes;
-use crate::model::K3Model;
+use crate::model::{K3Model, Runner, Runtime, RuntimeSettings};
 use crate::platform::memory_pressure;
 use anyhow::Result;
 
@@ -48,14 +48,15 @@ pub fn measure<B: Backend>(model: &K3Model<B>) -> Result<Machine> {
     })
 }
 
-/// Measures the machine, plans, prints the plan's start-up lines and applies the plan to
-/// `model`: the streaming settings, the cache policy, the selection, the pressure guard,
-/// the tier or pool, the context and the window. A loaded model may be configured again
-/// (benchmarks change the cache size between runs).
+/// Measures the machine, plans, prints the plan's start-up lines and settles what the
+/// backend and the OS answer (the tier or pool's slots, the pressure signal, the cache
+/// policy and pins), returning the plan and the settings of `model`'s runtime (the prompt
+/// cache and the other ranks are the caller's to add). A loaded model may be planned again
+/// (benchmarks change the cache size between runs and build a new runtime).
 pub fn configure_streaming<B: Backend>(
-    model: &mut K3Model<B>,
+    model: &K3Model<B>,
     engine: &EngineConfig,
-) -> Result<Plan> {
+) -> Result<(Plan, RuntimeSettings)> {
     // Settings the plan refuses are named before the machine is measured.
     engine.experts.check_expert_gb()?;
     let machine = measure(model)?;
@@ -63,22 +64,8 @@ pub fn configure_streaming<B: Backend>(
     for line in plan.to_string().lines() {
         tracing::info!("{line}");
     }
-    apply(model, engine, &plan)?;
-    Ok(plan)
-}
-
-/// Installs `plan` in `model`, printing the lines of what the backend and the OS answer
-/// (the tier's slots, the pressure signal, the cache policy and pins).
-fn apply<B: Backend>(model: &mut K3Model<B>, engine: &EngineConfig, plan: &Plan) -> Result<()> {
-    model.set_context(plan.budget.context);
-    model.set_streaming(plan.stream.clone())?;
-    engine.cache.configure(model, plan.budget.slots)?;
-    model.set_prefetch(plan.prefetch);
-    model
-        .experts_mut()
-        .set_prefetch_always(plan.prefetch_always);
-    model.set_expert_selection(plan.selection)?;
-    install_pressure_guard(model, plan);
+    let (cache, route_tap) = engine.cache.setup(model, plan.budget.slots);
+    let pressure = pressure_guard(&plan);
     match &plan.tier {
         TierPlan::None => {}
         TierPlan::Pool { slots } => {
@@ -93,14 +80,27 @@ fn apply<B: Backend>(model: &mut K3Model<B>, engine: &EngineConfig, plan: &Plan)
         }
         TierPlan::Vram(size) => configure_gpu_tier(model, plan.budget.slots, size)?,
     }
-    model.set_prefill_window(plan.prefill_window);
-    Ok(())
+    let settings = RuntimeSettings {
+        stream: plan.stream,
+        cache,
+        route_tap,
+        prefetch: plan.prefetch,
+        prefetch_always: plan.prefetch_always,
+        selection: plan.selection,
+        context: Some(plan.budget.context),
+        window: Some(plan.prefill_window),
+        sub_rows: None,
+        pressure,
+        prompt_cache: None,
+        remote: None,
+    };
+    Ok((plan, settings))
 }
 
-/// Installs the memory-pressure guard over the cache the plan granted, when
-/// `--memory-pressure on` and the OS has a signal; the start-up line says which.
-fn install_pressure_guard<B: Backend>(model: &mut K3Model<B>, plan: &Plan) {
-    let guard = match plan.pressure {
+/// The memory-pressure guard over the cache the plan granted, when `--memory-pressure on`
+/// and the OS has a signal; the start-up line says which.
+fn pressure_guard(plan: &Plan) -> Option<PressureGuard> {
+    match plan.pressure {
         None => {
             tracing::info!("[K3] memory pressure: ignored (--memory-pressure off)");
             None
@@ -112,6 +112,21 @@ fn install_pressure_guard<B: Backend>(model: &mut K3Model<B>, plan: &Plan) {
                 None
             }
         },
-    };
-    model.set_pressure_guard(guard);
+    }
+}
+
+/// Plans `runner`'s model again under `engine` and gives it a runtime built from the new
+/// plan, after `edit` (benchmarks change the cache size or the window between runs, each
+/// from empty caches). The prompt cache and the other ranks are not carried over: a
+/// benchmark uses neither.
+pub fn replan<B: Backend>(
+    runner: &mut Runner<B>,
+    engine: &EngineConfig,
+    edit: impl FnOnce(&mut RuntimeSettings),
+) -> Result<Plan> {
+    let (plan, mut settings) = configure_streaming(&runner.model, engine)?;
+    edit(&mut settings);
+    runner.rt = Runtime::new(&runner.ckpt.config, &runner.backend, settings)?;
+    runner.rt.progress().set_print(!engine.load.quiet);
+    Ok(plan)
 }

@@ -11,7 +11,7 @@ use super::job::{deliver, Event, Job, Outcome, SequenceView, FULL_POLL};
 use super::live::LiveFigures;
 use super::metrics::{GenerationSample, Metrics};
 use crate::backend::Backend;
-use crate::model::K3Model;
+use crate::model::Runner;
 use crate::session::{DecodeOptions, Finish, Phase, Session, SnapshotLimits, Stepper};
 use crate::stats::Stats;
 use crate::tokenizer::Tokenizer;
@@ -94,10 +94,10 @@ fn state_bytes(cfg: &crate::config::Config, tokens: usize) -> usize {
 /// Serves jobs until every sender of `jobs` is gone: up to `opts.parallel` at once, each
 /// in a slot of its own ([`Session`]), all advanced together a step at a time: every
 /// sequence that prefills feeds its next slice of at most `opts.prefill_slice` prompt
-/// tokens, every one that decodes its last token, in one [`K3Model::forward_batch`]; then
+/// tokens, every one that decodes its last token, in one [`Runner::forward_batch`]; then
 /// each picks its token. A job that finishes, fails or is cancelled frees its slot at once.
 pub fn run_engine<B: Backend>(
-    model: &K3Model<B>,
+    model: &Runner<B>,
     tok: &Tokenizer,
     opts: EngineOptions,
     jobs: mpsc::Receiver<Job>,
@@ -127,7 +127,7 @@ pub fn run_engine<B: Backend>(
     }
     let cfg = &model.ckpt.config;
     let state = crate::model::state_size::state_size(cfg, 1);
-    let disk = match model.prompt_cache() {
+    let disk = match model.rt.prompt_cache() {
         Some(c) => format!(
             "; on disk as prompt-cache entries of {:.1} MB + {:.1} KB a token (prompts of {}+ tokens, {:.2} GB in all)",
             (state.kda_gb * 1e9 + model.vocab_size() as f64 * 4.0) / 1e6,
@@ -148,7 +148,7 @@ pub fn run_engine<B: Backend>(
     // Slicing a prompt re-reads, slice after slice, every routed expert it touches unless the
     // host cache holds each layer's every expert: then a lone prompt with nobody queued
     // behind it feeds whole windows, as `k3 run` does (docs/api.md, "Several requests at once").
-    let slices_reread = model.experts().slots_per_layer() < cfg.num_experts;
+    let slices_reread = model.rt.experts().slots_per_layer() < cfg.num_experts;
     // The sequences share the state the memory plan reserves: a context's for each that fit.
     let budget = opts.state_budget;
     let contexts = match opts.state_sequences {
@@ -158,7 +158,7 @@ pub fn run_engine<B: Backend>(
     tracing::info!(
         "[K3] serve: up to {parallel} sequences at once (--parallel), sharing {:.1} MB of state ({contexts} {}-token context{}); prompts fed {slice} tokens a step (--prefill-slice)",
         budget as f64 / 1e6,
-        model.context(),
+        model.rt.context(),
         if opts.state_sequences > 1 { "s" } else { "" }
     );
     let eos = cfg.eos_token_ids.clone();
@@ -403,7 +403,7 @@ enum Admit {
 /// still does not fit waits (a job alone always runs).
 #[allow(clippy::too_many_arguments)]
 fn admit<'m, 't, B: Backend>(
-    model: &'m K3Model<B>,
+    model: &'m Runner<B>,
     tok: &'t Tokenizer,
     eos: &[u32],
     job: Job,

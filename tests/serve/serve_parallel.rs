@@ -330,7 +330,7 @@ fn two_context_sized_requests_run_at_once_when_the_plan_reserves_two_states() {
         s.log()
     );
     assert!(
-        s.log().contains("sharing ") && s.log().contains("(2 4096-token contexts)"),
+        s.wait_log("sharing 2.7 MB of state (2 4096-token contexts)", 20),
         "{}",
         s.log()
     );

@@ -11,6 +11,9 @@ use crate::session::SnapshotLimits;
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 
+/// The host expert cache asked for when `--expert-gb` / `K3_EXPERT_GB` is not given, GB.
+pub const DEFAULT_EXPERT_GB: f64 = 8.0;
+
 /// Longest context accepted: K3's published context is 256K tokens; beyond a few million
 /// the MLA cache alone outgrows any machine's memory.
 pub const MAX_CONTEXT: usize = 1 << 22;
@@ -206,7 +209,7 @@ pub struct ExpertConfig {
 impl Default for ExpertConfig {
     fn default() -> Self {
         ExpertConfig {
-            expert_gb: 8.0,
+            expert_gb: DEFAULT_EXPERT_GB,
             gpu_expert_gb: TierGb::Default,
             top_p: 0.0,
             skip_uncached_below: None,

@@ -57,8 +57,6 @@ pub fn configure_streaming<B: Backend>(
     model: &K3Model<B>,
     engine: &EngineConfig,
 ) -> Result<(Plan, RuntimeSettings)> {
-    // Settings the plan refuses are named before the machine is measured.
-    engine.experts.check_expert_gb()?;
     let machine = measure(model)?;
     let plan = Plan::new(&model.ckpt.config, &machine, engine)?;
     for line in plan.to_string().lines() {

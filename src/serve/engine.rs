@@ -85,10 +85,10 @@ struct Seq<'t> {
     stalled: Option<Instant>,
 }
 
-/// Bytes of one sequence's state at `tokens` tokens of context.
+/// Bytes of one sequence's state at `tokens` tokens of context, as the memory plan counts
+/// them.
 fn state_bytes(cfg: &crate::config::Config, tokens: usize) -> usize {
-    let s = crate::model::state_size::state_size(cfg, tokens);
-    ((s.kv_gb + s.kda_gb) * 1e9) as usize
+    usize::try_from(crate::engine::plan::sequence_bytes(cfg, tokens)).unwrap_or(usize::MAX)
 }
 
 /// Serves jobs until every sender of `jobs` is gone: up to `opts.parallel` at once, each

@@ -169,7 +169,7 @@ fn one_run<B: Backend>(
         "k3 bench prefill".into(),
     );
     let tap = Arc::new(RouteTap::new(header, None));
-    let (_, mut settings) = k3::engine::streaming::configure_streaming(&model.model, &engine)?;
+    let (_, mut settings) = k3::engine::streaming::plan_runtime(&model.model, &engine)?;
     settings.route_tap = Some(tap.clone());
     let rt = k3::model::Runtime::new(&model.ckpt.config, &model.backend, settings)?;
     rt.progress().set_print(!engine.load.quiet);

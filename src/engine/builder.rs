@@ -5,7 +5,7 @@
 
 use super::config::{CacheConfig, EngineConfig};
 use super::plan::Plan;
-use super::streaming::configure_streaming;
+use super::streaming::plan_runtime;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::GpuBackend;
 use crate::backend::select::{select, Selected};
@@ -238,7 +238,7 @@ impl EngineBuilder {
         ranks: Option<crate::ranks::setup::RankPlan>,
     ) -> Result<(Runner<B>, Plan)> {
         let c = &self.config;
-        let (plan, mut settings) = configure_streaming(&model, c)?;
+        let (plan, mut settings) = plan_runtime(&model, c)?;
         if c.prompt_cache.in_use {
             settings.prompt_cache = self.open_prompt_cache(&model, policy)?;
         }

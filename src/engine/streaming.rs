@@ -1,5 +1,5 @@
 //! The machine measured ([`measure`]) and the memory plan ([`super::plan::Plan`]) turned
-//! into a loaded model's runtime settings ([`configure_streaming`]): the streaming settings,
+//! into a loaded model's runtime settings ([`plan_runtime`]): the streaming settings,
 //! the cache policy, the expert selection, the memory-pressure guard, the expert tier or
 //! unified pool, the context and the prefill window, with the start-up lines that say how.
 
@@ -54,7 +54,7 @@ pub fn measure<B: Backend>(model: &K3Model<B>) -> Result<Machine> {
 /// policy and pins), returning the plan and the settings of `model`'s runtime (the prompt
 /// cache and the other ranks are the caller's to add). A loaded model may be planned again
 /// (benchmarks change the cache size between runs and build a new runtime).
-pub fn configure_streaming<B: Backend>(
+pub fn plan_runtime<B: Backend>(
     model: &K3Model<B>,
     engine: &EngineConfig,
 ) -> Result<(Plan, RuntimeSettings)> {
@@ -123,7 +123,7 @@ pub fn replan<B: Backend>(
     engine: &EngineConfig,
     edit: impl FnOnce(&mut RuntimeSettings),
 ) -> Result<Plan> {
-    let (plan, mut settings) = configure_streaming(&runner.model, engine)?;
+    let (plan, mut settings) = plan_runtime(&runner.model, engine)?;
     edit(&mut settings);
     runner.rt = Runtime::new(&runner.ckpt.config, &runner.backend, settings)?;
     runner.rt.progress().set_print(!engine.load.quiet);

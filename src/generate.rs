@@ -3,7 +3,7 @@
 
 use crate::backend::Backend;
 use crate::model::trace::Trace;
-use crate::model::K3Model;
+use crate::model::Runner;
 use crate::session::{DecodeOptions, Flow, Session};
 use anyhow::Result;
 
@@ -27,7 +27,7 @@ pub struct GenerateOptions<'a> {
 /// Prefills `prompt` into a fresh session, then samples up to `ngen` tokens with `pick`,
 /// calling `on_token` for each as soon as it exists.
 pub fn generate<B: Backend>(
-    model: &K3Model<B>,
+    model: &Runner<B>,
     prompt: &[u32],
     opts: &GenerateOptions<'_>,
     pick: &mut dyn FnMut(&[f32], &[u32]) -> u32,

@@ -11,14 +11,14 @@
 use crate::backend::Backend;
 use crate::model::trace::Trace;
 use crate::model::Segment;
-use crate::model::{K3Model, Logits, State, StateSnapshot};
+use crate::model::{Logits, Runner, State, StateSnapshot};
 use crate::stats::{RunReport, Stats};
 use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// Largest bound on the prefill window accepted (`--chunk` / `K3_CHUNK`), which memory and
-/// the backend's limits bound further ([`K3Model::prefill_window`]).
+/// the backend's limits bound further ([`crate::model::Runtime::prefill_window`]).
 pub const MAX_WINDOW: usize = 1 << 22;
 
 /// What the decode loop should do after a token.
@@ -143,15 +143,15 @@ pub fn check_window(max_window: usize) -> Result<()> {
 
 /// Tokens one forward pass of a prompt takes: the model's prefill window, at most
 /// `max_window`.
-pub fn window<B: Backend>(model: &K3Model<B>, max_window: usize) -> usize {
-    max_window.min(model.prefill_window()).max(1)
+pub fn window<B: Backend>(model: &Runner<B>, max_window: usize) -> usize {
+    max_window.min(model.rt.prefill_window()).max(1)
 }
 
 /// Runs the prompt through the model in windows of at most `max_window` tokens ([`window`]),
 /// layer-major within each window. Returns the logits of
 /// every prompt position when `all` is set, else those of the last position.
 pub fn prefill<B: Backend>(
-    model: &K3Model<B>,
+    model: &Runner<B>,
     st: &mut State<B>,
     ids: &[u32],
     max_window: usize,
@@ -205,7 +205,7 @@ enum Stopped {
 /// half-advanced: the caller resets it.
 #[allow(clippy::too_many_arguments)]
 fn feed_windows<B: Backend>(
-    model: &K3Model<B>,
+    model: &Runner<B>,
     st: &mut State<B>,
     ids: &[u32],
     max_window: usize,
@@ -215,7 +215,7 @@ fn feed_windows<B: Backend>(
     cancel: Option<&AtomicBool>,
     fed: &mut dyn FnMut(&[u32], Vec<f32>),
 ) -> Result<Option<Stopped>> {
-    let progress = model.progress();
+    let progress = model.rt.progress();
     if ids.len() > 1 {
         progress.begin(ids.len(), model.layer_count());
     }
@@ -257,7 +257,7 @@ struct Snapshot<B: Backend> {
 
 /// Model state plus the tokens it has consumed.
 pub struct Session<'m, B: Backend> {
-    model: &'m K3Model<B>,
+    model: &'m Runner<B>,
     state: State<B>,
     tokens: Vec<u32>,
     /// Logits after the last consumed token (empty when nothing was consumed).
@@ -274,14 +274,14 @@ pub struct Session<'m, B: Backend> {
 
 impl<'m, B: Backend> Session<'m, B> {
     /// An empty conversation; prompts are prefilled in windows of the model's prefill
-    /// window ([`K3Model::prefill_window`], which `--chunk` bounds through the engine).
-    pub fn new(model: &'m K3Model<B>) -> Result<Self> {
+    /// window ([`crate::model::Runtime::prefill_window`], which `--chunk` bounds through the engine).
+    pub fn new(model: &'m Runner<B>) -> Result<Self> {
         Self::with_max_window(model, MAX_WINDOW)
     }
 
     /// [`Self::new`] with windows of at most `max_window` tokens, below the model's own
     /// (tests and benchmarks that compare windows on one loaded model).
-    pub fn with_max_window(model: &'m K3Model<B>, max_window: usize) -> Result<Self> {
+    pub fn with_max_window(model: &'m Runner<B>, max_window: usize) -> Result<Self> {
         check_window(max_window)?;
         Ok(Self {
             model,
@@ -296,7 +296,7 @@ impl<'m, B: Backend> Session<'m, B> {
     }
 
     /// A new session that holds what this one holds: a copy of its state
-    /// ([`K3Model::copy_state`]), its tokens and the logits after them, under the same
+    /// ([`crate::model::K3Model::copy_state`]), its tokens and the logits after them, under the same
     /// window and snapshot limits. Its snapshots stay here: the copy goes on its own branch.
     pub fn fork(&self) -> Result<Session<'m, B>> {
         Ok(Self {
@@ -360,7 +360,7 @@ impl<'m, B: Backend> Session<'m, B> {
     }
 
     /// The model this session runs.
-    pub fn model(&self) -> &'m K3Model<B> {
+    pub fn model(&self) -> &'m Runner<B> {
         self.model
     }
 
@@ -516,7 +516,7 @@ impl<'m, B: Backend> Session<'m, B> {
     /// prompt cache holds, in place of the session's state. Returns the tokens the session
     /// now holds of `prompt` (`reused` when nothing better was loaded).
     fn load_cached_prefix(&mut self, prompt: &[u32], reused: usize) -> usize {
-        let Some(pc) = self.model.prompt_cache() else {
+        let Some(pc) = self.model.rt.prompt_cache() else {
             return reused;
         };
         let Some(e) = pc.lookup(prompt, reused, &self.model.state_shape()) else {
@@ -544,7 +544,7 @@ impl<'m, B: Backend> Session<'m, B> {
     /// Stores the state at the end of the prompt just fed in the model's prompt cache, when
     /// it has one that wants it; a failure is a warning.
     fn store_prompt(&self) {
-        let Some(pc) = self.model.prompt_cache() else {
+        let Some(pc) = self.model.rt.prompt_cache() else {
             return;
         };
         if !pc.wants(&self.tokens) {
@@ -578,7 +578,7 @@ impl<'m, B: Backend> Session<'m, B> {
     ) -> Result<Generation> {
         let mut s = self.begin(prompt, opts)?;
         let slice = window(self.model, self.max_window);
-        let progress = self.model.progress();
+        let progress = self.model.rt.progress();
         // Ends the progress on every way out of the prefill.
         struct End<'a>(&'a crate::model::prefill_progress::PrefillProgress);
         impl Drop for End<'_> {

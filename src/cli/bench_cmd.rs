@@ -107,7 +107,11 @@ struct DecodeJob<'a> {
 
 impl super::model_args::ModelJob for DecodeJob<'_> {
     type Out = ();
-    fn run<B: k3::backend::Backend>(self, model: &mut k3::model::K3Model<B>) -> Result<()> {
+    fn run<B: k3::backend::Backend>(
+        self,
+        model: &mut k3::model::Runner<B>,
+        _plan: &k3::engine::Plan,
+    ) -> Result<()> {
         let DecodeJob { a, ids, gbs } = self;
         {
             println!("| K3_EXPERT_GB | pipe | run | s/token | hit % | GB read/token | eload s/token | disk busy s/token |");
@@ -118,7 +122,7 @@ impl super::model_args::ModelJob for DecodeJob<'_> {
                         let mut cfg = a.load.config()?;
                         cfg.experts.expert_gb = gb;
                         cfg.streaming.pipe = pipe == 1;
-                        k3::engine::streaming::configure_streaming(model, &cfg)?;
+                        k3::engine::streaming::replan(model, &cfg, |_| {})?;
                         let opts = GenerateOptions {
                             ngen: a.ngen,
                             max_window: None,

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use k3::backend::Backend;
 use k3::experts::telemetry::route_trace::{RouteTap, TraceHeader};
-use k3::model::K3Model;
+use k3::model::Runner;
 use k3::stats::Stats;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -101,7 +101,7 @@ struct Run {
 
 impl super::model_args::ModelJob for PrefillJob<'_> {
     type Out = ();
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+    fn run<B: Backend>(self, model: &mut Runner<B>, _plan: &k3::engine::Plan) -> Result<()> {
         let PrefillJob { a, windows } = self;
         let cfg = model.ckpt.config.clone();
         let ids = match &a.ids {
@@ -111,15 +111,18 @@ impl super::model_args::ModelJob for PrefillJob<'_> {
         if ids.is_empty() {
             bail!("--ids: give at least one token id");
         }
-        let default_window = model.prefill_window();
-        let kept_tap = model.experts().route_tap().cloned();
+        let default_window = model.rt.prefill_window();
+        // The engine's runtime (its routing tap writes the run's trace at the end) comes
+        // back once the cases, each on a runtime of its own, are done.
+        let mut engine_rt = None;
         println!(
             "| case | window | tokens | prefill s | tok/s | expert GB read | GB of distinct experts per layer, summed | read ÷ distinct |"
         );
         println!("|---|---|---|---|---|---|---|---|");
         for round in 0..a.rounds {
             for &max_window in &windows {
-                let r = one_run(model, &a.load, &ids, max_window, &cfg)?;
+                let (r, rt) = one_run(model, &a.load, &ids, max_window, &cfg)?;
+                engine_rt.get_or_insert(rt);
                 let window = max_window
                     .map_or(default_window, |c| c.min(default_window))
                     .min(ids.len());
@@ -135,23 +138,25 @@ impl super::model_args::ModelJob for PrefillJob<'_> {
                 );
             }
         }
-        model.experts_mut().set_route_tap(kept_tap);
+        if let Some(rt) = engine_rt {
+            model.rt = rt;
+        }
         Ok(())
     }
 }
 
 /// One prefill of `ids` in windows of at most `max_window`, from empty expert caches (the host
-/// cache and the GPU tier are sized again, so the last run's experts are not hits).
+/// cache and the GPU tier are sized again, so the last run's experts are not hits), on a
+/// runtime of its own; returns the runtime it replaced.
 fn one_run<B: Backend>(
-    model: &mut K3Model<B>,
+    model: &mut Runner<B>,
     load: &super::model_args::ModelArgs,
     ids: &[u32],
     max_window: Option<usize>,
     cfg: &k3::config::Config,
-) -> Result<Run> {
+) -> Result<(Run, k3::model::Runtime)> {
     let mut engine = load.config()?;
     engine.max_window = max_window.or(load.max_window);
-    k3::engine::streaming::configure_streaming(model, &engine)?;
     let moe_layers: Vec<usize> = (0..cfg.num_hidden_layers)
         .filter(|&l| cfg.is_moe_layer(l))
         .collect();
@@ -164,7 +169,11 @@ fn one_run<B: Backend>(
         "k3 bench prefill".into(),
     );
     let tap = Arc::new(RouteTap::new(header, None));
-    model.experts_mut().set_route_tap(Some(tap.clone()));
+    let (_, mut settings) = k3::engine::streaming::plan_runtime(&model.model, &engine)?;
+    settings.route_tap = Some(tap.clone());
+    let rt = k3::model::Runtime::new(&model.ckpt.config, &model.backend, settings)?;
+    rt.progress().set_print(!engine.load.quiet);
+    let replaced = std::mem::replace(&mut model.rt, rt);
     let mut st = model.new_state()?;
     let mut stats = Stats::default();
     let t = Instant::now();
@@ -180,11 +189,12 @@ fn one_run<B: Backend>(
     )?;
     let secs = t.elapsed().as_secs_f64();
     let distinct = tap.usage()?.iter().filter(|&&c| c > 0.0).count();
-    Ok(Run {
+    let run = Run {
         secs,
         read_gb: stats.bytes_streamed as f64 / 1e9,
         distinct_gb: distinct as f64 * cfg.expert_bytes() as f64 / 1e9,
-    })
+    };
+    Ok((run, replaced))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use k3::backend::Backend;
-use k3::model::{K3Model, Logits, Segment, State};
+use k3::model::{Logits, Runner, Segment, State};
 use k3::sampling::argmax_lowest;
 use k3::stats::Stats;
 use serde_json::json;
@@ -118,7 +118,7 @@ impl Case {
 
 impl super::model_args::ModelJob for StreamsJob<'_> {
     type Out = ();
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+    fn run<B: Backend>(self, model: &mut Runner<B>, _plan: &k3::engine::Plan) -> Result<()> {
         let StreamsJob { a, counts } = self;
         let cfg = model.ckpt.config.clone();
         let most = counts.iter().copied().max().unwrap_or(1);
@@ -154,7 +154,7 @@ impl super::model_args::ModelJob for StreamsJob<'_> {
         for _ in 0..a.rounds {
             for (k, &(n, together)) in shapes.iter().enumerate() {
                 // From empty caches each time, so no case inherits another's experts.
-                k3::engine::streaming::configure_streaming(model, &engine)?;
+                k3::engine::streaming::replan(model, &engine, |_| {})?;
                 let (case, tokens) = decode(model, &prompts[..n], a.ngen, together)?;
                 if !together {
                     reference = tokens;
@@ -192,7 +192,7 @@ impl super::model_args::ModelJob for StreamsJob<'_> {
 /// stream, timed: all streams in one pass a step (`together`) or one stream at a time.
 /// Returns the figures and each stream's tokens (the prefill's pick, then each step's).
 fn decode<B: Backend>(
-    model: &K3Model<B>,
+    model: &Runner<B>,
     prompts: &[Vec<u32>],
     ngen: usize,
     together: bool,

@@ -8,7 +8,7 @@ use super::token_output::TokenOutput;
 use anyhow::{Context, Result};
 use clap::Args;
 use k3::backend::Backend;
-use k3::model::K3Model;
+use k3::model::Runner;
 use k3::sampling::Sampler;
 use k3::session::{DecodeOptions, Finish, Flow, Session};
 use k3::tokenizer::{
@@ -177,13 +177,13 @@ struct ChatJob<'a> {
 impl ModelJob for ChatJob<'_> {
     type Out = ();
     const PROMPT_CACHE: bool = true;
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+    fn run<B: Backend>(self, model: &mut Runner<B>, _plan: &k3::engine::Plan) -> Result<()> {
         chat_loop(model, self.a, self.dir, self.stop)
     }
 }
 
 fn chat_loop<B: Backend>(
-    model: &K3Model<B>,
+    model: &Runner<B>,
     a: &ChatArgs,
     dir: &Path,
     stop: &AtomicBool,
@@ -206,7 +206,7 @@ fn chat_loop<B: Backend>(
         .max()
         .unwrap_or(1)
         .max(1);
-    let line_limit = model.context().saturating_mul(longest);
+    let line_limit = model.rt.context().saturating_mul(longest);
     loop {
         eprint!("> ");
         std::io::stderr().flush()?;
@@ -219,7 +219,7 @@ fn chat_loop<B: Backend>(
                     "[K3] that line is {n} bytes; the context of {} tokens (--max-tokens / \
                      K3_MAXT) holds at most {line_limit} bytes of text; it was not sent and \
                      the conversation is kept",
-                    model.context()
+                    model.rt.context()
                 );
                 continue;
             }
@@ -273,7 +273,7 @@ fn chat_loop<B: Backend>(
         let mut msgs: Vec<Message> = system.iter().map(|s| Message::system(s.clone())).collect();
         msgs.extend(history.iter().cloned());
         let ids = tok.encode_chat(&msgs, &ChatOptions::generation(thinking))?;
-        let context = model.context();
+        let context = model.rt.context();
         if ids.len() > context {
             // The turn cannot be answered; the conversation before it stays as it was.
             history.pop();

@@ -11,7 +11,7 @@ use k3::backend::Backend;
 use k3::generate::{generate, GenerateOptions};
 use k3::grammar::{GrammarCompiler, OutputConstraint, ReplyFrame};
 use k3::model::trace::Trace;
-use k3::model::K3Model;
+use k3::model::Runner;
 use k3::stats;
 use k3::token_picker::TokenPicker;
 use k3::tokenizer::{chat_stop_ids, ChatOptions, ChatSplitter, Message, StreamDecoder, Tokenizer};
@@ -141,20 +141,20 @@ struct RunJob<'a> {
 impl ModelJob for RunJob<'_> {
     type Out = ();
     const PROMPT_CACHE: bool = true;
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+    fn run<B: Backend>(self, model: &mut Runner<B>, _plan: &k3::engine::Plan) -> Result<()> {
         run_model(model, self.a, self.dir)
     }
 }
 
 /// Waits for a weight-cache write the start left to the background, so the run's figures
 /// hold its outcome, and prints the start-up line.
-fn finish_startup<B: Backend>(model: &mut K3Model<B>) -> serde_json::Value {
-    let s = model.finish_startup();
+fn finish_startup<B: Backend>(model: &mut Runner<B>) -> serde_json::Value {
+    let s = model.model.finish_startup();
     eprintln!("{}", s.line());
     s.json()
 }
 
-fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Result<()> {
+fn run_model<B: Backend>(model: &mut Runner<B>, a: &RunArgs, dir: &Path) -> Result<()> {
     let cfg = &model.ckpt.config;
     let text = a.prompt.clone().or_else(|| a.prompt_flag.clone());
     let tok = if a.ids.is_some() {
@@ -190,7 +190,7 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
         Some(tk) => chat_stop_ids(tk, &cfg.eos_token_ids),
         None => cfg.eos_token_ids.clone(),
     };
-    let context = model.context();
+    let context = model.rt.context();
     if ids.len() > context {
         bail!(
             "context full: the prompt is {} tokens and the context holds {context} \
@@ -297,7 +297,7 @@ fn run_model<B: Backend>(model: &mut K3Model<B>, a: &RunArgs, dir: &Path) -> Res
     if let Some(line) = stats::tiers_line(&total, pool) {
         eprintln!("{line}");
     }
-    let modes = model.experts().auto_policy_modes()?;
+    let modes = model.rt.experts().auto_policy_modes()?;
     if let Some(line) = stats::policy_line(modes) {
         eprintln!("{line}");
     }

@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use k3::backend::Backend;
 use k3::engine::config::MAX_CONTEXT;
-use k3::model::K3Model;
+use k3::model::Runner;
 use k3::serve::http::ReasoningFormat;
 use k3::serve::origin::OriginPolicy;
 use k3::serve::request::{Defaults, Limits};
@@ -46,9 +46,10 @@ pub struct ServeArgs {
     /// Sequences in flight at once: each its own state, sampler and stop rules, all advanced
     /// together one batched forward pass a step (a prompt slice for those that prefill, one
     /// token for those that decode); a request of `n` choices takes n, and an `n` above this
-    /// is refused; 1 runs one request at a time. Their states share the
-    /// one context's state the memory plan reserves (--max-tokens / K3_MAXT): a request
-    /// that does not fit beside the running ones waits in the queue.
+    /// is refused; 1 runs one request at a time. The memory plan reserves a full context's
+    /// state (--max-tokens / K3_MAXT) for each, as far as memory allows (the `[K3] state:`
+    /// line says how many fit); a request that does not fit beside the running ones waits in
+    /// the queue.
     #[arg(long, env = "K3_PARALLEL", default_value_t = 4)]
     pub parallel: usize,
     /// Prompt tokens a request feeds per engine step while it prefills (at most the prefill
@@ -230,6 +231,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             thinking: a.think == 1,
         },
         context: 0,
+        state_budget: 0,
+        state_sequences: 0,
         snapshots,
         body_limit: a.max_body_mb << 20,
         body_timeout: Duration::from_secs(a.body_timeout),
@@ -254,9 +257,14 @@ struct ServeJob<'a> {
 impl ModelJob for ServeJob<'_> {
     type Out = ();
     const PROMPT_CACHE: bool = true;
-    fn run<B: Backend>(mut self, model: &mut K3Model<B>) -> Result<()> {
+    fn parallel(&self) -> usize {
+        self.opts.parallel
+    }
+    fn run<B: Backend>(mut self, model: &mut Runner<B>, plan: &k3::engine::Plan) -> Result<()> {
         let tok = Tokenizer::from_dir(self.dir)?;
-        self.opts.context = model.context();
+        self.opts.context = model.rt.context();
+        self.opts.state_budget = usize::try_from(plan.state.total_bytes()).unwrap_or(usize::MAX);
+        self.opts.state_sequences = plan.state.sequences;
         serve(model, tok, self.opts)
     }
 }

@@ -12,7 +12,7 @@ pub struct StreamArgs {
     /// Expert cache request in GB (1e9 bytes) for all MoE layers together; clamped to RAM.
     /// On a GPU that shares memory with the CPU (Apple Silicon) it sizes the single expert
     /// pool instead, with `--gpu-expert-gb`.
-    #[arg(long, env = "K3_EXPERT_GB", default_value_t = 8.0)]
+    #[arg(long, env = "K3_EXPERT_GB", default_value_t = k3::engine::config::DEFAULT_EXPERT_GB)]
     pub expert_gb: f64,
     /// 1: uncached expert reads (O_DIRECT on Linux, F_NOCACHE on macOS,
     /// FILE_FLAG_NO_BUFFERING on Windows); 0: buffered + read-ahead hints.

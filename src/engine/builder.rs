@@ -4,7 +4,8 @@
 //! whatever backend was chosen.
 
 use super::config::{CacheConfig, EngineConfig};
-use super::streaming::{configure_streaming, StreamPlan};
+use super::plan::Plan;
+use super::streaming::plan_runtime;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::GpuBackend;
 use crate::backend::select::{select, Selected};
@@ -12,7 +13,7 @@ use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::model::loader::LoadOptions;
 use crate::model::weight_cache::WeightCacheSetting;
-use crate::model::{FormatPolicy, K3Model};
+use crate::model::{FormatPolicy, K3Model, Runner};
 use crate::quant::idot::IdotKernel;
 use anyhow::Result;
 use std::path::Path;
@@ -25,16 +26,21 @@ pub trait ModelJob {
     /// benchmark measures the prefill a cached prompt would skip): [`EngineBuilder::run`]
     /// sets the config's `prompt_cache.in_use` from it.
     const PROMPT_CACHE: bool = false;
-    /// Runs the job on `model`.
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<Self::Out>;
+    /// Sequences the job runs at once (`k3 serve --parallel`): [`EngineBuilder::run`] sets
+    /// the config's `parallel` from it, and the plan reserves a state for each.
+    fn parallel(&self) -> usize {
+        1
+    }
+    /// Runs the job on `model` and its runtime, sized by `plan`.
+    fn run<B: Backend>(self, model: &mut Runner<B>, plan: &Plan) -> Result<Self::Out>;
 }
 
 /// A loaded model on the backend that was chosen.
 pub enum AnyModel {
     /// On the CPU oracle.
-    Cpu(Box<K3Model<CpuBackend>>),
+    Cpu(Box<Runner<CpuBackend>>),
     /// On the GPU.
-    Gpu(Box<K3Model<GpuBackend>>),
+    Gpu(Box<Runner<GpuBackend>>),
 }
 
 /// An assembled engine: the configured model and the plan it was sized by.
@@ -42,7 +48,7 @@ pub struct Engine {
     /// The model, configured.
     pub model: AnyModel,
     /// What the memory plan decided (its lines were printed at start-up).
-    pub plan: StreamPlan,
+    pub plan: Plan,
     /// The cache settings, for the end-of-run writes.
     cache: CacheConfig,
 }
@@ -53,17 +59,19 @@ impl Engine {
     /// the job's error comes first.
     pub fn run<J: ModelJob>(self, job: J) -> Result<J::Out> {
         let Engine {
-            mut model, cache, ..
+            mut model,
+            cache,
+            plan,
         } = self;
         match &mut model {
-            AnyModel::Cpu(m) => finish(job.run(m.as_mut()), &cache, m),
-            AnyModel::Gpu(m) => finish(job.run(m.as_mut()), &cache, m),
+            AnyModel::Cpu(m) => finish(job.run(m.as_mut(), &plan), &cache, m),
+            AnyModel::Gpu(m) => finish(job.run(m.as_mut(), &plan), &cache, m),
         }
     }
 }
 
 /// The job's result after the end-of-run writes; the job's error comes first.
-fn finish<B: Backend, T>(out: Result<T>, cache: &CacheConfig, model: &K3Model<B>) -> Result<T> {
+fn finish<B: Backend, T>(out: Result<T>, cache: &CacheConfig, model: &Runner<B>) -> Result<T> {
     let fin = cache.finish(model);
     let out = out?;
     fin?;
@@ -91,6 +99,7 @@ impl EngineBuilder {
     /// then runs `job` on it.
     pub fn run<J: ModelJob>(mut self, dir: &Path, job: J) -> Result<J::Out> {
         self.config.prompt_cache.in_use = J::PROMPT_CACHE;
+        self.config.parallel = job.parallel();
         self.build(dir)?.run(job)
     }
 
@@ -116,10 +125,9 @@ impl EngineBuilder {
                     tracing::warn!("[K3] K3_IDOT=1 is a CPU-backend setting: the GPU runs exact");
                 }
                 let opts = self.load_options();
-                let mut model = crate::ranks::setup::load(ckpt, *g, policy, &opts)?;
-                let plan = self.configure(&mut model, &policy)?;
-                self.join_ranks(&mut model, ranks)?;
-                (AnyModel::Gpu(Box::new(model)), plan)
+                let model = crate::ranks::setup::load(ckpt, *g, policy, &opts)?;
+                let (runner, plan) = self.configure(model, &policy, ranks)?;
+                (AnyModel::Gpu(Box::new(runner)), plan)
             }
             Selected::Cpu { fallback } => {
                 if let Some(line) = fallback {
@@ -137,10 +145,9 @@ impl EngineBuilder {
                     );
                 }
                 let opts = self.load_options();
-                let mut model = crate::ranks::setup::load(ckpt, cpu, policy, &opts)?;
-                let plan = self.configure(&mut model, &policy)?;
-                self.join_ranks(&mut model, ranks)?;
-                (AnyModel::Cpu(Box::new(model)), plan)
+                let model = crate::ranks::setup::load(ckpt, cpu, policy, &opts)?;
+                let (runner, plan) = self.configure(model, &policy, ranks)?;
+                (AnyModel::Cpu(Box::new(runner)), plan)
             }
         };
         Ok(Engine {
@@ -166,21 +173,21 @@ impl EngineBuilder {
     }
 
     /// On the head of an expert-parallel job, waits for every rank's start-up report and
-    /// hands the model the ranks; elsewhere does nothing.
+    /// returns the ranks for the model's runtime; elsewhere `None`.
     #[cfg(feature = "mpi")]
     fn join_ranks<B: Backend>(
         &self,
-        model: &mut K3Model<B>,
+        model: &K3Model<B>,
         ranks: Option<crate::ranks::setup::RankPlan>,
-    ) -> Result<()> {
+    ) -> Result<Option<std::sync::Arc<dyn crate::experts::remote::RemoteExperts>>> {
         use crate::ranks::{head, world};
         let Some(ranks) = ranks.filter(|_| world::is_head()) else {
-            return Ok(());
+            return Ok(None);
         };
         let size = ranks.placement.ranks();
         let experts = model.ckpt.config.num_experts;
         tracing::info!("[K3] rank read rates: {}", ranks.rates_line());
-        let own = crate::ranks::worker::hello(Some(&*model), None);
+        let own = crate::ranks::worker::hello(Some(model), None);
         let wait = std::time::Duration::from_secs(self.config.ranks.timeout_s);
         let h = head::Head::connect(ranks.placement, own, wait, wait)?;
         for (r, hello) in h.hellos().iter().enumerate() {
@@ -197,17 +204,16 @@ impl EngineBuilder {
         }
         let h = std::sync::Arc::new(h);
         head::set_current(h.clone());
-        model.set_remote_experts(Some(h));
-        Ok(())
+        Ok(Some(h))
     }
 
     #[cfg(not(feature = "mpi"))]
     fn join_ranks<B: Backend>(
         &self,
-        _model: &mut K3Model<B>,
+        _model: &K3Model<B>,
         _ranks: Option<crate::ranks::setup::RankPlan>,
-    ) -> Result<()> {
-        Ok(())
+    ) -> Result<Option<std::sync::Arc<dyn crate::experts::remote::RemoteExperts>>> {
+        Ok(None)
     }
 
     /// The progress bar, weight cache and start-up lines the config asks for.
@@ -223,20 +229,23 @@ impl EngineBuilder {
         }
     }
 
-    /// Everything after the load: streaming, cache and window sizing, the progress lines,
-    /// and the prompt cache.
+    /// Everything after the load: the plan (streaming, cache and window sizing), the
+    /// prompt cache and the other ranks, then the model's runtime, built once.
     fn configure<B: Backend>(
         &self,
-        model: &mut K3Model<B>,
+        model: K3Model<B>,
         policy: &FormatPolicy,
-    ) -> Result<StreamPlan> {
+        ranks: Option<crate::ranks::setup::RankPlan>,
+    ) -> Result<(Runner<B>, Plan)> {
         let c = &self.config;
-        let plan = configure_streaming(model, c)?;
-        model.progress().set_print(!c.load.quiet);
+        let (plan, mut settings) = plan_runtime(&model, c)?;
         if c.prompt_cache.in_use {
-            self.open_prompt_cache(model, policy)?;
+            settings.prompt_cache = self.open_prompt_cache(&model, policy)?;
         }
-        Ok(plan)
+        settings.remote = self.join_ranks(&model, ranks)?;
+        let runner = Runner::new(model, settings)?;
+        runner.rt.progress().set_print(!c.load.quiet);
+        Ok((runner, plan))
     }
 
     /// Opens the prompt cache for `model` under the identity of everything that changes
@@ -246,9 +255,9 @@ impl EngineBuilder {
     /// tolerance windows already have, so a state stored under one window serves them all.
     fn open_prompt_cache<B: Backend>(
         &self,
-        model: &mut K3Model<B>,
+        model: &K3Model<B>,
         policy: &FormatPolicy,
-    ) -> Result<()> {
+    ) -> Result<Option<std::sync::Arc<crate::model::prompt_cache::PromptCache>>> {
         let c = &self.config;
         // The CPU kernels' level (`K3_SIMD`) changes the bits of every CPU matmul and
         // attention kernel, as the integer-dot kernels (`K3_IDOT`) do.
@@ -308,7 +317,7 @@ struct RankWorkerJob;
 #[cfg(feature = "mpi")]
 impl ModelJob for RankWorkerJob {
     type Out = ();
-    fn run<B: Backend>(self, model: &mut K3Model<B>) -> Result<()> {
+    fn run<B: Backend>(self, model: &mut Runner<B>, _plan: &Plan) -> Result<()> {
         crate::ranks::worker::serve(model)
     }
 }

@@ -6,7 +6,7 @@ use crate::backend::Backend;
 use crate::experts::cache::cache_policy::{CacheSetup, PolicyKind};
 use crate::experts::cache::usage_history::{default_path, PinMode, UsageHistory};
 use crate::experts::telemetry::route_trace::{RouteTap, TraceHeader};
-use crate::model::K3Model;
+use crate::model::{K3Model, Runner};
 use anyhow::Result;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -34,8 +34,13 @@ impl CacheConfig {
         }
     }
 
-    /// Installs the policy, the pins for `slots` a layer and the routing tap in `model`.
-    pub fn configure<B: Backend>(&self, model: &mut K3Model<B>, slots: usize) -> Result<()> {
+    /// The policy with the pins for `slots` a layer, and the routing tap, for `model`'s
+    /// runtime.
+    pub fn setup<B: Backend>(
+        &self,
+        model: &K3Model<B>,
+        slots: usize,
+    ) -> (CacheSetup, Option<Arc<RouteTap>>) {
         let cfg = model.ckpt.config.clone();
         let mut pins = HashMap::new();
         if self.usage_pins != PinMode::Off {
@@ -67,10 +72,10 @@ impl CacheConfig {
         if self.policy != PolicyKind::default() {
             tracing::info!("[K3] expert cache policy: {}", self.policy);
         }
-        model.experts_mut().set_cache_setup(CacheSetup {
+        let setup = CacheSetup {
             kind: self.policy,
             pins: Arc::new(pins),
-        })?;
+        };
         let tap = (self.route_trace.is_some() || self.usage_pins == PinMode::On).then(|| {
             let moe: Vec<usize> = (0..cfg.num_hidden_layers)
                 .filter(|&l| cfg.is_moe_layer(l))
@@ -85,15 +90,14 @@ impl CacheConfig {
             );
             Arc::new(RouteTap::new(header, self.route_trace.clone()))
         });
-        model.experts_mut().set_route_tap(tap);
-        Ok(())
+        (setup, tap)
     }
 
     /// End of the run: writes the routing trace, and merges this run's expert use into the
     /// usage history (`--usage-pins on`). A history that cannot be written is reported, not
     /// fatal: the run's output is already out.
-    pub fn finish<B: Backend>(&self, model: &K3Model<B>) -> Result<()> {
-        let Some(tap) = model.experts().route_tap().cloned() else {
+    pub fn finish<B: Backend>(&self, model: &Runner<B>) -> Result<()> {
+        let Some(tap) = model.rt.experts().route_tap().cloned() else {
             return Ok(());
         };
         if let Some((path, n)) = tap.write_trace()? {

@@ -11,6 +11,9 @@ use crate::session::SnapshotLimits;
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 
+/// The host expert cache asked for when `--expert-gb` / `K3_EXPERT_GB` is not given, GB.
+pub const DEFAULT_EXPERT_GB: f64 = 8.0;
+
 /// Longest context accepted: K3's published context is 256K tokens; beyond a few million
 /// the MLA cache alone outgrows any machine's memory.
 pub const MAX_CONTEXT: usize = 1 << 22;
@@ -43,6 +46,9 @@ pub struct EngineConfig {
     pub max_window: Option<usize>,
     /// In-RAM state snapshots the engine's user keeps (`k3 serve`), reserved by the plan.
     pub snapshots: SnapshotLimits,
+    /// Sequences run at once (`k3 serve --parallel`; 0 counts as 1), each with a
+    /// full-context state the plan reserves as far as memory allows.
+    pub parallel: usize,
     /// The ranks of an expert-parallel job (`mpirun`; used only with the `mpi` feature).
     pub ranks: RankConfig,
 }
@@ -203,7 +209,7 @@ pub struct ExpertConfig {
 impl Default for ExpertConfig {
     fn default() -> Self {
         ExpertConfig {
-            expert_gb: 8.0,
+            expert_gb: DEFAULT_EXPERT_GB,
             gpu_expert_gb: TierGb::Default,
             top_p: 0.0,
             skip_uncached_below: None,

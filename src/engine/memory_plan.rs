@@ -90,6 +90,7 @@ pub fn plan_machine(cfg: &Config, machine: &Machine) -> Result<MemoryPlan, RamBu
         resident_gb: dense_gb,
         available_gb,
         context,
+        sequences: 1,
         kv: kv_shape(cfg),
         kda_gb: state_size(cfg, 0).kda_gb,
         snapshots_gb: 0.0,

@@ -6,9 +6,11 @@ pub mod builder;
 mod cache_setup;
 pub mod config;
 pub mod memory_plan;
+pub mod plan;
 mod prompt_cache_setup;
 pub mod streaming;
 pub mod tiers;
 
 pub use builder::{AnyModel, Engine, EngineBuilder, ModelJob};
 pub use config::EngineConfig;
+pub use plan::Plan;

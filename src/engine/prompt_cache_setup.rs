@@ -10,19 +10,18 @@ use std::sync::Arc;
 
 impl PromptCacheSettings {
     /// Opens the cache for `model` (loaded in `policy`'s formats; `numerics` names any other
-    /// setting that changes the state) and prints `[K3] prompt cache: ...`. A directory that
-    /// cannot be made is a warning: the run goes on without the cache.
+    /// setting that changes the state) and prints `[K3] prompt cache: ...`; `None` when it
+    /// is off. A directory that cannot be made is a warning: the run goes on without the cache.
     pub fn open<B: Backend>(
         &self,
-        model: &mut K3Model<B>,
+        model: &K3Model<B>,
         policy: &FormatPolicy,
         numerics: &str,
-    ) -> Result<()> {
+    ) -> Result<Option<Arc<PromptCache>>> {
         let gb = self.plan_gb()?;
         if self.off || gb == 0.0 {
-            model.set_prompt_cache(None);
             tracing::info!("[K3] prompt cache: off");
-            return Ok(());
+            return Ok(None);
         }
         let Some(dir) = self
             .dir
@@ -32,15 +31,13 @@ impl PromptCacheSettings {
             tracing::warn!(
                 "[K3] prompt cache: off (no user cache directory: HOME is not set; --prompt-cache DIR names one)"
             );
-            model.set_prompt_cache(None);
-            return Ok(());
+            return Ok(None);
         };
         let stamp = match crate::model::weight_cache::model_stamp(&model.ckpt, policy) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!("[K3] prompt cache: off ({e:#})");
-                model.set_prompt_cache(None);
-                return Ok(());
+                return Ok(None);
             }
         };
         let identity = format!(
@@ -52,20 +49,19 @@ impl PromptCacheSettings {
             max_bytes: (gb * 1e9) as u64,
             min_tokens: MIN_TOKENS,
         };
-        match PromptCache::open(cfg, &identity) {
+        Ok(match PromptCache::open(cfg, &identity) {
             Ok(pc) => {
                 tracing::info!(
                     "[K3] prompt cache: {} (up to {gb} GB; prompts of {MIN_TOKENS}+ tokens; key {:016x})",
                     dir.display(),
                     pc.key()
                 );
-                model.set_prompt_cache(Some(Arc::new(pc)));
+                Some(Arc::new(pc))
             }
             Err(e) => {
                 tracing::warn!("[K3] prompt cache: off ({e:#}); the run goes on without it");
-                model.set_prompt_cache(None);
+                None
             }
-        }
-        Ok(())
+        })
     }
 }

@@ -71,20 +71,11 @@ pub(super) const TIER_MARGIN_MIN_BYTES: u64 = 2_000_000_000;
 
 /// The VRAM expert tier's size and how it was decided.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct TierSize {
+pub struct TierSize {
     /// Bytes for the tier (0 = off).
-    pub(super) bytes: u64,
+    pub bytes: u64,
     /// The decision, for the start-up line.
-    pub(super) why: String,
-}
-
-/// What was measured of a discrete GPU's memory before the plan.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct VramFree {
-    /// Free VRAM after the dense weights, with no tier, bytes.
-    pub(super) free: u64,
-    /// Whether the backend keeps a VRAM expert tier.
-    pub(super) has_tier: bool,
+    pub why: String,
 }
 
 /// A discrete GPU's free VRAM shared out: the expert tier and the prefill window.

@@ -4,9 +4,6 @@
 //! (`experts::ram_budget`), or what `--max-tokens` asks. The MLA caches grow as they are
 //! used; nothing is reserved up front.
 
-use super::mla::Mla;
-use super::K3Model;
-use crate::backend::Backend;
 use crate::config::{AttnKind, Config};
 use crate::experts::cache::ram_budget::{KvShape, DEFAULT_CONTEXT};
 
@@ -31,35 +28,5 @@ pub fn kv_shape(cfg: &Config) -> KvShape {
             .filter(|k| **k == AttnKind::Mla)
             .count(),
         values_per_token: cfg.kv_lora_rank + cfg.qk_rope_head_dim,
-    }
-}
-
-impl<B: Backend> K3Model<B> {
-    /// Tokens a conversation may hold, prompt plus answer.
-    pub fn context(&self) -> usize {
-        self.context
-    }
-
-    /// Sets the context (the RAM plan's, or `--max-tokens`).
-    pub fn set_context(&mut self, tokens: usize) {
-        self.context = tokens;
-    }
-
-    /// The default context's limit on this model and backend: the checkpoint's, lowered to
-    /// the positions one MLA cache holds on the backend, with where it comes from.
-    pub fn context_limit(&self) -> (usize, String) {
-        let (limit, why) = checkpoint_context(&self.ckpt.config);
-        match self
-            .backend
-            .mla_cache_max_positions(&Mla::<B>::dims(&self.ckpt.config))
-        {
-            Some(cap) if cap < limit => (
-                cap,
-                format!(
-                    "the positions one MLA cache buffer holds on this adapter; {why} is {limit}"
-                ),
-            ),
-            _ => (limit, why),
-        }
     }
 }

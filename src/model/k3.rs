@@ -1,5 +1,6 @@
 //! The K3 layer schedule (docs/model.md#layer-schedule), written once against the op interface.
 
+use super::batch::{RowLayout, SegmentRows};
 use super::format_policy::FormatPolicy;
 use super::glu_mlp::GluMlp;
 use super::kda::Kda;
@@ -7,25 +8,17 @@ use super::loader::{LoadOptions, Loader, Startup};
 use super::mla::Mla;
 use super::moe::{Moe, NextMoe};
 use super::pass_observer::PassObserver;
-use crate::experts::plan::expert_selection::ExpertSelection;
-
-mod pressure_relief;
-use super::batch::{RowLayout, SegmentRows};
 use super::pieces::PieceState;
-use super::prefill_progress::PrefillProgress;
-use super::prefill_window::{moe_row_bytes, sub_batches, widest_row_bytes};
+use super::prefill_window::{moe_row_bytes, sub_batches};
+use super::runtime::Runtime;
 use super::trace::Trace;
 use super::weight_cache::WeightCache;
 use crate::backend::{Backend, Glu};
 use crate::checkpoint::model_tensors::{AttnTensors, FfnTensors, ModelTensors};
 use crate::checkpoint::{Checkpoint, TensorSpec};
-use crate::experts::cache::pressure_guard::PressureGuard;
 use crate::experts::plan::expert_plan::ExpertAccess;
-use crate::experts::remote::RemoteExperts;
-use crate::experts::{ExpertSource, StreamConfig};
 use crate::stats::Stats;
 use anyhow::{anyhow, bail, Context, Result};
-use std::sync::Arc;
 
 enum Attn<B: Backend> {
     Kda(Kda<B>),
@@ -85,7 +78,9 @@ struct Output<B: Backend> {
     head: B::Mat,
 }
 
-/// A loaded K3 model bound to one backend.
+/// A loaded K3 model bound to one backend: its weights and the layer schedule. What a
+/// pass runs with besides (the expert source, the prefill window, ...) is the
+/// [`Runtime`] it is lent.
 pub struct K3Model<B: Backend> {
     /// The checkpoint (embeddings and experts are read from it on demand).
     pub ckpt: Checkpoint,
@@ -97,24 +92,7 @@ pub struct K3Model<B: Backend> {
     /// `None` on a model of routed experts only ([`K3Model::experts_only`]).
     output: Option<Output<B>>,
     glu: Glu,
-    experts: ExpertSource,
-    selection: ExpertSelection,
-    prefetch: bool,
-    /// Tokens a conversation may hold (prompt plus answer): see `context.rs`.
-    pub(super) context: usize,
-    prompt_cache: Option<std::sync::Arc<crate::model::prompt_cache::PromptCache>>,
     startup: Startup,
-    /// Rows of one op call outside the routed experts (the backend's limits).
-    sub_rows: usize,
-    /// Rows of one head matmul when every row's logits are wanted.
-    head_rows: usize,
-    /// Tokens one forward pass takes at most (the prefill window).
-    window: usize,
-    progress: Arc<PrefillProgress>,
-    /// Shrinks the expert cache when the OS reports memory pressure (off when `None`).
-    pressure: Option<PressureGuard>,
-    /// The other ranks' experts when this process heads an expert-parallel job.
-    remote: Option<Arc<dyn RemoteExperts>>,
 }
 
 impl<B: Backend> K3Model<B> {
@@ -195,8 +173,7 @@ impl<B: Backend> K3Model<B> {
         Self::assemble(ckpt, backend, tensors.embed, layers, output, startup)
     }
 
-    /// The model around its weights: the expert source, the row bounds of this backend and
-    /// the defaults every runtime service starts from.
+    /// The model around its weights.
     fn assemble(
         ckpt: Checkpoint,
         backend: B,
@@ -206,37 +183,24 @@ impl<B: Backend> K3Model<B> {
         startup: Startup,
     ) -> Result<Self> {
         let cfg = &ckpt.config;
-        let experts = ExpertSource::with_lender(StreamConfig::default(), backend.read_lender())?
-            .with_tier_exchange(backend.tier_exchange());
         Ok(Self {
             glu: Glu::Situ {
                 beta: cfg.situ_beta,
                 linear_beta: cfg.situ_linear_beta,
             },
-            sub_rows: backend.max_rows(widest_row_bytes(cfg)),
-            head_rows: backend.max_rows(cfg.vocab_size * 4),
-            window: backend.max_rows(moe_row_bytes(cfg)),
-            context: super::context::checkpoint_context(cfg).0,
             ckpt,
             backend,
             embed,
             layers,
             output,
-            experts,
-            selection: ExpertSelection::exact(),
-            prefetch: false,
-            prompt_cache: None,
-            progress: Arc::default(),
-            pressure: None,
-            remote: None,
             startup,
         })
     }
 
     /// A model holding no dense weights, only what runs routed experts (the checkpoint,
-    /// the backend and the expert source): a rank other than the head of an expert-parallel
-    /// job, which needs neither the dense shards nor the RAM they take. Its forward pass is
-    /// an error; its experts are run through [`K3Model::experts`].
+    /// and the backend): a rank other than the head of an expert-parallel job, which needs
+    /// neither the dense shards nor the RAM they take. Its forward pass is an error; its
+    /// experts are run through its runtime's expert source ([`Runtime::experts`]).
     pub fn experts_only(ckpt: Checkpoint, backend: B) -> Result<Self> {
         let process = crate::stats::process_start();
         let embed = ModelTensors::new(&ckpt.config).embed;
@@ -253,37 +217,6 @@ impl<B: Backend> K3Model<B> {
     /// whole window at once, so its widest row bounds it (no bound on the CPU).
     pub fn max_window(&self) -> usize {
         self.backend.max_rows(moe_row_bytes(&self.ckpt.config))
-    }
-
-    /// Tokens one forward pass takes at most: prompts are prefilled in windows of this
-    /// many tokens, each routed expert read once a layer per window.
-    pub fn prefill_window(&self) -> usize {
-        self.window
-    }
-
-    /// Sets the prefill window (what memory allows, see `prefill_window::window_for_bytes`),
-    /// within [`Self::max_window`]; returns the window set.
-    pub fn set_prefill_window(&mut self, tokens: usize) -> usize {
-        self.window = tokens.clamp(1, self.max_window());
-        self.window
-    }
-
-    /// Rows of one op call outside the routed experts.
-    pub fn sub_batch_rows(&self) -> usize {
-        self.sub_rows
-    }
-
-    /// Lowers the sub-batch rows below what the backend's limits allow (tests split small
-    /// windows this way); returns the rows set.
-    pub fn set_sub_batch_rows(&mut self, rows: usize) -> usize {
-        let cap = self.backend.max_rows(widest_row_bytes(&self.ckpt.config));
-        self.sub_rows = rows.clamp(1, cap);
-        self.sub_rows
-    }
-
-    /// The progress of the prefill running now, shared with readers on other threads.
-    pub fn progress(&self) -> &Arc<PrefillProgress> {
-        &self.progress
     }
 
     /// How the start went: time to ready, the dense load, the weight cache.
@@ -313,67 +246,9 @@ impl<B: Backend> K3Model<B> {
         Ok(State { layers, pos: 0 })
     }
 
-    /// Lets the MoE layers leave out experts as `sel` allows (the default is exact).
-    pub fn set_expert_selection(&mut self, sel: ExpertSelection) -> Result<()> {
-        self.selection = sel.validated()?;
-        Ok(())
-    }
-
-    /// Replaces how experts are read and cached (after the RAM clamp has sized the cache).
-    pub fn set_streaming(&mut self, cfg: StreamConfig) -> Result<()> {
-        let mut next = ExpertSource::with_lender(cfg, self.backend.read_lender())?
-            .with_tier_exchange(self.backend.tier_exchange());
-        // The cache policy, pins and routing tap outlive a change of streaming settings.
-        next.set_cache_setup(self.experts.cache_setup().clone())?;
-        next.set_route_tap(self.experts.route_tap().cloned());
-        next.set_prefetch_always(self.experts.prefetch_always());
-        self.experts = next;
-        Ok(())
-    }
-
-    /// The expert source, to choose its cache policy and routing tap.
-    pub fn experts_mut(&mut self) -> &mut ExpertSource {
-        &mut self.experts
-    }
-
-    /// Reads the next MoE layer's likely experts ahead while a layer computes
-    /// (`--prefetch`); the logits are the same either way.
-    pub fn set_prefetch(&mut self, on: bool) {
-        self.prefetch = on;
-    }
-
-    /// Whether next-layer prefetch is on.
-    pub fn prefetch(&self) -> bool {
-        self.prefetch
-    }
-
-    /// Lets sessions on this model load and store prompt states on disk (`None`: off).
-    pub fn set_prompt_cache(
-        &mut self,
-        cache: Option<std::sync::Arc<crate::model::prompt_cache::PromptCache>>,
-    ) {
-        self.prompt_cache = cache;
-    }
-
-    /// The prompt cache sessions share, when one is on.
-    pub fn prompt_cache(&self) -> Option<&crate::model::prompt_cache::PromptCache> {
-        self.prompt_cache.as_deref()
-    }
-
-    /// Hands the routed experts other ranks own to `remote` (expert parallel; `None`: every
-    /// expert is this process's).
-    pub fn set_remote_experts(&mut self, remote: Option<Arc<dyn RemoteExperts>>) {
-        self.remote = remote;
-    }
-
     /// The gated linear unit the MLPs and experts use.
     pub fn glu(&self) -> Glu {
         self.glu
-    }
-
-    /// The expert source (for disk counters).
-    pub fn experts(&self) -> &ExpertSource {
-        &self.experts
     }
 
     /// Layers of the model.
@@ -403,17 +278,18 @@ impl<B: Backend> K3Model<B> {
     /// returns the logits of the last row or of every row, row-major. The pass is
     /// layer-major: every row goes through layer L (each routed expert read once for all
     /// the rows that chose it) before any goes to layer L+1. Outside the routed experts the
-    /// rows run in sub-batches within the backend's limits ([`Self::sub_batch_rows`]).
+    /// rows run in sub-batches within the backend's limits ([`Runtime::sub_batch_rows`]).
     /// Stats, progress, the trace and the NaN checks are the [`PassObserver`]'s.
     pub fn forward(
         &self,
+        rt: &Runtime,
         st: &mut State<B>,
         ids: &[u32],
         want: Logits,
         stats: &mut Stats,
         trace: Option<&Trace>,
     ) -> Result<Vec<f32>> {
-        self.forward_until(st, ids, want, stats, trace, None)?
+        self.forward_until(rt, st, ids, want, stats, trace, None)?
             .ok_or_else(|| anyhow::anyhow!("internal: a pass without a cancel flag was cancelled"))
     }
 
@@ -421,8 +297,10 @@ impl<B: Backend> K3Model<B> {
     /// within one layer's time: None when it was raised. A pass stopped part-way leaves
     /// `st` part-advanced (the layers before the stop saw the window, the rest did not);
     /// the caller restores or resets it.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_until(
         &self,
+        rt: &Runtime,
         st: &mut State<B>,
         ids: &[u32],
         want: Logits,
@@ -435,7 +313,7 @@ impl<B: Backend> K3Model<B> {
             ids,
             want,
         }];
-        match self.forward_batch(&mut segs, stats, trace, cancel)? {
+        match self.forward_batch(rt, &mut segs, stats, trace, cancel)? {
             None => Ok(None),
             Some(logits) => logits
                 .into_iter()
@@ -453,9 +331,10 @@ impl<B: Backend> K3Model<B> {
     /// routed expert read once a layer for every row routed to it, whatever its sequence)
     /// and the head run over all of them; attention runs on each segment's rows with its own
     /// state. Outside the routed experts the rows run in sub-batches
-    /// ([`Self::sub_batch_rows`]), attention on each segment's piece of each.
+    /// ([`Runtime::sub_batch_rows`]), attention on each segment's piece of each.
     pub fn forward_batch(
         &self,
+        rt: &Runtime,
         segs: &mut [Segment<'_, B>],
         stats: &mut Stats,
         trace: Option<&Trace>,
@@ -481,7 +360,7 @@ impl<B: Backend> K3Model<B> {
                 all: s.want == Logits::All,
             })
             .collect();
-        let layout = RowLayout::new(&rows, self.sub_rows, cfg.vocab_size)?;
+        let layout = RowLayout::new(&rows, rt.sub_rows, cfg.vocab_size)?;
         if layout.rows() > self.max_window() {
             bail!(
                 "forward: a pass of {} rows is more than this backend runs at once ({}); \
@@ -490,7 +369,7 @@ impl<B: Backend> K3Model<B> {
                 self.max_window()
             );
         }
-        self.relieve_memory_pressure()?;
+        rt.relieve_memory_pressure(cfg, &self.backend)?;
         let ids: Vec<u32> = segs.iter().flat_map(|s| s.ids.iter().copied()).collect();
         // h[j]: the hidden states of sub-batch j, [rows_j, hidden].
         let mut h: Vec<B::Act> = layout
@@ -498,7 +377,7 @@ impl<B: Backend> K3Model<B> {
             .iter()
             .map(|r| self.embed(&ids[r.clone()]))
             .collect::<Result<_>>()?;
-        let mut obs = PassObserver::begin(&self.experts, &self.progress, stats, trace, &layout)?;
+        let mut obs = PassObserver::begin(&rt.experts, &rt.progress, stats, trace, &layout)?;
         // bank[e][j]: bank entry e (a block's banked input, [rows_j, hidden]) of sub-batch j.
         let mut bank: Vec<Vec<B::Act>> = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
@@ -514,7 +393,7 @@ impl<B: Backend> K3Model<B> {
             let ps = self.attention_block(i, layer, &mut ls, &layout, h, &mut bank)?;
             obs.attention_done();
             // fs[j]: the feed-forward output, [rows_j, hidden].
-            let fs = self.ffn_block(i, &ps, &bank, &layout, &mut obs)?;
+            let fs = self.ffn_block(rt, i, &ps, &bank, &layout, &mut obs)?;
             h = ps
                 .iter()
                 .zip(&fs)
@@ -524,7 +403,7 @@ impl<B: Backend> K3Model<B> {
             obs.layer_output(&self.backend, i, &h, cfg.hidden_size)?;
         }
         obs.layers_done();
-        let logits = self.head(&h, &bank, &layout)?;
+        let logits = self.head(rt, &h, &bank, &layout)?;
         obs.head_done(&logits, self.vocab_size())?;
         for s in segs.iter_mut() {
             s.state.pos += s.ids.len();
@@ -626,6 +505,7 @@ impl<B: Backend> K3Model<B> {
     /// to the expert plan for read-ahead when prefetch is on.
     fn ffn_block(
         &self,
+        rt: &Runtime,
         i: usize,
         ps: &[B::Act],
         bank: &[Vec<B::Act>],
@@ -652,7 +532,7 @@ impl<B: Backend> K3Model<B> {
             Ffn::Moe(moe) => moe,
         };
         let next = match self.layers.get(i + 1) {
-            Some(n) if self.prefetch => match &n.ffn {
+            Some(n) if rt.prefetch => match &n.ffn {
                 // The next layer's own mix and norm over what exists now: its attention's
                 // output is all its router input lacks.
                 Ffn::Moe(m) => {
@@ -673,9 +553,9 @@ impl<B: Backend> K3Model<B> {
                 b,
                 ExpertAccess {
                     ck: &self.ckpt,
-                    source: &self.experts,
-                    selection: &self.selection,
-                    remote: self.remote.as_deref(),
+                    source: &rt.experts,
+                    selection: &rt.selection,
+                    remote: rt.remote.as_deref(),
                 },
                 &x,
                 self.glu,
@@ -690,6 +570,7 @@ impl<B: Backend> K3Model<B> {
     /// segment's last row or every row); returns each segment's logits, row-major.
     fn head(
         &self,
+        rt: &Runtime,
         h: &[B::Act],
         bank: &[Vec<B::Act>],
         layout: &RowLayout,
@@ -725,7 +606,7 @@ impl<B: Backend> K3Model<B> {
                 h_dim,
                 eps,
             )?;
-            for r in sub_batches(rows, self.head_rows) {
+            for r in sub_batches(rows, rt.head_rows) {
                 let piece = if r.len() == rows {
                     b.matmul(&o.head, &out)?
                 } else {

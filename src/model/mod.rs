@@ -16,6 +16,8 @@ mod pieces;
 pub mod prefill_progress;
 pub mod prefill_window;
 pub mod prompt_cache;
+mod runner;
+pub mod runtime;
 pub mod state_size;
 pub mod state_snapshot;
 pub mod trace;
@@ -23,4 +25,6 @@ pub mod weight_cache;
 
 pub use format_policy::FormatPolicy;
 pub use k3::{K3Model, Logits, Segment, State};
+pub use runner::Runner;
+pub use runtime::{Runtime, RuntimeSettings};
 pub use state_snapshot::StateSnapshot;

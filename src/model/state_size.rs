@@ -33,3 +33,8 @@ pub fn state_size(cfg: &Config, context_tokens: usize) -> StateSize {
         kda_gb: kda as f64 * per_kda / 1e9,
     }
 }
+
+/// Bytes one state snapshot takes: the KDA states of every KDA layer.
+pub fn snapshot_bytes(cfg: &Config) -> usize {
+    (state_size(cfg, 0).kda_gb * 1e9).round() as usize
+}

@@ -5,7 +5,7 @@
 //! it are).
 
 use super::k3::LayerState;
-use super::state_size::state_size;
+use super::state_size::snapshot_bytes;
 use super::{K3Model, State};
 use crate::backend::Backend;
 use anyhow::{ensure, Result};
@@ -29,7 +29,7 @@ impl<B: Backend> StateSnapshot<B> {
 impl<B: Backend> K3Model<B> {
     /// Bytes one [`StateSnapshot`] takes (the KDA states; on the GPU, in device memory).
     pub fn snapshot_bytes(&self) -> usize {
-        (state_size(&self.ckpt.config, 0).kda_gb * 1e9).round() as usize
+        snapshot_bytes(&self.ckpt.config)
     }
 
     /// Copies the KDA states of `st` into a snapshot of its current position.

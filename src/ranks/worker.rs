@@ -9,7 +9,7 @@ use super::world::{info, with_world};
 use super::{TAG_HELLO, TAG_REPLY, TAG_WORK};
 use crate::backend::Backend;
 use crate::model::moe::expert_rows;
-use crate::model::K3Model;
+use crate::model::{K3Model, Runner};
 use crate::stats::Stats;
 use anyhow::Result;
 use mpi::point_to_point::{Destination, Source};
@@ -48,8 +48,8 @@ pub fn report_failure(error: &anyhow::Error) {
 }
 
 /// Serves the head's requests on `model` until it says stop.
-pub fn serve<B: Backend>(model: &mut K3Model<B>) -> Result<()> {
-    send_hello(&hello(Some(model), None))?;
+pub fn serve<B: Backend>(model: &mut Runner<B>) -> Result<()> {
+    send_hello(&hello(Some(&model.model), None))?;
     loop {
         let (bytes, _) = with_world(|w| w.process_at_rank(0).receive_vec_with_tag::<u8>(TAG_WORK));
         let reply = match Request::decode(&bytes) {
@@ -70,7 +70,7 @@ pub fn serve<B: Backend>(model: &mut K3Model<B>) -> Result<()> {
 
 /// Runs `experts` of `layer` on `z` through this rank's expert source, in the order given.
 fn run<B: Backend>(
-    model: &K3Model<B>,
+    model: &Runner<B>,
     layer: usize,
     cols: usize,
     z: &[f32],
@@ -89,7 +89,7 @@ fn run<B: Backend>(
         }
         Ok(())
     };
-    model.experts().stream(
+    model.rt.experts().stream(
         ck,
         layer,
         &ids,

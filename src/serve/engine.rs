@@ -12,7 +12,7 @@ use super::job::{deliver, ChoiceOut, Event, Job, Outcome, SequenceView, FULL_POL
 use super::live::LiveFigures;
 use super::metrics::{GenerationSample, Metrics};
 use crate::backend::Backend;
-use crate::model::K3Model;
+use crate::model::Runner;
 use crate::session::{DecodeOptions, Finish, Phase, Session, SnapshotLimits, Stepper};
 use crate::stats::Stats;
 use crate::tokenizer::Tokenizer;
@@ -54,6 +54,10 @@ pub struct EngineOptions {
     /// Prompt tokens a prefilling sequence feeds per step (`--prefill-slice`), at most
     /// the model's prefill window.
     pub prefill_slice: usize,
+    /// Bytes of state the sequences together may grow to: what the memory plan reserves.
+    pub state_budget: usize,
+    /// Sequences whose full-context state that is.
+    pub state_sequences: usize,
 }
 
 /// A place for one sequence: its session (state, tokens, snapshots), kept after its
@@ -113,19 +117,19 @@ fn sequences(active: &[Seq<'_>]) -> usize {
     active.iter().map(Seq::running).sum()
 }
 
-/// Bytes of one sequence's state at `tokens` tokens of context.
+/// Bytes of one sequence's state at `tokens` tokens of context, as the memory plan counts
+/// them.
 fn state_bytes(cfg: &crate::config::Config, tokens: usize) -> usize {
-    let s = crate::model::state_size::state_size(cfg, tokens);
-    ((s.kv_gb + s.kda_gb) * 1e9) as usize
+    usize::try_from(crate::engine::plan::sequence_bytes(cfg, tokens)).unwrap_or(usize::MAX)
 }
 
 /// Serves jobs until every sender of `jobs` is gone: up to `opts.parallel` at once, each
 /// in a slot of its own ([`Session`]), all advanced together a step at a time: every
 /// sequence that prefills feeds its next slice of at most `opts.prefill_slice` prompt
-/// tokens, every one that decodes its last token, in one [`K3Model::forward_batch`]; then
+/// tokens, every one that decodes its last token, in one [`Runner::forward_batch`]; then
 /// each picks its token. A job that finishes, fails or is cancelled frees its slot at once.
 pub fn run_engine<B: Backend>(
-    model: &K3Model<B>,
+    model: &Runner<B>,
     tok: &Tokenizer,
     opts: EngineOptions,
     jobs: mpsc::Receiver<Job>,
@@ -155,7 +159,7 @@ pub fn run_engine<B: Backend>(
     }
     let cfg = &model.ckpt.config;
     let state = crate::model::state_size::state_size(cfg, 1);
-    let disk = match model.prompt_cache() {
+    let disk = match model.rt.prompt_cache() {
         Some(c) => format!(
             "; on disk as prompt-cache entries of {:.1} MB + {:.1} KB a token (prompts of {}+ tokens, {:.2} GB in all)",
             (state.kda_gb * 1e9 + model.vocab_size() as f64 * 4.0) / 1e6,
@@ -176,13 +180,18 @@ pub fn run_engine<B: Backend>(
     // Slicing a prompt re-reads, slice after slice, every routed expert it touches unless the
     // host cache holds each layer's every expert: then a lone prompt with nobody queued
     // behind it feeds whole windows, as `k3 run` does (docs/api.md, "Several requests at once").
-    let slices_reread = model.experts().slots_per_layer() < cfg.num_experts;
-    // The sequences share the state the memory plan reserves: one context's.
-    let budget = state_bytes(cfg, model.context());
+    let slices_reread = model.rt.experts().slots_per_layer() < cfg.num_experts;
+    // The sequences share the state the memory plan reserves: a context's for each that fit.
+    let budget = opts.state_budget;
+    let contexts = match opts.state_sequences {
+        0 | 1 => "one".to_string(),
+        n => n.to_string(),
+    };
     tracing::info!(
-        "[K3] serve: up to {parallel} sequences at once (--parallel), sharing {:.1} MB of state (one {}-token context); prompts fed {slice} tokens a step (--prefill-slice)",
+        "[K3] serve: up to {parallel} sequences at once (--parallel), sharing {:.1} MB of state ({contexts} {}-token context{}); prompts fed {slice} tokens a step (--prefill-slice)",
         budget as f64 / 1e6,
-        model.context()
+        model.rt.context(),
+        if opts.state_sequences > 1 { "s" } else { "" }
     );
     let eos = cfg.eos_token_ids.clone();
     let mut slots: Vec<Slot<'_, B>> = (0..parallel)
@@ -442,7 +451,7 @@ enum Admit {
 /// (a job alone always runs).
 #[allow(clippy::too_many_arguments)]
 fn admit<'m, 't, B: Backend>(
-    model: &'m K3Model<B>,
+    model: &'m Runner<B>,
     tok: &'t Tokenizer,
     eos: &[u32],
     job: Job,

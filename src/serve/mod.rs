@@ -32,7 +32,7 @@ pub mod stop_strings;
 
 use crate::backend::Backend;
 use crate::grammar::GrammarCompiler;
-use crate::model::K3Model;
+use crate::model::Runner;
 use crate::session::SnapshotLimits;
 use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result};
@@ -61,6 +61,11 @@ pub struct ServeOptions {
     pub defaults: Defaults,
     /// Tokens the context holds (prompt plus answer).
     pub context: usize,
+    /// The state the memory plan reserves for the sequences together, bytes
+    /// ([`crate::engine::plan::StateReservation`]).
+    pub state_budget: usize,
+    /// Sequences whose full-context state that reserves.
+    pub state_sequences: usize,
     /// State snapshots kept for prompts that diverge from the held conversation.
     pub snapshots: SnapshotLimits,
     /// Largest request body, in bytes.
@@ -89,7 +94,7 @@ pub struct ServeOptions {
 
 /// Serves `model` until SIGINT or SIGTERM: binds, prints the address, runs the HTTP side
 /// on its own threads and the engine on this one.
-pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions) -> Result<()> {
+pub fn serve<B: Backend>(model: &Runner<B>, tok: Tokenizer, opts: ServeOptions) -> Result<()> {
     let listener =
         std::net::TcpListener::bind((opts.host.as_str(), opts.port)).with_context(|| {
             format!(
@@ -129,7 +134,7 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         body_timeout: opts.body_timeout,
         next_id: AtomicU64::new(1),
         reasoning_format: opts.reasoning_format,
-        prefill: model.progress().clone(),
+        prefill: model.rt.progress().clone(),
         parallel: opts.parallel,
         grammar,
         origins,
@@ -177,6 +182,8 @@ pub fn serve<B: Backend>(model: &K3Model<B>, tok: Tokenizer, opts: ServeOptions)
         snapshots: opts.snapshots,
         parallel: opts.parallel,
         prefill_slice: opts.prefill_slice,
+        state_budget: opts.state_budget,
+        state_sequences: opts.state_sequences,
     };
     let engine = run_engine(model, &tok, engine_opts, jobs_rx, &shared);
     let http = http

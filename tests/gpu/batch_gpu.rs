@@ -21,7 +21,13 @@ fn gpu_segments_get_their_own_logits() {
     };
     for sub_rows in [None, Some(3)] {
         if let Some(r) = sub_rows {
-            m.set_sub_batch_rows(r);
+            support::new_runtime(
+                &mut m,
+                k3::model::RuntimeSettings {
+                    sub_rows: Some(r),
+                    ..support::stream_settings(support::serial_stream())
+                },
+            );
         }
         let alone = batch_scenario::run(&m, false);
         let together = batch_scenario::run(&m, true);

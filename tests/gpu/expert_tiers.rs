@@ -8,7 +8,7 @@ use crate::support;
 use k3::backend::gpu::{GpuBackend, GpuOptions};
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
-use k3::model::{K3Model, Logits};
+use k3::model::{Logits, Runner, RuntimeSettings};
 use k3::sampling::argmax_lowest;
 use k3::stats::Stats;
 
@@ -26,7 +26,7 @@ fn stream(pipe: bool, slots: usize) -> StreamConfig {
 /// The tiny model on the GPU, or None (skip) without an adapter; under CI=true a missing
 /// adapter fails. The discrete GPU's tiers even on unified memory (lavapipe), whose single
 /// pool tests/gpu/unified_pool.rs covers.
-fn gpu_model() -> Option<K3Model<GpuBackend>> {
+fn gpu_model() -> Option<Runner<GpuBackend>> {
     let opts = GpuOptions {
         expert_pool: Some(false),
         ..GpuOptions::default()
@@ -36,7 +36,7 @@ fn gpu_model() -> Option<K3Model<GpuBackend>> {
 
 /// Logits of a chunked prefill (chunks of `chunk`) and six greedy steps, and the counters
 /// of the prefill and of the decode apart.
-fn run(m: &K3Model<GpuBackend>, chunk: usize) -> (Vec<f32>, Stats, Stats) {
+fn run(m: &Runner<GpuBackend>, chunk: usize) -> (Vec<f32>, Stats, Stats) {
     let mut st = m.new_state().unwrap();
     let mut pre = Stats::default();
     let mut logits = prefill(m, &mut st, &PROMPT, chunk, false, &mut pre, None).unwrap();
@@ -53,7 +53,7 @@ fn run(m: &K3Model<GpuBackend>, chunk: usize) -> (Vec<f32>, Stats, Stats) {
 }
 
 /// Sizes the tier to `slots` experts and the carry to `carry` bytes.
-fn configure(m: &K3Model<GpuBackend>, slots: usize, carry: u64) {
+fn configure(m: &Runner<GpuBackend>, slots: usize, carry: u64) {
     support::size_expert_tier(m, slots);
     m.backend.set_chunk_carry_budget(carry).unwrap();
 }
@@ -62,7 +62,7 @@ fn configure(m: &K3Model<GpuBackend>, slots: usize, carry: u64) {
 fn the_chunk_carry_uploads_each_expert_once_and_keeps_the_logits() {
     let Some(mut m) = gpu_model() else { return };
     for pipe in [false, true] {
-        m.set_streaming(stream(pipe, 0)).unwrap();
+        support::new_runtime(&mut m, support::stream_settings(stream(pipe, 0)));
         // The plain path: no tier, no carry: every expert of every chunk is uploaded.
         configure(&m, 0, 0);
         let (want, pre0, dec0) = run(&m, 3);
@@ -104,12 +104,12 @@ fn one_token_chunks_keep_no_carry() {
 }
 
 /// Experts held by the host cache and by the VRAM tier, and how many are held by both.
-fn held(m: &K3Model<GpuBackend>) -> (usize, usize, usize) {
+fn held(m: &Runner<GpuBackend>) -> (usize, usize, usize) {
     let cfg = &m.ckpt.config;
     let ids: Vec<u32> = (0..cfg.num_experts as u32).collect();
     let (mut host, mut tier, mut both) = (0, 0, 0);
     for layer in (0..cfg.num_hidden_layers).filter(|&l| cfg.is_moe_layer(l)) {
-        let cached = m.experts().cached(layer, &ids).unwrap();
+        let cached = m.rt.experts().cached(layer, &ids).unwrap();
         for (&id, &h) in ids.iter().zip(&cached) {
             let t = m.backend.tier_holds(layer, id).unwrap();
             host += h as usize;
@@ -121,10 +121,10 @@ fn held(m: &K3Model<GpuBackend>) -> (usize, usize, usize) {
 }
 
 /// Lets the demotions still on their way land in the host cache.
-fn settle(m: &K3Model<GpuBackend>) -> Stats {
+fn settle(m: &Runner<GpuBackend>) -> Stats {
     m.backend.ctx.finish().unwrap();
     let mut s = Stats::default();
-    m.experts().settle_tier_moves(&mut s).unwrap();
+    m.rt.experts().settle_tier_moves(&mut s).unwrap();
     s
 }
 
@@ -148,7 +148,7 @@ fn exclusive_tiers_keep_the_logits_for_every_split_and_hold_each_expert_once() {
             (0, all),
             (4, all),
         ] {
-            m.set_streaming(stream(pipe, host)).unwrap();
+            support::new_runtime(&mut m, support::stream_settings(stream(pipe, host)));
             configure(&m, tier, 0);
             let what = format!("pipe {pipe}, host {host} a layer, tier {tier}");
             for pass in 0..2 {
@@ -180,7 +180,7 @@ fn exclusive_tiers_keep_the_logits_for_every_split_and_hold_each_expert_once() {
         }
     }
     // Capacity is the sum: 2 slots a layer and 4 in VRAM hold more than either alone.
-    m.set_streaming(stream(true, 2)).unwrap();
+    support::new_runtime(&mut m, support::stream_settings(stream(true, 2)));
     configure(&m, 4, 0);
     let (_, pre, dec) = run(&m, 4);
     let s = pre.plus(&dec);
@@ -259,7 +259,7 @@ fn demoted_experts_stay_in_their_readback_buffers() {
     configure(&m, 0, 0);
     let (want, _, _) = run(&m, 4);
     let (host, tier) = (1, 2);
-    m.set_streaming(stream(true, host)).unwrap();
+    support::new_runtime(&mut m, support::stream_settings(stream(true, host)));
     configure(&m, tier, 0);
     let made0 = m.backend.demotion_readbacks().made;
     let mut demotions = 0;
@@ -292,7 +292,7 @@ fn demoted_experts_stay_in_their_readback_buffers() {
         "{made} readback buffers made for {demotions} demotions"
     );
     // Dropping the host cache gives every buffer back.
-    m.set_streaming(stream(true, 0)).unwrap();
+    support::new_runtime(&mut m, support::stream_settings(stream(true, 0)));
     assert_eq!(m.backend.demotion_readbacks().held, 0);
 }
 
@@ -312,9 +312,14 @@ fn prefetch_skips_what_the_tier_holds_and_asking_changes_nothing() {
     configure(&m, 0, 0);
     let (want, _, _) = run(&m, 4);
     // Everything fits the tier: once warm, nothing is guessed and nothing is read.
-    m.set_streaming(stream(true, 0)).unwrap();
+    support::new_runtime(
+        &mut m,
+        RuntimeSettings {
+            prefetch: true,
+            ..support::stream_settings(stream(true, 0))
+        },
+    );
     configure(&m, all, 0);
-    m.set_prefetch(true);
     let (first, _, _) = run(&m, 4);
     assert_eq!(first, want);
     let (second, pre, dec) = run(&m, 4);
@@ -325,17 +330,16 @@ fn prefetch_skips_what_the_tier_holds_and_asking_changes_nothing() {
     assert_eq!(s.bytes_streamed + s.prefetch_wasted_bytes, 0, "{s:?}");
     // What the source says the tier holds is what the tier holds.
     for &l in &layers {
-        let nowhere = m.experts().held_nowhere(l, &ids).unwrap();
+        let nowhere = m.rt.experts().held_nowhere(l, &ids).unwrap();
         assert!(nowhere.is_empty(), "layer {l}: {nowhere:?}");
     }
     // A small tier that evicts: asking about every expert between the steps changes no
     // count, so it moved no expert's recency and pinned none. No host cache and no pipe:
     // when a demotion lands and how a layer's experts arrive in batches depend on timing,
     // the tier's evictions of one batch a layer do not.
-    m.set_prefetch(false);
     let mut counts = Vec::new();
     for ask in [false, true] {
-        m.set_streaming(stream(false, 0)).unwrap();
+        support::new_runtime(&mut m, support::stream_settings(stream(false, 0)));
         configure(&m, all / 2, 0);
         let mut st = m.new_state().unwrap();
         let mut s = Stats::default();
@@ -344,10 +348,10 @@ fn prefetch_skips_what_the_tier_holds_and_asking_changes_nothing() {
         for _ in 0..6 {
             if ask {
                 for &l in &layers {
-                    let nowhere = m.experts().held_nowhere(l, &ids).unwrap();
+                    let nowhere = m.rt.experts().held_nowhere(l, &ids).unwrap();
                     for id in &ids {
                         let in_tier = m.backend.tier_holds(l, *id).unwrap();
-                        let cached = m.experts().cached(l, &[*id]).unwrap()[0];
+                        let cached = m.rt.experts().cached(l, &[*id]).unwrap()[0];
                         assert_eq!(
                             nowhere.contains(id),
                             !in_tier && !cached,

@@ -11,7 +11,7 @@ use k3::backend::{Backend, ExpertResidency};
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
 use k3::model::trace::Trace;
-use k3::model::{FormatPolicy, K3Model, Logits};
+use k3::model::{FormatPolicy, Logits, Runner, RuntimeSettings};
 use k3::stats::Stats;
 use std::process::Command;
 
@@ -21,11 +21,11 @@ const CHUNK_TOL: f64 = 1e-5;
 const GREEDY_STEPS: usize = 16;
 
 /// The GPU model, or None (skip) without an adapter; under CI=true a missing adapter fails.
-fn gpu_model() -> Option<K3Model<GpuBackend>> {
+fn gpu_model() -> Option<Runner<GpuBackend>> {
     gpu_model_with(ReadStaging::Auto)
 }
 
-fn gpu_model_with(read_staging: ReadStaging) -> Option<K3Model<GpuBackend>> {
+fn gpu_model_with(read_staging: ReadStaging) -> Option<Runner<GpuBackend>> {
     let opts = GpuOptions {
         read_staging,
         ..Default::default()
@@ -38,12 +38,12 @@ fn read_f32(p: &std::path::Path) -> Vec<f32> {
 }
 
 /// Greedy continuation: prefill, then one token at a time.
-fn greedy<B: Backend>(m: &K3Model<B>) -> Vec<u32> {
+fn greedy<B: Backend>(m: &Runner<B>) -> Vec<u32> {
     greedy_stats(m).0
 }
 
 /// Greedy continuation and the run's counters.
-fn greedy_stats<B: Backend>(m: &K3Model<B>) -> (Vec<u32>, Stats) {
+fn greedy_stats<B: Backend>(m: &Runner<B>) -> (Vec<u32>, Stats) {
     let mut st = m.new_state().unwrap();
     let mut stats = Stats::default();
     let mut logits = prefill(m, &mut st, &PROMPT, 4, false, &mut stats, None).unwrap();
@@ -162,10 +162,16 @@ fn gpu_whole_prompt_window_in_sub_batches_matches_token_by_token() {
             return;
         };
         if max_binding.is_none() {
-            assert!(gm.prefill_window() >= long.len());
-            gm.set_sub_batch_rows(7);
+            assert!(gm.rt.prefill_window() >= long.len());
+            support::new_runtime(
+                &mut gm,
+                RuntimeSettings {
+                    sub_rows: Some(7),
+                    ..support::stream_settings(support::serial_stream())
+                },
+            );
         } else {
-            assert!(gm.sub_batch_rows() < long.len() && gm.prefill_window() < long.len());
+            assert!(gm.rt.sub_batch_rows() < long.len() && gm.rt.prefill_window() < long.len());
         }
         let one = prefill(
             &gm,
@@ -434,7 +440,7 @@ fn devices_lists_each_adapter_with_its_upload_path() {
 }
 
 /// Prompt logits and six greedy tokens' logits, flattened.
-fn logits_run<B: Backend>(m: &K3Model<B>) -> Vec<f32> {
+fn logits_run<B: Backend>(m: &Runner<B>) -> Vec<f32> {
     let mut st = m.new_state().unwrap();
     let mut stats = Stats::default();
     let mut logits = prefill(m, &mut st, &PROMPT, 4, false, &mut stats, None).unwrap();
@@ -478,7 +484,7 @@ fn experts_read_into_lent_staging_give_the_same_logits() {
         };
         let mut got = Vec::new();
         for m in [&mut on, &mut off] {
-            m.set_streaming(sc).unwrap();
+            support::new_runtime(m, support::stream_settings(sc));
             m.backend
                 .configure_expert_tier((tier * cfg.expert_bytes()) as u64, all, i, d)
                 .unwrap();

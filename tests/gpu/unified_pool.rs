@@ -13,7 +13,7 @@ use k3::backend::{Backend, ExpertResidency};
 use k3::experts::telemetry::route_trace::{RouteTap, RouteTrace, TraceHeader};
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
-use k3::model::{FormatPolicy, K3Model, Logits};
+use k3::model::{FormatPolicy, Logits, Runner, RuntimeSettings};
 use k3::stats::Stats;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -33,7 +33,7 @@ fn stream(pipe: bool) -> StreamConfig {
 
 /// The tiny model on the GPU as the pool (`pool`) or as today's plain path (no pool, reads
 /// into host memory), or None (skip) without an adapter; under CI=true that fails.
-fn gpu_model(pool: bool) -> Option<K3Model<GpuBackend>> {
+fn gpu_model(pool: bool) -> Option<Runner<GpuBackend>> {
     support::gpu_model(&support::tiny(0), options(pool), stream(false))
 }
 
@@ -53,7 +53,7 @@ fn options(pool: bool) -> GpuOptions {
 
 /// Logits of a chunked prefill (chunks of `chunk`) and greedy steps, the greedy tokens, and
 /// the counters of the whole run.
-fn run<B: Backend>(m: &K3Model<B>, chunk: usize) -> (Vec<f32>, Vec<u32>, Stats) {
+fn run<B: Backend>(m: &Runner<B>, chunk: usize) -> (Vec<f32>, Vec<u32>, Stats) {
     let mut st = m.new_state().unwrap();
     let mut stats = Stats::default();
     let mut logits = prefill(m, &mut st, &PROMPT, chunk, false, &mut stats, None).unwrap();
@@ -71,14 +71,14 @@ fn run<B: Backend>(m: &K3Model<B>, chunk: usize) -> (Vec<f32>, Vec<u32>, Stats) 
 }
 
 /// Sizes the pool to `slots` experts, as the CLI does from the RAM clamp's grant.
-fn size_pool(m: &K3Model<GpuBackend>, slots: usize) {
+fn size_pool(m: &Runner<GpuBackend>, slots: usize) {
     support::size_expert_tier(m, slots);
     let cfg = &m.ckpt.config;
     let all = cfg.num_experts * cfg.moe_layer_count();
     assert_eq!(m.backend.expert_tier_slots().unwrap(), slots.min(all));
 }
 
-fn moe_layers(m: &K3Model<GpuBackend>) -> Vec<usize> {
+fn moe_layers(m: &Runner<GpuBackend>) -> Vec<usize> {
     let cfg = &m.ckpt.config;
     (0..cfg.num_hidden_layers)
         .filter(|&l| cfg.is_moe_layer(l))
@@ -86,12 +86,12 @@ fn moe_layers(m: &K3Model<GpuBackend>) -> Vec<usize> {
 }
 
 /// Experts the host cache holds over every MoE layer.
-fn host_held(m: &K3Model<GpuBackend>) -> usize {
+fn host_held(m: &Runner<GpuBackend>) -> usize {
     let ids: Vec<u32> = (0..m.ckpt.config.num_experts as u32).collect();
     moe_layers(m)
         .into_iter()
         .map(|l| {
-            let c = m.experts().cached(l, &ids).unwrap();
+            let c = m.rt.experts().cached(l, &ids).unwrap();
             c.iter().filter(|&&h| h).count()
         })
         .sum()
@@ -140,7 +140,7 @@ fn the_pool_keeps_the_logits_for_every_budget_and_holds_nothing_on_the_host() {
         "the plain GPU path and the CPU oracle"
     );
     for pipe in [false, true] {
-        pool.set_streaming(stream(pipe)).unwrap();
+        support::new_runtime(&mut pool, support::stream_settings(stream(pipe)));
         // Everything fits, a few slots a layer, one slot a layer.
         for slots in [all, 2 * layers, layers] {
             size_pool(&pool, slots);
@@ -155,7 +155,7 @@ fn the_pool_keeps_the_logits_for_every_budget_and_holds_nothing_on_the_host() {
                 assert_eq!(s.tier_demotions, 0, "{what}: the pool demoted");
                 pool.backend.ctx.finish().unwrap();
                 let mut late = Stats::default();
-                pool.experts().settle_tier_moves(&mut late).unwrap();
+                pool.rt.experts().settle_tier_moves(&mut late).unwrap();
                 assert_eq!(late.tier_demotions, 0, "{what}: a readback landed later");
                 assert_eq!(host_held(&pool), 0, "{what}: the host cache kept an expert");
                 assert!(pool.backend.resident_experts().unwrap() <= slots);
@@ -222,10 +222,15 @@ fn the_pools_counters_follow_an_lru_of_the_recorded_routing() {
     for slots in [layers.len(), 2 * layers.len() + 1, all] {
         for chunk in [3, 4] {
             // One call per layer and chunk (no pipe), so the sequence is the trace's.
-            m.set_streaming(stream(false)).unwrap();
             let path = dir.path().join(format!("{slots}-{chunk}.jsonl"));
             let tap = Arc::new(RouteTap::new(header.clone(), Some(path.clone())));
-            m.experts_mut().set_route_tap(Some(tap.clone()));
+            support::new_runtime(
+                &mut m,
+                RuntimeSettings {
+                    route_tap: Some(tap.clone()),
+                    ..support::stream_settings(stream(false))
+                },
+            );
             size_pool(&m, slots);
             let (_, _, s) = run(&m, chunk);
             tap.write_trace().unwrap();

@@ -23,27 +23,30 @@ use std::sync::Arc;
 const PROMPT: [u32; 10] = [768, 5, 300, 17, 17, 999, 42, 0, 511, 9];
 
 fn logits(kind: PolicyKind, slots: usize, pins: &[u32]) -> (Vec<f32>, Stats) {
-    let mut m = support::cpu_model(
-        &support::tiny(0),
-        FormatPolicy::default(),
-        StreamConfig {
-            mode: IoMode::Buffered,
-            pipe: true,
-            load_threads: 2,
-            slots_per_layer: slots,
-        },
-    );
-    let c = m.ckpt.config.clone();
+    let stream = StreamConfig {
+        mode: IoMode::Buffered,
+        pipe: true,
+        load_threads: 2,
+        slots_per_layer: slots,
+    };
+    let c = k3::checkpoint::Checkpoint::open(&support::tiny(0), &[])
+        .unwrap()
+        .config;
     let pins: HashMap<usize, Vec<u32>> = (0..c.num_hidden_layers)
         .filter(|&l| c.is_moe_layer(l))
         .map(|l| (l, pins.to_vec()))
         .collect();
-    m.experts_mut()
-        .set_cache_setup(CacheSetup {
-            kind,
-            pins: Arc::new(pins),
-        })
-        .unwrap();
+    let m = support::cpu_model_with(
+        &support::tiny(0),
+        FormatPolicy::default(),
+        k3::model::RuntimeSettings {
+            cache: CacheSetup {
+                kind,
+                pins: Arc::new(pins),
+            },
+            ..support::stream_settings(stream)
+        },
+    );
     let mut st = m.new_state().unwrap();
     let mut stats = Stats::default();
     let l = prefill(&m, &mut st, &PROMPT, 2, true, &mut stats, None).unwrap();

@@ -8,7 +8,7 @@ use crate::support;
 use k3::backend::gpu::GpuOptions;
 use k3::backend::Backend;
 use k3::model::prompt_cache::{entry_file, PromptCache, PromptCacheConfig};
-use k3::model::{FormatPolicy, K3Model};
+use k3::model::{FormatPolicy, Runner, RuntimeSettings};
 use k3::session::{DecodeOptions, Flow, Generation, Session, MAX_WINDOW};
 use std::path::Path;
 use std::process::Command;
@@ -35,7 +35,7 @@ fn cache(dir: &Path, identity: &str) -> PromptCache {
 
 /// Generates one token after `ids` in a fresh session with `chunk`: the generation and the
 /// logits that token was picked from.
-fn logits_after<B: Backend>(m: &K3Model<B>, ids: &[u32], chunk: usize) -> (Generation, Vec<f32>) {
+fn logits_after<B: Backend>(m: &Runner<B>, ids: &[u32], chunk: usize) -> (Generation, Vec<f32>) {
     let mut s = Session::with_max_window(m, chunk).unwrap();
     let mut seen = Vec::new();
     let g = s
@@ -83,31 +83,49 @@ fn check(got: &[f32], want: &[f32], how: Match, what: &str) {
 
 /// Stores `p`, then checks that a prompt extending it loads it and gives a fresh
 /// prefill's logits (as `how` says), and that `p` itself loads whole, bit for bit.
-fn restore_matches_fresh<B: Backend>(m: &mut K3Model<B>, chunk: usize, how: Match) {
+fn restore_matches_fresh<B: Backend>(
+    m: &mut Runner<B>,
+    chunk: usize,
+    how: Match,
+    sub_rows: Option<usize>,
+) {
     let dir = tempfile::tempdir().unwrap();
+    with_cache(m, None, sub_rows);
     let (p, rest) = (prompt(24, 1), prompt(9, 2));
     let whole: Vec<u32> = p.iter().chain(&rest).copied().collect();
     let (fresh_p, l_p) = logits_after(m, &p, chunk);
     let (_, l_whole) = logits_after(m, &whole, chunk);
     assert_eq!(fresh_p.disk_cached_tokens, 0);
 
-    m.set_prompt_cache(Some(Arc::new(cache(dir.path(), "restore"))));
+    with_cache(m, Some(cache(dir.path(), "restore")), sub_rows);
     let (stored, l_stored) = logits_after(m, &p, chunk);
     assert_eq!(stored.disk_cached_tokens, 0, "nothing was stored yet");
     assert_eq!(bits(&l_stored), bits(&l_p));
-    m.prompt_cache().unwrap().wait();
-    assert!(m.prompt_cache().unwrap().entry_path(&p).exists());
+    m.rt.prompt_cache().unwrap().wait();
+    assert!(m.rt.prompt_cache().unwrap().entry_path(&p).exists());
 
     let (g, l) = logits_after(m, &whole, chunk);
     assert_eq!((g.disk_cached_tokens, g.cached_tokens), (24, 24));
     assert_eq!(g.prefilled_tokens, 9);
     check(&l, &l_whole, how, "restored + suffix vs a fresh prefill");
     // The whole prompt was stored in turn; the stored prefix alone loads whole.
-    m.prompt_cache().unwrap().wait();
+    m.rt.prompt_cache().unwrap().wait();
     let (g, l) = logits_after(m, &p, chunk);
     assert_eq!((g.disk_cached_tokens, g.prefilled_tokens), (24, 0));
     assert_eq!(bits(&l), bits(&l_p));
-    m.set_prompt_cache(None);
+}
+
+/// Gives `m` a runtime of serial streaming with the prompt cache `pc`, in sub-batches of
+/// `sub_rows` (`None`: the backend's).
+fn with_cache<B: Backend>(m: &mut Runner<B>, pc: Option<PromptCache>, sub_rows: Option<usize>) {
+    support::new_runtime(
+        m,
+        RuntimeSettings {
+            prompt_cache: pc.map(Arc::new),
+            sub_rows,
+            ..support::stream_settings(support::serial_stream())
+        },
+    );
 }
 
 #[test]
@@ -120,10 +138,9 @@ fn a_restored_state_gives_a_fresh_prefills_logits_on_the_cpu() {
     // Windows of 5 tokens, and the default: the whole prompt in one window, layer-major,
     // where the restored run feeds only the suffix. The CPU gives the same bits either way,
     // which is why the prompt cache's key leaves the window out.
-    restore_matches_fresh(&mut m, 5, Match::Bits);
-    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Bits);
-    m.set_sub_batch_rows(7);
-    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Bits);
+    restore_matches_fresh(&mut m, 5, Match::Bits, None);
+    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Bits, None);
+    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Bits, Some(7));
 }
 
 #[test]
@@ -136,9 +153,9 @@ fn a_restored_state_gives_a_fresh_prefills_logits_on_the_gpu() {
         return;
     };
     // The stored prefix is whole windows of 8, so both prefills cut the prompt alike.
-    restore_matches_fresh(&mut m, 8, Match::Bits);
+    restore_matches_fresh(&mut m, 8, Match::Bits, None);
     // One window of the whole prompt against the stored prefix and a window of the rest.
-    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Within(1e-5));
+    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Within(1e-5), None);
 }
 
 /// One greedy token after `ids` in `s`, fed with a message boundary at `boundary`: the
@@ -182,12 +199,12 @@ fn a_shared_preamble_is_stored_at_its_boundary_and_a_new_session_loads_it() {
     let (_, fresh_b) = logits_after(&m, &b, MAX_WINDOW);
     let (_, fresh_c) = logits_after(&m, &c, MAX_WINDOW);
 
-    m.set_prompt_cache(Some(Arc::new(cache(dir.path(), "boundaries"))));
+    with_cache(&mut m, Some(cache(dir.path(), "boundaries")), None);
     // The first session stores the preamble's state and its whole prompt's.
     let mut s = Session::new(&m).unwrap();
     let (g, _) = logits_with_boundary(&mut s, &a, preamble.len());
     assert_eq!((g.cached_tokens, g.prefilled_tokens), (0, a.len()));
-    let pc = m.prompt_cache().unwrap();
+    let pc = m.rt.prompt_cache().unwrap();
     pc.wait();
     assert!(pc.entry_path(&preamble).exists(), "the boundary's entry");
     assert!(pc.entry_path(&a).exists(), "the prompt's end");
@@ -202,7 +219,7 @@ fn a_shared_preamble_is_stored_at_its_boundary_and_a_new_session_loads_it() {
 
     // The same session switching to a third conversation returns to the preamble's
     // snapshot in RAM once snapshots are on.
-    m.set_prompt_cache(None);
+    with_cache(&mut m, None, None);
     let mut s = Session::new(&m).unwrap();
     s.set_snapshot_limits(k3::session::SnapshotLimits {
         count: 4,
@@ -216,15 +233,15 @@ fn a_shared_preamble_is_stored_at_its_boundary_and_a_new_session_loads_it() {
 }
 
 /// A CPU model with a prompt cache in `dir`, and an entry of `p` stored there.
-fn stored(dir: &Path, p: &[u32]) -> (K3Model<k3::backend::cpu::CpuBackend>, std::path::PathBuf) {
+fn stored(dir: &Path, p: &[u32]) -> (Runner<k3::backend::cpu::CpuBackend>, std::path::PathBuf) {
     let mut m = support::cpu_model(
         &support::tiny(0),
         FormatPolicy::default(),
         support::serial_stream(),
     );
-    m.set_prompt_cache(Some(Arc::new(cache(dir, "faults"))));
+    with_cache(&mut m, Some(cache(dir, "faults")), None);
     logits_after(&m, p, 32);
-    let pc = m.prompt_cache().unwrap();
+    let pc = m.rt.prompt_cache().unwrap();
     pc.wait();
     let path = pc.entry_path(p);
     assert!(path.exists());
@@ -267,7 +284,7 @@ fn stale_truncated_and_corrupt_entries_are_refused_removed_and_prefilled_instead
         );
         assert_eq!(bits(&l), bits(&want), "{what}");
         // It was removed, then this run stored a good one again.
-        m.prompt_cache().unwrap().wait();
+        m.rt.prompt_cache().unwrap().wait();
         assert_eq!(std::fs::read(&path).unwrap(), good, "{what}");
     }
     // The same file under another model's key is refused as stale.
@@ -301,7 +318,7 @@ fn entries_that_do_not_fit_the_model_are_refused_removed_and_prefilled_instead()
     let dir = tempfile::tempdir().unwrap();
     let p = prompt(20, 12);
     let (m, path) = stored(dir.path(), &p);
-    let key = m.prompt_cache().unwrap().key();
+    let key = m.rt.prompt_cache().unwrap().key();
     let good = std::fs::read(&path).unwrap();
     let e = {
         let mut r = good.as_slice();
@@ -412,7 +429,7 @@ fn entries_that_do_not_fit_the_model_are_refused_removed_and_prefilled_instead()
         let (g, l) = logits_after(&m, &p, 32);
         assert_eq!(g.disk_cached_tokens, 0, "{what}: the entry was loaded");
         assert_eq!(bits(&l), bits(&want), "{what}");
-        m.prompt_cache().unwrap().wait();
+        m.rt.prompt_cache().unwrap().wait();
         assert_eq!(std::fs::read(&path).unwrap(), good, "{what}: not replaced");
     }
 }
@@ -422,7 +439,7 @@ fn the_entry_checks_name_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let p = prompt(12, 4);
     let (m, path) = stored(dir.path(), &p);
-    let key = m.prompt_cache().unwrap().key();
+    let key = m.rt.prompt_cache().unwrap().key();
     let good = std::fs::read(&path).unwrap();
     let check = |bytes: &[u8], key: u64| -> String {
         let mut r = bytes;
@@ -451,7 +468,7 @@ fn concurrent_readers_all_load_the_same_entry() {
     let dir = tempfile::tempdir().unwrap();
     let p = prompt(30, 6);
     let (m, _) = stored(dir.path(), &p);
-    let pc = m.prompt_cache().unwrap();
+    let pc = m.rt.prompt_cache().unwrap();
     let shape = m.state_shape();
     let want = pc.lookup(&p, 0, &shape).unwrap();
     std::thread::scope(|s| {
@@ -480,20 +497,21 @@ fn the_directory_keeps_within_its_bound_least_recently_used_out() {
         "faults",
     )
     .unwrap();
-    m.set_prompt_cache(Some(Arc::new(pc)));
+    with_cache(&mut m, Some(pc), None);
     std::thread::sleep(std::time::Duration::from_millis(20));
     logits_after(&m, &p2, 32);
-    m.prompt_cache().unwrap().wait();
+    m.rt.prompt_cache().unwrap().wait();
     // A hit makes p1 the most recently used: p2 goes first.
     std::thread::sleep(std::time::Duration::from_millis(20));
     assert!(m
+        .rt
         .prompt_cache()
         .unwrap()
         .lookup(&p1, 0, &m.state_shape())
         .is_some());
     std::thread::sleep(std::time::Duration::from_millis(20));
     logits_after(&m, &p3, 32);
-    let pc = m.prompt_cache().unwrap();
+    let pc = m.rt.prompt_cache().unwrap();
     pc.wait();
     assert!(pc.entry_path(&p1).exists());
     assert!(
@@ -520,9 +538,9 @@ fn an_entry_larger_than_the_bound_is_not_stored() {
         "small",
     )
     .unwrap();
-    m.set_prompt_cache(Some(Arc::new(pc)));
+    with_cache(&mut m, Some(pc), None);
     logits_after(&m, &prompt(16, 10), 32);
-    m.prompt_cache().unwrap().wait();
+    m.rt.prompt_cache().unwrap().wait();
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
@@ -561,9 +579,9 @@ fn the_bound_counts_entries_being_written_and_removes_abandoned_ones() {
         .with_extension("k3pc.4000000000.0000000b.partial");
     std::fs::write(&dead, vec![0u8; one as usize]).unwrap();
     age(&dead, k3::atomic_file::DEAD_WRITER_GRACE * 2);
-    m.set_prompt_cache(Some(Arc::new(pc)));
+    with_cache(&mut m, Some(pc), None);
     logits_after(&m, &p2, 32);
-    let pc = m.prompt_cache().unwrap();
+    let pc = m.rt.prompt_cache().unwrap();
     pc.wait();
     assert!(!dead.exists(), "an abandoned temporary was kept");
     assert!(live.exists(), "a live writer's temporary was removed");

@@ -49,8 +49,17 @@ fn a_rank_opens_its_share_alone_and_a_worker_model_has_no_dense_weights() {
         "{}",
         m.startup().line()
     );
+    let settings = k3::model::RuntimeSettings::default();
+    let rt = k3::model::Runtime::new(&m.ckpt.config, &m.backend, settings).unwrap();
     let mut st = m.new_state().unwrap();
-    let got = m.forward(&mut st, &[1], Logits::Last, &mut Stats::default(), None);
+    let got = m.forward(
+        &rt,
+        &mut st,
+        &[1],
+        Logits::Last,
+        &mut Stats::default(),
+        None,
+    );
     assert!(
         got.is_err(),
         "a model of routed experts only ran a forward pass"

@@ -12,7 +12,7 @@ use k3::checkpoint::schema::dense_tensors;
 use k3::checkpoint::{Checkpoint, TensorSpec};
 use k3::model::loader::{LoadOptions, Loader};
 use k3::model::weight_cache::{file_name, WeightCache, WeightCacheSetting};
-use k3::model::{FormatPolicy, K3Model, Logits};
+use k3::model::{FormatPolicy, K3Model, Logits, Runner};
 use k3::quant::DenseFormat;
 use k3::stats::Stats;
 use safetensors::tensor::TensorView as StView;
@@ -35,8 +35,8 @@ fn opts(setting: WeightCacheSetting) -> LoadOptions {
     }
 }
 
-fn logits<B: Backend>(mut m: K3Model<B>) -> Vec<u32> {
-    m.set_streaming(support::serial_stream()).unwrap();
+fn logits<B: Backend>(m: K3Model<B>) -> Vec<u32> {
+    let m = Runner::new(m, support::stream_settings(support::serial_stream())).unwrap();
     let mut st = m.new_state().unwrap();
     let out = m
         .forward(&mut st, &IDS, Logits::All, &mut Stats::default(), None)

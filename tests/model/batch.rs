@@ -6,13 +6,13 @@ use crate::support;
 use support::batch_scenario;
 
 use k3::experts::telemetry::route_trace::{RouteTap, TraceHeader};
-use k3::model::{FormatPolicy, K3Model, Logits, Segment};
+use k3::model::{FormatPolicy, Logits, Runner, RuntimeSettings, Segment};
 use k3::stats::Stats;
 use k3::synth::{synthesize, Preset, Routing, SynthOptions};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-fn tiny() -> K3Model<k3::backend::cpu::CpuBackend> {
+fn tiny() -> Runner<k3::backend::cpu::CpuBackend> {
     support::cpu_model(
         &support::tiny(0),
         FormatPolicy::default(),
@@ -20,7 +20,7 @@ fn tiny() -> K3Model<k3::backend::cpu::CpuBackend> {
     )
 }
 
-fn assert_batch_equals_alone(m: &K3Model<k3::backend::cpu::CpuBackend>, what: &str) {
+fn assert_batch_equals_alone(m: &Runner<k3::backend::cpu::CpuBackend>, what: &str) {
     let alone = batch_scenario::run(m, false);
     let together = batch_scenario::run(m, true);
     let v = m.vocab_size();
@@ -47,7 +47,13 @@ fn segments_get_their_own_logits_bit_for_bit_on_the_tiny_model() {
     let mut m = tiny();
     assert_batch_equals_alone(&m, "tiny");
     // Sub-batches of 3 rows cut the prefilling segments: attention runs on the pieces.
-    m.set_sub_batch_rows(3);
+    support::new_runtime(
+        &mut m,
+        RuntimeSettings {
+            sub_rows: Some(3),
+            ..support::stream_settings(support::serial_stream())
+        },
+    );
     assert_batch_equals_alone(&m, "tiny, sub-batches of 3");
 }
 
@@ -134,6 +140,14 @@ fn a_raised_cancel_stops_the_batch_before_its_layers() {
     assert_eq!(out.len(), 2);
 }
 
+/// The tiny model's serial streaming with the routing tap `tap`.
+fn tapped(tap: &Arc<RouteTap>) -> RuntimeSettings {
+    RuntimeSettings {
+        route_tap: Some(tap.clone()),
+        ..support::stream_settings(support::serial_stream())
+    }
+}
+
 /// The (layer, expert) pairs a tap saw routed.
 fn used(tap: &RouteTap) -> Vec<bool> {
     tap.usage().unwrap().iter().map(|&c| c > 0.0).collect()
@@ -161,7 +175,7 @@ fn four_decoding_segments_read_only_the_union_of_their_experts() {
     let mut alone_bytes = 0;
     for &t in &tokens {
         let tap = Arc::new(RouteTap::new(header(), None));
-        m.experts_mut().set_route_tap(Some(tap.clone()));
+        support::new_runtime(&mut m, tapped(&tap));
         let mut stats = Stats::default();
         m.forward(
             &mut m.new_state().unwrap(),
@@ -180,7 +194,7 @@ fn four_decoding_segments_read_only_the_union_of_their_experts() {
         };
     }
     let tap = Arc::new(RouteTap::new(header(), None));
-    m.experts_mut().set_route_tap(Some(tap.clone()));
+    support::new_runtime(&mut m, tapped(&tap));
     let mut states: Vec<_> = (0..4).map(|_| m.new_state().unwrap()).collect();
     let ids: Vec<[u32; 1]> = tokens.iter().map(|&t| [t]).collect();
     let mut segs: Vec<Segment<'_, _>> = states

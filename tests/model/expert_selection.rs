@@ -6,7 +6,7 @@ use crate::support;
 use k3::experts::plan::expert_selection::ExpertSelection;
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
-use k3::model::FormatPolicy;
+use k3::model::{FormatPolicy, RuntimeSettings};
 use k3::stats::Stats;
 
 const PROMPT: [u32; 9] = [768, 5, 300, 17, 17, 999, 42, 0, 511];
@@ -40,17 +40,19 @@ fn run(sel: ExpertSelection, slots: usize) -> (Vec<f32>, Stats) {
 }
 
 fn run_on(dir: &std::path::Path, sel: ExpertSelection, slots: usize) -> (Vec<f32>, Stats) {
-    let mut m = support::cpu_model(
+    let m = support::cpu_model_with(
         dir,
         FormatPolicy::default(),
-        StreamConfig {
-            mode: IoMode::Buffered,
-            pipe: false,
-            load_threads: 1,
-            slots_per_layer: slots,
+        RuntimeSettings {
+            selection: sel,
+            ..support::stream_settings(StreamConfig {
+                mode: IoMode::Buffered,
+                pipe: false,
+                load_threads: 1,
+                slots_per_layer: slots,
+            })
         },
     );
-    m.set_expert_selection(sel).unwrap();
     let mut st = m.new_state().unwrap();
     let mut stats = Stats::default();
     // Two chunks, so the second finds experts the first cached.

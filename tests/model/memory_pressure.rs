@@ -5,49 +5,58 @@
 
 use crate::support;
 
-use k3::experts::cache::pressure_guard::{CacheSize, PressureGuard};
+use k3::experts::cache::pressure_guard::{CacheSize, PressureGuard, POLL_EVERY};
 use k3::experts::{IoMode, StreamConfig};
-use k3::model::{FormatPolicy, K3Model, Logits};
+use k3::model::{FormatPolicy, Logits, Runner, RuntimeSettings};
 use k3::platform::memory_pressure::{PressureLevel, PressureSource};
 use k3::stats::Stats;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-struct AlwaysCritical;
+/// Critical once the test raises it, normal before.
+struct Raised(Arc<AtomicBool>);
 
-impl PressureSource for AlwaysCritical {
+impl PressureSource for Raised {
     fn level(&self) -> (PressureLevel, String) {
-        (PressureLevel::Critical, "simulated".into())
+        if self.0.load(Ordering::SeqCst) {
+            (PressureLevel::Critical, "simulated".into())
+        } else {
+            (PressureLevel::Normal, "simulated".into())
+        }
     }
 }
 
 const PROMPT: [u32; 6] = [768, 5, 300, 17, 999, 42];
 
-fn model() -> K3Model<k3::backend::cpu::CpuBackend> {
-    support::cpu_model(
+/// The tiny model with a host cache of 4 slots a layer, watched by `pressure`.
+fn model(pressure: Option<PressureGuard>) -> Runner<k3::backend::cpu::CpuBackend> {
+    support::cpu_model_with(
         &support::tiny(0),
         FormatPolicy::default(),
-        StreamConfig {
-            mode: IoMode::Buffered,
-            pipe: false,
-            load_threads: 1,
-            slots_per_layer: 4,
+        RuntimeSettings {
+            pressure,
+            ..support::stream_settings(StreamConfig {
+                mode: IoMode::Buffered,
+                pipe: false,
+                load_threads: 1,
+                slots_per_layer: 4,
+            })
         },
     )
 }
 
-/// The logits of every prompt token; with `guard`, installed after the third token, when
-/// the layer caches already hold experts.
-fn run(
-    m: &mut K3Model<k3::backend::cpu::CpuBackend>,
-    mut guard: Option<PressureGuard>,
-) -> Vec<f32> {
+/// The logits of every prompt token; with `raise`, the pressure is raised after the third
+/// token, when the layer caches already hold experts (and the guard may poll again).
+fn run(m: &Runner<k3::backend::cpu::CpuBackend>, raise: Option<&AtomicBool>) -> Vec<f32> {
     let mut st = m.new_state().unwrap();
     let mut stats = Stats::default();
     let mut all = Vec::new();
     for (i, &t) in PROMPT.iter().enumerate() {
         if i == 3 {
-            if let Some(g) = guard.take() {
-                assert_eq!(m.experts().slots_per_layer(), 4);
-                m.set_pressure_guard(Some(g));
+            if let Some(r) = raise {
+                assert_eq!(m.rt.experts().slots_per_layer(), 4);
+                r.store(true, Ordering::SeqCst);
+                std::thread::sleep(POLL_EVERY);
             }
         }
         all.extend(
@@ -60,13 +69,17 @@ fn run(
 
 #[test]
 fn a_critical_signal_halves_the_host_cache_and_keeps_the_logits() {
-    let want = run(&mut model(), None);
-    let mut pressed = model();
-    let guard = PressureGuard::new(Box::new(AlwaysCritical), CacheSize::PerLayer(4), 1);
-    let got = run(&mut pressed, Some(guard));
-    // One cut at the first pass; the next waits for the signal to settle (10 s).
-    assert_eq!(pressed.experts().slots_per_layer(), 2);
-    assert_eq!(pressed.pressure_cache_size(), Some(CacheSize::PerLayer(2)));
+    let want = run(&model(None), None);
+    let raised = Arc::new(AtomicBool::new(false));
+    let guard = PressureGuard::new(Box::new(Raised(raised.clone())), CacheSize::PerLayer(4), 1);
+    let pressed = model(Some(guard));
+    let got = run(&pressed, Some(&raised));
+    // One cut at the first pass after the raise; the next waits for the signal to settle (10 s).
+    assert_eq!(pressed.rt.experts().slots_per_layer(), 2);
+    assert_eq!(
+        pressed.rt.pressure_cache_size(),
+        Some(CacheSize::PerLayer(2))
+    );
     assert_eq!(got, want);
     assert!(got.iter().all(|v| v.is_finite()));
 }

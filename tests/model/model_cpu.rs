@@ -53,7 +53,7 @@ fn whole_prompt_window_and_its_sub_batches_match_token_by_token() {
         FormatPolicy::default(),
         support::serial_stream(),
     );
-    let run = |m: &k3::model::K3Model<_>, chunk: usize| {
+    let run = |m: &k3::model::Runner<_>, chunk: usize| {
         let mut st = m.new_state().unwrap();
         prefill(m, &mut st, &long, chunk, true, &mut Stats::default(), None).unwrap()
     };
@@ -61,7 +61,14 @@ fn whole_prompt_window_and_its_sub_batches_match_token_by_token() {
     // The default bound: one window of the whole prompt, layer-major.
     assert_eq!(run(&m, MAX_WINDOW), one, "whole-prompt window");
     // The same window with every op but the routed experts in sub-batches of 7 rows.
-    assert_eq!(m.set_sub_batch_rows(7), 7);
+    support::new_runtime(
+        &mut m,
+        k3::model::RuntimeSettings {
+            sub_rows: Some(7),
+            ..support::stream_settings(support::serial_stream())
+        },
+    );
+    assert_eq!(m.rt.sub_batch_rows(), 7);
     assert_eq!(run(&m, MAX_WINDOW), one, "sub-batches of 7 rows");
     assert_eq!(run(&m, 16), one, "windows of 16 in sub-batches of 7");
 }
@@ -88,7 +95,13 @@ fn a_window_reads_each_routed_expert_once_a_layer() {
     );
     let mut m = m;
     let tap = Arc::new(RouteTap::new(header, None));
-    m.experts_mut().set_route_tap(Some(tap.clone()));
+    support::new_runtime(
+        &mut m,
+        k3::model::RuntimeSettings {
+            route_tap: Some(tap.clone()),
+            ..support::stream_settings(support::serial_stream())
+        },
+    );
     let mut whole = Stats::default();
     prefill(
         &m,

@@ -8,7 +8,7 @@ use k3::backend::{Backend, ExpertResidency};
 use k3::checkpoint::Checkpoint;
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
-use k3::model::{FormatPolicy, K3Model, Logits};
+use k3::model::{FormatPolicy, K3Model, Logits, Runner, RuntimeSettings};
 use k3::stats::Stats;
 use std::process::Command;
 
@@ -17,7 +17,7 @@ const DECODE_STEPS: usize = 8;
 
 /// Prompt logits (chunks of 4) and the logits of greedy decode steps, flattened, with the
 /// counters of the whole run.
-fn logits_run<B: Backend>(m: &K3Model<B>) -> (Vec<f32>, Stats) {
+fn logits_run<B: Backend>(m: &Runner<B>) -> (Vec<f32>, Stats) {
     let mut st = m.new_state().unwrap();
     let mut stats = Stats::default();
     let mut logits = prefill(m, &mut st, &PROMPT, 4, false, &mut stats, None).unwrap();
@@ -30,6 +30,15 @@ fn logits_run<B: Backend>(m: &K3Model<B>) -> (Vec<f32>, Stats) {
         all.extend_from_slice(&logits);
     }
     (all, stats)
+}
+
+/// Streaming `sc` with prefetch `on` (and `always`, past the gate).
+fn prefetching(sc: StreamConfig, on: bool, always: bool) -> RuntimeSettings {
+    RuntimeSettings {
+        prefetch: on,
+        prefetch_always: always,
+        ..support::stream_settings(sc)
+    }
 }
 
 fn configs() -> Vec<StreamConfig> {
@@ -81,21 +90,17 @@ fn cpu_prefetch_on_and_off_give_identical_logits_and_count_every_guess() {
     let mut m = support::cpu_model(&dir, FormatPolicy::default(), configs()[0]);
     let eb = m.ckpt.config.expert_bytes() as u64;
     for sc in configs() {
-        m.set_streaming(sc).unwrap();
-        m.set_prefetch(false);
+        support::new_runtime(&mut m, prefetching(sc, false, false));
         let (want, off) = logits_run(&m);
         assert!(want.iter().all(|v| v.is_finite()));
-        m.set_streaming(sc).unwrap();
-        m.set_prefetch(true);
+        support::new_runtime(&mut m, prefetching(sc, true, false));
         let (got, on) = logits_run(&m);
         assert_eq!(got, want, "{sc:?}");
         check_accounting(&on, &off, eb, &format!("{sc:?}"));
         // Guessing on every pass, whatever the gate judges: the same logits, and as many
         // judged passes as the gated run, none of them skipped.
-        m.set_streaming(sc).unwrap();
-        m.experts_mut().set_prefetch_always(true);
+        support::new_runtime(&mut m, prefetching(sc, true, true));
         let (got, always) = logits_run(&m);
-        m.experts_mut().set_prefetch_always(false);
         assert_eq!(got, want, "always, {sc:?}");
         check_accounting(&always, &off, eb, &format!("always, {sc:?}"));
         assert_eq!(always.prefetch_rounds_skipped, 0, "{always:?}");
@@ -116,8 +121,7 @@ fn experts_the_cache_holds_are_never_guessed() {
         load_threads: 2,
         slots_per_layer: 8,
     };
-    let mut m = support::cpu_model(&dir, FormatPolicy::default(), sc);
-    m.set_prefetch(true);
+    let m = support::cpu_model_with(&dir, FormatPolicy::default(), prefetching(sc, true, false));
     let (first, s1) = logits_run(&m);
     assert!(s1.prefetch_guesses > 0);
     // The first run leaves every expert of the tiny model (8 a layer) in the cache.
@@ -139,21 +143,21 @@ fn without_the_pipe_prefetch_reads_nothing_ahead() {
     };
     let mut m = support::cpu_model(&dir, FormatPolicy::default(), sc);
     let (want, _) = logits_run(&m);
-    m.set_streaming(sc).unwrap();
-    m.set_prefetch(true);
+    support::new_runtime(&mut m, prefetching(sc, true, false));
     let (got, s) = logits_run(&m);
     assert_eq!(got, want);
     assert_eq!(s.prefetch_guesses, 0);
 }
 
 /// The GPU model, or None (skip) without an adapter; under CI=true a missing adapter fails.
-fn gpu_model() -> Option<K3Model<GpuBackend>> {
+fn gpu_model() -> Option<Runner<GpuBackend>> {
     let g = support::gpu_backend(GpuOptions {
         poison_reused: true,
         ..Default::default()
     })?;
     let ck = Checkpoint::open(&support::tiny(0), &[]).unwrap();
-    Some(K3Model::load(ck, g, FormatPolicy::default(), false).unwrap())
+    let m = K3Model::load(ck, g, FormatPolicy::default(), false).unwrap();
+    Some(Runner::new(m, RuntimeSettings::default()).unwrap())
 }
 
 #[test]
@@ -170,11 +174,10 @@ fn gpu_prefetch_on_and_off_give_identical_logits_and_count_every_guess() {
         for sc in configs() {
             let mut runs = Vec::new();
             for on in [false, true] {
-                m.set_streaming(sc).unwrap();
+                support::new_runtime(&mut m, prefetching(sc, on, false));
                 m.backend
                     .configure_expert_tier((tier * cfg.expert_bytes()) as u64, all, i, d)
                     .unwrap();
-                m.set_prefetch(on);
                 runs.push(logits_run(&m));
             }
             let what = format!("tier {tier}, {sc:?}");

@@ -8,13 +8,13 @@ use k3::experts::lab::cache_policy_sim::replay;
 use k3::experts::telemetry::route_trace::{RouteTap, RouteTrace, TraceHeader};
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::{generate, GenerateOptions};
-use k3::model::FormatPolicy;
+use k3::model::{FormatPolicy, RuntimeSettings};
 use std::process::Command;
 use std::sync::Arc;
 
 const PROMPT: [u32; 11] = [768, 5, 300, 17, 17, 999, 42, 0, 511, 64, 3];
 
-fn header(m: &k3::model::K3Model<k3::backend::cpu::CpuBackend>) -> TraceHeader {
+fn header(m: &k3::model::Runner<k3::backend::cpu::CpuBackend>) -> TraceHeader {
     let c = &m.ckpt.config;
     TraceHeader::new(
         c.num_hidden_layers,
@@ -33,25 +33,26 @@ fn simulator_reproduces_the_engines_hits_on_the_recorded_run() {
     let dir = tempfile::tempdir().unwrap();
     for kind in PolicyKind::ALL {
         for (slots, pipe) in [(1, false), (3, true), (5, false)] {
-            let mut m = support::cpu_model(
-                &support::tiny(0),
-                FormatPolicy::default(),
-                StreamConfig {
-                    mode: IoMode::Buffered,
-                    pipe,
-                    load_threads: 2,
-                    slots_per_layer: slots,
-                },
-            );
-            m.experts_mut()
-                .set_cache_setup(CacheSetup {
-                    kind,
-                    ..CacheSetup::default()
-                })
-                .unwrap();
+            let stream = StreamConfig {
+                mode: IoMode::Buffered,
+                pipe,
+                load_threads: 2,
+                slots_per_layer: slots,
+            };
+            let mut m = support::cpu_model(&support::tiny(0), FormatPolicy::default(), stream);
             let path = dir.path().join(format!("{kind}-{slots}.jsonl"));
             let tap = Arc::new(RouteTap::new(header(&m), Some(path.clone())));
-            m.experts_mut().set_route_tap(Some(tap.clone()));
+            support::new_runtime(
+                &mut m,
+                RuntimeSettings {
+                    cache: CacheSetup {
+                        kind,
+                        ..CacheSetup::default()
+                    },
+                    route_tap: Some(tap.clone()),
+                    ..support::stream_settings(stream)
+                },
+            );
             let opts = GenerateOptions {
                 ngen: 8,
                 max_window: Some(4),

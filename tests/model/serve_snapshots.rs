@@ -7,7 +7,7 @@ use crate::support;
 
 use k3::backend::gpu::{GpuBackend, GpuOptions};
 use k3::backend::Backend;
-use k3::model::{FormatPolicy, K3Model};
+use k3::model::{FormatPolicy, Runner};
 use k3::sampling::argmax_lowest;
 use k3::session::{DecodeOptions, Flow, Generation, Session, SnapshotLimits};
 use support::rel_l2;
@@ -15,7 +15,7 @@ use support::rel_l2;
 const P1: [u32; 11] = [768, 5, 300, 17, 17, 999, 42, 0, 511, 7, 88];
 const GEN: usize = 6;
 
-fn cpu() -> K3Model<k3::backend::cpu::CpuBackend> {
+fn cpu() -> Runner<k3::backend::cpu::CpuBackend> {
     support::cpu_model(
         &support::tiny(0),
         FormatPolicy::default(),
@@ -23,7 +23,7 @@ fn cpu() -> K3Model<k3::backend::cpu::CpuBackend> {
     )
 }
 
-fn gpu() -> Option<K3Model<GpuBackend>> {
+fn gpu() -> Option<Runner<GpuBackend>> {
     support::gpu_model(
         &support::tiny(0),
         GpuOptions::default(),
@@ -51,7 +51,7 @@ fn greedy<B: Backend>(s: &mut Session<'_, B>, prompt: &[u32], n: usize) -> (Gene
     (g, seen)
 }
 
-fn limits<B: Backend>(m: &K3Model<B>, count: usize, snapshots: f64) -> SnapshotLimits {
+fn limits<B: Backend>(m: &Runner<B>, count: usize, snapshots: f64) -> SnapshotLimits {
     let one = m.snapshot_bytes() + m.vocab_size() * 4;
     SnapshotLimits {
         count,
@@ -70,7 +70,7 @@ fn diverging(p1: &[u32], generated: &[u32]) -> Vec<u32> {
 
 /// What the diverging prompt gives: from a snapshot, and from a fresh session.
 fn reused_and_fresh<B: Backend>(
-    m: &K3Model<B>,
+    m: &Runner<B>,
     chunk: usize,
 ) -> ((Generation, Vec<f32>), (Generation, Vec<f32>)) {
     let mut s = Session::with_max_window(m, chunk).unwrap();
@@ -200,7 +200,7 @@ fn gpu_snapshots_resume_like_a_fresh_gpu_session_and_the_cpu() {
 
 /// After `P1`, a session's fork and the session itself each continue greedily (the fork
 /// first, so a state they shared would show in the original), and a fresh session does.
-fn fork_original_fresh<B: Backend>(m: &K3Model<B>) -> [(Generation, Vec<f32>); 3] {
+fn fork_original_fresh<B: Backend>(m: &Runner<B>) -> [(Generation, Vec<f32>); 3] {
     let mut s = Session::with_max_window(m, 4).unwrap();
     assert_eq!(s.sync_to(&P1).unwrap(), P1.len());
     let mut f = s.fork().unwrap();

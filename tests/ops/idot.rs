@@ -7,7 +7,7 @@ use k3::backend::cpu::CpuBackend;
 use k3::checkpoint::Checkpoint;
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
-use k3::model::{FormatPolicy, K3Model};
+use k3::model::{FormatPolicy, K3Model, Runner, RuntimeSettings};
 use k3::quant::idot::IdotKernel;
 use k3::stats::Stats;
 use support::rel_l2;
@@ -17,19 +17,25 @@ const PROMPT: [u32; 12] = [768, 5, 300, 17, 17, 999, 42, 0, 511, 3, 64, 128];
 /// The logits of every prompt position on a CPU backend with `idot`.
 fn logits(dir: &std::path::Path, idot: Option<IdotKernel>) -> (Vec<f32>, usize) {
     let ck = Checkpoint::open(dir, &[]).unwrap();
-    let mut m = K3Model::load(
+    let m = K3Model::load(
         ck,
         CpuBackend::with_idot(idot),
         FormatPolicy::default(),
         false,
     )
     .unwrap();
-    m.set_streaming(StreamConfig {
-        mode: IoMode::Buffered,
-        pipe: false,
-        load_threads: 1,
-        slots_per_layer: 4,
-    })
+    let m = Runner::new(
+        m,
+        RuntimeSettings {
+            stream: StreamConfig {
+                mode: IoMode::Buffered,
+                pipe: false,
+                load_threads: 1,
+                slots_per_layer: 4,
+            },
+            ..RuntimeSettings::default()
+        },
+    )
     .unwrap();
     let mut st = m.new_state().unwrap();
     let mut stats = Stats::default();

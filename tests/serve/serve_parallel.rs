@@ -271,7 +271,28 @@ fn bad_parallel_and_prefill_slice_are_refused_naming_the_flag() {
 #[test]
 fn a_request_whose_state_does_not_fit_beside_the_running_one_waits() {
     let dir = support::tiny(0);
-    let s = Server::start(&dir, &["--parallel", "2", "--max-tokens", "4096"]);
+    // A 1 GB budget leaves no room beside the fixed reserve: the plan reserves the first
+    // sequence's state only (overcommit keeps one expert slot a layer).
+    let s = Server::start(
+        &dir,
+        &[
+            "--parallel",
+            "2",
+            "--max-tokens",
+            "4096",
+            "--ram-gb",
+            "1",
+            "--ram-overcommit",
+            "1",
+        ],
+    );
+    assert!(
+        s.log().contains(
+            "[K3] state: 1 of the 2 sequences asked (--parallel) fit at the full context"
+        ),
+        "{}",
+        s.log()
+    );
     let url = s.url("/v1/chat/completions");
     let mut a = BufReader::new(open_stream(&url, &long_chat("one", 3000, true)));
     first_text(&mut a);
@@ -296,6 +317,33 @@ fn a_request_whose_state_does_not_fit_beside_the_running_one_waits() {
         "{}",
         s.log()
     );
+}
+
+#[test]
+fn two_context_sized_requests_run_at_once_when_the_plan_reserves_two_states() {
+    let dir = support::tiny(0);
+    let s = Server::start(&dir, &["--parallel", "2", "--max-tokens", "4096"]);
+    assert!(
+        s.log()
+            .contains("[K3] state: 2 sequences at the full context (--parallel): 2 x "),
+        "{}",
+        s.log()
+    );
+    assert!(
+        s.wait_log("sharing 2.7 MB of state (2 4096-token contexts)", 20),
+        "{}",
+        s.log()
+    );
+    let url = s.url("/v1/chat/completions");
+    // Each answer needs most of a 4096-token context's state: with a state reserved for
+    // each, both decode together and neither waits.
+    let mut a = BufReader::new(open_stream(&url, &long_chat("one", 3000, true)));
+    first_text(&mut a);
+    let mut b = BufReader::new(open_stream(&url, &long_chat("two", 3000, true)));
+    first_text(&mut b);
+    let h = wait_until(&s, 20, |h| in_state(h, "decode") == 2);
+    assert_eq!(in_state(&h, "decode"), 2, "{h}");
+    assert!(!s.log().contains("waits in the queue"), "{}", s.log());
 }
 
 /// Steps the engine has run (`k3_batch_size_count` in /metrics).

@@ -3,7 +3,7 @@
 //! and each through `forward` alone, step by step.
 
 use k3::backend::Backend;
-use k3::model::{K3Model, Logits, Segment, State};
+use k3::model::{Logits, Runner, Segment, State};
 use k3::stats::Stats;
 
 /// Each sequence's prompt before the batched steps (empty: it starts in the batch).
@@ -19,7 +19,7 @@ pub const WANT1: [Logits; 4] = [Logits::Last, Logits::Last, Logits::All, Logits:
 pub const STEP2: [u32; 4] = [9, 10, 11, 12];
 
 /// The logits of both steps for every sequence, run alone (`batched` false) or together.
-pub fn run<B: Backend>(m: &K3Model<B>, batched: bool) -> Vec<[Vec<f32>; 2]> {
+pub fn run<B: Backend>(m: &Runner<B>, batched: bool) -> Vec<[Vec<f32>; 2]> {
     let mut stats = Stats::default();
     let mut states: Vec<State<B>> = (0..4).map(|_| m.new_state().unwrap()).collect();
     for (st, p) in states.iter_mut().zip(PROMPTS) {

@@ -7,7 +7,7 @@ use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::{GpuBackend, GpuOptions};
 use k3::checkpoint::Checkpoint;
 use k3::experts::{IoMode, StreamConfig};
-use k3::model::{FormatPolicy, K3Model};
+use k3::model::{FormatPolicy, K3Model, Runner, RuntimeSettings};
 use k3::synth::{synthesize, Preset, Routing, SynthOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -77,11 +77,27 @@ pub fn serial_stream() -> StreamConfig {
 }
 
 /// Loads a CPU model from `dir` with `policy` and streaming settings `sc`.
-pub fn cpu_model(dir: &Path, policy: FormatPolicy, sc: StreamConfig) -> K3Model<CpuBackend> {
+pub fn cpu_model(dir: &Path, policy: FormatPolicy, sc: StreamConfig) -> Runner<CpuBackend> {
+    cpu_model_with(dir, policy, stream_settings(sc))
+}
+
+/// Runtime settings that read experts as `sc` says and leave the rest at the default.
+pub fn stream_settings(sc: StreamConfig) -> RuntimeSettings {
+    RuntimeSettings {
+        stream: sc,
+        ..RuntimeSettings::default()
+    }
+}
+
+/// Loads a CPU model from `dir` with `policy` and the runtime of `settings`.
+pub fn cpu_model_with(
+    dir: &Path,
+    policy: FormatPolicy,
+    settings: RuntimeSettings,
+) -> Runner<CpuBackend> {
     let ck = Checkpoint::open(dir, &[]).unwrap();
-    let mut m = K3Model::load(ck, CpuBackend::new(), policy, false).unwrap();
-    m.set_streaming(sc).unwrap();
-    m
+    let m = K3Model::load(ck, CpuBackend::new(), policy, false).unwrap();
+    Runner::new(m, settings).unwrap()
 }
 
 /// Whether this is CI's run (`CI=true`), which installs what every test needs.
@@ -154,15 +170,23 @@ pub fn gpu_backend(opts: GpuOptions) -> Option<GpuBackend> {
 /// The model at `dir` on the GPU with `opts` plus reused buffers poisoned with NaN (a kernel
 /// that leaves part of its output unwritten shows in the comparison), streaming `sc`; None
 /// as [`gpu_backend`].
-pub fn gpu_model(dir: &Path, opts: GpuOptions, sc: StreamConfig) -> Option<K3Model<GpuBackend>> {
+pub fn gpu_model(dir: &Path, opts: GpuOptions, sc: StreamConfig) -> Option<Runner<GpuBackend>> {
+    gpu_model_with(dir, opts, stream_settings(sc))
+}
+
+/// [`gpu_model`] with the runtime of `settings`.
+pub fn gpu_model_with(
+    dir: &Path,
+    opts: GpuOptions,
+    settings: RuntimeSettings,
+) -> Option<Runner<GpuBackend>> {
     let g = gpu_backend(GpuOptions {
         poison_reused: true,
         ..opts
     })?;
     let ck = Checkpoint::open(dir, &[]).unwrap();
-    let mut m = K3Model::load(ck, g, FormatPolicy::default(), false).unwrap();
-    m.set_streaming(sc).unwrap();
-    Some(m)
+    let m = K3Model::load(ck, g, FormatPolicy::default(), false).unwrap();
+    Some(Runner::new(m, settings).unwrap())
 }
 
 /// Sizes `m`'s VRAM expert tier (or unified pool) to `slots` experts, as the engine does from
@@ -334,4 +358,10 @@ pub fn where_open_files_can_be_replaced(group: &str, test: impl FnOnce()) {
             "Linux, macOS or Windows 10 and later (not Wine)",
         ),
     }
+}
+
+/// Gives `m` a fresh runtime built from `settings` (a test compares settings on one loaded
+/// model; the old runtime and its caches go).
+pub fn new_runtime<B: k3::backend::Backend>(m: &mut Runner<B>, settings: RuntimeSettings) {
+    m.rt = k3::model::Runtime::new(&m.ckpt.config, &m.backend, settings).unwrap();
 }

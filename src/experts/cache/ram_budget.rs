@@ -97,6 +97,12 @@ pub struct BudgetInputs {
     pub available_gb: f64,
     /// The context asked for, or the default's limit.
     pub context: ContextAsk,
+    /// Sequences whose state the plan reserves at the full context (`k3 serve
+    /// --parallel`; 1 elsewhere). With the state in RAM the first is always reserved and
+    /// the others as far as their states together stay within [`CONTEXT_SHARE`] of the
+    /// memory left beside the weights and the fixed reserve; elsewhere the VRAM budget
+    /// chose the count and it is taken as given.
+    pub sequences: usize,
     /// What one token of context costs in the MLA cache.
     pub kv: KvShape,
     /// KDA recurrent state, GB.
@@ -156,10 +162,12 @@ pub struct BudgetPlan {
     pub context_why: String,
     /// The MLA cache's shape behind `kv_gb`.
     pub kv: KvShape,
-    /// KV part of the reserve (the MLA cache at the full context), GB.
+    /// One sequence's MLA cache at the full context, GB.
     pub kv_gb: f64,
-    /// KDA part of the reserve, GB.
+    /// One sequence's KDA state, GB.
     pub kda_gb: f64,
+    /// Sequences whose state (`kv_gb + kda_gb` each) the reserve holds.
+    pub sequences: usize,
     /// Snapshot part of the reserve, GB.
     pub snapshots_gb: f64,
     /// Prompt-cache part of the reserve, GB.
@@ -249,8 +257,19 @@ pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
         i.state_in_ram,
     );
     let kv_gb = context as f64 * i.kv.bytes_per_token() / 1e9;
+    let sequences = if i.state_in_ram {
+        fit_sequences(
+            i.sequences,
+            kv_gb + i.kda_gb,
+            budget_gb - i.resident_gb - fixed_gb,
+        )
+    } else {
+        i.sequences.max(1)
+    };
+    let more = (sequences - 1) as f64;
     let prompt_cache_gb = i.prompt_cache_gb.min(kv_gb + i.kda_gb).max(0.0);
-    let reserve_gb = fixed_gb + in_ram * kv_gb + prompt_cache_gb;
+    let reserve_gb =
+        fixed_gb + in_ram * (sequences as f64 * kv_gb + more * i.kda_gb) + prompt_cache_gb;
     let for_experts_gb = budget_gb - i.resident_gb - reserve_gb;
     // A host cache grows by a slot in every layer at once, a pool by one slot.
     let (per_slot_gb, requested, least) = if i.pool {
@@ -303,6 +322,7 @@ pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
         kv: i.kv,
         kv_gb,
         kda_gb: i.kda_gb,
+        sequences,
         snapshots_gb: i.snapshots_gb,
         prompt_cache_gb,
         state_in_ram: i.state_in_ram,
@@ -314,6 +334,18 @@ pub fn plan(i: &BudgetInputs) -> Result<BudgetPlan, RamBudgetError> {
         projected_peak_gb: i.resident_gb + reserve_gb + cache_gb + window_extra_gb,
         capped_at_gb,
     })
+}
+
+/// Sequences of `each_gb` state whose reserve `asked` wants, when `room_gb` is left beside
+/// the weights and the fixed reserve: the first always, the others while all of them stay
+/// within [`CONTEXT_SHARE`] of the room (a full context of each may then be held at once).
+pub fn fit_sequences(asked: usize, each_gb: f64, room_gb: f64) -> usize {
+    let asked = asked.max(1);
+    if each_gb <= 0.0 {
+        return asked;
+    }
+    let fit = (CONTEXT_SHARE * room_gb.max(0.0) / each_gb).floor();
+    (fit.min(asked as f64) as usize).clamp(1, asked)
 }
 
 /// The context for `ask` when `room_gb` is left beside everything but the MLA cache and
@@ -371,7 +403,13 @@ impl fmt::Display for BudgetPlan {
             self.reserve_gb,
         )?;
         if self.state_in_ram {
-            write!(f, " + KV {:.1} + KDA {:.1}", self.kv_gb, self.kda_gb)?;
+            let n = self.sequences as f64;
+            write!(
+                f,
+                " + KV {:.1} + KDA {:.1}",
+                n * self.kv_gb,
+                n * self.kda_gb
+            )?;
             if self.snapshots_gb > 0.0 {
                 write!(f, " + snapshots {:.1}", self.snapshots_gb)?;
             }

@@ -2,7 +2,7 @@
 //! cache up to its last token, and the logits after it), kept under a key of the model's
 //! identity and the token prefix, so a later request or process whose prompt starts with a
 //! stored prefix loads the longest one and prefills only the rest. `k3 run`, `k3 chat` and
-//! `k3 serve` share it through the model ([`crate::model::K3Model::set_prompt_cache`]).
+//! `k3 serve` share it through the runtime ([`crate::model::RuntimeSettings::prompt_cache`]).
 //!
 //! An entry is one file, `{model key}-{tokens}-{prefix hash}.k3pc`, written through
 //! [`AtomicFile`] on a background thread (the state is copied to the host first), each part

@@ -9,6 +9,7 @@ fn inputs() -> BudgetInputs {
         available_gb: 100.0,
         // 0.5 GB of MLA cache: 1M tokens x 1 layer x 125 values x 4 B.
         context: ContextAsk::Asked(1_000_000),
+        sequences: 1,
         kv: KvShape {
             mla_layers: 1,
             values_per_token: 125,
@@ -370,4 +371,40 @@ fn a_state_in_vram_is_not_reserved_in_ram_nor_bounds_the_default_context() {
     })
     .unwrap();
     assert_eq!(p.context, 1 << 30);
+}
+
+#[test]
+fn several_sequences_reserve_a_state_each_as_far_as_memory_allows() {
+    let one = plan(&inputs()).unwrap();
+    assert_eq!(one.sequences, 1);
+    // Room is plenty: two full states (0.5 GB KV + 0.3 GB KDA each), one more than alone.
+    let two = plan(&BudgetInputs {
+        sequences: 2,
+        ..inputs()
+    })
+    .unwrap();
+    assert_eq!(two.sequences, 2);
+    assert!(
+        (two.reserve_gb - one.reserve_gb - 0.8).abs() < 1e-9,
+        "{two}"
+    );
+    assert!(two.to_string().contains("+ KV 1.0 + KDA 0.6"), "{two}");
+    // budget 20 + 0.88 x 10 = 28.8; room beside the fixed 4.0 GB is 4.8; half of it holds
+    // three states of 0.8 GB, not four.
+    let short = plan(&BudgetInputs {
+        sequences: 4,
+        available_gb: 10.0,
+        ..inputs()
+    })
+    .unwrap();
+    assert_eq!(short.sequences, 3, "{short}");
+    // Even with no room the first sequence is reserved.
+    assert_eq!(fit_sequences(8, 0.8, -3.0), 1);
+    // State in VRAM: the count is taken as given.
+    let vram = plan(&BudgetInputs {
+        sequences: 5,
+        state_in_ram: false,
+        ..inputs()
+    });
+    assert_eq!(vram.map(|p| p.sequences).ok(), Some(5));
 }

@@ -1,35 +1,30 @@
-//! The model's side of the memory-pressure guard: when the OS reports pressure, the expert
-//! cache (the host cache or the unified pool) shrinks before the next forward pass.
+//! The runtime's side of the memory-pressure guard: when the OS reports pressure, the
+//! expert cache (the host cache or the unified pool) shrinks before the next forward pass.
 
-use super::K3Model;
+use super::Runtime;
 use crate::backend::Backend;
-use crate::experts::cache::pressure_guard::{CacheSize, PressureGuard};
+use crate::config::Config;
+use crate::experts::cache::pressure_guard::CacheSize;
 use anyhow::{bail, Result};
 use std::time::Instant;
 
-impl<B: Backend> K3Model<B> {
-    /// Installs the memory-pressure guard over the expert cache (`None`: off).
-    pub fn set_pressure_guard(&mut self, guard: Option<PressureGuard>) {
-        self.pressure = guard;
-    }
-
-    /// The expert cache's size as the pressure guard last set it, when one is installed.
-    pub fn pressure_cache_size(&self) -> Option<CacheSize> {
-        self.pressure.as_ref().map(PressureGuard::size)
-    }
-
+impl Runtime {
     /// Shrinks the expert cache when the guard's source reports memory pressure: the host
-    /// cache keeps its most valued experts, the unified pool starts over smaller.
-    pub(super) fn relieve_memory_pressure(&self) -> Result<()> {
+    /// cache keeps its most valued experts, the unified pool of `backend` (running the
+    /// model of `cfg`) starts over smaller.
+    pub(in crate::model) fn relieve_memory_pressure<B: Backend>(
+        &self,
+        cfg: &Config,
+        backend: &B,
+    ) -> Result<()> {
         let Some(shrink) = self.pressure.as_ref().and_then(|g| g.poll(Instant::now())) else {
             return Ok(());
         };
-        let cfg = &self.ckpt.config;
         let eb = cfg.expert_bytes() as f64;
         let layers = cfg.moe_layer_count() as f64;
         let (gb, what) = match (shrink.before, shrink.after) {
             (CacheSize::Pool(a), CacheSize::Pool(b)) => {
-                self.backend.configure_expert_tier(
+                backend.configure_expert_tier(
                     b as u64 * cfg.expert_bytes() as u64,
                     cfg.num_experts * cfg.moe_layer_count(),
                     cfg.moe_intermediate_size,

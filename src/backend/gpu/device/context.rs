@@ -243,7 +243,7 @@ impl GpuContext {
             chunk_gemm,
             stationary,
             few_token_experts: opts.few_token_experts,
-            few_row_dense: opts.few_row_dense.unwrap_or(true),
+            few_row_dense: opts.few_row_dense,
             profiler,
             errors,
             submit_every: opts

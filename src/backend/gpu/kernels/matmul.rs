@@ -512,9 +512,9 @@ impl SharedX {
 /// matvec of a decode step (docs/perf.md#kernels).
 pub const DIGITS_FROM_ROWS: usize = 32768;
 
-/// One-token dense matvecs of 2 to this many rows (a decode step of several streams) run
-/// the few-row kernel `dense_t4`, four rows a workgroup; larger ones go on to the chunk
-/// kernel or one item a row.
+/// With the few-row kernel on (`K3_LAB_FEW_ROW_DENSE`), one-token dense matvecs of 2 to
+/// this many rows (a decode step of several streams) run `dense_t4`, four rows a
+/// workgroup; larger ones go on to the chunk kernel or one item a row.
 pub const FEW_ROWS: usize = 8;
 
 /// Output rows one workgroup of `wg` lanes computes under `m`.

@@ -245,6 +245,90 @@ fn dense_job(wg: vec3<u32>, lid: u32) -> RowJob {
     return row_job(lid, wg.y, 0u, t * p.x_stride4, t * p.y_stride + p.row0);
 }
 
+// y[t, row0 + r] = W[r] · x[t] for up to four tokens a workgroup (a decode step of several
+// streams): wg.x is the block of four tokens, wg.y the row group, lanes laid out as in
+// `dense`. Each lane loads and decodes its weight units once for the block's tokens, where
+// `dense` does so once a token; each token's sums take `dense`'s order. x is read from
+// global memory (four token rows do not fit a staging tile), through the format's plain
+// decode (`decode_unit`, `decoded_dot`; never int4's digits).
+@compute @workgroup_size(WG)
+fn dense_t4(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    lanes_init(lanes);
+    let t0 = 4u * wg.x;
+    let last = min(p.n - t0, 4u) - 1u;
+    let j = row_job(lanes.lid, wg.y, 0u, 0u, 0u);
+    // Past the block's tokens a lane repeats the last one (computed, never written), so
+    // every lane reaches the reductions.
+    let xb = vec4<u32>(t0, t0 + min(1u, last), t0 + min(2u, last), t0 + min(3u, last)) * p.x_stride4;
+    var acc = TokSums(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    let wl = j.nrows - 1u;
+    var u = j.lane;
+    var cur = load_w8(j.wrow, wl, min(u, p.units - 1u));
+    while (u < p.units) {
+        let un = u + LPR;
+        let nxt = load_w8(j.wrow, wl, min(un, p.units - 1u));
+        acc = step_t4(acc, cur, xb, u);
+        cur = nxt;
+        u = un;
+    }
+    for (var t = 0u; t < 4u; t++) {
+        let sums = Acc(vec4<f32>(acc.r0[t], acc.r1[t], acc.r2[t], acc.r3[t]), vec4<f32>(acc.r4[t], acc.r5[t], acc.r6[t], acc.r7[t]));
+        write_sums(sums, RPL, j.lane, (t0 + t) * p.y_stride + p.row0 + j.yb, 1u, select(0u, j.valid, t <= last));
+        // The next token's partial sums reuse this one's workgroup slots.
+        workgroupBarrier();
+    }
+}
+
+// Per row of a lane (RPL at most 8), its sums for each of four tokens.
+struct TokSums {
+    r0: vec4<f32>,
+    r1: vec4<f32>,
+    r2: vec4<f32>,
+    r3: vec4<f32>,
+    r4: vec4<f32>,
+    r5: vec4<f32>,
+    r6: vec4<f32>,
+    r7: vec4<f32>,
+}
+
+// One unit step of `dense_t4`: the four tokens' slices of x loaded once for the RPL rows,
+// each row's unit decoded once for the four tokens.
+fn step_t4(acc: TokSums, w: W8, xb: vec4<u32>, u: u32) -> TokSums {
+    let x0 = load_x(xb.x, u);
+    let x1 = load_x(xb.y, u);
+    let x2 = load_x(xb.z, u);
+    let x3 = load_x(xb.w, u);
+    var r = acc;
+    r.r0 += dots_t4(decode_unit(w.w0), x0, x1, x2, x3);
+    if (RPL > 1u) {
+        r.r1 += dots_t4(decode_unit(w.w1), x0, x1, x2, x3);
+    }
+    if (RPL > 2u) {
+        r.r2 += dots_t4(decode_unit(w.w2), x0, x1, x2, x3);
+    }
+    if (RPL > 3u) {
+        r.r3 += dots_t4(decode_unit(w.w3), x0, x1, x2, x3);
+    }
+    if (RPL > 4u) {
+        r.r4 += dots_t4(decode_unit(w.w4), x0, x1, x2, x3);
+    }
+    if (RPL > 5u) {
+        r.r5 += dots_t4(decode_unit(w.w5), x0, x1, x2, x3);
+    }
+    if (RPL > 6u) {
+        r.r6 += dots_t4(decode_unit(w.w6), x0, x1, x2, x3);
+    }
+    if (RPL > 7u) {
+        r.r7 += dots_t4(decode_unit(w.w7), x0, x1, x2, x3);
+    }
+    return r;
+}
+
+// A decoded unit's dot products with four tokens' slices of x.
+fn dots_t4(du: DU, x0: XU, x1: XU, x2: XU, x3: XU) -> vec4<f32> {
+    return vec4<f32>(decoded_dot(du, x0), decoded_dot(du, x1), decoded_dot(du, x2), decoded_dot(du, x3));
+}
+
 // The column-stationary matvec (`dense_cs`, `moe_cs`; rows of at most SPAN units). Lane c of
 // a span of SPAN lanes owns unit c of every row: its slice of x is loaded once, into
 // registers, and the span reads each row whole, 16 bytes a lane in order, RPL rows at a time

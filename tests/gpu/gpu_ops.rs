@@ -335,82 +335,6 @@ fn dense_matmul_matches_cpu_in_every_format() {
     }
 }
 
-/// A decode step of a few streams: one-token dense matvecs of 2, 3, 4, 5 and 8 rows take the
-/// few-row kernel (`dense_t4`, four rows a workgroup, a last block of fewer) in every format,
-/// on both reductions, each row held to the CPU's sums; where the adapter has timestamps the
-/// profile shows that kernel ran for each row count, and that one row and the default (the
-/// switch off: `GpuOptions::few_row_dense`) keep to the one-row kernels.
-#[test]
-fn few_row_dense_matvec_matches_cpu() {
-    let mut rng = StdRng::seed_from_u64(45);
-    let formats = [
-        DenseFormat::F32,
-        DenseFormat::Bf16,
-        DenseFormat::Int8,
-        DenseFormat::Int4,
-    ];
-    let on = |profile: bool, no_subgroups: bool| {
-        GpuBackend::new(&GpuOptions {
-            allow_cpu_adapter: true,
-            few_row_dense: true,
-            no_subgroups,
-            poison_reused: true,
-            profile,
-            ..Default::default()
-        })
-    };
-    if gpus(None).is_empty() {
-        return;
-    }
-    // With timestamps where the adapter has them, else a plain backend.
-    let (pg, profiled) = match on(true, false) {
-        Ok(g) => (g, true),
-        Err(_) => (
-            on(false, false).expect("the adapter opens with the few-row kernel"),
-            false,
-        ),
-    };
-    let plain = on(false, true).expect("the adapter opens without subgroups");
-    for g in [&plain, &pg] {
-        for fmt in formats {
-            for n in [2, 3, 4, 5, 8] {
-                // Rows that leave a partial row group; rows of several units a lane.
-                matmul_case(g, &mut rng, fmt, n, 37, 200);
-                matmul_case(g, &mut rng, fmt, n, 70, 1000);
-            }
-        }
-    }
-    if !profiled {
-        eprintln!("adapter has no timestamps: which kernel ran is not checked");
-        return;
-    }
-    for fmt in formats {
-        for n in [2, 3, 4, 5, 8] {
-            let before = passes_of(&pg, "dense_t4");
-            matmul_case(&pg, &mut rng, fmt, n, 70, 1000);
-            assert!(
-                passes_of(&pg, "dense_t4") > before,
-                "{fmt:?}, {n} rows: the few-row kernel (dense_t4) never ran"
-            );
-        }
-    }
-    let before = passes_of(&pg, "dense_t4");
-    matmul_case(&pg, &mut rng, DenseFormat::Int8, 1, 70, 1000);
-    assert_eq!(passes_of(&pg, "dense_t4"), before, "one row took dense_t4");
-    let off = GpuBackend::new(&GpuOptions {
-        allow_cpu_adapter: true,
-        profile: true,
-        ..Default::default()
-    })
-    .expect("the profiling adapter opens with the default options");
-    matmul_case(&off, &mut rng, DenseFormat::Int8, 4, 70, 1000);
-    assert_eq!(
-        passes_of(&off, "dense_t4"),
-        0,
-        "the switch off still ran dense_t4"
-    );
-}
-
 #[test]
 fn matvec_geometries_other_than_the_default_agree() {
     let mut rng = StdRng::seed_from_u64(10);
@@ -467,8 +391,6 @@ fn matvec_geometries_other_than_the_default_agree() {
                 enabled: false,
                 ..Stationary::default()
             }),
-            // The few-row kernel (2 and 5 rows below) under each geometry.
-            few_row_dense: true,
             ..Default::default()
         };
         let Some(g) = gpu_with(&opts) else {

@@ -57,11 +57,10 @@ enum Target {
 
 /// Entry points a module has that the engine never runs: the MXFP4 module is composed
 /// with the shared matvec driver, whose dense entries only the dense formats use.
-const UNUSED_ENTRIES: [(Shader, &str); 5] = [
+const UNUSED_ENTRIES: [(Shader, &str); 4] = [
     (Shader::MatvecMxfp4, "dense"),
     (Shader::MatvecMxfp4, "dense_xs"),
     (Shader::MatvecMxfp4, "dense_cs"),
-    (Shader::MatvecMxfp4, "dense_t4"),
     (Shader::MatvecMxfp4, "gemm"),
 ];
 

@@ -91,9 +91,6 @@ pub struct GpuContext {
     /// Whether experts shared by a few rows take the few-token kernel
     /// ([`GpuOptions::few_token_experts`]).
     pub few_token_experts: bool,
-    /// Whether dense matvecs of a few rows take the few-row kernel
-    /// ([`GpuOptions::few_row_dense`]).
-    pub few_row_dense: bool,
     /// Per-kernel GPU times, when profiling.
     profiler: Option<Mutex<Profiler>>,
     /// The first error the device reported (instead of wgpu's panic).
@@ -243,7 +240,6 @@ impl GpuContext {
             chunk_gemm,
             stationary,
             few_token_experts: opts.few_token_experts,
-            few_row_dense: opts.few_row_dense,
             profiler,
             errors,
             submit_every: opts

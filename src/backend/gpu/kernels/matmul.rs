@@ -368,7 +368,6 @@ impl GpuBackend {
                 .get_or_init(|| self.x_planes(&xp.buf, (xp.rows, w.cols_padded / uc)))
                 .buf
         };
-        let few_rows = self.ctx.few_row_dense && (2..=FEW_ROWS).contains(&x.rows);
         for c in &w.chunks {
             let mut bufs: Vec<&wgpu::Buffer> = vec![&xp.buf, &y.buf, &c.w];
             if let Some(s) = &c.scale {
@@ -380,18 +379,6 @@ impl GpuBackend {
                 continue;
             }
             let split_groups = (c.rows as u32).div_ceil(rpg);
-            if few_rows {
-                // A decode step of a few streams: each weight unit decoded once for four rows.
-                self.ctx.dispatch(&Dispatch {
-                    shader: w.format.shader(),
-                    entry: "dense_t4",
-                    consts: &self.mv_consts(),
-                    params: &params,
-                    buffers: &bufs,
-                    groups: ((x.rows as u32).div_ceil(4), split_groups, 1),
-                });
-                continue;
-            }
             let plan = (self.ctx.stationary)
                 .wants(u64::from(split_groups) * x.rows as u64)
                 .then(|| self.ctx.stationary_plan(w.cols_padded / uc, c.rows, x.rows))
@@ -511,11 +498,6 @@ impl SharedX {
 /// matrices share it (a KDA layer's four 12288-row projections), not on every small int4
 /// matvec of a decode step (docs/perf.md#kernels).
 pub const DIGITS_FROM_ROWS: usize = 32768;
-
-/// With the few-row kernel on (`K3_LAB_FEW_ROW_DENSE`), one-token dense matvecs of 2 to
-/// this many rows (a decode step of several streams) run `dense_t4`, four rows a
-/// workgroup; larger ones go on to the chunk kernel or one item a row.
-pub const FEW_ROWS: usize = 8;
 
 /// Output rows one workgroup of `wg` lanes computes under `m`.
 pub(in crate::backend::gpu) fn rows_per_group_of(wg: u32, m: MatvecShape) -> u32 {
@@ -648,7 +630,6 @@ pub(crate) fn pipeline_variants(a: AdapterShape, list: &mut VariantList) {
                     row_split_variant(shader, m, units, a.shared_bytes, ("dense", "dense_xs"));
                 push(shader, entry, consts);
             }
-            push(shader, "dense_t4", mv_consts_of(m).to_vec());
         }
         for &plan in &plans {
             push(shader, "dense_cs", stationary_consts(plan, false));

@@ -63,10 +63,6 @@ pub struct GpuOptions {
     /// kernel (`moe_t4`, four rows a workgroup) rather than one matvec item a row
     /// (`K3_LAB_FEW_TOKEN_EXPERTS`; off: it measured no gain on the device box).
     pub few_token_experts: bool,
-    /// Whether one-token dense matvecs of two to [`FEW_ROWS`](crate::backend::gpu::kernels::matmul::FEW_ROWS) rows run four rows a
-    /// workgroup (`dense_t4`, each weight unit decoded once for the four) rather than one
-    /// item a row (`K3_LAB_FEW_ROW_DENSE`; off: it measured slower on the device box).
-    pub few_row_dense: bool,
     /// Compose every kernel from this directory's WGSL files instead of the text built in
     /// (shader work: a variant is measured without a rebuild; lab builds only).
     #[cfg(feature = "lab")]

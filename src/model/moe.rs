@@ -75,9 +75,10 @@ impl<B: Backend> Moe<B> {
         })
     }
 
-    /// Applies the block to every row of `x` (the normed, mixed FFN input). With `next`,
-    /// once this layer's first reads are in flight, the next MoE layer's likely experts are
-    /// read ahead behind them.
+    /// Applies the block to every row of `x` (the normed, mixed FFN input, `[rows, hidden]`):
+    /// `up · norm(Σ_e w_e · expert_e(down · x)) + shared(x)`, the sum over each row's top-k
+    /// experts. With `next`, once this layer's first reads are in flight, the next MoE
+    /// layer's likely experts are read ahead behind them.
     // The model's per-layer context (checkpoint, expert source, activation, selection) is
     // passed apart rather than bundled: each piece is borrowed from a different owner.
     #[allow(clippy::too_many_arguments)]
@@ -93,16 +94,45 @@ impl<B: Backend> Moe<B> {
         if let Some(remote) = ex.remote {
             return self.forward_ranked(b, ex, remote, x, glu, next, stats);
         }
+        let plan = self.route(b, ex, x, stats)?;
+        let (u, shared) = self.experts_while_reading(b, ex, &plan, x, glu, next, stats)?;
+        self.finish(b, u, shared)
+    }
+
+    /// Each row's top-k experts and weights (the router on `x`), and where their bytes are.
+    fn route(
+        &self,
+        b: &B,
+        ex: ExpertAccess<'_>,
+        x: &B::Act,
+        stats: &mut Stats,
+    ) -> Result<ExpertPlan> {
         let t = Instant::now();
+        // scores: [rows, experts]
         let routes = b.router_topk(&b.matmul(&self.gate, x)?, &self.bias, self.router)?;
         stats.router_wait += t.elapsed();
-        let plan = ExpertPlan::new(b, ex, self.layer, routes, stats)?;
+        ExpertPlan::new(b, ex, self.layer, routes, stats)
+    }
+
+    /// The latent sum `u = Σ_e w_e · expert_e(z)`, `z = down · x` (`[rows, latent]`), and the
+    /// shared expert's output. The expert source reads the planned experts; what needs no
+    /// routed expert (the next layer's guesses, `z`, the shared expert) runs once the first
+    /// reads are in flight, and each batch of experts is accumulated as it arrives.
+    #[allow(clippy::too_many_arguments)]
+    fn experts_while_reading(
+        &self,
+        b: &B,
+        ex: ExpertAccess<'_>,
+        plan: &ExpertPlan,
+        x: &B::Act,
+        glu: Glu,
+        next: Option<NextMoe<'_, B>>,
+        stats: &mut Stats,
+    ) -> Result<(B::Act, Option<B::Act>)> {
         let ck = ex.ck;
         let (rows, _) = b.shape(x);
         let mut u = b.zeros(rows, self.latent)?;
         let mut handoff = Duration::ZERO;
-        // The latent projection and the shared expert need no routed expert: they run once
-        // the first reads are in flight, not before them.
         let z = OnceCell::new();
         let shared = OnceCell::new();
         let mut guess_stats = Stats::default();
@@ -154,12 +184,17 @@ impl<B: Backend> Moe<B> {
         )?;
         stats.expert_handoff += handoff;
         *stats = stats.plus(&guess_stats);
+        Ok((u, shared.into_inner()))
+    }
+
+    /// `up · norm(u) + shared`: the latent sum back to the hidden width, `[rows, hidden]`.
+    fn finish(&self, b: &B, u: B::Act, shared: Option<B::Act>) -> Result<B::Act> {
         let u = match &self.norm {
             Some(w) => b.rmsnorm(&u, w, self.latent, self.eps)?,
             None => u,
         };
         let y = b.matmul(&self.up, &u)?;
-        match shared.into_inner() {
+        match shared {
             Some(s) => b.add(&y, &s),
             None => Ok(y),
         }

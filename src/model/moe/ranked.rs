@@ -6,7 +6,7 @@
 use super::{Moe, NextMoe};
 use crate::backend::{Backend, ExpertAssignment, Glu};
 use crate::checkpoint::Checkpoint;
-use crate::experts::plan::expert_plan::{ExpertAccess, ExpertPlan};
+use crate::experts::plan::expert_plan::ExpertAccess;
 use crate::experts::remote::{ExpertOutputs, ExpertRows, RemoteExperts};
 use crate::experts::Supplied;
 use crate::routed_expert::ExpertKey;
@@ -14,7 +14,6 @@ use crate::stats::Stats;
 use anyhow::{anyhow, ensure, Result};
 use std::cell::OnceCell;
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 /// One expert's output on the rows `rows` of the host latent `z` (`cols` values a row):
 /// `W2·glu(W1·z, W3·z)` unweighted, `rows.len() × cols` values in `rows`' order. It runs
@@ -70,10 +69,7 @@ impl<B: Backend> Moe<B> {
         next: Option<NextMoe<'_, B>>,
         stats: &mut Stats,
     ) -> Result<B::Act> {
-        let t = Instant::now();
-        let routes = b.router_topk(&b.matmul(&self.gate, x)?, &self.bias, self.router)?;
-        stats.router_wait += t.elapsed();
-        let plan = ExpertPlan::new(b, ex, self.layer, routes, stats)?;
+        let plan = self.route(b, ex, x, stats)?;
         let (ck, cols) = (ex.ck, self.latent);
         let (rows, _) = b.shape(x);
         // The other ranks need the latent rows first, so it runs before any read starts.
@@ -157,11 +153,6 @@ impl<B: Backend> Moe<B> {
             }
         }
         let u = b.upload(&u, rows, cols)?;
-        let u = match &self.norm {
-            Some(w) => b.rmsnorm(&u, w, self.latent, self.eps)?,
-            None => u,
-        };
-        let y = b.matmul(&self.up, &u)?;
         let shared = match shared.into_inner() {
             Some(s) => Some(s),
             None => self
@@ -170,9 +161,6 @@ impl<B: Backend> Moe<B> {
                 .map(|s| s.forward(b, x, glu))
                 .transpose()?,
         };
-        match shared {
-            Some(s) => b.add(&y, &s),
-            None => Ok(y),
-        }
+        self.finish(b, u, shared)
     }
 }

@@ -393,7 +393,11 @@ impl<B: Backend> K3Model<B> {
             let ps = self.attention_block(i, layer, &mut ls, &layout, h, &mut bank)?;
             obs.attention_done();
             // fs[j]: the feed-forward output, [rows_j, hidden].
-            let fs = self.ffn_block(rt, i, &ps, &bank, &layout, &mut obs)?;
+            // The prefetch hook: the next MoE layer's router input as far as it exists now,
+            // scored while this layer's experts are read (None when prefetch is off).
+            let guess = self.next_moe_guess(rt, i, &ps, &bank)?;
+            let next = guess.as_ref().map(|(moe, x)| NextMoe { moe, x });
+            let fs = self.ffn_block(rt, i, &ps, &bank, next, &layout, &mut obs)?;
             h = ps
                 .iter()
                 .zip(&fs)
@@ -500,30 +504,27 @@ impl<B: Backend> K3Model<B> {
         }
     }
 
-    /// Layer `i`'s feed-forward input (the residual mix over `bank` and `ps`, normed) and
-    /// its dense MLP or MoE block; a MoE layer also hands the next MoE layer's router input
-    /// to the expert plan for read-ahead when prefetch is on.
+    /// Layer `i`'s feed-forward input (the residual mix over `bank` and `ps`, normed) and its
+    /// dense MLP or MoE block; a MoE layer reads `next`'s likely experts ahead behind its own.
+    // The pass's pieces (runtime, bank, layout, observer) have different owners and lives.
+    #[allow(clippy::too_many_arguments)]
     fn ffn_block(
         &self,
         rt: &Runtime,
         i: usize,
         ps: &[B::Act],
         bank: &[Vec<B::Act>],
+        next: Option<NextMoe<'_, B>>,
         layout: &RowLayout,
         obs: &mut PassObserver<'_>,
     ) -> Result<Vec<B::Act>> {
         let b = &self.backend;
-        let cfg = &self.ckpt.config;
-        let (eps, h_dim) = (cfg.rms_norm_eps, cfg.hidden_size);
         let layer = &self.layers[i];
-        let ffn_in = |j: usize, p: &B::Act, w: &B::Act, norm: &B::Act| -> Result<B::Act> {
-            let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
-            b.rmsnorm(&b.attn_res_mix(&refs, p, w, eps)?, norm, h_dim, eps)
-        };
+        // f_in[j]: the normed FFN input of sub-batch j, [rows_j, hidden].
         let f_in: Vec<B::Act> = ps
             .iter()
             .enumerate()
-            .map(|(j, p)| ffn_in(j, p, &layer.w_mlp_res, &layer.post_norm))
+            .map(|(j, p)| self.ffn_input(layer, bank, j, p))
             .collect::<Result<_>>()?;
         let moe = match &layer.ffn {
             Ffn::Dense(mlp) => {
@@ -531,22 +532,7 @@ impl<B: Backend> K3Model<B> {
             }
             Ffn::Moe(moe) => moe,
         };
-        let next = match self.layers.get(i + 1) {
-            Some(n) if rt.prefetch => match &n.ffn {
-                // The next layer's own mix and norm over what exists now: its attention's
-                // output is all its router input lacks.
-                Ffn::Moe(m) => {
-                    let xs: Vec<B::Act> = ps
-                        .iter()
-                        .enumerate()
-                        .map(|(j, p)| ffn_in(j, p, &n.w_mlp_res, &n.post_norm))
-                        .collect::<Result<_>>()?;
-                    Some((m, whole(b, xs)?))
-                }
-                Ffn::Dense(_) => None,
-            },
-            _ => None,
-        };
+        // x: every row at once, [rows, hidden]: each routed expert runs once for its rows.
         let x = whole(b, f_in)?;
         let f = moe
             .forward(
@@ -559,11 +545,56 @@ impl<B: Backend> K3Model<B> {
                 },
                 &x,
                 self.glu,
-                next.as_ref().map(|(m, x)| NextMoe { moe: m, x }),
+                next,
                 obs.stats(),
             )
             .with_context(|| format!("layer {i} (MoE) {}", layout.at_all()))?;
         split(b, f, &layout.parts)
+    }
+
+    /// `layer`'s feed-forward input for sub-batch `j`: the residual mix of the bank and `p`
+    /// (the stream after attention), normed.
+    fn ffn_input(
+        &self,
+        layer: &Layer<B>,
+        bank: &[Vec<B::Act>],
+        j: usize,
+        p: &B::Act,
+    ) -> Result<B::Act> {
+        let b = &self.backend;
+        let cfg = &self.ckpt.config;
+        let (eps, h_dim) = (cfg.rms_norm_eps, cfg.hidden_size);
+        let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
+        let mixed = b.attn_res_mix(&refs, p, &layer.w_mlp_res, eps)?;
+        b.rmsnorm(&mixed, &layer.post_norm, h_dim, eps)
+    }
+
+    /// With prefetch on and a MoE layer next: that layer and its router's input as far as
+    /// layer `i` can tell (its own mix and norm over `ps`: its attention's output is all
+    /// the input lacks), every row at once.
+    fn next_moe_guess(
+        &self,
+        rt: &Runtime,
+        i: usize,
+        ps: &[B::Act],
+        bank: &[Vec<B::Act>],
+    ) -> Result<Option<(&Moe<B>, B::Act)>> {
+        let (true, Some(Ffn::Moe(_)), Some(n)) = (
+            rt.prefetch,
+            self.layers.get(i).map(|l| &l.ffn),
+            self.layers.get(i + 1),
+        ) else {
+            return Ok(None);
+        };
+        let Ffn::Moe(m) = &n.ffn else {
+            return Ok(None);
+        };
+        let xs: Vec<B::Act> = ps
+            .iter()
+            .enumerate()
+            .map(|(j, p)| self.ffn_input(n, bank, j, p))
+            .collect::<Result<_>>()?;
+        Ok(Some((m, whole(&self.backend, xs)?)))
     }
 
     /// The final mix, norm and lm_head over the rows whose logits the segments want (each

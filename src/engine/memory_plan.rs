@@ -266,17 +266,7 @@ mod tests {
 
     /// The full K3 config: k3-slice's dimensions with 93 layers.
     fn full_k3() -> Config {
-        let opts = crate::synth::SynthOptions {
-            preset: crate::synth::Preset::K3Slice,
-            layers: Some(93),
-            experts: None,
-            top_k: None,
-            routing: crate::synth::Routing::Random,
-            seed: 0,
-            progress: false,
-        };
-        let text = crate::synth::preset_config(&opts).unwrap().to_string();
-        Config::from_json_str(&text, "full K3").unwrap()
+        crate::synth::preset_config_for_tests(crate::synth::Preset::K3Slice, Some(93))
     }
 
     fn mac(ram_gb: f64) -> Machine {

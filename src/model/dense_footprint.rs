@@ -97,17 +97,7 @@ mod tests {
 
     #[test]
     fn the_tiny_model_footprint_matches_its_shapes() {
-        let opts = crate::synth::SynthOptions {
-            preset: crate::synth::Preset::Tiny,
-            layers: None,
-            experts: None,
-            top_k: None,
-            routing: crate::synth::Routing::Random,
-            seed: 0,
-            progress: false,
-        };
-        let text = crate::synth::preset_config(&opts).unwrap().to_string();
-        let cfg = Config::from_json_str(&text, "tiny").unwrap();
+        let cfg = crate::synth::preset_config_for_tests(crate::synth::Preset::Tiny, None);
         let f32s = dense_footprint(&cfg, &FormatPolicy::exact());
         let int4 = dense_footprint(&cfg, &FormatPolicy::default());
         let total = |v: &[(TensorClass, u64)]| v.iter().map(|x| x.1).sum::<u64>();

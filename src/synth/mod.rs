@@ -328,3 +328,23 @@ fn pretty(v: &Value) -> Result<String> {
 fn write_file(path: &Path, text: &str) -> Result<()> {
     crate::atomic_file::write_atomically(path, text.as_bytes())
 }
+
+/// The config of `preset` with `layers` layers (the preset's own count when `None`), as the
+/// unit tests of the planners size it.
+#[cfg(test)]
+pub(crate) fn preset_config_for_tests(
+    preset: Preset,
+    layers: Option<usize>,
+) -> crate::config::Config {
+    let opts = SynthOptions {
+        preset,
+        layers,
+        experts: None,
+        top_k: None,
+        routing: Routing::Random,
+        seed: 0,
+        progress: false,
+    };
+    let text = preset_config(&opts).unwrap().to_string();
+    crate::config::Config::from_json_str(&text, "a synth preset").unwrap()
+}

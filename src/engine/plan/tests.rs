@@ -4,17 +4,7 @@ use super::*;
 
 /// The full K3 config: k3-slice's dimensions with 93 layers.
 fn full_k3() -> Config {
-    let opts = crate::synth::SynthOptions {
-        preset: crate::synth::Preset::K3Slice,
-        layers: Some(93),
-        experts: None,
-        top_k: None,
-        routing: crate::synth::Routing::Random,
-        seed: 0,
-        progress: false,
-    };
-    let text = crate::synth::preset_config(&opts).unwrap().to_string();
-    Config::from_json_str(&text, "full K3").unwrap()
+    crate::synth::preset_config_for_tests(crate::synth::Preset::K3Slice, Some(93))
 }
 
 /// A CPU machine with `available_gb` free after a load of `resident_gb`.

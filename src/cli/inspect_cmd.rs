@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use k3::backend::gpu::LimitsProfile;
 use k3::config::Config;
-use k3::engine::memory_plan::{plan_machine, Machine, LINUX_OS_GB, MACOS_OS_GB};
+use k3::engine::memory_plan::{plan_machine, MachineSpec, LINUX_OS_GB, MACOS_OS_GB};
 use k3::experts::IoMode;
 use k3::model::FormatPolicy;
 use std::path::{Path, PathBuf};
@@ -220,7 +220,7 @@ fn plan(a: &InspectArgs) -> Result<()> {
             );
         }
     }
-    let machine = Machine {
+    let machine = MachineSpec {
         ram_gb,
         os_gb,
         profile: a.gpu_limits,

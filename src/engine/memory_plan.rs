@@ -22,9 +22,10 @@ pub const MACOS_OS_GB: f64 = 8.0;
 /// The same on Linux (as docs/tuning.md's table assumes).
 pub const LINUX_OS_GB: f64 = 2.0;
 
-/// The machine a plan is for.
+/// The machine `k3 inspect --plan` plans for, as its flags describe it (not measured: the
+/// engine's own plan measures a [`crate::engine::plan::Machine`]).
 #[derive(Clone, Debug)]
-pub struct Machine {
+pub struct MachineSpec {
     /// Physical RAM, GB.
     pub ram_gb: f64,
     /// What the OS and other programs hold, GB.
@@ -45,7 +46,7 @@ pub struct Machine {
 #[derive(Clone, Debug)]
 pub struct MemoryPlan {
     /// The machine.
-    pub machine: Machine,
+    pub machine: MachineSpec,
     /// Dense weights by class, bytes.
     pub dense: Vec<(TensorClass, u64)>,
     /// Their sum, GB.
@@ -69,7 +70,7 @@ pub struct MemoryPlan {
 }
 
 /// The plan for `machine` running the model of `cfg`.
-pub fn plan_machine(cfg: &Config, machine: &Machine) -> Result<MemoryPlan, RamBudgetError> {
+pub fn plan_machine(cfg: &Config, machine: &MachineSpec) -> Result<MemoryPlan, RamBudgetError> {
     let dense = dense_footprint(cfg, &machine.policy);
     let dense_gb = dense.iter().map(|&(_, b)| b).sum::<u64>() as f64 / 1e9;
     let context = match machine.context_tokens {
@@ -269,8 +270,8 @@ mod tests {
         crate::synth::preset_config_for_tests(crate::synth::Preset::K3Slice, Some(93))
     }
 
-    fn mac(ram_gb: f64) -> Machine {
-        Machine {
+    fn mac(ram_gb: f64) -> MachineSpec {
+        MachineSpec {
             ram_gb,
             os_gb: MACOS_OS_GB,
             profile: LimitsProfile::AppleM1,
@@ -313,7 +314,7 @@ mod tests {
         assert!(small.budget.projected_peak_gb <= 64.0 * MACOS_FOOTPRINT_SHARE + 1e-6);
         let linux = plan_machine(
             &cfg,
-            &Machine {
+            &MachineSpec {
                 profile: LimitsProfile::Native,
                 os_gb: LINUX_OS_GB,
                 ..mac(128.0)
@@ -326,7 +327,7 @@ mod tests {
         // A request below what fits is granted as asked.
         let asked = plan_machine(
             &cfg,
-            &Machine {
+            &MachineSpec {
                 request_gb: Some(8.0),
                 ..mac(128.0)
             },

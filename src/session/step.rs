@@ -272,7 +272,7 @@ impl<'m, B: Backend> Session<'m, B> {
     }
 
     /// After a batched pass stopped between layers: the session goes back to what it
-    /// consumed whole ([`Self::rewind_part_advanced`]) and `s` ends cancelled.
+    /// consumed whole and `s` ends cancelled.
     pub fn stopped_in_pass(&mut self, s: &mut Stepper) -> Result<()> {
         s.end(Finish::Cancelled);
         self.rewind_part_advanced()

@@ -142,7 +142,7 @@ pub struct ExpertAssignment<'a> {
     /// Which expert this is; `None` for anonymous weights a backend must not keep.
     pub key: Option<ExpertKey>,
     /// Where the expert's bytes are: host views, memory this backend lent for the read,
-    /// or resident in the backend (reported by [`Backend::pin_resident_experts`]).
+    /// or resident in the backend (reported by `Backend::pin_resident_experts`).
     pub payload: ExpertPayload<'a>,
     /// `(token row, routing weight)` pairs, rows in increasing order.
     pub tokens: Vec<(usize, f32)>,

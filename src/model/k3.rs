@@ -279,7 +279,7 @@ impl<B: Backend> K3Model<B> {
     /// layer-major: every row goes through layer L (each routed expert read once for all
     /// the rows that chose it) before any goes to layer L+1. Outside the routed experts the
     /// rows run in sub-batches within the backend's limits ([`Runtime::sub_batch_rows`]).
-    /// Stats, progress, the trace and the NaN checks are the [`PassObserver`]'s.
+    /// Stats, progress, the trace and the NaN checks are the `PassObserver`'s.
     pub fn forward(
         &self,
         rt: &Runtime,

@@ -239,7 +239,7 @@ impl<'a, B: Backend> Loader<'a, B> {
 
     /// A 2-D matrix in host memory, converted to `fmt`: from the weight cache when it holds
     /// it, else quantized (and recorded in the cache). A matrix a repacked container stores
-    /// pre-quantized loads as stored (see [`Self::container_matrix`]).
+    /// pre-quantized loads as stored (see `Self::container_matrix`).
     pub fn host_matrix(&self, spec: &TensorSpec, fmt: DenseFormat) -> Result<DenseMatrix> {
         let name = spec.name.as_str();
         self.read.borrow_mut().insert(spec.name.clone());

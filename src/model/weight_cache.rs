@@ -7,7 +7,7 @@
 //! policy (`K3_BITS`, `K3_MLA_BITS`, `K3_HEAD_BITS`), so each policy has its own file. It is
 //! keyed by what the bytes depend on — the cache format version, the format policy,
 //! `config.json`'s bytes and every shard's content identity (size, times, inode and a hash
-//! of sampled bytes, [`key`]) — and each matrix carries a checksum. A file whose key differs (stale) or whose bytes do
+//! of sampled bytes, `key`) — and each matrix carries a checksum. A file whose key differs (stale) or whose bytes do
 //! not check out (corrupt, truncated) is reported on one line, never used, and rebuilt.
 //!
 //! Layout (little-endian): a 16-byte header (`K3WCACHE`, the version, 4 zero bytes), the

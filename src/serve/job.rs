@@ -40,7 +40,7 @@ pub struct Job {
     pub kind: JobKind,
     /// Think text goes into `content` inside `<think>…</think>` (`--reasoning-format inline`).
     pub inline_reasoning: bool,
-    /// Where the job's events go (bounded: [`EVENTS_IN_FLIGHT`]).
+    /// Where the job's events go (bounded: `EVENTS_IN_FLIGHT`).
     pub events: Sender<Event>,
     /// Longest wait for the handler to take an event before the job is cancelled.
     pub stall_timeout: Duration,

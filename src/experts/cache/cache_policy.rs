@@ -25,7 +25,7 @@ pub enum PolicyKind {
     /// (remembered in a ghost list) enters the main LRU, so one-off experts cannot flush it.
     TwoQ,
     /// LRU or lfu-decay, whichever would have hit more over the layer's recent lookups:
-    /// both run beside the held set on expert ids alone ([`Adaptive`]).
+    /// both run beside the held set on expert ids alone (`Adaptive`).
     #[default]
     Auto,
 }

@@ -133,7 +133,7 @@ const PLACE: [[u8; 32]; 4] = {
 /// Adds one 64-column chunk of a nibble format into each token's two accumulators:
 /// 32 packed bytes at `src`, each nibble mapped through the 16-entry byte `table`, each
 /// value placed in the top byte of an i32 lane (so it converts exactly to `value · 2^24`)
-/// and multiplied by the [`top_byte_lanes`] x at `chunk_x`.
+/// and multiplied by the `top_byte_lanes` x at `chunk_x`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn nibble_chunk<const T: usize>(

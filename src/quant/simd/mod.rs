@@ -2,7 +2,7 @@
 //! of every weight format dispatched on it.
 //!
 //! A fused kernel reads a weight row in its stored encoding and computes its dot product
-//! with up to [`MAX_TOKENS`] activation rows at once, in the same operation order for each
+//! with up to `MAX_TOKENS` activation rows at once, in the same operation order for each
 //! token whatever their number: a matvec (one token) and a chunk matmul (many) give the
 //! same bits per output. The portable decode-then-dot kernels stay the reference each
 //! SIMD kernel is tested against.

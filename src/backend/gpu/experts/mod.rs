@@ -3,7 +3,7 @@
 //! uploaded as their native MXFP4 bytes; rows are gathered from z and scattered back by
 //! routing tables built on the host. A call checks its experts, places each in a tier slot
 //! or a transient arena, routes the pairs, and dispatches gate+up, the GLU, down and the
-//! scatter. [`GpuExperts`] owns the experts' device state: the VRAM tier, the transient
+//! scatter. `GpuExperts` owns the experts' device state: the VRAM tier, the transient
 //! arenas, the chunk carry, the exchange with the host cache and the staging lent to reads.
 //! The arenas, the tier's pools, the routing, the batched matmuls, the carry, the exchange,
 //! the expert byte views, the tier's bookkeeping and the VRAM budget each have a file here.

@@ -1,5 +1,5 @@
 //! The SIMD forms of the vector kernels, one module per level, each written once over the
-//! level's vector type by [`vector_kernels`]; `vector.rs` dispatches to them.
+//! level's vector type by `vector_kernels`; `vector.rs` dispatches to them.
 
 /// The lanes of the portable dot product's accumulator (`kernel::dot`).
 const DOT_LANES: usize = 16;
@@ -7,7 +7,7 @@ const DOT_LANES: usize = 16;
 /// The SIMD forms, written once over a vector type `V` of `W` lanes and the level's
 /// `load`, `store`, `mul`, `add`, `splat`, `zero` and `fold16` (the pairwise fold of
 /// sixteen lanes held in `16 / W` vectors, in the portable dot product's order), with
-/// `ROWS` the rows [`dot_rows`] sums together (sixteen lanes each; together they keep
+/// `ROWS` the rows `dot_rows` sums together (sixteen lanes each; together they keep
 /// enough independent add chains in flight).
 macro_rules! vector_kernels {
     ($feat:literal) => {

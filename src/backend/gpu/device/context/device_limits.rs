@@ -23,7 +23,7 @@ fn backend_binding_cap(backend: wgpu::Backend) -> u64 {
 }
 
 /// The bytes one storage binding may span on `backend` with `limits` (and `cap`, a lower
-/// bound the caller asks for): the adapter's limits, [`MAX_BINDING_BYTES`] on every backend
+/// bound the caller asks for): the adapter's limits, `MAX_BINDING_BYTES` on every backend
 /// and below 4 GiB on Metal, in whole 16-byte units.
 pub fn max_binding_bytes(backend: wgpu::Backend, limits: &wgpu::Limits, cap: Option<u64>) -> u64 {
     let mut max = limits

@@ -28,7 +28,7 @@ pub struct MatvecShape {
     pub rows_per_lane: u32,
     /// How one-token int4 matvecs meet x (the `DIGITS` override of `matvec_int4.wgsl`;
     /// other formats ignore it). `None`: the digits in the row-split kernel where the int4
-    /// matrices of one input have [`DIGITS_FROM_ROWS`](super::DIGITS_FROM_ROWS) rows or
+    /// matrices of one input have `DIGITS_FROM_ROWS` rows or
     /// more together, the float decode elsewhere; `Some(d)`: `d` in every one-token int4
     /// matvec.
     pub int4_decode: Option<Int4Decode>,

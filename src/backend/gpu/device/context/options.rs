@@ -13,7 +13,7 @@ use std::path::PathBuf;
 /// records, measured within the runs' noise of this (docs/perf.md#decode-resident).
 pub const SUBMIT_EVERY: usize = MAX_PENDING_PASSES;
 
-/// How a [`GpuContext`] is made.
+/// How a `GpuContext` is made.
 #[derive(Clone, Debug, Default)]
 pub struct GpuOptions {
     /// Substring of the adapter name to use (`--adapter`).

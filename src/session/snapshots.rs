@@ -93,12 +93,7 @@ impl<B: Backend> Session<'_, B> {
     /// drops the snapshots past it, which lie on the abandoned branch. Returns how many
     /// tokens are kept.
     pub(super) fn reuse(&mut self, ids: &[u32]) -> Result<usize> {
-        let common = self
-            .tokens
-            .iter()
-            .zip(ids)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let common = self.common_prefix(ids);
         if common == self.tokens.len() {
             return Ok(common);
         }
@@ -118,15 +113,19 @@ impl<B: Backend> Session<'_, B> {
         Ok(pos)
     }
 
-    /// Tokens of `ids` a generation of it would reuse from what the session holds (its
-    /// consumed tokens when they are a prefix of `ids`, else its longest snapshot that is).
-    pub fn reusable(&self, ids: &[u32]) -> usize {
-        let common = self
-            .tokens
+    /// How many of the consumed tokens `ids` starts with.
+    fn common_prefix(&self, ids: &[u32]) -> usize {
+        self.tokens
             .iter()
             .zip(ids)
             .take_while(|(a, b)| a == b)
-            .count();
+            .count()
+    }
+
+    /// Tokens of `ids` a generation of it would reuse from what the session holds (its
+    /// consumed tokens when they are a prefix of `ids`, else its longest snapshot that is).
+    pub fn reusable(&self, ids: &[u32]) -> usize {
+        let common = self.common_prefix(ids);
         if common == self.tokens.len() {
             return common;
         }

@@ -375,13 +375,7 @@ fn the_web_page_answers_chats_from_two_tabs_at_once() {
     // The two tabs' requests ran together: steps of more than one sequence.
     let (st, m) = serve_support::get(&s.url("/metrics"), None);
     assert_eq!(st, 200);
-    let count = |name: &str| -> f64 {
-        m.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|x| x.parse().ok())
-            .unwrap_or_else(|| panic!("no {name}: {m}"))
-    };
+    let count = |name: &str| -> f64 { serve_support::metric(&m, name) };
     assert!(
         count("k3_batch_size_count") > count("k3_batch_size_bucket{le=\"1\"}"),
         "the two tabs never shared a step: {m}"

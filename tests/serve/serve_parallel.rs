@@ -125,13 +125,7 @@ fn concurrent_requests_get_the_greedy_tokens_they_get_alone() {
     // They ran together: steps of more than one sequence.
     let (st, m) = get(&s.url("/metrics"), None);
     assert_eq!(st, 200);
-    let count = |name: &str| -> f64 {
-        m.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|x| x.parse().ok())
-            .unwrap_or_else(|| panic!("no {name}: {m}"))
-    };
+    let count = |name: &str| -> f64 { metric(&m, name) };
     let steps = count("k3_batch_size_count");
     let alone_steps = count("k3_batch_size_bucket{le=\"1\"}");
     assert!(
@@ -350,11 +344,7 @@ fn two_context_sized_requests_run_at_once_when_the_plan_reserves_two_states() {
 fn steps_run(s: &Server) -> f64 {
     let (st, m) = get(&s.url("/metrics"), None);
     assert_eq!(st, 200, "{m}");
-    m.lines()
-        .find(|l| l.starts_with("k3_batch_size_count"))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|x| x.parse().ok())
-        .unwrap_or_else(|| panic!("no k3_batch_size_count: {m}"))
+    metric(&m, "k3_batch_size_count")
 }
 
 #[test]
@@ -588,13 +578,7 @@ fn requests_that_share_steps_share_their_expert_counters() {
     });
     let (st, m) = get(&s.url("/metrics"), None);
     assert_eq!(st, 200);
-    let total = |name: &str| -> u64 {
-        m.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|x| x.parse().ok())
-            .unwrap_or_else(|| panic!("no {name}: {m}"))
-    };
+    let total = |name: &str| -> u64 { metric(&m, name) };
     let steps = total("k3_batch_size_count");
     let alone = total("k3_batch_size_bucket{le=\"1\"}");
     assert!(steps > alone, "the two never shared a step: {m}");

@@ -129,6 +129,17 @@ pub fn post_json(url: &str, body: &Value) -> (u16, Value) {
     (s, v)
 }
 
+/// The value of the `/metrics` line that starts with `name` (a bucket with its labels, or a
+/// bare counter), parsed; panics naming it when there is none.
+pub fn metric<T: std::str::FromStr>(metrics: &str, name: &str) -> T {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}: {metrics}"))
+}
+
 pub fn get(url: &str, key: Option<&str>) -> (u16, String) {
     let mut req = agent().get(url);
     if let Some(k) = key {

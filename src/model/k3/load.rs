@@ -119,7 +119,7 @@ impl<B: Backend> K3Model<B> {
     /// A model holding no dense weights, only what runs routed experts (the checkpoint,
     /// and the backend): a rank other than the head of an expert-parallel job, which needs
     /// neither the dense shards nor the RAM they take. Its forward pass is an error; its
-    /// experts are run through its runtime's expert source ([`Runtime::experts`]).
+    /// experts are run through its runtime's expert source ([`Runtime::experts`](crate::model::runtime::Runtime::experts)).
     pub fn experts_only(ckpt: Checkpoint, backend: B) -> Result<Self> {
         let process = crate::stats::process_start();
         let embed = ModelTensors::new(&ckpt.config).embed;

@@ -1,5 +1,6 @@
 //! Several sequences in one GPU forward pass: each segment's logits match its own pass
-//! within the tolerance of chunked prefill, with and without sub-batches cutting segments.
+//! within the tolerance of chunked prefill, with and without activation parts cutting
+//! segments.
 
 use crate::support;
 use support::batch_scenario;
@@ -12,22 +13,17 @@ const BATCH_TOL: f64 = 1e-5;
 
 #[test]
 fn gpu_segments_get_their_own_logits() {
-    let Some(mut m) = support::gpu_model(
-        &support::tiny(0),
-        GpuOptions::default(),
-        support::serial_stream(),
-    ) else {
-        return;
-    };
-    for sub_rows in [None, Some(3)] {
-        if let Some(r) = sub_rows {
-            support::new_runtime(
-                &mut m,
-                k3::model::RuntimeSettings {
-                    sub_rows: Some(r),
-                    ..support::stream_settings(support::serial_stream())
-                },
-            );
+    // Parts of 3 rows cut the prefilling segments: attention runs across part edges.
+    for part_rows in [None, Some(3)] {
+        let opts = GpuOptions {
+            part_rows,
+            ..Default::default()
+        };
+        let Some(m) = support::gpu_model(&support::tiny(0), opts, support::serial_stream()) else {
+            return;
+        };
+        if part_rows.is_some() {
+            assert_eq!(m.backend.part_rows(), 3);
         }
         let alone = batch_scenario::run(&m, false);
         let together = batch_scenario::run(&m, true);
@@ -37,7 +33,7 @@ fn gpu_segments_get_their_own_logits() {
                 let d = rel_l2(&t[step], &a[step]);
                 assert!(
                     d < BATCH_TOL,
-                    "sub-batches {sub_rows:?}, segment {s}, step {step}: rel L2 {d}"
+                    "parts of {part_rows:?} rows, segment {s}, step {step}: rel L2 {d}"
                 );
             }
         }

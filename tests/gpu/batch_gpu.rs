@@ -13,7 +13,9 @@ const BATCH_TOL: f64 = 1e-5;
 
 #[test]
 fn gpu_segments_get_their_own_logits() {
-    // Parts of 3 rows cut the prefilling segments: attention runs across part edges.
+    // Parts of 3 rows cut the prefilling segments: attention runs across part edges, and
+    // each sequence's logits stay those of one part.
+    let mut one_part: Option<Vec<[Vec<f32>; 2]>> = None;
     for part_rows in [None, Some(3)] {
         let opts = GpuOptions {
             part_rows,
@@ -41,5 +43,17 @@ fn gpu_segments_get_their_own_logits() {
             rel_l2(&alone[0][1], &alone[1][1]) > 1e-3,
             "sequences differ"
         );
+        if let Some(whole) = &one_part {
+            for (s, (a, w)) in alone.iter().zip(whole).enumerate() {
+                for step in 0..2 {
+                    let d = rel_l2(&a[step], &w[step]);
+                    assert!(
+                        d < BATCH_TOL,
+                        "segment {s}, step {step}: parts against one part, rel L2 {d}"
+                    );
+                }
+            }
+        }
+        one_part.get_or_insert(alone);
     }
 }

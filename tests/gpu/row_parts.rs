@@ -349,6 +349,52 @@ fn the_routed_experts_join_the_parts_and_cut_the_sums_back() {
     }
     let (a, p) = both(&b, (a0, a1));
     close("moe_accumulate", &p, &a);
+
+    // A window whose joined rows exceed a binding is refused, naming the op: rows of
+    // 256 B in bindings of 8 KiB take parts of 32 rows; 40 rows do not join.
+    let Some(mut small) = support::gpu_backend(GpuOptions {
+        allow_cpu_adapter: true,
+        max_binding: Some(8192),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    small.fit_rows(d * 4);
+    assert_eq!(small.part_rows(), 32);
+    let z = small.zeros(40, d).unwrap();
+    let mut acc = small.zeros(40, d).unwrap();
+    let one = &experts[..1];
+    let e = small.moe_accumulate(&mut acc, &z, one, glu).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("moe_accumulate: 40 rows of 64 values exceed the adapter's binding limit"),
+        "{e}"
+    );
+    // No experts: nothing to join, nothing refused.
+    small.moe_accumulate(&mut acc, &z, &[], glu).unwrap();
+}
+
+#[test]
+fn a_non_finite_route_is_named_by_its_row_among_all_parts() {
+    let Some((_, g)) = backends() else {
+        return;
+    };
+    let mut logits = vec![0.5f32; 10 * 8];
+    // Row 7: in the third part, its second row.
+    logits[7 * 8..8 * 8].fill(f32::NAN);
+    let x = g.upload(&logits, 10, 8).unwrap();
+    assert!(x.parts.len() > 2);
+    let params = RouterParams {
+        top_k: 2,
+        renormalize: true,
+        scaling: 1.0,
+    };
+    let e = g.router_topk(&x, &[0.0; 8], params).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("non-finite value (NaN or Inf) in row 7 of"),
+        "{e}"
+    );
 }
 
 #[test]

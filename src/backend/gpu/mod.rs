@@ -488,7 +488,8 @@ impl Backend for GpuBackend {
         for p in &logits.parts {
             routes.extend(self.router_topk_op(p, bias, params)?);
         }
-        Ok(routes)
+        // Checked over the whole chunk, so an error names the row among all its rows.
+        kernels::router::finite_routes(routes)
     }
 
     fn moe_accumulate(
@@ -501,13 +502,15 @@ impl Backend for GpuBackend {
         let op = "moe_accumulate";
         super::shape_checks::moe_accumulator((acc.rows, acc.cols), (z.rows, z.cols))?;
         // The experts' (token, expert) pairs index the whole window: it runs in one buffer.
-        let z = self.joined(z, op)?;
-        if let [one] = acc.parts.as_mut_slice() {
-            self.moe_accumulate_op(one, &z, experts, glu)?;
-        } else {
-            let mut joined = self.joined(acc, op)?.into_owned();
-            self.moe_accumulate_op(&mut joined, &z, experts, glu)?;
-            self.copy_rows(&GpuRows::one(joined), 0, acc, 0, acc.rows)?;
+        if !experts.is_empty() {
+            let z = self.joined(z, op)?;
+            if let [one] = acc.parts.as_mut_slice() {
+                self.moe_accumulate_op(one, &z, experts, glu)?;
+            } else {
+                let mut joined = self.joined(acc, op)?.into_owned();
+                self.moe_accumulate_op(&mut joined, &z, experts, glu)?;
+                self.copy_rows(&GpuRows::one(joined), 0, acc, 0, acc.rows)?;
+            }
         }
         // Streaming hands experts over in batches and then waits for the next read: start
         // the GPU on this batch now rather than at the layer's end.

@@ -2,8 +2,8 @@
 //!
 //! The model never knows which backend runs it; a backend never knows which model calls
 //! it. Activations are `[rows, cols]` row-major f32 matrices that live inside the backend
-//! (host vectors on the CPU, device buffers on a GPU); `rows` is the number of tokens of
-//! the window being processed. Only routing decisions and final logits come back to the host.
+//! (host vectors on the CPU; device buffers on a GPU, a window's rows in parts where one
+//! binding cannot hold them); `rows` is the number of tokens of the window being processed. Only routing decisions and final logits come back to the host.
 
 pub mod cpu;
 pub mod expert_residency;

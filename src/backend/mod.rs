@@ -2,8 +2,8 @@
 //!
 //! The model never knows which backend runs it; a backend never knows which model calls
 //! it. Activations are `[rows, cols]` row-major f32 matrices that live inside the backend
-//! (host vectors on the CPU, device buffers on a GPU); `rows` is the number of tokens of
-//! the window being processed. Only routing decisions and final logits come back to the host.
+//! (host vectors on the CPU; device buffers on a GPU, a window's rows in parts where one
+//! binding cannot hold them); `rows` is the number of tokens of the window being processed. Only routing decisions and final logits come back to the host.
 
 pub mod cpu;
 pub mod expert_residency;
@@ -201,6 +201,11 @@ pub trait Backend: ExpertResidency {
 
     /// Copies host values into a new `[rows, cols]` activation.
     fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Act>;
+    /// Copies host values into a new `[rows, cols]` weight, which ops read whole: one
+    /// buffer on a GPU whatever its rows, where an activation's rows may be in parts.
+    fn upload_weight(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Act> {
+        self.upload(data, rows, cols)
+    }
     /// Copies an activation back to the host, row-major.
     fn download(&self, x: &Self::Act) -> Result<Vec<f32>>;
     /// `(rows, cols)` of an activation.
@@ -209,12 +214,19 @@ pub trait Backend: ExpertResidency {
     fn slice_rows(&self, x: &Self::Act, start: usize, count: usize) -> Result<Self::Act>;
     /// The rows of `parts` one after another, as a new activation (all of one width).
     fn concat_rows(&self, parts: &[&Self::Act]) -> Result<Self::Act>;
-    /// The most rows one op call may take when its widest per-row buffer is `row_bytes`
-    /// bytes: the adapter's binding and dispatch limits on a GPU, no bound on the CPU.
-    /// Callers split larger prompt windows into sub-batches of at most this many rows.
+    /// The most rows one buffer of an op may take when its widest per-row buffer is
+    /// `row_bytes` bytes: the adapter's binding and dispatch limits on a GPU, no bound on
+    /// the CPU. An op that needs the whole window in one buffer (the routed experts) bounds
+    /// a pass's rows by it.
     fn max_rows(&self, row_bytes: usize) -> usize {
         let _ = row_bytes;
         usize::MAX
+    }
+    /// Learns the widest per-row buffer any op of the model takes (`row_bytes`), so that an
+    /// activation holds its rows in parts that each fit [`Backend::max_rows`] of it and
+    /// every op maps over the parts (the GPU); a backend without such bounds ignores it.
+    fn fit_rows(&mut self, row_bytes: usize) {
+        let _ = row_bytes;
     }
     /// Makes a dense weight resident.
     fn load_matrix(&self, m: DenseMatrix) -> Result<Self::Mat>;

@@ -66,9 +66,6 @@ pub struct Machine {
     pub mla_cache_max_positions: Option<usize>,
     /// Tokens one forward pass may take on this backend (its widest MoE row's bound).
     pub max_window: usize,
-    /// Rows of one op call outside the routed experts on this backend (its widest other
-    /// row's bound).
-    pub sub_rows: usize,
 }
 
 /// The expert cache a backend keeps besides the host cache.
@@ -137,8 +134,6 @@ pub struct Plan {
     pub pressure: Option<(CacheSize, usize)>,
     /// Tokens a prefill pass takes.
     pub prefill_window: usize,
-    /// Rows of one op call outside the routed experts (the backend's bindings).
-    pub sub_batch_rows: usize,
     /// Activation bytes a token of the window holds.
     pub window_bytes_per_token: u64,
     /// What bounds the window, for its line.
@@ -339,7 +334,6 @@ impl Plan {
             tier,
             pressure,
             prefill_window: w,
-            sub_batch_rows: machine.sub_rows.max(1),
             window_bytes_per_token: per_token,
             window_why,
             snapshots_gb,

@@ -12,7 +12,7 @@ use crate::experts::cache::pressure_guard::PressureGuard;
 use crate::experts::cache::ram_budget;
 use crate::experts::cache::usage_history::PinMode;
 use crate::model::mla::Mla;
-use crate::model::prefill_window::{moe_row_bytes, widest_row_bytes};
+use crate::model::prefill_window::moe_row_bytes;
 use crate::model::{K3Model, Runner, Runtime, RuntimeSettings};
 use crate::platform::memory_pressure;
 use anyhow::Result;
@@ -45,7 +45,6 @@ pub fn measure<B: Backend>(model: &K3Model<B>) -> Result<Machine> {
         vram,
         mla_cache_max_positions: model.backend.mla_cache_max_positions(&Mla::<B>::dims(cfg)),
         max_window: model.backend.max_rows(moe_row_bytes(cfg)),
-        sub_rows: model.backend.max_rows(widest_row_bytes(cfg)),
     })
 }
 
@@ -88,7 +87,6 @@ pub fn plan_runtime<B: Backend>(
         selection: plan.selection,
         context: Some(plan.budget.context),
         window: Some(plan.prefill_window),
-        sub_rows: Some(plan.sub_batch_rows),
         pressure,
         prompt_cache: None,
         remote: None,

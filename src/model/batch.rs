@@ -1,12 +1,11 @@
 //! Several sequences in one forward pass: each sequence's rows (a segment) and where they
-//! lie among the pass's rows and sub-batches.
+//! lie among the pass's rows.
 //!
 //! [`super::K3Model::forward_batch`] concatenates the segments' rows in segment order. Every
 //! op but attention runs over all rows together, so each routed expert is read once a layer
-//! for every row routed to it, whatever its sequence; attention (KDA and MLA) runs per piece,
-//! a segment's rows within one sub-batch, on that segment's own state.
+//! for every row routed to it, whatever its sequence; attention (KDA and MLA) runs on each
+//! segment's rows with that segment's own state.
 
-use super::prefill_window::sub_batches;
 use anyhow::{bail, Result};
 use std::ops::Range;
 
@@ -20,15 +19,6 @@ pub(super) struct SegmentRows<'a> {
     pub all: bool,
 }
 
-/// A segment's rows within one sub-batch: attention runs on them with the segment's state.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Piece {
-    /// The segment (its index in the pass).
-    pub seg: usize,
-    /// Its rows, numbered within the sub-batch.
-    pub rows: Range<usize>,
-}
-
 /// Where the rows of a pass's segments lie.
 #[derive(Clone, Debug)]
 pub(super) struct RowLayout {
@@ -38,16 +28,11 @@ pub(super) struct RowLayout {
     pos: Vec<usize>,
     /// Whether each segment wants every row's logits (else its last row's).
     all: Vec<bool>,
-    /// The rows of each sub-batch.
-    pub parts: Vec<Range<usize>>,
-    /// The pieces of each sub-batch, in row order.
-    pub pieces: Vec<Vec<Piece>>,
 }
 
 impl RowLayout {
-    /// The layout of `segs` in sub-batches of `sub_rows` rows, checking each segment's ids
-    /// against a vocabulary of `vocab`.
-    pub fn new(segs: &[SegmentRows<'_>], sub_rows: usize, vocab: usize) -> Result<Self> {
+    /// The layout of `segs`, checking each segment's ids against a vocabulary of `vocab`.
+    pub fn new(segs: &[SegmentRows<'_>], vocab: usize) -> Result<Self> {
         if segs.is_empty() {
             bail!("forward: a batch with no segments");
         }
@@ -73,29 +58,10 @@ impl RowLayout {
             ranges.push(start..start + seg.ids.len());
             start += seg.ids.len();
         }
-        let parts = sub_batches(start, sub_rows);
-        let pieces = parts
-            .iter()
-            .map(|p| {
-                ranges
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(seg, r)| {
-                        let (a, b) = (r.start.max(p.start), r.end.min(p.end));
-                        (a < b).then(|| Piece {
-                            seg,
-                            rows: a - p.start..b - p.start,
-                        })
-                    })
-                    .collect()
-            })
-            .collect();
         Ok(Self {
             segs: ranges,
             pos: segs.iter().map(|s| s.pos).collect(),
             all: segs.iter().map(|s| s.all).collect(),
-            parts,
-            pieces,
         })
     }
 
@@ -152,22 +118,23 @@ impl RowLayout {
         format!("in a batch of {} segments ({})", self.len(), at.join(", "))
     }
 
-    /// Segment `s`'s piece `piece` as an error names it: its first row's position.
-    pub fn at_piece(&self, part: usize, piece: &Piece) -> String {
-        self.at_row(self.parts[part].start + piece.rows.start)
+    /// Segment `s`'s rows among the pass's rows.
+    pub fn segment(&self, s: usize) -> Range<usize> {
+        self.segs.get(s).cloned().unwrap_or(0..0)
     }
 
-    /// The rows of sub-batch `part` whose logits are wanted (numbered within it, in order).
-    pub fn head_rows(&self, part: usize) -> Vec<Range<usize>> {
-        let p = &self.parts[part];
+    /// Segment `s` as an error of its attention names it: its first row's position.
+    pub fn at_segment(&self, s: usize) -> String {
+        self.at_row(self.segment(s).start)
+    }
+
+    /// The rows whose logits are wanted, in order: each segment's last row, or all of its
+    /// rows.
+    pub fn head_rows(&self) -> Vec<Range<usize>> {
         self.segs
             .iter()
             .zip(&self.all)
-            .filter_map(|(r, &all)| {
-                let r = if all { r.clone() } else { r.end - 1..r.end };
-                let (a, b) = (r.start.max(p.start), r.end.min(p.end));
-                (a < b).then(|| a - p.start..b - p.start)
-            })
+            .map(|(r, &all)| if all { r.clone() } else { r.end - 1..r.end })
             .collect()
     }
 
@@ -185,25 +152,26 @@ impl RowLayout {
 mod tests {
     use super::*;
 
-    fn layout(ids: &[&[u32]], all: &[bool], sub_rows: usize) -> Result<RowLayout> {
+    fn layout(ids: &[&[u32]], all: &[bool]) -> Result<RowLayout> {
         let segs: Vec<SegmentRows<'_>> = ids
             .iter()
             .zip(all)
             .map(|(&ids, &all)| SegmentRows { ids, pos: 10, all })
             .collect();
-        RowLayout::new(&segs, sub_rows, 100)
+        RowLayout::new(&segs, 100)
     }
 
     #[test]
-    fn pieces_cut_segments_at_sub_batch_edges() {
-        let l = layout(&[&[1], &[1, 2, 3, 4, 5], &[1]], &[false, true, false], 4).unwrap();
-        assert_eq!(l.parts, vec![0..4, 4..7]);
-        let p = |seg, rows| Piece { seg, rows };
-        assert_eq!(l.pieces[0], vec![p(0, 0..1), p(1, 1..4)]);
-        assert_eq!(l.pieces[1], vec![p(1, 0..2), p(2, 2..3)]);
-        assert_eq!(l.head_rows(0), vec![0..1, 1..4]);
-        assert_eq!(l.head_rows(1), vec![0..2, 2..3]);
+    fn segments_lie_in_order_among_the_rows() {
+        let l = layout(&[&[1], &[1, 2, 3, 4, 5], &[1]], &[false, true, false]).unwrap();
+        assert_eq!((l.rows(), l.len()), (7, 3));
+        assert_eq!(
+            [l.segment(0), l.segment(1), l.segment(2)],
+            [0..1, 1..6, 6..7]
+        );
+        assert_eq!(l.head_rows(), vec![0..1, 1..6, 6..7]);
         assert_eq!(l.logit_rows(), vec![1, 5, 1]);
+        assert_eq!(l.at_segment(1), "position 10 of the context of segment 1");
         assert_eq!(l.at_row(5), "position 14 of the context of segment 1");
         assert_eq!(
             l.at_logit_row(2, 0),
@@ -213,19 +181,19 @@ mod tests {
 
     #[test]
     fn a_bad_segment_is_named() {
-        let e = layout(&[&[1], &[]], &[false, false], 4).unwrap_err();
+        let e = layout(&[&[1], &[]], &[false, false]).unwrap_err();
         assert_eq!(e.to_string(), "forward: empty window of segment 1");
-        let e = layout(&[&[1], &[2, 300]], &[false, false], 4).unwrap_err();
+        let e = layout(&[&[1], &[2, 300]], &[false, false]).unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("token id 300 of segment 1, at position 11, is out of range"),
             "{e}"
         );
-        let e = layout(&[&[300]], &[false], 4).unwrap_err();
+        let e = layout(&[&[300]], &[false]).unwrap_err();
         assert!(
             e.to_string().starts_with("token id 300 is out of range"),
             "{e}"
         );
-        assert!(layout(&[], &[], 4).is_err());
+        assert!(layout(&[], &[]).is_err());
     }
 }

@@ -10,7 +10,7 @@ use super::mla::Mla;
 use super::moe::{Moe, NextMoe};
 use super::pass_observer::PassObserver;
 use super::pieces::PieceState;
-use super::prefill_window::{moe_row_bytes, sub_batches};
+use super::prefill_window::{moe_row_bytes, row_chunks};
 use super::runtime::Runtime;
 use super::trace::Trace;
 use crate::backend::{Backend, Glu};
@@ -159,9 +159,7 @@ impl<B: Backend> K3Model<B> {
     /// Runs `ids` (one window of the prompt) through every layer, advancing `st`, and
     /// returns the logits of the last row or of every row, row-major. The pass is
     /// layer-major: every row goes through layer L (each routed expert read once for all
-    /// the rows that chose it) before any goes to layer L+1. Outside the routed experts the
-    /// rows run in sub-batches within the backend's limits ([`Runtime::sub_batch_rows`]).
-    /// Stats, progress, the trace and the NaN checks are the `PassObserver`'s.
+    /// the rows that chose it) before any goes to layer L+1. Stats, progress, the trace and the NaN checks are the `PassObserver`'s.
     pub fn forward(
         &self,
         rt: &Runtime,
@@ -212,8 +210,7 @@ impl<B: Backend> K3Model<B> {
     /// the embedding, the residual mixes and norms, the dense MLPs, the MoE layers (each
     /// routed expert read once a layer for every row routed to it, whatever its sequence)
     /// and the head run over all of them; attention runs on each segment's rows with its own
-    /// state. Outside the routed experts the rows run in sub-batches
-    /// ([`Runtime::sub_batch_rows`]), attention on each segment's piece of each.
+    /// state.
     pub fn forward_batch(
         &self,
         rt: &Runtime,
@@ -224,6 +221,48 @@ impl<B: Backend> K3Model<B> {
     ) -> Result<Option<Vec<Vec<f32>>>> {
         let raised = || cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst));
         let cfg = &self.ckpt.config;
+        let layout = self.layout(segs)?;
+        rt.relieve_memory_pressure(cfg, &self.backend)?;
+        let ids: Vec<u32> = segs.iter().flat_map(|s| s.ids.iter().copied()).collect();
+        // h: the residual stream, [rows, hidden].
+        let mut h = self.embed(&ids)?;
+        let mut obs = PassObserver::begin(&rt.experts, &rt.progress, stats, trace, &layout)?;
+        // bank: the blocks' banked inputs, each [rows, hidden].
+        let mut bank: Vec<B::Act> = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            if raised() {
+                return Ok(None);
+            }
+            // ls[s]: segment s's state of layer i.
+            let mut ls: Vec<&mut LayerState<B>> = segs
+                .iter_mut()
+                .filter_map(|s| s.state.layers.get_mut(i))
+                .collect();
+            // p: the residual stream after attention, [rows, hidden].
+            let p = self.attention_block(i, layer, &mut ls, &layout, h, &mut bank)?;
+            obs.attention_done();
+            // The prefetch hook: the next MoE layer's router input as far as it exists now,
+            // scored while this layer's experts are read (None when prefetch is off).
+            let guess = self.next_moe_guess(rt, i, &p, &bank)?;
+            let next = guess.as_ref().map(|(moe, x)| NextMoe { moe, x });
+            // f: the feed-forward output, [rows, hidden].
+            let f = self.ffn_block(rt, i, &p, &bank, next, &layout, &mut obs)?;
+            h = self.backend.add(&p, &f)?;
+            obs.ffn_done();
+            obs.layer_output(&self.backend, i, &h, cfg.hidden_size)?;
+        }
+        obs.layers_done();
+        let logits = self.head(rt, &h, &bank, &layout)?;
+        obs.head_done(&logits, self.vocab_size())?;
+        for s in segs.iter_mut() {
+            s.state.pos += s.ids.len();
+        }
+        Ok(Some(logits))
+    }
+
+    /// Where the segments' rows lie, each segment's state and ids checked, and the pass
+    /// within the rows the backend runs at once.
+    fn layout(&self, segs: &[Segment<'_, B>]) -> Result<RowLayout> {
         for (s, seg) in segs.iter().enumerate() {
             if seg.state.layers.len() != self.layers.len() {
                 bail!(
@@ -242,7 +281,7 @@ impl<B: Backend> K3Model<B> {
                 all: s.want == Logits::All,
             })
             .collect();
-        let layout = RowLayout::new(&rows, rt.sub_rows, cfg.vocab_size)?;
+        let layout = RowLayout::new(&rows, self.ckpt.config.vocab_size)?;
         if layout.rows() > self.max_window() {
             bail!(
                 "forward: a pass of {} rows is more than this backend runs at once ({}); \
@@ -251,53 +290,10 @@ impl<B: Backend> K3Model<B> {
                 self.max_window()
             );
         }
-        rt.relieve_memory_pressure(cfg, &self.backend)?;
-        let ids: Vec<u32> = segs.iter().flat_map(|s| s.ids.iter().copied()).collect();
-        // h[j]: the hidden states of sub-batch j, [rows_j, hidden].
-        let mut h: Vec<B::Act> = layout
-            .parts
-            .iter()
-            .map(|r| self.embed(&ids[r.clone()]))
-            .collect::<Result<_>>()?;
-        let mut obs = PassObserver::begin(&rt.experts, &rt.progress, stats, trace, &layout)?;
-        // bank[e][j]: bank entry e (a block's banked input, [rows_j, hidden]) of sub-batch j.
-        let mut bank: Vec<Vec<B::Act>> = Vec::new();
-        for (i, layer) in self.layers.iter().enumerate() {
-            if raised() {
-                return Ok(None);
-            }
-            // ls[s]: segment s's state of layer i.
-            let mut ls: Vec<&mut LayerState<B>> = segs
-                .iter_mut()
-                .filter_map(|s| s.state.layers.get_mut(i))
-                .collect();
-            // ps[j]: the residual stream after attention, [rows_j, hidden].
-            let ps = self.attention_block(i, layer, &mut ls, &layout, h, &mut bank)?;
-            obs.attention_done();
-            // fs[j]: the feed-forward output, [rows_j, hidden].
-            // The prefetch hook: the next MoE layer's router input as far as it exists now,
-            // scored while this layer's experts are read (None when prefetch is off).
-            let guess = self.next_moe_guess(rt, i, &ps, &bank)?;
-            let next = guess.as_ref().map(|(moe, x)| NextMoe { moe, x });
-            let fs = self.ffn_block(rt, i, &ps, &bank, next, &layout, &mut obs)?;
-            h = ps
-                .iter()
-                .zip(&fs)
-                .map(|(p, f)| self.backend.add(p, f))
-                .collect::<Result<_>>()?;
-            obs.ffn_done();
-            obs.layer_output(&self.backend, i, &h, cfg.hidden_size)?;
-        }
-        obs.layers_done();
-        let logits = self.head(rt, &h, &bank, &layout)?;
-        obs.head_done(&logits, self.vocab_size())?;
-        for s in segs.iter_mut() {
-            s.state.pos += s.ids.len();
-        }
-        Ok(Some(logits))
+        Ok(layout)
     }
 
-    /// Layer `i`'s input mix, norm and attention over every sub-batch of `h`, advancing the
+    /// Layer `i`'s input mix, norm and attention over the rows of `h`, advancing the
     /// segments' states `ls`; returns the residual stream after attention. A layer that
     /// opens a block banks its raw input into `bank` (and its residual restarts from the
     /// attention).
@@ -307,65 +303,51 @@ impl<B: Backend> K3Model<B> {
         layer: &Layer<B>,
         ls: &mut [&mut LayerState<B>],
         layout: &RowLayout,
-        h: Vec<B::Act>,
-        bank: &mut Vec<Vec<B::Act>>,
-    ) -> Result<Vec<B::Act>> {
+        h: B::Act,
+        bank: &mut Vec<B::Act>,
+    ) -> Result<B::Act> {
         let b = &self.backend;
         let cfg = &self.ckpt.config;
         let (eps, h_dim) = (cfg.rms_norm_eps, cfg.hidden_size);
-        let banks = i % cfg.attn_res_block_size == 0;
-        let mut entry = Vec::new();
-        let mut ps = Vec::with_capacity(h.len());
-        for (j, hj) in h.into_iter().enumerate() {
-            let x = if bank.is_empty() {
-                b.rmsnorm(&hj, &layer.input_norm, h_dim, eps)?
-            } else {
-                let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
-                let mixed = b.attn_res_mix(&refs, &hj, &layer.w_attn_res, eps)?;
-                b.rmsnorm(&mixed, &layer.input_norm, h_dim, eps)?
-            };
-            let a = self.attend(i, layer, ls, layout, j, &x)?;
-            // The raw layer input is banked after the mix; the prefix restarts at a bank.
-            ps.push(if banks {
-                entry.push(hj);
-                a
-            } else {
-                b.add(&hj, &a)?
-            });
+        // x: the normed attention input, [rows, hidden].
+        let x = if bank.is_empty() {
+            b.rmsnorm(&h, &layer.input_norm, h_dim, eps)?
+        } else {
+            let refs: Vec<&B::Act> = bank.iter().collect();
+            let mixed = b.attn_res_mix(&refs, &h, &layer.w_attn_res, eps)?;
+            b.rmsnorm(&mixed, &layer.input_norm, h_dim, eps)?
+        };
+        // a: the attention output, [rows, hidden].
+        let a = self.attend(i, layer, ls, layout, &x)?;
+        // The raw layer input is banked after the mix; the prefix restarts at a bank.
+        if i % cfg.attn_res_block_size == 0 {
+            bank.push(h);
+            Ok(a)
+        } else {
+            b.add(&h, &a)
         }
-        if banks {
-            bank.push(entry);
-        }
-        Ok(ps)
     }
 
-    /// Layer `i`'s attention over sub-batch `j`'s normed input `x`: the projections over all
-    /// its rows, the recurrence or attention on each segment's piece with that segment's state.
+    /// Layer `i`'s attention over the normed input `x`: the projections over all its rows,
+    /// the recurrence or attention on each segment's rows with that segment's state.
     fn attend(
         &self,
         i: usize,
         layer: &Layer<B>,
         ls: &mut [&mut LayerState<B>],
         layout: &RowLayout,
-        j: usize,
         x: &B::Act,
     ) -> Result<B::Act> {
         let b = &self.backend;
-        // The pieces' states: each segment has at most one piece in a sub-batch, in order.
-        let mut wanted = layout.pieces[j].iter().peekable();
-        let mut pieces = Vec::with_capacity(layout.pieces[j].len());
-        for (s, st) in ls.iter_mut().enumerate() {
-            if let Some(p) = wanted.next_if(|p| p.seg == s) {
-                let at = (layout.len() > 1).then(|| layout.at_piece(j, p));
-                pieces.push((&mut **st, p.rows.clone(), at));
-            }
-        }
+        let pieces = ls.iter_mut().enumerate().map(|(s, st)| {
+            let at = (layout.len() > 1).then(|| layout.at_segment(s));
+            (&mut **st, layout.segment(s), at)
+        });
         let mismatch =
             || anyhow::anyhow!("internal: layer {i} state does not match its attention kind");
         match &layer.attn {
             Attn::Kda(k) => {
                 let mut ps = pieces
-                    .into_iter()
                     .map(|(st, rows, at)| match st {
                         LayerState::Kda(state) => Ok(PieceState { state, rows, at }),
                         LayerState::Mla(_) => Err(mismatch()),
@@ -375,7 +357,6 @@ impl<B: Backend> K3Model<B> {
             }
             Attn::Mla(m) => {
                 let mut ps = pieces
-                    .into_iter()
                     .map(|(st, rows, at)| match st {
                         LayerState::Mla(state) => Ok(PieceState { state, rows, at }),
                         LayerState::Kda(_) => Err(mismatch()),
@@ -386,7 +367,7 @@ impl<B: Backend> K3Model<B> {
         }
     }
 
-    /// Layer `i`'s feed-forward input (the residual mix over `bank` and `ps`, normed) and its
+    /// Layer `i`'s feed-forward input (the residual mix over `bank` and `p`, normed) and its
     /// dense MLP or MoE block; a MoE layer reads `next`'s likely experts ahead behind its own.
     // The pass's pieces (runtime, bank, layout, observer) have different owners and lives.
     #[allow(clippy::too_many_arguments)]
@@ -394,72 +375,57 @@ impl<B: Backend> K3Model<B> {
         &self,
         rt: &Runtime,
         i: usize,
-        ps: &[B::Act],
-        bank: &[Vec<B::Act>],
+        p: &B::Act,
+        bank: &[B::Act],
         next: Option<NextMoe<'_, B>>,
         layout: &RowLayout,
         obs: &mut PassObserver<'_>,
-    ) -> Result<Vec<B::Act>> {
+    ) -> Result<B::Act> {
         let b = &self.backend;
         let layer = &self.layers[i];
-        // f_in[j]: the normed FFN input of sub-batch j, [rows_j, hidden].
-        let f_in: Vec<B::Act> = ps
-            .iter()
-            .enumerate()
-            .map(|(j, p)| self.ffn_input(layer, bank, j, p))
-            .collect::<Result<_>>()?;
-        let moe = match &layer.ffn {
-            Ffn::Dense(mlp) => {
-                return f_in.iter().map(|x| mlp.forward(b, x, self.glu)).collect();
-            }
-            Ffn::Moe(moe) => moe,
-        };
-        // x: every row at once, [rows, hidden]: each routed expert runs once for its rows.
-        let x = whole(b, f_in)?;
-        let f = moe
-            .forward(
-                b,
-                ExpertAccess {
-                    ck: &self.ckpt,
-                    source: &rt.experts,
-                    selection: &rt.selection,
-                    remote: rt.remote.as_deref(),
-                },
-                &x,
-                self.glu,
-                next,
-                obs.stats(),
-            )
-            .with_context(|| format!("layer {i} (MoE) {}", layout.at_all()))?;
-        split(b, f, &layout.parts)
+        // x: the normed FFN input, [rows, hidden].
+        let x = self.ffn_input(layer, bank, p)?;
+        match &layer.ffn {
+            Ffn::Dense(mlp) => mlp.forward(b, &x, self.glu),
+            // Every row at once: each routed expert runs once for its rows.
+            Ffn::Moe(moe) => moe
+                .forward(
+                    b,
+                    ExpertAccess {
+                        ck: &self.ckpt,
+                        source: &rt.experts,
+                        selection: &rt.selection,
+                        remote: rt.remote.as_deref(),
+                    },
+                    &x,
+                    self.glu,
+                    next,
+                    obs.stats(),
+                )
+                .with_context(|| format!("layer {i} (MoE) {}", layout.at_all())),
+        }
     }
 
-    /// `layer`'s feed-forward input for sub-batch `j`: the residual mix of the bank and `p`
-    /// (the stream after attention), normed.
-    fn ffn_input(
-        &self,
-        layer: &Layer<B>,
-        bank: &[Vec<B::Act>],
-        j: usize,
-        p: &B::Act,
-    ) -> Result<B::Act> {
+    /// `layer`'s feed-forward input: the residual mix of the bank and `p` (the stream after
+    /// attention), normed.
+    fn ffn_input(&self, layer: &Layer<B>, bank: &[B::Act], p: &B::Act) -> Result<B::Act> {
         let b = &self.backend;
         let cfg = &self.ckpt.config;
         let (eps, h_dim) = (cfg.rms_norm_eps, cfg.hidden_size);
-        let refs: Vec<&B::Act> = bank.iter().map(|e| &e[j]).collect();
+        let refs: Vec<&B::Act> = bank.iter().collect();
         let mixed = b.attn_res_mix(&refs, p, &layer.w_mlp_res, eps)?;
         b.rmsnorm(&mixed, &layer.post_norm, h_dim, eps)
     }
 
     /// With prefetch on and a MoE layer next: that layer and its router's input as far as
-    /// layer `i` can tell (its own mix and norm over `ps`: its attention's output is all
+    /// layer `i` can tell (its own mix and norm over `p`: its attention's output is all
     /// the input lacks), every row at once.
     fn next_moe_guess(
         &self,
         rt: &Runtime,
         i: usize,
-        ps: &[B::Act],
-        bank: &[Vec<B::Act>],
+        p: &B::Act,
+        bank: &[B::Act],
     ) -> Result<Option<(&Moe<B>, B::Act)>> {
         let (true, Some(Ffn::Moe(_)), Some(n)) = (
             rt.prefetch,
@@ -471,12 +437,7 @@ impl<B: Backend> K3Model<B> {
         let Ffn::Moe(m) = &n.ffn else {
             return Ok(None);
         };
-        let xs: Vec<B::Act> = ps
-            .iter()
-            .enumerate()
-            .map(|(j, p)| self.ffn_input(n, bank, j, p))
-            .collect::<Result<_>>()?;
-        Ok(Some((m, whole(&self.backend, xs)?)))
+        Ok(Some((m, self.ffn_input(n, bank, p)?)))
     }
 
     /// The final mix, norm and lm_head over the rows whose logits the segments want (each
@@ -484,8 +445,8 @@ impl<B: Backend> K3Model<B> {
     fn head(
         &self,
         rt: &Runtime,
-        h: &[B::Act],
-        bank: &[Vec<B::Act>],
+        h: &B::Act,
+        bank: &[B::Act],
         layout: &RowLayout,
     ) -> Result<Vec<Vec<f32>>> {
         let b = &self.backend;
@@ -494,39 +455,37 @@ impl<B: Backend> K3Model<B> {
         let o = self.output.as_ref().ok_or_else(|| {
             anyhow!("this model holds routed experts only (a rank of an expert-parallel job): it has no output head")
         })?;
-        // Every wanted row's logits, in row order (which is segment order).
-        let mut logits = Vec::new();
-        for (j, hj) in h.iter().enumerate() {
-            let wanted = layout.head_rows(j);
-            let rows: usize = wanted.iter().map(|r| r.len()).sum();
-            if rows == 0 {
-                continue;
-            }
-            let picked;
-            let (x, xs): (&B::Act, Vec<&B::Act>) = if rows == layout.parts[j].len() {
-                (hj, bank.iter().map(|e| &e[j]).collect())
+        let wanted = layout.head_rows();
+        let rows: usize = wanted.iter().map(|r| r.len()).sum();
+        // x, xs: the wanted rows of the stream and of each bank entry, [rows, hidden].
+        let picked;
+        let (x, xs): (&B::Act, Vec<&B::Act>) = if rows == layout.rows() {
+            (h, bank.iter().collect())
+        } else {
+            let bank_w: Vec<B::Act> = bank
+                .iter()
+                .map(|e| gather_rows(b, e, &wanted))
+                .collect::<Result<_>>()?;
+            picked = (gather_rows(b, h, &wanted)?, bank_w);
+            (&picked.0, picked.1.iter().collect())
+        };
+        // out: the normed head input, [rows, hidden].
+        let out = b.rmsnorm(
+            &b.attn_res_mix(&xs, x, &o.w_out, eps)?,
+            &o.final_norm,
+            h_dim,
+            eps,
+        )?;
+        // Every wanted row's logits, in row order (which is segment order); the head's
+        // output rows are the widest of the pass, so they go in calls of `head_rows`.
+        let mut logits = Vec::with_capacity(rows * self.vocab_size());
+        for r in row_chunks(rows, rt.head_rows) {
+            let piece = if r.len() == rows {
+                b.matmul(&o.head, &out)?
             } else {
-                let bank_j: Vec<B::Act> = bank
-                    .iter()
-                    .map(|e| gather_rows(b, &e[j], &wanted))
-                    .collect::<Result<_>>()?;
-                picked = (gather_rows(b, hj, &wanted)?, bank_j);
-                (&picked.0, picked.1.iter().collect())
+                b.matmul(&o.head, &b.slice_rows(&out, r.start, r.len())?)?
             };
-            let out = b.rmsnorm(
-                &b.attn_res_mix(&xs, x, &o.w_out, eps)?,
-                &o.final_norm,
-                h_dim,
-                eps,
-            )?;
-            for r in sub_batches(rows, rt.head_rows) {
-                let piece = if r.len() == rows {
-                    b.matmul(&o.head, &out)?
-                } else {
-                    b.matmul(&o.head, &b.slice_rows(&out, r.start, r.len())?)?
-                };
-                logits.extend(b.download(&piece)?);
-            }
+            logits.extend(b.download(&piece)?);
         }
         let v = self.vocab_size();
         let mut rest = logits.as_slice();
@@ -545,15 +504,10 @@ impl<B: Backend> K3Model<B> {
 
 /// The rows `ranges` of `x` as one activation.
 fn gather_rows<B: Backend>(b: &B, x: &B::Act, ranges: &[std::ops::Range<usize>]) -> Result<B::Act> {
-    let parts: Vec<B::Act> = ranges
+    let mut parts: Vec<B::Act> = ranges
         .iter()
         .map(|r| b.slice_rows(x, r.start, r.len()))
         .collect::<Result<_>>()?;
-    whole(b, parts)
-}
-
-/// The sub-batches as one activation (the one itself when there is only one).
-fn whole<B: Backend>(b: &B, mut parts: Vec<B::Act>) -> Result<B::Act> {
     if parts.len() == 1 {
         if let Some(p) = parts.pop() {
             return Ok(p);
@@ -561,15 +515,4 @@ fn whole<B: Backend>(b: &B, mut parts: Vec<B::Act>) -> Result<B::Act> {
     }
     let refs: Vec<&B::Act> = parts.iter().collect();
     b.concat_rows(&refs)
-}
-
-/// `x` cut into the row ranges `parts` (`x` itself when there is only one).
-fn split<B: Backend>(b: &B, x: B::Act, parts: &[std::ops::Range<usize>]) -> Result<Vec<B::Act>> {
-    if parts.len() == 1 {
-        return Ok(vec![x]);
-    }
-    parts
-        .iter()
-        .map(|r| b.slice_rows(&x, r.start, r.len()))
-        .collect()
 }

@@ -59,8 +59,8 @@ impl<B: Backend> Mla<B> {
             o_proj: m(&t.o_proj)?,
             attn: MlaAttnWeights {
                 kv_norm: ld.vector_act(&t.kv_a_norm)?,
-                wk: b.upload(&wk, d.heads * d.nope, d.kv_lora)?,
-                wv: b.upload(&wv, d.heads * d.v, d.kv_lora)?,
+                wk: b.upload_weight(&wk, d.heads * d.nope, d.kv_lora)?,
+                wv: b.upload_weight(&wv, d.heads * d.v, d.kv_lora)?,
             },
             q_lora: ld.ckpt.config.q_lora_rank,
             eps: ld.ckpt.config.rms_norm_eps,

@@ -91,20 +91,17 @@ impl<'a> PassObserver<'a> {
         self.trace.is_some() || b.downloads_are_free()
     }
 
-    /// Layer `i` produced `h` (the window's rows, sub-batch by sub-batch): it is checked
-    /// and traced where [`Self::wants_layer_output`], and the progress counts the layer.
+    /// Layer `i` produced `h` (the window's rows, `[rows, hidden]`): it is checked and
+    /// traced where [`Self::wants_layer_output`], and the progress counts the layer.
     pub(super) fn layer_output<B: Backend>(
         &mut self,
         b: &B,
         i: usize,
-        h: &[B::Act],
+        h: &B::Act,
         h_dim: usize,
     ) -> Result<()> {
         if self.wants_layer_output(b) {
-            let mut host = Vec::with_capacity(self.layout.rows() * h_dim);
-            for hj in h {
-                host.extend(b.download(hj)?);
-            }
+            let host = b.download(h)?;
             if let Some(at) = first_non_finite(&host) {
                 bail!(
                     "layer {i} produced a non-finite value (NaN or Inf) in its output at \

@@ -1,16 +1,17 @@
-//! Attention over a batch's pieces: a block's projections run over every row, the part that
-//! needs a sequence's own state (the KDA recurrence, the MLA attention) on each piece.
+//! Attention over a batch's pieces, one a segment: a block's projections run over every
+//! row, the part that needs a sequence's own state (the KDA recurrence, the MLA attention)
+//! on each piece.
 
 use crate::backend::Backend;
 use anyhow::{Context, Result};
 use std::ops::Range;
 
 /// A piece as an attention block runs it: its segment's state for the layer, its rows
-/// within the sub-batch, and, in a pass of several segments, how an error names it.
+/// among the pass's rows, and, in a pass of several segments, how an error names it.
 pub struct PieceState<'p, S> {
     /// The segment's state of this layer.
     pub state: &'p mut S,
-    /// The piece's rows within the sub-batch.
+    /// The piece's rows among the pass's rows.
     pub rows: Range<usize>,
     /// Where the piece is, for errors (`None` in a pass of one segment).
     pub at: Option<String>,

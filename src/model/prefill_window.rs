@@ -1,11 +1,12 @@
-//! How many prompt tokens one forward pass takes (the prefill window) and how its rows are
-//! split for a backend's limits.
+//! How many prompt tokens one forward pass takes (the prefill window) and the per-row
+//! widths that bound a backend's rows.
 //!
 //! A MoE layer reads each expert its window routes to once, so the window is what bounds
 //! the expert bytes a prompt reads: one window reads each routed expert at most once a
 //! layer. Its cost is memory: every activation of a pass, and the attention-residual bank
-//! that lives through all layers, is `window × width`. Within the window, every op but the
-//! routed experts runs in sub-batches of rows that fit the backend's bindings and grid.
+//! that lives through all layers, is `window × width`. A backend whose bindings hold fewer
+//! rows of the widest op holds the window's activations in parts that fit them
+//! ([`widest_row_bytes`], `Backend::fit_rows`).
 
 use crate::config::Config;
 
@@ -42,9 +43,10 @@ pub fn bytes_per_token(cfg: &Config) -> u64 {
     stream + kda.max(mla).max(dense).max(moe)
 }
 
-/// The widest single buffer a row of a sub-batch needs in one op (the attention-residual
-/// mix packs every bank entry of a row into one binding; KDA packs five projections), so
-/// that `Backend::max_rows` of it bounds every op outside the routed experts and the head.
+/// The widest single buffer a row needs in one op (the attention-residual mix packs every
+/// bank entry of a row into one binding; KDA packs five projections), so that
+/// `Backend::max_rows` of it bounds the rows of an activation's part for every op outside
+/// the routed experts and the head (`Backend::fit_rows`).
 pub fn widest_row_bytes(cfg: &Config) -> usize {
     let h = cfg.hidden_size;
     let bank = cfg
@@ -83,7 +85,7 @@ pub fn window_for_bytes(cfg: &Config, bytes: u64) -> usize {
 }
 
 /// `rows` split into consecutive ranges of at most `per` rows.
-pub fn sub_batches(rows: usize, per: usize) -> Vec<std::ops::Range<usize>> {
+pub fn row_chunks(rows: usize, per: usize) -> Vec<std::ops::Range<usize>> {
     let per = per.max(1);
     (0..rows.div_ceil(per))
         .map(|j| j * per..((j + 1) * per).min(rows))
@@ -95,10 +97,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sub_batches_cover_the_rows_in_order() {
-        assert_eq!(sub_batches(10, 4), vec![0..4, 4..8, 8..10]);
-        assert_eq!(sub_batches(3, 8), vec![0..3]);
-        assert_eq!(sub_batches(4, 0), vec![0..1, 1..2, 2..3, 3..4]);
-        assert!(sub_batches(0, 4).is_empty());
+    fn row_chunks_cover_the_rows_in_order() {
+        assert_eq!(row_chunks(10, 4), vec![0..4, 4..8, 8..10]);
+        assert_eq!(row_chunks(3, 8), vec![0..3]);
+        assert_eq!(row_chunks(4, 0), vec![0..1, 1..2, 2..3, 3..4]);
+        assert!(row_chunks(0, 4).is_empty());
     }
 }

@@ -2,14 +2,14 @@
 //! cache, policy, pins, routing tap and reads), which experts a token may leave out,
 //! next-layer prefetch, the memory-pressure guard, the prompt cache, the other ranks'
 //! experts, the prefill progress, and the row bounds of a pass (the prefill window, the
-//! sub-batch rows). [`super::Runner`] pairs it with the model for the sessions that run
+//! head's rows a call). [`super::Runner`] pairs it with the model for the sessions that run
 //! both.
 
 mod pressure_relief;
 
 use super::context::checkpoint_context;
 use super::prefill_progress::PrefillProgress;
-use super::prefill_window::{moe_row_bytes, widest_row_bytes};
+use super::prefill_window::moe_row_bytes;
 use super::prompt_cache::PromptCache;
 use crate::backend::Backend;
 use crate::config::Config;
@@ -42,9 +42,6 @@ pub struct RuntimeSettings {
     pub context: Option<usize>,
     /// Tokens a forward pass takes at most; `None`: what the backend allows.
     pub window: Option<usize>,
-    /// Rows of one op call outside the routed experts; `None`: what the backend allows
-    /// (tests split small windows with fewer).
-    pub sub_rows: Option<usize>,
     /// The memory-pressure guard over the expert cache (`None`: off).
     pub pressure: Option<PressureGuard>,
     /// The prompt cache sessions share (`None`: off).
@@ -60,8 +57,6 @@ pub struct Runtime {
     pub(super) prefetch: bool,
     context: usize,
     prompt_cache: Option<Arc<PromptCache>>,
-    /// Rows of one op call outside the routed experts (the backend's limits).
-    pub(super) sub_rows: usize,
     /// Rows of one head matmul when every row's logits are wanted.
     pub(super) head_rows: usize,
     /// Tokens one forward pass takes at most (the prefill window).
@@ -73,8 +68,8 @@ pub struct Runtime {
 
 impl Runtime {
     /// The runtime of the model of `cfg` on `backend` with settings `s`: the expert source
-    /// is built here, once, over the backend's lent memory and tier exchange; the window and
-    /// sub-batch rows are held within the backend's limits.
+    /// is built here, once, over the backend's lent memory and tier exchange; the window is
+    /// held within the backend's limits.
     pub fn new<B: Backend>(cfg: &Config, backend: &B, s: RuntimeSettings) -> Result<Runtime> {
         let mut experts = ExpertSource::with_lender(s.stream, backend.read_lender())?
             .with_tier_exchange(backend.tier_exchange());
@@ -82,14 +77,12 @@ impl Runtime {
         experts.set_route_tap(s.route_tap);
         experts.set_prefetch_always(s.prefetch_always);
         let max_window = backend.max_rows(moe_row_bytes(cfg));
-        let sub_cap = backend.max_rows(widest_row_bytes(cfg));
         Ok(Runtime {
             experts,
             selection: s.selection.validated()?,
             prefetch: s.prefetch,
             context: s.context.unwrap_or(checkpoint_context(cfg).0),
             prompt_cache: s.prompt_cache,
-            sub_rows: s.sub_rows.unwrap_or(sub_cap).clamp(1, sub_cap),
             head_rows: backend.max_rows(cfg.vocab_size * 4),
             window: s.window.unwrap_or(max_window).clamp(1, max_window),
             progress: Arc::default(),
@@ -112,11 +105,6 @@ impl Runtime {
     /// many tokens, each routed expert read once a layer per window.
     pub fn prefill_window(&self) -> usize {
         self.window
-    }
-
-    /// Rows of one op call outside the routed experts.
-    pub fn sub_batch_rows(&self) -> usize {
-        self.sub_rows
     }
 
     /// Whether next-layer prefetch is on.

@@ -1,5 +1,6 @@
 //! Several sequences in one GPU forward pass: each segment's logits match its own pass
-//! within the tolerance of chunked prefill, with and without sub-batches cutting segments.
+//! within the tolerance of chunked prefill, with and without activation parts cutting
+//! segments.
 
 use crate::support;
 use support::batch_scenario;
@@ -12,22 +13,19 @@ const BATCH_TOL: f64 = 1e-5;
 
 #[test]
 fn gpu_segments_get_their_own_logits() {
-    let Some(mut m) = support::gpu_model(
-        &support::tiny(0),
-        GpuOptions::default(),
-        support::serial_stream(),
-    ) else {
-        return;
-    };
-    for sub_rows in [None, Some(3)] {
-        if let Some(r) = sub_rows {
-            support::new_runtime(
-                &mut m,
-                k3::model::RuntimeSettings {
-                    sub_rows: Some(r),
-                    ..support::stream_settings(support::serial_stream())
-                },
-            );
+    // Parts of 3 rows cut the prefilling segments: attention runs across part edges, and
+    // each sequence's logits stay those of one part.
+    let mut one_part: Option<Vec<[Vec<f32>; 2]>> = None;
+    for part_rows in [None, Some(3)] {
+        let opts = GpuOptions {
+            part_rows,
+            ..Default::default()
+        };
+        let Some(m) = support::gpu_model(&support::tiny(0), opts, support::serial_stream()) else {
+            return;
+        };
+        if part_rows.is_some() {
+            assert_eq!(m.backend.part_rows(), 3);
         }
         let alone = batch_scenario::run(&m, false);
         let together = batch_scenario::run(&m, true);
@@ -37,7 +35,7 @@ fn gpu_segments_get_their_own_logits() {
                 let d = rel_l2(&t[step], &a[step]);
                 assert!(
                     d < BATCH_TOL,
-                    "sub-batches {sub_rows:?}, segment {s}, step {step}: rel L2 {d}"
+                    "parts of {part_rows:?} rows, segment {s}, step {step}: rel L2 {d}"
                 );
             }
         }
@@ -45,5 +43,17 @@ fn gpu_segments_get_their_own_logits() {
             rel_l2(&alone[0][1], &alone[1][1]) > 1e-3,
             "sequences differ"
         );
+        if let Some(whole) = &one_part {
+            for (s, (a, w)) in alone.iter().zip(whole).enumerate() {
+                for step in 0..2 {
+                    let d = rel_l2(&a[step], &w[step]);
+                    assert!(
+                        d < BATCH_TOL,
+                        "segment {s}, step {step}: parts against one part, rel L2 {d}"
+                    );
+                }
+            }
+        }
+        one_part.get_or_insert(alone);
     }
 }

@@ -11,7 +11,7 @@ use k3::backend::{Backend, ExpertResidency};
 use k3::experts::{IoMode, StreamConfig};
 use k3::generate::prefill;
 use k3::model::trace::Trace;
-use k3::model::{FormatPolicy, Logits, Runner, RuntimeSettings};
+use k3::model::{FormatPolicy, Logits, Runner};
 use k3::stats::Stats;
 use std::process::Command;
 
@@ -148,30 +148,25 @@ fn gpu_chunked_prefill_matches_token_by_token() {
 }
 
 #[test]
-fn gpu_whole_prompt_window_in_sub_batches_matches_token_by_token() {
+fn gpu_whole_prompt_window_in_row_parts_matches_token_by_token() {
     let long: Vec<u32> = (0..40).map(|i| (i * 37 % 700) as u32).collect();
-    // An 8 KiB binding cap: sub-batches of a few rows, the head a row or two at a time,
-    // the routed experts' pairs over several calls, and windows of a few tokens.
-    for max_binding in [None, Some(8192)] {
+    // Activation parts of 7 rows in a window of the whole prompt; then an 8 KiB binding
+    // cap: parts of a few rows, the head a row or two at a time, the routed experts' pairs
+    // over several calls, and windows of a few tokens.
+    for (max_binding, part_rows) in [(None, Some(7)), (Some(8192), None)] {
         let opts = GpuOptions {
             max_binding,
+            part_rows,
             ..Default::default()
         };
-        let Some(mut gm) = support::gpu_model(&support::tiny(0), opts, support::serial_stream())
-        else {
+        let Some(gm) = support::gpu_model(&support::tiny(0), opts, support::serial_stream()) else {
             return;
         };
         if max_binding.is_none() {
             assert!(gm.rt.prefill_window() >= long.len());
-            support::new_runtime(
-                &mut gm,
-                RuntimeSettings {
-                    sub_rows: Some(7),
-                    ..support::stream_settings(support::serial_stream())
-                },
-            );
+            assert_eq!(gm.backend.part_rows(), 7);
         } else {
-            assert!(gm.rt.sub_batch_rows() < long.len() && gm.rt.prefill_window() < long.len());
+            assert!(gm.backend.part_rows() < long.len() && gm.rt.prefill_window() < long.len());
         }
         let one = prefill(
             &gm,

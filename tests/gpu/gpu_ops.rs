@@ -107,7 +107,7 @@ impl Pair<'_> {
         v: &[f32],
         r: usize,
         c: usize,
-    ) -> (k3::backend::gpu::GpuAct, k3::backend::cpu::CpuAct) {
+    ) -> (k3::backend::gpu::GpuRows, k3::backend::cpu::CpuAct) {
         (
             self.g.upload(v, r, c).unwrap(),
             self.c.upload(v, r, c).unwrap(),

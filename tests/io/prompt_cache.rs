@@ -83,21 +83,16 @@ fn check(got: &[f32], want: &[f32], how: Match, what: &str) {
 
 /// Stores `p`, then checks that a prompt extending it loads it and gives a fresh
 /// prefill's logits (as `how` says), and that `p` itself loads whole, bit for bit.
-fn restore_matches_fresh<B: Backend>(
-    m: &mut Runner<B>,
-    chunk: usize,
-    how: Match,
-    sub_rows: Option<usize>,
-) {
+fn restore_matches_fresh<B: Backend>(m: &mut Runner<B>, chunk: usize, how: Match) {
     let dir = tempfile::tempdir().unwrap();
-    with_cache(m, None, sub_rows);
+    with_cache(m, None);
     let (p, rest) = (prompt(24, 1), prompt(9, 2));
     let whole: Vec<u32> = p.iter().chain(&rest).copied().collect();
     let (fresh_p, l_p) = logits_after(m, &p, chunk);
     let (_, l_whole) = logits_after(m, &whole, chunk);
     assert_eq!(fresh_p.disk_cached_tokens, 0);
 
-    with_cache(m, Some(cache(dir.path(), "restore")), sub_rows);
+    with_cache(m, Some(cache(dir.path(), "restore")));
     let (stored, l_stored) = logits_after(m, &p, chunk);
     assert_eq!(stored.disk_cached_tokens, 0, "nothing was stored yet");
     assert_eq!(bits(&l_stored), bits(&l_p));
@@ -115,14 +110,12 @@ fn restore_matches_fresh<B: Backend>(
     assert_eq!(bits(&l), bits(&l_p));
 }
 
-/// Gives `m` a runtime of serial streaming with the prompt cache `pc`, in sub-batches of
-/// `sub_rows` (`None`: the backend's).
-fn with_cache<B: Backend>(m: &mut Runner<B>, pc: Option<PromptCache>, sub_rows: Option<usize>) {
+/// Gives `m` a runtime of serial streaming with the prompt cache `pc`.
+fn with_cache<B: Backend>(m: &mut Runner<B>, pc: Option<PromptCache>) {
     support::new_runtime(
         m,
         RuntimeSettings {
             prompt_cache: pc.map(Arc::new),
-            sub_rows,
             ..support::stream_settings(support::serial_stream())
         },
     );
@@ -138,9 +131,8 @@ fn a_restored_state_gives_a_fresh_prefills_logits_on_the_cpu() {
     // Windows of 5 tokens, and the default: the whole prompt in one window, layer-major,
     // where the restored run feeds only the suffix. The CPU gives the same bits either way,
     // which is why the prompt cache's key leaves the window out.
-    restore_matches_fresh(&mut m, 5, Match::Bits, None);
-    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Bits, None);
-    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Bits, Some(7));
+    restore_matches_fresh(&mut m, 5, Match::Bits);
+    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Bits);
 }
 
 #[test]
@@ -153,9 +145,9 @@ fn a_restored_state_gives_a_fresh_prefills_logits_on_the_gpu() {
         return;
     };
     // The stored prefix is whole windows of 8, so both prefills cut the prompt alike.
-    restore_matches_fresh(&mut m, 8, Match::Bits, None);
+    restore_matches_fresh(&mut m, 8, Match::Bits);
     // One window of the whole prompt against the stored prefix and a window of the rest.
-    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Within(1e-5), None);
+    restore_matches_fresh(&mut m, MAX_WINDOW, Match::Within(1e-5));
 }
 
 /// One greedy token after `ids` in `s`, fed with a message boundary at `boundary`: the
@@ -199,7 +191,7 @@ fn a_shared_preamble_is_stored_at_its_boundary_and_a_new_session_loads_it() {
     let (_, fresh_b) = logits_after(&m, &b, MAX_WINDOW);
     let (_, fresh_c) = logits_after(&m, &c, MAX_WINDOW);
 
-    with_cache(&mut m, Some(cache(dir.path(), "boundaries")), None);
+    with_cache(&mut m, Some(cache(dir.path(), "boundaries")));
     // The first session stores the preamble's state and its whole prompt's.
     let mut s = Session::new(&m).unwrap();
     let (g, _) = logits_with_boundary(&mut s, &a, preamble.len());
@@ -219,7 +211,7 @@ fn a_shared_preamble_is_stored_at_its_boundary_and_a_new_session_loads_it() {
 
     // The same session switching to a third conversation returns to the preamble's
     // snapshot in RAM once snapshots are on.
-    with_cache(&mut m, None, None);
+    with_cache(&mut m, None);
     let mut s = Session::new(&m).unwrap();
     s.set_snapshot_limits(k3::session::SnapshotLimits {
         count: 4,
@@ -239,7 +231,7 @@ fn stored(dir: &Path, p: &[u32]) -> (Runner<k3::backend::cpu::CpuBackend>, std::
         FormatPolicy::default(),
         support::serial_stream(),
     );
-    with_cache(&mut m, Some(cache(dir, "faults")), None);
+    with_cache(&mut m, Some(cache(dir, "faults")));
     logits_after(&m, p, 32);
     let pc = m.rt.prompt_cache().unwrap();
     pc.wait();
@@ -497,7 +489,7 @@ fn the_directory_keeps_within_its_bound_least_recently_used_out() {
         "faults",
     )
     .unwrap();
-    with_cache(&mut m, Some(pc), None);
+    with_cache(&mut m, Some(pc));
     std::thread::sleep(std::time::Duration::from_millis(20));
     logits_after(&m, &p2, 32);
     m.rt.prompt_cache().unwrap().wait();
@@ -538,7 +530,7 @@ fn an_entry_larger_than_the_bound_is_not_stored() {
         "small",
     )
     .unwrap();
-    with_cache(&mut m, Some(pc), None);
+    with_cache(&mut m, Some(pc));
     logits_after(&m, &prompt(16, 10), 32);
     m.rt.prompt_cache().unwrap().wait();
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
@@ -579,7 +571,7 @@ fn the_bound_counts_entries_being_written_and_removes_abandoned_ones() {
         .with_extension("k3pc.4000000000.0000000b.partial");
     std::fs::write(&dead, vec![0u8; one as usize]).unwrap();
     age(&dead, k3::atomic_file::DEAD_WRITER_GRACE * 2);
-    with_cache(&mut m, Some(pc), None);
+    with_cache(&mut m, Some(pc));
     logits_after(&m, &p2, 32);
     let pc = m.rt.prompt_cache().unwrap();
     pc.wait();

@@ -46,9 +46,9 @@ fn long_prompt() -> Vec<u32> {
 }
 
 #[test]
-fn whole_prompt_window_and_its_sub_batches_match_token_by_token() {
+fn a_whole_prompt_window_matches_token_by_token() {
     let long = long_prompt();
-    let mut m = support::cpu_model(
+    let m = support::cpu_model(
         &support::tiny(0),
         FormatPolicy::default(),
         support::serial_stream(),
@@ -60,17 +60,7 @@ fn whole_prompt_window_and_its_sub_batches_match_token_by_token() {
     let one = run(&m, 1);
     // The default bound: one window of the whole prompt, layer-major.
     assert_eq!(run(&m, MAX_WINDOW), one, "whole-prompt window");
-    // The same window with every op but the routed experts in sub-batches of 7 rows.
-    support::new_runtime(
-        &mut m,
-        k3::model::RuntimeSettings {
-            sub_rows: Some(7),
-            ..support::stream_settings(support::serial_stream())
-        },
-    );
-    assert_eq!(m.rt.sub_batch_rows(), 7);
-    assert_eq!(run(&m, MAX_WINDOW), one, "sub-batches of 7 rows");
-    assert_eq!(run(&m, 16), one, "windows of 16 in sub-batches of 7");
+    assert_eq!(run(&m, 16), one, "windows of 16");
 }
 
 #[test]

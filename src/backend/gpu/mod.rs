@@ -7,8 +7,9 @@
 pub mod device;
 pub mod experts;
 pub mod kernels;
+mod row_parts;
 
-pub use device::buffers::{GpuAct, GpuKdaState, GpuMlaCache};
+pub use device::buffers::{GpuAct, GpuKdaState, GpuMlaCache, GpuRows};
 pub use device::context::{
     EffectiveLimits, GpuContext, GpuOptions, Int4Decode, LimitsProfile, MatvecShape, ReadStaging,
 };
@@ -26,6 +27,7 @@ use anyhow::{ensure, Result};
 use device::buffer_pool::{BufferPool, Lease};
 use device::pipeline::{PipelineKind, PipelineVariant, VariantList};
 use experts::GpuExperts;
+use row_parts::{rows_of, whole};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -41,6 +43,10 @@ pub struct GpuBackend {
     pool: Arc<BufferPool>,
     /// [`GpuOptions::poison_reused`].
     poison_reused: bool,
+    /// Rows of one activation part at most ([`GpuBackend::part_rows`]).
+    part_rows: usize,
+    /// [`GpuOptions::part_rows`].
+    asked_part_rows: Option<usize>,
 }
 
 impl GpuBackend {
@@ -53,6 +59,8 @@ impl GpuBackend {
             experts,
             pool: Arc::new(BufferPool::default()),
             poison_reused: opts.poison_reused,
+            part_rows: usize::MAX,
+            asked_part_rows: opts.part_rows,
         })
     }
 
@@ -81,7 +89,7 @@ impl GpuBackend {
         cols: usize,
     ) -> Result<(GpuAct, bool)> {
         if cols == 0 {
-            return Ok((Backend::zeros(self, n, rows)?, false));
+            return Ok((self.zeros_one(n, rows), false));
         }
         Ok((self.alloc(n, rows), n > 0 && rows > 0))
     }
@@ -116,8 +124,62 @@ impl GpuBackend {
         }
     }
 
+    /// A `[rows, cols]` activation of zeros in one buffer.
+    pub(crate) fn zeros_one(&self, rows: usize, cols: usize) -> GpuAct {
+        let a = self.alloc(rows, cols);
+        // A reused buffer holds old values (a new one wgpu would zero-fill anyway).
+        self.ctx.record(|enc| enc.clear_buffer(&a.buf, 0, None));
+        a
+    }
+
+    /// Rows `start..start+count` of a one-buffer activation, copied into a new one.
+    pub(crate) fn slice_one(&self, x: &GpuAct, start: usize, count: usize) -> Result<GpuAct> {
+        ensure!(
+            start + count <= x.rows,
+            "slice_rows: rows {start}..{} of a {}-row activation",
+            start + count,
+            x.rows
+        );
+        let out = self.alloc(count, x.cols);
+        let row = (x.cols * 4) as u64;
+        self.ctx
+            .copy(&x.buf, start as u64 * row, &out.buf, 0, count as u64 * row);
+        Ok(out)
+    }
+
     fn check_same(a: &GpuAct, b: &GpuAct, op: &str) -> Result<()> {
         super::shape_checks::same_shape(op, (a.rows, a.cols), (b.rows, b.cols))
+    }
+
+    /// `f` over each part of `x`, the outputs in the same parts.
+    fn map_parts(
+        &self,
+        x: &GpuRows,
+        cols: usize,
+        f: impl FnMut(&GpuAct) -> Result<GpuAct>,
+    ) -> Result<GpuRows> {
+        let parts = x.parts.iter().map(f).collect::<Result<Vec<_>>>()?;
+        Ok(rows_of(parts, cols))
+    }
+
+    /// `f` over the matching parts of `a` and `b` (one shape, cut alike), for an
+    /// element-wise op named `op`.
+    fn zip_parts(
+        &self,
+        a: &GpuRows,
+        b: &GpuRows,
+        op: &str,
+        mut f: impl FnMut(&GpuAct, &GpuAct) -> Result<GpuAct>,
+    ) -> Result<GpuRows> {
+        super::shape_checks::same_shape(op, (a.rows, a.cols), (b.rows, b.cols))?;
+        let (a, b) = (self.uniform(a)?, self.uniform(b)?);
+        let parts = a
+            .parts
+            .iter()
+            .zip(&b.parts)
+            .map(|(x, y)| f(x, y))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(rows_of(parts, a.cols))
     }
 
     /// Waits for all recorded work (benchmarks time with it).
@@ -127,7 +189,7 @@ impl GpuBackend {
 }
 
 impl Backend for GpuBackend {
-    type Act = GpuAct;
+    type Act = GpuRows;
     type Mat = GpuMat;
     type KdaState = GpuKdaState;
     type MlaCache = GpuMlaCache;
@@ -143,61 +205,88 @@ impl Backend for GpuBackend {
         )
     }
 
-    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<GpuAct> {
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<GpuRows> {
         ensure!(
             data.len() == rows * cols,
             "activation of {rows}x{cols} needs {} values, got {}",
             rows * cols,
             data.len()
         );
-        Ok(GpuAct {
-            buf: self
-                .ctx
-                .buffer_init(bytemuck::cast_slice(data), "activation"),
+        let mut at = 0;
+        let parts = self
+            .part_sizes(rows)
+            .into_iter()
+            .map(|n| {
+                let part = &data[at * cols..(at + n) * cols];
+                at += n;
+                GpuAct {
+                    buf: self
+                        .ctx
+                        .buffer_init(bytemuck::cast_slice(part), "activation"),
+                    rows: n,
+                    cols,
+                    lease: None,
+                }
+            })
+            .collect();
+        Ok(rows_of(parts, cols))
+    }
+
+    fn upload_weight(&self, data: &[f32], rows: usize, cols: usize) -> Result<GpuRows> {
+        ensure!(
+            data.len() == rows * cols,
+            "weight of {rows}x{cols} needs {} values, got {}",
+            rows * cols,
+            data.len()
+        );
+        Ok(GpuRows::one(GpuAct {
+            buf: self.ctx.buffer_init(bytemuck::cast_slice(data), "weight"),
             rows,
             cols,
             lease: None,
-        })
+        }))
     }
 
-    fn download(&self, x: &GpuAct) -> Result<Vec<f32>> {
-        let bytes = self.ctx.read(&x.buf, 0, x.bytes())?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    fn download(&self, x: &GpuRows) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(x.rows * x.cols);
+        for p in &x.parts {
+            let bytes = self.ctx.read(&p.buf, 0, p.bytes())?;
+            out.extend(bytemuck::pod_collect_to_vec::<u8, f32>(&bytes));
+        }
+        Ok(out)
     }
 
-    fn shape(&self, x: &GpuAct) -> (usize, usize) {
+    fn shape(&self, x: &GpuRows) -> (usize, usize) {
         (x.rows, x.cols)
     }
 
-    fn slice_rows(&self, x: &GpuAct, start: usize, count: usize) -> Result<GpuAct> {
+    fn slice_rows(&self, x: &GpuRows, start: usize, count: usize) -> Result<GpuRows> {
         ensure!(
             start + count <= x.rows,
             "slice_rows: rows {start}..{} of a {}-row activation",
             start + count,
             x.rows
         );
-        let out = self.alloc(count, x.cols);
-        let row = (x.cols * 4) as u64;
-        self.ctx
-            .copy(&x.buf, start as u64 * row, &out.buf, 0, count as u64 * row);
+        let out = self.alloc_rows(count, x.cols);
+        self.copy_rows(x, start, &out, 0, count)?;
         Ok(out)
     }
 
-    fn concat_rows(&self, parts: &[&GpuAct]) -> Result<GpuAct> {
+    fn concat_rows(&self, parts: &[&GpuRows]) -> Result<GpuRows> {
         let cols =
             crate::backend::shape_checks::concat_rows(parts.iter().map(|a| (a.rows, a.cols)))?;
         let rows: usize = parts.iter().map(|a| a.rows).sum();
-        let row = (cols * 4) as u64;
+        let out = self.alloc_rows(rows, cols);
+        let widest = out.parts.first().map_or(0, |p| p.bytes());
         ensure!(
-            rows as u64 * row <= self.ctx.max_binding,
+            widest <= self.ctx.max_binding,
             "concat_rows: {rows} rows of {cols} values exceed the adapter's binding limit of {} B",
             self.ctx.max_binding
         );
-        let out = self.alloc(rows, cols);
-        let mut at = 0u64;
-        for a in parts.iter().filter(|a| a.rows > 0) {
-            self.ctx.copy(&a.buf, 0, &out.buf, at, a.bytes());
-            at += a.bytes();
+        let mut at = 0;
+        for a in parts {
+            self.copy_rows(a, 0, &out, at, a.rows)?;
+            at += a.rows;
         }
         Ok(out)
     }
@@ -207,6 +296,11 @@ impl Backend for GpuBackend {
         by_binding
             .min(self.ctx.limits.max_compute_workgroups_per_dimension as usize)
             .max(1)
+    }
+
+    fn fit_rows(&mut self, row_bytes: usize) {
+        let fit = self.max_rows(row_bytes);
+        self.part_rows = self.asked_part_rows.map_or(fit, |r| r.clamp(1, fit));
     }
 
     fn load_matrix(&self, m: DenseMatrix) -> Result<GpuMat> {
@@ -253,83 +347,184 @@ impl Backend for GpuBackend {
         self.mla_cache_write_op(dims, values)
     }
 
-    fn matmul(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
-        self.matmul_op(w, x)
+    fn matmul(&self, w: &GpuMat, x: &GpuRows) -> Result<GpuRows> {
+        self.map_parts(x, w.rows, |p| self.matmul_op(w, p))
     }
 
-    fn matmul_many(&self, ws: &[&GpuMat], x: &GpuAct) -> Result<Vec<GpuAct>> {
-        self.matmul_many_op(ws, x)
+    fn matmul_many(&self, ws: &[&GpuMat], x: &GpuRows) -> Result<Vec<GpuRows>> {
+        // by_w[m]: matrix m's output parts, in row order.
+        let mut by_w: Vec<Vec<GpuAct>> = ws.iter().map(|_| Vec::new()).collect();
+        for p in &x.parts {
+            for (outs, y) in by_w.iter_mut().zip(self.matmul_many_op(ws, p)?) {
+                outs.push(y);
+            }
+        }
+        Ok(by_w
+            .into_iter()
+            .zip(ws)
+            .map(|(parts, w)| rows_of(parts, w.rows))
+            .collect())
     }
 
-    fn rmsnorm(&self, x: &GpuAct, w: &GpuAct, group: usize, eps: f32) -> Result<GpuAct> {
-        self.rmsnorm_op(x, w, group, eps)
+    fn rmsnorm(&self, x: &GpuRows, w: &GpuRows, group: usize, eps: f32) -> Result<GpuRows> {
+        let w = whole(w, "rmsnorm", "the weight")?;
+        self.map_parts(x, x.cols, |p| self.rmsnorm_op(p, w, group, eps))
     }
 
-    fn add(&self, a: &GpuAct, b: &GpuAct) -> Result<GpuAct> {
-        self.add_op(a, b)
+    fn add(&self, a: &GpuRows, b: &GpuRows) -> Result<GpuRows> {
+        self.zip_parts(a, b, "add", |x, y| self.add_op(x, y))
     }
 
-    fn sigmoid_gate(&self, x: &GpuAct, gate: &GpuAct) -> Result<GpuAct> {
-        self.sigmoid_gate_op(x, gate)
+    fn sigmoid_gate(&self, x: &GpuRows, gate: &GpuRows) -> Result<GpuRows> {
+        self.zip_parts(x, gate, "sigmoid_gate", |x, g| self.sigmoid_gate_op(x, g))
     }
 
-    fn glu(&self, g: &GpuAct, u: &GpuAct, glu: Glu) -> Result<GpuAct> {
-        self.glu_op(g, u, glu)
+    fn glu(&self, g: &GpuRows, u: &GpuRows, glu: Glu) -> Result<GpuRows> {
+        self.zip_parts(g, u, "glu", |g, u| self.glu_op(g, u, glu))
     }
 
-    fn attn_res_mix(&self, bank: &[&GpuAct], cur: &GpuAct, w: &GpuAct, eps: f32) -> Result<GpuAct> {
-        self.attn_res_mix_op(bank, cur, w, eps)
+    fn attn_res_mix(
+        &self,
+        bank: &[&GpuRows],
+        cur: &GpuRows,
+        w: &GpuRows,
+        eps: f32,
+    ) -> Result<GpuRows> {
+        let w = whole(w, "attn_res_mix", "the weight")?;
+        for e in bank {
+            super::shape_checks::same_shape(
+                "attn_res_mix",
+                (e.rows, e.cols),
+                (cur.rows, cur.cols),
+            )?;
+        }
+        let cur = self.uniform(cur)?;
+        let bank = bank
+            .iter()
+            .map(|e| self.uniform(e))
+            .collect::<Result<Vec<_>>>()?;
+        let parts = (0..cur.parts.len())
+            .map(|k| {
+                let entries: Vec<&GpuAct> = bank.iter().map(|e| &e.parts[k]).collect();
+                self.attn_res_mix_op(&entries, &cur.parts[k], w, eps)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(rows_of(parts, cur.cols))
     }
 
     fn kda_step(
         &self,
         dims: &KdaDims,
-        w: &KdaStepWeights<GpuAct>,
+        w: &KdaStepWeights<GpuRows>,
         state: &mut GpuKdaState,
-        inp: KdaStepInputs<'_, GpuAct>,
-    ) -> Result<GpuAct> {
-        self.kda_step_op(dims, w, state, inp)
+        inp: KdaStepInputs<'_, GpuRows>,
+    ) -> Result<GpuRows> {
+        let op = "kda_step";
+        let w = KdaStepWeights {
+            conv_q: whole(&w.conv_q, op, "conv_q")?.clone(),
+            conv_k: whole(&w.conv_k, op, "conv_k")?.clone(),
+            conv_v: whole(&w.conv_v, op, "conv_v")?.clone(),
+            a_log: whole(&w.a_log, op, "A_log")?.clone(),
+            dt_bias: whole(&w.dt_bias, op, "dt_bias")?.clone(),
+            o_norm: whole(&w.o_norm, op, "o_norm")?.clone(),
+        };
+        let all = [inp.q, inp.k, inp.v, inp.f, inp.beta, inp.gate];
+        super::shape_checks::kda_inputs(dims, all.map(|a| (a.rows, a.cols)))?;
+        let cut = all
+            .iter()
+            .map(|a| self.uniform(a))
+            .collect::<Result<Vec<_>>>()?;
+        // The parts in row order: the state carries each part's tokens into the next.
+        let parts = (0..cut[0].parts.len())
+            .map(|k| {
+                let [q, kk, v, f, beta, gate] = [0, 1, 2, 3, 4, 5].map(|i| &cut[i].parts[k]);
+                let inp = KdaStepInputs {
+                    q,
+                    k: kk,
+                    v,
+                    f,
+                    beta,
+                    gate,
+                };
+                self.kda_step_op(dims, &w, state, inp)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(rows_of(parts, dims.width()))
     }
 
     fn mla_attend(
         &self,
         dims: &MlaDims,
-        w: &MlaAttnWeights<GpuAct>,
+        w: &MlaAttnWeights<GpuRows>,
         cache: &mut GpuMlaCache,
-        q: &GpuAct,
-        c: &GpuAct,
-    ) -> Result<GpuAct> {
-        self.mla_attend_op(dims, w, cache, q, c)
+        q: &GpuRows,
+        c: &GpuRows,
+    ) -> Result<GpuRows> {
+        let op = "mla_attend";
+        let w = MlaAttnWeights {
+            kv_norm: whole(&w.kv_norm, op, "kv_norm")?.clone(),
+            wk: whole(&w.wk, op, "wk")?.clone(),
+            wv: whole(&w.wv, op, "wv")?.clone(),
+        };
+        super::shape_checks::mla_inputs(dims, (q.rows, q.cols), (c.rows, c.cols))?;
+        let (q, c) = (self.uniform(q)?, self.uniform(c)?);
+        // The parts in row order: each appends its latents to the cache before it attends.
+        let parts = q
+            .parts
+            .iter()
+            .zip(&c.parts)
+            .map(|(q, c)| self.mla_attend_op(dims, &w, cache, q, c))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(rows_of(parts, dims.heads * dims.v))
     }
 
     fn router_topk(
         &self,
-        logits: &GpuAct,
+        logits: &GpuRows,
         bias: &[f32],
         params: RouterParams,
     ) -> Result<Vec<Route>> {
-        self.router_topk_op(logits, bias, params)
+        let mut routes = Vec::with_capacity(logits.rows);
+        for p in &logits.parts {
+            routes.extend(self.router_topk_op(p, bias, params)?);
+        }
+        // Checked over the whole chunk, so an error names the row among all its rows.
+        kernels::router::finite_routes(routes)
     }
 
     fn moe_accumulate(
         &self,
-        acc: &mut GpuAct,
-        z: &GpuAct,
+        acc: &mut GpuRows,
+        z: &GpuRows,
         experts: &[ExpertAssignment<'_>],
         glu: Glu,
     ) -> Result<()> {
-        self.moe_accumulate_op(acc, z, experts, glu)?;
+        let op = "moe_accumulate";
+        super::shape_checks::moe_accumulator((acc.rows, acc.cols), (z.rows, z.cols))?;
+        // The experts' (token, expert) pairs index the whole window: it runs in one buffer.
+        if !experts.is_empty() {
+            let z = self.joined(z, op)?;
+            if let [one] = acc.parts.as_mut_slice() {
+                self.moe_accumulate_op(one, &z, experts, glu)?;
+            } else {
+                let mut joined = self.joined(acc, op)?.into_owned();
+                self.moe_accumulate_op(&mut joined, &z, experts, glu)?;
+                self.copy_rows(&GpuRows::one(joined), 0, acc, 0, acc.rows)?;
+            }
+        }
         // Streaming hands experts over in batches and then waits for the next read: start
         // the GPU on this batch now rather than at the layer's end.
         self.ctx.flush();
         Ok(())
     }
 
-    fn zeros(&self, rows: usize, cols: usize) -> Result<GpuAct> {
-        let a = self.alloc(rows, cols);
-        // A reused buffer holds old values (a new one wgpu would zero-fill anyway).
-        self.ctx.record(|enc| enc.clear_buffer(&a.buf, 0, None));
-        Ok(a)
+    fn zeros(&self, rows: usize, cols: usize) -> Result<GpuRows> {
+        let parts = self
+            .part_sizes(rows)
+            .into_iter()
+            .map(|n| self.zeros_one(n, cols))
+            .collect();
+        Ok(rows_of(parts, cols))
     }
 }
 

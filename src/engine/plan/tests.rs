@@ -18,7 +18,6 @@ fn cpu(resident_gb: f64, available_gb: f64) -> Machine {
         vram: Vram::Host,
         mla_cache_max_positions: None,
         max_window: usize::MAX,
-        sub_rows: usize::MAX,
     }
 }
 
@@ -217,15 +216,10 @@ fn the_adapters_limits_and_chunk_bound_the_window() {
     let cfg = Config::tiny();
     let small = Machine {
         max_window: 100,
-        sub_rows: 40,
         ..cpu(0.5, 16.0)
     };
     let p = Plan::new(&cfg, &small, &EngineConfig::default()).unwrap();
     assert_eq!(p.prefill_window, 100);
-    assert_eq!(
-        p.sub_batch_rows, 40,
-        "the other ops' rows are the backend's too"
-    );
     assert!(
         p.window_line()
             .contains("the adapter's limits on one dispatch or binding (100 tokens)"),

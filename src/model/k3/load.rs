@@ -11,6 +11,7 @@ use crate::model::kda::Kda;
 use crate::model::loader::{LoadOptions, Loader, Startup};
 use crate::model::mla::Mla;
 use crate::model::moe::Moe;
+use crate::model::prefill_window::widest_row_bytes;
 use crate::model::weight_cache::WeightCache;
 use anyhow::{bail, Result};
 
@@ -102,6 +103,10 @@ impl<B: Backend> K3Model<B> {
         startup: Startup,
     ) -> Result<Self> {
         let cfg = &ckpt.config;
+        let mut backend = backend;
+        // The widest row any op outside the routed experts takes: a backend whose bindings
+        // bound an op's rows holds a window's activations in parts that fit it.
+        backend.fit_rows(widest_row_bytes(cfg));
         Ok(Self {
             glu: Glu::Situ {
                 beta: cfg.situ_beta,

@@ -72,3 +72,33 @@ pub struct GpuMlaCache {
 pub fn f32_bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
+
+/// A `[rows, cols]` activation of the GPU backend: its rows in consecutive parts, each a
+/// [`GpuAct`] of one buffer, so a window may hold more rows than one binding of the widest
+/// op takes. Every part but the last holds the backend's part rows; rows that fit are one
+/// part. Row-independent ops map over the parts, the recurrent ones run them in order.
+#[derive(Clone, Debug)]
+pub struct GpuRows {
+    /// The parts, in row order.
+    pub parts: Vec<GpuAct>,
+    /// Rows of all the parts together.
+    pub rows: usize,
+    /// Row width.
+    pub cols: usize,
+}
+
+impl GpuRows {
+    /// One part holding every row.
+    pub fn one(act: GpuAct) -> Self {
+        Self {
+            rows: act.rows,
+            cols: act.cols,
+            parts: vec![act],
+        }
+    }
+
+    /// Rows of each part, in order.
+    pub fn part_sizes(&self) -> Vec<usize> {
+        self.parts.iter().map(|p| p.rows).collect()
+    }
+}

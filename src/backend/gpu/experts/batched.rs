@@ -4,7 +4,7 @@
 use super::arena::Arena;
 use super::routing::{build_routing, Routing};
 use super::BLOCK;
-use crate::backend::gpu::device::buffers::GpuAct;
+use crate::backend::gpu::device::buffers::{GpuAct, GpuRows};
 use crate::backend::gpu::device::context::{Dispatch, MatvecShape};
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::kernels::chunk_gemm::{GemmTile, GK};
@@ -265,8 +265,19 @@ impl GpuBackend {
         }
     }
 
-    /// `y[t] = W · x[t]` for a native MXFP4 matrix, decoded in the kernel.
-    pub fn matmul_mxfp4(&self, w: Mxfp4View<'_>, x: &GpuAct) -> Result<GpuAct> {
+    /// `y[t] = W · x[t]` for a native MXFP4 matrix, decoded in the kernel, over each part
+    /// of `x`.
+    pub fn matmul_mxfp4(&self, w: Mxfp4View<'_>, x: &GpuRows) -> Result<GpuRows> {
+        let parts = x
+            .parts
+            .iter()
+            .map(|p| self.matmul_mxfp4_part(w, p))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(crate::backend::gpu::row_parts::rows_of(parts, w.rows))
+    }
+
+    /// [`Self::matmul_mxfp4`] of one part.
+    fn matmul_mxfp4_part(&self, w: Mxfp4View<'_>, x: &GpuAct) -> Result<GpuAct> {
         ensure!(
             x.cols == w.cols && w.cols % BLOCK == 0,
             "matmul_mxfp4: input width {} vs {} columns (a multiple of {BLOCK})",

@@ -107,8 +107,8 @@ impl GpuBackend {
         let mut start = 0;
         while start < n {
             let len = per.min(n - start);
-            let qb = crate::backend::Backend::slice_rows(self, q, start, len)?;
-            let cb = crate::backend::Backend::slice_rows(self, c, start, len)?;
+            let qb = self.slice_one(q, start, len)?;
+            let cb = self.slice_one(c, start, len)?;
             let ob = self.mla_attend_block(d, w, cache, &qb, &cb)?;
             self.ctx
                 .copy(&ob.buf, 0, &out.buf, start as u64 * row, len as u64 * row);

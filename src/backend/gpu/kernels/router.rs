@@ -63,21 +63,26 @@ impl GpuBackend {
                     .collect()
             })
             .collect();
-        // The GPU checks no hidden state per layer (that would cost a readback each); a
-        // non-finite router input makes its weights non-finite, and this readback is
-        // already here, so the MoE layer that first sees one is named (by its caller).
-        if let Some(row) = routes
-            .iter()
-            .position(|r| r.iter().any(|(_, w)| !w.is_finite()))
-        {
-            bail!(
-                "the router's input holds a non-finite value (NaN or Inf) in row {row} of the \
-                 chunk: this layer's attention or an earlier layer produced it (the weights or \
-                 the input are broken); nothing after it is computed"
-            );
-        }
         Ok(routes)
     }
+}
+
+/// `routes`, one a row of the chunk, or an error naming the first row whose weights are
+/// not finite. The GPU checks no hidden state per layer (that would cost a readback each);
+/// a non-finite router input makes its weights non-finite, and the router's readback is
+/// already here, so the MoE layer that first sees one is named (by its caller).
+pub(in crate::backend::gpu) fn finite_routes(routes: Vec<Route>) -> Result<Vec<Route>> {
+    if let Some(row) = routes
+        .iter()
+        .position(|r| r.iter().any(|(_, w)| !w.is_finite()))
+    {
+        bail!(
+            "the router's input holds a non-finite value (NaN or Inf) in row {row} of the \
+             chunk: this layer's attention or an earlier layer produced it (the weights or \
+             the input are broken); nothing after it is computed"
+        );
+    }
+    Ok(routes)
 }
 
 /// The router kernel's pipeline.

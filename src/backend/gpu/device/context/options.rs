@@ -30,6 +30,9 @@ pub struct GpuOptions {
     pub no_subgroups: bool,
     /// Cap on the bytes of one binding, below the adapter's limit (tests the row split).
     pub max_binding: Option<u64>,
+    /// Cap on the rows of one activation part, below what the bindings allow once a model
+    /// sets its widest row (tests cut windows into parts without shrinking the bindings).
+    pub part_rows: Option<usize>,
     /// Matvec geometry of the dense formats; `None` = the default (benchmarks compare
     /// variants).
     pub matvec: Option<MatvecShape>,

@@ -7,13 +7,13 @@ use k3::backend::gpu::GpuContext;
 use wgpu::util::DeviceExt;
 
 /// The read kernel's pipeline on one context.
-pub struct ReadKernel {
+pub(crate) struct ReadKernel {
     pipeline: wgpu::ComputePipeline,
 }
 
 impl ReadKernel {
     /// Compiles the kernel for `ctx`'s device and workgroup size.
-    pub fn new(ctx: &GpuContext) -> Self {
+    pub(crate) fn new(ctx: &GpuContext) -> Self {
         let module = ctx
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -38,7 +38,13 @@ impl ReadKernel {
 
     /// Records one read of the first `bytes` of `src` into `ctx`'s pending work, its fold
     /// written to `sink`.
-    pub fn dispatch(&self, ctx: &GpuContext, src: &wgpu::Buffer, sink: &wgpu::Buffer, bytes: u64) {
+    pub(crate) fn dispatch(
+        &self,
+        ctx: &GpuContext,
+        src: &wgpu::Buffer,
+        sink: &wgpu::Buffer,
+        bytes: u64,
+    ) {
         // Enough workgroups to fill a large GPU several times over.
         let groups = ctx
             .limits

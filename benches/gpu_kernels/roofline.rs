@@ -7,7 +7,7 @@ use k3::backend::gpu::GpuBackend;
 use std::time::Instant;
 
 /// The read kernel, the heater's buffers and the timestamp queries of one adapter.
-pub struct Roofline {
+pub(crate) struct Roofline {
     read: ReadKernel,
     /// The heater's 64 MiB source and its sink.
     heater: (wgpu::Buffer, wgpu::Buffer),
@@ -18,7 +18,7 @@ pub struct Roofline {
 
 impl Roofline {
     /// The roofline on `g`'s adapter, heating `heat_secs` before each line.
-    pub fn new(g: &GpuBackend, heat_secs: f64) -> Self {
+    pub(crate) fn new(g: &GpuBackend, heat_secs: f64) -> Self {
         let ctx = &g.ctx;
         Self {
             read: ReadKernel::new(ctx),
@@ -39,7 +39,7 @@ impl Roofline {
 
     /// The median time of `f`'s recorded work against the read kernel's over `bytes`, their
     /// runs alternated, as one line.
-    pub fn line(&self, g: &GpuBackend, name: &str, bytes: u64, f: &mut dyn FnMut()) {
+    pub(crate) fn line(&self, g: &GpuBackend, name: &str, bytes: u64, f: &mut dyn FnMut()) {
         let ctx = &g.ctx;
         let bytes = bytes.max(16);
         let rbytes = bytes.min(ctx.max_binding) / 16 * 16;

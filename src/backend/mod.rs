@@ -6,10 +6,10 @@
 //! binding cannot hold them); `rows` is the number of tokens of the window being processed. Only routing decisions and final logits come back to the host.
 
 pub mod cpu;
-pub mod expert_residency;
+pub(crate) mod expert_residency;
 pub mod gpu;
 pub mod select;
-pub mod shape_checks;
+pub(crate) mod shape_checks;
 
 pub use crate::routed_expert::ExpertPayload;
 pub use expert_residency::{ExpertResidency, FreeDeviceMemory, TierExchange, TierMoves};

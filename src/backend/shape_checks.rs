@@ -6,10 +6,10 @@ use crate::routed_expert::ExpertWeights;
 use anyhow::{ensure, Result};
 
 /// `(rows, cols)` of an activation.
-pub type Shape = (usize, usize);
+pub(crate) type Shape = (usize, usize);
 
 /// Two operands of an elementwise op must have the same shape.
-pub fn same_shape(op: &str, a: Shape, b: Shape) -> Result<()> {
+pub(crate) fn same_shape(op: &str, a: Shape, b: Shape) -> Result<()> {
     ensure!(
         a == b,
         "{op}: shapes differ ({}x{} vs {}x{})",
@@ -23,7 +23,7 @@ pub fn same_shape(op: &str, a: Shape, b: Shape) -> Result<()> {
 
 /// The six per-token inputs of the KDA step, in the order q, k, v, f, beta, gate.
 /// Returns the number of rows.
-pub fn kda_inputs(d: &KdaDims, inputs: [Shape; 6]) -> Result<usize> {
+pub(crate) fn kda_inputs(d: &KdaDims, inputs: [Shape; 6]) -> Result<usize> {
     let (p, n) = (d.width(), inputs[0].0);
     let names = ["q", "k", "v", "f", "beta", "gate"];
     let widths = [p, p, p, p, d.heads, p];
@@ -37,7 +37,7 @@ pub fn kda_inputs(d: &KdaDims, inputs: [Shape; 6]) -> Result<usize> {
 }
 
 /// The query `[n, heads·(nope+rope)]` and latent `[n, kv_lora+rope]` of MLA attention.
-pub fn mla_inputs(d: &MlaDims, q: Shape, c: Shape) -> Result<()> {
+pub(crate) fn mla_inputs(d: &MlaDims, q: Shape, c: Shape) -> Result<()> {
     let qw = d.heads * (d.nope + d.rope);
     let cw = d.kv_lora + d.rope;
     ensure!(
@@ -52,7 +52,7 @@ pub fn mla_inputs(d: &MlaDims, q: Shape, c: Shape) -> Result<()> {
 }
 
 /// The MoE accumulator must have the latent's shape.
-pub fn moe_accumulator(acc: Shape, z: Shape) -> Result<()> {
+pub(crate) fn moe_accumulator(acc: Shape, z: Shape) -> Result<()> {
     ensure!(
         acc == z,
         "moe: accumulator is {}x{}, latent is {}x{}",
@@ -66,7 +66,7 @@ pub fn moe_accumulator(acc: Shape, z: Shape) -> Result<()> {
 
 /// An expert's three matrices against one another and the latent width `d`: w1 and w3
 /// `[I, d]`, w2 `[d, I]`. Returns `I`.
-pub fn expert_shapes(w: &ExpertWeights<'_>, d: usize) -> Result<usize> {
+pub(crate) fn expert_shapes(w: &ExpertWeights<'_>, d: usize) -> Result<usize> {
     let i = w.w1.rows;
     ensure!(
         w.w1.cols == d && w.w3.cols == d && w.w3.rows == i && w.w2.rows == d && w.w2.cols == i,
@@ -82,7 +82,7 @@ pub fn expert_shapes(w: &ExpertWeights<'_>, d: usize) -> Result<usize> {
 }
 
 /// The parts of a row concatenation: at least one, all of one width. Returns the width.
-pub fn concat_rows(parts: impl IntoIterator<Item = Shape>) -> Result<usize> {
+pub(crate) fn concat_rows(parts: impl IntoIterator<Item = Shape>) -> Result<usize> {
     let mut cols = None;
     for (i, (_, c)) in parts.into_iter().enumerate() {
         match cols {

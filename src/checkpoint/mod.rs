@@ -1,15 +1,15 @@
 //! A K3 checkpoint on disk: shard index and extra shard directories, typed tensor views,
 //! and the routed-expert table.
 
-pub mod expert_table;
-pub mod file_stamp;
+pub(crate) mod expert_table;
+pub(crate) mod file_stamp;
 pub mod inspect;
-pub mod model_tensors;
+pub(crate) mod model_tensors;
 pub mod schema;
 pub mod shards;
-pub mod tensor;
-pub mod tensor_prefix;
-pub mod tensor_spec;
+pub(crate) mod tensor;
+pub(crate) mod tensor_prefix;
+pub(crate) mod tensor_spec;
 
 pub use expert_table::{ExpertLocation, ExpertTable};
 pub use inspect::{inspect, InspectReport};

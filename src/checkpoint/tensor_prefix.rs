@@ -70,14 +70,15 @@ fn split_layer(name: &str) -> Option<(usize, &str)> {
     Some((layer.parse().ok()?, rest))
 }
 
+#[cfg(test)]
 /// The layer of a per-layer tensor name (`model.layers.12.mlp.up_proj.weight` → 12).
-pub fn layer_of(name: &str) -> Option<usize> {
+pub(crate) fn layer_of(name: &str) -> Option<usize> {
     split_layer(name).map(|(layer, _)| layer)
 }
 
 /// The layer, expert and leaf of a routed-expert tensor name
 /// (`model.layers.1.block_sparse_moe.experts.3.w1.weight_packed` → 1, 3, `w1.weight_packed`).
-pub fn expert_of(name: &str) -> Option<(usize, usize, &str)> {
+pub(crate) fn expert_of(name: &str) -> Option<(usize, usize, &str)> {
     let (layer, rest) = split_layer(name)?;
     let rest = rest
         .strip_prefix(MOE)?

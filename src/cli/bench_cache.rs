@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 /// Flags of `k3 bench cache`.
 #[derive(Args, Debug)]
-pub struct CacheArgs {
+pub(crate) struct CacheArgs {
     /// A trace recorded with `--route-trace`; without one, a calibrated synthetic trace of
     /// the full K3 is generated.
     trace: Option<PathBuf>,
@@ -77,7 +77,7 @@ fn parse_gbs(s: &str) -> Result<Vec<f64>> {
 }
 
 /// Runs `k3 bench cache`.
-pub fn run(a: CacheArgs) -> Result<()> {
+pub(crate) fn run(a: CacheArgs) -> Result<()> {
     if a.fit {
         return fit(&a);
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 /// Flags of `k3 bench`.
 #[derive(Args, Debug)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     #[command(subcommand)]
     what: BenchKind,
 }
@@ -63,7 +63,7 @@ struct DecodeArgs {
 }
 
 /// Runs `k3 bench`.
-pub fn run(a: BenchArgs) -> Result<()> {
+pub(crate) fn run(a: BenchArgs) -> Result<()> {
     match a.what {
         BenchKind::Reader(r) => super::bench_reader::run(r),
         BenchKind::Decode(d) => decode(*d),

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 /// Flags of `k3 bench prefill`.
 #[derive(Args, Debug)]
-pub struct PrefillArgs {
+pub(crate) struct PrefillArgs {
     /// Snapshot directory.
     model: PathBuf,
     /// Prompt length in tokens (ids drawn from a fixed seed, below the special tokens).
@@ -40,7 +40,7 @@ pub struct PrefillArgs {
 }
 
 /// Runs `k3 bench prefill`.
-pub fn run(a: PrefillArgs) -> Result<()> {
+pub(crate) fn run(a: PrefillArgs) -> Result<()> {
     super::threads::init(a.load.threads)?;
     if a.tokens == 0 {
         bail!("--tokens must be at least 1");

@@ -32,7 +32,7 @@ enum Pattern {
 
 /// Flags of `k3 bench reader`.
 #[derive(Args, Debug)]
-pub struct ReaderArgs {
+pub(crate) struct ReaderArgs {
     /// Snapshot directory.
     model: PathBuf,
     /// What to read: `sweep` (one layer's experts at once) or `decode` (a token's misses
@@ -107,7 +107,7 @@ fn piece_name(bytes: usize) -> String {
 type Span = (PathBuf, Range<u64>);
 
 /// Runs `k3 bench reader`.
-pub fn run(a: ReaderArgs) -> Result<()> {
+pub(crate) fn run(a: ReaderArgs) -> Result<()> {
     if a.rounds == 0 {
         bail!("--rounds must be at least 1");
     }

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 /// Flags of `k3 bench streams`.
 #[derive(Args, Debug)]
-pub struct StreamsArgs {
+pub(crate) struct StreamsArgs {
     /// Snapshot directory (config.json, index, shards). Not needed with --demo.
     #[arg(required_unless_present = "demo")]
     model: Option<PathBuf>,
@@ -44,7 +44,7 @@ pub struct StreamsArgs {
 }
 
 /// Runs `k3 bench streams`.
-pub fn run(a: StreamsArgs) -> Result<()> {
+pub(crate) fn run(a: StreamsArgs) -> Result<()> {
     super::threads::init(a.load.threads)?;
     if a.ngen == 0 {
         bail!("--ngen must be at least 1");

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// Expert cache policy, usage pins and routing trace flags.
 #[derive(Args, Debug, Clone)]
-pub struct CacheArgs {
+pub(crate) struct CacheArgs {
     /// Which expert a full layer cache gives up: lru, lfu-decay (decayed use counts), 2q
     /// (scan-resistant) or auto (lru or lfu-decay, whichever would have hit more over the
     /// layer's recent lookups); docs/tuning.md compares them. Never changes the output.
@@ -36,7 +36,7 @@ pub struct CacheArgs {
 
 impl CacheArgs {
     /// The cache settings these flags ask for.
-    pub fn config(&self) -> CacheConfig {
+    pub(crate) fn config(&self) -> CacheConfig {
         CacheConfig {
             policy: self.cache_policy,
             usage_pins: self.usage_pins,

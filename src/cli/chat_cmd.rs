@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 /// Flags of `k3 chat`.
 #[derive(Args, Debug)]
-pub struct ChatArgs {
+pub(crate) struct ChatArgs {
     /// Snapshot directory (use --demo for the built-in tiny model).
     #[arg(required_unless_present = "demo")]
     pub model: Option<PathBuf>,
@@ -148,7 +148,7 @@ fn parse_line(line: &str) -> Line<'_> {
 }
 
 /// Runs `k3 chat`.
-pub fn run(a: ChatArgs) -> Result<()> {
+pub(crate) fn run(a: ChatArgs) -> Result<()> {
     threads::init(a.load.threads)?;
     let dir = match &a.model {
         Some(d) => d.clone(),

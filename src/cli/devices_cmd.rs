@@ -6,7 +6,7 @@ use k3::backend::gpu::LimitsProfile;
 
 /// Flags of `k3 devices` (`WGPU_BACKEND` narrows the backends searched).
 #[derive(Args, Debug)]
-pub struct DevicesArgs {
+pub(crate) struct DevicesArgs {
     /// Show the limits the engine would open each adapter with under this profile
     /// (apple-m1, apple-m3, apple-m5: wgpu's Metal values, each limit the lower of the
     /// profile's and the adapter's); native = the adapter's own.
@@ -20,7 +20,7 @@ pub struct DevicesArgs {
 }
 
 /// Prints the adapter list.
-pub fn run(a: DevicesArgs) -> anyhow::Result<()> {
+pub(crate) fn run(a: DevicesArgs) -> anyhow::Result<()> {
     let list = adapters::list(a.gpu_limits);
     if list.is_empty() {
         println!(

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 /// Flags of `k3 inspect`.
 #[derive(Args, Debug)]
-pub struct InspectArgs {
+pub(crate) struct InspectArgs {
     /// Snapshot directory (with `--plan`, a `config.json` alone is enough).
     pub model: PathBuf,
     /// Extra shard directories, ";" or "," separated, searched after the snapshot directory: a
@@ -66,7 +66,7 @@ pub struct InspectArgs {
 }
 
 /// Runs `k3 inspect`; exits non-zero when a tensor is missing or mis-shaped.
-pub fn run(a: InspectArgs) -> Result<()> {
+pub(crate) fn run(a: InspectArgs) -> Result<()> {
     if a.plan {
         return plan(&a);
     }

@@ -59,7 +59,7 @@ fn parse_filter(var: Option<&str>, spec: &str) -> Result<EnvFilter> {
 }
 
 /// Installs the stderr subscriber; called once, before any subcommand runs.
-pub fn init() -> Result<()> {
+pub(crate) fn init() -> Result<()> {
     let (var, spec) = filter_spec()?;
     let filter = parse_filter(var, &spec)?;
     tracing_subscriber::fmt()

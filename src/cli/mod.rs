@@ -37,7 +37,7 @@ use clap::{Parser, Subcommand};
                   and errors, K3_LOG=debug adds detail, K3_LOG=k3::serve=debug,info raises \
                   one part. The stats lines of `k3 run` are always printed."
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     cmd: Command,
 }
@@ -65,7 +65,7 @@ enum Command {
 }
 
 /// Runs the chosen subcommand.
-pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
+pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Command::Run(a) => run_cmd::run(a),
         Command::Chat(a) => chat_cmd::run(a),
@@ -80,7 +80,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// Splits a `K3_DIRS` / `--dirs` value on `;` or `,`.
-pub fn split_dirs(s: &str) -> Vec<std::path::PathBuf> {
+pub(crate) fn split_dirs(s: &str) -> Vec<std::path::PathBuf> {
     s.split([';', ','])
         .map(str::trim)
         .filter(|p| !p.is_empty())
@@ -91,7 +91,7 @@ pub fn split_dirs(s: &str) -> Vec<std::path::PathBuf> {
 /// Starts MPI when `mpirun` (Open MPI, or an MPICH-style launcher) started this process;
 /// `None` otherwise, so a plain run behaves as without the `mpi` feature.
 #[cfg(feature = "mpi")]
-pub fn ranks_start() -> anyhow::Result<Option<k3::ranks::world::RankGuard>> {
+pub(crate) fn ranks_start() -> anyhow::Result<Option<k3::ranks::world::RankGuard>> {
     let launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
@@ -102,7 +102,7 @@ pub fn ranks_start() -> anyhow::Result<Option<k3::ranks::world::RankGuard>> {
 }
 
 /// `rank R on host H: ` in a job of several ranks, so an error says which process it is.
-pub fn rank_prefix() -> String {
+pub(crate) fn rank_prefix() -> String {
     #[cfg(feature = "mpi")]
     if let Some(i) = k3::ranks::world::info().filter(|i| i.size > 1) {
         if i.rank != 0 {

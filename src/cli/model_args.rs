@@ -9,13 +9,13 @@ use k3::backend::gpu::device::lab_switches::LabSwitches;
 use k3::backend::gpu::{GpuOptions, LimitsProfile};
 use k3::backend::select::{gpu_variable, BackendKind};
 use k3::engine::config::{BackendConfig, Formats, LoadConfig};
-pub use k3::engine::ModelJob;
+pub(crate) use k3::engine::ModelJob;
 use k3::engine::{EngineBuilder, EngineConfig};
 use std::path::{Path, PathBuf};
 
 /// Which backend runs the ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendChoice {
+pub(crate) enum BackendChoice {
     /// The GPU when a non-CPU adapter exists (or K3_GPU/K3_METAL/K3_VK=1), else the CPU.
     Auto,
     /// The GPU; exit with the reason when it cannot start.
@@ -26,7 +26,7 @@ pub enum BackendChoice {
 
 /// Flags that load a model, shared by `run` and `chat`.
 #[derive(Args, Debug, Clone)]
-pub struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// Backend that runs the ops.
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
@@ -96,7 +96,7 @@ fn demo_dir() -> PathBuf {
 }
 
 /// The demo model, synthesized on first use.
-pub fn ensure_demo() -> Result<PathBuf> {
+pub(crate) fn ensure_demo() -> Result<PathBuf> {
     let dir = demo_dir();
     if !k3::platform::input_file::is_present(&dir.join("tiktoken.model")) {
         eprintln!(
@@ -122,7 +122,7 @@ pub fn ensure_demo() -> Result<PathBuf> {
 impl ModelArgs {
     /// The engine config these flags and their environment variables ask for; the
     /// prompt cache's `in_use` is left to the job ([`EngineBuilder::run`]).
-    pub fn config(&self) -> Result<EngineConfig> {
+    pub(crate) fn config(&self) -> Result<EngineConfig> {
         let kind = match self.backend {
             BackendChoice::Auto => BackendKind::Auto,
             BackendChoice::Gpu => BackendKind::Gpu,
@@ -171,7 +171,7 @@ impl ModelArgs {
     /// on it.
     /// In an expert-parallel job a rank other than the head serves the head's experts
     /// instead, and ends with [`k3::ranks::WorkerDone`].
-    pub fn with_model<J: ModelJob>(&self, dir: &Path, job: J) -> Result<J::Out> {
+    pub(crate) fn with_model<J: ModelJob>(&self, dir: &Path, job: J) -> Result<J::Out> {
         #[cfg(feature = "mpi")]
         if k3::ranks::world::is_worker() {
             EngineBuilder::new(self.config()?).run_rank_worker(dir)?;

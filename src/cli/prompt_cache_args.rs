@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 /// Where prompt states are kept on disk, and how much of it they may take.
 #[derive(Args, Debug, Clone)]
-pub struct PromptCacheArgs {
+pub(crate) struct PromptCacheArgs {
     /// Directory of the prompt cache: the state at the end of each prompt of 256 tokens or
     /// more, so a later request or run (of any process) whose prompt starts with a stored
     /// one loads it and prefills only the rest [default: `prompts` under the user's cache
@@ -31,7 +31,7 @@ pub struct PromptCacheArgs {
 impl PromptCacheArgs {
     /// The prompt-cache settings these flags ask for; `in_use` says whether the job's
     /// sessions use it.
-    pub fn settings(&self, in_use: bool) -> PromptCacheSettings {
+    pub(crate) fn settings(&self, in_use: bool) -> PromptCacheSettings {
         PromptCacheSettings {
             in_use,
             dir: self.dir.clone(),

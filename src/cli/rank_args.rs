@@ -7,7 +7,7 @@ use k3::engine::config::RankConfig;
 
 /// How the ranks of an expert-parallel job split the experts and wait for each other.
 #[derive(Args, Debug, Clone)]
-pub struct RankArgs {
+pub(crate) struct RankArgs {
     /// Each rank's expert read rate in GB/s, comma-separated, the head's first: each MoE
     /// layer's experts are split in proportion (a rank twice as fast owns twice as many).
     /// Unset: each rank measures its disk at start (an uncached read of at most 0.5 s or
@@ -32,7 +32,7 @@ pub struct RankArgs {
 
 impl RankArgs {
     /// The engine's rank settings.
-    pub fn config(&self) -> Result<RankConfig> {
+    pub(crate) fn config(&self) -> Result<RankConfig> {
         if self.timeout == 0 {
             bail!("--rank-timeout 0: give the seconds the head may wait for a rank (at least 1)");
         }

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 /// Flags of `k3 run`.
 #[derive(Args, Debug)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Snapshot directory (config.json, index, shards). Not needed with --demo.
     #[arg(required_unless_present = "demo")]
     pub model: Option<PathBuf>,
@@ -107,7 +107,7 @@ fn output_constraint(a: &RunArgs) -> Result<Option<OutputConstraint>> {
 }
 
 /// Parses `"1, 2,3"` into ids, naming the bad entry.
-pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
+pub(crate) fn parse_ids(s: &str) -> Result<Vec<u32>> {
     let ids = s
         .split(',')
         .map(str::trim)
@@ -124,7 +124,7 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
 }
 
 /// Runs `k3 run`.
-pub fn run(a: RunArgs) -> Result<()> {
+pub(crate) fn run(a: RunArgs) -> Result<()> {
     threads::init(a.load.threads)?;
     let dir = match &a.model {
         Some(d) => d.clone(),

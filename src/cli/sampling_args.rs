@@ -5,7 +5,7 @@ use k3::sampling::SamplerConfig;
 
 /// How the next token is picked.
 #[derive(Args, Debug, Clone)]
-pub struct SamplingArgs {
+pub(crate) struct SamplingArgs {
     /// Temperature; 0 = greedy (ties to the lowest id).
     #[arg(long, default_value_t = 0.0)]
     pub temp: f32,
@@ -28,7 +28,7 @@ pub struct SamplingArgs {
 
 impl SamplingArgs {
     /// The sampler settings.
-    pub fn config(&self) -> SamplerConfig {
+    pub(crate) fn config(&self) -> SamplerConfig {
         SamplerConfig {
             temperature: self.temp,
             top_p: self.top_p,

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 /// Flags of `k3 serve`.
 #[derive(Args, Debug)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Snapshot directory (use --demo for the built-in tiny model).
     #[arg(required_unless_present = "demo")]
     pub model: Option<PathBuf>,
@@ -113,7 +113,7 @@ pub struct ServeArgs {
 }
 
 /// Runs `k3 serve`.
-pub fn run(mut a: ServeArgs) -> Result<()> {
+pub(crate) fn run(mut a: ServeArgs) -> Result<()> {
     threads::init(a.load.threads)?;
     if a.queue == 0 || a.queue > 4096 {
         bail!("--queue must be between 1 and 4096, got {}", a.queue);

@@ -8,7 +8,7 @@ use k3::session::SnapshotLimits;
 
 /// Flags that decide how experts are read and cached.
 #[derive(Args, Debug, Clone)]
-pub struct StreamArgs {
+pub(crate) struct StreamArgs {
     /// Expert cache request in GB (1e9 bytes) for all MoE layers together; clamped to RAM.
     /// On a GPU that shares memory with the CPU (Apple Silicon) it sizes the single expert
     /// pool instead, with `--gpu-expert-gb`.
@@ -87,7 +87,7 @@ impl StreamArgs {
     /// Maps these flags onto `cfg`: memory, experts, streaming, cache policy, prompt
     /// cache, context and snapshots. `K3_VK_GB` is read here when `K3_GPU_GB` is unset; a
     /// value that is not a number is reported when a tier is sized, as before.
-    pub fn apply(&self, cfg: &mut EngineConfig) {
+    pub(crate) fn apply(&self, cfg: &mut EngineConfig) {
         cfg.memory = MemoryConfig {
             ram_gb: self.ram_gb,
             overcommit: self.ram_overcommit == 1,

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 /// Flags of `k3 synth`.
 #[derive(Args, Debug)]
-pub struct SynthArgs {
+pub(crate) struct SynthArgs {
     /// Size preset: tiny (tests, seconds), small (CPU benchmarks), k3-slice (real K3 dimensions, tens of GB).
     #[arg(long, default_value = "tiny")]
     pub preset: String,
@@ -44,7 +44,7 @@ pub struct SynthArgs {
 }
 
 /// Runs `k3 synth`.
-pub fn run(a: SynthArgs) -> Result<()> {
+pub(crate) fn run(a: SynthArgs) -> Result<()> {
     let preset: Preset = a.preset.parse()?;
     let routing: Routing = a.routing.parse()?;
     let opts = SynthOptions {

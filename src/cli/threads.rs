@@ -59,7 +59,7 @@ fn default_threads() -> usize {
 
 /// Configures the global rayon pool and the CPU kernels' SIMD level; returns the thread
 /// count chosen.
-pub fn init(flag: Option<usize>) -> Result<usize> {
+pub(crate) fn init(flag: Option<usize>) -> Result<usize> {
     let env = |var: &str| std::env::var(var).ok();
     let n = resolve(
         flag,

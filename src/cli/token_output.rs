@@ -6,7 +6,7 @@ use k3::tokenizer::{Channel, ChatEvent, ChatSplitter, StreamDecoder};
 use std::io::Write;
 
 /// Where generated tokens go.
-pub enum TokenOutput<'t> {
+pub(crate) enum TokenOutput<'t> {
     /// Comma-separated ids.
     Ids { first: bool },
     /// Decoded text, streamed (unfinished UTF-8 held back).
@@ -20,7 +20,7 @@ pub enum TokenOutput<'t> {
 
 impl TokenOutput<'_> {
     /// Prints one token; returns true when the chat format says the message ended.
-    pub fn push(&mut self, id: u32) -> Result<bool> {
+    pub(crate) fn push(&mut self, id: u32) -> Result<bool> {
         let mut out = std::io::stdout().lock();
         let stop = match self {
             TokenOutput::Ids { first } => {
@@ -60,7 +60,7 @@ impl TokenOutput<'_> {
     }
 
     /// Flushes held-back bytes and ends the line.
-    pub fn finish(&mut self) -> Result<()> {
+    pub(crate) fn finish(&mut self) -> Result<()> {
         let mut out = std::io::stdout().lock();
         match self {
             TokenOutput::Ids { .. } => {}

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 /// Flags of `k3 tokenize`.
 #[derive(Args, Debug)]
-pub struct TokenizeArgs {
+pub(crate) struct TokenizeArgs {
     /// Snapshot directory (tiktoken.model + tokenizer_config.json).
     pub model: PathBuf,
     /// Text to tokenize; `-` or nothing reads standard input.
@@ -24,7 +24,7 @@ pub struct TokenizeArgs {
 
 /// Flags of `k3 detokenize`.
 #[derive(Args, Debug)]
-pub struct DetokenizeArgs {
+pub(crate) struct DetokenizeArgs {
     /// Snapshot directory.
     pub model: PathBuf,
     /// Token ids, comma separated.
@@ -36,7 +36,7 @@ pub struct DetokenizeArgs {
 }
 
 /// Runs `k3 tokenize`.
-pub fn tokenize(a: TokenizeArgs) -> Result<()> {
+pub(crate) fn tokenize(a: TokenizeArgs) -> Result<()> {
     let tok = Tokenizer::from_dir(&a.model)?;
     let text = match a.text.as_deref() {
         Some("-") | None => {
@@ -74,7 +74,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 /// Runs `k3 detokenize`.
-pub fn detokenize(a: DetokenizeArgs) -> Result<()> {
+pub(crate) fn detokenize(a: DetokenizeArgs) -> Result<()> {
     let tok = Tokenizer::from_dir(&a.model)?;
     println!("{}", tok.decode(&parse_ids(&a.ids)?, a.show_special)?);
     Ok(())

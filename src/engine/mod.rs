@@ -2,11 +2,11 @@
 //! loaded, sized and configured model ([`Engine`]); [`memory_plan`] says what a machine's
 //! memory allows for the model's dense weights, state, context and experts.
 
-pub mod builder;
+pub(crate) mod builder;
 mod cache_setup;
 pub mod config;
 pub mod memory_plan;
-pub mod plan;
+pub(crate) mod plan;
 mod prompt_cache_setup;
 pub mod streaming;
 pub mod tiers;

@@ -106,7 +106,7 @@ impl StateReservation {
 }
 
 /// Bytes of one sequence's state at `tokens` tokens of context.
-pub fn sequence_bytes(cfg: &Config, tokens: usize) -> u64 {
+pub(crate) fn sequence_bytes(cfg: &Config, tokens: usize) -> u64 {
     let s = state_size(cfg, tokens);
     ((s.kv_gb + s.kda_gb) * 1e9) as u64
 }

@@ -12,8 +12,8 @@ pub mod io;
 #[cfg(feature = "lab")]
 pub mod lab;
 pub mod plan;
-pub mod remote;
-pub mod source;
+pub(crate) mod remote;
+pub(crate) mod source;
 pub mod telemetry;
 
 pub use io::expert_reader::ExpertReader;

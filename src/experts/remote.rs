@@ -17,7 +17,7 @@ pub struct ExpertRows {
 }
 
 /// Each expert's output rows as a rank returned them: `rows.len() × cols` values, unweighted.
-pub type ExpertOutputs = HashMap<u32, Vec<f32>>;
+pub(crate) type ExpertOutputs = HashMap<u32, Vec<f32>>;
 
 /// Experts of every MoE layer split over ranks; rank 0 is this process.
 pub trait RemoteExperts: Send + Sync {

@@ -110,7 +110,7 @@ impl Supplied<'_> {
 }
 
 /// The consumer of a layer's experts, called with batches in canonical order.
-pub type Consume<'c> = dyn FnMut(&[Supplied<'_>]) -> Result<()> + 'c;
+pub(crate) type Consume<'c> = dyn FnMut(&[Supplied<'_>]) -> Result<()> + 'c;
 
 impl ExpertSource {
     /// A source with `cfg`; starts the loader threads when piping.

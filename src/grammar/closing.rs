@@ -13,7 +13,7 @@ use crate::tokenizer::Tokenizer;
 const MARGIN: usize = 8;
 
 /// The text of every id, as the cursor follows it, and the ids the close prefers.
-pub struct TokenTexts {
+pub(crate) struct TokenTexts {
     /// The bytes of each text id; `None` for a special token.
     texts: Vec<Option<Box<[u8]>>>,
     /// The id whose text is exactly one ASCII byte, by that byte.
@@ -25,7 +25,7 @@ pub struct TokenTexts {
 
 impl TokenTexts {
     /// The table of `tok`'s vocabulary, whose end-of-sequence ids are `eos_ids`.
-    pub fn new(tok: &Tokenizer, eos_ids: &[u32]) -> Self {
+    pub(crate) fn new(tok: &Tokenizer, eos_ids: &[u32]) -> Self {
         let n = tok.vocab_size();
         let mut single = [None; 128];
         let texts = (0..n as u32)
@@ -55,13 +55,17 @@ impl TokenTexts {
     }
 
     /// The bytes of `id`, or `None` for a special token (or an id past the vocabulary).
-    pub fn text(&self, id: u32) -> Option<&[u8]> {
+    pub(crate) fn text(&self, id: u32) -> Option<&[u8]> {
         self.texts.get(id as usize)?.as_deref()
     }
 
     /// The id that closes fastest among those `allowed` lets through, for a reply at
     /// `cursor`.
-    pub fn closing_id(&self, cursor: &JsonCursor, allowed: impl Fn(u32) -> bool) -> Option<u32> {
+    pub(crate) fn closing_id(
+        &self,
+        cursor: &JsonCursor,
+        allowed: impl Fn(u32) -> bool,
+    ) -> Option<u32> {
         if let Some(&id) = self.frame_closers.iter().find(|&&id| allowed(id)) {
             return Some(id);
         }
@@ -99,7 +103,7 @@ enum Expect {
 /// Where a reply's JSON stands, followed byte by byte; any special token starts it afresh
 /// (the JSON of a reply always follows a marker, or starts the reply).
 #[derive(Clone, Debug)]
-pub struct JsonCursor {
+pub(crate) struct JsonCursor {
     stack: Vec<u8>,
     expect: Expect,
 }
@@ -115,12 +119,12 @@ impl Default for JsonCursor {
 
 impl JsonCursor {
     /// Starts over: a value is expected.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         *self = Self::default();
     }
 
     /// Follows the bytes of one token.
-    pub fn push_bytes(&mut self, bytes: &[u8]) {
+    pub(crate) fn push_bytes(&mut self, bytes: &[u8]) {
         for &b in bytes {
             self.push(b);
         }
@@ -205,7 +209,7 @@ impl JsonCursor {
     }
 
     /// The characters that close fastest from here, best first.
-    pub fn preferred(&self) -> &'static [u8] {
+    pub(crate) fn preferred(&self) -> &'static [u8] {
         let in_object = self.stack.last() == Some(&b'{');
         match self.expect {
             Expect::Value => b"0\"[{n-",
@@ -224,7 +228,7 @@ impl JsonCursor {
 
     /// Tokens to keep for closing from here on top of the shortest reply's length: about
     /// two per open level and a margin.
-    pub fn reserve(&self) -> usize {
+    pub(crate) fn reserve(&self) -> usize {
         MARGIN + 2 * self.stack.len()
     }
 }

@@ -2,11 +2,11 @@
 //! a forced tool call in K3's format) becomes a token mask applied to the logits before
 //! each sample, over a trie of the K3 vocabulary.
 
-pub mod closing;
+pub(crate) mod closing;
 pub mod constraint;
-pub mod reply_grammar;
-pub mod schema_check;
-pub mod token_env;
+pub(crate) mod reply_grammar;
+pub(crate) mod schema_check;
+pub(crate) mod token_env;
 
 pub use constraint::{CompilerBusy, GrammarCompiler, TokenConstraint};
 pub use reply_grammar::{reply_lark, OutputConstraint, ReplyFrame, ToolSchema, MAX_FORCED_TOOLS};

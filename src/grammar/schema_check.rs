@@ -17,11 +17,11 @@ use serde_json::{json, Map, Number, Value};
 
 /// The largest integer magnitude the grammar writes: the largest double below 2^63, so
 /// llguidance's float bounds keep it exactly and it fits an i64.
-pub const INT_LIMIT: i64 = i64::MAX - 1023;
+pub(crate) const INT_LIMIT: i64 = i64::MAX - 1023;
 
 /// The largest number magnitude the grammar writes for `number`: 2^53, past which doubles
 /// skip integers.
-pub const NUM_LIMIT: i64 = 1 << 53;
+pub(crate) const NUM_LIMIT: i64 = 1 << 53;
 
 /// A schema the grammar cannot enforce as written.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,7 +48,7 @@ impl std::error::Error for SchemaError {}
 /// `schema` as the grammar compiles it (numbers shaped, and with `strict` off a
 /// `minProperties` it cannot enforce dropped, as other unenforceable keywords are), or
 /// what in it cannot be enforced.
-pub fn prepare_schema(schema: &Value, strict: bool) -> Result<Value, SchemaError> {
+pub(crate) fn prepare_schema(schema: &Value, strict: bool) -> Result<Value, SchemaError> {
     let mut out = schema.clone();
     let mut path = String::new();
     walk(&mut out, &mut path, strict, Place::Own)?;
@@ -57,7 +57,7 @@ pub fn prepare_schema(schema: &Value, strict: bool) -> Result<Value, SchemaError
 
 /// `schema` shaped as [`prepare_schema`] does with `strict`, its objects left open: for
 /// k3's own schemas (`json_object`'s any object), whose extra keys are the point.
-pub fn prepare_open_schema(schema: &Value) -> Result<Value, SchemaError> {
+pub(crate) fn prepare_open_schema(schema: &Value) -> Result<Value, SchemaError> {
     let mut out = schema.clone();
     let mut path = String::new();
     walk(&mut out, &mut path, true, Place::Open)?;
@@ -78,7 +78,7 @@ enum Place {
 
 /// The schema of `response_format: json_object`: any object, its numbers shaped as a
 /// schema's are (an unconstrained value would allow `-0` and exponents).
-pub fn any_object_schema() -> Value {
+pub(crate) fn any_object_schema() -> Value {
     let any = json!({"$ref": "#/$defs/k3_any"});
     json!({
         "type": "object",

@@ -11,14 +11,14 @@ use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use crate::tokenizer::Tokenizer;
 
 /// llguidance's view of a [`Tokenizer`], with the ids that end a constrained reply.
-pub struct K3TokEnv {
+pub(crate) struct K3TokEnv {
     trie: TokTrie,
 }
 
 impl K3TokEnv {
     /// Builds the trie of `tok`'s vocabulary; `eos_ids` (at least one) are the ids a finished
     /// grammar allows next.
-    pub fn new(tok: &Tokenizer, eos_ids: &[u32]) -> Result<Self> {
+    pub(crate) fn new(tok: &Tokenizer, eos_ids: &[u32]) -> Result<Self> {
         let Some(&first) = eos_ids.first() else {
             bail!("a grammar needs an end-of-sequence id; the model's config names none (eos_token_id)");
         };
@@ -49,7 +49,7 @@ impl K3TokEnv {
     }
 
     /// As the shared handle llguidance's factory takes.
-    pub fn into_env(self) -> TokEnv {
+    pub(crate) fn into_env(self) -> TokEnv {
         Arc::new(self)
     }
 }

@@ -32,7 +32,7 @@ pub(super) struct RowLayout {
 
 impl RowLayout {
     /// The layout of `segs`, checking each segment's ids against a vocabulary of `vocab`.
-    pub fn new(segs: &[SegmentRows<'_>], vocab: usize) -> Result<Self> {
+    pub(crate) fn new(segs: &[SegmentRows<'_>], vocab: usize) -> Result<Self> {
         if segs.is_empty() {
             bail!("forward: a batch with no segments");
         }
@@ -66,7 +66,7 @@ impl RowLayout {
     }
 
     /// " of segment `s`" in a pass of several segments; nothing in a pass of one.
-    pub fn name(count: usize, s: usize) -> String {
+    pub(crate) fn name(count: usize, s: usize) -> String {
         if count == 1 {
             String::new()
         } else {
@@ -75,30 +75,30 @@ impl RowLayout {
     }
 
     /// Rows of the whole pass.
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.segs.last().map_or(0, |r| r.end)
     }
 
     /// Segments of the pass.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.segs.len()
     }
 
     /// The first segment's first context position (where the route tap opens its chunk).
-    pub fn first_pos(&self) -> usize {
+    pub(crate) fn first_pos(&self) -> usize {
         self.pos.first().copied().unwrap_or(0)
     }
 
     /// Row `row` of the pass as an error names it: "position P of the context", with its
     /// segment in a pass of several.
-    pub fn at_row(&self, row: usize) -> String {
+    pub(crate) fn at_row(&self, row: usize) -> String {
         let s = self.segs.iter().position(|r| r.contains(&row)).unwrap_or(0);
         let p = self.pos[s] + row.saturating_sub(self.segs[s].start);
         format!("position {p} of the context{}", Self::name(self.len(), s))
     }
 
     /// Row `row` of segment `s`'s logits as an error names it.
-    pub fn at_logit_row(&self, s: usize, row: usize) -> String {
+    pub(crate) fn at_logit_row(&self, s: usize, row: usize) -> String {
         let first = if self.all[s] {
             0
         } else {
@@ -108,7 +108,7 @@ impl RowLayout {
     }
 
     /// Where the pass's rows are, for an error of a block that runs them all together.
-    pub fn at_all(&self) -> String {
+    pub(crate) fn at_all(&self) -> String {
         if self.len() == 1 {
             return format!("at position {} of the context", self.pos[0]);
         }
@@ -119,18 +119,18 @@ impl RowLayout {
     }
 
     /// Segment `s`'s rows among the pass's rows.
-    pub fn segment(&self, s: usize) -> Range<usize> {
+    pub(crate) fn segment(&self, s: usize) -> Range<usize> {
         self.segs.get(s).cloned().unwrap_or(0..0)
     }
 
     /// Segment `s` as an error of its attention names it: its first row's position.
-    pub fn at_segment(&self, s: usize) -> String {
+    pub(crate) fn at_segment(&self, s: usize) -> String {
         self.at_row(self.segment(s).start)
     }
 
     /// The rows whose logits are wanted, in order: each segment's last row, or all of its
     /// rows.
-    pub fn head_rows(&self) -> Vec<Range<usize>> {
+    pub(crate) fn head_rows(&self) -> Vec<Range<usize>> {
         self.segs
             .iter()
             .zip(&self.all)
@@ -139,7 +139,7 @@ impl RowLayout {
     }
 
     /// Each segment's count of logit rows, in segment order.
-    pub fn logit_rows(&self) -> Vec<usize> {
+    pub(crate) fn logit_rows(&self) -> Vec<usize> {
         self.segs
             .iter()
             .zip(&self.all)

@@ -9,7 +9,7 @@ use crate::experts::cache::ram_budget::{KvShape, DEFAULT_CONTEXT};
 
 /// The checkpoint's limit and where it comes from: its config's `max_position_embeddings`,
 /// else [`DEFAULT_CONTEXT`].
-pub fn checkpoint_context(cfg: &Config) -> (usize, String) {
+pub(crate) fn checkpoint_context(cfg: &Config) -> (usize, String) {
     match cfg.max_position_embeddings {
         Some(n) => (n, "the checkpoint's max_position_embeddings".into()),
         None => (
@@ -20,7 +20,7 @@ pub fn checkpoint_context(cfg: &Config) -> (usize, String) {
 }
 
 /// What one token of context costs in the MLA caches of `cfg`.
-pub fn kv_shape(cfg: &Config) -> KvShape {
+pub(crate) fn kv_shape(cfg: &Config) -> KvShape {
     KvShape {
         mla_layers: cfg
             .layer_kinds

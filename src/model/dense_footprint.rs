@@ -13,7 +13,7 @@ use crate::quant::DenseFormat;
 use std::collections::HashMap;
 
 /// Loaded bytes of a `[rows, cols]` matrix in `fmt`, scales included.
-pub fn matrix_bytes(rows: usize, cols: usize, fmt: DenseFormat) -> u64 {
+pub(crate) fn matrix_bytes(rows: usize, cols: usize, fmt: DenseFormat) -> u64 {
     let (r, c) = (rows as u64, cols as u64);
     match fmt {
         DenseFormat::F32 => r * c * 4,
@@ -61,7 +61,7 @@ fn format_of(
 
 /// Resident bytes of each class of dense tensor, in [`TensorClass::ALL`] order (classes of
 /// no bytes left out).
-pub fn dense_footprint(cfg: &Config, policy: &FormatPolicy) -> Vec<(TensorClass, u64)> {
+pub(crate) fn dense_footprint(cfg: &Config, policy: &FormatPolicy) -> Vec<(TensorClass, u64)> {
     let mut by_class: Vec<(TensorClass, u64)> = TensorClass::ALL.iter().map(|&c| (c, 0)).collect();
     let model = ModelTensors::new(cfg);
     let fixed = fixed_formats(&model);

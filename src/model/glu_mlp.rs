@@ -7,7 +7,7 @@ use crate::quant::DenseFormat;
 use anyhow::Result;
 
 /// A gated MLP with its three projections.
-pub struct GluMlp<B: Backend> {
+pub(crate) struct GluMlp<B: Backend> {
     gate: B::Mat,
     up: B::Mat,
     down: B::Mat,
@@ -15,7 +15,7 @@ pub struct GluMlp<B: Backend> {
 
 impl<B: Backend> GluMlp<B> {
     /// Loads the three projections of `t` in format `fmt`.
-    pub fn load(ld: &Loader<'_, B>, t: &GluTensors, fmt: DenseFormat) -> Result<Self> {
+    pub(crate) fn load(ld: &Loader<'_, B>, t: &GluTensors, fmt: DenseFormat) -> Result<Self> {
         Ok(Self {
             gate: ld.matrix(&t.gate, fmt)?,
             up: ld.matrix(&t.up, fmt)?,
@@ -24,7 +24,7 @@ impl<B: Backend> GluMlp<B> {
     }
 
     /// Applies the MLP to every row of `x`.
-    pub fn forward(&self, b: &B, x: &B::Act, glu: Glu) -> Result<B::Act> {
+    pub(crate) fn forward(&self, b: &B, x: &B::Act, glu: Glu) -> Result<B::Act> {
         let [g, u] = matmul_each(b, [&self.gate, &self.up], x)?;
         b.matmul(&self.down, &b.glu(&g, &u, glu)?)
     }

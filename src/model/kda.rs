@@ -11,7 +11,7 @@ use crate::quant::DenseFormat;
 use anyhow::Result;
 
 /// Weights of one KDA layer (`model.layers.{i}.self_attn.*`).
-pub struct Kda<B: Backend> {
+pub(crate) struct Kda<B: Backend> {
     dims: KdaDims,
     q_proj: B::Mat,
     k_proj: B::Mat,
@@ -26,7 +26,7 @@ pub struct Kda<B: Backend> {
 
 impl<B: Backend> Kda<B> {
     /// Shapes of the layer from the config.
-    pub fn dims(cfg: &Config) -> KdaDims {
+    pub(crate) fn dims(cfg: &Config) -> KdaDims {
         KdaDims {
             heads: cfg.kda.num_heads,
             head_dim: cfg.kda.head_dim,
@@ -38,7 +38,7 @@ impl<B: Backend> Kda<B> {
 
     /// Loads the layer's tensors `t`. The small gate projections stay bf16: they cost little
     /// and set decay.
-    pub fn load(ld: &Loader<'_, B>, t: &KdaTensors, policy: &FormatPolicy) -> Result<Self> {
+    pub(crate) fn load(ld: &Loader<'_, B>, t: &KdaTensors, policy: &FormatPolicy) -> Result<Self> {
         let dims = Self::dims(&ld.ckpt.config);
         let a_log = ld.vector(&t.a_log)?;
         let a_log = &a_log[..dims.heads.min(a_log.len())];
@@ -65,13 +65,13 @@ impl<B: Backend> Kda<B> {
     }
 
     /// Fresh recurrent state for this layer.
-    pub fn new_state(&self, b: &B) -> Result<B::KdaState> {
+    pub(crate) fn new_state(&self, b: &B) -> Result<B::KdaState> {
         b.kda_state(&self.dims)
     }
 
     /// Runs the rows of `x` (the normed layer input) through the layer: the projections over
     /// every row, the recurrence on each piece's rows with that piece's state, in order.
-    pub fn forward(
+    pub(crate) fn forward(
         &self,
         b: &B,
         x: &B::Act,

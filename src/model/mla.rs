@@ -10,7 +10,7 @@ use crate::config::Config;
 use anyhow::Result;
 
 /// Weights of one MLA layer (`model.layers.{i}.self_attn.*`).
-pub struct Mla<B: Backend> {
+pub(crate) struct Mla<B: Backend> {
     dims: MlaDims,
     q_a_proj: B::Mat,
     q_a_norm: B::Act,
@@ -25,7 +25,7 @@ pub struct Mla<B: Backend> {
 
 impl<B: Backend> Mla<B> {
     /// Shapes of the layer from the config.
-    pub fn dims(cfg: &Config) -> MlaDims {
+    pub(crate) fn dims(cfg: &Config) -> MlaDims {
         MlaDims {
             heads: cfg.num_attention_heads,
             kv_lora: cfg.kv_lora_rank,
@@ -38,7 +38,7 @@ impl<B: Backend> Mla<B> {
 
     /// Loads the layer's tensors `t`; `kv_b_proj` is split into per-head K and V blocks
     /// kept in f32.
-    pub fn load(ld: &Loader<'_, B>, t: &MlaTensors, policy: &FormatPolicy) -> Result<Self> {
+    pub(crate) fn load(ld: &Loader<'_, B>, t: &MlaTensors, policy: &FormatPolicy) -> Result<Self> {
         let d = Self::dims(&ld.ckpt.config);
         let m = |spec| ld.matrix(spec, policy.mla);
         let kv_b = ld.host_matrix(&t.kv_b_proj, crate::quant::DenseFormat::F32)?;
@@ -69,13 +69,13 @@ impl<B: Backend> Mla<B> {
     }
 
     /// A fresh, empty latent cache for this layer.
-    pub fn new_cache(&self, b: &B) -> Result<B::MlaCache> {
+    pub(crate) fn new_cache(&self, b: &B) -> Result<B::MlaCache> {
         b.mla_cache(&self.dims)
     }
 
     /// Runs the rows of `x` (the normed layer input) through the layer: the projections over
     /// every row, the attention on each piece's rows with that piece's cache, causally.
-    pub fn forward(
+    pub(crate) fn forward(
         &self,
         b: &B,
         x: &B::Act,

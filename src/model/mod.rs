@@ -1,25 +1,25 @@
 //! The Kimi K3 model: the layer schedule and its blocks, written against the op interface.
 
 mod batch;
-pub mod context;
-pub mod dense_footprint;
-pub mod format_policy;
-pub mod glu_mlp;
-pub mod host_state;
-pub mod k3;
-pub mod kda;
+pub(crate) mod context;
+pub(crate) mod dense_footprint;
+pub(crate) mod format_policy;
+pub(crate) mod glu_mlp;
+pub(crate) mod host_state;
+pub(crate) mod k3;
+pub(crate) mod kda;
 pub mod loader;
-pub mod mla;
-pub mod moe;
+pub(crate) mod mla;
+pub(crate) mod moe;
 mod pass_observer;
 mod pieces;
-pub mod prefill_progress;
-pub mod prefill_window;
+pub(crate) mod prefill_progress;
+pub(crate) mod prefill_window;
 pub mod prompt_cache;
 mod runner;
-pub mod runtime;
+pub(crate) mod runtime;
 pub mod state_size;
-pub mod state_snapshot;
+pub(crate) mod state_snapshot;
 pub mod trace;
 pub mod weight_cache;
 

@@ -17,11 +17,12 @@ use std::cell::OnceCell;
 use std::time::{Duration, Instant};
 
 mod ranked;
-pub use ranked::expert_rows;
+#[cfg(feature = "mpi")]
+pub(crate) use ranked::expert_rows;
 
 /// The MoE layer after this one and the hidden state its router is scored on to guess
 /// which experts it will read (`--prefetch`).
-pub struct NextMoe<'a, B: Backend> {
+pub(crate) struct NextMoe<'a, B: Backend> {
     /// The next MoE layer.
     pub moe: &'a Moe<B>,
     /// Its router's input as far as this layer can tell.
@@ -29,7 +30,7 @@ pub struct NextMoe<'a, B: Backend> {
 }
 
 /// Weights of one MoE layer (`model.layers.{i}.block_sparse_moe.*`).
-pub struct Moe<B: Backend> {
+pub(crate) struct Moe<B: Backend> {
     layer: usize,
     gate: B::Mat,
     bias: Vec<f32>,
@@ -45,7 +46,7 @@ pub struct Moe<B: Backend> {
 impl<B: Backend> Moe<B> {
     /// Loads layer `i`'s tensors `t`. The router stays bf16, which the kernels widen exactly
     /// to f32.
-    pub fn load(
+    pub(crate) fn load(
         ld: &Loader<'_, B>,
         i: usize,
         t: &MoeTensors,
@@ -82,7 +83,7 @@ impl<B: Backend> Moe<B> {
     // The model's per-layer context (checkpoint, expert source, activation, selection) is
     // passed apart rather than bundled: each piece is borrowed from a different owner.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(
+    pub(crate) fn forward(
         &self,
         b: &B,
         ex: ExpertAccess<'_>,

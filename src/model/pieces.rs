@@ -8,7 +8,7 @@ use std::ops::Range;
 
 /// A piece as an attention block runs it: its segment's state for the layer, its rows
 /// among the pass's rows, and, in a pass of several segments, how an error names it.
-pub struct PieceState<'p, S> {
+pub(crate) struct PieceState<'p, S> {
     /// The segment's state of this layer.
     pub state: &'p mut S,
     /// The piece's rows among the pass's rows.
@@ -20,7 +20,7 @@ pub struct PieceState<'p, S> {
 /// Runs `f` on each piece's rows of `xs` (activations over the same rows) with the piece's
 /// state and returns the outputs in row order; `f` gets `xs` themselves when one piece
 /// holds every row.
-pub fn each_piece<B: Backend, S, const N: usize>(
+pub(crate) fn each_piece<B: Backend, S, const N: usize>(
     b: &B,
     xs: [&B::Act; N],
     pieces: &mut [PieceState<'_, S>],

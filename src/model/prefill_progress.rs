@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 /// Prompts shorter than this print no progress lines (they end within a blink).
-pub const PRINT_FROM_TOKENS: usize = 256;
+pub(crate) const PRINT_FROM_TOKENS: usize = 256;
 
 /// Progress of the prefill that runs now (or ran last).
 #[derive(Debug, Default)]

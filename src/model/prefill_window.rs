@@ -19,7 +19,7 @@ fn f32s(values: usize) -> u64 {
 /// inputs (at most `ceil(L / bs) + 1` entries), the residual stream and the mixes, and the
 /// widest block's transients (KDA's six projections and packed copy, MLA's query and
 /// latent, the dense MLP, or the MoE layer's router, latent and (token, expert) pairs).
-pub fn bytes_per_token(cfg: &Config) -> u64 {
+pub(crate) fn bytes_per_token(cfg: &Config) -> u64 {
     let h = cfg.hidden_size;
     let bank = cfg
         .num_hidden_layers
@@ -47,7 +47,7 @@ pub fn bytes_per_token(cfg: &Config) -> u64 {
 /// bank entry of a row into one binding; KDA packs five projections), so that
 /// `Backend::max_rows` of it bounds the rows of an activation's part for every op outside
 /// the routed experts and the head (`Backend::fit_rows`).
-pub fn widest_row_bytes(cfg: &Config) -> usize {
+pub(crate) fn widest_row_bytes(cfg: &Config) -> usize {
     let h = cfg.hidden_size;
     let bank = cfg
         .num_hidden_layers
@@ -68,7 +68,7 @@ pub fn widest_row_bytes(cfg: &Config) -> usize {
 /// The widest buffer a row of the whole window needs in the MoE layer, which runs its
 /// router, latent projection, shared experts and routed experts over the window at once
 /// (so each expert is uploaded once for all its tokens).
-pub fn moe_row_bytes(cfg: &Config) -> usize {
+pub(crate) fn moe_row_bytes(cfg: &Config) -> usize {
     let i = cfg.moe_intermediate_size;
     let widths = [
         cfg.hidden_size,
@@ -79,13 +79,8 @@ pub fn moe_row_bytes(cfg: &Config) -> usize {
     widths.into_iter().max().unwrap_or(cfg.hidden_size) * 4
 }
 
-/// The largest window whose activations fit `bytes`, at least one token.
-pub fn window_for_bytes(cfg: &Config, bytes: u64) -> usize {
-    (bytes / bytes_per_token(cfg).max(1)).max(1) as usize
-}
-
 /// `rows` split into consecutive ranges of at most `per` rows.
-pub fn row_chunks(rows: usize, per: usize) -> Vec<std::ops::Range<usize>> {
+pub(crate) fn row_chunks(rows: usize, per: usize) -> Vec<std::ops::Range<usize>> {
     let per = per.max(1);
     (0..rows.div_ceil(per))
         .map(|j| j * per..((j + 1) * per).min(rows))

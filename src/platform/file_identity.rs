@@ -5,15 +5,14 @@
 //! Unix's `ctime` does, so a rewrite that restores the modification time is still seen.
 
 /// Which file a handle is: its volume serial number and 64-bit file index.
-pub type FileId = (u64, u64);
+pub(crate) type FileId = (u64, u64);
 
 /// A change time, as `(ticks, 0)` in 100-nanosecond ticks on Windows.
-pub type ChangeTime = (i64, i64);
+pub(crate) type ChangeTime = (i64, i64);
 
 /// The identity of `f` and its change time; `None` for a figure the file system does not
 /// report.
-#[cfg(windows)]
-pub fn of_handle(f: &std::fs::File) -> (Option<FileId>, Option<ChangeTime>) {
+pub(crate) fn of_handle(f: &std::fs::File) -> (Option<FileId>, Option<ChangeTime>) {
     use std::os::windows::io::AsRawHandle;
     use windows_sys::Win32::Storage::FileSystem::{
         FileBasicInfo, GetFileInformationByHandle, GetFileInformationByHandleEx,

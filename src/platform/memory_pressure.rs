@@ -173,13 +173,13 @@ mod macos {
     }
 
     /// The memory-pressure dispatch source's latest level.
-    pub struct DispatchPressure {
+    pub(crate) struct DispatchPressure {
         shared: &'static Shared,
     }
 
     impl DispatchPressure {
         /// Installs the source on a low-priority global queue.
-        pub fn start() -> Result<Self, String> {
+        pub(crate) fn start() -> Result<Self, String> {
             let mask = DISPATCH_MEMORYPRESSURE_NORMAL
                 | DISPATCH_MEMORYPRESSURE_WARN
                 | DISPATCH_MEMORYPRESSURE_CRITICAL;

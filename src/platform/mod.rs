@@ -4,10 +4,11 @@
 pub mod aligned_buf;
 pub mod available_memory;
 pub mod cache_dir;
-pub mod file_identity;
+#[cfg(windows)]
+pub(crate) mod file_identity;
 pub mod file_size_signal;
 pub mod input_file;
 pub mod memory_pressure;
 pub mod positional_read;
-pub mod thread_priority;
+pub(crate) mod thread_priority;
 pub mod uncached_read;

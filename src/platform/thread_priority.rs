@@ -6,7 +6,7 @@
 
 /// Asks the OS to give this thread the CPU and the disk after everyone else.
 #[cfg(target_os = "linux")]
-pub fn to_background() {
+pub(crate) fn to_background() {
     const IOPRIO_WHO_PROCESS: libc::c_int = 1;
     const IOPRIO_CLASS_IDLE: libc::c_int = 3;
     const IOPRIO_CLASS_SHIFT: libc::c_int = 13;
@@ -29,7 +29,7 @@ pub fn to_background() {
 
 /// Asks the OS to give this thread the CPU and the disk after everyone else.
 #[cfg(target_vendor = "apple")]
-pub fn to_background() {
+pub(crate) fn to_background() {
     // SAFETY: setpriority takes integers only; PRIO_DARWIN_THREAD with `who` 0 names the
     // calling thread.
     let _ = unsafe { libc::setpriority(libc::PRIO_DARWIN_THREAD, 0, libc::PRIO_DARWIN_BG) };
@@ -37,7 +37,7 @@ pub fn to_background() {
 
 /// Asks the OS to give this thread the CPU and the disk after everyone else.
 #[cfg(windows)]
-pub fn to_background() {
+pub(crate) fn to_background() {
     use windows_sys::Win32::System::Threading::{
         GetCurrentThread, SetThreadPriority, THREAD_MODE_BACKGROUND_BEGIN,
     };

@@ -5,12 +5,12 @@ use super::simd::{Encoded, EncodedRows};
 
 /// Exact widening of a bf16 bit pattern (a bf16 is the top half of an f32).
 #[inline]
-pub fn widen(bits: u16) -> f32 {
+pub(crate) fn widen(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
 }
 
 /// Rounds f32 values to bf16 bit patterns, round-to-nearest-even (NaN stays NaN).
-pub fn round(values: &[f32]) -> Vec<u16> {
+pub(crate) fn round(values: &[f32]) -> Vec<u16> {
     values
         .iter()
         .map(|&v| half::bf16::from_f32(v).to_bits())
@@ -19,7 +19,7 @@ pub fn round(values: &[f32]) -> Vec<u16> {
 
 /// Decodes `bits` (one row) into `out`.
 #[inline]
-pub fn decode_row(bits: &[u16], out: &mut [f32]) {
+pub(crate) fn decode_row(bits: &[u16], out: &mut [f32]) {
     for (o, &b) in out.iter_mut().zip(bits) {
         *o = widen(b);
     }

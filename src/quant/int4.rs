@@ -9,18 +9,18 @@ use super::simd::{Encoded, EncodedRows};
 use anyhow::Result;
 
 /// Columns sharing one scale.
-pub const GROUP: usize = 64;
+pub(crate) const GROUP: usize = 64;
 
 /// Largest magnitude of a quantized value (the code -8 is never produced).
-pub const QMAX: f32 = 7.0;
+pub(crate) const QMAX: f32 = 7.0;
 
 /// Bytes of one packed row.
-pub fn row_bytes(cols: usize) -> usize {
+pub(crate) fn row_bytes(cols: usize) -> usize {
     cols.div_ceil(2)
 }
 
 /// Scales of one row.
-pub fn row_groups(cols: usize) -> usize {
+pub(crate) fn row_groups(cols: usize) -> usize {
     cols.div_ceil(GROUP)
 }
 
@@ -38,7 +38,7 @@ fn high(b: u8) -> i8 {
 
 /// Quantizes row-major `[rows, cols]` values; returns `(packed, scale)` in the layout of
 /// [`super::DenseData::Int4`]. Non-finite values are refused (they would poison a group).
-pub fn quantize(rows: usize, cols: usize, w: &[f32]) -> Result<(Vec<u8>, Vec<f32>)> {
+pub(crate) fn quantize(rows: usize, cols: usize, w: &[f32]) -> Result<(Vec<u8>, Vec<f32>)> {
     row_quantize::quantize::<Int4Format>(rows, cols, w)
 }
 
@@ -113,7 +113,7 @@ fn quantize_row_body(
 /// Decodes one packed row (`row_bytes(cols)` bytes, `row_groups(cols)` scales) into `out`
 /// (`cols` values).
 #[inline]
-pub fn decode_row(packed: &[u8], scale: &[f32], out: &mut [f32]) {
+pub(crate) fn decode_row(packed: &[u8], scale: &[f32], out: &mut [f32]) {
     for ((dst, src), &s) in out
         .chunks_mut(GROUP)
         .zip(packed.chunks(GROUP / 2))

@@ -6,11 +6,11 @@ use super::simd::{Encoded, EncodedRows};
 use anyhow::Result;
 
 /// Largest magnitude of a quantized value.
-pub const QMAX: f32 = 127.0;
+pub(crate) const QMAX: f32 = 127.0;
 
 /// Quantizes row-major `[rows, cols]` values; returns `(q, scale)` with one scale per row.
 /// An all-zero row gets scale 0. Non-finite values are refused (they would poison the row).
-pub fn quantize(rows: usize, cols: usize, w: &[f32]) -> Result<(Vec<i8>, Vec<f32>)> {
+pub(crate) fn quantize(rows: usize, cols: usize, w: &[f32]) -> Result<(Vec<i8>, Vec<f32>)> {
     row_quantize::quantize::<Int8Format>(rows, cols, w)
 }
 
@@ -100,7 +100,7 @@ pub(crate) fn not_finite(format: &str, r: usize, src: &[f32]) -> anyhow::Error {
 
 /// Decodes one row of quantized values with its scale into `out`.
 #[inline]
-pub fn decode_row(q: &[i8], scale: f32, out: &mut [f32]) {
+pub(crate) fn decode_row(q: &[i8], scale: f32, out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(q) {
         *o = f32::from(v) * scale;
     }

@@ -1,14 +1,14 @@
 //! Weight formats: native MXFP4 experts and the load-time formats of dense matrices,
 //! each with the CPU kernels that make it the oracle.
 
-pub mod bf16;
+pub(crate) mod bf16;
 mod dense;
 pub mod idot;
-pub mod int4;
-pub mod int8;
+pub(crate) mod int4;
+pub(crate) mod int8;
 mod kernel;
 pub mod mxfp4;
-pub mod pool;
+pub(crate) mod pool;
 mod row_quantize;
 pub mod simd;
 

@@ -11,12 +11,12 @@
 /// for the pool: tens of microseconds of one core, so that splitting it saves more than a
 /// hand-off costs. A one-token op of the real model's widest matrices is far above it; the
 /// demo model's ops and a decode step's elementwise ops are below it.
-pub const POOL_WORK_FROM: usize = 1 << 18;
+pub(crate) const POOL_WORK_FROM: usize = 1 << 18;
 
 /// The `with_min_len` of a parallel iterator over `items` pieces that together take
 /// `work` (see [`POOL_WORK_FROM`]): all of them (one inline run) when the work is too small
 /// to pay for the pool, else 1 (rayon splits as it likes).
-pub fn min_len(items: usize, work: usize) -> usize {
+pub(crate) fn min_len(items: usize, work: usize) -> usize {
     if work < POOL_WORK_FROM {
         items.max(1)
     } else {

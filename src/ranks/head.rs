@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 /// One rank's totals, for the stats lines, `--stats-json`, `/health` and `/metrics`.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct RankTotals {
+pub(crate) struct RankTotals {
     /// The rank.
     pub rank: usize,
     /// Its host.
@@ -28,7 +28,7 @@ pub struct RankTotals {
 }
 
 /// The head of a job of several ranks.
-pub struct Head {
+pub(crate) struct Head {
     placement: Placement,
     hellos: Vec<Hello>,
     /// How long the head waits for a rank's answer before it ends the job.
@@ -42,7 +42,7 @@ impl Head {
     /// Waits (at most `start_timeout`) for every other rank's start-up report and checks
     /// it against `own`; any rank that could not start, opened another checkpoint or was
     /// given other flags stops the job here, named.
-    pub fn connect(
+    pub(crate) fn connect(
         placement: Placement,
         own: Hello,
         start_timeout: Duration,
@@ -77,17 +77,17 @@ impl Head {
     }
 
     /// Each rank's totals so far (rank 0's are the head's own `Stats`, not counted here).
-    pub fn totals(&self) -> Vec<RankTotals> {
+    pub(crate) fn totals(&self) -> Vec<RankTotals> {
         self.totals.lock().map(|t| t.clone()).unwrap_or_default()
     }
 
     /// Which rank owns which expert.
-    pub fn placement(&self) -> &Placement {
+    pub(crate) fn placement(&self) -> &Placement {
         &self.placement
     }
 
     /// Each rank's start-up report.
-    pub fn hellos(&self) -> &[Hello] {
+    pub(crate) fn hellos(&self) -> &[Hello] {
         &self.hellos
     }
 
@@ -202,11 +202,11 @@ impl RemoteExperts for Head {
 static CURRENT: OnceLock<Arc<Head>> = OnceLock::new();
 
 /// Records the job's head for the stats lines, `/health` and `/metrics`.
-pub fn set_current(h: Arc<Head>) {
+pub(crate) fn set_current(h: Arc<Head>) {
     let _ = CURRENT.set(h);
 }
 
 /// The job's head, when this process is one.
-pub fn current() -> Option<&'static Arc<Head>> {
+pub(crate) fn current() -> Option<&'static Arc<Head>> {
     CURRENT.get()
 }

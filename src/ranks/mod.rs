@@ -12,9 +12,9 @@ pub mod setup;
 pub mod wire;
 
 #[cfg(feature = "mpi")]
-pub mod head;
+pub(crate) mod head;
 #[cfg(feature = "mpi")]
-pub mod worker;
+pub(crate) mod worker;
 #[cfg(feature = "mpi")]
 pub mod world;
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 /// This rank's start-up report for a model that loaded (`error: None`) or the error that
 /// stopped it.
-pub fn hello<B: Backend>(model: Option<&K3Model<B>>, error: Option<String>) -> Hello {
+pub(crate) fn hello<B: Backend>(model: Option<&K3Model<B>>, error: Option<String>) -> Hello {
     Hello {
         rank: info().map_or(0, |i| i.rank),
         host: info().map_or_else(String::new, |i| i.host.clone()),
@@ -32,7 +32,7 @@ pub fn hello<B: Backend>(model: Option<&K3Model<B>>, error: Option<String>) -> H
 }
 
 /// Sends this rank's start-up report to the head.
-pub fn send_hello(h: &Hello) -> Result<()> {
+pub(crate) fn send_hello(h: &Hello) -> Result<()> {
     let bytes = serde_json::to_vec(h)?;
     with_world(|w| w.process_at_rank(0).send_with_tag(&bytes[..], TAG_HELLO));
     Ok(())
@@ -40,7 +40,7 @@ pub fn send_hello(h: &Hello) -> Result<()> {
 
 /// Reports a failed start to the head, then waits a little for the head to end the job (it
 /// names this rank's error); returns so the process exits on its own if it does not.
-pub fn report_failure(error: &anyhow::Error) {
+pub(crate) fn report_failure(error: &anyhow::Error) {
     let h = hello::<crate::backend::cpu::CpuBackend>(None, Some(format!("{error:#}")));
     if send_hello(&h).is_ok() {
         std::thread::sleep(Duration::from_secs(10));
@@ -48,7 +48,7 @@ pub fn report_failure(error: &anyhow::Error) {
 }
 
 /// Serves the head's requests on `model` until it says stop.
-pub fn serve<B: Backend>(model: &mut Runner<B>) -> Result<()> {
+pub(crate) fn serve<B: Backend>(model: &mut Runner<B>) -> Result<()> {
     send_hello(&hello(Some(&model.model), None))?;
     loop {
         let (bytes, _) = with_world(|w| w.process_at_rank(0).receive_vec_with_tag::<u8>(TAG_WORK));

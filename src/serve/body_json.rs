@@ -8,11 +8,11 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// Fields a body struct did not claim (its `#[serde(flatten)]` catch-all).
-pub type Unknown = BTreeMap<String, Value>;
+pub(crate) type Unknown = BTreeMap<String, Value>;
 
 /// Parses `body` as JSON into `T`; a syntax error is a 400 without a field, a wrong type
 /// or a missing field a 400 naming its path.
-pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::status(400, format!("the body is not valid JSON: {e}")))?;
     if !v.is_object() {
@@ -22,7 +22,7 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 /// Reads `v` (found at `at`, "" for the body itself) into `T`, naming the failing path.
-pub fn from_value<T: DeserializeOwned>(v: Value, at: &str) -> Result<T, ApiError> {
+pub(crate) fn from_value<T: DeserializeOwned>(v: Value, at: &str) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let inner = readable(&e.inner().to_string());
         let path = e.path().to_string();
@@ -55,7 +55,7 @@ fn readable(msg: &str) -> String {
 /// Refuses the first unknown field that is not null, naming it with its path prefix
 /// (`at`, "" at the top): `"logit_bias is not supported"`. A null counts as left out,
 /// as clients send unset optional fields as null.
-pub fn refuse_unknown(unknown: &Unknown, at: &str) -> Result<(), ApiError> {
+pub(crate) fn refuse_unknown(unknown: &Unknown, at: &str) -> Result<(), ApiError> {
     match unknown.iter().find(|(_, v)| !v.is_null()) {
         None => Ok(()),
         Some((k, _)) => {

@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 
 /// Bounds on the connections one client or many may hold.
 #[derive(Clone, Copy, Debug)]
-pub struct ConnectionLimits {
+pub(crate) struct ConnectionLimits {
     /// Open connections at most.
     pub max_connections: usize,
     /// Longest wait for a request's headers.
@@ -34,7 +34,7 @@ pub struct ConnectionLimits {
 
 /// How long connections may take to finish after shutdown begins; then they are closed
 /// (a client that reads nothing, or sends half a body, cannot hold the exit).
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// A connection whose writes fail once one has waited `stall` without progress: a client
 /// that stops reading fills the socket's buffer, and is then closed instead of holding its
@@ -121,7 +121,7 @@ const REFUSAL_DRAIN: usize = 64 << 10;
 
 /// The whole HTTP answer to a connection over the limit: 503, `Retry-After`, an
 /// OpenAI-style error naming the flag.
-pub fn over_limit_answer(max_connections: usize) -> Vec<u8> {
+pub(crate) fn over_limit_answer(max_connections: usize) -> Vec<u8> {
     let e = ApiError {
         retry_after: Some(1),
         ..ApiError::status(
@@ -162,7 +162,7 @@ async fn refuse(mut stream: TcpStream, answer: Arc<[u8]>) {
 
 /// Serves `app` on `listener` until `shutdown` resolves, then drains the connections;
 /// `on_refusal` runs for each connection answered 503 over the limit.
-pub async fn serve_connections(
+pub(crate) async fn serve_connections(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 type R<T> = Result<T, ApiError>;
 
 /// The text a cleared tool result is replaced with, so the model sees that a result was there.
-pub const CLEARED_RESULT: &str = "[this tool result was cleared to save context]";
+pub(crate) const CLEARED_RESULT: &str = "[this tool result was cleared to save context]";
 
 /// When a tool-use clearing edit applies.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,7 +126,7 @@ fn names(v: &Value, field: &str) -> R<Vec<String>> {
 
 /// Reads `context_management` (`{"edits": [...]}`); an edit type k3 does not know is a
 /// 400 naming it.
-pub fn parse(v: &Value) -> R<Vec<ContextEdit>> {
+pub(crate) fn parse(v: &Value) -> R<Vec<ContextEdit>> {
     let field = "context_management";
     let o = obj(v, field)?;
     refuse_other_keys(o, &["edits"], field)?;
@@ -226,7 +226,7 @@ struct ToolUse {
 /// Applies `edits` in order to `messages`, whose rendered prompt is `prompt_tokens` long;
 /// `count` gives a text's tokens. Returns what each applied edit cleared (edits that did
 /// not trigger are left out).
-pub fn apply(
+pub(crate) fn apply(
     edits: &[ContextEdit],
     messages: &mut [ApiMessage],
     prompt_tokens: usize,

@@ -31,7 +31,7 @@ use std::time::Instant;
 
 /// Events a job's channel holds before the engine waits for its handler: a streaming
 /// client that reads nothing pauses the engine, not the server's memory.
-pub const EVENTS_IN_FLIGHT: usize = 64;
+pub(crate) const EVENTS_IN_FLIGHT: usize = 64;
 /// Free places a job's channel needs before its sequence picks a token (a token can send
 /// a few events: text, held logprobs, the end of a think section).
 const ROOM_TO_PICK: usize = 4;
@@ -53,7 +53,7 @@ pub struct EngineShared {
 
 /// How the engine runs requests together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EngineOptions {
+pub(crate) struct EngineOptions {
     /// State snapshots kept, over all slots (each slot keeps its share of the bytes).
     pub snapshots: SnapshotLimits,
     /// Sequences in flight at most (`--parallel`).
@@ -135,7 +135,7 @@ fn state_bytes(cfg: &crate::config::Config, tokens: usize) -> usize {
 /// sequence that prefills feeds its next slice of at most `opts.prefill_slice` prompt
 /// tokens, every one that decodes its last token, in one [`Runner::forward_batch`]; then
 /// each picks its token. A job that finishes, fails or is cancelled frees its slot at once.
-pub fn run_engine<B: Backend>(
+pub(crate) fn run_engine<B: Backend>(
     model: &Runner<B>,
     tok: &Tokenizer,
     opts: EngineOptions,

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 /// The values an accepted-but-unused field may hold; anything else is a 400 naming it.
 #[derive(Clone, Copy, Debug)]
-pub enum Accepts {
+pub(crate) enum Accepts {
     /// `true` or `false`.
     Bool,
     /// Any string.
@@ -24,7 +24,7 @@ pub enum Accepts {
 
 /// A field that is accepted and has no effect, with the reason.
 #[derive(Clone, Copy, Debug)]
-pub struct InertField {
+pub(crate) struct InertField {
     /// The field's name at the body's top level.
     pub name: &'static str,
     /// The values it may hold.
@@ -35,7 +35,7 @@ pub struct InertField {
 
 /// OpenAI's labelling, storage, routing and billing fields (chat completions, completions
 /// and responses bodies).
-pub const OPENAI: &[InertField] = &[
+pub(crate) const OPENAI: &[InertField] = &[
     InertField {
         name: "store",
         accepts: Accepts::Bool,
@@ -74,7 +74,7 @@ pub const OPENAI: &[InertField] = &[
 ];
 
 /// Anthropic's labelling, routing and caching fields (`/v1/messages`, `count_tokens`).
-pub const ANTHROPIC: &[InertField] = &[
+pub(crate) const ANTHROPIC: &[InertField] = &[
     InertField {
         name: "metadata",
         accepts: Accepts::Object,
@@ -137,7 +137,7 @@ impl InertField {
 
 /// Refuses the first unknown field (not null) that `inert` does not list, naming it; a
 /// listed one is accepted when its value has the kind the field takes, and ignored.
-pub fn refuse_unknown_except(
+pub(crate) fn refuse_unknown_except(
     unknown: &Unknown,
     at: &str,
     inert: &[InertField],
@@ -152,6 +152,7 @@ pub fn refuse_unknown_except(
                     format!("{at}.{k}")
                 };
                 f.check(v, &field)?;
+                tracing::debug!("request field {field} accepted and ignored: {}", f.why);
             }
             Some(_) => {}
             None => {

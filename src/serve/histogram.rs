@@ -4,18 +4,18 @@
 use std::fmt::Write;
 
 /// Bucket bounds in seconds for waits and durations (first token, queue, whole request).
-pub const DURATION_BUCKETS: &[f64] = &[
+pub(crate) const DURATION_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
 
 /// Bucket bounds in seconds for the time one output token takes.
-pub const TOKEN_BUCKETS: &[f64] = &[
+pub(crate) const TOKEN_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
 /// Observations counted into fixed buckets.
 #[derive(Clone, Debug)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     bounds: &'static [f64],
     /// Observations at or below each bound (not yet cumulative).
     counts: Vec<u64>,
@@ -25,7 +25,7 @@ pub struct Histogram {
 
 impl Histogram {
     /// An empty histogram over `bounds` (ascending).
-    pub fn new(bounds: &'static [f64]) -> Self {
+    pub(crate) fn new(bounds: &'static [f64]) -> Self {
         Self {
             bounds,
             counts: vec![0; bounds.len()],
@@ -35,7 +35,7 @@ impl Histogram {
     }
 
     /// Counts one observation; a non-finite one is dropped.
-    pub fn observe(&mut self, x: f64) {
+    pub(crate) fn observe(&mut self, x: f64) {
         if !x.is_finite() {
             return;
         }
@@ -46,13 +46,8 @@ impl Histogram {
         self.count += 1;
     }
 
-    /// Observations so far.
-    pub fn count(&self) -> u64 {
-        self.count
-    }
-
     /// Appends the histogram as `name` with its help line.
-    pub fn render(&self, name: &str, help: &str, out: &mut String) {
+    pub(crate) fn render(&self, name: &str, help: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut below = 0;
         for (b, n) in self.bounds.iter().zip(&self.counts) {

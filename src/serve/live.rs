@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 /// Tokens the figures average over.
-pub const WINDOW: usize = 16;
+pub(crate) const WINDOW: usize = 16;
 
 /// The last [`WINDOW`] decode steps: seconds and counters of each.
 #[derive(Default)]

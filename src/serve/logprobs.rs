@@ -33,14 +33,14 @@ pub struct LogprobEntry {
 }
 
 /// Turns the sampler's records into entries, counting the text offset as it goes.
-pub struct LogprobWriter<'t> {
+pub(crate) struct LogprobWriter<'t> {
     tok: &'t Tokenizer,
     offset: usize,
 }
 
 impl<'t> LogprobWriter<'t> {
     /// A writer for one choice's tokens.
-    pub fn new(tok: &'t Tokenizer) -> Self {
+    pub(crate) fn new(tok: &'t Tokenizer) -> Self {
         Self { tok, offset: 0 }
     }
 
@@ -54,7 +54,7 @@ impl<'t> LogprobWriter<'t> {
     }
 
     /// The entry of the next generated token.
-    pub fn entry(&mut self, lp: &TokenLogprobs) -> LogprobEntry {
+    pub(crate) fn entry(&mut self, lp: &TokenLogprobs) -> LogprobEntry {
         let chosen = self.token(lp.id, lp.logprob);
         let text_offset = self.offset;
         if !self.tok.is_special(lp.id) {
@@ -73,7 +73,7 @@ fn token_json(t: &TokenLogprob) -> Value {
 }
 
 /// A chat choice's (or chunk's) `logprobs`: `{"content": [...], "refusal": null}`.
-pub fn chat_json(entries: &[LogprobEntry]) -> Value {
+pub(crate) fn chat_json(entries: &[LogprobEntry]) -> Value {
     let content: Vec<Value> = entries
         .iter()
         .map(|e| {
@@ -87,7 +87,7 @@ pub fn chat_json(entries: &[LogprobEntry]) -> Value {
 
 /// A text completion's (or chunk's) `logprobs`: `tokens`, `token_logprobs`,
 /// `top_logprobs` (one object of token → log-probability per token) and `text_offset`.
-pub fn completion_json(entries: &[LogprobEntry]) -> Value {
+pub(crate) fn completion_json(entries: &[LogprobEntry]) -> Value {
     let top: Vec<Value> = entries
         .iter()
         .map(|e| {

@@ -7,14 +7,14 @@ use super::reply::ToolCallOut;
 use serde_json::{json, Value};
 
 /// Seconds since the Unix epoch (`created`).
-pub fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 /// `usage`, with the cached prompt tokens.
-pub fn usage(o: &Outcome) -> Value {
+pub(crate) fn usage(o: &Outcome) -> Value {
     json!({
         "prompt_tokens": o.prompt_tokens,
         "completion_tokens": o.completion_tokens,
@@ -25,7 +25,7 @@ pub fn usage(o: &Outcome) -> Value {
 }
 
 /// The per-answer timings the web page shows (an extension field).
-pub fn timings(o: &Outcome) -> Value {
+pub(crate) fn timings(o: &Outcome) -> Value {
     let decode_tps = if o.completion_tokens > 1 && o.decode_secs > 0.0 {
         (o.completion_tokens - 1) as f64 / o.decode_secs
     } else {
@@ -87,7 +87,7 @@ fn choice_id(id: &str, choice: usize) -> String {
 }
 
 /// A whole `chat.completion`.
-pub fn chat_completion(id: &str, model: &str, o: &Outcome) -> Value {
+pub(crate) fn chat_completion(id: &str, model: &str, o: &Outcome) -> Value {
     let choices: Vec<Value> = o
         .choices
         .iter()
@@ -112,12 +112,12 @@ pub fn chat_completion(id: &str, model: &str, o: &Outcome) -> Value {
 
 /// `system_fingerprint`: names the sampler's seed, so a client can replay an answer by
 /// sending it back as `seed`.
-pub fn fingerprint(seed: u64) -> String {
+pub(crate) fn fingerprint(seed: u64) -> String {
     format!("k3-seed-{seed}")
 }
 
 /// One `chat.completion.chunk` of choice `index` with `delta` and `finish_reason`.
-pub fn chat_chunk(
+pub(crate) fn chat_chunk(
     id: &str,
     model: &str,
     index: usize,
@@ -134,7 +134,7 @@ pub fn chat_chunk(
 }
 
 /// The delta of a piece of streamed text.
-pub fn text_delta(field: Field, text: &str) -> Value {
+pub(crate) fn text_delta(field: Field, text: &str) -> Value {
     match field {
         Field::Reasoning => json!({"reasoning_content": text}),
         Field::Content => json!({"content": text}),
@@ -143,7 +143,7 @@ pub fn text_delta(field: Field, text: &str) -> Value {
 
 /// The chunk of a streamed piece: its text, and the log-probabilities of the tokens since
 /// the previous chunk when the request asked for them (a piece may carry only those).
-pub fn chat_delta_chunk(id: &str, model: &str, d: &Delta) -> Value {
+pub(crate) fn chat_delta_chunk(id: &str, model: &str, d: &Delta) -> Value {
     let delta = if d.text.is_empty() {
         json!({})
     } else {
@@ -157,7 +157,7 @@ pub fn chat_delta_chunk(id: &str, model: &str, d: &Delta) -> Value {
 }
 
 /// The `text_completion` chunk of a streamed piece, with its tokens' log-probabilities.
-pub fn completion_delta_chunk(id: &str, model: &str, d: &Delta) -> Value {
+pub(crate) fn completion_delta_chunk(id: &str, model: &str, d: &Delta) -> Value {
     let mut c = completion_chunk(id, model, d.choice, &d.text, None);
     if !d.logprobs.is_empty() {
         c["choices"][0]["logprobs"] = completion_json(&d.logprobs);
@@ -167,7 +167,12 @@ pub fn completion_delta_chunk(id: &str, model: &str, d: &Delta) -> Value {
 
 /// The chunks that end a streamed chat answer: per choice its tool calls (if any) and
 /// finish reason, then the usage chunk when asked for.
-pub fn chat_final_chunks(id: &str, model: &str, o: &Outcome, include_usage: bool) -> Vec<Value> {
+pub(crate) fn chat_final_chunks(
+    id: &str,
+    model: &str,
+    o: &Outcome,
+    include_usage: bool,
+) -> Vec<Value> {
     let mut out = Vec::new();
     for (i, c) in o.choices.iter().enumerate() {
         if !c.tool_calls.is_empty() {
@@ -201,7 +206,7 @@ pub fn chat_final_chunks(id: &str, model: &str, o: &Outcome, include_usage: bool
 }
 
 /// A whole `text_completion`.
-pub fn completion(id: &str, model: &str, o: &Outcome) -> Value {
+pub(crate) fn completion(id: &str, model: &str, o: &Outcome) -> Value {
     let choices: Vec<Value> = o
         .choices
         .iter()
@@ -224,7 +229,7 @@ pub fn completion(id: &str, model: &str, o: &Outcome) -> Value {
 }
 
 /// One streamed `text_completion` chunk of choice `index`.
-pub fn completion_chunk(
+pub(crate) fn completion_chunk(
     id: &str,
     model: &str,
     index: usize,
@@ -241,12 +246,12 @@ pub fn completion_chunk(
 }
 
 /// One entry of `/v1/models`, also `/v1/models/{id}`.
-pub fn model_entry(model: &str) -> Value {
+pub(crate) fn model_entry(model: &str) -> Value {
     json!({"id": model, "object": "model", "created": 0, "owned_by": "k3"})
 }
 
 /// `/v1/models`.
-pub fn models(model: &str) -> Value {
+pub(crate) fn models(model: &str) -> Value {
     json!({
         "object": "list",
         "data": [model_entry(model)],

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// The sampling and limit fields every route reads, as sent.
 #[derive(Default)]
-pub struct SamplingFields {
+pub(crate) struct SamplingFields {
     /// `temperature`
     pub temperature: Option<f64>,
     /// `top_p`
@@ -52,13 +52,13 @@ fn in_range(field: &str, x: f64, lo: f64, hi: f64) -> R<f32> {
 }
 
 /// A seed for a request that names none: each request samples its own stream.
-pub fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     rand::random()
 }
 
 impl SamplingFields {
     /// Checks the fields against `limits` and builds the parameters on `base`.
-    pub fn params(self, limits: &Limits, base: &SamplerConfig) -> R<GenParams> {
+    pub(crate) fn params(self, limits: &Limits, base: &SamplerConfig) -> R<GenParams> {
         let mut s = *base;
         if let Some(t) = self.temperature {
             s.temperature = in_range("temperature", t, 0.0, 100.0)?;

@@ -15,7 +15,7 @@ use tiktoken_rs::CoreBPE;
 /// on GitHub, and identical in every Kimi tokenizer port found). It is o200k's pattern
 /// with a leading Han rule and `&&[^\p{Han}]` intersections that keep Han out of the
 /// letter rules. Do not "simplify" the `&&`: the regex engine honours them as written.
-pub const KIMI_PAT_STR: &str = concat!(
+pub(crate) const KIMI_PAT_STR: &str = concat!(
     r"[\p{Han}]+",
     "|",
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
@@ -48,11 +48,11 @@ fn short(s: &str) -> String {
 }
 
 /// Entries a `tiktoken.model` may hold: the largest `vocab_size` the config accepts.
-pub const MAX_TIKTOKEN_RANKS: usize = 1 << 22;
+pub(crate) const MAX_TIKTOKEN_RANKS: usize = 1 << 22;
 
 /// Reads `tiktoken.model` (through [`crate::platform::input_file`]) and parses it with
 /// [`parse_tiktoken_model`].
-pub fn read_tiktoken_model(path: &Path) -> Result<Vec<Vec<u8>>> {
+pub(crate) fn read_tiktoken_model(path: &Path) -> Result<Vec<Vec<u8>>> {
     let text = crate::platform::input_file::read_text(
         path,
         crate::platform::input_file::FileKind::TiktokenModel,
@@ -63,7 +63,7 @@ pub fn read_tiktoken_model(path: &Path) -> Result<Vec<Vec<u8>>> {
 /// Parses `tiktoken.model` text: one `base64 rank` line per token. Returns the bytes of
 /// each rank in rank order; ranks must be exactly `0..n` and byte strings unique. `path`
 /// names the file in errors.
-pub fn parse_tiktoken_model(text: &str, path: &Path) -> Result<Vec<Vec<u8>>> {
+pub(crate) fn parse_tiktoken_model(text: &str, path: &Path) -> Result<Vec<Vec<u8>>> {
     // Ranks run 0..n over n entries, so a rank at or above the entry count is a gap for
     // certain; refusing it before the table grows keeps a rank of 2^30 from sizing it.
     let entries = text.lines().filter(|l| !l.trim().is_empty()).count();
@@ -139,7 +139,7 @@ pub fn parse_tiktoken_model(text: &str, path: &Path) -> Result<Vec<Vec<u8>>> {
 }
 
 /// The rank BPE engine plus the special-token strings it may recognise.
-pub struct RankBpe {
+pub(crate) struct RankBpe {
     core: CoreBPE,
     /// A copy of the rank map for the fallback path (CoreBPE keeps its own private).
     ranks: FxHashMap<Vec<u8>, u32>,
@@ -148,7 +148,7 @@ pub struct RankBpe {
 
 impl RankBpe {
     /// Builds the engine from rank bytes (id = index) and special names (id = n_base + index).
-    pub fn new(ranks: &[Vec<u8>], special_names: &[String], pattern: &str) -> Result<Self> {
+    pub(crate) fn new(ranks: &[Vec<u8>], special_names: &[String], pattern: &str) -> Result<Self> {
         let n_base = ranks.len() as u32;
         let encoder: FxHashMap<Vec<u8>, u32> = ranks
             .iter()
@@ -173,12 +173,12 @@ impl RankBpe {
     }
 
     /// Encodes text, special-token strings included as ordinary bytes.
-    pub fn encode_ordinary(&self, text: &str) -> Vec<u32> {
+    pub(crate) fn encode_ordinary(&self, text: &str) -> Vec<u32> {
         self.encode_chunked(text, &HashSet::new())
     }
 
     /// Encodes text, turning every special-token string into its id.
-    pub fn encode_with_special(&self, text: &str) -> Vec<u32> {
+    pub(crate) fn encode_with_special(&self, text: &str) -> Vec<u32> {
         let allowed: HashSet<&str> = self.special_names.iter().map(String::as_str).collect();
         self.encode_chunked(text, &allowed)
     }
@@ -218,14 +218,14 @@ impl RankBpe {
 
 /// Python's `str.isspace`, which `tokenization_kimi.py` uses to cut runs; it differs
 /// from Rust's `char::is_whitespace` on the information separators U+001C..U+001F.
-pub fn python_isspace(c: char) -> bool {
+pub(crate) fn python_isspace(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
 /// Splits text the way `tokenization_kimi.py`'s `encode` does before tiktoken sees it:
 /// 400k-character pieces, each cut so no run of whitespace or non-whitespace exceeds
 /// 25k characters. Long inputs tokenize differently at these cuts, so they are kept.
-pub fn kimi_chunks(text: &str) -> Vec<&str> {
+pub(crate) fn kimi_chunks(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut big_start = 0;
     let mut count = 0;

@@ -332,7 +332,7 @@ pub fn chat_stop_ids(tok: &Tokenizer, eos_ids: &[u32]) -> Vec<u32> {
 }
 
 /// Jinja's `trim` is Python's `str.strip()`.
-pub fn python_trim(s: &str) -> &str {
+pub(crate) fn python_trim(s: &str) -> &str {
     s.trim_matches(python_isspace)
 }
 

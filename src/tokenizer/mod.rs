@@ -1,11 +1,11 @@
 //! Text in, text out: Kimi's tiktoken-style tokenizer, streaming decode, the XTML
 //! chat format, and a synthetic tokenizer for test models.
 
-pub mod bpe;
-pub mod chat;
+pub(crate) mod bpe;
+pub(crate) mod chat;
 pub mod hf_json;
 pub mod special;
-pub mod stream_decode;
+pub(crate) mod stream_decode;
 pub mod synthetic;
 
 use crate::platform::input_file::is_present;

@@ -150,7 +150,12 @@ fn lab_gated(src: &Path, file: &Path) -> bool {
             let lines: Vec<&str> = text.lines().collect();
             for (i, line) in lines.iter().enumerate() {
                 let t = line.trim();
-                let declares = t == format!("mod {stem};") || t == format!("pub mod {stem};");
+                let declares = [
+                    format!("mod {stem};"),
+                    format!("pub mod {stem};"),
+                    format!("pub(crate) mod {stem};"),
+                ]
+                .contains(&t.to_string());
                 if declares && i > 0 && lines[i - 1].trim() == "#[cfg(feature = \"lab\")]" {
                     return true;
                 }

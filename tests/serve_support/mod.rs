@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A running server; killed when dropped.
-pub struct Server {
+pub(crate) struct Server {
     pub child: Child,
     /// `127.0.0.1:PORT`.
     pub addr: String,
@@ -21,7 +21,7 @@ impl Server {
     /// Starts `k3 serve DIR --port 0 --backend cpu --quiet EXTRA...` and waits for its address.
     /// The prompt cache is off unless EXTRA names its directory: servers of different tests
     /// must not load each other's prompts from the user's cache directory.
-    pub fn start(dir: &std::path::Path, extra: &[&str]) -> Server {
+    pub(crate) fn start(dir: &std::path::Path, extra: &[&str]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_k3"));
         cmd.env_remove("K3_PROMPT_CACHE");
         if extra.contains(&"--prompt-cache") {
@@ -69,16 +69,16 @@ impl Server {
         Server { child, addr, log }
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
 
     /// Waits until the log has a line containing `needle`.
-    pub fn wait_log(&self, needle: &str, secs: u64) -> bool {
+    pub(crate) fn wait_log(&self, needle: &str, secs: u64) -> bool {
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(secs) {
             if self.log().contains(needle) {
@@ -98,7 +98,7 @@ impl Drop for Server {
 }
 
 /// An agent that reports error statuses as responses.
-pub fn agent() -> ureq::Agent {
+pub(crate) fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(120)))
@@ -107,7 +107,7 @@ pub fn agent() -> ureq::Agent {
 }
 
 /// POSTs a JSON body; returns (status, headers' Retry-After, body as JSON or a string).
-pub fn post(url: &str, body: &str, key: Option<&str>) -> (u16, Option<String>, Value) {
+pub(crate) fn post(url: &str, body: &str, key: Option<&str>) -> (u16, Option<String>, Value) {
     let mut req = agent().post(url).header("Content-Type", "application/json");
     if let Some(k) = key {
         req = req.header("Authorization", &format!("Bearer {k}"));
@@ -124,14 +124,14 @@ pub fn post(url: &str, body: &str, key: Option<&str>) -> (u16, Option<String>, V
     (status, retry, v)
 }
 
-pub fn post_json(url: &str, body: &Value) -> (u16, Value) {
+pub(crate) fn post_json(url: &str, body: &Value) -> (u16, Value) {
     let (s, _, v) = post(url, &body.to_string(), None);
     (s, v)
 }
 
 /// The value of the `/metrics` line that starts with `name` (a bucket with its labels, or a
 /// bare counter), parsed; panics naming it when there is none.
-pub fn metric<T: std::str::FromStr>(metrics: &str, name: &str) -> T {
+pub(crate) fn metric<T: std::str::FromStr>(metrics: &str, name: &str) -> T {
     metrics
         .lines()
         .find(|l| l.starts_with(name))
@@ -140,7 +140,7 @@ pub fn metric<T: std::str::FromStr>(metrics: &str, name: &str) -> T {
         .unwrap_or_else(|| panic!("no {name}: {metrics}"))
 }
 
-pub fn get(url: &str, key: Option<&str>) -> (u16, String) {
+pub(crate) fn get(url: &str, key: Option<&str>) -> (u16, String) {
     let mut req = agent().get(url);
     if let Some(k) = key {
         req = req.header("Authorization", &format!("Bearer {k}"));
@@ -151,7 +151,7 @@ pub fn get(url: &str, key: Option<&str>) -> (u16, String) {
 }
 
 /// A streamed answer: the `data:` payloads in order (`[DONE]` included as a string).
-pub fn post_stream(url: &str, body: &Value) -> (u16, Vec<Value>) {
+pub(crate) fn post_stream(url: &str, body: &Value) -> (u16, Vec<Value>) {
     let resp = agent()
         .post(url)
         .header("Content-Type", "application/json")
@@ -171,7 +171,7 @@ pub fn post_stream(url: &str, body: &Value) -> (u16, Vec<Value>) {
 }
 
 /// Opens a streamed request and returns its body reader (drop it to disconnect).
-pub fn open_stream(url: &str, body: &Value) -> Box<dyn Read> {
+pub(crate) fn open_stream(url: &str, body: &Value) -> Box<dyn Read> {
     let resp = agent()
         .post(url)
         .header("Content-Type", "application/json")
@@ -181,7 +181,7 @@ pub fn open_stream(url: &str, body: &Value) -> Box<dyn Read> {
 }
 
 /// Joins a streamed chat answer's deltas: (reasoning, content, finish_reason, usage).
-pub fn join_chat(chunks: &[Value]) -> (String, String, String, Option<Value>) {
+pub(crate) fn join_chat(chunks: &[Value]) -> (String, String, String, Option<Value>) {
     let (mut r, mut c, mut f, mut u) = (String::new(), String::new(), String::new(), None);
     for ch in chunks {
         if let Some(choice) = ch["choices"].get(0) {

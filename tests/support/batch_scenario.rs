@@ -7,19 +7,19 @@ use k3::model::{Logits, Runner, Segment, State};
 use k3::stats::Stats;
 
 /// Each sequence's prompt before the batched steps (empty: it starts in the batch).
-pub const PROMPTS: [&[u32]; 4] = [&[5, 300, 17, 999], &[42, 0, 511], &[], &[]];
+pub(crate) const PROMPTS: [&[u32]; 4] = [&[5, 300, 17, 999], &[42, 0, 511], &[], &[]];
 
 /// Each sequence's tokens in the first batched step: two decode one token, two prefill.
-pub const STEP1: [&[u32]; 4] = [&[88], &[7], &[768, 5, 300, 17, 17], &[64, 65, 66]];
+pub(crate) const STEP1: [&[u32]; 4] = [&[88], &[7], &[768, 5, 300, 17, 17], &[64, 65, 66]];
 
 /// What each sequence wants of the first step's logits.
-pub const WANT1: [Logits; 4] = [Logits::Last, Logits::Last, Logits::All, Logits::Last];
+pub(crate) const WANT1: [Logits; 4] = [Logits::Last, Logits::Last, Logits::All, Logits::Last];
 
 /// Each sequence's token in the second step (every one decoding).
-pub const STEP2: [u32; 4] = [9, 10, 11, 12];
+pub(crate) const STEP2: [u32; 4] = [9, 10, 11, 12];
 
 /// The logits of both steps for every sequence, run alone (`batched` false) or together.
-pub fn run<B: Backend>(m: &Runner<B>, batched: bool) -> Vec<[Vec<f32>; 2]> {
+pub(crate) fn run<B: Backend>(m: &Runner<B>, batched: bool) -> Vec<[Vec<f32>; 2]> {
     let mut stats = Stats::default();
     let mut states: Vec<State<B>> = (0..4).map(|_| m.new_state().unwrap()).collect();
     for (st, p) in states.iter_mut().zip(PROMPTS) {

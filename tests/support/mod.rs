@@ -13,13 +13,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-pub mod batch_scenario;
-pub mod read_faults;
-pub mod tiny_ckpt;
+pub(crate) mod batch_scenario;
+pub(crate) mod read_faults;
+pub(crate) mod tiny_ckpt;
 
 /// Relative L2 distance of `got` from `want`, in f64 (the absolute distance when `want` is
 /// all zeros).
-pub fn rel_l2<A: Copy + Into<f64>, B: Copy + Into<f64>>(got: &[A], want: &[B]) -> f64 {
+pub(crate) fn rel_l2<A: Copy + Into<f64>, B: Copy + Into<f64>>(got: &[A], want: &[B]) -> f64 {
     assert_eq!(got.len(), want.len(), "lengths differ");
     let (mut num, mut den) = (0f64, 0f64);
     for (&g, &w) in got.iter().zip(want) {
@@ -36,7 +36,7 @@ pub fn rel_l2<A: Copy + Into<f64>, B: Copy + Into<f64>>(got: &[A], want: &[B]) -
 
 /// A `tiny` checkpoint with `seed`, synthesized once per test binary under target's tmp
 /// (`CARGO_TARGET_TMPDIR`).
-pub fn tiny(seed: u64) -> PathBuf {
+pub(crate) fn tiny(seed: u64) -> PathBuf {
     static DIRS: OnceLock<std::sync::Mutex<std::collections::HashMap<u64, PathBuf>>> =
         OnceLock::new();
     let map = DIRS.get_or_init(Default::default);
@@ -67,7 +67,7 @@ pub fn tiny(seed: u64) -> PathBuf {
 
 /// Streaming with no concurrency: buffered reads, no pipe, one loader thread, no host slots
 /// beyond the default, so counters and read order are the same on every run.
-pub fn serial_stream() -> StreamConfig {
+pub(crate) fn serial_stream() -> StreamConfig {
     StreamConfig {
         mode: IoMode::Buffered,
         pipe: false,
@@ -77,12 +77,12 @@ pub fn serial_stream() -> StreamConfig {
 }
 
 /// Loads a CPU model from `dir` with `policy` and streaming settings `sc`.
-pub fn cpu_model(dir: &Path, policy: FormatPolicy, sc: StreamConfig) -> Runner<CpuBackend> {
+pub(crate) fn cpu_model(dir: &Path, policy: FormatPolicy, sc: StreamConfig) -> Runner<CpuBackend> {
     cpu_model_with(dir, policy, stream_settings(sc))
 }
 
 /// Runtime settings that read experts as `sc` says and leave the rest at the default.
-pub fn stream_settings(sc: StreamConfig) -> RuntimeSettings {
+pub(crate) fn stream_settings(sc: StreamConfig) -> RuntimeSettings {
     RuntimeSettings {
         stream: sc,
         ..RuntimeSettings::default()
@@ -90,7 +90,7 @@ pub fn stream_settings(sc: StreamConfig) -> RuntimeSettings {
 }
 
 /// Loads a CPU model from `dir` with `policy` and the runtime of `settings`.
-pub fn cpu_model_with(
+pub(crate) fn cpu_model_with(
     dir: &Path,
     policy: FormatPolicy,
     settings: RuntimeSettings,
@@ -101,7 +101,7 @@ pub fn cpu_model_with(
 }
 
 /// Whether this is CI's run (`CI=true`), which installs what every test needs.
-pub fn in_ci() -> bool {
+pub(crate) fn in_ci() -> bool {
     std::env::var("CI").as_deref() == Ok("true")
 }
 
@@ -112,7 +112,7 @@ pub fn in_ci() -> bool {
 /// libtest keeps what a test prints through `print!` / `eprint!` and shows it only when the
 /// test fails; a write to the stderr handle itself is not captured (rust-lang/rust#90785),
 /// so the line shows in a plain `cargo test` (README.md, "Run the tests").
-pub fn skip_group(group: &str, why: &str, install: &str) {
+pub(crate) fn skip_group(group: &str, why: &str, install: &str) {
     assert!(!in_ci(), "CI=true but {group} cannot run: {why}");
     say_skipped(group, why, install);
 }
@@ -121,7 +121,7 @@ pub fn skip_group(group: &str, why: &str, install: &str) {
 /// on which ones it runs (`elsewhere`), in [`skip_group`]'s line. No install brings what it
 /// needs, so CI=true does not fail it: the Windows run under Wine
 /// (`tools/windows_under_wine.sh`) shows these lines.
-pub fn skip_on_this_os(group: &str, why: &str, elsewhere: &str) {
+pub(crate) fn skip_on_this_os(group: &str, why: &str, elsewhere: &str) {
     say_skipped(group, why, elsewhere);
 }
 
@@ -143,7 +143,7 @@ fn say_skipped(group: &str, why: &str, install: &str) {
 }
 
 /// [`skip_group`] for the tests that need a GPU adapter, after `GpuBackend::new` failed with `e`.
-pub fn skip_gpu_tests(e: &anyhow::Error) {
+pub(crate) fn skip_gpu_tests(e: &anyhow::Error) {
     skip_group(
         "the GPU tests",
         &format!("no usable GPU adapter ({e:#})"),
@@ -153,7 +153,7 @@ pub fn skip_gpu_tests(e: &anyhow::Error) {
 
 /// A GPU backend with `opts` on any adapter (lavapipe included), or None (the test skips,
 /// [`skip_gpu_tests`]) without one; under CI=true a missing adapter fails the test instead.
-pub fn gpu_backend(opts: GpuOptions) -> Option<GpuBackend> {
+pub(crate) fn gpu_backend(opts: GpuOptions) -> Option<GpuBackend> {
     let opts = GpuOptions {
         allow_cpu_adapter: true,
         ..opts
@@ -170,12 +170,16 @@ pub fn gpu_backend(opts: GpuOptions) -> Option<GpuBackend> {
 /// The model at `dir` on the GPU with `opts` plus reused buffers poisoned with NaN (a kernel
 /// that leaves part of its output unwritten shows in the comparison), streaming `sc`; None
 /// as [`gpu_backend`].
-pub fn gpu_model(dir: &Path, opts: GpuOptions, sc: StreamConfig) -> Option<Runner<GpuBackend>> {
+pub(crate) fn gpu_model(
+    dir: &Path,
+    opts: GpuOptions,
+    sc: StreamConfig,
+) -> Option<Runner<GpuBackend>> {
     gpu_model_with(dir, opts, stream_settings(sc))
 }
 
 /// [`gpu_model`] with the runtime of `settings`.
-pub fn gpu_model_with(
+pub(crate) fn gpu_model_with(
     dir: &Path,
     opts: GpuOptions,
     settings: RuntimeSettings,
@@ -191,7 +195,7 @@ pub fn gpu_model_with(
 
 /// Sizes `m`'s VRAM expert tier (or unified pool) to `slots` experts, as the engine does from
 /// its budgets, and checks it got them (at most every expert).
-pub fn size_expert_tier(m: &K3Model<GpuBackend>, slots: usize) {
+pub(crate) fn size_expert_tier(m: &K3Model<GpuBackend>, slots: usize) {
     let cfg = &m.ckpt.config;
     let all = cfg.num_experts * cfg.moe_layer_count();
     let got = k3::engine::tiers::size_expert_tier(m, (slots * cfg.expert_bytes()) as u64).unwrap();
@@ -200,7 +204,7 @@ pub fn size_expert_tier(m: &K3Model<GpuBackend>, slots: usize) {
 
 /// A copy of the tiny model with every value of the stored tensor whose name ends with
 /// `suffix` set to bf16 NaN.
-pub fn with_nan_tensor(suffix: &str) -> tempfile::TempDir {
+pub(crate) fn with_nan_tensor(suffix: &str) -> tempfile::TempDir {
     let (copy, hits) = with_edited_tensors(|k, v, data| {
         if !k.ends_with(suffix) {
             return false;
@@ -218,7 +222,7 @@ pub fn with_nan_tensor(suffix: &str) -> tempfile::TempDir {
 /// A copy of the tiny model whose stored tensors `edit` may change in place: it is called
 /// with each tensor's name, header entry and bytes, and says whether it changed them.
 /// Returns the copy and the number of tensors changed.
-pub fn with_edited_tensors(
+pub(crate) fn with_edited_tensors(
     mut edit: impl FnMut(&str, &serde_json::Value, &mut [u8]) -> bool,
 ) -> (tempfile::TempDir, usize) {
     let copy = copy_dir(&tiny(0));
@@ -247,7 +251,7 @@ pub fn with_edited_tensors(
 
 /// Runs `k3 chat` on the tiny model (6-token answers, no think channel, quiet) with `extra`
 /// flags and `input` on standard input.
-pub fn chat(extra: &[&str], input: &[u8]) -> std::process::Output {
+pub(crate) fn chat(extra: &[&str], input: &[u8]) -> std::process::Output {
     use std::io::Write;
     use std::process::{Command, Stdio};
     let dir = tiny(0);
@@ -276,7 +280,7 @@ pub fn chat(extra: &[&str], input: &[u8]) -> std::process::Output {
 }
 
 /// Copies a checkpoint directory (so a test may damage its copy).
-pub fn copy_dir(src: &Path) -> tempfile::TempDir {
+pub(crate) fn copy_dir(src: &Path) -> tempfile::TempDir {
     let dst = tempfile::Builder::new()
         .prefix("k3-copy-")
         .tempdir()
@@ -296,7 +300,7 @@ pub fn copy_dir(src: &Path) -> tempfile::TempDir {
 
 /// A small object schema (a string, an integer range, an enum, a boolean; all required, no
 /// others) that constrained-output tests validate against.
-pub fn cat_schema() -> serde_json::Value {
+pub(crate) fn cat_schema() -> serde_json::Value {
     serde_json::json!({
         "type": "object",
         "properties": {
@@ -311,7 +315,7 @@ pub fn cat_schema() -> serde_json::Value {
 }
 
 /// Asserts that `v` validates against the JSON schema `schema`, listing every error.
-pub fn assert_valid(schema: &serde_json::Value, v: &serde_json::Value) {
+pub(crate) fn assert_valid(schema: &serde_json::Value, v: &serde_json::Value) {
     let validator = jsonschema::validator_for(schema).unwrap();
     let errors: Vec<String> = validator.iter_errors(v).map(|e| e.to_string()).collect();
     assert!(errors.is_empty(), "{v} does not validate: {errors:?}");
@@ -324,7 +328,7 @@ pub fn assert_valid(schema: &serde_json::Value, v: &serde_json::Value) {
 /// keeps a deleted file's name until its last handle closes, whatever the handle's share
 /// mode. The probe holds its file open as the standard library's `File::open` does, as k3's
 /// shard handles are.
-pub fn open_file_replace_refused() -> Option<String> {
+pub(crate) fn open_file_replace_refused() -> Option<String> {
     let dir = tempfile::tempdir().ok()?;
     let (held, new) = (dir.path().join("held"), dir.path().join("new"));
     std::fs::write(&held, b"old").ok()?;
@@ -349,7 +353,7 @@ pub fn open_file_replace_refused() -> Option<String> {
 
 /// Runs `test` unless [`open_file_replace_refused`] says this OS cannot; then it writes the
 /// skip line of `group`, the tests that replace or delete shards k3 holds open.
-pub fn where_open_files_can_be_replaced(group: &str, test: impl FnOnce()) {
+pub(crate) fn where_open_files_can_be_replaced(group: &str, test: impl FnOnce()) {
     match open_file_replace_refused() {
         None => test(),
         Some(why) => skip_on_this_os(
@@ -362,6 +366,6 @@ pub fn where_open_files_can_be_replaced(group: &str, test: impl FnOnce()) {
 
 /// Gives `m` a fresh runtime built from `settings` (a test compares settings on one loaded
 /// model; the old runtime and its caches go).
-pub fn new_runtime<B: k3::backend::Backend>(m: &mut Runner<B>, settings: RuntimeSettings) {
+pub(crate) fn new_runtime<B: k3::backend::Backend>(m: &mut Runner<B>, settings: RuntimeSettings) {
     m.rt = k3::model::Runtime::new(&m.ckpt.config, &m.backend, settings).unwrap();
 }

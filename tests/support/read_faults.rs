@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Fails every read that covers byte `at` with `kind`, `left` times.
-pub struct ErrorAt {
+pub(crate) struct ErrorAt {
     /// The byte whose read fails.
     pub at: u64,
     /// The error the read returns.
@@ -20,7 +20,7 @@ pub struct ErrorAt {
 
 impl ErrorAt {
     /// Fails the first `times` reads that cover byte `at`.
-    pub fn new(at: u64, kind: ErrorKind, times: usize) -> Self {
+    pub(crate) fn new(at: u64, kind: ErrorKind, times: usize) -> Self {
         Self {
             at,
             kind,
@@ -41,7 +41,7 @@ impl FaultPlan for ErrorAt {
 
 /// Every read reports at most `max` bytes (odd counts leave direct reads unaligned);
 /// `seen` counts the reads.
-pub struct ShortReads {
+pub(crate) struct ShortReads {
     /// The most bytes a read reports.
     pub max: usize,
     /// Reads seen so far.
@@ -50,7 +50,7 @@ pub struct ShortReads {
 
 impl ShortReads {
     /// Reads of at most `max` bytes.
-    pub fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize) -> Self {
         Self {
             max,
             seen: AtomicUsize::new(0),
@@ -66,7 +66,7 @@ impl FaultPlan for ShortReads {
 }
 
 /// The six tensors of a host-memory expert, in disk order.
-pub fn expert_parts(e: &LoadedExpert, ck: &Checkpoint) -> Vec<Vec<u8>> {
+pub(crate) fn expert_parts(e: &LoadedExpert, ck: &Checkpoint) -> Vec<Vec<u8>> {
     let w = e.weights(&ck.config).unwrap();
     [
         w.w1.packed,

@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 
 /// A small, valid K3 config: 3 layers (KDA, KDA, MLA), layer 0 dense, 4 experts
 /// ([`k3::config::tiny_json`]).
-pub fn tiny_config_json() -> Value {
+pub(crate) fn tiny_config_json() -> Value {
     k3::config::tiny_json()
 }
 
 /// How to lay a tiny snapshot out on disk.
-pub struct Layout {
+pub(crate) struct Layout {
     /// Store names with the `language_model.` prefix (as the release does).
     pub prefix: bool,
     /// Number of text shards (1 without an index file writes `model.safetensors`).
@@ -43,7 +43,7 @@ impl Default for Layout {
 }
 
 /// The tensors a tiny snapshot holds: every dense tensor and every expert's six.
-pub fn all_specs(cfg: &Config) -> Vec<Vec<TensorSpec>> {
+pub(crate) fn all_specs(cfg: &Config) -> Vec<Vec<TensorSpec>> {
     let mut groups: Vec<Vec<TensorSpec>> =
         dense_tensors(cfg).into_iter().map(|s| vec![s]).collect();
     for layer in (0..cfg.num_hidden_layers).filter(|&l| cfg.is_moe_layer(l)) {
@@ -64,7 +64,7 @@ fn st_dtype(d: Dtype) -> StDtype {
 }
 
 /// Deterministic, name-dependent bytes so reads can be checked.
-pub fn fill(spec: &TensorSpec) -> Vec<u8> {
+pub(crate) fn fill(spec: &TensorSpec) -> Vec<u8> {
     let seed = spec
         .name
         .bytes()
@@ -86,7 +86,12 @@ pub fn fill(spec: &TensorSpec) -> Vec<u8> {
 }
 
 /// Writes `config` and tensors `groups` (each group stays in one shard) into `dir`.
-pub fn write_snapshot(dir: &Path, config: &Value, groups: &[Vec<TensorSpec>], layout: &Layout) {
+pub(crate) fn write_snapshot(
+    dir: &Path,
+    config: &Value,
+    groups: &[Vec<TensorSpec>],
+    layout: &Layout,
+) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(
         dir.join("config.json"),
@@ -153,7 +158,7 @@ pub fn write_snapshot(dir: &Path, config: &Value, groups: &[Vec<TensorSpec>], la
 }
 
 /// Writes the full tiny snapshot with `layout` into a fresh temp dir.
-pub fn tiny_snapshot(layout: &Layout) -> (tempfile::TempDir, Config) {
+pub(crate) fn tiny_snapshot(layout: &Layout) -> (tempfile::TempDir, Config) {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = Config::tiny();
     write_snapshot(tmp.path(), &tiny_config_json(), &all_specs(&cfg), layout);
@@ -162,7 +167,7 @@ pub fn tiny_snapshot(layout: &Layout) -> (tempfile::TempDir, Config) {
 
 /// Swaps the data ranges (and bytes) of two equal-length tensors in a shard, so that a
 /// writer's sorted order can be broken on purpose.
-pub fn swap_tensor_data(path: &Path, a: &str, b: &str) {
+pub(crate) fn swap_tensor_data(path: &Path, a: &str, b: &str) {
     let buf = std::fs::read(path).unwrap();
     let n = u64::from_le_bytes(buf[..8].try_into().unwrap()) as usize;
     let mut header: Value = serde_json::from_slice(&buf[8..8 + n]).unwrap();
@@ -190,7 +195,7 @@ pub fn swap_tensor_data(path: &Path, a: &str, b: &str) {
 }
 
 /// The shard file (under `dir`) whose header holds `stored_name`.
-pub fn shard_holding(dir: &Path, stored_name: &str) -> PathBuf {
+pub(crate) fn shard_holding(dir: &Path, stored_name: &str) -> PathBuf {
     let index: Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap(),
     )

@@ -7,17 +7,17 @@ use anyhow::Result;
 use rayon::prelude::*;
 
 /// Logistic sigmoid.
-pub fn sigmoid(x: f32) -> f32 {
+pub(crate) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
 /// SiLU, `x·σ(x)`.
-pub fn silu(x: f32) -> f32 {
+pub(crate) fn silu(x: f32) -> f32 {
     x * sigmoid(x)
 }
 
 /// `softplus(x) = ln(1 + e^x)`, written to stay finite for large |x|.
-pub fn softplus(x: f32) -> f32 {
+pub(crate) fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
@@ -26,7 +26,7 @@ pub fn softplus(x: f32) -> f32 {
 }
 
 /// One element of a gated linear unit.
-pub fn glu(g: f32, u: f32, glu: Glu) -> f32 {
+pub(crate) fn glu(g: f32, u: f32, glu: Glu) -> f32 {
     match glu {
         Glu::Situ { beta, linear_beta } => {
             beta * (g / beta).tanh() * sigmoid(g) * (linear_beta * (u / linear_beta).tanh())
@@ -40,7 +40,7 @@ pub fn glu(g: f32, u: f32, glu: Glu) -> f32 {
 const ZIP_WORK: usize = 16;
 
 /// Applies `f` elementwise to two same-shaped activations.
-pub fn zip(a: &CpuAct, b: &CpuAct, f: impl Fn(f32, f32) -> f32 + Sync) -> Result<CpuAct> {
+pub(crate) fn zip(a: &CpuAct, b: &CpuAct, f: impl Fn(f32, f32) -> f32 + Sync) -> Result<CpuAct> {
     let n = a.data.len();
     let data = a
         .data

@@ -15,7 +15,7 @@ use rayon::prelude::*;
 const KDA_HEAD_WORK: usize = 4;
 
 /// Epsilon of the per-head l2 normalization of q and k (docs/model.md#kda-layer, step 3).
-pub const KDA_L2_EPS: f32 = 1e-6;
+pub(crate) const KDA_L2_EPS: f32 = 1e-6;
 
 /// Recurrent state of one KDA layer.
 #[derive(Clone, Debug)]
@@ -77,7 +77,7 @@ fn decay(d: &KdaDims, a_log: f32, z: &[f32], dt_bias: &[f32]) -> Vec<f32> {
 
 /// Advances the state by the window's rows in order and returns the gated head outputs, on
 /// the process's SIMD level.
-pub fn kda_step(
+pub(crate) fn kda_step(
     d: &KdaDims,
     w: &KdaStepWeights<CpuAct>,
     st: &mut KdaState,
@@ -88,7 +88,7 @@ pub fn kda_step(
 
 /// [`kda_step`] with the delta rule on `level`'s vector kernels (panics if this CPU cannot
 /// run `level`).
-pub fn kda_step_at(
+pub(crate) fn kda_step_at(
     level: SimdLevel,
     d: &KdaDims,
     w: &KdaStepWeights<CpuAct>,

@@ -28,7 +28,7 @@ impl MlaCache {
 
 /// Appends each row's latent to the cache and attends causally, head by head, on the
 /// process's SIMD level.
-pub fn mla_attend(
+pub(crate) fn mla_attend(
     d: &MlaDims,
     w: &MlaAttnWeights<CpuAct>,
     cache: &mut MlaCache,
@@ -39,7 +39,7 @@ pub fn mla_attend(
 }
 
 /// [`mla_attend`] on `level`'s vector kernels (panics if this CPU cannot run `level`).
-pub fn mla_attend_at(
+pub(crate) fn mla_attend_at(
     level: SimdLevel,
     d: &MlaDims,
     w: &MlaAttnWeights<CpuAct>,

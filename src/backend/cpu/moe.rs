@@ -27,7 +27,7 @@ fn gated(gate: &[f32], up: &[f32], g: Glu) -> Vec<f32> {
 
 /// `acc[t] += w · W2_e · glu(W1_e·z[t], W3_e·z[t])`, experts accumulated in list order;
 /// with `idot`, each matmul's input is quantized to int8 groups and dotted in integers.
-pub fn moe_accumulate(
+pub(crate) fn moe_accumulate(
     acc: &mut CpuAct,
     z: &CpuAct,
     experts: &[ExpertAssignment<'_>],

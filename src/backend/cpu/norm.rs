@@ -10,13 +10,13 @@ use rayon::prelude::*;
 const NORM_WORK: usize = 4;
 
 /// `1 / sqrt(mean(x²) + eps)`, the sum widened to f64.
-pub fn inv_rms(x: &[f32], eps: f32) -> f32 {
+pub(crate) fn inv_rms(x: &[f32], eps: f32) -> f32 {
     let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
     (1.0 / (ss / x.len() as f64 + f64::from(eps)).sqrt()) as f32
 }
 
 /// RMSNorm of every `group`-wide slice of every row.
-pub fn rmsnorm(x: &CpuAct, w: &CpuAct, group: usize, eps: f32) -> Result<CpuAct> {
+pub(crate) fn rmsnorm(x: &CpuAct, w: &CpuAct, group: usize, eps: f32) -> Result<CpuAct> {
     ensure!(
         group > 0 && x.cols % group == 0 && w.data.len() == group,
         "rmsnorm: row width {} is not a multiple of group {group}, or weight has {} values",
@@ -38,7 +38,7 @@ pub fn rmsnorm(x: &CpuAct, w: &CpuAct, group: usize, eps: f32) -> Result<CpuAct>
 
 /// Softmax over the scores `Σ_d (E_j[d]·inv_rms(E_j))·w[d]` of the entries `bank ++ [cur]`,
 /// returning the softmax-weighted sum of the raw entries, row by row.
-pub fn attn_res_mix(bank: &[&CpuAct], cur: &CpuAct, w: &CpuAct, eps: f32) -> Result<CpuAct> {
+pub(crate) fn attn_res_mix(bank: &[&CpuAct], cur: &CpuAct, w: &CpuAct, eps: f32) -> Result<CpuAct> {
     ensure!(
         w.data.len() == cur.cols,
         "attn_res_mix: weight has {} values for rows of {}",

@@ -8,13 +8,13 @@ use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
 /// Keeps the renormalization finite when every chosen score underflows.
-pub const RENORM_EPS: f32 = 1e-20;
+pub(crate) const RENORM_EPS: f32 = 1e-20;
 
 /// Rows from which [`router_topk`] spreads over the pool.
 const ROUTER_PARALLEL_FROM: usize = 16;
 
 /// Routes every row: top-k of `σ(logit) + bias`, ties to the lower expert id.
-pub fn router_topk(logits: &CpuAct, bias: &[f32], p: RouterParams) -> Result<Vec<Route>> {
+pub(crate) fn router_topk(logits: &CpuAct, bias: &[f32], p: RouterParams) -> Result<Vec<Route>> {
     let e = logits.cols;
     ensure!(
         bias.len() == e && p.top_k >= 1 && p.top_k <= e,

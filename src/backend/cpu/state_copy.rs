@@ -8,12 +8,12 @@ use crate::backend::{KdaDims, MlaDims};
 use anyhow::{ensure, Result};
 
 /// A copy of a KDA state.
-pub fn kda_state_copy(s: &KdaState) -> Result<KdaState> {
+pub(crate) fn kda_state_copy(s: &KdaState) -> Result<KdaState> {
     Ok(s.clone())
 }
 
 /// Forgets every cached position from `len` on.
-pub fn mla_truncate(c: &mut MlaCache, len: usize) -> Result<()> {
+pub(crate) fn mla_truncate(c: &mut MlaCache, len: usize) -> Result<()> {
     ensure!(
         len <= c.len,
         "mla_truncate: cannot keep {len} positions of a cache that holds {}",
@@ -29,7 +29,7 @@ pub fn mla_truncate(c: &mut MlaCache, len: usize) -> Result<()> {
 }
 
 /// The KDA state's values: the three histories, then the delta-rule state.
-pub fn kda_state_read(s: &KdaState) -> Vec<f32> {
+pub(crate) fn kda_state_read(s: &KdaState) -> Vec<f32> {
     let mut v = Vec::with_capacity(s.conv.iter().map(Vec::len).sum::<usize>() + s.s.len());
     for h in &s.conv {
         v.extend_from_slice(h);
@@ -39,7 +39,7 @@ pub fn kda_state_read(s: &KdaState) -> Vec<f32> {
 }
 
 /// A KDA state of `d` from the values [`kda_state_read`] returns.
-pub fn kda_state_write(d: &KdaDims, values: &[f32]) -> Result<KdaState> {
+pub(crate) fn kda_state_write(d: &KdaDims, values: &[f32]) -> Result<KdaState> {
     let mut s = KdaState::new(d);
     let hist = s.conv[0].len();
     ensure!(
@@ -56,7 +56,7 @@ pub fn kda_state_write(d: &KdaDims, values: &[f32]) -> Result<KdaState> {
 }
 
 /// The cache's positions, each the latent then the rope part.
-pub fn mla_cache_read(c: &MlaCache) -> Vec<f32> {
+pub(crate) fn mla_cache_read(c: &MlaCache) -> Vec<f32> {
     if c.len == 0 {
         return Vec::new();
     }
@@ -70,7 +70,7 @@ pub fn mla_cache_read(c: &MlaCache) -> Vec<f32> {
 }
 
 /// A cache of `d` holding the positions of `values` ([`mla_cache_read`]'s layout).
-pub fn mla_cache_write(d: &MlaDims, values: &[f32]) -> Result<MlaCache> {
+pub(crate) fn mla_cache_write(d: &MlaDims, values: &[f32]) -> Result<MlaCache> {
     let (row, len) = (d.cache_row(), d.cache_positions(values)?);
     let mut c = MlaCache::new(d);
     c.latent.reserve(len * d.kv_lora);

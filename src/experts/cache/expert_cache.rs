@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The cache of one MoE layer.
-pub struct LayerCache {
+pub(crate) struct LayerCache {
     capacity: usize,
     policy: SlotPolicy,
     slots: HashMap<u32, Arc<LoadedExpert>>,
@@ -15,13 +15,13 @@ pub struct LayerCache {
 
 impl LayerCache {
     /// An empty least-recently-used cache of `capacity` slots (0 disables caching).
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self::with_policy(capacity, PolicyKind::Lru, &[])
     }
 
     /// An empty cache of `capacity` slots run by `kind`, with `pins` (at most half the slots)
     /// never evicted once read.
-    pub fn with_policy(capacity: usize, kind: PolicyKind, pins: &[u32]) -> Self {
+    pub(crate) fn with_policy(capacity: usize, kind: PolicyKind, pins: &[u32]) -> Self {
         Self {
             capacity,
             policy: SlotPolicy::new(kind, capacity, pins),
@@ -29,33 +29,35 @@ impl LayerCache {
         }
     }
 
+    #[cfg(test)]
     /// Slots this layer may fill.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Experts currently held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.slots.len()
     }
 
+    #[cfg(test)]
     /// True when nothing is cached.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
 
     /// For the `auto` policy, whether it evicts least recently used first now.
-    pub fn follows_recency(&self) -> Option<bool> {
+    pub(crate) fn follows_recency(&self) -> Option<bool> {
         self.policy.follows_recency()
     }
 
     /// Whether expert `id` is held, without marking it used.
-    pub fn contains(&self, id: u32) -> bool {
+    pub(crate) fn contains(&self, id: u32) -> bool {
         self.slots.contains_key(&id)
     }
 
     /// The cached expert `id`; the lookup counts as a use for the policy, hit or miss.
-    pub fn get(&mut self, id: u32) -> Option<Arc<LoadedExpert>> {
+    pub(crate) fn get(&mut self, id: u32) -> Option<Arc<LoadedExpert>> {
         if self.policy.lookup(id) {
             self.slots.get(&id).cloned()
         } else {
@@ -65,7 +67,7 @@ impl LayerCache {
 
     /// Offers `e`, just read, to the cache; the policy decides what it evicts (or that `e`
     /// is not kept).
-    pub fn insert(&mut self, e: Arc<LoadedExpert>) {
+    pub(crate) fn insert(&mut self, e: Arc<LoadedExpert>) {
         let r = self.policy.insert(e.id);
         if let Some(victim) = r.evicted {
             self.slots.remove(&victim);
@@ -76,20 +78,21 @@ impl LayerCache {
     }
 
     /// Drops expert `id` (it moved to the backend's tier); true when it was held.
-    pub fn remove(&mut self, id: u32) -> bool {
+    pub(crate) fn remove(&mut self, id: u32) -> bool {
         self.policy.remove(id);
         self.slots.remove(&id).is_some()
     }
 
+    #[cfg(test)]
     /// Ids held, the next to be evicted first (for tests and diagnostics).
-    pub fn eviction_order(&self) -> Vec<u32> {
+    pub(crate) fn eviction_order(&self) -> Vec<u32> {
         self.policy.eviction_order()
     }
 
     /// This cache cut to `capacity` slots run by `kind` with `pins`: the experts the policy
     /// would evict last are offered to the smaller cache, least valuable first, and the
     /// rest are dropped (memory pressure). A capacity at or above this one keeps it whole.
-    pub fn shrunk(mut self, capacity: usize, kind: PolicyKind, pins: &[u32]) -> Self {
+    pub(crate) fn shrunk(mut self, capacity: usize, kind: PolicyKind, pins: &[u32]) -> Self {
         if capacity >= self.capacity {
             return self;
         }

@@ -3,7 +3,7 @@
 //! sizes it (`ram_budget.rs`) and the guard that cuts it under memory pressure.
 
 pub mod cache_policy;
-pub mod expert_cache;
+pub(crate) mod expert_cache;
 pub mod pressure_guard;
 pub mod ram_budget;
 pub mod usage_history;

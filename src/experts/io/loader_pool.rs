@@ -21,10 +21,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// Largest accepted `K3_LOAD_THREADS`.
-pub const MAX_LOAD_THREADS: usize = 16;
+pub(crate) const MAX_LOAD_THREADS: usize = 16;
 
 /// One expert to read, and where to send it.
-pub struct LoadJob {
+pub(crate) struct LoadJob {
     /// Shard file.
     pub path: PathBuf,
     /// Byte ranges of the six tensors.
@@ -79,7 +79,7 @@ fn take_piece<T>(
 
 /// What [`LoaderPool::settle`] did with a layer's queued guesses.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Settled {
+pub(crate) struct Settled {
     /// Guesses the layer needs that no thread had started: now first in the demand queue.
     pub promoted: Vec<u32>,
     /// Guesses the layer does not need that no thread had started: dropped unread.
@@ -92,7 +92,7 @@ struct Shared {
 }
 
 /// The loader threads.
-pub struct LoaderPool {
+pub(crate) struct LoaderPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     /// Splits each job's read as it is queued.
@@ -101,7 +101,11 @@ pub struct LoaderPool {
 
 impl LoaderPool {
     /// Starts `threads` loaders (1..=16).
-    pub fn new(threads: usize, reader: Arc<ExpertReader>, meter: Arc<DiskMeter>) -> Result<Self> {
+    pub(crate) fn new(
+        threads: usize,
+        reader: Arc<ExpertReader>,
+        meter: Arc<DiskMeter>,
+    ) -> Result<Self> {
         if threads == 0 || threads > MAX_LOAD_THREADS {
             anyhow::bail!(
                 "K3_LOAD_THREADS / --load-threads must be 1..={MAX_LOAD_THREADS}, got {threads}"
@@ -148,7 +152,7 @@ impl LoaderPool {
 
     /// Queues a read the running layer needs; the result arrives on the job's `reply`
     /// channel.
-    pub fn submit(&self, job: LoadJob) -> Result<()> {
+    pub(crate) fn submit(&self, job: LoadJob) -> Result<()> {
         let task = self.task(job);
         let pieces = task.read.pieces();
         self.queues()?.demand.push_back(task);
@@ -157,7 +161,7 @@ impl LoaderPool {
     }
 
     /// Queues a read guessed for MoE layer `layer`, taken only when no demand read waits.
-    pub fn submit_guess(&self, layer: usize, job: LoadJob) -> Result<()> {
+    pub(crate) fn submit_guess(&self, layer: usize, job: LoadJob) -> Result<()> {
         let task = self.task(job);
         let pieces = task.read.pieces();
         self.queues()?.guesses.push_back(Guess { layer, task });
@@ -179,7 +183,7 @@ impl LoaderPool {
     /// (their reply channels close). A guess a thread has started is not dropped: when
     /// needed, its pieces left move to the demand queue's front like the others (but it does
     /// not count as promoted), else they stay behind the demand reads.
-    pub fn settle(&self, layer: usize, needed: &[u32]) -> Result<Settled> {
+    pub(crate) fn settle(&self, layer: usize, needed: &[u32]) -> Result<Settled> {
         let mut q = self.queues()?;
         let mut out = Settled::default();
         let mut keep = VecDeque::with_capacity(q.guesses.len());

@@ -3,6 +3,6 @@
 //! (`loader_pool.rs`) and the opt-in split of one read into pieces (`piece_read.rs`).
 
 pub mod expert_reader;
-pub mod loader_pool;
-pub mod piece_read;
+pub(crate) mod loader_pool;
+pub(crate) mod piece_read;
 pub mod shard_io;

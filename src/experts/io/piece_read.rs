@@ -23,7 +23,7 @@ use std::sync::{Mutex, OnceLock};
 /// How one contiguous expert's read splits: its byte span widened to whole [`IO_ALIGN`]
 /// blocks, cut into pieces of whole blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SplitPlan {
+pub(crate) struct SplitPlan {
     /// First block of the widened span.
     start: u64,
     /// The expert's last byte + 1 (a piece never reads past it: the file may end there).
@@ -39,7 +39,7 @@ pub struct SplitPlan {
 impl SplitPlan {
     /// Pieces of about `piece` bytes (a multiple of [`IO_ALIGN`], at least one block) for
     /// `span`, evened out so that the last is not a sliver; `None` when it is one piece.
-    pub fn new(span: &Range<u64>, piece: usize) -> Option<Self> {
+    pub(crate) fn new(span: &Range<u64>, piece: usize) -> Option<Self> {
         let start = span.start & !(IO_ALIGN as u64 - 1);
         let region = round_up(span.end as usize) - start as usize;
         let piece = piece.max(IO_ALIGN);
@@ -58,12 +58,12 @@ impl SplitPlan {
     }
 
     /// The file offset the destination's first byte is read from.
-    pub fn start(&self) -> u64 {
+    pub(crate) fn start(&self) -> u64 {
         self.start
     }
 
     /// Number of pieces.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.count
     }
 
@@ -141,7 +141,7 @@ pub(crate) struct PieceRead {
 
 impl PieceRead {
     /// The read of `job`, split as `reader` splits it.
-    pub fn new(job: LoadJob, reader: &ExpertReader) -> Self {
+    pub(crate) fn new(job: LoadJob, reader: &ExpertReader) -> Self {
         let plan = reader.split_plan(&job.loc);
         let pieces = plan.as_ref().map_or(1, SplitPlan::count);
         Self {
@@ -154,19 +154,19 @@ impl PieceRead {
     }
 
     /// The expert's id.
-    pub fn id(&self) -> u32 {
+    pub(crate) fn id(&self) -> u32 {
         self.job.id
     }
 
     /// Number of pieces (1 when read whole).
-    pub fn pieces(&self) -> usize {
+    pub(crate) fn pieces(&self) -> usize {
         self.plan.as_ref().map_or(1, SplitPlan::count)
     }
 
     /// Reads piece `k`. The pool hands every `k` below [`PieceRead::pieces`] to exactly one
     /// thread; the thread that finishes the last piece sends the expert, or the first
     /// error, to the job's reply channel.
-    pub fn read_piece(&self, k: usize, reader: &ExpertReader, meter: &DiskMeter) {
+    pub(crate) fn read_piece(&self, k: usize, reader: &ExpertReader, meter: &DiskMeter) {
         meter.begin();
         let Some(plan) = &self.plan else {
             let res = reader.read_location(&self.job.path, &self.job.loc, self.job.id);

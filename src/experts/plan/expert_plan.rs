@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 /// Where a MoE layer's experts come from and which of them a token keeps, as the model
 /// holds them.
 #[derive(Clone, Copy)]
-pub struct ExpertAccess<'a> {
+pub(crate) struct ExpertAccess<'a> {
     /// The checkpoint (the expert table, the canonical order).
     pub ck: &'a Checkpoint,
     /// The caches, the loaders and the route tap.
@@ -30,9 +30,7 @@ pub struct ExpertAccess<'a> {
 }
 
 /// What a MoE layer reads and runs for one window.
-pub struct ExpertPlan {
-    /// Each row's experts and weights after top-p and skipping.
-    pub routes: Vec<Route>,
+pub(crate) struct ExpertPlan {
     /// The distinct experts to run, in canonical order.
     pub ids: Vec<u32>,
     /// Per id, whether the backend holds it resident (pinned until the layer is done).
@@ -45,7 +43,7 @@ impl ExpertPlan {
     /// Plans MoE layer `layer` from its router's `routes` under `ex`'s selection: what
     /// top-p or skipping leaves out is counted in `stats`, the routes go to the route tap,
     /// and the experts `residency` holds are pinned there until its next call.
-    pub fn new<R: ExpertResidency + ?Sized>(
+    pub(crate) fn new<R: ExpertResidency + ?Sized>(
         residency: &R,
         ex: ExpertAccess<'_>,
         layer: usize,
@@ -90,7 +88,6 @@ impl ExpertPlan {
             }
         }
         Ok(Self {
-            routes,
             ids,
             resident,
             rows,
@@ -100,7 +97,7 @@ impl ExpertPlan {
     /// The experts a guess for MoE layer `layer` reads ahead from its router's `routes`:
     /// at most `limit`, the heaviest by the weight the rows gave them together, in
     /// canonical order.
-    pub fn guesses(
+    pub(crate) fn guesses(
         ck: &Checkpoint,
         layer: usize,
         routes: &[Route],

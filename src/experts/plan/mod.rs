@@ -3,7 +3,7 @@
 //! (`expert_selection.rs`), and the guesses read ahead for the next layer (`prefetch.rs`)
 //! with the gate that judges whether a layer guesses (`prefetch_gate.rs`).
 
-pub mod expert_plan;
+pub(crate) mod expert_plan;
 pub mod expert_selection;
-pub mod prefetch;
-pub mod prefetch_gate;
+pub(crate) mod prefetch;
+pub(crate) mod prefetch_gate;

@@ -39,7 +39,7 @@ struct Round {
 /// The guessed reads of every MoE layer that has not routed yet, and the gate that decides
 /// which layers guess (`prefetch_gate.rs`).
 #[derive(Default)]
-pub struct Prefetcher {
+pub(crate) struct Prefetcher {
     pending: Mutex<HashMap<usize, Round>>,
     gate: Mutex<PrefetchGate>,
     busy_share: Mutex<BusyShare>,
@@ -51,24 +51,24 @@ pub struct Prefetcher {
 /// layers for about one round of reads (a layer's misses keep it busy otherwise), and a
 /// wrong guess costs a read the disk then owes to the experts really needed, so only the
 /// heaviest guesses are read.
-pub fn guess_limit(top_k: usize, load_threads: usize) -> usize {
+pub(crate) fn guess_limit(top_k: usize, load_threads: usize) -> usize {
     load_threads.min(top_k).max(1)
 }
 
 impl Prefetcher {
     /// Guess on every pass (`true`, `--prefetch always`) or where the gate judges it pays.
-    pub fn set_always(&self, always: bool) {
+    pub(crate) fn set_always(&self, always: bool) {
         self.always.store(always, Ordering::Relaxed);
     }
 
     /// Whether guesses are made on every pass ([`Self::set_always`]).
-    pub fn always(&self) -> bool {
+    pub(crate) fn always(&self) -> bool {
         self.always.load(Ordering::Relaxed)
     }
 
     /// Whether `layer` guesses on this pass (the gate's judgement unless [`Self::set_always`];
     /// counted in `stats`).
-    pub fn should_guess(&self, layer: usize, stats: &mut Stats) -> Result<bool> {
+    pub(crate) fn should_guess(&self, layer: usize, stats: &mut Stats) -> Result<bool> {
         let judged = self
             .gate
             .lock()
@@ -87,7 +87,7 @@ impl Prefetcher {
     /// order) behind the running layer's own reads; an expert already guessed is skipped.
     /// `router` is what scoring the layer's router ahead took, a cost of the round.
     #[allow(clippy::too_many_arguments)]
-    pub fn issue(
+    pub(crate) fn issue(
         &self,
         pool: &LoaderPool,
         ck: &Checkpoint,
@@ -132,7 +132,7 @@ impl Prefetcher {
     /// guesses, counting the bytes of those a loader had already started. The round's
     /// outcome goes to the gate, weighed with the disk's totals so far (`busy`, the time a
     /// read was in flight, and the `bytes` read).
-    pub fn settle(
+    pub(crate) fn settle(
         &self,
         pool: &LoaderPool,
         layer: usize,

@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 /// A layer that does not guess tries one round in every this many of its passes.
-pub const RETEST_EVERY: u32 = 16;
+pub(crate) const RETEST_EVERY: u32 = 16;
 
 /// Weight of the past per pass of the layer when a round's outcome is added: about the last
 /// eight passes count, so a re-test after [`RETEST_EVERY`] idle passes is judged mostly on
@@ -27,7 +27,7 @@ const DECAY: f64 = 0.875;
 
 /// What one guess round for a layer did, as [`crate::experts::plan::prefetch::Prefetcher::settle`] saw it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct RoundOutcome {
+pub(crate) struct RoundOutcome {
     /// Bytes of guessed reads a loader had started that the layer needed.
     pub useful_bytes: u64,
     /// Bytes of guessed reads a loader had started that the layer did not need.
@@ -38,7 +38,7 @@ pub struct RoundOutcome {
 
 /// What the disk did lately, as the gate weighs a round with it.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct DiskLoad {
+pub(crate) struct DiskLoad {
     /// Bytes per second while a read is in flight.
     pub rate: f64,
     /// Share of the time a read was in flight (0..=1).
@@ -48,7 +48,7 @@ pub struct DiskLoad {
 /// The disk's busy share between samples of its cumulative busy time, smoothed over about
 /// the last five samples (one per MoE layer pass).
 #[derive(Debug, Default)]
-pub struct BusyShare {
+pub(crate) struct BusyShare {
     last: Option<(Instant, Duration)>,
     share: Option<f64>,
 }
@@ -56,7 +56,7 @@ pub struct BusyShare {
 impl BusyShare {
     /// Adds a sample of the disk's cumulative busy time at `now`; returns the smoothed
     /// share (`None` until two samples span some time).
-    pub fn sample(&mut self, now: Instant, busy: Duration) -> Option<f64> {
+    pub(crate) fn sample(&mut self, now: Instant, busy: Duration) -> Option<f64> {
         if let Some((t, b)) = self.last {
             let wall = now.saturating_duration_since(t).as_secs_f64();
             if wall > 0.0 {
@@ -93,7 +93,7 @@ impl LayerRecord {
 
 /// Per-layer judgement of whether guessing pays; see the module comment for the rule.
 #[derive(Debug, Default)]
-pub struct PrefetchGate {
+pub(crate) struct PrefetchGate {
     layers: Vec<LayerRecord>,
 }
 
@@ -108,7 +108,7 @@ impl PrefetchGate {
     /// Whether `layer` guesses on this pass; counts the pass either way. A layer guesses
     /// until it has a record, then while its saved side exceeds its cost, and on every
     /// [`RETEST_EVERY`]-th pass otherwise.
-    pub fn should_guess(&mut self, layer: usize) -> bool {
+    pub(crate) fn should_guess(&mut self, layer: usize) -> bool {
         let r = self.record(layer);
         r.passes_since_outcome = r.passes_since_outcome.saturating_add(1);
         let pays = r.pays();
@@ -125,7 +125,7 @@ impl PrefetchGate {
     /// Adds a round's outcome for `layer`, weighed with what the disk did lately. Before the
     /// disk has a rate and a busy share (`None`, the run's first passes) a round says nothing
     /// of what its reads saved or cost, so it is not counted and the layer keeps guessing.
-    pub fn observe(&mut self, layer: usize, round: RoundOutcome, disk: Option<DiskLoad>) {
+    pub(crate) fn observe(&mut self, layer: usize, round: RoundOutcome, disk: Option<DiskLoad>) {
         let Some(d) = disk else {
             return;
         };

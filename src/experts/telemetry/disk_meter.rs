@@ -13,13 +13,13 @@ struct Inner {
 
 /// Measures how long the disk was busy and how many bytes it delivered.
 #[derive(Default)]
-pub struct DiskMeter {
+pub(crate) struct DiskMeter {
     inner: Mutex<Inner>,
 }
 
 impl DiskMeter {
     /// A read starts.
-    pub fn begin(&self) {
+    pub(crate) fn begin(&self) {
         if let Ok(mut g) = self.inner.lock() {
             if g.in_flight == 0 {
                 g.since = Some(Instant::now());
@@ -29,7 +29,7 @@ impl DiskMeter {
     }
 
     /// A read of `bytes` ends.
-    pub fn end(&self, bytes: u64) {
+    pub(crate) fn end(&self, bytes: u64) {
         if let Ok(mut g) = self.inner.lock() {
             g.in_flight = g.in_flight.saturating_sub(1);
             g.bytes += bytes;
@@ -42,7 +42,7 @@ impl DiskMeter {
     }
 
     /// `(busy time, bytes)` so far.
-    pub fn totals(&self) -> (Duration, u64) {
+    pub(crate) fn totals(&self) -> (Duration, u64) {
         self.inner
             .lock()
             .map(|g| (g.busy, g.bytes))

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 /// `moe_accumulate` on those rows alone with weight 1 into zeros, so each value is the one
 /// a single process adds, times its routing weight, into the layer's sum.
 #[allow(clippy::too_many_arguments)]
-pub fn expert_rows<B: Backend>(
+pub(crate) fn expert_rows<B: Backend>(
     b: &B,
     ck: &Checkpoint,
     layer: usize,

@@ -26,7 +26,7 @@ struct OutItem {
 /// The output items and events of one response, built from the engine's events: a
 /// reasoning or message item opens when its kind of text starts, tool calls follow at the
 /// end. The whole answer of a request that does not stream is built the same way.
-pub struct ResponseEvents {
+pub(crate) struct ResponseEvents {
     id: String,
     model: String,
     created_at: u64,
@@ -43,7 +43,7 @@ pub struct ResponseEvents {
 impl ResponseEvents {
     /// The events of response `id`; `summary` reports think text as the reasoning summary,
     /// `namespaces` names the namespace of each function declared in one.
-    pub fn new(
+    pub(crate) fn new(
         id: &str,
         model: &str,
         echo: Map<String, Value>,
@@ -150,7 +150,7 @@ impl ResponseEvents {
     }
 
     /// `response.created` and `response.in_progress`.
-    pub fn start(&mut self) -> Vec<SseFrame> {
+    pub(crate) fn start(&mut self) -> Vec<SseFrame> {
         let r = self.response("in_progress", None, None);
         vec![
             self.event("response.created", json!({"response": r})),
@@ -297,7 +297,7 @@ impl ResponseEvents {
     }
 
     /// Frames for one engine event, and whether the stream ended.
-    pub fn frame(&mut self, ev: Event) -> (Vec<SseFrame>, bool) {
+    pub(crate) fn frame(&mut self, ev: Event) -> (Vec<SseFrame>, bool) {
         let mut out = Vec::new();
         match ev {
             Event::Delta(Delta { text, field, .. }) => {
@@ -384,13 +384,13 @@ impl ResponseEvents {
     }
 
     /// The finished `response` object, once the engine's `Done` came.
-    pub fn finished(&self) -> Option<&Value> {
+    pub(crate) fn finished(&self) -> Option<&Value> {
         self.finished.as_ref()
     }
 
     /// The answer as a chat message (thinking, text and calls with their call ids), for
     /// the stored conversation.
-    pub fn assistant_message(&self) -> Value {
+    pub(crate) fn assistant_message(&self) -> Value {
         let (mut reasoning, mut content, mut calls) = (String::new(), String::new(), Vec::new());
         for i in &self.items {
             match &i.body {

@@ -34,8 +34,8 @@ mod tools;
 use input::translate_input;
 use tools::{tool_choice, tools, Tools};
 
-pub use events::ResponseEvents;
-pub use store::{ResponseStore, MAX_STORED_BYTES, MAX_STORED_RESPONSES};
+pub(crate) use events::ResponseEvents;
+pub(crate) use store::ResponseStore;
 
 /// `reasoning`.
 #[derive(Deserialize)]
@@ -124,7 +124,7 @@ struct ResponsesBody {
 }
 
 /// A checked `/v1/responses` request.
-pub struct ResponsesRequest {
+pub(crate) struct ResponsesRequest {
     /// The internal chat request.
     pub chat: ChatRequest,
     /// The request fields the `response` object reports back.
@@ -247,7 +247,7 @@ fn reasoning(
 }
 
 /// Reads a `/v1/responses` body; `store` resolves `previous_response_id`.
-pub fn read_request(
+pub(crate) fn read_request(
     body: &[u8],
     limits: &Limits,
     defaults: &Defaults,
@@ -406,7 +406,7 @@ fn keep(app: &App, events: &ResponseEvents, conversation: &mut Vec<Value>, store
 }
 
 /// `POST /v1/responses`.
-pub async fn create(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
+pub(crate) async fn create(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
     let bytes = app.body(body).await?;
     let req = read_request(&bytes, &app.limits, &app.defaults, &app.responses)?;
     let ResponsesRequest {
@@ -460,7 +460,7 @@ pub async fn create(State(app): State<Arc<App>>, body: Body) -> Result<Response,
 }
 
 /// `GET /v1/responses/{id}`.
-pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+pub(crate) async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
     match app.responses.get(&id) {
         Ok(r) => Json(r).into_response(),
         Err(e) => e.into_response(),
@@ -468,7 +468,7 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> Respons
 }
 
 /// `DELETE /v1/responses/{id}`.
-pub async fn delete(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+pub(crate) async fn delete(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
     match app.responses.delete(&id) {
         Ok(()) => Json(json!({"id": id, "object": "response", "deleted": true})).into_response(),
         Err(e) => e.into_response(),

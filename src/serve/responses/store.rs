@@ -4,10 +4,10 @@
 use super::*;
 
 /// Responses the store keeps at most; the oldest goes first.
-pub const MAX_STORED_RESPONSES: usize = 256;
+pub(crate) const MAX_STORED_RESPONSES: usize = 256;
 
 /// Bytes of stored responses and conversations the store keeps at most (their JSON).
-pub const MAX_STORED_BYTES: usize = 64 << 20;
+pub(crate) const MAX_STORED_BYTES: usize = 64 << 20;
 
 /// Ids of `store: false` responses remembered, so a later reference gets the reason.
 const MAX_UNSTORED_IDS: usize = 4096;

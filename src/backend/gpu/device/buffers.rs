@@ -69,7 +69,7 @@ pub struct GpuMlaCache {
 }
 
 /// Little-endian bytes of f32 values.
-pub fn f32_bytes(v: &[f32]) -> &[u8] {
+pub(crate) fn f32_bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
 

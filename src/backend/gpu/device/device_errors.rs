@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 
 /// The first error the device reported outside an error scope.
 #[derive(Clone, Default)]
-pub struct DeviceErrors {
+pub(crate) struct DeviceErrors {
     first: Arc<Mutex<Option<(String, bool)>>>,
 }
 
 impl DeviceErrors {
     /// Installs the handler on `device`; errors from then on are kept, not panicked on.
-    pub fn install(device: &wgpu::Device) -> Self {
+    pub(crate) fn install(device: &wgpu::Device) -> Self {
         let me = Self::default();
         let first = me.first.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -27,13 +27,13 @@ impl DeviceErrors {
 
     /// Keeps `msg` as an error of the engine's own (no out-of-memory), unless an earlier
     /// error is already kept.
-    pub fn report(&self, msg: String) {
+    pub(crate) fn report(&self, msg: String) {
         let mut slot = self.first.lock().unwrap_or_else(|p| p.into_inner());
         slot.get_or_insert((msg, false));
     }
 
     /// `Err` naming the first error the device reported, with what to do about it.
-    pub fn check(&self, adapter: &str) -> Result<()> {
+    pub(crate) fn check(&self, adapter: &str) -> Result<()> {
         let slot = self.first.lock().unwrap_or_else(|p| p.into_inner());
         match &*slot {
             None => Ok(()),
@@ -46,7 +46,7 @@ impl DeviceErrors {
 }
 
 /// What a user can do about a device error.
-pub fn hint(oom: bool, msg: &str) -> &'static str {
+pub(crate) fn hint(oom: bool, msg: &str) -> &'static str {
     let lower = msg.to_lowercase();
     if oom || lower.contains("out of memory") || lower.contains("outofmemory") {
         "The GPU ran out of memory: lower the VRAM expert tier (--gpu-expert-gb / K3_GPU_GB, \

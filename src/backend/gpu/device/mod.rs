@@ -4,15 +4,15 @@
 //! profiler.
 
 pub mod adapters;
-pub mod buffer_pool;
-pub mod buffers;
+pub(crate) mod buffer_pool;
+pub(crate) mod buffers;
 pub mod context;
 pub(crate) mod device_errors;
 #[cfg(feature = "lab")]
 pub mod lab_switches;
 pub(crate) mod param_arena;
 pub mod pipeline;
-pub mod profiler;
-pub mod read_staging;
+pub(crate) mod profiler;
+pub(crate) mod read_staging;
 pub mod shaders;
 pub mod upload_path;

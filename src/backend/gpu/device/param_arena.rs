@@ -14,10 +14,10 @@ use std::num::NonZeroU64;
 const SLOTS: usize = 256;
 
 /// The largest parameter block a slot holds; larger ones get a buffer of their own.
-pub const SLOT_BYTES: usize = 256;
+pub(crate) const SLOT_BYTES: usize = 256;
 
 /// Slots of the pending submission and the buffers that hold them.
-pub struct ParamArena {
+pub(crate) struct ParamArena {
     /// Bytes from one slot to the next: `SLOT_BYTES` rounded up to the device's uniform
     /// offset alignment.
     stride: usize,
@@ -28,7 +28,7 @@ pub struct ParamArena {
 
 impl ParamArena {
     /// An empty arena for a device whose uniform bindings start at multiples of `align`.
-    pub fn new(align: u32) -> Self {
+    pub(crate) fn new(align: u32) -> Self {
         Self {
             stride: SLOT_BYTES.div_ceil(align as usize) * align as usize,
             buffers: Vec::new(),
@@ -38,7 +38,7 @@ impl ParamArena {
 
     /// Stages `words` (at most `SLOT_BYTES`) for the pending submission and returns the
     /// binding of their slot.
-    pub fn push(&mut self, device: &wgpu::Device, words: &[u8]) -> wgpu::BufferBinding<'_> {
+    pub(crate) fn push(&mut self, device: &wgpu::Device, words: &[u8]) -> wgpu::BufferBinding<'_> {
         debug_assert!(words.len() <= SLOT_BYTES && !words.is_empty());
         let slot = self.staged.len() / self.stride;
         let (buf, within) = (slot / SLOTS, slot % SLOTS);
@@ -65,7 +65,7 @@ impl ParamArena {
 
     /// Writes the staged slots through `queue` (call right before the submission that
     /// reads them) and starts the next submission at slot 0.
-    pub fn write(&mut self, queue: &wgpu::Queue) {
+    pub(crate) fn write(&mut self, queue: &wgpu::Queue) {
         for (buf, words) in self
             .buffers
             .iter()

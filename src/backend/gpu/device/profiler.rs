@@ -18,7 +18,7 @@ const PASSES: u32 = 2048;
 type PassKey = (&'static str, (u32, u32, u32));
 
 /// Timestamp queries of the passes recorded since the last submission, and the totals.
-pub struct Profiler {
+pub(crate) struct Profiler {
     queries: wgpu::QuerySet,
     resolve: wgpu::Buffer,
     readback: wgpu::Buffer,
@@ -32,7 +32,7 @@ pub struct Profiler {
 
 impl Profiler {
     /// A profiler for `device` (which must have `TIMESTAMP_QUERY`).
-    pub fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> Self {
+    pub(crate) fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> Self {
         let bytes = u64::from(2 * PASSES) * 8;
         let buffer = |usage, label| {
             device.create_buffer(&wgpu::BufferDescriptor {
@@ -64,7 +64,7 @@ impl Profiler {
 
     /// The timestamp writes of the next pass (`entry` over `groups`), or `None` when every
     /// query is taken and the pending ones must be submitted first.
-    pub fn next_pass(
+    pub(crate) fn next_pass(
         &mut self,
         entry: &'static str,
         groups: (u32, u32, u32),
@@ -79,7 +79,7 @@ impl Profiler {
 
     /// Records the resolve of the pending queries into `enc`; the count to collect after
     /// the submission.
-    pub fn resolve(&self, enc: &mut wgpu::CommandEncoder) -> u32 {
+    pub(crate) fn resolve(&self, enc: &mut wgpu::CommandEncoder) -> u32 {
         let n = self.pending.len() as u32;
         if n > 0 {
             enc.resolve_query_set(&self.queries, 0..2 * n, &self.resolve, 0);
@@ -89,7 +89,7 @@ impl Profiler {
     }
 
     /// After the submission that resolved `n` passes: waits for their times and adds them up.
-    pub fn collect(&mut self, device: &wgpu::Device, n: u32) -> Result<()> {
+    pub(crate) fn collect(&mut self, device: &wgpu::Device, n: u32) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
@@ -124,7 +124,7 @@ impl Profiler {
     }
 
     /// Passes and GPU seconds so far per entry point (all grids together).
-    pub fn by_entry(&self) -> HashMap<&'static str, (u64, f64)> {
+    pub(crate) fn by_entry(&self) -> HashMap<&'static str, (u64, f64)> {
         let mut by_entry: HashMap<&'static str, (u64, f64)> = HashMap::new();
         for (&(entry, _), &(calls, secs)) in &self.totals {
             let e = by_entry.entry(entry).or_insert((0, 0.0));
@@ -136,7 +136,7 @@ impl Profiler {
 
     /// The totals as two tables, longest first: per kernel, then per kernel and grid (the
     /// first `SHAPES` rows).
-    pub fn report(&self) -> String {
+    pub(crate) fn report(&self) -> String {
         let by_entry = self.by_entry();
         let all: f64 = by_entry.values().map(|v| v.1).sum();
         let passes: u64 = by_entry.values().map(|v| v.0).sum();

@@ -25,7 +25,7 @@ const MAX_REMAPPING: usize = 8;
 const MAX_FREE: usize = 16;
 
 /// Lends mapped upload buffers to the expert readers.
-pub struct StagingLender {
+pub(crate) struct StagingLender {
     device: wgpu::Device,
     pool: Arc<Mutex<Pool>>,
     refused: AtomicBool,
@@ -55,7 +55,7 @@ impl StagingLender {
     /// A lender of buffers made on `device`; `unified` when the adapter shares memory with
     /// the CPU, so the MoE may scan a lent expert's scale bytes in the mapping as it scans
     /// host bytes.
-    pub fn new(device: wgpu::Device, unified: bool) -> Self {
+    pub(crate) fn new(device: wgpu::Device, unified: bool) -> Self {
         Self {
             device,
             pool: Arc::default(),
@@ -65,7 +65,7 @@ impl StagingLender {
     }
 
     /// Buffers alive now (lent, free, or on their way back).
-    pub fn buffers_alive(&self) -> usize {
+    pub(crate) fn buffers_alive(&self) -> usize {
         lock(&self.pool).made
     }
 
@@ -142,7 +142,7 @@ impl ReadLender for StagingLender {
 }
 
 /// One lent buffer: `len` bytes from `lead` on.
-pub struct LentStaging {
+pub(crate) struct LentStaging {
     buf: wgpu::Buffer,
     /// The mapping while the region is the reader's; `None` once the device has it.
     view: Mutex<Option<wgpu::BufferViewMut>>,
@@ -161,7 +161,7 @@ impl LentStaging {
     /// region is still mapped in readable memory, the answer kept for later calls; `None`
     /// when it cannot be read cheaply (a discrete GPU's mapping, or already handed to the
     /// device unscanned). A region holds one expert, so one answer serves every call.
-    pub fn any_byte_above(&self, ranges: &[Range<u64>], limit: u8) -> Option<bool> {
+    pub(crate) fn any_byte_above(&self, ranges: &[Range<u64>], limit: u8) -> Option<bool> {
         if let Some(&a) = self.above.get() {
             return Some(a);
         }
@@ -193,7 +193,7 @@ impl LentStaging {
 
     /// The buffer, unmapped for the device, and the offset of the region in it. The copies
     /// recorded from it must be submitted before the expert is dropped.
-    pub fn for_device(&self) -> (&wgpu::Buffer, u64) {
+    pub(crate) fn for_device(&self) -> (&wgpu::Buffer, u64) {
         let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(view) = v.take() {
             drop(view);

@@ -29,7 +29,7 @@ pub(in crate::backend::gpu) enum PartSrc<'a> {
 
 impl PartSrc<'_> {
     /// Bytes.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         match self {
             PartSrc::Host(b) => b.len() as u64,
             PartSrc::Device { len, .. } => *len,
@@ -66,7 +66,7 @@ impl MatSrc<'_> {
     /// Whether the matrix may hold a scale above [`FAST_SCALE_MAX`]: scanned where its scale
     /// bytes are in host memory (a 17th of the matrix), as scanned in lent staging where that
     /// is readable host RAM, assumed where they are on the device.
-    pub fn may_have_huge_scales(&self) -> bool {
+    pub(crate) fn may_have_huge_scales(&self) -> bool {
         match self.scales {
             // Spread over threads, as the upload's copy of the same bytes is (one thread
             // scanning an expert's 1 MB of scales is host time on the read path); a maximum
@@ -95,7 +95,7 @@ pub(in crate::backend::gpu) struct ExpertSrc<'a> {
 
 impl<'a> ExpertSrc<'a> {
     /// From host views, their shapes checked against one another and a latent width `d`.
-    pub fn host(w: &ExpertWeights<'a>, d: usize) -> Result<Self> {
+    pub(crate) fn host(w: &ExpertWeights<'a>, d: usize) -> Result<Self> {
         let i = crate::backend::shape_checks::expert_shapes(w, d)?;
         for m in [w.w1, w.w2, w.w3] {
             ensure!(
@@ -120,7 +120,7 @@ impl<'a> ExpertSrc<'a> {
     /// From a staging buffer this backend lent to the read, its part lengths checked
     /// against its `(I, D)` and the latent width `d`. Takes the buffer for the device: the
     /// caller must submit the copies it records before the expert is dropped.
-    pub fn staged(s: &StagedExpert<'a>, d: usize) -> Result<Self> {
+    pub(crate) fn staged(s: &StagedExpert<'a>, d: usize) -> Result<Self> {
         let lent = s.region.downcast_ref::<LentStaging>().ok_or_else(|| {
             anyhow!("internal: an expert was read into memory another backend lent")
         })?;
@@ -162,7 +162,7 @@ impl<'a> ExpertSrc<'a> {
     }
 
     /// Whether any of the three matrices may hold a scale above [`FAST_SCALE_MAX`].
-    pub fn may_have_huge_scales(&self) -> bool {
+    pub(crate) fn may_have_huge_scales(&self) -> bool {
         [self.w1, self.w2, self.w3]
             .iter()
             .any(MatSrc::may_have_huge_scales)

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 /// Bookkeeping of the tier: which expert sits in which slot, recency, pins.
 #[derive(Debug, Default)]
-pub struct ExpertTier {
+pub(crate) struct ExpertTier {
     capacity: usize,
     per_pool: usize,
     /// `(I, D)` of the experts the slots are sized for.
@@ -26,7 +26,7 @@ pub struct ExpertTier {
 
 impl ExpertTier {
     /// A tier of `capacity` slots for `[I, D]` experts, `per_pool` slots per device pool.
-    pub fn new(capacity: usize, per_pool: usize, dims: (usize, usize)) -> Self {
+    pub(crate) fn new(capacity: usize, per_pool: usize, dims: (usize, usize)) -> Self {
         Self {
             capacity,
             per_pool: per_pool.max(1),
@@ -36,29 +36,29 @@ impl ExpertTier {
     }
 
     /// Slots in all.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Slots per device pool.
-    pub fn per_pool(&self) -> usize {
+    pub(crate) fn per_pool(&self) -> usize {
         self.per_pool
     }
 
     /// `(I, D)` the slots are sized for.
-    pub fn dims(&self) -> (usize, usize) {
+    pub(crate) fn dims(&self) -> (usize, usize) {
         self.dims
     }
 
     /// Slots in pool `p` (the last pool may be short).
-    pub fn pool_slots(&self, p: usize) -> usize {
+    pub(crate) fn pool_slots(&self, p: usize) -> usize {
         self.capacity
             .saturating_sub(p * self.per_pool)
             .min(self.per_pool)
     }
 
     /// The slot of `key`, marked most recently used.
-    pub fn lookup(&mut self, key: ExpertKey) -> Option<usize> {
+    pub(crate) fn lookup(&mut self, key: ExpertKey) -> Option<usize> {
         self.tick += 1;
         let tick = self.tick;
         self.slots.get_mut(&key).map(|(s, t)| {
@@ -69,7 +69,7 @@ impl ExpertTier {
 
     /// Replaces the pins with the resident experts among `ids` of `layer`; returns one
     /// residency flag per id.
-    pub fn pin(&mut self, layer: usize, ids: &[u32]) -> Vec<bool> {
+    pub(crate) fn pin(&mut self, layer: usize, ids: &[u32]) -> Vec<bool> {
         self.pinned.clear();
         ids.iter()
             .map(|&id| {
@@ -86,7 +86,7 @@ impl ExpertTier {
     /// A slot for `key`: a never-used one, else the least recently used slot that is not
     /// pinned and not in `busy` (slots the current call already uses). `None` when every
     /// slot is taken that way; the caller then uploads the expert for this call only.
-    pub fn reserve(&mut self, key: ExpertKey, busy: &HashSet<usize>) -> Option<usize> {
+    pub(crate) fn reserve(&mut self, key: ExpertKey, busy: &HashSet<usize>) -> Option<usize> {
         if self.capacity == 0 {
             return None;
         }
@@ -110,22 +110,23 @@ impl ExpertTier {
     }
 
     /// The expert the last reservation evicted from its slot, once.
-    pub fn take_evicted(&mut self) -> Option<ExpertKey> {
+    pub(crate) fn take_evicted(&mut self) -> Option<ExpertKey> {
         self.evicted.take()
     }
 
     /// Whether `key` is held, without marking it used.
-    pub fn holds(&self, key: ExpertKey) -> bool {
+    pub(crate) fn holds(&self, key: ExpertKey) -> bool {
         self.slots.contains_key(&key)
     }
 
     /// Experts held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.slots.len()
     }
 
+    #[cfg(test)]
     /// True when no expert is held.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
 }

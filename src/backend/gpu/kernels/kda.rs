@@ -20,7 +20,7 @@ const KDA_L2_EPS: f32 = 1e-6;
 const PASSES_FROM_TOKENS: usize = 4;
 
 /// Widest head the kernel's workgroup arrays hold.
-pub const MAX_HEAD_DIM: usize = 256;
+pub(crate) const MAX_HEAD_DIM: usize = 256;
 
 impl GpuBackend {
     pub(in crate::backend::gpu) fn kda_state_op(&self, d: &KdaDims) -> Result<GpuKdaState> {

@@ -508,7 +508,7 @@ pub(in crate::backend::gpu) fn rows_per_group_of(wg: u32, m: MatvecShape) -> u32
 const MXFP4_UNIT_COLS: u32 = 32;
 
 /// The matvec pipeline overrides of `m` shared by every matvec entry.
-pub fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 4] {
+pub(crate) fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 4] {
     [
         ("LPR", m.lanes_per_row),
         ("LW", m.lanes_per_block),
@@ -524,7 +524,7 @@ fn takes_digits(shader: Shader, m: MatvecShape) -> bool {
 
 /// `m` as the row-split kernel of the int4 digit decode runs it: the digits, at
 /// `digit_rows_per_lane` rows a lane.
-pub fn digit_shape(m: MatvecShape) -> MatvecShape {
+pub(crate) fn digit_shape(m: MatvecShape) -> MatvecShape {
     MatvecShape {
         int4_decode: Some(Int4Decode::Digits),
         rows_per_lane: m.digit_rows_per_lane,
@@ -536,7 +536,7 @@ pub fn digit_shape(m: MatvecShape) -> MatvecShape {
 /// units under `m`, with `shared` bytes of workgroup memory: `entries.0`, or `entries.1`
 /// (its twin in matvec_staged.wgsl) with x staged in tiles of [`x_tile_units`], where the
 /// shader stages x, the decode reads plain x, and a tile fits the workgroup memory.
-pub fn row_split_variant(
+pub(crate) fn row_split_variant(
     shader: Shader,
     m: MatvecShape,
     units: usize,
@@ -562,7 +562,7 @@ pub fn row_split_variant(
 
 /// The MXFP4 kernels' `SPECIAL` override: whether the per-element path for huge scales is
 /// compiled in.
-pub fn special_const(huge: bool) -> (&'static str, u32) {
+pub(crate) fn special_const(huge: bool) -> (&'static str, u32) {
     ("SPECIAL", u32::from(huge))
 }
 

@@ -6,7 +6,7 @@
 pub mod chunk_gemm;
 pub(crate) mod elementwise;
 pub(crate) mod kda;
-pub mod matmul;
+pub(crate) mod matmul;
 pub(crate) mod mla;
 pub(crate) mod norm;
 pub(crate) mod router;

@@ -8,7 +8,7 @@ use crate::backend::gpu::GpuBackend;
 use anyhow::{ensure, Result};
 
 /// Entries (bank + current) the mix kernel's workgroup array holds.
-pub const MAX_MIX_ENTRIES: usize = 64;
+pub(crate) const MAX_MIX_ENTRIES: usize = 64;
 
 impl GpuBackend {
     pub(in crate::backend::gpu) fn rmsnorm_op(

@@ -10,7 +10,7 @@ use crate::routed_expert::Route;
 use anyhow::{bail, ensure, Result};
 
 /// Most experts per token the kernel's selection list holds.
-pub const MAX_TOP_K: usize = 64;
+pub(crate) const MAX_TOP_K: usize = 64;
 
 impl GpuBackend {
     pub(in crate::backend::gpu) fn router_topk_op(

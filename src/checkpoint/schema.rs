@@ -1,7 +1,7 @@
 //! The tensors a K3 checkpoint must hold, derived from its [`Config`]: the single source
 //! of truth for names, shapes and dtypes, shared by the loader, `k3 inspect` and the
 //! synthesizer (docs/model.md#tensor-names). The dense tensors are the blocks' sets of
-//! [`super::model_tensors`], which the model loads from; the routed experts' are here.
+//! `model_tensors.rs`, which the model loads from; the routed experts' are here.
 
 use super::model_tensors::ModelTensors;
 use super::tensor::Dtype;

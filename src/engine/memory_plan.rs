@@ -23,7 +23,7 @@ pub const MACOS_OS_GB: f64 = 8.0;
 pub const LINUX_OS_GB: f64 = 2.0;
 
 /// The machine `k3 inspect --plan` plans for, as its flags describe it (not measured: the
-/// engine's own plan measures a [`crate::engine::plan::Machine`]).
+/// engine's own plan measures a `engine::plan::Machine`).
 #[derive(Clone, Debug)]
 pub struct MachineSpec {
     /// Physical RAM, GB.

@@ -242,7 +242,7 @@ impl TokenConstraint {
     /// vocabulary included). Once the grammar is complete only end-of-sequence ids remain.
     /// With `remaining` tokens of budget left (this one included) and that near what
     /// closing the reply takes, only the allowed token that closes fastest is left, when
-    /// there is one ([`super::closing`]).
+    /// there is one (`closing.rs`).
     pub fn mask_logits(&mut self, logits: &mut [f32], remaining: Option<usize>) -> Result<()> {
         let closing = match remaining {
             Some(r) => r <= self.shortest_reply()? + self.cursor.reserve(),

@@ -2,7 +2,7 @@
 //! one model over N processes. Rank 0, the head, runs everything but the routed experts it
 //! does not own; every rank owns a share of each MoE layer's experts ([`placement`]) and
 //! runs them from its own disk, caches and backend. The head's MoE layer hands rows to the
-//! owners through [`crate::experts::remote::RemoteExperts`] and sums what comes back in
+//! owners through `RemoteExperts` (`experts/remote.rs`) and sums what comes back in
 //! the canonical order. The placement, the messages ([`wire`]) and the start-up report
 //! ([`hello`]) build without MPI; the transport needs the `mpi` feature.
 

@@ -1,6 +1,6 @@
 //! `k3 serve`: an OpenAI-compatible (and Anthropic `/v1/messages`) HTTP server over one
 //! loaded model. The calling thread is the engine: it owns the model and runs up to
-//! `--parallel` generations together, a batched step at a time ([`engine`]); a tokio runtime on other threads runs the HTTP side
+//! `--parallel` generations together, a batched step at a time (`engine.rs`); a tokio runtime on other threads runs the HTTP side
 //! ([`http`]) and hands requests over through a bounded queue.
 
 pub mod anthropic;
@@ -62,7 +62,7 @@ pub struct ServeOptions {
     /// Tokens the context holds (prompt plus answer).
     pub context: usize,
     /// The state the memory plan reserves for the sequences together, bytes
-    /// ([`crate::engine::plan::StateReservation`]).
+    /// (`engine::plan::StateReservation`).
     pub state_budget: usize,
     /// Sequences whose full-context state that reserves.
     pub state_sequences: usize,

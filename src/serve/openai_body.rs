@@ -1,6 +1,6 @@
 //! The OpenAI bodies (`/v1/chat/completions`, `/v1/completions`) read into typed structs
 //! that become the internal request. Every error names the field at fault; a field the
-//! server does not know is a 400 naming it ([`super::body_json`]).
+//! server does not know is a 400 naming it (`body_json.rs`).
 
 use super::api_error::ApiError;
 use super::body_json::{from_value, parse_body, refuse_unknown, Unknown};

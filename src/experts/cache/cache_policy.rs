@@ -1,5 +1,5 @@
 //! Which expert a full layer cache gives up: the eviction policies, over expert ids only, so
-//! the engine's [`crate::experts::cache::expert_cache::LayerCache`] and the cache simulator
+//! the engine's `LayerCache` (`expert_cache.rs`) and the cache simulator
 //! (`cache_policy_sim.rs`) run the same code.
 //!
 //! Every policy sees the same calls, in the engine's order: one [`SlotPolicy::lookup`] per

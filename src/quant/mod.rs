@@ -8,6 +8,7 @@ pub mod int4;
 pub mod int8;
 mod kernel;
 pub mod mxfp4;
+pub mod partner;
 pub mod pool;
 mod row_quantize;
 pub mod simd;

@@ -13,6 +13,18 @@
 /// demo model's ops and a decode step's elementwise ops are below it.
 pub const POOL_WORK_FROM: usize = 1 << 18;
 
+/// Work, in the units of [`POOL_WORK_FROM`], from which an op of several rows that stays off
+/// the pool gives half of itself to the partner thread ([`super::partner`]): a few
+/// microseconds of one core, several times what the hand-off costs.
+pub const PARTNER_WORK_FROM: usize = 1 << 13;
+
+/// Whether an op over `rows` rows that takes `work` and stays off the pool (see
+/// [`min_len`]) splits its rows with the partner thread. One row never does: a one-stream
+/// decode step runs every op on the calling thread alone.
+pub fn partner_pays(rows: usize, work: usize) -> bool {
+    rows >= 2 && work >= PARTNER_WORK_FROM
+}
+
 /// The `with_min_len` of a parallel iterator over `items` pieces that together take
 /// `work` (see [`POOL_WORK_FROM`]): all of them (one inline run) when the work is too small
 /// to pay for the pool, else 1 (rayon splits as it likes).
@@ -33,6 +45,13 @@ mod tests {
         assert_eq!(min_len(8, POOL_WORK_FROM - 1), 8);
         assert_eq!(min_len(0, 0), 1);
         assert_eq!(min_len(8, POOL_WORK_FROM), 1);
+    }
+
+    #[test]
+    fn one_row_never_goes_to_the_partner() {
+        assert!(!partner_pays(1, usize::MAX));
+        assert!(!partner_pays(4, PARTNER_WORK_FROM - 1));
+        assert!(partner_pays(2, PARTNER_WORK_FROM));
     }
 
     #[test]

@@ -201,9 +201,12 @@ impl Backend for CpuBackend {
     /// Several rows' matrices split between this thread and the partner thread, in two runs
     /// of whole matrices of about equal work, when they are too small for the pool.
     fn matmul_many(&self, ws: &[&DenseMatrix], x: &CpuAct) -> Result<Vec<CpuAct>> {
+        if ws.len() < 2 || x.rows < 2 {
+            return ws.iter().map(|w| self.matmul(w, x)).collect();
+        }
         let work: Vec<usize> = ws.iter().map(|w| w.rows * w.cols * x.rows).collect();
         let total: usize = work.iter().sum();
-        if ws.len() < 2 || total >= pool::POOL_WORK_FROM || !pool::partner_pays(x.rows, total) {
+        if total >= pool::POOL_WORK_FROM || !pool::partner_pays(x.rows, total) {
             return ws.iter().map(|w| self.matmul(w, x)).collect();
         }
         let mut at = 1;

@@ -4,7 +4,7 @@ use super::k3::{K3Model, Logits, Segment, State};
 use super::runtime::{Runtime, RuntimeSettings};
 use super::trace::Trace;
 use crate::backend::Backend;
-use crate::quant::partner;
+use crate::quant::{partner, pool};
 use crate::stats::Stats;
 use anyhow::Result;
 use std::sync::atomic::AtomicBool;
@@ -75,14 +75,19 @@ impl<B: Backend> Runner<B> {
             let (lo, hi) = segs.split_at_mut(segs.len().div_ceil(2));
             let mut other = Stats::default();
             let mut own = Stats::default();
+            // Each half keeps its ops on its thread: the two halves fill the cores.
             let (a, b) = partner::join(
                 || {
-                    self.model
-                        .forward_batch(&self.rt, lo, &mut own, None, cancel)
+                    pool::on_this_thread(|| {
+                        self.model
+                            .forward_batch(&self.rt, lo, &mut own, None, cancel)
+                    })
                 },
                 || {
-                    self.model
-                        .forward_batch(&self.rt, hi, &mut other, None, cancel)
+                    pool::on_this_thread(|| {
+                        self.model
+                            .forward_batch(&self.rt, hi, &mut other, None, cancel)
+                    })
                 },
             );
             *stats = stats.plus(&own.alongside(&other));

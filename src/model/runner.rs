@@ -6,7 +6,7 @@ use super::trace::Trace;
 use crate::backend::Backend;
 use crate::quant::{partner, pool};
 use crate::stats::Stats;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::sync::atomic::AtomicBool;
 
 /// A loaded model and its runtime: what a session, the server and a command run. It reads
@@ -91,6 +91,13 @@ impl<B: Backend> Runner<B> {
                 },
             );
             *stats = stats.plus(&own.alongside(&other));
+            let at = lo.len();
+            let b = b.with_context(|| {
+                format!(
+                    "in the half of a split step from segment {at} (the numbers above count \
+                     from there)"
+                )
+            });
             return Ok(match (a?, b?) {
                 (Some(mut a), Some(b)) => {
                     a.extend(b);
@@ -106,8 +113,14 @@ impl<B: Backend> Runner<B> {
     /// Whether a pass of `segs` runs as two halves (see [`Self::forward_batch`]).
     fn splits(&self, segs: &[Segment<'_, B>]) -> Result<bool> {
         let cfg = &self.model.ckpt.config;
+        // A step a pass would refuse before its first layer runs as one pass, so the error
+        // names the segment as it stands in the step and no sequence advances.
         if segs.len() < 2
-            || segs.iter().any(|s| s.ids.len() != 1)
+            || segs.iter().any(|s| {
+                s.ids.len() != 1
+                    || s.ids.iter().any(|&id| id as usize >= cfg.vocab_size)
+                    || s.state.layers.len() != self.model.layer_count()
+            })
             || self.rt.remote.is_some()
             || !self
                 .model

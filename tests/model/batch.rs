@@ -300,4 +300,21 @@ fn decode_steps_run_as_two_halves_keep_each_sequence_bit_for_bit() {
         );
     }
     assert!(together.iter().all(|s| s.pos == 27));
+    // A bad id in the second half: refused before any layer, named as in the step.
+    let ids: Vec<[u32; 1]> = (0..5u32).map(|s| [if s == 3 { v } else { s }]).collect();
+    let mut segs: Vec<Segment<'_, _>> = together
+        .iter_mut()
+        .zip(&ids)
+        .map(|(state, ids)| Segment {
+            state,
+            ids,
+            want: Logits::Last,
+        })
+        .collect();
+    let e = m
+        .forward_batch(&mut segs, &mut Stats::default(), None, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("of segment 3, at position 27"), "{e}");
+    assert!(together.iter().all(|s| s.pos == 27), "no sequence advanced");
 }

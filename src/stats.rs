@@ -103,6 +103,20 @@ impl Stats {
         }
     }
 
+    /// The figures of two passes that ran at the same time on two threads: the counts add,
+    /// each time is the longer of the two (the wall time the pair took in that stage).
+    pub fn alongside(&self, o: &Stats) -> Stats {
+        let mut s = self.plus(o);
+        s.attn = self.attn.max(o.attn);
+        s.moe = self.moe.max(o.moe);
+        s.eload = self.eload.max(o.eload);
+        s.head = self.head.max(o.head);
+        s.disk_busy = self.disk_busy.max(o.disk_busy);
+        s.expert_handoff = self.expert_handoff.max(o.expert_handoff);
+        s.router_wait = self.router_wait.max(o.router_wait);
+        s
+    }
+
     /// Counters accumulated since `earlier` (a snapshot of the same run).
     pub fn since(&self, earlier: &Stats) -> Stats {
         Stats {

@@ -186,15 +186,17 @@ pub fn matmul_each<B: Backend, const N: usize>(
 }
 
 /// The op interface every backend implements (docs/architecture.md#the-op-interface).
-pub trait Backend: ExpertResidency {
+// Sync, with sendable activations and states, so that the pieces of a batch
+// (`map_pieces`) or the two halves of a decode step (`split_pass`) may run on two threads.
+pub trait Backend: ExpertResidency + Sync {
     /// A `[rows, cols]` f32 activation matrix resident in the backend.
-    type Act;
+    type Act: Send + Sync;
     /// A dense weight matrix in its load-time format, resident in the backend.
-    type Mat;
+    type Mat: Sync;
     /// Recurrent state of one KDA layer (conv history + delta-rule state).
-    type KdaState;
+    type KdaState: Send;
     /// Latent cache of one MLA layer.
-    type MlaCache;
+    type MlaCache: Send;
 
     /// Human-readable name (`cpu`, or `gpu: ` and the adapter's name and API).
     fn name(&self) -> String;
@@ -266,6 +268,24 @@ pub trait Backend: ExpertResidency {
     /// that depends on x alone (the GPU's int4 digit pass).
     fn matmul_many(&self, ws: &[&Self::Mat], x: &Self::Act) -> Result<Vec<Self::Act>> {
         ws.iter().map(|w| self.matmul(w, x)).collect()
+    }
+    /// Whether a decode pass of `rows` rows of a model whose widest op takes `row_work`
+    /// multiply-adds a row may run as two passes of half the sequences at once, on two
+    /// threads. The CPU backend does where a row's ops are too small for its pool, so one
+    /// thread a half is what keeps its cores busy; the GPU runs one pass.
+    fn split_pass(&self, rows: usize, row_work: usize) -> bool {
+        let _ = (rows, row_work);
+        false
+    }
+    /// `f` on every item, the results in item order: the pieces of a batch, each a
+    /// sequence's attention on its own state. A backend may run two items at once; the CPU
+    /// backend gives half of them to its partner thread.
+    fn map_pieces<T: Send, R: Send>(
+        &self,
+        items: &mut [T],
+        f: &(dyn Fn(&mut T) -> R + Sync),
+    ) -> Vec<R> {
+        items.iter_mut().map(f).collect()
     }
     /// RMSNorm of each `group`-wide slice of every row with weight `w` (`[1, group]`).
     fn rmsnorm(&self, x: &Self::Act, w: &Self::Act, group: usize, eps: f32) -> Result<Self::Act>;

@@ -52,7 +52,8 @@ pub(crate) struct ModelArgs {
     /// (faster, NOT exact; the C engine's default), 0 = exact f32 (k3's default).
     #[arg(long, env = "K3_IDOT", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub idot: u8,
-    /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores].
+    /// CPU threads [env: RAYON_NUM_THREADS, OMP_NUM_THREADS; default: physical cores]; 1
+    /// also keeps a batch of several streams on one thread (no partner thread).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Extra shard directories, ";" or "," separated, searched after the snapshot directory: a

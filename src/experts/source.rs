@@ -326,6 +326,22 @@ impl ExpertSource {
         })
     }
 
+    /// Whether the host cache holds all `experts` routed experts of each of `layers`: a
+    /// pass then reads nothing, whatever its rows choose.
+    pub fn holds_every_expert(
+        &self,
+        layers: impl IntoIterator<Item = usize>,
+        experts: usize,
+    ) -> Result<bool> {
+        let caches = self
+            .caches
+            .lock()
+            .map_err(|_| anyhow!("expert cache poisoned"))?;
+        Ok(layers
+            .into_iter()
+            .all(|l| caches.get(&l).is_some_and(|lc| lc.len() >= experts)))
+    }
+
     /// Those of `ids` (experts of `layer`) that neither the host cache nor the backend's
     /// tier holds now, asked without touching either's recency or pins.
     pub fn held_nowhere(&self, layer: usize, ids: &[u32]) -> Result<Vec<u32>> {

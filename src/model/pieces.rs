@@ -19,12 +19,13 @@ pub(crate) struct PieceState<'p, S> {
 
 /// Runs `f` on each piece's rows of `xs` (activations over the same rows) with the piece's
 /// state and returns the outputs in row order; `f` gets `xs` themselves when one piece
-/// holds every row.
-pub(crate) fn each_piece<B: Backend, S, const N: usize>(
+/// holds every row. Several pieces go through [`Backend::map_pieces`], which may run two
+/// at once.
+pub(crate) fn each_piece<B: Backend, S: Send, const N: usize>(
     b: &B,
     xs: [&B::Act; N],
     pieces: &mut [PieceState<'_, S>],
-    mut f: impl FnMut(&mut S, [&B::Act; N]) -> Result<B::Act>,
+    f: impl Fn(&mut S, [&B::Act; N]) -> Result<B::Act> + Sync,
 ) -> Result<B::Act> {
     let rows = xs.first().map_or(0, |x| b.shape(x).0);
     if let [one] = pieces {
@@ -32,15 +33,19 @@ pub(crate) fn each_piece<B: Backend, S, const N: usize>(
             return named(f(one.state, xs), &one.at);
         }
     }
-    let mut outs = Vec::with_capacity(pieces.len());
+    let mut items = Vec::with_capacity(pieces.len());
     for p in pieces.iter_mut() {
         let cut: Vec<B::Act> = xs
             .iter()
             .map(|x| b.slice_rows(x, p.rows.start, p.rows.len()))
             .collect::<Result<_>>()?;
-        let refs: [&B::Act; N] = std::array::from_fn(|i| &cut[i]);
-        outs.push(named(f(p.state, refs), &p.at)?);
+        items.push((&mut *p.state, cut, &p.at));
     }
+    let outs = b.map_pieces(&mut items, &|(state, cut, at)| {
+        let refs: [&B::Act; N] = std::array::from_fn(|i| &cut[i]);
+        named(f(state, refs), at)
+    });
+    let outs: Vec<B::Act> = outs.into_iter().collect::<Result<_>>()?;
     let refs: Vec<&B::Act> = outs.iter().collect();
     b.concat_rows(&refs)
 }

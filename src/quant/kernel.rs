@@ -2,7 +2,8 @@
 //! portable (each block decoded once to f32, then dotted with all `n` tokens) or fused
 //! (the SIMD kernels of [`super::simd`] read the stored encoding directly).
 
-use super::pool::min_len;
+use super::partner;
+use super::pool::{min_len, partner_pays, POOL_WORK_FROM};
 use super::simd::{self, EncodedRows, SimdLevel, MAX_TOKENS, ROW_BLOCK};
 use rayon::prelude::*;
 
@@ -230,33 +231,41 @@ fn fused_matmul(w: &EncodedRows<'_>, x: &[f32], n: usize, y: &mut [f32], level: 
             });
         return;
     }
+    // Rows `r0..` of every token into `out` ([count, n], row-major).
+    let rows_from = |r0: usize, out: &mut [f32]| {
+        for_each_tile(
+            out.len() / n,
+            n,
+            ROW_BLOCK,
+            MAX_TOKENS,
+            |i, count, t0, take| {
+                let r = r0 + i;
+                let (xs, xp) = (&xs[t0..], &xp[t0..]);
+                let put = |k: usize, y: &[f32]| {
+                    let at = (i + k) * n + t0;
+                    out[at..at + y.len()].copy_from_slice(y);
+                };
+                match take {
+                    1 => tokens::<1>(level, w, r, count, xs, xp, put),
+                    2 => tokens::<2>(level, w, r, count, xs, xp, put),
+                    3 => tokens::<3>(level, w, r, count, xs, xp, put),
+                    _ => tokens::<4>(level, w, r, count, xs, xp, put),
+                }
+            },
+        );
+    };
     // Row-major [rows, n] so that each task owns a contiguous slice; transposed at the end.
     let mut yt = vec![0f32; rows * n];
-    yt.par_chunks_mut(TILE_ROWS * n)
-        .with_min_len(min_len(rows.div_ceil(TILE_ROWS), work))
-        .enumerate()
-        .for_each(|(b, out)| {
-            for_each_tile(
-                out.len() / n,
-                n,
-                ROW_BLOCK,
-                MAX_TOKENS,
-                |i, count, t0, take| {
-                    let r = b * TILE_ROWS + i;
-                    let (xs, xp) = (&xs[t0..], &xp[t0..]);
-                    let put = |k: usize, y: &[f32]| {
-                        let at = (i + k) * n + t0;
-                        out[at..at + y.len()].copy_from_slice(y);
-                    };
-                    match take {
-                        1 => tokens::<1>(level, w, r, count, xs, xp, put),
-                        2 => tokens::<2>(level, w, r, count, xs, xp, put),
-                        3 => tokens::<3>(level, w, r, count, xs, xp, put),
-                        _ => tokens::<4>(level, w, r, count, xs, xp, put),
-                    }
-                },
-            );
-        });
+    if work < POOL_WORK_FROM && partner_pays(n, work) {
+        // Half the rows, in whole row blocks, on the partner thread.
+        let half = (rows / 2).next_multiple_of(ROW_BLOCK).min(rows);
+        partner::halves(&mut yt, half * n, |first, out| rows_from(first / n, out));
+    } else {
+        yt.par_chunks_mut(TILE_ROWS * n)
+            .with_min_len(min_len(rows.div_ceil(TILE_ROWS), work))
+            .enumerate()
+            .for_each(|(b, out)| rows_from(b * TILE_ROWS, out));
+    }
     transpose(&yt, rows, n, y);
 }
 

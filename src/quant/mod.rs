@@ -8,6 +8,7 @@ pub(crate) mod int4;
 pub(crate) mod int8;
 mod kernel;
 pub mod mxfp4;
+pub(crate) mod partner;
 pub(crate) mod pool;
 mod row_quantize;
 pub mod simd;

@@ -218,3 +218,94 @@ fn four_decoding_segments_read_only_the_union_of_their_experts() {
         stats.bytes_streamed
     );
 }
+
+#[test]
+fn decode_steps_run_as_two_halves_keep_each_sequence_bit_for_bit() {
+    // A host cache that holds every expert: a decode step of several sequences then runs as
+    // two passes of half the sequences at once (`Runner::forward_batch`).
+    let mut m = tiny();
+    let cfg = m.ckpt.config.clone();
+    support::new_runtime(
+        &mut m,
+        support::stream_settings(k3::experts::StreamConfig {
+            slots_per_layer: cfg.num_experts,
+            ..support::serial_stream()
+        }),
+    );
+    let v = cfg.vocab_size as u32;
+    let prompt = |s: u32| -> Vec<u32> { (0..24).map(|k| (s * 97 + k * 31 + 5) % v).collect() };
+    let fresh = |m: &Runner<k3::backend::cpu::CpuBackend>| -> Vec<_> {
+        (0..5u32)
+            .map(|s| {
+                let mut st = m.new_state().unwrap();
+                m.forward(
+                    &mut st,
+                    &prompt(s),
+                    Logits::Last,
+                    &mut Stats::default(),
+                    None,
+                )
+                .unwrap();
+                st
+            })
+            .collect()
+    };
+    let mut alone = fresh(&m);
+    let mut together = fresh(&m);
+    let moe_layers = (0..cfg.num_hidden_layers).filter(|&l| cfg.is_moe_layer(l));
+    assert!(
+        m.rt.experts()
+            .holds_every_expert(moe_layers, cfg.num_experts)
+            .unwrap(),
+        "the prompts route to every expert, so the steps below split"
+    );
+    for step in 0..3u32 {
+        let ids: Vec<[u32; 1]> = (0..5u32).map(|s| [(s * 13 + step * 7 + 1) % v]).collect();
+        let want: Vec<Vec<f32>> = alone
+            .iter_mut()
+            .zip(&ids)
+            .map(|(st, id)| {
+                m.forward(st, id, Logits::Last, &mut Stats::default(), None)
+                    .unwrap()
+            })
+            .collect();
+        let mut segs: Vec<Segment<'_, _>> = together
+            .iter_mut()
+            .zip(&ids)
+            .map(|(state, ids)| Segment {
+                state,
+                ids,
+                want: Logits::Last,
+            })
+            .collect();
+        let mut stats = Stats::default();
+        let got = m
+            .forward_batch(&mut segs, &mut stats, None, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, want, "step {step}: each sequence's logits as alone");
+        assert_eq!(stats.bytes_streamed, 0, "step {step}: no expert read");
+        assert_eq!(
+            stats.expert_lookups, stats.expert_hits,
+            "step {step}: every expert a hit"
+        );
+    }
+    assert!(together.iter().all(|s| s.pos == 27));
+    // A bad id in the second half: refused before any layer, named as in the step.
+    let ids: Vec<[u32; 1]> = (0..5u32).map(|s| [if s == 3 { v } else { s }]).collect();
+    let mut segs: Vec<Segment<'_, _>> = together
+        .iter_mut()
+        .zip(&ids)
+        .map(|(state, ids)| Segment {
+            state,
+            ids,
+            want: Logits::Last,
+        })
+        .collect();
+    let e = m
+        .forward_batch(&mut segs, &mut Stats::default(), None, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("of segment 3, at position 27"), "{e}");
+    assert!(together.iter().all(|s| s.pos == 27), "no sequence advanced");
+}

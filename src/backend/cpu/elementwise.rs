@@ -2,7 +2,7 @@
 
 use super::CpuAct;
 use crate::backend::Glu;
-use crate::quant::pool;
+use crate::quant::{partner, pool};
 use anyhow::Result;
 use rayon::prelude::*;
 
@@ -39,9 +39,37 @@ pub(crate) fn glu(g: f32, u: f32, glu: Glu) -> f32 {
 /// gated units take a few transcendental calls a value.
 const ZIP_WORK: usize = 16;
 
-/// Applies `f` elementwise to two same-shaped activations.
-pub(crate) fn zip(a: &CpuAct, b: &CpuAct, f: impl Fn(f32, f32) -> f32 + Sync) -> Result<CpuAct> {
+/// What one value of `add` costs, in the multiply-adds of [`pool::partner_pays`].
+pub(crate) const ADD_COST: usize = 1;
+/// What one value of `sigmoid_gate` costs (an `exp`), as [`ADD_COST`].
+pub(crate) const SIGMOID_COST: usize = 64;
+/// What one value of a gated unit costs (SiTU: two `tanh` and an `exp`), as [`ADD_COST`].
+pub(crate) const GLU_COST: usize = 192;
+
+/// Applies `f` elementwise to two same-shaped activations; `cost` is what one value takes
+/// ([`GLU_COST`] …), which decides whether the partner thread takes half of the rows.
+pub(crate) fn zip(
+    a: &CpuAct,
+    b: &CpuAct,
+    cost: usize,
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> Result<CpuAct> {
     let n = a.data.len();
+    if n * ZIP_WORK < pool::POOL_WORK_FROM && pool::partner_pays(a.rows, n * cost) {
+        let mut data = vec![0.0f32; n];
+        let at = a.rows / 2 * a.cols;
+        partner::halves(&mut data, at, |first, out| {
+            let end = first + out.len();
+            for ((o, &x), &y) in out
+                .iter_mut()
+                .zip(&a.data[first..end])
+                .zip(&b.data[first..end])
+            {
+                *o = f(x, y);
+            }
+        });
+        return CpuAct::new(data, a.rows, a.cols);
+    }
     let data = a
         .data
         .par_iter()

@@ -15,7 +15,7 @@ use super::{
 };
 
 use crate::quant::idot::IdotKernel;
-use crate::quant::DenseMatrix;
+use crate::quant::{partner, pool, DenseMatrix};
 use crate::routed_expert::Route;
 use anyhow::{ensure, Result};
 
@@ -198,23 +198,75 @@ impl Backend for CpuBackend {
         CpuAct::new(y, x.rows, w.rows)
     }
 
+    /// Several rows' matrices split between this thread and the partner thread, in two runs
+    /// of whole matrices of about equal work, when they are too small for the pool.
+    fn matmul_many(&self, ws: &[&DenseMatrix], x: &CpuAct) -> Result<Vec<CpuAct>> {
+        if ws.len() < 2 || x.rows < 2 {
+            return ws.iter().map(|w| self.matmul(w, x)).collect();
+        }
+        let work: Vec<usize> = ws.iter().map(|w| w.rows * w.cols * x.rows).collect();
+        let total: usize = work.iter().sum();
+        if total >= pool::POOL_WORK_FROM || !pool::partner_pays(x.rows, total) {
+            return ws.iter().map(|w| self.matmul(w, x)).collect();
+        }
+        let mut at = 1;
+        let mut first = work[0];
+        while at + 1 < ws.len() && 2 * (first + work[at]) <= total {
+            first += work[at];
+            at += 1;
+        }
+        let (lo, hi) = ws.split_at(at);
+        let run = |part: &[&DenseMatrix]| -> Result<Vec<CpuAct>> {
+            part.iter().map(|w| self.matmul(w, x)).collect()
+        };
+        let (a, b) = partner::join(|| run(lo), || run(hi));
+        let mut out = a?;
+        out.extend(b?);
+        Ok(out)
+    }
+
+    fn split_pass(&self, rows: usize, row_work: usize) -> bool {
+        rows >= 2 && row_work < pool::POOL_WORK_FROM && partner::available()
+    }
+
+    /// The first half of the items (the larger, as the partner may still be waking) on this
+    /// thread, the rest on the partner thread.
+    fn map_pieces<T: Send, R: Send>(
+        &self,
+        items: &mut [T],
+        f: &(dyn Fn(&mut T) -> R + Sync),
+    ) -> Vec<R> {
+        if items.len() < 2 {
+            return items.iter_mut().map(f).collect();
+        }
+        let (lo, hi) = items.split_at_mut(items.len().div_ceil(2));
+        let run = |part: &mut [T]| part.iter_mut().map(f).collect::<Vec<R>>();
+        let (mut a, b) = partner::join(|| run(lo), || run(hi));
+        a.extend(b);
+        a
+    }
+
     fn rmsnorm(&self, x: &CpuAct, w: &CpuAct, group: usize, eps: f32) -> Result<CpuAct> {
         norm::rmsnorm(x, w, group, eps)
     }
 
     fn add(&self, a: &CpuAct, b: &CpuAct) -> Result<CpuAct> {
         same_shape(a, b, "add")?;
-        elementwise::zip(a, b, |x, y| x + y)
+        elementwise::zip(a, b, elementwise::ADD_COST, |x, y| x + y)
     }
 
     fn sigmoid_gate(&self, x: &CpuAct, gate: &CpuAct) -> Result<CpuAct> {
         same_shape(x, gate, "sigmoid_gate")?;
-        elementwise::zip(x, gate, |v, g| v * elementwise::sigmoid(g))
+        elementwise::zip(x, gate, elementwise::SIGMOID_COST, |v, g| {
+            v * elementwise::sigmoid(g)
+        })
     }
 
     fn glu(&self, g: &CpuAct, u: &CpuAct, glu: Glu) -> Result<CpuAct> {
         same_shape(g, u, "glu")?;
-        elementwise::zip(g, u, |a, b| elementwise::glu(a, b, glu))
+        elementwise::zip(g, u, elementwise::GLU_COST, |a, b| {
+            elementwise::glu(a, b, glu)
+        })
     }
 
     fn attn_res_mix(&self, bank: &[&CpuAct], cur: &CpuAct, w: &CpuAct, eps: f32) -> Result<CpuAct> {

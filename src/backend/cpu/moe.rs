@@ -1,9 +1,11 @@
 //! Routed experts over a window: each expert runs once for all the rows that chose it.
 
-use super::elementwise::glu;
+use super::elementwise::{glu, GLU_COST};
 use super::CpuAct;
 use crate::backend::{ExpertAssignment, ExpertPayload, Glu};
 use crate::quant::idot::{self, IdotKernel, QuantizedActs};
+use crate::quant::{partner, pool};
+use crate::routed_expert::ExpertWeights;
 use anyhow::{bail, ensure, Result};
 use rayon::prelude::*;
 
@@ -27,6 +29,9 @@ fn gated(gate: &[f32], up: &[f32], g: Glu) -> Vec<f32> {
 
 /// `acc[t] += w · W2_e · glu(W1_e·z[t], W3_e·z[t])`, experts accumulated in list order;
 /// with `idot`, each matmul's input is quantized to int8 groups and dotted in integers.
+/// A window of several rows too small for the pool splits its experts with the partner
+/// thread: each expert's output is computed whole on one thread, and the sum still adds
+/// them in list order.
 pub(crate) fn moe_accumulate(
     acc: &mut CpuAct,
     z: &CpuAct,
@@ -36,7 +41,7 @@ pub(crate) fn moe_accumulate(
 ) -> Result<()> {
     let d = z.cols;
     crate::backend::shape_checks::moe_accumulator((acc.rows, acc.cols), (z.rows, z.cols))?;
-    let out = &mut acc.data;
+    let mut jobs = Vec::with_capacity(experts.len());
     for ex in experts {
         let ExpertPayload::Host(w) = &ex.payload else {
             let name = ex.key.map_or("an expert".to_string(), |k| {
@@ -47,14 +52,60 @@ pub(crate) fn moe_accumulate(
             )
         };
         let i = crate::backend::shape_checks::expert_shapes(w, d)?;
-        let m = ex.tokens.len();
-        let mut x = Vec::with_capacity(m * d);
         for &(t, _) in &ex.tokens {
             ensure!(
                 t < z.rows,
                 "moe: token row {t} out of range ({} rows)",
                 z.rows
             );
+        }
+        jobs.push(Job {
+            w,
+            i,
+            tokens: &ex.tokens,
+        });
+    }
+    let run = |job: &Job<'_>| job.output(z, g, idot);
+    let cost = |job: &Job<'_>| job.tokens.len() * job.i * (3 * d + GLU_COST);
+    let work: usize = jobs.iter().map(cost).sum();
+    let out = &mut acc.data;
+    if jobs.len() >= 2 && work < pool::POOL_WORK_FROM && pool::partner_pays(acc.rows, work) {
+        // Two runs of whole experts of about equal work; the sum waits for both.
+        let mut at = 1;
+        let mut first = cost(&jobs[0]);
+        while at + 1 < jobs.len() && 2 * (first + cost(&jobs[at])) <= work {
+            first += cost(&jobs[at]);
+            at += 1;
+        }
+        let (lo, hi) = jobs.split_at(at);
+        let all = |part: &[Job<'_>]| part.iter().map(run).collect::<Vec<_>>();
+        let (mut ys, rest) = partner::join(|| all(lo), || all(hi));
+        ys.extend(rest);
+        for (job, y) in jobs.iter().zip(&ys) {
+            job.add_into(out, y, d);
+        }
+    } else {
+        for job in &jobs {
+            job.add_into(out, &run(job), d);
+        }
+    }
+    Ok(())
+}
+
+/// One expert of a window: its weights, intermediate width and the rows that chose it.
+struct Job<'a> {
+    w: &'a ExpertWeights<'a>,
+    i: usize,
+    tokens: &'a [(usize, f32)],
+}
+
+impl Job<'_> {
+    /// `W2 · glu(W1·z[t], W3·z[t])` for each of the expert's rows, `[rows, d]`.
+    fn output(&self, z: &CpuAct, g: Glu, idot: Option<IdotKernel>) -> Vec<f32> {
+        let (w, i, d) = (self.w, self.i, z.cols);
+        let m = self.tokens.len();
+        let mut x = Vec::with_capacity(m * d);
+        for &(t, _) in self.tokens {
             x.extend_from_slice(z.row(t));
         }
         let (mut gate, mut up) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
@@ -72,7 +123,12 @@ pub(crate) fn moe_accumulate(
             let act = gated(&gate, &up, g);
             w.w2.matmul(&act, m, &mut y);
         }
-        for (j, &(t, wt)) in ex.tokens.iter().enumerate() {
+        y
+    }
+
+    /// `out[t] += weight · y[j]` for the expert's `j`-th row `t`.
+    fn add_into(&self, out: &mut [f32], y: &[f32], d: usize) {
+        for (j, &(t, wt)) in self.tokens.iter().enumerate() {
             for (o, &v) in out[t * d..(t + 1) * d]
                 .iter_mut()
                 .zip(&y[j * d..(j + 1) * d])
@@ -81,5 +137,4 @@ pub(crate) fn moe_accumulate(
             }
         }
     }
-    Ok(())
 }

@@ -302,6 +302,12 @@ impl RouteTap {
         Ok(())
     }
 
+    /// Whether the tap records a trace (`--route-trace`), whose records carry the context
+    /// position of the pass that made them.
+    pub fn records_trace(&self) -> Result<bool> {
+        Ok(self.state()?.trace.is_some())
+    }
+
     /// Selections per (layer, expert) so far, `layers × experts` row-major.
     pub fn usage(&self) -> Result<Vec<f64>> {
         Ok(self.state()?.usage.clone())

@@ -300,7 +300,7 @@ fn kda_and_mla_run_the_parts_in_order() {
 }
 
 #[test]
-fn the_routed_experts_join_the_parts_and_cut_the_sums_back() {
+fn the_routed_experts_run_on_the_joined_window_and_the_next_op_cuts_it_again() {
     let Some(b) = backends() else {
         return;
     };
@@ -347,8 +347,13 @@ fn the_routed_experts_join_the_parts_and_cut_the_sums_back() {
         g0.moe_accumulate(&mut a0, &z0, batch, glu).unwrap();
         g1.moe_accumulate(&mut a1, &z1, batch, glu).unwrap();
     }
-    let (a, p) = both(&b, (a0, a1));
+    // The accumulator in parts became one part on the first call (copied once a layer,
+    // not once a batch), and the next op beside an activation in parts cuts it again.
+    assert_eq!(a1.parts.len(), 1, "the accumulator runs as one part");
+    let (a, p) = (g0.download(&a0).unwrap(), g1.download(&a1).unwrap());
     close("moe_accumulate", &p, &a);
+    let sum = both(&b, (g0.add(&a0, &z0).unwrap(), g1.add(&a1, &z1).unwrap()));
+    close("moe_accumulate, then add", &sum.1, &sum.0);
 
     // A window whose joined rows exceed a binding is refused, naming the op: rows of
     // 256 B in bindings of 8 KiB take parts of 32 rows; 40 rows do not join.

@@ -502,14 +502,16 @@ impl Backend for GpuBackend {
         let op = "moe_accumulate";
         super::shape_checks::moe_accumulator((acc.rows, acc.cols), (z.rows, z.cols))?;
         // The experts' (token, expert) pairs index the whole window: it runs in one buffer.
+        // An accumulator in parts becomes one part on the first call and stays so for the
+        // layer's later calls (the next op that meets an activation in parts cuts it again),
+        // so a window in parts copies `acc` once a layer, not once a batch of experts.
         if !experts.is_empty() {
             let z = self.joined(z, op)?;
+            if acc.parts.len() > 1 {
+                *acc = GpuRows::one(self.joined(acc, op)?.into_owned());
+            }
             if let [one] = acc.parts.as_mut_slice() {
                 self.moe_accumulate_op(one, &z, experts, glu)?;
-            } else {
-                let mut joined = self.joined(acc, op)?.into_owned();
-                self.moe_accumulate_op(&mut joined, &z, experts, glu)?;
-                self.copy_rows(&GpuRows::one(joined), 0, acc, 0, acc.rows)?;
             }
         }
         // Streaming hands experts over in batches and then waits for the next read: start

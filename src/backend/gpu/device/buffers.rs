@@ -76,7 +76,9 @@ pub(crate) fn f32_bytes(v: &[f32]) -> &[u8] {
 /// A `[rows, cols]` activation of the GPU backend: its rows in consecutive parts, each a
 /// [`GpuAct`] of one buffer, so a window may hold more rows than one binding of the widest
 /// op takes. Every part but the last holds the backend's part rows; rows that fit are one
-/// part. Row-independent ops map over the parts, the recurrent ones run them in order.
+/// part. The routed experts' accumulator is the exception: it runs as one part of the whole
+/// window, and an op that meets it beside an activation in parts cuts it again.
+/// Row-independent ops map over the parts, the recurrent ones run them in order.
 #[derive(Clone, Debug)]
 pub struct GpuRows {
     /// The parts, in row order.

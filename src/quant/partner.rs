@@ -163,6 +163,20 @@ pub(crate) fn available() -> bool {
     rayon::current_num_threads() >= 2 && partner().is_some()
 }
 
+/// Where to cut items whose work is `work` into two runs of about equal work for [`join`]:
+/// the index of the second run's first item, never 0, and short of the end for two items
+/// or more.
+pub(crate) fn even_cut(work: &[usize]) -> usize {
+    let total: usize = work.iter().sum();
+    let mut at = 1;
+    let mut first = work.first().copied().unwrap_or(0);
+    while at + 1 < work.len() && 2 * (first + work[at]) <= total {
+        first += work[at];
+        at += 1;
+    }
+    at
+}
+
 /// Runs `a` on the calling thread and `b` on the partner thread at the same time, and
 /// returns both results. When the partner is held by another caller (or this is a nested
 /// call), cannot start, or has not taken `b` by the time `a` is done, `b` runs on the
@@ -273,6 +287,14 @@ mod tests {
             .map(|s| s.to_string())
             .or_else(|| e.downcast_ref::<String>().cloned())
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn an_even_cut_splits_the_work_in_two_non_empty_runs() {
+        assert_eq!(even_cut(&[1, 1, 1, 1]), 2);
+        assert_eq!(even_cut(&[10, 1, 1]), 1);
+        assert_eq!(even_cut(&[1, 1, 10]), 2);
+        assert_eq!(even_cut(&[5, 5]), 1);
     }
 
     #[test]

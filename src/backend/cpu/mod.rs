@@ -209,13 +209,7 @@ impl Backend for CpuBackend {
         if total >= pool::POOL_WORK_FROM || !pool::partner_pays(x.rows, total) {
             return ws.iter().map(|w| self.matmul(w, x)).collect();
         }
-        let mut at = 1;
-        let mut first = work[0];
-        while at + 1 < ws.len() && 2 * (first + work[at]) <= total {
-            first += work[at];
-            at += 1;
-        }
-        let (lo, hi) = ws.split_at(at);
+        let (lo, hi) = ws.split_at(partner::even_cut(&work));
         let run = |part: &[&DenseMatrix]| -> Result<Vec<CpuAct>> {
             part.iter().map(|w| self.matmul(w, x)).collect()
         };

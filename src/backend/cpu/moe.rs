@@ -66,18 +66,15 @@ pub(crate) fn moe_accumulate(
         });
     }
     let run = |job: &Job<'_>| job.output(z, g, idot);
-    let cost = |job: &Job<'_>| job.tokens.len() * job.i * (3 * d + GLU_COST);
-    let work: usize = jobs.iter().map(cost).sum();
+    let costs: Vec<usize> = jobs
+        .iter()
+        .map(|job| job.tokens.len() * job.i * (3 * d + GLU_COST))
+        .collect();
+    let work: usize = costs.iter().sum();
     let out = &mut acc.data;
     if jobs.len() >= 2 && work < pool::POOL_WORK_FROM && pool::partner_pays(acc.rows, work) {
         // Two runs of whole experts of about equal work; the sum waits for both.
-        let mut at = 1;
-        let mut first = cost(&jobs[0]);
-        while at + 1 < jobs.len() && 2 * (first + cost(&jobs[at])) <= work {
-            first += cost(&jobs[at]);
-            at += 1;
-        }
-        let (lo, hi) = jobs.split_at(at);
+        let (lo, hi) = jobs.split_at(partner::even_cut(&costs));
         let all = |part: &[Job<'_>]| part.iter().map(run).collect::<Vec<_>>();
         let (mut ys, rest) = partner::join(|| all(lo), || all(hi));
         ys.extend(rest);

@@ -5,9 +5,9 @@ use crate::support;
 
 use k3::backend::gpu::GpuOptions;
 use k3::checkpoint::Checkpoint;
-use k3::experts::{ExpertReader, IoMode, StreamConfig};
+use k3::experts::ExpertReader;
 use k3::generate::prefill;
-use k3::model::{FormatPolicy, K3Model, Runner, RuntimeSettings};
+use k3::model::{FormatPolicy, K3Model, Runner};
 use k3::stats::Stats;
 
 const PROMPT: [u32; 6] = [768, 5, 300, 17, 999, 42];
@@ -24,19 +24,7 @@ fn a_non_finite_hidden_state_on_the_gpu_names_the_moe_layer() {
     };
     let ck = Checkpoint::open(copy.path(), &[]).unwrap();
     let m = K3Model::load(ck, g, FormatPolicy::default(), false).unwrap();
-    let m = Runner::new(
-        m,
-        RuntimeSettings {
-            stream: StreamConfig {
-                mode: IoMode::Buffered,
-                pipe: false,
-                load_threads: 1,
-                slots_per_layer: 0,
-            },
-            ..RuntimeSettings::default()
-        },
-    )
-    .unwrap();
+    let m = Runner::new(m, support::stream_settings(support::serial_stream())).unwrap();
     let mut st = m.new_state().unwrap();
     let e = prefill(&m, &mut st, &PROMPT, 32, false, &mut Stats::default(), None).unwrap_err();
     let msg = format!("{e:#}");

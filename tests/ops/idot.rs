@@ -5,9 +5,9 @@ use crate::support;
 
 use k3::backend::cpu::CpuBackend;
 use k3::checkpoint::Checkpoint;
-use k3::experts::{IoMode, StreamConfig};
+use k3::experts::StreamConfig;
 use k3::generate::prefill;
-use k3::model::{FormatPolicy, K3Model, Runner, RuntimeSettings};
+use k3::model::{FormatPolicy, K3Model, Runner};
 use k3::quant::idot::IdotKernel;
 use k3::stats::Stats;
 use support::rel_l2;
@@ -26,15 +26,10 @@ fn logits(dir: &std::path::Path, idot: Option<IdotKernel>) -> (Vec<f32>, usize) 
     .unwrap();
     let m = Runner::new(
         m,
-        RuntimeSettings {
-            stream: StreamConfig {
-                mode: IoMode::Buffered,
-                pipe: false,
-                load_threads: 1,
-                slots_per_layer: 4,
-            },
-            ..RuntimeSettings::default()
-        },
+        support::stream_settings(StreamConfig {
+            slots_per_layer: 4,
+            ..support::serial_stream()
+        }),
     )
     .unwrap();
     let mut st = m.new_state().unwrap();

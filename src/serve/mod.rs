@@ -12,6 +12,7 @@ pub mod constrain;
 pub(crate) mod context_edits;
 pub(crate) mod engine;
 pub(crate) mod field_policy;
+mod handoff;
 pub(crate) mod histogram;
 pub mod http;
 pub(crate) mod job;
@@ -197,7 +198,7 @@ pub fn serve<B: Backend>(model: &Runner<B>, tok: Tokenizer, opts: ServeOptions) 
 
 /// The compiler of output constraints over `tok`'s vocabulary, built once at startup, with
 /// as many compiles at once as the queue holds requests (a compiling request holds a queue
-/// place, `http::App::queue_place`: a full queue answers 429 before compiling); a model whose config names no usable end-of-sequence
+/// place, `App::queue_place` in `handoff.rs`: a full queue answers 429 before compiling); a model whose config names no usable end-of-sequence
 /// id serves without one (constrained requests are then refused, naming why).
 fn grammar_compiler(tok: &Tokenizer, eos: &[u32], queue: usize) -> Option<Arc<GrammarCompiler>> {
     let t0 = std::time::Instant::now();

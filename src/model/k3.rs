@@ -219,6 +219,29 @@ impl<B: Backend> K3Model<B> {
         trace: Option<&Trace>,
         cancel: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<Option<Vec<Vec<f32>>>> {
+        self.forward_pass(rt, segs, stats, trace, cancel, rt.prefetch)
+    }
+
+    /// Whether the host cache holds every routed expert of every MoE layer, so that no
+    /// pass reads one.
+    pub(crate) fn every_expert_cached(&self, rt: &Runtime) -> Result<bool> {
+        let cfg = &self.ckpt.config;
+        let moe_layers = (0..cfg.num_hidden_layers).filter(|&i| cfg.is_moe_layer(i));
+        rt.experts.holds_every_expert(moe_layers, cfg.num_experts)
+    }
+
+    /// [`Self::forward_batch`] with the next MoE layer's guesses on or off (`read_ahead`):
+    /// a pass that can read no expert has nothing to guess.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward_pass(
+        &self,
+        rt: &Runtime,
+        segs: &mut [Segment<'_, B>],
+        stats: &mut Stats,
+        trace: Option<&Trace>,
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+        read_ahead: bool,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
         let raised = || cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst));
         let cfg = &self.ckpt.config;
         let layout = self.layout(segs)?;
@@ -242,8 +265,9 @@ impl<B: Backend> K3Model<B> {
             let p = self.attention_block(i, layer, &mut ls, &layout, h, &mut bank)?;
             obs.attention_done();
             // The prefetch hook: the next MoE layer's router input as far as it exists now,
-            // scored while this layer's experts are read (None when prefetch is off).
-            let guess = self.next_moe_guess(rt, i, &p, &bank)?;
+            // scored while this layer's experts are read (None when read-ahead is off or the
+            // prefetch gate skips this pass).
+            let guess = self.next_moe_guess(rt, read_ahead, i, &p, &bank, obs.stats())?;
             let next = guess.as_ref().map(|(moe, x)| NextMoe { moe, x });
             // f: the feed-forward output, [rows, hidden].
             let f = self.ffn_block(rt, i, &p, &bank, next, &layout, &mut obs)?;
@@ -417,18 +441,22 @@ impl<B: Backend> K3Model<B> {
         b.rmsnorm(&mixed, &layer.post_norm, h_dim, eps)
     }
 
-    /// With prefetch on and a MoE layer next: that layer and its router's input as far as
-    /// layer `i` can tell (its own mix and norm over `p`: its attention's output is all
-    /// the input lacks), every row at once.
+    /// With `read_ahead`, a MoE layer next and the prefetch gate judging its guesses worth
+    /// making this pass: that layer and its router's input as far as layer `i` can tell
+    /// (its own mix and norm over `p`: its attention's output is all the input lacks),
+    /// every row at once. The gate is asked first, so a pass that does not guess builds
+    /// no input for it.
     fn next_moe_guess(
         &self,
         rt: &Runtime,
+        read_ahead: bool,
         i: usize,
         p: &B::Act,
         bank: &[B::Act],
+        stats: &mut Stats,
     ) -> Result<Option<(&Moe<B>, B::Act)>> {
         let (true, Some(Ffn::Moe(_)), Some(n)) = (
-            rt.prefetch,
+            read_ahead,
             self.layers.get(i).map(|l| &l.ffn),
             self.layers.get(i + 1),
         ) else {
@@ -437,6 +465,9 @@ impl<B: Backend> K3Model<B> {
         let Ffn::Moe(m) = &n.ffn else {
             return Ok(None);
         };
+        if !rt.experts.should_guess(i + 1, stats)? {
+            return Ok(None);
+        }
         Ok(Some((m, self.ffn_input(n, bank, p)?)))
     }
 

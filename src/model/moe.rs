@@ -204,13 +204,10 @@ impl<B: Backend> Moe<B> {
 
 impl<B: Backend> Moe<B> {
     /// Scores this layer's router on `x` and reads ahead the experts it picks that no cache
-    /// holds: the heaviest first, at most [`guess_limit`] of them; nothing on a pass where
-    /// the prefetch gate judges the layer's guesses not to pay.
+    /// holds: the heaviest first, at most [`guess_limit`] of them. The pass asks the
+    /// prefetch gate before it builds `x` (`K3Model::next_moe_guess`).
     fn read_ahead(&self, b: &B, ex: ExpertAccess<'_>, x: &B::Act, stats: &mut Stats) -> Result<()> {
         let source = ex.source;
-        if !source.should_guess(self.layer, stats)? {
-            return Ok(());
-        }
         let t = Instant::now();
         let routes = b.router_topk(&b.matmul(&self.gate, x)?, &self.bias, self.router)?;
         let router = t.elapsed();

@@ -63,7 +63,8 @@ impl<B: Backend> Runner<B> {
     /// runs as two passes of half the sequences at once where the backend asks for it
     /// ([`Backend::split_pass`]) and nothing the pass shares cares: no trace, no other
     /// ranks, no route trace, and every routed expert in the host cache, so neither half
-    /// reads one. Each sequence's logits are the same bits either way.
+    /// reads one (and neither guesses the next layer's). Each sequence's logits are the
+    /// same bits either way.
     pub fn forward_batch(
         &self,
         segs: &mut [Segment<'_, B>],
@@ -80,13 +81,13 @@ impl<B: Backend> Runner<B> {
                 || {
                     pool::on_this_thread(|| {
                         self.model
-                            .forward_batch(&self.rt, lo, &mut own, None, cancel)
+                            .forward_pass(&self.rt, lo, &mut own, None, cancel, false)
                     })
                 },
                 || {
                     pool::on_this_thread(|| {
                         self.model
-                            .forward_batch(&self.rt, hi, &mut other, None, cancel)
+                            .forward_pass(&self.rt, hi, &mut other, None, cancel, false)
                     })
                 },
             );
@@ -134,9 +135,6 @@ impl<B: Backend> Runner<B> {
                 return Ok(false);
             }
         }
-        let moe_layers = (0..cfg.num_hidden_layers).filter(|&i| cfg.is_moe_layer(i));
-        self.rt
-            .experts
-            .holds_every_expert(moe_layers, cfg.num_experts)
+        self.model.every_expert_cached(&self.rt)
     }
 }

@@ -167,6 +167,7 @@ impl Prefetcher {
         };
         let mut outcome = RoundOutcome {
             router: round.router,
+            queued: round.reads.len(),
             ..RoundOutcome::default()
         };
         let mut used = HashMap::new();

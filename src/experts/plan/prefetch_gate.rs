@@ -34,6 +34,8 @@ pub(crate) struct RoundOutcome {
     pub wasted_bytes: u64,
     /// Time spent scoring the layer's router ahead to make the guesses.
     pub router: Duration,
+    /// Guessed reads the round queued (none when every guess was held already).
+    pub queued: usize,
 }
 
 /// What the disk did lately, as the gate weighs a round with it.
@@ -123,11 +125,19 @@ impl PrefetchGate {
     }
 
     /// Adds a round's outcome for `layer`, weighed with what the disk did lately. Before the
-    /// disk has a rate and a busy share (`None`, the run's first passes) a round says nothing
-    /// of what its reads saved or cost, so it is not counted and the layer keeps guessing.
+    /// disk has a rate and a busy share (`None`, the run's first passes) a round that started
+    /// reads says nothing of what they saved or cost, so it is not counted and the layer
+    /// keeps guessing. A round that queued none (every guess already held, as when every
+    /// expert fits the caches and the disk is never read) saved nothing and cost its router
+    /// time, whatever the disk did.
     pub(crate) fn observe(&mut self, layer: usize, round: RoundOutcome, disk: Option<DiskLoad>) {
-        let Some(d) = disk else {
-            return;
+        let d = match disk {
+            Some(d) => d,
+            None if round.queued == 0 => DiskLoad {
+                rate: 1.0,
+                busy_share: 0.0,
+            },
+            None => return,
         };
         let to_s = |bytes: u64, share: f64| bytes as f64 / d.rate.max(1.0) * share;
         let u = d.busy_share.clamp(0.0, 1.0);
@@ -163,11 +173,13 @@ mod tests {
         })
     }
 
+    /// A round that queued one guessed read.
     fn round(useful: u64, wasted: u64, router_ms: u64) -> RoundOutcome {
         RoundOutcome {
             useful_bytes: useful,
             wasted_bytes: wasted,
             router: Duration::from_millis(router_ms),
+            queued: 1,
         }
     }
 
@@ -195,6 +207,27 @@ mod tests {
             .collect();
         assert_eq!(on, vec![15, 31]);
         assert!(!g.pays(1));
+    }
+
+    #[test]
+    fn guesses_that_read_nothing_stop_a_layer_before_the_disk_has_a_rate() {
+        let mut g = PrefetchGate::default();
+        // A round that started reads is not judged without the disk: the layer guesses on.
+        assert!(g.should_guess(4));
+        g.observe(4, round(5_000_000, 0, 1), None);
+        assert!(g.should_guess(4));
+        // Every guess held already (all experts cached, the disk never read): nothing queued
+        // or saved, the router's time spent, so the layer stops and retests every sixteenth
+        // pass.
+        let held = RoundOutcome {
+            queued: 0,
+            ..round(0, 0, 1)
+        };
+        g.observe(4, held, None);
+        let on: Vec<bool> = (0..RETEST_EVERY).map(|_| g.should_guess(4)).collect();
+        assert_eq!(on.iter().filter(|&&b| b).count(), 1);
+        assert_eq!(on.last(), Some(&true));
+        assert!(!g.pays(4));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The one internal request the engine runs — [`ChatRequest`] or [`CompletionRequest`],
 //! both carrying [`GenParams`]. The OpenAI bodies become it in `openai_body.rs`,
-//! Anthropic's in `anthropic.rs`, both through the sampling fields of `sampling_fields.rs`.
+//! Anthropic's in `anthropic/request.rs`, both through the sampling fields of
+//! `sampling_fields.rs`.
 
 use super::api_error::ApiError;
 use crate::grammar::TokenConstraint;

@@ -8,7 +8,7 @@ use crate::backend::gpu::device::buffers::{GpuAct, GpuRows};
 use crate::backend::gpu::device::context::{Dispatch, MatvecShape};
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::kernels::chunk_gemm::{GemmTile, GK};
-use crate::backend::gpu::kernels::matmul::{mv_consts_of, rows_per_group_of, special_const};
+use crate::backend::gpu::kernels::row_split::{mv_consts_of, rows_per_group_of, special_const};
 use crate::backend::gpu::GpuBackend;
 use crate::backend::{ExpertAssignment, ExpertPayload};
 use crate::quant::Mxfp4View;

@@ -1,7 +1,8 @@
 //! The op kernels on the device, one module per op family, each dispatching its WGSL
 //! kernels and listing the pipelines it creates (`pipeline_variants`): dense matmuls
-//! (`matmul.rs`, with the chunk GEMM and column-stationary policies), elementwise ops and
-//! the GLU, the norms, KDA, MLA, the router and the state copies.
+//! (`matmul.rs`, with the chunk GEMM and column-stationary policies and the row-split
+//! kernel's geometry and overrides in `row_split.rs`), elementwise ops and the GLU, the
+//! norms, KDA, MLA, the router and the state copies.
 
 pub mod chunk_gemm;
 pub(crate) mod elementwise;
@@ -10,5 +11,6 @@ pub(crate) mod matmul;
 pub(crate) mod mla;
 pub(crate) mod norm;
 pub(crate) mod router;
+pub(crate) mod row_split;
 pub(crate) mod state_copy;
 pub mod stationary;

@@ -1,5 +1,6 @@
 //! Elementwise activations shared by the CPU ops.
 
+use super::vec_math;
 use super::CpuAct;
 use crate::backend::Glu;
 use crate::quant::{partner, pool};
@@ -7,11 +8,13 @@ use anyhow::Result;
 use rayon::prelude::*;
 
 /// Logistic sigmoid.
+#[inline(always)]
 pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    vec_math::sigmoid(x)
 }
 
 /// SiLU, `x·σ(x)`.
+#[inline(always)]
 pub(crate) fn silu(x: f32) -> f32 {
     x * sigmoid(x)
 }
@@ -26,10 +29,13 @@ pub(crate) fn softplus(x: f32) -> f32 {
 }
 
 /// One element of a gated linear unit.
+#[inline(always)]
 pub(crate) fn glu(g: f32, u: f32, glu: Glu) -> f32 {
     match glu {
         Glu::Situ { beta, linear_beta } => {
-            beta * (g / beta).tanh() * sigmoid(g) * (linear_beta * (u / linear_beta).tanh())
+            beta * vec_math::tanh(g / beta)
+                * sigmoid(g)
+                * (linear_beta * vec_math::tanh(u / linear_beta))
         }
         Glu::Silu => silu(g) * u,
     }
@@ -38,6 +44,9 @@ pub(crate) fn glu(g: f32, u: f32, glu: Glu) -> f32 {
 /// Element steps one value of [`zip`] counts as against [`pool::POOL_WORK_FROM`]: the
 /// gated units take a few transcendental calls a value.
 const ZIP_WORK: usize = 16;
+
+/// Values of one piece of a [`zip`] across the pool.
+const ZIP_CHUNK: usize = 4096;
 
 /// What one value of `add` costs, in the multiply-adds of [`pool::partner_pays`].
 pub(crate) const ADD_COST: usize = 1;
@@ -55,27 +64,27 @@ pub(crate) fn zip(
     f: impl Fn(f32, f32) -> f32 + Sync,
 ) -> Result<CpuAct> {
     let n = a.data.len();
+    let mut data = vec![0.0f32; n];
+    // A plain loop over slices, so that `f` (pure f32 arithmetic, see `vec_math`) runs on
+    // vectors of values.
+    let apply = |first: usize, out: &mut [f32]| {
+        let end = first + out.len();
+        for ((o, &x), &y) in out
+            .iter_mut()
+            .zip(&a.data[first..end])
+            .zip(&b.data[first..end])
+        {
+            *o = f(x, y);
+        }
+    };
     if n * ZIP_WORK < pool::POOL_WORK_FROM && pool::partner_pays(a.rows, n * cost) {
-        let mut data = vec![0.0f32; n];
-        let at = a.rows / 2 * a.cols;
-        partner::halves(&mut data, at, |first, out| {
-            let end = first + out.len();
-            for ((o, &x), &y) in out
-                .iter_mut()
-                .zip(&a.data[first..end])
-                .zip(&b.data[first..end])
-            {
-                *o = f(x, y);
-            }
-        });
-        return CpuAct::new(data, a.rows, a.cols);
+        partner::halves(&mut data, a.rows / 2 * a.cols, apply);
+    } else {
+        let chunks = n.div_ceil(ZIP_CHUNK);
+        data.par_chunks_mut(ZIP_CHUNK)
+            .with_min_len(pool::min_len(chunks, n * ZIP_WORK))
+            .enumerate()
+            .for_each(|(i, out)| apply(i * ZIP_CHUNK, out));
     }
-    let data = a
-        .data
-        .par_iter()
-        .with_min_len(pool::min_len(n, n * ZIP_WORK))
-        .zip(&b.data)
-        .map(|(&x, &y)| f(x, y))
-        .collect();
     CpuAct::new(data, a.rows, a.cols)
 }

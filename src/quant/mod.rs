@@ -12,6 +12,7 @@ pub(crate) mod partner;
 pub(crate) mod pool;
 mod row_quantize;
 pub mod simd;
+pub(crate) mod vec_math;
 
 pub use mxfp4::Mxfp4View;
 

@@ -1,8 +1,8 @@
 //! Elementwise activations shared by the CPU ops.
 
-use super::vec_math;
 use super::CpuAct;
 use crate::backend::Glu;
+use crate::quant::vec_math;
 use crate::quant::{partner, pool};
 use anyhow::Result;
 use rayon::prelude::*;

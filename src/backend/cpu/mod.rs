@@ -8,7 +8,6 @@ mod moe;
 mod norm;
 mod router;
 mod state_copy;
-mod vec_math;
 
 use super::{
     Backend, ExpertAssignment, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights,

@@ -8,6 +8,7 @@
 //! (tested on awkward shapes), and the model's CPU output does not depend on the CPU.
 
 use super::SimdLevel;
+use crate::quant::vec_math;
 
 mod lanes;
 
@@ -189,7 +190,7 @@ pub struct MlaHead<'a> {
 }
 
 /// `out = wv · Σ_p softmax_p(scale · (q_abs · latent_p + q_rope · rope_p)) · latent_p`
-/// with `q_abs = wkᵀ q_nope`: the head's attention output, `[v]` (softmax in f64).
+/// with `q_abs = wkᵀ q_nope`: the head's attention output, `[v]` (the softmax's sum in f64).
 ///
 /// Panics if the slices do not match the shapes [`MlaHead`] names.
 pub fn mla_head(level: SimdLevel, h: &MlaHead<'_>, out: &mut [f32]) {
@@ -200,15 +201,20 @@ pub fn mla_head(level: SimdLevel, h: &MlaHead<'_>, out: &mut [f32]) {
     dot_rows(level, h.latent, &q_abs, &mut by_latent);
     let mut by_rope = vec![0.0f32; len];
     dot_rows(level, h.rope, h.q_rope, &mut by_rope);
-    let scores: Vec<f64> = by_latent
+    let scores: Vec<f32> = by_latent
         .iter()
         .zip(&by_rope)
-        .map(|(&a, &b)| f64::from((a + b) * h.scale))
+        .map(|(&a, &b)| (a + b) * h.scale)
         .collect();
-    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-    let total: f64 = exps.iter().sum();
-    let probs: Vec<f32> = exps.iter().map(|e| (e / total) as f32).collect();
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // The exponentials in f32 arithmetic (vectorized: one a cached position and head), their
+    // sum and the division in f64.
+    let exps: Vec<f32> = scores.iter().map(|&s| vec_math::exp(s - max)).collect();
+    let total: f64 = exps.iter().map(|&e| f64::from(e)).sum();
+    let probs: Vec<f32> = exps
+        .iter()
+        .map(|&e| (f64::from(e) / total) as f32)
+        .collect();
     let mut ctx = vec![0.0f32; kv];
     axpy_rows(level, h.latent, &probs, &mut ctx);
     dot_rows(level, h.wv, &ctx, out);

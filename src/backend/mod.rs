@@ -348,6 +348,11 @@ pub trait Backend: ExpertResidency + Sync {
     }
     /// A `[rows, cols]` activation of zeros.
     fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Act>;
+    /// Seconds the device has spent running kernels so far, when it keeps count (the GPU
+    /// under `--gpu-profile`); benchmarks set it against wall time to see the host's share.
+    fn busy_seconds(&self) -> Option<f64> {
+        None
+    }
 }
 
 #[cfg(test)]

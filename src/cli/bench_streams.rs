@@ -90,6 +90,8 @@ struct Case {
     n: usize,
     together: bool,
     secs: f64,
+    /// Of `secs`, the device's kernel time, when the backend keeps count (`--gpu-profile 1`).
+    busy: Option<f64>,
     steps: usize,
     stats: Stats,
 }
@@ -207,6 +209,7 @@ fn decode<B: Backend>(
         tokens.push(vec![argmax_lowest(&logits)]);
     }
     let mut stats = Stats::default();
+    let busy0 = model.backend.busy_seconds();
     let t = Instant::now();
     if together {
         for _ in 0..ngen {
@@ -236,10 +239,13 @@ fn decode<B: Backend>(
             }
         }
     }
+    let secs = t.elapsed().as_secs_f64();
+    let busy = busy0.zip(model.backend.busy_seconds()).map(|(a, b)| b - a);
     let case = Case {
         n: prompts.len(),
         together,
-        secs: t.elapsed().as_secs_f64(),
+        secs,
+        busy,
         steps: ngen,
         stats,
     };
@@ -253,9 +259,9 @@ fn report(a: &StreamsArgs, backend: &str, cases: &[Case], mismatches: &[String])
     let one_tok_s = alone.tok_s();
     let one_gb = alone.gb_per_step() / alone.n as f64;
     println!(
-        "| streams | passes | decode s | aggregate tok/s | tok/s per stream | × one at a time | expert GB read/step | ÷ one stream's | experts run/step |"
+        "| streams | passes | decode s | aggregate tok/s | tok/s per stream | × one at a time | expert GB read/step | ÷ one stream's | experts run/step | ms a pass: wall / device |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
     for c in cases {
         let name = if c.together {
@@ -269,8 +275,13 @@ fn report(a: &StreamsArgs, backend: &str, cases: &[Case], mismatches: &[String])
             "n/a (none read)".to_string()
         };
         let per_stream = c.tok_s() / c.n as f64;
+        let per_pass = |s: f64| s * 1e3 / c.passes().max(1) as f64;
+        let device = match c.busy {
+            Some(b) => format!("{:.2} / {:.2}", per_pass(c.secs), per_pass(b)),
+            None => format!("{:.2} / n/a (--gpu-profile 1)", per_pass(c.secs)),
+        };
         println!(
-            "| {name} | {} | {:.3} | {:.1} | {:.1} | {:.2} | {:.4} | {ratio} | {:.0} |",
+            "| {name} | {} | {:.3} | {:.1} | {:.1} | {:.2} | {:.4} | {ratio} | {:.0} | {device} |",
             c.passes(),
             c.secs,
             c.tok_s(),
@@ -290,6 +301,7 @@ fn report(a: &StreamsArgs, backend: &str, cases: &[Case], mismatches: &[String])
             "expert_gb_per_step": c.gb_per_step(),
             "expert_gb_per_step_vs_one_stream": (one_gb > 0.0).then(|| c.gb_per_step() / one_gb),
             "experts_run_per_step": c.experts_per_step(),
+            "device_busy_s": c.busy,
         }));
     }
     if let Some(path) = &a.json {

@@ -476,6 +476,9 @@ fn early_submits_and_the_profiler_keep_the_sums() {
             matmul_case(&g, &mut rng, fmt, 3, 70, 300);
         }
         moe_case(&g, &mut rng, 2, 64, 32, 2);
+        let busy = g.busy_seconds();
+        assert_eq!(busy.is_some(), profile);
+        assert!(busy.is_none_or(|s| s > 0.0), "{busy:?}");
         let report = g.ctx.profile_report();
         assert_eq!(report.is_some(), profile);
         if let Some(r) = report {

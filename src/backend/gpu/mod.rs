@@ -528,6 +528,11 @@ impl Backend for GpuBackend {
             .collect();
         Ok(rows_of(parts, cols))
     }
+
+    fn busy_seconds(&self) -> Option<f64> {
+        let by_entry = self.ctx.profile_by_entry()?;
+        Some(by_entry.values().map(|&(_, secs)| secs).sum())
+    }
 }
 
 /// Every pipeline the engine creates on an adapter of shape `a`, its modules composed with

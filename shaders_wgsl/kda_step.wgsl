@@ -9,7 +9,9 @@
 // Splitting the columns is what lets a head use more than one workgroup: one workgroup per
 // head (96 on K3) walked every column's rows in turn.
 //
-// inp   = q | k | v | f | gate (each [n, P]) | beta ([n, heads])
+// inp   = q | k | v | f | gate (each [n_all, P]) | beta ([n_all, heads]); a call runs its n
+//         rows from row0 on, and writes the same rows of `out` (`kda_fused` runs one piece of
+//         a batch of sequences so; the three passes run a whole call: row0 0, n_all n)
 // wts   = conv_q | conv_k | conv_v (each [P, K]) | A_log [heads] | dt_bias [P] | o_norm [dk]
 // state = hist_q | hist_k | hist_v (each [K-1, P]) | S [heads, dk, dk]
 // mid   = q | k | v (conv + SiLU) | exp(g) (each [n, P])
@@ -25,6 +27,8 @@ struct KdaParams {
     lower_bound: f32,
     norm_eps: f32,
     l2_eps: f32,
+    row0: u32,
+    n_all: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: KdaParams;
@@ -65,7 +69,7 @@ fn conv(m: u32, c: u32, row: u32, pw: u32) -> f32 {
     let k = p.conv_k;
     let taps = m * pw * k + c * k;
     let hist = m * (k - 1u) * pw;
-    let x = inp[m * p.n * pw + row * pw + c];
+    let x = inp[m * p.n_all * pw + (p.row0 + row) * pw + c];
     var acc = wts[taps + k - 1u] * x;
     for (var j = 0u; j + 1u < k; j++) {
         acc += wts[taps + j] * st[hist + j * pw + c];
@@ -205,7 +209,7 @@ fn gated_norm(lid: u32, row: u32, oss: f32) {
     let w_onorm = 3u * pw * p.conv_k + p.heads + pw;
     let r = 1.0 / sqrt(wg_sum(oss) / f32(p.dk) + p.norm_eps);
     for (var j = lid; j < p.dk; j += WG) {
-        let gate = inp[4u * p.n * pw + row + j];
+        let gate = inp[4u * p.n_all * pw + row + j];
         out[row + j] = out[row + j] * r * wts[w_onorm + j] * sigmoid(gate);
     }
 }
@@ -228,7 +232,8 @@ fn kda_fused(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     for (var t = 0u; t < p.n; t++) {
         var ssq = 0.0;
         var ssk = 0.0;
-        let row = t * pw + h * dk;
+        let at = p.row0 + t;
+        let row = at * pw + h * dk;
         for (var i = lid; i < dk; i += WG) {
             let c = h * dk + i;
             let qv = conv(0u, c, t, pw);
@@ -238,10 +243,10 @@ fn kda_fused(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
             sv[i] = conv(2u, c, t, pw);
             ssq += qv * qv;
             ssk += kv * kv;
-            sa[i] = decay(a, inp[3u * p.n * pw + t * pw + c] + wts[w_dt + c]);
+            sa[i] = decay(a, inp[3u * p.n_all * pw + at * pw + c] + wts[w_dt + c]);
         }
         normalize_qk(lid, ssq, ssk);
-        let b = sigmoid(inp[5u * p.n * pw + t * p.heads + h]);
+        let b = sigmoid(inp[5u * p.n_all * pw + at * p.heads + h]);
         var oss = 0.0;
         for (var jb = 0u; jb < dk; jb += step) {
             let o = update_columns(lid, s_base, row, jb, min(step, dk - jb), step, b);

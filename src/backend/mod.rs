@@ -17,6 +17,7 @@ pub use expert_residency::{ExpertResidency, FreeDeviceMemory, TierExchange, Tier
 use crate::quant::DenseMatrix;
 use crate::routed_expert::{ExpertKey, Route};
 use anyhow::Result;
+use std::ops::Range;
 
 /// Shape parameters of one KDA layer, shared by every backend.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -312,6 +313,19 @@ pub trait Backend: ExpertResidency + Sync {
         state: &mut Self::KdaState,
         inp: KdaStepInputs<'_, Self::Act>,
     ) -> Result<Self::Act>;
+    /// The KDA step of several pieces of one pass at once, each its own sequence: `inp` over
+    /// every piece's rows, piece i's rows `pieces[i].1` advancing its state `pieces[i].0`,
+    /// the outputs in row order. `None` where the backend has no way that beats one
+    /// [`Backend::kda_step`] a piece, and the caller runs them so.
+    fn kda_step_pieces(
+        &self,
+        _dims: &KdaDims,
+        _w: &KdaStepWeights<Self::Act>,
+        _pieces: &mut [(&mut Self::KdaState, Range<usize>)],
+        _inp: KdaStepInputs<'_, Self::Act>,
+    ) -> Result<Option<Self::Act>> {
+        Ok(None)
+    }
     /// Absorbed causal MLA: appends each row's latent (`c = kv_a·x`, `[n, kv_lora+rope]`,
     /// normalized inside) to the cache and attends with `q` (`[n, heads·(nope+rope)]`).
     /// Returns `[n, heads·v]` before the output gate.

@@ -90,6 +90,23 @@ impl<B: Backend> Kda<B> {
             x,
         )?;
         let f = b.matmul(&self.f_b_proj, &fa)?;
+        if pieces.len() > 1 {
+            let inp = KdaStepInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                f: &f,
+                beta: &beta,
+                gate: &gate,
+            };
+            let mut states: Vec<_> = pieces
+                .iter_mut()
+                .map(|p| (&mut *p.state, p.rows.clone()))
+                .collect();
+            if let Some(o) = b.kda_step_pieces(&self.dims, &self.step, &mut states, inp)? {
+                return b.matmul(&self.o_proj, &o);
+            }
+        }
         let o = each_piece(
             b,
             [&q, &k, &v, &f, &beta, &gate],

@@ -1427,6 +1427,118 @@ fn free_vram_query_answers_on_every_adapter() {
 
 /// A KDA chunk longer than the grid's dimension limit is refused with what to do, not a
 /// validation panic.
+/// Several sequences' KDA steps in one call (`kda_step_pieces`): each piece's rows, with its
+/// own state, give the CPU's step of those rows alone, over two calls so the states carry;
+/// a piece of a chunk's rows is left to the piece-at-a-time way, and pieces that do not
+/// cover the rows in order are an error.
+#[test]
+fn kda_pieces_in_one_call_match_each_alone_on_cpu() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let c = CpuBackend::new();
+    let d = KdaDims {
+        heads: 3,
+        head_dim: 40,
+        conv_k: 4,
+        lower_bound: Some(-5.0),
+        norm_eps: 1e-6,
+    };
+    let (p, k, h) = (d.width(), d.conv_k, d.heads);
+    let wv = [
+        rand_vec(&mut rng, p * k, 0.5),
+        rand_vec(&mut rng, p * k, 0.5),
+        rand_vec(&mut rng, p * k, 0.5),
+        rand_vec(&mut rng, h, 1.0),
+        rand_vec(&mut rng, p, 1.0),
+        rand_vec(&mut rng, d.head_dim, 1.0),
+    ];
+    let widths = [p, p, p, p, h, p];
+    for g in gpus(None) {
+        let gw = kda_weights_on(&g, &wv);
+        let cw = kda_weights_on(&c, &wv);
+        let mut gs: Vec<_> = (0..4).map(|_| g.kda_state(&d).unwrap()).collect();
+        let mut cs: Vec<_> = (0..4).map(|_| c.kda_state(&d).unwrap()).collect();
+        for lens in [[1usize, 3, 0, 2], [2, 1, 1, 3]] {
+            let n: usize = lens.iter().sum();
+            let v: Vec<Vec<f32>> = widths
+                .iter()
+                .map(|&w| rand_vec(&mut rng, n * w, 2.0))
+                .collect();
+            let ga: Vec<_> = v
+                .iter()
+                .zip(widths)
+                .map(|(x, w)| g.upload(x, n, w).unwrap())
+                .collect();
+            let mut at = 0;
+            let mut pieces = Vec::new();
+            for (st, &len) in gs.iter_mut().zip(&lens) {
+                pieces.push((st, at..at + len));
+                at += len;
+            }
+            let gi = KdaStepInputs::from_slice(&ga).unwrap();
+            let got = g
+                .kda_step_pieces(&d, &gw, &mut pieces, gi)
+                .unwrap()
+                .expect("pieces of decode rows run in one call");
+            let got = g.download(&got).unwrap();
+            let mut at = 0;
+            for (s, &len) in lens.iter().enumerate() {
+                let ca: Vec<_> = v
+                    .iter()
+                    .zip(widths)
+                    .map(|(x, w)| c.upload(&x[at * w..(at + len) * w], len, w).unwrap())
+                    .collect();
+                let ci = KdaStepInputs::from_slice(&ca).unwrap();
+                let want = c.kda_step(&d, &cw, &mut cs[s], ci).unwrap().data;
+                check(
+                    &format!("kda piece {s} of {lens:?}"),
+                    &got[at * p..(at + len) * p],
+                    &want,
+                    F32_TOL,
+                );
+                at += len;
+            }
+        }
+        let ga: Vec<_> = widths
+            .iter()
+            .map(|&w| g.upload(&vec![0.5; 5 * w], 5, w).unwrap())
+            .collect();
+        let gi = || KdaStepInputs::from_slice(&ga).unwrap();
+        let [a, b, ..] = &mut gs[..] else {
+            unreachable!()
+        };
+        let mut chunk = vec![(&mut *a, 0..4), (&mut *b, 4..5)];
+        assert!(g
+            .kda_step_pieces(&d, &gw, &mut chunk, gi())
+            .unwrap()
+            .is_none());
+        let mut gap = vec![(&mut *a, 0..1), (&mut *b, 2..5)];
+        let e = format!(
+            "{:#}",
+            g.kda_step_pieces(&d, &gw, &mut gap, gi()).unwrap_err()
+        );
+        assert!(e.contains("do not cover the 5 rows in order"), "{e}");
+        let mut short = vec![(&mut *a, 0..1), (&mut *b, 1..3)];
+        let e = format!(
+            "{:#}",
+            g.kda_step_pieces(&d, &gw, &mut short, gi()).unwrap_err()
+        );
+        assert!(e.contains("pieces end at row 3 of the 5 rows"), "{e}");
+    }
+}
+
+/// The KDA step weights `wv` (conv q, k, v, A_log, dt_bias, o_norm) on backend `b`.
+fn kda_weights_on<B: Backend>(b: &B, wv: &[Vec<f32>; 6]) -> KdaStepWeights<B::Act> {
+    let up = |v: &Vec<f32>| b.upload(v, 1, v.len()).unwrap();
+    KdaStepWeights {
+        conv_q: up(&wv[0]),
+        conv_k: up(&wv[1]),
+        conv_v: up(&wv[2]),
+        a_log: up(&wv[3]),
+        dt_bias: up(&wv[4]),
+        o_norm: up(&wv[5]),
+    }
+}
+
 #[test]
 fn kda_chunk_past_the_grid_limit_is_a_clear_error() {
     let Some(g) = gpus(None).into_iter().next() else {

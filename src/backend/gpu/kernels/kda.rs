@@ -9,6 +9,7 @@ use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::GpuBackend;
 use crate::backend::{KdaDims, KdaStepInputs, KdaStepWeights};
 use anyhow::{ensure, Result};
+use std::ops::Range;
 
 /// Epsilon of the per-head l2 normalization of q and k (docs/model.md, "KDA layer"); the same
 /// value as the CPU oracle's `KDA_L2_EPS`.
@@ -43,6 +44,72 @@ impl GpuBackend {
         st: &mut GpuKdaState,
         inp: KdaStepInputs<'_, GpuAct>,
     ) -> Result<GpuAct> {
+        let n = inp.q.rows;
+        self.kda_check(d, w, st, &inp)?;
+        let out = self.alloc(n, d.width());
+        if n == 0 {
+            return Ok(out);
+        }
+        let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
+        if n < PASSES_FROM_TOKENS {
+            self.kda_fused(d, &inbuf, &wbuf, st, &out, 0..n, n);
+            return Ok(out);
+        }
+        self.kda_passes(d, &inbuf, &wbuf, st, &out, n);
+        Ok(out)
+    }
+
+    /// The step of several pieces of one batch, each its own sequence: `inp` over every
+    /// piece's rows, piece i's rows advancing its state. The inputs and weights are packed
+    /// once for all pieces and each piece is one fused dispatch on its rows, where a piece a
+    /// call took six slices, twelve packing copies and a concatenation. `None` where a piece
+    /// has the rows of a chunk (the three passes serve it through `kda_step_op`).
+    pub(in crate::backend::gpu) fn kda_step_pieces_op(
+        &self,
+        d: &KdaDims,
+        w: &KdaStepWeights<GpuAct>,
+        pieces: &mut [(&mut GpuKdaState, Range<usize>)],
+        inp: KdaStepInputs<'_, GpuAct>,
+    ) -> Result<Option<GpuAct>> {
+        let n = inp.q.rows;
+        if pieces.iter().any(|(_, r)| r.len() >= PASSES_FROM_TOKENS) {
+            return Ok(None);
+        }
+        let mut next = 0;
+        for (st, rows) in pieces.iter() {
+            self.kda_check(d, w, st, &inp)?;
+            ensure!(
+                rows.start == next && rows.end <= n,
+                "kda_step: pieces {:?} do not cover the {n} rows in order",
+                pieces.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>()
+            );
+            next = rows.end;
+        }
+        ensure!(
+            next == n,
+            "kda_step: pieces end at row {next} of the {n} rows"
+        );
+        let out = self.alloc(n, d.width());
+        if n == 0 {
+            return Ok(Some(out));
+        }
+        let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
+        for (st, rows) in pieces.iter() {
+            if rows.start < rows.end {
+                self.kda_fused(d, &inbuf, &wbuf, st, &out, rows.clone(), n);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The shapes of one step call: state, inputs and weights against `d`.
+    fn kda_check(
+        &self,
+        d: &KdaDims,
+        w: &KdaStepWeights<GpuAct>,
+        st: &GpuKdaState,
+        inp: &KdaStepInputs<'_, GpuAct>,
+    ) -> Result<()> {
         ensure!(
             st.dims == *d,
             "kda_step: state was made for {:?}, called with {:?}",
@@ -50,7 +117,6 @@ impl GpuBackend {
             d
         );
         let (p, k, h) = (d.width(), d.conv_k, d.heads);
-        let n = inp.q.rows;
         crate::backend::shape_checks::kda_inputs(
             d,
             [inp.q, inp.k, inp.v, inp.f, inp.beta, inp.gate].map(|a| (a.rows, a.cols)),
@@ -66,15 +132,24 @@ impl GpuBackend {
             d.head_dim
         );
         ensure!(
-            n <= self.ctx.limits.max_compute_workgroups_per_dimension as usize,
-            "kda_step: a chunk of {n} tokens exceeds the adapter's {} workgroups per dimension; use a smaller --chunk",
+            inp.q.rows <= self.ctx.limits.max_compute_workgroups_per_dimension as usize,
+            "kda_step: a chunk of {} tokens exceeds the adapter's {} workgroups per dimension; use a smaller --chunk",
+            inp.q.rows,
             self.ctx.limits.max_compute_workgroups_per_dimension
         );
-        let out = self.alloc(n, p);
-        if n == 0 {
-            return Ok(out);
-        }
-        // Pack inputs and weights into one binding each (a kernel may have only a few).
+        Ok(())
+    }
+
+    /// The inputs and the weights, each packed into one binding (a kernel may have only a
+    /// few), laid out as kda_step.wgsl reads them.
+    fn kda_pack(
+        &self,
+        d: &KdaDims,
+        w: &KdaStepWeights<GpuAct>,
+        inp: &KdaStepInputs<'_, GpuAct>,
+    ) -> (wgpu::Buffer, wgpu::Buffer) {
+        let (p, k, h) = (d.width(), d.conv_k, d.heads);
+        let n = inp.q.rows;
         let np = (n * p * 4) as u64;
         let inbuf = self.ctx.buffer(5 * np + (n * h * 4) as u64, "kda inputs");
         for (i, a) in [inp.q, inp.k, inp.v, inp.f, inp.gate]
@@ -94,29 +169,64 @@ impl GpuBackend {
         self.ctx.copy(&w.a_log.buf, 0, &wbuf, 3 * pk, hb);
         self.ctx.copy(&w.dt_bias.buf, 0, &wbuf, 3 * pk + hb, pb);
         self.ctx.copy(&w.o_norm.buf, 0, &wbuf, 3 * pk + hb + pb, db);
-        let params = [
-            n as u32,
-            h as u32,
+        (inbuf, wbuf)
+    }
+
+    /// The `KdaParams` of kda_step.wgsl for rows `rows` of packed inputs of `n_all` rows.
+    fn kda_params(d: &KdaDims, rows: &Range<usize>, n_all: usize) -> [u32; 10] {
+        [
+            rows.len() as u32,
+            d.heads as u32,
             d.head_dim as u32,
-            k as u32,
+            d.conv_k as u32,
             u32::from(d.lower_bound.is_some()),
             d.lower_bound.unwrap_or(0.0).to_bits(),
             d.norm_eps.to_bits(),
             KDA_L2_EPS.to_bits(),
-        ];
+            rows.start as u32,
+            n_all as u32,
+        ]
+    }
+
+    /// `kda_fused` over `rows` of the packed inputs (of `n_all` rows) with state `st`, into
+    /// the same rows of `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn kda_fused(
+        &self,
+        d: &KdaDims,
+        inbuf: &wgpu::Buffer,
+        wbuf: &wgpu::Buffer,
+        st: &GpuKdaState,
+        out: &GpuAct,
+        rows: Range<usize>,
+        n_all: usize,
+    ) {
+        let params = Self::kda_params(d, &rows, n_all);
+        self.ctx.dispatch(&Dispatch {
+            shader: Shader::KdaStep,
+            entry: "kda_fused",
+            consts: &[("WG", head_lanes(self.ctx.wg, d.head_dim))],
+            params: &params,
+            buffers: &[inbuf, wbuf, &st.buf, &out.buf],
+            groups: (d.heads as u32, 1, 1),
+        });
+    }
+
+    /// The three passes of a chunk of `n` tokens (the whole call).
+    #[allow(clippy::too_many_arguments)]
+    fn kda_passes(
+        &self,
+        d: &KdaDims,
+        inbuf: &wgpu::Buffer,
+        wbuf: &wgpu::Buffer,
+        st: &GpuKdaState,
+        out: &GpuAct,
+        n: usize,
+    ) {
+        let (p, h) = (d.width(), d.heads);
+        let np = (n * p * 4) as u64;
+        let params = Self::kda_params(d, &(0..n), n);
         let wg = self.ctx.wg;
-        if n < PASSES_FROM_TOKENS {
-            let fused_wg = head_lanes(wg, d.head_dim);
-            self.ctx.dispatch(&Dispatch {
-                shader: Shader::KdaStep,
-                entry: "kda_fused",
-                consts: &[("WG", fused_wg)],
-                params: &params,
-                buffers: &[&inbuf, &wbuf, &st.buf, &out.buf],
-                groups: (h as u32, 1, 1),
-            });
-            return Ok(out);
-        }
         let mid = self.ctx.buffer(4 * np, "kda conv outputs and decays");
         // Each pass binds what its entry point uses (bindings as in kda_step.wgsl).
         self.ctx.dispatch_at(
@@ -125,7 +235,7 @@ impl GpuBackend {
                 entry: "kda_conv",
                 consts: &[],
                 params: &params,
-                buffers: &[&inbuf, &wbuf, &st.buf, &mid],
+                buffers: &[inbuf, wbuf, &st.buf, &mid],
                 groups: self.ctx.grid((4 * p as u32).div_ceil(wg)),
             },
             [1, 2, 3, 5],
@@ -137,7 +247,7 @@ impl GpuBackend {
                 entry: "kda_state",
                 consts: &[("CG", cg)],
                 params: &params,
-                buffers: &[&inbuf, &st.buf, &out.buf, &mid],
+                buffers: &[inbuf, &st.buf, &out.buf, &mid],
                 groups: (h as u32, (d.head_dim as u32).div_ceil(cg), 1),
             },
             [1, 3, 4, 5],
@@ -149,12 +259,11 @@ impl GpuBackend {
                 entry: "kda_norm",
                 consts: &[("WG", norm_wg)],
                 params: &params,
-                buffers: &[&inbuf, &wbuf, &out.buf],
+                buffers: &[inbuf, wbuf, &out.buf],
                 groups: (n as u32, h as u32, 1),
             },
             [1, 2, 4],
         );
-        Ok(out)
     }
 }
 

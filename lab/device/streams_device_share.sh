@@ -1,0 +1,26 @@
+#!/bin/bash
+# Batched decode on the device box, two builds in one call: wall against kernel time a pass
+# (`k3 bench streams`, last column under `--gpu-profile 1`) for 1, 4 and 8 streams of
+# k3slice32 resident, $KOLD and $K alternated; where perf exists, the host's profile of 8
+# streams ($KSYM: $K with symbols, `objcopy --strip-debug`). Output under $OUT.
+for f in .gl/*.deb; do dpkg -x $f / >/dev/null; done; ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+K=${K:-./.devbin/k3-serve}; KOLD=${KOLD:-./.devbin/k3-old}; KSYM=${KSYM:-./.devbin/k3-sym}
+OUT=${OUT:-/tmp/streams_device_share}; M=/tmp/k3slice32
+mkdir -p "$OUT"
+[ -f "$M/config.json" ] || timeout 60 "$K" synth --preset k3-slice --layers 4 --experts 32 "$M" >/dev/null 2>&1
+bench() { # name binary profile
+    echo "== $1 (--gpu-profile $3)"
+    timeout 150 "$2" bench streams "$M" --backend gpu --expert-gb 8 --gpu-expert-gb 8 --ngen 32 \
+        --streams 1,4,8 --rounds 2 --gpu-profile "$3" > "$OUT/$1-p$3.txt" 2>&1
+    grep -E "^\||equal|differ" "$OUT/$1-p$3.txt"
+}
+for p in 0 1; do bench old "$KOLD" $p; bench new "$K" $p; done
+bench old "$KOLD" 0; bench new "$K" 0
+if command -v perf >/dev/null && [ -x "$KSYM" ]; then
+    perf record -F 2000 -g -o /tmp/perf.data "$KSYM" bench streams "$M" --backend gpu --expert-gb 8 \
+        --gpu-expert-gb 8 --ngen 64 --streams 8 --rounds 1 2>&1 | grep "^|"
+    perf report -i /tmp/perf.data --no-children --sort sym --stdio 2>/dev/null | grep "%" | head -40
+else
+    echo "no perf here"
+fi

@@ -1270,30 +1270,9 @@ fn kda_step_matches_cpu_across_chunks() {
                 norm_eps: 1e-6,
             };
             let p = d.width();
-            let wv = [
-                rand_vec(&mut rng, p * k, 0.5),
-                rand_vec(&mut rng, p * k, 0.5),
-                rand_vec(&mut rng, p * k, 0.5),
-                rand_vec(&mut rng, heads, 1.0),
-                rand_vec(&mut rng, p, 1.0),
-                rand_vec(&mut rng, hd, 1.0),
-            ];
-            let gw = KdaStepWeights {
-                conv_q: g.upload(&wv[0], 1, p * k).unwrap(),
-                conv_k: g.upload(&wv[1], 1, p * k).unwrap(),
-                conv_v: g.upload(&wv[2], 1, p * k).unwrap(),
-                a_log: g.upload(&wv[3], 1, heads).unwrap(),
-                dt_bias: g.upload(&wv[4], 1, p).unwrap(),
-                o_norm: g.upload(&wv[5], 1, hd).unwrap(),
-            };
-            let cw = KdaStepWeights {
-                conv_q: c.upload(&wv[0], 1, p * k).unwrap(),
-                conv_k: c.upload(&wv[1], 1, p * k).unwrap(),
-                conv_v: c.upload(&wv[2], 1, p * k).unwrap(),
-                a_log: c.upload(&wv[3], 1, heads).unwrap(),
-                dt_bias: c.upload(&wv[4], 1, p).unwrap(),
-                o_norm: c.upload(&wv[5], 1, hd).unwrap(),
-            };
+            let wv = kda_weight_values(&mut rng, &d);
+            let gw = kda_weights_on(&g, &wv);
+            let cw = kda_weights_on(&c, &wv);
             let mut gs = g.kda_state(&d).unwrap();
             let mut cs = c.kda_state(&d).unwrap();
             for n in [3, 1, 5] {
@@ -1442,15 +1421,8 @@ fn kda_pieces_in_one_call_match_each_alone_on_cpu() {
         lower_bound: Some(-5.0),
         norm_eps: 1e-6,
     };
-    let (p, k, h) = (d.width(), d.conv_k, d.heads);
-    let wv = [
-        rand_vec(&mut rng, p * k, 0.5),
-        rand_vec(&mut rng, p * k, 0.5),
-        rand_vec(&mut rng, p * k, 0.5),
-        rand_vec(&mut rng, h, 1.0),
-        rand_vec(&mut rng, p, 1.0),
-        rand_vec(&mut rng, d.head_dim, 1.0),
-    ];
+    let (p, h) = (d.width(), d.heads);
+    let wv = kda_weight_values(&mut rng, &d);
     let widths = [p, p, p, p, h, p];
     for g in gpus(None) {
         let gw = kda_weights_on(&g, &wv);
@@ -1524,6 +1496,19 @@ fn kda_pieces_in_one_call_match_each_alone_on_cpu() {
         );
         assert!(e.contains("pieces end at row 3 of the 5 rows"), "{e}");
     }
+}
+
+/// Random KDA step weights for `d`: conv q, k, v, A_log, dt_bias, o_norm.
+fn kda_weight_values(rng: &mut StdRng, d: &KdaDims) -> [Vec<f32>; 6] {
+    let (p, k) = (d.width(), d.conv_k);
+    [
+        rand_vec(rng, p * k, 0.5),
+        rand_vec(rng, p * k, 0.5),
+        rand_vec(rng, p * k, 0.5),
+        rand_vec(rng, d.heads, 1.0),
+        rand_vec(rng, p, 1.0),
+        rand_vec(rng, d.head_dim, 1.0),
+    ]
 }
 
 /// The KDA step weights `wv` (conv q, k, v, A_log, dt_bias, o_norm) on backend `b`.

@@ -23,6 +23,15 @@ const PASSES_FROM_TOKENS: usize = 4;
 /// Widest head the kernel's workgroup arrays hold.
 pub(crate) const MAX_HEAD_DIM: usize = 256;
 
+/// One step call's packed bindings (kda_step.wgsl): inputs of `n_all` rows, weights, output.
+struct KdaCall<'a> {
+    d: &'a KdaDims,
+    inbuf: &'a wgpu::Buffer,
+    wbuf: &'a wgpu::Buffer,
+    out: &'a GpuAct,
+    n_all: usize,
+}
+
 impl GpuBackend {
     pub(in crate::backend::gpu) fn kda_state_op(&self, d: &KdaDims) -> Result<GpuKdaState> {
         ensure!(d.conv_k >= 1, "kda: conv kernel width must be at least 1");
@@ -51,11 +60,18 @@ impl GpuBackend {
             return Ok(out);
         }
         let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
+        let call = KdaCall {
+            d,
+            inbuf: &inbuf,
+            wbuf: &wbuf,
+            out: &out,
+            n_all: n,
+        };
         if n < PASSES_FROM_TOKENS {
-            self.kda_fused(d, &inbuf, &wbuf, st, &out, 0..n, n);
-            return Ok(out);
+            self.kda_fused(&call, st, 0..n);
+        } else {
+            self.kda_passes(&call, st);
         }
-        self.kda_passes(d, &inbuf, &wbuf, st, &out, n);
         Ok(out)
     }
 
@@ -94,9 +110,16 @@ impl GpuBackend {
             return Ok(Some(out));
         }
         let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
+        let call = KdaCall {
+            d,
+            inbuf: &inbuf,
+            wbuf: &wbuf,
+            out: &out,
+            n_all: n,
+        };
         for (st, rows) in pieces.iter() {
             if rows.start < rows.end {
-                self.kda_fused(d, &inbuf, &wbuf, st, &out, rows.clone(), n);
+                self.kda_fused(&call, st, rows.clone());
             }
         }
         Ok(Some(out))
@@ -188,19 +211,16 @@ impl GpuBackend {
         ]
     }
 
-    /// `kda_fused` over `rows` of the packed inputs (of `n_all` rows) with state `st`, into
-    /// the same rows of `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn kda_fused(
-        &self,
-        d: &KdaDims,
-        inbuf: &wgpu::Buffer,
-        wbuf: &wgpu::Buffer,
-        st: &GpuKdaState,
-        out: &GpuAct,
-        rows: Range<usize>,
-        n_all: usize,
-    ) {
+    /// `kda_fused` over `rows` of the call's inputs with state `st`, into the same rows of
+    /// its output.
+    fn kda_fused(&self, c: &KdaCall<'_>, st: &GpuKdaState, rows: Range<usize>) {
+        let KdaCall {
+            d,
+            inbuf,
+            wbuf,
+            out,
+            n_all,
+        } = *c;
         let params = Self::kda_params(d, &rows, n_all);
         self.ctx.dispatch(&Dispatch {
             shader: Shader::KdaStep,
@@ -212,17 +232,15 @@ impl GpuBackend {
         });
     }
 
-    /// The three passes of a chunk of `n` tokens (the whole call).
-    #[allow(clippy::too_many_arguments)]
-    fn kda_passes(
-        &self,
-        d: &KdaDims,
-        inbuf: &wgpu::Buffer,
-        wbuf: &wgpu::Buffer,
-        st: &GpuKdaState,
-        out: &GpuAct,
-        n: usize,
-    ) {
+    /// The three passes of a chunk: every row of the call.
+    fn kda_passes(&self, c: &KdaCall<'_>, st: &GpuKdaState) {
+        let KdaCall {
+            d,
+            inbuf,
+            wbuf,
+            out,
+            n_all: n,
+        } = *c;
         let (p, h) = (d.width(), d.heads);
         let np = (n * p * 4) as u64;
         let params = Self::kda_params(d, &(0..n), n);

@@ -32,6 +32,23 @@ struct KdaCall<'a> {
     n_all: usize,
 }
 
+impl<'a> KdaCall<'a> {
+    fn new(
+        d: &'a KdaDims,
+        inbuf: &'a wgpu::Buffer,
+        wbuf: &'a wgpu::Buffer,
+        out: &'a GpuAct,
+    ) -> Self {
+        Self {
+            d,
+            inbuf,
+            wbuf,
+            out,
+            n_all: out.rows,
+        }
+    }
+}
+
 impl GpuBackend {
     pub(in crate::backend::gpu) fn kda_state_op(&self, d: &KdaDims) -> Result<GpuKdaState> {
         ensure!(d.conv_k >= 1, "kda: conv kernel width must be at least 1");
@@ -60,13 +77,7 @@ impl GpuBackend {
             return Ok(out);
         }
         let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
-        let call = KdaCall {
-            d,
-            inbuf: &inbuf,
-            wbuf: &wbuf,
-            out: &out,
-            n_all: n,
-        };
+        let call = KdaCall::new(d, &inbuf, &wbuf, &out);
         if n < PASSES_FROM_TOKENS {
             self.kda_fused(&call, st, 0..n);
         } else {
@@ -110,13 +121,7 @@ impl GpuBackend {
             return Ok(Some(out));
         }
         let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
-        let call = KdaCall {
-            d,
-            inbuf: &inbuf,
-            wbuf: &wbuf,
-            out: &out,
-            n_all: n,
-        };
+        let call = KdaCall::new(d, &inbuf, &wbuf, &out);
         for (st, rows) in pieces.iter() {
             if rows.start < rows.end {
                 self.kda_fused(&call, st, rows.clone());

@@ -15,10 +15,14 @@ bench() { # name binary profile
         --streams 1,4,8 --rounds 2 --gpu-profile "$3" > "$OUT/$1-p$3.txt" 2>&1
     grep -E "^\||equal|differ" "$OUT/$1-p$3.txt"
 }
-for p in 0 1; do bench old "$KOLD" $p; bench new "$K" $p; done
-bench old "$KOLD" 0; bench new "$K" 0
+bench old "$KOLD" 0; bench new "$K" 0; bench new "$K" 1
+# FULL=1: the baseline's profile and the chunk kernel too.
+if [ "${FULL:-0}" = 1 ]; then
+bench old "$KOLD" 1
+
 # The chunk kernel from 8 rows (docs/tuning.md, K3_LAB_CHUNK_FROM) against the matvec per row.
 K3_LAB_CHUNK_FROM=8 bench new-chunk8 "$K" 0
+fi
 if command -v perf >/dev/null && [ -x "$KSYM" ]; then
     perf record -F 2000 -g -o /tmp/perf.data "$KSYM" bench streams "$M" --backend gpu --expert-gb 8 \
         --gpu-expert-gb 8 --ngen 64 --streams 8 --rounds 1 2>&1 | grep "^|"

@@ -80,14 +80,24 @@ impl<'a, A> KdaStepInputs<'a, A> {
         let [q, k, v, f, beta, gate] = i else {
             return None;
         };
-        Some(Self {
+        Some(Self::of([q, k, v, f, beta, gate]))
+    }
+
+    /// The inputs from six activations in field order (q, k, v, f, beta, gate).
+    pub fn of([q, k, v, f, beta, gate]: [&'a A; 6]) -> Self {
+        Self {
             q,
             k,
             v,
             f,
             beta,
             gate,
-        })
+        }
+    }
+
+    /// The six activations in field order.
+    pub fn all(&self) -> [&'a A; 6] {
+        [self.q, self.k, self.v, self.f, self.beta, self.gate]
     }
 }
 

@@ -90,15 +90,9 @@ impl<B: Backend> Kda<B> {
             x,
         )?;
         let f = b.matmul(&self.f_b_proj, &fa)?;
+        let acts = [&q, &k, &v, &f, &beta, &gate];
         if pieces.len() > 1 {
-            let inp = KdaStepInputs {
-                q: &q,
-                k: &k,
-                v: &v,
-                f: &f,
-                beta: &beta,
-                gate: &gate,
-            };
+            let inp = KdaStepInputs::of(acts);
             let mut states: Vec<_> = pieces
                 .iter_mut()
                 .map(|p| (&mut *p.state, p.rows.clone()))
@@ -107,22 +101,9 @@ impl<B: Backend> Kda<B> {
                 return b.matmul(&self.o_proj, &o);
             }
         }
-        let o = each_piece(
-            b,
-            [&q, &k, &v, &f, &beta, &gate],
-            pieces,
-            |state, [q, k, v, f, beta, gate]| {
-                let inp = KdaStepInputs {
-                    q,
-                    k,
-                    v,
-                    f,
-                    beta,
-                    gate,
-                };
-                b.kda_step(&self.dims, &self.step, state, inp)
-            },
-        )?;
+        let o = each_piece(b, acts, pieces, |state, xs| {
+            b.kda_step(&self.dims, &self.step, state, KdaStepInputs::of(xs))
+        })?;
         b.matmul(&self.o_proj, &o)
     }
 }

@@ -420,30 +420,7 @@ impl Backend for GpuBackend {
         state: &mut GpuKdaState,
         inp: KdaStepInputs<'_, GpuRows>,
     ) -> Result<GpuRows> {
-        let op = "kda_step";
-        let w = kda_weights_whole(w, op)?;
-        let all = [inp.q, inp.k, inp.v, inp.f, inp.beta, inp.gate];
-        super::shape_checks::kda_inputs(dims, all.map(|a| (a.rows, a.cols)))?;
-        let cut = all
-            .iter()
-            .map(|a| self.uniform(a))
-            .collect::<Result<Vec<_>>>()?;
-        // The parts in row order: the state carries each part's tokens into the next.
-        let parts = (0..cut[0].parts.len())
-            .map(|k| {
-                let [q, kk, v, f, beta, gate] = [0, 1, 2, 3, 4, 5].map(|i| &cut[i].parts[k]);
-                let inp = KdaStepInputs {
-                    q,
-                    k: kk,
-                    v,
-                    f,
-                    beta,
-                    gate,
-                };
-                self.kda_step_op(dims, &w, state, inp)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(rows_of(parts, dims.width()))
+        self.kda_step_rows(dims, w, state, inp)
     }
 
     fn kda_step_pieces(
@@ -453,28 +430,7 @@ impl Backend for GpuBackend {
         pieces: &mut [(&mut GpuKdaState, Range<usize>)],
         inp: KdaStepInputs<'_, GpuRows>,
     ) -> Result<Option<GpuRows>> {
-        let op = "kda_step";
-        let all = [inp.q, inp.k, inp.v, inp.f, inp.beta, inp.gate];
-        // Rows held in several parts take the piece-at-a-time way.
-        let Ok(one) = all
-            .iter()
-            .map(|a| whole(a, op, "input"))
-            .collect::<Result<Vec<_>>>()
-        else {
-            return Ok(None);
-        };
-        let w = kda_weights_whole(w, op)?;
-        let inp = KdaStepInputs {
-            q: one[0],
-            k: one[1],
-            v: one[2],
-            f: one[3],
-            beta: one[4],
-            gate: one[5],
-        };
-        Ok(self
-            .kda_step_pieces_op(dims, &w, pieces, inp)?
-            .map(GpuRows::one))
+        self.kda_step_pieces_rows(dims, w, pieces, inp)
     }
 
     fn mla_attend(
@@ -581,18 +537,6 @@ pub fn pipeline_kinds(a: AdapterShape, subgroups: bool) -> HashSet<PipelineKind>
         .iter()
         .map(PipelineVariant::kind)
         .collect()
-}
-
-/// The KDA step's weights, each read whole.
-fn kda_weights_whole(w: &KdaStepWeights<GpuRows>, op: &str) -> Result<KdaStepWeights<GpuAct>> {
-    Ok(KdaStepWeights {
-        conv_q: whole(&w.conv_q, op, "conv_q")?.clone(),
-        conv_k: whole(&w.conv_k, op, "conv_k")?.clone(),
-        conv_v: whole(&w.conv_v, op, "conv_v")?.clone(),
-        a_log: whole(&w.a_log, op, "A_log")?.clone(),
-        dt_bias: whole(&w.dt_bias, op, "dt_bias")?.clone(),
-        o_norm: whole(&w.o_norm, op, "o_norm")?.clone(),
-    })
 }
 
 #[cfg(test)]

@@ -2,10 +2,11 @@
 //! dispatch (a workgroup per head), chunks in three (conv and decays, the state columns of
 //! each head over several workgroups, the gated norm).
 
-use crate::backend::gpu::device::buffers::{GpuAct, GpuKdaState};
+use crate::backend::gpu::device::buffers::{GpuAct, GpuKdaState, GpuRows};
 use crate::backend::gpu::device::context::Dispatch;
 use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
 use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::row_parts::{rows_of, whole};
 use crate::backend::gpu::GpuBackend;
 use crate::backend::{KdaDims, KdaStepInputs, KdaStepWeights};
 use anyhow::{ensure, Result};
@@ -63,6 +64,49 @@ impl GpuBackend {
         Ok(GpuKdaState { buf, dims: *d })
     }
 
+    /// `Backend::kda_step`: the parts of the rows in order, the state carrying each part's
+    /// tokens into the next.
+    pub(in crate::backend::gpu) fn kda_step_rows(
+        &self,
+        d: &KdaDims,
+        w: &KdaStepWeights<GpuRows>,
+        st: &mut GpuKdaState,
+        inp: KdaStepInputs<'_, GpuRows>,
+    ) -> Result<GpuRows> {
+        let w = weights_whole(w)?;
+        let all = inp.all();
+        crate::backend::shape_checks::kda_inputs(d, all.map(|a| (a.rows, a.cols)))?;
+        let cut = all
+            .iter()
+            .map(|a| self.uniform(a))
+            .collect::<Result<Vec<_>>>()?;
+        let parts = (0..cut[0].parts.len())
+            .map(|k| {
+                let inp = KdaStepInputs::of([0, 1, 2, 3, 4, 5].map(|i| &cut[i].parts[k]));
+                self.kda_step_op(d, &w, st, inp)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(rows_of(parts, d.width()))
+    }
+
+    /// `Backend::kda_step_pieces`: rows held in several parts take the piece-at-a-time way.
+    pub(in crate::backend::gpu) fn kda_step_pieces_rows(
+        &self,
+        d: &KdaDims,
+        w: &KdaStepWeights<GpuRows>,
+        pieces: &mut [(&mut GpuKdaState, Range<usize>)],
+        inp: KdaStepInputs<'_, GpuRows>,
+    ) -> Result<Option<GpuRows>> {
+        let [q, k, v, f, beta, gate] = inp.all().map(|a| a.parts.as_slice());
+        let ([q], [k], [v], [f], [beta], [gate]) = (q, k, v, f, beta, gate) else {
+            return Ok(None);
+        };
+        let inp = KdaStepInputs::of([q, k, v, f, beta, gate]);
+        Ok(self
+            .kda_step_pieces_op(d, &weights_whole(w)?, pieces, inp)?
+            .map(GpuRows::one))
+    }
+
     pub(in crate::backend::gpu) fn kda_step_op(
         &self,
         d: &KdaDims,
@@ -71,7 +115,8 @@ impl GpuBackend {
         inp: KdaStepInputs<'_, GpuAct>,
     ) -> Result<GpuAct> {
         let n = inp.q.rows;
-        self.kda_check(d, w, st, &inp)?;
+        check_state(d, st)?;
+        self.kda_check(d, w, &inp)?;
         let out = self.alloc(n, d.width());
         if n == 0 {
             return Ok(out);
@@ -102,9 +147,10 @@ impl GpuBackend {
         if pieces.iter().any(|(_, r)| r.len() >= PASSES_FROM_TOKENS) {
             return Ok(None);
         }
+        self.kda_check(d, w, &inp)?;
         let mut next = 0;
         for (st, rows) in pieces.iter() {
-            self.kda_check(d, w, st, &inp)?;
+            check_state(d, st)?;
             ensure!(
                 rows.start == next && rows.end <= n,
                 "kda_step: pieces {:?} do not cover the {n} rows in order",
@@ -130,25 +176,15 @@ impl GpuBackend {
         Ok(Some(out))
     }
 
-    /// The shapes of one step call: state, inputs and weights against `d`.
+    /// The shapes of one step call: inputs and weights against `d`.
     fn kda_check(
         &self,
         d: &KdaDims,
         w: &KdaStepWeights<GpuAct>,
-        st: &GpuKdaState,
         inp: &KdaStepInputs<'_, GpuAct>,
     ) -> Result<()> {
-        ensure!(
-            st.dims == *d,
-            "kda_step: state was made for {:?}, called with {:?}",
-            st.dims,
-            d
-        );
         let (p, k, h) = (d.width(), d.conv_k, d.heads);
-        crate::backend::shape_checks::kda_inputs(
-            d,
-            [inp.q, inp.k, inp.v, inp.f, inp.beta, inp.gate].map(|a| (a.rows, a.cols)),
-        )?;
+        crate::backend::shape_checks::kda_inputs(d, inp.all().map(|a| (a.rows, a.cols)))?;
         ensure!(
             w.conv_q.len() == p * k
                 && w.conv_k.len() == p * k
@@ -288,6 +324,30 @@ impl GpuBackend {
             [1, 2, 4],
         );
     }
+}
+
+/// A state made for `d`.
+fn check_state(d: &KdaDims, st: &GpuKdaState) -> Result<()> {
+    ensure!(
+        st.dims == *d,
+        "kda_step: state was made for {:?}, called with {:?}",
+        st.dims,
+        d
+    );
+    Ok(())
+}
+
+/// The step's weights, each read whole.
+fn weights_whole(w: &KdaStepWeights<GpuRows>) -> Result<KdaStepWeights<GpuAct>> {
+    let op = "kda_step";
+    Ok(KdaStepWeights {
+        conv_q: whole(&w.conv_q, op, "conv_q")?.clone(),
+        conv_k: whole(&w.conv_k, op, "conv_k")?.clone(),
+        conv_v: whole(&w.conv_v, op, "conv_v")?.clone(),
+        a_log: whole(&w.a_log, op, "A_log")?.clone(),
+        dt_bias: whole(&w.dt_bias, op, "dt_bias")?.clone(),
+        o_norm: whole(&w.o_norm, op, "o_norm")?.clone(),
+    })
 }
 
 /// The workgroup of the fused kernel and of the gated norm over heads of `head_dim`: one

@@ -435,19 +435,15 @@ fn response_format(v: Option<Value>) -> R<ResponseFormat> {
 /// The template's `thinking_effort` for a `reasoning_effort` or `thinking_effort` value;
 /// `None` turns thinking off (`none`, `minimal`).
 pub fn effort(s: &str, field: &str) -> R<Option<ThinkingEffort>> {
-    Ok(Some(match s {
-        "none" | "minimal" => return Ok(None),
-        "low" => ThinkingEffort::Low,
-        "medium" => ThinkingEffort::Medium,
-        "high" => ThinkingEffort::High,
-        "max" => ThinkingEffort::Max,
-        other => {
-            return Err(ApiError::field(
-                field,
-                format!("{other:?} is not one of none, minimal, low, medium, high, max"),
-            ))
-        }
-    }))
+    if matches!(s, "none" | "minimal") {
+        return Ok(None);
+    }
+    ThinkingEffort::from_name(s).map(Some).ok_or_else(|| {
+        ApiError::field(
+            field,
+            format!("{s:?} is not one of none, minimal, low, medium, high, max"),
+        )
+    })
 }
 
 /// Reads a `/v1/chat/completions` body.

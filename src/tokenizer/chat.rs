@@ -88,6 +88,19 @@ pub enum ThinkingEffort {
 }
 
 impl ThinkingEffort {
+    /// Every level, lowest first.
+    const ALL: [ThinkingEffort; 4] = [
+        ThinkingEffort::Low,
+        ThinkingEffort::Medium,
+        ThinkingEffort::High,
+        ThinkingEffort::Max,
+    ];
+
+    /// The level named `s` (`low`, `medium`, `high`, `max`), as the template spells it.
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.as_str() == s)
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             ThinkingEffort::Low => "low",
@@ -563,6 +576,16 @@ impl<'a> ChatSplitter<'a> {
 mod tests {
     use super::*;
     use crate::tokenizer::synthetic::write_synthetic_tokenizer;
+
+    #[test]
+    fn effort_names_read_back_and_others_are_none() {
+        for e in ThinkingEffort::ALL {
+            assert_eq!(ThinkingEffort::from_name(e.as_str()), Some(e));
+        }
+        for bad in ["extreme", "none", "Low", ""] {
+            assert_eq!(ThinkingEffort::from_name(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn chat_stop_ids_are_the_eos_ids_and_end_of_msg() {

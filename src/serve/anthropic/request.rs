@@ -430,17 +430,11 @@ pub fn read_request(
 
 /// `output_config.effort`: Anthropic's levels, announced to the model as its thinking effort.
 fn output_effort(s: &str) -> R<ThinkingEffort> {
-    Ok(match s {
-        "low" => ThinkingEffort::Low,
-        "medium" => ThinkingEffort::Medium,
-        "high" => ThinkingEffort::High,
-        "max" => ThinkingEffort::Max,
-        other => {
-            return Err(ApiError::field(
-                "output_config.effort",
-                format!("{other:?} is not one of low, medium, high, max"),
-            ))
-        }
+    ThinkingEffort::from_name(s).ok_or_else(|| {
+        ApiError::field(
+            "output_config.effort",
+            format!("{s:?} is not one of low, medium, high, max"),
+        )
     })
 }
 

@@ -1499,7 +1499,7 @@ fn kda_pieces_in_one_call_match_each_alone_on_cpu() {
 }
 
 /// Random KDA step weights for `d`: conv q, k, v, A_log, dt_bias, o_norm.
-fn kda_weight_values(rng: &mut StdRng, d: &KdaDims) -> [Vec<f32>; 6] {
+pub(crate) fn kda_weight_values(rng: &mut StdRng, d: &KdaDims) -> [Vec<f32>; 6] {
     let (p, k) = (d.width(), d.conv_k);
     [
         rand_vec(rng, p * k, 0.5),

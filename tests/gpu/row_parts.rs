@@ -203,14 +203,7 @@ fn kda_and_mla_run_the_parts_in_order() {
         norm_eps: 1e-6,
     };
     let (p, k, h) = (d.width(), d.conv_k, d.heads);
-    let wv = [
-        rand_vec(&mut rng, p * k, 0.5),
-        rand_vec(&mut rng, p * k, 0.5),
-        rand_vec(&mut rng, p * k, 0.5),
-        rand_vec(&mut rng, h, 1.0),
-        rand_vec(&mut rng, p, 1.0),
-        rand_vec(&mut rng, d.head_dim, 1.0),
-    ];
+    let wv = crate::gpu_ops::kda_weight_values(&mut rng, &d);
     let weights = |g: &GpuBackend| KdaStepWeights {
         conv_q: g.upload_weight(&wv[0], 1, p * k).unwrap(),
         conv_k: g.upload_weight(&wv[1], 1, p * k).unwrap(),

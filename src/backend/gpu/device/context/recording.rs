@@ -31,13 +31,22 @@ pub struct Dispatch<'a> {
 pub(super) struct Pending {
     /// The encoder and the passes in it.
     cmd: Option<(wgpu::CommandEncoder, usize)>,
+    /// The compute pass untimed dispatches go into while nothing else is recorded: one pass
+    /// for a run of dispatches costs the host one pass's setup, and wgpu still puts a
+    /// barrier between dispatches that share a buffer (each dispatch is its own usage
+    /// scope). It locks the encoder, so it ends before anything else is recorded.
+    pass: Option<wgpu::ComputePass<'static>>,
+    /// Whether every dispatch gets a pass of its own (`GpuOptions::pass_per_dispatch`).
+    pass_per_dispatch: bool,
     /// Its dispatches' parameters, written just before it is submitted.
     params: ParamArena,
 }
 
 impl Pending {
-    /// The pending encoder and its pass count, created on demand.
+    /// The pending encoder and its pass count, created on demand, with the open compute
+    /// pass ended.
     fn encoder(&mut self, device: &wgpu::Device) -> &mut (wgpu::CommandEncoder, usize) {
+        self.pass = None;
         self.cmd.get_or_insert_with(|| {
             (
                 device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -47,13 +56,44 @@ impl Pending {
             )
         })
     }
+
+    /// Counts one more pass (or dispatch in the open pass) on the pending encoder and
+    /// returns the count; the open pass stays open.
+    fn count_pass(&mut self) -> usize {
+        match &mut self.cmd {
+            Some((_, passes)) => {
+                *passes += 1;
+                *passes
+            }
+            None => 0,
+        }
+    }
+
+    /// The open compute pass, begun on the pending encoder when there is none.
+    fn compute_pass(&mut self, device: &wgpu::Device) -> &mut wgpu::ComputePass<'static> {
+        if self.pass.is_none() {
+            let (enc, _) = self.encoder(device);
+            let pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("k3 dispatches"),
+                timestamp_writes: None,
+            });
+            self.pass = Some(pass.forget_lifetime());
+        }
+        match &mut self.pass {
+            Some(pass) => pass,
+            None => unreachable!("the pass was begun above"),
+        }
+    }
 }
 
 impl Pending {
-    /// Nothing recorded yet; parameter slots aligned to `uniform_align`.
-    pub(super) fn new(uniform_align: u32) -> Self {
+    /// Nothing recorded yet; parameter slots aligned to `uniform_align`; with
+    /// `pass_per_dispatch`, each dispatch in a compute pass of its own.
+    pub(super) fn new(uniform_align: u32, pass_per_dispatch: bool) -> Self {
         Self {
             cmd: None,
+            pass: None,
+            pass_per_dispatch,
             params: ParamArena::new(uniform_align),
         }
     }
@@ -70,9 +110,7 @@ impl GpuContext {
     fn record_pending<R>(&self, f: impl FnOnce(&mut Pending) -> R) -> R {
         let mut guard = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let r = f(&mut guard);
-        let (_, passes) = guard.encoder(&self.device);
-        *passes += 1;
-        let full = *passes >= self.submit_every;
+        let full = guard.count_pass() >= self.submit_every;
         drop(guard);
         if full {
             self.flush();
@@ -147,7 +185,14 @@ impl GpuContext {
             let bg = bind(wgpu::BindingResource::Buffer(
                 st.params.push(&self.device, words),
             ));
-            encode(&mut st.encoder(&self.device).0, &bg);
+            if timed.is_some() || st.pass_per_dispatch {
+                encode(&mut st.encoder(&self.device).0, &bg);
+                return;
+            }
+            let pass = st.compute_pass(&self.device);
+            pass.set_pipeline(&pipe);
+            pass.set_bind_group(0, &bg, &[]);
+            pass.dispatch_workgroups(d.groups.0, d.groups.1, d.groups.2);
         });
     }
 
@@ -206,6 +251,7 @@ impl GpuContext {
         // The parameter slots are written and the encoder submitted under the lock, so no
         // other thread stages the next submission's slots in between.
         let mut guard = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        guard.pass = None;
         let Some((mut enc, _)) = guard.cmd.take() else {
             return;
         };

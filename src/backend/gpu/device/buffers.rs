@@ -1,6 +1,6 @@
 //! Device-resident tensors: activations, and the recurrent state of KDA and MLA layers.
 
-use crate::backend::gpu::device::buffer_pool::Lease;
+use crate::backend::gpu::device::buffer_pool::{BufferPool, Lease};
 use crate::backend::{KdaDims, MlaDims};
 use std::sync::Arc;
 
@@ -19,6 +19,14 @@ pub struct GpuAct {
 }
 
 impl GpuAct {
+    /// This activation with its buffer going back to `pool` once every clone has dropped.
+    pub fn leased(self, pool: &Arc<BufferPool>) -> Self {
+        Self {
+            lease: Some(Lease::new(self.buf.clone(), pool)),
+            ..self
+        }
+    }
+
     /// Number of values.
     pub fn len(&self) -> usize {
         self.rows * self.cols

@@ -122,7 +122,7 @@ impl GpuBackend {
             return Ok(out);
         }
         let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
-        let call = KdaCall::new(d, &inbuf, &wbuf, &out);
+        let call = KdaCall::new(d, &inbuf.buf, &wbuf.buf, &out);
         if n < PASSES_FROM_TOKENS {
             self.kda_fused(&call, st, 0..n);
         } else {
@@ -167,7 +167,7 @@ impl GpuBackend {
             return Ok(Some(out));
         }
         let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
-        let call = KdaCall::new(d, &inbuf, &wbuf, &out);
+        let call = KdaCall::new(d, &inbuf.buf, &wbuf.buf, &out);
         for (st, rows) in pieces.iter() {
             if rows.start < rows.end {
                 self.kda_fused(&call, st, rows.clone());
@@ -211,29 +211,31 @@ impl GpuBackend {
         d: &KdaDims,
         w: &KdaStepWeights<GpuAct>,
         inp: &KdaStepInputs<'_, GpuAct>,
-    ) -> (wgpu::Buffer, wgpu::Buffer) {
+    ) -> (GpuAct, GpuAct) {
         let (p, k, h) = (d.width(), d.conv_k, d.heads);
         let n = inp.q.rows;
         let np = (n * p * 4) as u64;
-        let inbuf = self.ctx.buffer(5 * np + (n * h * 4) as u64, "kda inputs");
+        let inputs = self.scratch(5 * np + (n * h * 4) as u64, "kda inputs");
+        let inbuf = &inputs.buf;
         for (i, a) in [inp.q, inp.k, inp.v, inp.f, inp.gate]
             .into_iter()
             .enumerate()
         {
-            self.ctx.copy(&a.buf, 0, &inbuf, np * i as u64, np);
+            self.ctx.copy(&a.buf, 0, inbuf, np * i as u64, np);
         }
         self.ctx
-            .copy(&inp.beta.buf, 0, &inbuf, 5 * np, (n * h * 4) as u64);
+            .copy(&inp.beta.buf, 0, inbuf, 5 * np, (n * h * 4) as u64);
         let pk = (p * k * 4) as u64;
         let (hb, pb, db) = ((h * 4) as u64, (p * 4) as u64, (d.head_dim * 4) as u64);
-        let wbuf = self.ctx.buffer(3 * pk + hb + pb + db, "kda weights");
-        self.ctx.copy(&w.conv_q.buf, 0, &wbuf, 0, pk);
-        self.ctx.copy(&w.conv_k.buf, 0, &wbuf, pk, pk);
-        self.ctx.copy(&w.conv_v.buf, 0, &wbuf, 2 * pk, pk);
-        self.ctx.copy(&w.a_log.buf, 0, &wbuf, 3 * pk, hb);
-        self.ctx.copy(&w.dt_bias.buf, 0, &wbuf, 3 * pk + hb, pb);
-        self.ctx.copy(&w.o_norm.buf, 0, &wbuf, 3 * pk + hb + pb, db);
-        (inbuf, wbuf)
+        let weights = self.scratch(3 * pk + hb + pb + db, "kda weights");
+        let wbuf = &weights.buf;
+        self.ctx.copy(&w.conv_q.buf, 0, wbuf, 0, pk);
+        self.ctx.copy(&w.conv_k.buf, 0, wbuf, pk, pk);
+        self.ctx.copy(&w.conv_v.buf, 0, wbuf, 2 * pk, pk);
+        self.ctx.copy(&w.a_log.buf, 0, wbuf, 3 * pk, hb);
+        self.ctx.copy(&w.dt_bias.buf, 0, wbuf, 3 * pk + hb, pb);
+        self.ctx.copy(&w.o_norm.buf, 0, wbuf, 3 * pk + hb + pb, db);
+        (inputs, weights)
     }
 
     /// The `KdaParams` of kda_step.wgsl for rows `rows` of packed inputs of `n_all` rows.
@@ -286,7 +288,8 @@ impl GpuBackend {
         let np = (n * p * 4) as u64;
         let params = Self::kda_params(d, &(0..n), n);
         let wg = self.ctx.wg;
-        let mid = self.ctx.buffer(4 * np, "kda conv outputs and decays");
+        let mid = self.scratch(4 * np, "kda conv outputs and decays");
+        let mid = &mid.buf;
         // Each pass binds what its entry point uses (bindings as in kda_step.wgsl).
         self.ctx.dispatch_at(
             &Dispatch {
@@ -294,7 +297,7 @@ impl GpuBackend {
                 entry: "kda_conv",
                 consts: &[],
                 params: &params,
-                buffers: &[inbuf, wbuf, &st.buf, &mid],
+                buffers: &[inbuf, wbuf, &st.buf, mid],
                 groups: self.ctx.grid((4 * p as u32).div_ceil(wg)),
             },
             [1, 2, 3, 5],
@@ -306,7 +309,7 @@ impl GpuBackend {
                 entry: "kda_state",
                 consts: &[("CG", cg)],
                 params: &params,
-                buffers: &[inbuf, &st.buf, &out.buf, &mid],
+                buffers: &[inbuf, &st.buf, &out.buf, mid],
                 groups: (h as u32, (d.head_dim as u32).div_ceil(cg), 1),
             },
             [1, 3, 4, 5],

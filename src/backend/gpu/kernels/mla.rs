@@ -177,17 +177,19 @@ impl GpuBackend {
             groups: (n as u32, 1, 1),
         });
         cache.len = total;
-        let x = self.ctx.buffer((rows * cs * 4) as u64, "mla query");
+        let x = self.scratch((rows * cs * 4) as u64, "mla query");
+        let x = &x.buf;
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MlaAttend,
             entry: "qabs",
             consts: &[],
             params: &pr,
-            buffers: &[&q.buf, &x, &w.wk.buf],
+            buffers: &[&q.buf, x, &w.wk.buf],
             groups: self.ctx.grid(rows as u32),
         });
         // Scores: the cache is the matrix of an f32 matvec, one "token" per (t, head).
-        let scores = self.ctx.buffer((rows * total * 4) as u64, "mla scores");
+        let scores = self.scratch((rows * total * 4) as u64, "mla scores");
+        let scores = &scores.buf;
         let rpw = self.ctx.wg / OUTV_LANES;
         let rpg = self.rows_per_group();
         self.ctx.dispatch(&Dispatch {
@@ -204,43 +206,44 @@ impl GpuBackend {
                 0,
                 0,
             ],
-            buffers: &[&x, &scores, &cache.buf],
+            buffers: &[x, scores, &cache.buf],
             groups: (rows as u32, (total as u32).div_ceil(rpg), 1),
         });
-        let probs = self.ctx.buffer((rows * total * 4) as u64, "mla probs");
+        let probs = self.scratch((rows * total * 4) as u64, "mla probs");
+        let probs = &probs.buf;
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MlaAttend,
             entry: "softmax",
             consts: &[],
             params: &pr,
-            buffers: &[&scores, &probs],
+            buffers: &[scores, probs],
             groups: self.ctx.grid(rows as u32),
         });
-        let ctxv = self.ctx.buffer((rows * kv * 4) as u64, "mla ctx");
+        let ctxv = self.scratch((rows * kv * 4) as u64, "mla ctx");
+        let ctxv = &ctxv.buf;
         // One chunk writes the ctx itself; more write partial sums that ctx_sum adds up.
-        let partial = (chunks > 1).then(|| {
-            self.ctx
-                .buffer((chunks * rows * kv * 4) as u64, "mla ctx partials")
-        });
+        let partial =
+            (chunks > 1).then(|| self.scratch((chunks * rows * kv * 4) as u64, "mla ctx partials"));
+        let partial = partial.as_ref().map(|p| &p.buf);
         self.ctx.dispatch(&Dispatch {
             shader: Shader::MlaAttend,
             entry: "ctx",
             consts: &[],
             params: &pr,
-            buffers: &[&probs, partial.as_ref().unwrap_or(&ctxv), &cache.buf],
+            buffers: &[probs, partial.unwrap_or(ctxv), &cache.buf],
             groups: (
                 (kv as u32).div_ceil(self.ctx.wg),
                 (h as u32).div_ceil(HEAD_TILE),
                 (n * chunks) as u32,
             ),
         });
-        if let Some(part) = &partial {
+        if let Some(part) = partial {
             self.ctx.dispatch(&Dispatch {
                 shader: Shader::MlaAttend,
                 entry: "ctx_sum",
                 consts: &[],
                 params: &pr,
-                buffers: &[part, &ctxv],
+                buffers: &[part, ctxv],
                 groups: self.ctx.grid(((rows * kv) as u32).div_ceil(self.ctx.wg)),
             });
         }
@@ -249,7 +252,7 @@ impl GpuBackend {
             entry: "outv",
             consts: &[("LPR", OUTV_LANES)],
             params: &pr,
-            buffers: &[&ctxv, &out.buf, &w.wv.buf],
+            buffers: &[ctxv, &out.buf, &w.wv.buf],
             groups: ((d.v as u32).div_ceil(rpw), rows as u32, 1),
         });
         Ok(out)

@@ -71,12 +71,11 @@ impl GpuBackend {
             return Ok(out);
         }
         // The entries are packed [entries, rows, cols] with device copies: one binding.
-        let packed = self
-            .ctx
-            .buffer(cur.bytes() * entries as u64, "attn_res entries");
+        let packed = self.scratch(cur.bytes() * entries as u64, "attn_res entries");
+        let packed = &packed.buf;
         for (i, e) in bank.iter().copied().chain([cur]).enumerate() {
             self.ctx
-                .copy(&e.buf, 0, &packed, cur.bytes() * i as u64, cur.bytes());
+                .copy(&e.buf, 0, packed, cur.bytes() * i as u64, cur.bytes());
         }
         let scores = self.alloc(cur.rows, entries);
         let params = [entries as u32, rows, cur.cols as u32, eps.to_bits()];
@@ -88,7 +87,7 @@ impl GpuBackend {
                 entry: "scores",
                 consts: &[],
                 params: &params,
-                buffers: &[&packed, &w.buf, &scores.buf],
+                buffers: &[packed, &w.buf, &scores.buf],
                 groups: (entries as u32, rows, 1),
             },
             [1, 2, 4],
@@ -99,7 +98,7 @@ impl GpuBackend {
                 entry: "mix",
                 consts: &[],
                 params: &params,
-                buffers: &[&packed, &out.buf, &scores.buf],
+                buffers: &[packed, &out.buf, &scores.buf],
                 groups: ((cur.cols as u32).div_ceil(self.ctx.wg), rows, 1),
             },
             [1, 3, 4],

@@ -38,7 +38,8 @@ impl GpuBackend {
             .ctx
             .buffer_init(bytemuck::cast_slice(bias), "router bias");
         let k = p.top_k;
-        let out = self.ctx.buffer((logits.rows * k * 8) as u64, "routes");
+        let routes = self.scratch((logits.rows * k * 8) as u64, "routes");
+        let out = &routes.buf;
         self.ctx.dispatch(&Dispatch {
             shader: Shader::Router,
             entry: "topk",
@@ -50,10 +51,10 @@ impl GpuBackend {
                 u32::from(p.renormalize),
                 p.scaling.to_bits(),
             ],
-            buffers: &[&logits.buf, &bias_buf, &out],
+            buffers: &[&logits.buf, &bias_buf, out],
             groups: self.ctx.grid(logits.rows as u32),
         });
-        let bytes = self.ctx.read(&out, 0, (logits.rows * k * 8) as u64)?;
+        let bytes = self.ctx.read(out, 0, (logits.rows * k * 8) as u64)?;
         let words: &[u32] = bytemuck::cast_slice(&bytes);
         let routes: Vec<Route> = words
             .chunks_exact(2 * k)

@@ -3,7 +3,7 @@
 # a pass (`k3 bench streams`, last column under `--gpu-profile 1`) for 1, 4 and 8 streams of
 # k3slice32 resident. $KOLD (baseline build), $K with K3_LAB_PASS_PER_DISPATCH=on (a compute
 # pass per dispatch, as before the shared pass) and $K as is, alternated over $ROUNDS calls;
-# then the profile of $K. Where perf exists, the host's profile of 8 streams ($KSYM: $K with
+# then the profile of $K and the CPU demo. Where perf exists, the host's profile of 8 streams ($KSYM: $K with
 # symbols, `objcopy --strip-debug`). Output under $OUT.
 for f in .gl/*.deb; do dpkg -x $f / >/dev/null; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -29,6 +29,9 @@ if [ "${FULL:-0}" = 1 ]; then
     # The chunk kernel from 8 rows (docs/tuning.md, K3_LAB_CHUNK_FROM) against the matvec a row.
     K3_LAB_CHUNK_FROM=8 bench new-chunk8 "$K" 0
 fi
+# The CPU demo on this box's cores, for the CPU row of the same table.
+echo "== cpu demo"
+timeout 60 "$K" bench streams --demo --backend cpu --streams 1,4,8 --ngen 64 --rounds 3 2>&1 | grep -E "^\||equal"
 if command -v perf >/dev/null && [ -x "$KSYM" ]; then
     perf record -F 2000 -g -o /tmp/perf.data "$KSYM" bench streams "$M" --backend gpu --expert-gb 8 \
         --gpu-expert-gb 8 --ngen 64 --streams 8 --rounds 1 2>&1 | grep "^|"

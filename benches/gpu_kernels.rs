@@ -53,6 +53,7 @@ const CASES: &[Case] = &[
     ("moe-resident-16x8", |b| b.moe(16, 8)),
     ("mla-attend-4096", |b| b.mla(4096)),
     ("rmsnorm-7168", |b| b.rmsnorm()),
+    ("dispatch-chain", |b| b.dispatch_chain()),
 ];
 
 /// The GPU, the roofline and the timing of every line.
@@ -228,6 +229,35 @@ impl Bench<'_> {
                 cache.len = len;
                 self.g.mla_attend(&md, &w, &mut cache, &q, &c).unwrap();
             });
+    }
+
+    /// What a dispatch costs the host: a chain of element-wise adds over 7168 values, each
+    /// reading the one before, timed as recorded (host only) and as recorded and run (wall).
+    /// A decode step records a few hundred such passes, so this is its floor per pass.
+    fn dispatch_chain(&self) {
+        let n = self.size(2000, 500);
+        let x = self.g.upload(&vec![0.5; D], 1, D).unwrap();
+        let mut best = (f64::MAX, f64::MAX);
+        for rep in 0..=REPS {
+            self.g.sync().unwrap();
+            let t0 = std::time::Instant::now();
+            let mut y = x.clone();
+            for _ in 0..n {
+                y = self.g.add(&y, &x).unwrap();
+            }
+            let recorded = t0.elapsed().as_secs_f64();
+            self.g.sync().unwrap();
+            let ran = t0.elapsed().as_secs_f64();
+            if rep > 0 {
+                best = (best.0.min(recorded), best.1.min(ran));
+            }
+        }
+        let per = |s: f64| s / n as f64 * 1e6;
+        println!(
+            "add 1x7168 chained x{n}: {:.2} us a dispatch recorded (host), {:.2} us recorded and run (wall), best of {REPS}",
+            per(best.0),
+            per(best.1)
+        );
     }
 
     /// A decode step's RMSNorm of one 7168-wide row (one workgroup).

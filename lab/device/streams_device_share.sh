@@ -29,6 +29,15 @@ if [ "${FULL:-0}" = 1 ]; then
     # The chunk kernel from 8 rows (docs/tuning.md, K3_LAB_CHUNK_FROM) against the matvec a row.
     K3_LAB_CHUNK_FROM=8 bench new-chunk8 "$K" 0
 fi
+# Host and wall cost of a dispatch, a pass each against the shared pass ($GK: the
+# gpu_kernels bench binary of the same tip, stripped).
+GK=${GK:-./.devbin/gpu_kernels}
+if [ -x "$GK" ]; then
+    for m in on off on off; do
+        echo -n "pass per dispatch $m: "
+        K3_LAB_PASS_PER_DISPATCH=$m timeout 60 "$GK" dispatch-chain 2>&1 | grep "add 1x"
+    done
+fi
 # The CPU demo on this box's cores, for the CPU row of the same table.
 echo "== cpu demo"
 timeout 60 "$K" bench streams --demo --backend cpu --streams 1,4,8 --ngen 64 --rounds 3 2>&1 | grep -E "^\||equal"

@@ -28,9 +28,9 @@ use device::buffer_pool::BufferPool;
 use device::pipeline::{PipelineKind, PipelineVariant, VariantList};
 use experts::GpuExperts;
 use row_parts::{rows_of, whole};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The wgpu backend: the device, the expert tier on it, and the activation buffers kept for
 /// reuse.
@@ -48,6 +48,8 @@ pub struct GpuBackend {
     part_rows: usize,
     /// [`GpuOptions::part_rows`].
     asked_part_rows: Option<usize>,
+    /// Each KDA layer's step weights packed into one buffer, by the six weight buffers.
+    kda_weights: Mutex<HashMap<[wgpu::Buffer; 6], wgpu::Buffer>>,
 }
 
 impl GpuBackend {
@@ -62,6 +64,7 @@ impl GpuBackend {
             poison_reused: opts.poison_reused,
             part_rows: usize::MAX,
             asked_part_rows: opts.part_rows,
+            kda_weights: Mutex::new(HashMap::new()),
         })
     }
 

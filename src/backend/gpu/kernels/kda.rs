@@ -20,6 +20,8 @@ const KDA_L2_EPS: f32 = 1e-6;
 /// cheaper fused, while a chunk's tokens each cost about the one-token time there and far
 /// less in passes (docs/perf.md#kernels).
 const PASSES_FROM_TOKENS: usize = 4;
+/// Packed KDA weights kept at most: K3's 69 KDA layers fit with room.
+const MAX_PACKED_KDA_WEIGHTS: usize = 256;
 
 /// Widest head the kernel's workgroup arrays hold.
 pub(crate) const MAX_HEAD_DIM: usize = 256;
@@ -122,7 +124,7 @@ impl GpuBackend {
             return Ok(out);
         }
         let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
-        let call = KdaCall::new(d, &inbuf.buf, &wbuf.buf, &out);
+        let call = KdaCall::new(d, &inbuf.buf, &wbuf, &out);
         if n < PASSES_FROM_TOKENS {
             self.kda_fused(&call, st, 0..n);
         } else {
@@ -167,7 +169,7 @@ impl GpuBackend {
             return Ok(Some(out));
         }
         let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
-        let call = KdaCall::new(d, &inbuf.buf, &wbuf.buf, &out);
+        let call = KdaCall::new(d, &inbuf.buf, &wbuf, &out);
         for (st, rows) in pieces.iter() {
             if rows.start < rows.end {
                 self.kda_fused(&call, st, rows.clone());
@@ -211,8 +213,8 @@ impl GpuBackend {
         d: &KdaDims,
         w: &KdaStepWeights<GpuAct>,
         inp: &KdaStepInputs<'_, GpuAct>,
-    ) -> (GpuAct, GpuAct) {
-        let (p, k, h) = (d.width(), d.conv_k, d.heads);
+    ) -> (GpuAct, wgpu::Buffer) {
+        let (p, h) = (d.width(), d.heads);
         let n = inp.q.rows;
         let np = (n * p * 4) as u64;
         let inputs = self.scratch(5 * np + (n * h * 4) as u64, "kda inputs");
@@ -225,17 +227,48 @@ impl GpuBackend {
         }
         self.ctx
             .copy(&inp.beta.buf, 0, inbuf, 5 * np, (n * h * 4) as u64);
+        (inputs, self.kda_weights_packed(d, w))
+    }
+
+    /// The six step weights of a layer packed into one binding, as kda_step.wgsl reads them:
+    /// packed once per layer and kept (keyed by the six buffers, which the layer holds for
+    /// its life), so a step copies only its inputs. Weights in pooled buffers, whose
+    /// buffers may come back holding other values, are packed at every call.
+    fn kda_weights_packed(&self, d: &KdaDims, w: &KdaStepWeights<GpuAct>) -> wgpu::Buffer {
+        let six = [
+            &w.conv_q, &w.conv_k, &w.conv_v, &w.a_log, &w.dt_bias, &w.o_norm,
+        ];
+        if six.iter().any(|a| a.lease.is_some()) {
+            return self.kda_weights_pack(d, w);
+        }
+        let key = six.map(|a| a.buf.clone());
+        let mut packed = self.kda_weights.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(buf) = packed.get(&key) {
+            return buf.clone();
+        }
+        let wbuf = self.kda_weights_pack(d, w);
+        // A model holds one entry a KDA layer; more means weights made and dropped (tests,
+        // a reload), whose entries would only keep their buffers alive.
+        if packed.len() >= MAX_PACKED_KDA_WEIGHTS {
+            packed.clear();
+        }
+        packed.insert(key, wbuf.clone());
+        wbuf
+    }
+
+    /// The six step weights copied into one new buffer.
+    fn kda_weights_pack(&self, d: &KdaDims, w: &KdaStepWeights<GpuAct>) -> wgpu::Buffer {
+        let (p, k, h) = (d.width(), d.conv_k, d.heads);
         let pk = (p * k * 4) as u64;
         let (hb, pb, db) = ((h * 4) as u64, (p * 4) as u64, (d.head_dim * 4) as u64);
-        let weights = self.scratch(3 * pk + hb + pb + db, "kda weights");
-        let wbuf = &weights.buf;
-        self.ctx.copy(&w.conv_q.buf, 0, wbuf, 0, pk);
-        self.ctx.copy(&w.conv_k.buf, 0, wbuf, pk, pk);
-        self.ctx.copy(&w.conv_v.buf, 0, wbuf, 2 * pk, pk);
-        self.ctx.copy(&w.a_log.buf, 0, wbuf, 3 * pk, hb);
-        self.ctx.copy(&w.dt_bias.buf, 0, wbuf, 3 * pk + hb, pb);
-        self.ctx.copy(&w.o_norm.buf, 0, wbuf, 3 * pk + hb + pb, db);
-        (inputs, weights)
+        let wbuf = self.ctx.buffer(3 * pk + hb + pb + db, "kda weights");
+        self.ctx.copy(&w.conv_q.buf, 0, &wbuf, 0, pk);
+        self.ctx.copy(&w.conv_k.buf, 0, &wbuf, pk, pk);
+        self.ctx.copy(&w.conv_v.buf, 0, &wbuf, 2 * pk, pk);
+        self.ctx.copy(&w.a_log.buf, 0, &wbuf, 3 * pk, hb);
+        self.ctx.copy(&w.dt_bias.buf, 0, &wbuf, 3 * pk + hb, pb);
+        self.ctx.copy(&w.o_norm.buf, 0, &wbuf, 3 * pk + hb + pb, db);
+        wbuf
     }
 
     /// The `KdaParams` of kda_step.wgsl for rows `rows` of packed inputs of `n_all` rows.

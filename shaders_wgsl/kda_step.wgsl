@@ -11,8 +11,7 @@
 //
 // inp   = q | k | v | f | gate (each [n_all, P]) | beta ([n_all, heads]); a call runs its n
 //         rows from row0 on, and writes the same rows of `out` (`kda_fused` runs one piece of
-//         a batch of sequences so, or every piece of n rows at once over their states laid
-//         end to end; the three passes run a whole call: row0 0, n_all n)
+//         a batch of sequences so; the three passes run a whole call: row0 0, n_all n)
 // wts   = conv_q | conv_k | conv_v (each [P, K]) | A_log [heads] | dt_bias [P] | o_norm [dk]
 // state = hist_q | hist_k | hist_v (each [K-1, P]) | S [heads, dk, dk]
 // mid   = q | k | v (conv + SiLU) | exp(g) (each [n, P])
@@ -30,9 +29,6 @@ struct KdaParams {
     l2_eps: f32,
     row0: u32,
     n_all: u32,
-    // Words between consecutive pieces' states in `st` (`kda_fused` over several pieces,
-    // piece i the workgroups of y = i, its n rows from row0 + i·n on); 0 for one state.
-    state_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: KdaParams;
@@ -67,13 +63,13 @@ fn softplus(v: f32) -> f32 {
     return log(1.0 + exp(v));
 }
 
-// Conv + SiLU of channel c of stream m (0 q, 1 k, 2 v) for the token at input row `at`,
-// advancing that channel's history in the state from word `sb`.
-fn conv(m: u32, c: u32, at: u32, pw: u32, sb: u32) -> f32 {
+// Conv + SiLU of channel c of stream m (0 q, 1 k, 2 v) for the token at `row`, advancing
+// that channel's history.
+fn conv(m: u32, c: u32, row: u32, pw: u32) -> f32 {
     let k = p.conv_k;
     let taps = m * pw * k + c * k;
-    let hist = sb + m * (k - 1u) * pw;
-    let x = inp[m * p.n_all * pw + at * pw + c];
+    let hist = m * (k - 1u) * pw;
+    let x = inp[m * p.n_all * pw + (p.row0 + row) * pw + c];
     var acc = wts[taps + k - 1u] * x;
     for (var j = 0u; j + 1u < k; j++) {
         acc += wts[taps + j] * st[hist + j * pw + c];
@@ -229,23 +225,22 @@ fn kda_fused(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     let dk = p.dk;
     let pw = p.heads * dk;
     let w_dt = 3u * pw * p.conv_k + p.heads;
-    let sb = wg.y * p.state_stride;
-    let s_base = sb + 3u * (p.conv_k - 1u) * pw + h * dk * dk;
+    let s_base = 3u * (p.conv_k - 1u) * pw + h * dk * dk;
     let a = exp(wts[3u * pw * p.conv_k + h]);
     // With dk < WG each column's rows are split over WG / dk lanes (all lanes busy).
     let step = WG / max(WG / dk, 1u);
     for (var t = 0u; t < p.n; t++) {
         var ssq = 0.0;
         var ssk = 0.0;
-        let at = p.row0 + wg.y * p.n + t;
+        let at = p.row0 + t;
         let row = at * pw + h * dk;
         for (var i = lid; i < dk; i += WG) {
             let c = h * dk + i;
-            let qv = conv(0u, c, at, pw, sb);
-            let kv = conv(1u, c, at, pw, sb);
+            let qv = conv(0u, c, t, pw);
+            let kv = conv(1u, c, t, pw);
             sq[i] = qv;
             sk[i] = kv;
-            sv[i] = conv(2u, c, at, pw, sb);
+            sv[i] = conv(2u, c, t, pw);
             ssq += qv * qv;
             ssk += kv * kv;
             sa[i] = decay(a, inp[3u * p.n_all * pw + at * pw + c] + wts[w_dt + c]);
@@ -272,7 +267,7 @@ fn kda_conv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let c = i % pw;
     if (m < 3u) {
         for (var t = 0u; t < p.n; t++) {
-            mid[m * p.n * pw + t * pw + c] = conv(m, c, p.row0 + t, pw, 0u);
+            mid[m * p.n * pw + t * pw + c] = conv(m, c, t, pw);
         }
         return;
     }

@@ -2,8 +2,7 @@
 # Batched decode on the device box, builds and switches in one call: wall against kernel time
 # a pass (`k3 bench streams`, last column under `--gpu-profile 1`) for 1, 4 and 8 streams of
 # k3slice32 resident. $KOLD (baseline build), $K with K3_LAB_PASS_PER_DISPATCH=on (a compute
-# pass per dispatch, as before the shared pass), $K with K3_LAB_KDA_DISPATCH_PER_PIECE=on (a
-# KDA dispatch a sequence) and $K as is, alternated over $ROUNDS calls;
+# pass per dispatch, as before the shared pass) and $K as is, alternated over $ROUNDS calls;
 # then the profile of $K and the CPU demo. Where perf exists, the host's profile of 8 streams ($KSYM: $K with
 # symbols, `objcopy --strip-debug`). Output under $OUT.
 for f in .gl/*.deb; do dpkg -x $f / >/dev/null; done; ldconfig
@@ -21,7 +20,6 @@ bench() { # name binary profile
 for r in $(seq 1 "${ROUNDS:-1}"); do
     [ -x "$KOLD" ] && bench "old$r" "$KOLD" 0
     K3_LAB_PASS_PER_DISPATCH=on bench "ppd$r" "$K" 0
-    K3_LAB_KDA_DISPATCH_PER_PIECE=on bench "kpp$r" "$K" 0
     bench "new$r" "$K" 0
 done
 bench new "$K" 1

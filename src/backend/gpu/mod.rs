@@ -48,8 +48,6 @@ pub struct GpuBackend {
     part_rows: usize,
     /// [`GpuOptions::part_rows`].
     asked_part_rows: Option<usize>,
-    /// [`GpuOptions::kda_dispatch_per_piece`].
-    kda_dispatch_per_piece: bool,
     /// Each KDA layer's step weights packed into one buffer, by the six weight buffers.
     kda_weights: Mutex<HashMap<[wgpu::Buffer; 6], wgpu::Buffer>>,
 }
@@ -66,7 +64,6 @@ impl GpuBackend {
             poison_reused: opts.poison_reused,
             part_rows: usize::MAX,
             asked_part_rows: opts.part_rows,
-            kda_dispatch_per_piece: opts.kda_dispatch_per_piece,
             kda_weights: Mutex::new(HashMap::new()),
         })
     }

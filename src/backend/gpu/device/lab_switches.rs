@@ -12,7 +12,6 @@
 //! | `K3_LAB_EXPERT_POOL` | auto, on, off | auto | whether the expert tier is the single expert pool, the host cache keeping nothing (auto: where CPU and GPU share memory); off keeps the discrete GPU's host cache + VRAM tier |
 //! | `K3_LAB_FEW_TOKEN_EXPERTS` | on, off | off | whether experts that 2–15 rows of a call share run four rows a workgroup (`moe_t4`) instead of one matvec item a row |
 //! | `K3_LAB_PASS_PER_DISPATCH` | on, off | off | whether each dispatch is recorded in a compute pass of its own instead of the open pass the untimed ones share |
-//! | `K3_LAB_KDA_DISPATCH_PER_PIECE` | on, off | off | whether a batch's KDA step runs a dispatch a sequence on its own state instead of one over all their states copied end to end |
 //!
 //! A switch whose alternative lost is removed, with its record in lab/notebook.md ("Lab
 //! switches and GPU options removed").
@@ -38,8 +37,6 @@ pub struct LabSwitches {
     pub few_token_experts: bool,
     /// `K3_LAB_PASS_PER_DISPATCH` (true: on).
     pub pass_per_dispatch: bool,
-    /// `K3_LAB_KDA_DISPATCH_PER_PIECE` (true: on).
-    pub kda_dispatch_per_piece: bool,
 }
 
 impl LabSwitches {
@@ -90,14 +87,6 @@ impl LabSwitches {
             Some("on") => true,
             Some(v) => bail!("K3_LAB_PASS_PER_DISPATCH must be on or off, got {v:?}"),
         };
-        let kda_dispatch_per_piece = match get("K3_LAB_KDA_DISPATCH_PER_PIECE")
-            .as_deref()
-            .map(str::trim)
-        {
-            None | Some("off") => false,
-            Some("on") => true,
-            Some(v) => bail!("K3_LAB_KDA_DISPATCH_PER_PIECE must be on or off, got {v:?}"),
-        };
         Ok(Self {
             chunk_from,
             read_staging,
@@ -106,7 +95,6 @@ impl LabSwitches {
             expert_pool,
             few_token_experts,
             pass_per_dispatch,
-            kda_dispatch_per_piece,
         })
     }
 
@@ -126,7 +114,6 @@ impl LabSwitches {
             expert_pool: self.expert_pool.or(opts.expert_pool),
             few_token_experts: self.few_token_experts || opts.few_token_experts,
             pass_per_dispatch: self.pass_per_dispatch || opts.pass_per_dispatch,
-            kda_dispatch_per_piece: self.kda_dispatch_per_piece || opts.kda_dispatch_per_piece,
             matvec: Some(MatvecShape {
                 int4_decode: self.int4_decode,
                 ..staged(opts.matvec.unwrap_or_default())
@@ -174,7 +161,6 @@ mod tests {
         assert_eq!(opts.expert_pool, None);
         assert!(!opts.few_token_experts);
         assert!(!opts.pass_per_dispatch);
-        assert!(!opts.kda_dispatch_per_piece);
         assert_eq!(opts.matvec, Some(MatvecShape::default()));
         assert_eq!(opts.expert_matvec, Some(MatvecShape::experts()));
         assert_eq!(opts.expert_down_matvec, Some(MatvecShape::expert_down()));
@@ -190,7 +176,6 @@ mod tests {
             ("K3_LAB_EXPERT_POOL", "off"),
             ("K3_LAB_FEW_TOKEN_EXPERTS", "on"),
             ("K3_LAB_PASS_PER_DISPATCH", "on"),
-            ("K3_LAB_KDA_DISPATCH_PER_PIECE", "on"),
         ])
         .unwrap();
         let opts = s.apply(GpuOptions {
@@ -203,7 +188,6 @@ mod tests {
         assert_eq!(opts.expert_pool, Some(false));
         assert!(opts.few_token_experts);
         assert!(opts.pass_per_dispatch);
-        assert!(opts.kda_dispatch_per_piece);
         let m = opts.matvec.unwrap();
         assert_eq!((m.int4_decode, m.stage_x), (Some(Int4Decode::Digits), 0));
         assert_eq!(opts.expert_matvec.unwrap().stage_x, 0);
@@ -230,7 +214,6 @@ mod tests {
             ("K3_LAB_EXPERT_POOL", "yes"),
             ("K3_LAB_FEW_TOKEN_EXPERTS", "auto"),
             ("K3_LAB_PASS_PER_DISPATCH", "auto"),
-            ("K3_LAB_KDA_DISPATCH_PER_PIECE", "yes"),
         ] {
             let err = lookup(&[(name, value)]).unwrap_err().to_string();
             assert!(err.contains(name) && err.contains(value), "{err}");

@@ -170,62 +170,12 @@ impl GpuBackend {
         }
         let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
         let call = KdaCall::new(d, &inbuf.buf, &wbuf, &out);
-        if !self.kda_fused_together(&call, pieces) {
-            for (st, rows) in pieces.iter() {
-                if rows.start < rows.end {
-                    self.kda_fused(&call, st, rows.clone());
-                }
+        for (st, rows) in pieces.iter() {
+            if rows.start < rows.end {
+                self.kda_fused(&call, st, rows.clone());
             }
         }
         Ok(Some(out))
-    }
-
-    /// `kda_fused` over every piece in one dispatch (grid heads × pieces), where the pieces
-    /// hold the same number of rows and their states fit one binding end to end: the states
-    /// are copied into one buffer and back. Piece by piece, each dispatch writes a state
-    /// written before, so wgpu puts a barrier between them and they run one after another,
-    /// each under one wave of workgroups (one a head). Returns whether it ran.
-    fn kda_fused_together(
-        &self,
-        c: &KdaCall<'_>,
-        pieces: &[(&mut GpuKdaState, Range<usize>)],
-    ) -> bool {
-        let Some((_, first)) = pieces.first() else {
-            return false;
-        };
-        let each = first.len();
-        let words = GpuKdaState::values(c.d);
-        let bytes = (words * 4) as u64;
-        let all = bytes * pieces.len() as u64;
-        if self.kda_dispatch_per_piece
-            || pieces.len() < 2
-            || each == 0
-            || pieces.iter().any(|(_, r)| r.len() != each)
-            || all > self.ctx.max_binding
-            || pieces.len() > self.ctx.limits.max_compute_workgroups_per_dimension as usize
-        {
-            return false;
-        }
-        let states = self.scratch(all, "kda states of a batch");
-        for (i, (st, _)) in pieces.iter().enumerate() {
-            self.ctx
-                .copy(&st.buf, 0, &states.buf, bytes * i as u64, bytes);
-        }
-        let mut params = Self::kda_params(c.d, &(0..each), c.n_all);
-        params[10] = words as u32;
-        self.ctx.dispatch(&Dispatch {
-            shader: Shader::KdaStep,
-            entry: "kda_fused",
-            consts: &[("WG", head_lanes(self.ctx.wg, c.d.head_dim))],
-            params: &params,
-            buffers: &[c.inbuf, c.wbuf, &states.buf, &c.out.buf],
-            groups: (c.d.heads as u32, pieces.len() as u32, 1),
-        });
-        for (i, (st, _)) in pieces.iter().enumerate() {
-            self.ctx
-                .copy(&states.buf, bytes * i as u64, &st.buf, 0, bytes);
-        }
-        true
     }
 
     /// The shapes of one step call: inputs and weights against `d`.
@@ -322,7 +272,7 @@ impl GpuBackend {
     }
 
     /// The `KdaParams` of kda_step.wgsl for rows `rows` of packed inputs of `n_all` rows.
-    fn kda_params(d: &KdaDims, rows: &Range<usize>, n_all: usize) -> [u32; 11] {
+    fn kda_params(d: &KdaDims, rows: &Range<usize>, n_all: usize) -> [u32; 10] {
         [
             rows.len() as u32,
             d.heads as u32,
@@ -334,7 +284,6 @@ impl GpuBackend {
             KDA_L2_EPS.to_bits(),
             rows.start as u32,
             n_all as u32,
-            0,
         ]
     }
 

@@ -56,10 +56,6 @@ pub struct GpuOptions {
     /// Whether each dispatch gets a compute pass of its own instead of sharing the open
     /// one (`K3_LAB_PASS_PER_DISPATCH`: measures what sharing saves the host).
     pub pass_per_dispatch: bool,
-    /// Whether the KDA step of a batch's pieces runs a dispatch a piece on its own state
-    /// instead of one over every piece's states copied end to end
-    /// (`K3_LAB_KDA_DISPATCH_PER_PIECE`).
-    pub kda_dispatch_per_piece: bool,
     /// Recorded passes after which the host submits them without waiting for a readback;
     /// `None` = [`SUBMIT_EVERY`]. The tests set it to run the early-submit path, which a
     /// full timestamp query set also takes.

@@ -304,6 +304,30 @@ fn report(a: &StreamsArgs, backend: &str, cases: &[Case], mismatches: &[String])
             "device_busy_s": c.busy,
         }));
     }
+    // Where a pass's wall time goes on the host's clock: on the GPU, a phase's time is its
+    // recording plus what it waits for (the router's and the logits' readbacks).
+    println!();
+    println!("| streams | ms a pass: attention | MoE | of it, router wait | head | the rest |");
+    println!("|---|---|---|---|---|---|");
+    for c in cases {
+        let per_pass = |d: std::time::Duration| d.as_secs_f64() * 1e3 / c.passes().max(1) as f64;
+        let st = &c.stats;
+        let phases = st.attn + st.moe + st.head;
+        let rest = (c.secs - phases.as_secs_f64()).max(0.0) * 1e3 / c.passes().max(1) as f64;
+        println!(
+            "| {} {} | {:.2} | {:.2} | {:.2} | {:.2} | {rest:.2} |",
+            c.n,
+            if c.together {
+                "together"
+            } else {
+                "one at a time"
+            },
+            per_pass(st.attn),
+            per_pass(st.moe),
+            per_pass(st.router_wait),
+            per_pass(st.head),
+        );
+    }
     if let Some(path) = &a.json {
         let doc = json!({
             "backend": backend,

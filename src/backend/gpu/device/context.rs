@@ -255,7 +255,7 @@ impl GpuContext {
             matvec_checks: default_matvec_checks(),
             pipelines: Mutex::new(HashMap::new()),
             kinds,
-            pending: Mutex::new(Pending::new(uniform_align, opts.pass_per_dispatch)),
+            pending: Mutex::new(Pending::new(uniform_align)),
         })
     }
 

@@ -11,7 +11,6 @@
 //! | `K3_LAB_STAGE_X` | on, off | on | whether the one-token int4 (outside digits) and MXFP4 matvecs copy x into workgroup memory first |
 //! | `K3_LAB_EXPERT_POOL` | auto, on, off | auto | whether the expert tier is the single expert pool, the host cache keeping nothing (auto: where CPU and GPU share memory); off keeps the discrete GPU's host cache + VRAM tier |
 //! | `K3_LAB_FEW_TOKEN_EXPERTS` | on, off | off | whether experts that 2–15 rows of a call share run four rows a workgroup (`moe_t4`) instead of one matvec item a row |
-//! | `K3_LAB_PASS_PER_DISPATCH` | on, off | off | whether each dispatch is recorded in a compute pass of its own instead of the open pass the untimed ones share |
 //!
 //! A switch whose alternative lost is removed, with its record in lab/notebook.md ("Lab
 //! switches and GPU options removed").
@@ -35,8 +34,6 @@ pub struct LabSwitches {
     pub expert_pool: Option<bool>,
     /// `K3_LAB_FEW_TOKEN_EXPERTS` (true: on).
     pub few_token_experts: bool,
-    /// `K3_LAB_PASS_PER_DISPATCH` (true: on).
-    pub pass_per_dispatch: bool,
 }
 
 impl LabSwitches {
@@ -82,11 +79,6 @@ impl LabSwitches {
             Some("on") => true,
             Some(v) => bail!("K3_LAB_FEW_TOKEN_EXPERTS must be on or off, got {v:?}"),
         };
-        let pass_per_dispatch = match get("K3_LAB_PASS_PER_DISPATCH").as_deref().map(str::trim) {
-            None | Some("off") => false,
-            Some("on") => true,
-            Some(v) => bail!("K3_LAB_PASS_PER_DISPATCH must be on or off, got {v:?}"),
-        };
         Ok(Self {
             chunk_from,
             read_staging,
@@ -94,7 +86,6 @@ impl LabSwitches {
             stage_x,
             expert_pool,
             few_token_experts,
-            pass_per_dispatch,
         })
     }
 
@@ -113,7 +104,6 @@ impl LabSwitches {
             read_staging: self.read_staging,
             expert_pool: self.expert_pool.or(opts.expert_pool),
             few_token_experts: self.few_token_experts || opts.few_token_experts,
-            pass_per_dispatch: self.pass_per_dispatch || opts.pass_per_dispatch,
             matvec: Some(MatvecShape {
                 int4_decode: self.int4_decode,
                 ..staged(opts.matvec.unwrap_or_default())
@@ -160,7 +150,6 @@ mod tests {
         assert_eq!(opts.read_staging, ReadStaging::Auto);
         assert_eq!(opts.expert_pool, None);
         assert!(!opts.few_token_experts);
-        assert!(!opts.pass_per_dispatch);
         assert_eq!(opts.matvec, Some(MatvecShape::default()));
         assert_eq!(opts.expert_matvec, Some(MatvecShape::experts()));
         assert_eq!(opts.expert_down_matvec, Some(MatvecShape::expert_down()));
@@ -175,7 +164,6 @@ mod tests {
             ("K3_LAB_STAGE_X", "off"),
             ("K3_LAB_EXPERT_POOL", "off"),
             ("K3_LAB_FEW_TOKEN_EXPERTS", "on"),
-            ("K3_LAB_PASS_PER_DISPATCH", "on"),
         ])
         .unwrap();
         let opts = s.apply(GpuOptions {
@@ -187,7 +175,6 @@ mod tests {
         assert_eq!(opts.read_staging, ReadStaging::Off);
         assert_eq!(opts.expert_pool, Some(false));
         assert!(opts.few_token_experts);
-        assert!(opts.pass_per_dispatch);
         let m = opts.matvec.unwrap();
         assert_eq!((m.int4_decode, m.stage_x), (Some(Int4Decode::Digits), 0));
         assert_eq!(opts.expert_matvec.unwrap().stage_x, 0);
@@ -213,7 +200,6 @@ mod tests {
             ("K3_LAB_STAGE_X", "yes"),
             ("K3_LAB_EXPERT_POOL", "yes"),
             ("K3_LAB_FEW_TOKEN_EXPERTS", "auto"),
-            ("K3_LAB_PASS_PER_DISPATCH", "auto"),
         ] {
             let err = lookup(&[(name, value)]).unwrap_err().to_string();
             assert!(err.contains(name) && err.contains(value), "{err}");

@@ -53,9 +53,6 @@ pub struct GpuOptions {
     /// Fill a reused activation buffer with NaN before handing it out, so a kernel that
     /// leaves part of its output unwritten shows up in the results (the tests set it).
     pub poison_reused: bool,
-    /// Whether each dispatch gets a compute pass of its own instead of sharing the open
-    /// one (`K3_LAB_PASS_PER_DISPATCH`: measures what sharing saves the host).
-    pub pass_per_dispatch: bool,
     /// Recorded passes after which the host submits them without waiting for a readback;
     /// `None` = [`SUBMIT_EVERY`]. The tests set it to run the early-submit path, which a
     /// full timestamp query set also takes.

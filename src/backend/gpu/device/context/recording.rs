@@ -31,13 +31,12 @@ pub struct Dispatch<'a> {
 pub(super) struct Pending {
     /// The encoder and the passes in it.
     cmd: Option<(wgpu::CommandEncoder, usize)>,
-    /// The compute pass untimed dispatches go into while nothing else is recorded: one pass
-    /// for a run of dispatches costs the host one pass's setup, and wgpu still puts a
-    /// barrier between dispatches that share a buffer (each dispatch is its own usage
-    /// scope). It locks the encoder, so it ends before anything else is recorded.
+    /// The compute pass untimed dispatches go into while nothing else is recorded: a pass
+    /// a dispatch cost about 13 µs of GPU time each on an H100, a shared one does not
+    /// (docs/perf.md#several-streams), and wgpu still puts a barrier between dispatches
+    /// that share a buffer (each dispatch is its own usage scope). It locks the encoder, so
+    /// it ends before anything else is recorded.
     pass: Option<wgpu::ComputePass<'static>>,
-    /// Whether every dispatch gets a pass of its own (`GpuOptions::pass_per_dispatch`).
-    pass_per_dispatch: bool,
     /// Its dispatches' parameters, written just before it is submitted.
     params: ParamArena,
 }
@@ -87,13 +86,11 @@ impl Pending {
 }
 
 impl Pending {
-    /// Nothing recorded yet; parameter slots aligned to `uniform_align`; with
-    /// `pass_per_dispatch`, each dispatch in a compute pass of its own.
-    pub(super) fn new(uniform_align: u32, pass_per_dispatch: bool) -> Self {
+    /// Nothing recorded yet; parameter slots aligned to `uniform_align`.
+    pub(super) fn new(uniform_align: u32) -> Self {
         Self {
             cmd: None,
             pass: None,
-            pass_per_dispatch,
             params: ParamArena::new(uniform_align),
         }
     }
@@ -185,7 +182,7 @@ impl GpuContext {
             let bg = bind(wgpu::BindingResource::Buffer(
                 st.params.push(&self.device, words),
             ));
-            if timed.is_some() || st.pass_per_dispatch {
+            if timed.is_some() {
                 encode(&mut st.encoder(&self.device).0, &bg);
                 return;
             }

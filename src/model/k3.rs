@@ -509,16 +509,28 @@ impl<B: Backend> K3Model<B> {
         )?;
         // Every wanted row's logits, in row order (which is segment order); the head's
         // output rows are the widest of the pass, so they go in calls of `head_rows`.
-        let mut logits = Vec::with_capacity(rows * self.vocab_size());
+        let mut logits = Vec::new();
         for r in row_chunks(rows, rt.head_rows) {
             let piece = if r.len() == rows {
                 b.matmul(&o.head, &out)?
             } else {
                 b.matmul(&o.head, &b.slice_rows(&out, r.start, r.len())?)?
             };
-            logits.extend(b.download(&piece)?);
+            let got = b.download(&piece)?;
+            // One call's logits are moved, not copied: they are megabytes a step.
+            if logits.is_empty() {
+                logits = got;
+            } else {
+                logits.extend(got);
+            }
         }
         let v = self.vocab_size();
+        if let [n] = layout.logit_rows()[..] {
+            if logits.len() != n * v {
+                bail!("internal: the head returned other than the segment's logits");
+            }
+            return Ok(vec![logits]);
+        }
         let mut rest = logits.as_slice();
         let mut per_seg = Vec::with_capacity(layout.len());
         for n in layout.logit_rows() {

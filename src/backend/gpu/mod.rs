@@ -270,10 +270,12 @@ impl Backend for GpuBackend {
     }
 
     fn download(&self, x: &GpuRows) -> Result<Vec<f32>> {
+        if let [one] = x.parts.as_slice() {
+            return self.ctx.read_f32(&one.buf, 0, one.len());
+        }
         let mut out = Vec::with_capacity(x.rows * x.cols);
         for p in &x.parts {
-            let bytes = self.ctx.read(&p.buf, 0, p.bytes())?;
-            out.extend(bytemuck::pod_collect_to_vec::<u8, f32>(&bytes));
+            out.extend(self.ctx.read_f32(&p.buf, 0, p.len())?);
         }
         Ok(out)
     }

@@ -489,6 +489,32 @@ impl GpuContext {
         if bytes == 0 {
             return Ok(Vec::new());
         }
+        self.read_with(buf, offset, bytes, |mapped| mapped.to_vec())
+    }
+
+    /// Copies `values` f32 from `buf` at `offset` to the host, after all recorded work:
+    /// straight from the mapped readback into the vector (a head's logits are megabytes a
+    /// step, and each host copy of them costs the step a fraction of a millisecond).
+    pub fn read_f32(&self, buf: &wgpu::Buffer, offset: u64, values: usize) -> Result<Vec<f32>> {
+        if values == 0 {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![0f32; values];
+        self.read_with(buf, offset, (values * 4) as u64, |mapped| {
+            bytemuck::cast_slice_mut::<f32, u8>(&mut out).copy_from_slice(mapped);
+        })?;
+        Ok(out)
+    }
+
+    /// `f` on `bytes` (not 0) of `buf` from `offset`, mapped on the host after all recorded
+    /// work.
+    fn read_with<T>(
+        &self,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T> {
         let size = bytes.div_ceil(4) * 4;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -509,10 +535,9 @@ impl GpuContext {
         // An error the device reported earlier explains a failed map better than the map.
         self.check_errors()?;
         mapped.map_err(|e| anyhow!("mapping the readback buffer: {e}"))?;
-        let out = staging
+        let out = f(&staging
             .get_mapped_range(..)
-            .map_err(|e| anyhow!("reading back: {e:?}"))?[..bytes as usize]
-            .to_vec();
+            .map_err(|e| anyhow!("reading back: {e:?}"))?[..bytes as usize]);
         staging.unmap();
         Ok(out)
     }

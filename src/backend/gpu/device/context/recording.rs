@@ -33,7 +33,7 @@ pub(super) struct Pending {
     cmd: Option<(wgpu::CommandEncoder, usize)>,
     /// The compute pass untimed dispatches go into while nothing else is recorded: a pass
     /// a dispatch cost about 13 µs of GPU time each on an H100, a shared one does not
-    /// (docs/perf.md#several-streams), and wgpu still puts a barrier between dispatches
+    /// (docs/perf.md#several-streams-in-one-pass), and wgpu still puts a barrier between dispatches
     /// that share a buffer (each dispatch is its own usage scope). It locks the encoder, so
     /// it ends before anything else is recorded.
     pass: Option<wgpu::ComputePass<'static>>,

@@ -1430,12 +1430,7 @@ fn kda_pieces_in_one_call_match_each_alone_on_cpu() {
         let mut gs: Vec<_> = (0..4).map(|_| g.kda_state(&d).unwrap()).collect();
         let mut cs: Vec<_> = (0..4).map(|_| c.kda_state(&d).unwrap()).collect();
         // The states carry over from call to call, pieces of equal and unequal lengths.
-        for lens in [
-            [1usize, 3, 0, 2],
-            [1, 1, 1, 1],
-            [2, 1, 1, 3],
-            [2, 2, 2, 2],
-        ] {
+        for lens in [[1usize, 3, 0, 2], [1, 1, 1, 1], [2, 1, 1, 3], [2, 2, 2, 2]] {
             let n: usize = lens.iter().sum();
             let v: Vec<Vec<f32>> = widths
                 .iter()

@@ -8,7 +8,7 @@
 # under $OUT.
 for f in .gl/*.deb; do dpkg -x $f / >/dev/null; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-K=${K:-./.devbin/k3-serve}; KOLD=${KOLD:-./.devbin/k3-old}; KSYM=${KSYM:-./.devbin/k3-sym}
+K=${K:-./.devbin/k3}; KOLD=${KOLD:-./.devbin/k3_prev}; KSYM=${KSYM:-./.devbin/k3-sym}
 GK=${GK:-./.devbin/gpu_kernels}
 OUT=${OUT:-/tmp/streams_device_share}; M=/tmp/k3slice32
 mkdir -p "$OUT"

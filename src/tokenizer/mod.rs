@@ -3,6 +3,7 @@
 
 pub(crate) mod bpe;
 pub(crate) mod chat;
+pub(crate) mod chat_splitter;
 pub mod hf_json;
 pub mod special;
 pub(crate) mod stream_decode;

@@ -9,8 +9,6 @@
 //! `response_format` are not rendered.
 
 use super::bpe::python_isspace;
-pub use super::chat_splitter::{Channel, ChatEvent, ChatSplitter, MAX_TAG_BYTES};
-use super::Tokenizer;
 
 /// Who speaks a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,7 +149,7 @@ pub fn render_chat_with(messages: &[Message], opts: &ChatOptions) -> String {
 }
 
 /// The conversation as template pieces: what [`render_chat_with`] writes and
-/// [`Tokenizer::encode_chat`] encodes.
+/// [`Tokenizer::encode_chat`](super::Tokenizer::encode_chat) encodes.
 pub fn chat_prompt(messages: &[Message], opts: &ChatOptions) -> Prompt {
     let mut p = Prompt::default();
     p.thinking_effort(opts);
@@ -334,15 +332,6 @@ pub(super) const CLOSE: &str = "<|close|>";
 pub(super) const SEP: &str = "<|sep|>";
 pub(super) const END_OF_MSG: &str = "<|end_of_msg|>";
 
-/// The ids that end a chat reply: the checkpoint's end-of-sequence ids (`eos_ids`) and
-/// `<|end_of_msg|>` when the tokenizer has it. The decode loop's stop ids and
-/// [`ChatSplitter`]'s stop both follow this rule.
-pub fn chat_stop_ids(tok: &Tokenizer, eos_ids: &[u32]) -> Vec<u32> {
-    let mut ids = eos_ids.to_vec();
-    ids.extend(tok.special_id(END_OF_MSG));
-    ids
-}
-
 /// Jinja's `trim` is Python's `str.strip()`.
 pub(crate) fn python_trim(s: &str) -> &str {
     s.trim_matches(python_isspace)
@@ -351,7 +340,6 @@ pub(crate) fn python_trim(s: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::synthetic::write_synthetic_tokenizer;
 
     #[test]
     fn effort_names_read_back_and_others_are_none() {
@@ -361,22 +349,5 @@ mod tests {
         for bad in ["extreme", "none", "Low", ""] {
             assert_eq!(ThinkingEffort::from_name(bad), None, "{bad}");
         }
-    }
-
-    #[test]
-    fn chat_stop_ids_are_the_eos_ids_and_end_of_msg() {
-        let dir = tempfile::tempdir().unwrap();
-        write_synthetic_tokenizer(dir.path(), 4096, 3840, 3842, 4095).unwrap();
-        let tok = Tokenizer::from_dir(dir.path()).unwrap();
-        let end = tok.special_id(END_OF_MSG).unwrap();
-        assert_eq!(chat_stop_ids(&tok, &[7, 9]), vec![7, 9, end]);
-        // The splitter stops on exactly these ids.
-        for id in [7, 9, end] {
-            let mut s = ChatSplitter::new(&tok, false, &[7, 9]).unwrap();
-            assert_eq!(s.push(id).unwrap().last(), Some(&ChatEvent::Stop), "{id}");
-        }
-        let mut s = ChatSplitter::new(&tok, false, &[7, 9]).unwrap();
-        s.push(8).unwrap();
-        assert!(!s.stopped());
     }
 }

@@ -3,8 +3,17 @@
 
 use anyhow::{Context, Result};
 
-use super::chat::{chat_stop_ids, CLOSE, END_OF_MSG, OPEN, SEP};
+use super::chat::{CLOSE, END_OF_MSG, OPEN, SEP};
 use super::{StreamDecoder, Tokenizer};
+
+/// The ids that end a chat reply: the checkpoint's end-of-sequence ids (`eos_ids`) and
+/// `<|end_of_msg|>` when the tokenizer has it. The decode loop's stop ids and
+/// [`ChatSplitter`]'s stop both follow this rule.
+pub fn chat_stop_ids(tok: &Tokenizer, eos_ids: &[u32]) -> Vec<u32> {
+    let mut ids = eos_ids.to_vec();
+    ids.extend(tok.special_id(END_OF_MSG));
+    ids
+}
 
 /// Which stream a piece of generated text belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -226,5 +235,28 @@ impl<'a> ChatSplitter<'a> {
     fn flush(&mut self, events: &mut Vec<ChatEvent>) {
         let text = self.decoder.finish();
         self.text(text, events);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::synthetic::write_synthetic_tokenizer;
+
+    #[test]
+    fn chat_stop_ids_are_the_eos_ids_and_end_of_msg() {
+        let dir = tempfile::tempdir().unwrap();
+        write_synthetic_tokenizer(dir.path(), 4096, 3840, 3842, 4095).unwrap();
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        let end = tok.special_id(END_OF_MSG).unwrap();
+        assert_eq!(chat_stop_ids(&tok, &[7, 9]), vec![7, 9, end]);
+        // The splitter stops on exactly these ids.
+        for id in [7, 9, end] {
+            let mut s = ChatSplitter::new(&tok, false, &[7, 9]).unwrap();
+            assert_eq!(s.push(id).unwrap().last(), Some(&ChatEvent::Stop), "{id}");
+        }
+        let mut s = ChatSplitter::new(&tok, false, &[7, 9]).unwrap();
+        s.push(8).unwrap();
+        assert!(!s.stopped());
     }
 }

@@ -16,9 +16,10 @@ use std::path::Path;
 use anyhow::{bail, Result};
 
 pub use chat::{
-    chat_prompt, chat_stop_ids, render_chat, render_chat_with, Channel, ChatEvent, ChatOptions,
-    ChatSplitter, Message, Piece, Prompt, Role, ThinkingEffort, MAX_TAG_BYTES,
+    chat_prompt, render_chat, render_chat_with, ChatOptions, Message, Piece, Prompt, Role,
+    ThinkingEffort,
 };
+pub use chat_splitter::{chat_stop_ids, Channel, ChatEvent, ChatSplitter, MAX_TAG_BYTES};
 pub use stream_decode::StreamDecoder;
 
 /// A rendered prompt's ids and where its marks fall among them.

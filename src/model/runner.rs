@@ -73,42 +73,99 @@ impl<B: Backend> Runner<B> {
         cancel: Option<&AtomicBool>,
     ) -> Result<Option<Vec<Vec<f32>>>> {
         if trace.is_none() && self.splits(segs)? {
-            let (lo, hi) = segs.split_at_mut(segs.len().div_ceil(2));
-            let mut other = Stats::default();
-            let mut own = Stats::default();
-            // Each half keeps its ops on its thread: the two halves fill the cores.
-            let (a, b) = partner::join(
-                || {
-                    pool::on_this_thread(|| {
-                        self.model
-                            .forward_pass(&self.rt, lo, &mut own, None, cancel, false)
-                    })
-                },
-                || {
-                    pool::on_this_thread(|| {
-                        self.model
-                            .forward_pass(&self.rt, hi, &mut other, None, cancel, false)
-                    })
-                },
-            );
-            *stats = stats.plus(&own.alongside(&other));
-            let at = lo.len();
-            let b = b.with_context(|| {
-                format!(
-                    "in the half of a split step from segment {at} (the numbers above count \
-                     from there)"
-                )
-            });
-            return Ok(match (a?, b?) {
-                (Some(mut a), Some(b)) => {
-                    a.extend(b);
-                    Some(a)
-                }
-                _ => None,
-            });
+            let parts = split_parts(segs.len(), rayon::current_num_threads());
+            return if parts > 2 {
+                self.forward_parts(segs, parts, stats, cancel)
+            } else {
+                self.forward_halves(segs, stats, cancel)
+            };
         }
         self.model
             .forward_batch(&self.rt, segs, stats, trace, cancel)
+    }
+
+    /// A split step as two halves, one on the partner thread: on two cores the partner's
+    /// hand-off (a cache-line exchange) is what keeps the split worth it.
+    fn forward_halves(
+        &self,
+        segs: &mut [Segment<'_, B>],
+        stats: &mut Stats,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        let (lo, hi) = segs.split_at_mut(segs.len().div_ceil(2));
+        let mut other = Stats::default();
+        let mut own = Stats::default();
+        // Each half keeps its ops on its thread: the two halves fill the cores.
+        let (a, b) = partner::join(
+            || pool::on_this_thread(|| self.one_part(lo, &mut own, cancel)),
+            || pool::on_this_thread(|| self.one_part(hi, &mut other, cancel)),
+        );
+        *stats = stats.plus(&own.alongside(&other));
+        let at = lo.len();
+        let b = b.with_context(|| part_context(at));
+        Ok(match (a?, b?) {
+            (Some(mut a), Some(b)) => {
+                a.extend(b);
+                Some(a)
+            }
+            _ => None,
+        })
+    }
+
+    /// A split step as `parts` passes across the pool, each on one worker with its ops
+    /// kept there: where the machine has more cores than two, one stream of a small model
+    /// leaves most of them idle (its ops are too small for the pool), so sequences run
+    /// side by side instead.
+    fn forward_parts(
+        &self,
+        segs: &mut [Segment<'_, B>],
+        parts: usize,
+        stats: &mut Stats,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        use rayon::prelude::*;
+        let per = segs.len().div_ceil(parts);
+        let outs: Vec<(usize, Stats, PassOut)> = segs
+            .par_chunks_mut(per)
+            .enumerate()
+            .map(|(k, part)| {
+                let mut own = Stats::default();
+                let out = pool::on_this_thread(|| self.one_part(part, &mut own, cancel));
+                (k * per, own, out)
+            })
+            .collect();
+        let mut together: Option<Stats> = None;
+        let mut logits = Some(Vec::with_capacity(segs.len()));
+        for (at, own, out) in outs {
+            together = Some(match together {
+                Some(t) => t.alongside(&own),
+                None => own,
+            });
+            let out = if at == 0 {
+                out?
+            } else {
+                out.with_context(|| part_context(at))?
+            };
+            match (out, logits.as_mut()) {
+                (Some(l), Some(all)) => all.extend(l),
+                _ => logits = None,
+            }
+        }
+        if let Some(t) = together {
+            *stats = stats.plus(&t);
+        }
+        Ok(logits)
+    }
+
+    /// One part of a split step: a pass over `part` alone, without read-ahead.
+    fn one_part(
+        &self,
+        part: &mut [Segment<'_, B>],
+        stats: &mut Stats,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        self.model
+            .forward_pass(&self.rt, part, stats, None, cancel, false)
     }
 
     /// Whether a pass of `segs` runs as two halves (see [`Self::forward_batch`]).
@@ -137,4 +194,23 @@ impl<B: Backend> Runner<B> {
         }
         self.model.every_expert_cached(&self.rt)
     }
+}
+
+/// Parts a split step of `rows` sequences runs as on `threads` compute threads: two (the
+/// partner's halves) up to three threads, else a sequence or more a thread, as many parts
+/// as threads at most.
+fn split_parts(rows: usize, threads: usize) -> usize {
+    if threads < 4 {
+        2
+    } else {
+        rows.min(threads)
+    }
+}
+
+/// What a pass over some segments gives: each segment's logits, or none when cancelled.
+type PassOut = Result<Option<Vec<Vec<f32>>>>;
+
+/// The context of an error in the part of a split step from segment `at`.
+fn part_context(at: usize) -> String {
+    format!("in the part of a split step from segment {at} (the numbers above count from there)")
 }

@@ -221,8 +221,22 @@ fn four_decoding_segments_read_only_the_union_of_their_experts() {
 
 #[test]
 fn decode_steps_run_as_two_halves_keep_each_sequence_bit_for_bit() {
+    split_steps_keep_each_sequence_bit_for_bit();
+}
+
+#[test]
+fn decode_steps_run_as_parts_across_a_wide_pool_keep_each_sequence_bit_for_bit() {
+    // Four compute threads: a step of five sequences runs as parts of two across the pool.
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap()
+        .install(split_steps_keep_each_sequence_bit_for_bit);
+}
+
+fn split_steps_keep_each_sequence_bit_for_bit() {
     // A host cache that holds every expert: a decode step of several sequences then runs as
-    // two passes of half the sequences at once (`Runner::forward_batch`).
+    // passes of a part of the sequences each at once (`Runner::forward_batch`).
     let mut m = tiny();
     let cfg = m.ckpt.config.clone();
     support::new_runtime(

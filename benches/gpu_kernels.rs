@@ -46,6 +46,17 @@ const CASES: &[Case] = &[
     ("int4-12288x7168-32-tokens", |b| b.dense(4, 12288, D, 32, 1)),
     ("int8-12288x7168", |b| b.dense(8, 12288, D, 1, 1)),
     ("int8-head", |b| b.dense(8, VOCAB, D, 1, 1)),
+    // A decode step of 4 and 8 streams (the few-token kernel; K3_LAB_FEW_TOKEN_DENSE=off
+    // runs one matvec a row).
+    ("int8-head-4-tokens", |b| b.dense(8, VOCAB, D, 4, 1)),
+    ("int8-head-8-tokens", |b| b.dense(8, VOCAB, D, 8, 1)),
+    ("int4-kda-projections-4-tokens", |b| {
+        b.dense(4, 12288, D, 4, 4)
+    }),
+    ("int4-kda-projections-8-tokens", |b| {
+        b.dense(4, 12288, D, 8, 4)
+    }),
+    ("int4-1536x7168-8-tokens", |b| b.dense(4, 1536, D, 8, 1)),
     ("mxfp4-expert", |b| b.mxfp4(I, 3584)),
     ("mxfp4-16-experts-w1w3", |b| b.mxfp4(32 * I, 3584)),
     ("mxfp4-16-experts-w2", |b| b.mxfp4(16 * 3584, I)),

@@ -219,3 +219,25 @@ fn stage_unit(wu: WU, r: u32, c: u32) {
     stage4(nib4(o.w) * f, r, c + 24u);
     stage4(nib4(o.w >> 16u) * f, r, c + 28u);
 }
+
+// The few-token kernel's pieces (matvec_few.wgsl): vec4 q of unit u as `load_x` gives it
+// (a digit plane, or plain x lane-scaled), a staged unit as XU, and the unit's dot product
+// (the digits from the loaded unit, the float decode from its decoded form).
+fn few_x4(xb: u32, u: u32, q: u32) -> vec4<f32> {
+    if (DIGITS) {
+        let a = plane_at(xb, u);
+        return x[a.x + q * a.y];
+    }
+    return prep_x4(x[xb + u * UV + q]);
+}
+
+fn xu_from(v: X8) -> XU {
+    return v;
+}
+
+fn few_dot(wu: WU, du: DU, xv: XU) -> f32 {
+    if (DIGITS) {
+        return planes_dot(wu, xv);
+    }
+    return decoded_dot(du, xv);
+}

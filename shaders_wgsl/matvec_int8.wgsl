@@ -76,3 +76,17 @@ fn stage_unit(wu: WU, r: u32, c: u32) {
     stage4(bytes4(q.z) * f, r, c + 8u);
     stage4(bytes4(q.w) * f, r, c + 12u);
 }
+
+// The few-token kernel's pieces (matvec_few.wgsl): x as `load_x` scales it, a staged unit's
+// first four vec4s, and the decoded form's dot product.
+fn few_x4(xb: u32, u: u32, q: u32) -> vec4<f32> {
+    return x[xb + u * UV + q] * XS8;
+}
+
+fn xu_from(v: X8) -> XU {
+    return XU(v.x0, v.x1, v.x2, v.x3);
+}
+
+fn few_dot(wu: WU, du: DU, xv: XU) -> f32 {
+    return decoded_dot(du, xv);
+}

@@ -335,6 +335,109 @@ fn dense_matmul_matches_cpu_in_every_format() {
     }
 }
 
+/// A decode step of a few streams: int8 and int4 (float decode and digits) matmuls of 2 to 8
+/// rows take the few-token kernel (`dense_few`), on both reductions, with rows that leave a
+/// partial row group and rows of several x tiles; a matrix of a few row groups does not. Each row's sums are within the f32
+/// tolerance of that row alone through the one-token kernel and of the CPU; where
+/// the adapter has timestamps, the profile shows the kernel ran, and the switch off keeps
+/// to one matvec a row.
+#[test]
+fn few_token_matmuls_give_each_row_its_one_token_sums() {
+    let mut rng = StdRng::seed_from_u64(46);
+    let decodes = [None, Some(Int4Decode::Float), Some(Int4Decode::Digits)];
+    let mut tried = 0;
+    for (few, profile, no_subgroups, decode) in decodes.iter().flat_map(|&d| {
+        [
+            (true, true, false, d),
+            (true, false, true, d),
+            (false, true, false, d),
+        ]
+    }) {
+        let opts = GpuOptions {
+            allow_cpu_adapter: true,
+            no_subgroups,
+            poison_reused: true,
+            profile,
+            few_token_dense: Some(few),
+            matvec: Some(MatvecShape {
+                int4_decode: decode,
+                ..MatvecShape::default()
+            }),
+            // The column-stationary kernel would take some one-row matvecs below; the rows
+            // alone are compared with the row-split kernel the few-token one mirrors.
+            stationary: Some(Stationary {
+                enabled: false,
+                ..Stationary::default()
+            }),
+            ..Default::default()
+        };
+        let g = match GpuBackend::new(&opts) {
+            Ok(g) => g,
+            // The profile needs timestamps; without them the subgroup case runs unprofiled.
+            Err(_) if profile => match gpu_with(&GpuOptions {
+                profile: false,
+                ..opts.clone()
+            }) {
+                Some(g) => g,
+                None => return,
+            },
+            Err(_) => match gpu_with(&opts) {
+                Some(g) => g,
+                None => return,
+            },
+        };
+        let c = CpuBackend::new();
+        for fmt in [DenseFormat::Int8, DenseFormat::Int4] {
+            // Rows enough for the kernel's fewest row groups, the last group partial.
+            for (n, rows, cols) in [
+                (2, 12_300, 5100),
+                (3, 12_300, 1000),
+                (5, 12_300, 1000),
+                (8, 12_300, 2000),
+            ] {
+                let w =
+                    DenseMatrix::from_f32(rows, cols, rand_vec(&mut rng, rows * cols, 0.5), fmt)
+                        .unwrap();
+                let x = rand_vec(&mut rng, n * cols, 1.0);
+                let gm = g.load_matrix(w.clone()).unwrap();
+                let before = passes_of(&g, "dense_few");
+                let got = g
+                    .download(&g.matmul(&gm, &g.upload(&x, n, cols).unwrap()).unwrap())
+                    .unwrap();
+                let ran = passes_of(&g, "dense_few") - before;
+                let what = format!("{fmt:?} {decode:?} few={few} n={n} {rows}x{cols}");
+                if g.ctx.has_timestamps() && profile {
+                    assert_eq!(ran > 0, few, "{what}: dense_few passes {ran}");
+                }
+                tried += usize::from(ran > 0);
+                // Each row as it comes alone through the one-token kernel, to rounding (the
+                // two split a row's units over their lanes differently).
+                for (t, xt) in x.chunks(cols).enumerate() {
+                    let alone = g
+                        .download(&g.matmul(&gm, &g.upload(xt, 1, cols).unwrap()).unwrap())
+                        .unwrap();
+                    check(
+                        &format!("{what}: row {t} against the row alone"),
+                        &got[t * rows..(t + 1) * rows],
+                        &alone,
+                        F32_TOL,
+                    );
+                }
+                let want = c.matmul(&w, &c.upload(&x, n, cols).unwrap()).unwrap().data;
+                check(&what, &got, &want, F32_TOL);
+            }
+        }
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        assert!(tried > 0, "no case reached the few-token kernel");
+    }
+    // 1536 rows are 12 of the kernel's row groups: one matvec a row keeps the GPU fuller.
+    if let Some((g, true)) = profiled_gpu() {
+        matmul_case(&g, &mut rng, DenseFormat::Int8, 4, 1536, 300);
+        assert_eq!(passes_of(&g, "dense_few"), 0, "a 1536-row matrix");
+    }
+}
+
 #[test]
 fn matvec_geometries_other_than_the_default_agree() {
     let mut rng = StdRng::seed_from_u64(10);

@@ -12,6 +12,7 @@ mod recording;
 
 pub use device_limits::{max_binding_bytes, use_subgroups, workgroup_size, MAX_WG};
 pub use limits_profile::{EffectiveLimits, LimitsProfile};
+pub(crate) use matvec_shape::MATVEC_SHARED_BYTES;
 pub use matvec_shape::{x_tile_units, Int4Decode, MatvecShape};
 pub use options::{default_matvec_checks, GpuOptions, ReadStaging, SUBMIT_EVERY};
 pub use recording::Dispatch;
@@ -91,6 +92,9 @@ pub struct GpuContext {
     /// Whether experts shared by a few rows take the few-token kernel
     /// ([`GpuOptions::few_token_experts`]).
     pub few_token_experts: bool,
+    /// Whether dense matmuls of a few rows take the few-token kernel
+    /// ([`GpuOptions::few_token_dense`]).
+    pub few_token_dense: bool,
     /// Per-kernel GPU times, when profiling.
     profiler: Option<Mutex<Profiler>>,
     /// The first error the device reported (instead of wgpu's panic).
@@ -240,6 +244,7 @@ impl GpuContext {
             chunk_gemm,
             stationary,
             few_token_experts: opts.few_token_experts,
+            few_token_dense: opts.few_token_dense.unwrap_or(true),
             profiler,
             errors,
             submit_every: opts

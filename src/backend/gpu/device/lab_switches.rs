@@ -11,6 +11,7 @@
 //! | `K3_LAB_STAGE_X` | on, off | on | whether the one-token int4 (outside digits) and MXFP4 matvecs copy x into workgroup memory first |
 //! | `K3_LAB_EXPERT_POOL` | auto, on, off | auto | whether the expert tier is the single expert pool, the host cache keeping nothing (auto: where CPU and GPU share memory); off keeps the discrete GPU's host cache + VRAM tier |
 //! | `K3_LAB_FEW_TOKEN_EXPERTS` | on, off | off | whether experts that 2–15 rows of a call share run four rows a workgroup (`moe_t4`) instead of one matvec item a row |
+//! | `K3_LAB_FEW_TOKEN_DENSE` | on, off | on | whether int8 and int4 matmuls of 2–8 rows run the few-token kernel (`dense_few`) instead of one matvec a row |
 //!
 //! A switch whose alternative lost is removed, with its record in lab/notebook.md ("Lab
 //! switches and GPU options removed").
@@ -34,6 +35,8 @@ pub struct LabSwitches {
     pub expert_pool: Option<bool>,
     /// `K3_LAB_FEW_TOKEN_EXPERTS` (true: on).
     pub few_token_experts: bool,
+    /// `K3_LAB_FEW_TOKEN_DENSE` (`None`: unset).
+    pub few_token_dense: Option<bool>,
 }
 
 impl LabSwitches {
@@ -79,6 +82,12 @@ impl LabSwitches {
             Some("on") => true,
             Some(v) => bail!("K3_LAB_FEW_TOKEN_EXPERTS must be on or off, got {v:?}"),
         };
+        let few_token_dense = match get("K3_LAB_FEW_TOKEN_DENSE").as_deref().map(str::trim) {
+            None => None,
+            Some("on") => Some(true),
+            Some("off") => Some(false),
+            Some(v) => bail!("K3_LAB_FEW_TOKEN_DENSE must be on or off, got {v:?}"),
+        };
         Ok(Self {
             chunk_from,
             read_staging,
@@ -86,6 +95,7 @@ impl LabSwitches {
             stage_x,
             expert_pool,
             few_token_experts,
+            few_token_dense,
         })
     }
 
@@ -104,6 +114,7 @@ impl LabSwitches {
             read_staging: self.read_staging,
             expert_pool: self.expert_pool.or(opts.expert_pool),
             few_token_experts: self.few_token_experts || opts.few_token_experts,
+            few_token_dense: self.few_token_dense.or(opts.few_token_dense),
             matvec: Some(MatvecShape {
                 int4_decode: self.int4_decode,
                 ..staged(opts.matvec.unwrap_or_default())
@@ -150,6 +161,7 @@ mod tests {
         assert_eq!(opts.read_staging, ReadStaging::Auto);
         assert_eq!(opts.expert_pool, None);
         assert!(!opts.few_token_experts);
+        assert_eq!(opts.few_token_dense, None);
         assert_eq!(opts.matvec, Some(MatvecShape::default()));
         assert_eq!(opts.expert_matvec, Some(MatvecShape::experts()));
         assert_eq!(opts.expert_down_matvec, Some(MatvecShape::expert_down()));
@@ -164,6 +176,7 @@ mod tests {
             ("K3_LAB_STAGE_X", "off"),
             ("K3_LAB_EXPERT_POOL", "off"),
             ("K3_LAB_FEW_TOKEN_EXPERTS", "on"),
+            ("K3_LAB_FEW_TOKEN_DENSE", "off"),
         ])
         .unwrap();
         let opts = s.apply(GpuOptions {
@@ -175,6 +188,7 @@ mod tests {
         assert_eq!(opts.read_staging, ReadStaging::Off);
         assert_eq!(opts.expert_pool, Some(false));
         assert!(opts.few_token_experts);
+        assert_eq!(opts.few_token_dense, Some(false));
         let m = opts.matvec.unwrap();
         assert_eq!((m.int4_decode, m.stage_x), (Some(Int4Decode::Digits), 0));
         assert_eq!(opts.expert_matvec.unwrap().stage_x, 0);

@@ -12,6 +12,8 @@ const REDUCE_SHARED: &str = include_str!("../../../../shaders_wgsl/reduce_shared
 const MATVEC_COMMON: &str = include_str!("../../../../shaders_wgsl/matvec_common.wgsl");
 /// The row-split matvec with x staged in workgroup memory (the 32-column formats).
 const MATVEC_STAGED: &str = include_str!("../../../../shaders_wgsl/matvec_staged.wgsl");
+/// The row-split matvec over a few tokens at once (int8, int4).
+const MATVEC_FEW: &str = include_str!("../../../../shaders_wgsl/matvec_few.wgsl");
 
 /// One WGSL module family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -135,6 +137,13 @@ impl Shader {
         matches!(self, Shader::MatvecInt4 | Shader::MatvecMxfp4)
     }
 
+    /// Whether the module has the few-token matvec entry (`dense_few`): the dense formats
+    /// whose matrices a batched decode step meets at several rows (the int8 head, the int4
+    /// projections).
+    pub fn has_few_tokens(self) -> bool {
+        matches!(self, Shader::MatvecInt8 | Shader::MatvecInt4)
+    }
+
     /// The full module text; `subgroups` picks the reduction prelude.
     pub fn source(self, subgroups: bool) -> String {
         let text = |name: &str| match name {
@@ -142,6 +151,7 @@ impl Shader {
             "reduce_shared.wgsl" => REDUCE_SHARED,
             "matvec_common.wgsl" => MATVEC_COMMON,
             "matvec_staged.wgsl" => MATVEC_STAGED,
+            "matvec_few.wgsl" => MATVEC_FEW,
             _ => self.body(),
         };
         let built_in = self.compose(subgroups, &mut |name| {
@@ -186,6 +196,10 @@ impl Shader {
         }
         if self.stages_x() {
             s.push_str(&text("matvec_staged.wgsl")?);
+            s.push('\n');
+        }
+        if self.has_few_tokens() {
+            s.push_str(&text("matvec_few.wgsl")?);
             s.push('\n');
         }
         s.push_str(&text(self.file())?);

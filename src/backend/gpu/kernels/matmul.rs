@@ -7,6 +7,9 @@ use crate::backend::gpu::device::context::{Dispatch, Int4Decode, MatvecShape};
 use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile, GK};
+use crate::backend::gpu::kernels::few_tokens::{
+    few_tokens_shape, few_tokens_variant, FEW_FROM_GROUPS, FEW_TOKENS_MAX,
+};
 use crate::backend::gpu::kernels::row_split::{
     digit_shape, mv_consts_of, row_split_variant, rows_per_group_of, special_const,
 };
@@ -348,6 +351,20 @@ impl GpuBackend {
                 .get_or_init(|| self.x_planes(&xp.buf, (xp.rows, w.cols_padded / uc)))
                 .buf
         };
+        // A few rows (a decode step of several streams): each weight unit decoded once for
+        // all of them.
+        let few_shape = few_tokens_shape(self.ctx.matvec, split_digits);
+        let few = (self.ctx.few_token_dense && tile.is_none())
+            .then(|| {
+                few_tokens_variant(
+                    w.format.shader(),
+                    few_shape,
+                    x.rows,
+                    w.cols_padded / uc,
+                    self.ctx.shared_bytes(),
+                )
+            })
+            .flatten();
         for c in &w.chunks {
             let mut bufs: Vec<&wgpu::Buffer> = vec![&xp.buf, &y.buf, &c.w];
             if let Some(s) = &c.scale {
@@ -356,6 +373,21 @@ impl GpuBackend {
             let params = params(c);
             if let Some(t) = tile {
                 self.gemm_chunk(w, c, x.rows, (&y.buf, bufs), t, params);
+                continue;
+            }
+            let few_groups = (c.rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, few_shape));
+            if let Some(consts) = few.as_ref().filter(|_| few_groups >= FEW_FROM_GROUPS) {
+                if split_digits {
+                    bufs[0] = planes_of();
+                }
+                self.ctx.dispatch(&Dispatch {
+                    shader: w.format.shader(),
+                    entry: "dense_few",
+                    consts,
+                    params: &params,
+                    buffers: &bufs,
+                    groups: (1, few_groups, 1),
+                });
                 continue;
             }
             let split_groups = (c.rows as u32).div_ceil(rpg);
@@ -555,6 +587,17 @@ pub(crate) fn pipeline_variants(a: AdapterShape, list: &mut VariantList) {
         }
         for &t in &tiles {
             push(shader, "gemm", t.consts(a.wg, unit_cols).to_vec());
+        }
+        for m in [false, true].map(|digits| few_tokens_shape(dense, digits)) {
+            for units in UNIT_COUNTS {
+                for tokens in 2..=FEW_TOKENS_MAX {
+                    if let Some(consts) =
+                        few_tokens_variant(shader, m, tokens, units, a.shared_bytes)
+                    {
+                        push(shader, "dense_few", consts);
+                    }
+                }
+            }
         }
     }
     push(Shader::MatvecInt4, "x_planes", Vec::new());

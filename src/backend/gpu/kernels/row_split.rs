@@ -47,7 +47,7 @@ pub(crate) fn mv_consts_of(m: MatvecShape) -> [(&'static str, u32); 4] {
 }
 
 /// Whether a dispatch of `shader` under `m` takes the int4 digit decode.
-fn takes_digits(shader: Shader, m: MatvecShape) -> bool {
+pub(crate) fn takes_digits(shader: Shader, m: MatvecShape) -> bool {
     shader == Shader::MatvecInt4 && m.int4_decode == Some(Int4Decode::Digits)
 }
 

@@ -103,7 +103,7 @@ impl MatvecShape {
 
 /// Workgroup memory the row-split matvec entries use besides staged x (`mv_part`, the
 /// reduction prelude's `red_buf`), with room to spare.
-const MATVEC_SHARED_BYTES: u32 = 4096;
+pub(crate) const MATVEC_SHARED_BYTES: u32 = 4096;
 
 /// Bytes of workgroup memory one staged unit of x takes: its eight vec4s and a pad vec4.
 const STAGED_UNIT_BYTES: u32 = 9 * 16;

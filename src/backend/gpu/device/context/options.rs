@@ -66,6 +66,11 @@ pub struct GpuOptions {
     /// kernel (`moe_t4`, four rows a workgroup) rather than one matvec item a row
     /// (`K3_LAB_FEW_TOKEN_EXPERTS`; off: it measured no gain on the device box).
     pub few_token_experts: bool,
+    /// Whether the int8 and int4 matmuls of two to eight rows (a decode step of several
+    /// streams) run through the few-token kernel (`dense_few`, each weight unit decoded
+    /// once for all rows) rather than one matvec a row (`K3_LAB_FEW_TOKEN_DENSE`); `None` =
+    /// on.
+    pub few_token_dense: Option<bool>,
     /// Compose every kernel from this directory's WGSL files instead of the text built in
     /// (shader work: a variant is measured without a rebuild; lab builds only).
     #[cfg(feature = "lab")]

@@ -73,7 +73,8 @@ impl<B: Backend> Runner<B> {
         cancel: Option<&AtomicBool>,
     ) -> Result<Option<Vec<Vec<f32>>>> {
         if trace.is_none() && self.splits(segs)? {
-            let parts = split_parts(segs.len(), rayon::current_num_threads());
+            let cores = std::thread::available_parallelism().map_or(1, usize::from);
+            let parts = split_parts(segs.len(), rayon::current_num_threads(), cores);
             return if parts > 2 {
                 self.forward_parts(segs, parts, stats, cancel)
             } else {
@@ -112,10 +113,12 @@ impl<B: Backend> Runner<B> {
         })
     }
 
-    /// A split step as `parts` passes across the pool, each on one worker with its ops
-    /// kept there: where the machine has more cores than two, one stream of a small model
-    /// leaves most of them idle (its ops are too small for the pool), so sequences run
-    /// side by side instead.
+    /// A split step as `parts` passes at once, one on this thread and the others on the
+    /// partner crew ([`partner::scatter`]), each part's ops kept on its thread: where the
+    /// machine has more cores than two, one stream of a small model leaves most of them idle
+    /// (its ops are too small for the pool), so sequences run side by side instead. The
+    /// crew's threads spin for the next job, so a hand-off costs a cache-line exchange
+    /// where the pool's wake-ups cost tens of microseconds a step.
     fn forward_parts(
         &self,
         segs: &mut [Segment<'_, B>],
@@ -123,17 +126,11 @@ impl<B: Backend> Runner<B> {
         stats: &mut Stats,
         cancel: Option<&AtomicBool>,
     ) -> Result<Option<Vec<Vec<f32>>>> {
-        use rayon::prelude::*;
-        let per = segs.len().div_ceil(parts);
-        let outs: Vec<(usize, Stats, PassOut)> = segs
-            .par_chunks_mut(per)
-            .enumerate()
-            .map(|(k, part)| {
-                let mut own = Stats::default();
-                let out = pool::on_this_thread(|| self.one_part(part, &mut own, cancel));
-                (k * per, own, out)
-            })
-            .collect();
+        let outs: Vec<(usize, Stats, PassOut)> = partner::scatter(segs, parts, &|at, part| {
+            let mut own = Stats::default();
+            let out = pool::on_this_thread(|| self.one_part(part, &mut own, cancel));
+            (at, own, out)
+        });
         let mut together: Option<Stats> = None;
         let mut logits = Some(Vec::with_capacity(segs.len()));
         for (at, own, out) in outs {
@@ -196,10 +193,12 @@ impl<B: Backend> Runner<B> {
     }
 }
 
-/// Parts a split step of `rows` sequences runs as on `threads` compute threads: two (the
-/// partner's halves) up to three threads, else a sequence or more a thread, as many parts
-/// as threads at most.
-fn split_parts(rows: usize, threads: usize) -> usize {
+/// Parts a split step of `rows` sequences runs as on `threads` compute threads and `cores`
+/// cores: two (the partner's halves) up to three threads, else a sequence or more a thread,
+/// as many parts as threads at most. Never more threads than cores: the crew's threads spin
+/// for their next job, and two spinning on one core starve each other.
+fn split_parts(rows: usize, threads: usize, cores: usize) -> usize {
+    let threads = threads.min(cores);
     if threads < 4 {
         2
     } else {
@@ -213,4 +212,21 @@ type PassOut = Result<Option<Vec<Vec<f32>>>>;
 /// The context of an error in the part of a split step from segment `at`.
 fn part_context(at: usize) -> String {
     format!("in the part of a split step from segment {at} (the numbers above count from there)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_parts;
+
+    #[test]
+    fn wide_machines_split_a_step_into_parts_narrow_ones_in_halves() {
+        assert_eq!(split_parts(4, 2, 2), 2);
+        assert_eq!(split_parts(8, 3, 16), 2);
+        assert_eq!(split_parts(4, 16, 16), 4);
+        assert_eq!(split_parts(8, 16, 16), 8);
+        assert_eq!(split_parts(20, 16, 16), 16);
+        // More threads than cores count as the cores.
+        assert_eq!(split_parts(8, 8, 2), 2);
+        assert_eq!(split_parts(8, 16, 6), 6);
+    }
 }

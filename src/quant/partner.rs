@@ -86,10 +86,20 @@ struct Partner {
 // the thread that owns the job at that moment (see `join`).
 unsafe impl Sync for Partner {}
 
-/// The partner, started on first use; `None` where its thread cannot be started.
+/// The most partner threads: the first takes half of an op or of a step, the others the
+/// further parts of a step split across a wide machine ([`scatter`]).
+const CREW: usize = 16;
+
+/// The first partner, started on first use; `None` where its thread cannot be started.
 fn partner() -> Option<&'static Partner> {
-    static PARTNER: OnceLock<Option<&'static Partner>> = OnceLock::new();
-    *PARTNER.get_or_init(|| {
+    partner_at(0)
+}
+
+/// Partner `i` of the crew, started on first use; `None` where `i` is past the crew or its
+/// thread cannot be started.
+fn partner_at(i: usize) -> Option<&'static Partner> {
+    static SLOTS: [OnceLock<Option<&'static Partner>>; CREW] = [const { OnceLock::new() }; CREW];
+    *SLOTS.get(i)?.get_or_init(|| {
         let p: &'static Partner = Box::leak(Box::new(Partner {
             state: AtomicU8::new(IDLE),
             held: AtomicBool::new(false),
@@ -101,7 +111,7 @@ fn partner() -> Option<&'static Partner> {
             finished: Condvar::new(),
         }));
         let handle = thread::Builder::new()
-            .name("k3-partner".into())
+            .name(format!("k3-partner-{i}"))
             .spawn(move || serve(p))
             .ok()?;
         let _ = p.thread.set(handle.thread().clone());
@@ -188,7 +198,17 @@ where
     B: FnOnce() -> RB + Send,
     RB: Send,
 {
-    let Some(p) = partner().filter(|_| rayon::current_num_threads() >= 2) else {
+    join_on(0, a, b)
+}
+
+/// [`join`] with partner `i` of the crew taking `b`.
+fn join_on<A, B, RA, RB>(i: usize, a: A, b: B) -> (RA, RB)
+where
+    A: FnOnce() -> RA,
+    B: FnOnce() -> RB + Send,
+    RB: Send,
+{
+    let Some(p) = partner_at(i).filter(|_| rayon::current_num_threads() >= 2) else {
         return (a(), b());
     };
     // A plain read first: while one caller holds the partner, the others' checks leave its
@@ -238,6 +258,55 @@ pub(crate) fn halves<T: Send>(data: &mut [T], at: usize, f: impl Fn(usize, &mut 
     let (lo, hi) = data.split_at_mut(at.min(data.len()));
     let f = &f;
     join(|| f(0, lo), || f(at, hi));
+}
+
+/// `f(first, part)` for `parts` runs of `items` of about equal length, at once: the first on
+/// the calling thread, the others on partners of the crew (a binary tree of [`join`]s, each
+/// level on partners of its own, so no two runs wait for one partner). The results come in
+/// item order; `first` is a run's offset in `items`. Where a partner is busy or cannot
+/// start, its run goes to the thread that would have posted it, as in [`join`].
+pub(crate) fn scatter<T: Send, R: Send>(
+    items: &mut [T],
+    parts: usize,
+    f: &(dyn Fn(usize, &mut [T]) -> R + Sync),
+) -> Vec<R> {
+    let mut out = Vec::with_capacity(parts.max(1));
+    scatter_node(items, 0, parts.clamp(1, items.len().max(1)), 0, f, &mut out);
+    out
+}
+
+/// One node of [`scatter`]'s tree: `parts` runs of `items` (offset `first`), split in two
+/// with partner `node` taking the second half; its children are nodes 2·node + 1 and + 2.
+fn scatter_node<T: Send, R: Send>(
+    items: &mut [T],
+    first: usize,
+    parts: usize,
+    node: usize,
+    f: &(dyn Fn(usize, &mut [T]) -> R + Sync),
+    out: &mut Vec<R>,
+) {
+    if parts <= 1 {
+        out.push(f(first, items));
+        return;
+    }
+    let lo_parts = parts / 2;
+    let at = items.len() * lo_parts / parts;
+    let (lo, hi) = items.split_at_mut(at);
+    let (mut a, b) = join_on(
+        node,
+        || {
+            let mut a = Vec::with_capacity(lo_parts);
+            scatter_node(lo, first, lo_parts, 2 * node + 1, f, &mut a);
+            a
+        },
+        || {
+            let mut b = Vec::with_capacity(parts - lo_parts);
+            scatter_node(hi, first + at, parts - lo_parts, 2 * node + 2, f, &mut b);
+            b
+        },
+    );
+    out.append(&mut a);
+    out.extend(b);
 }
 
 /// On drop, ends a post: takes the job back if the partner has not taken it, else waits for
@@ -337,6 +406,45 @@ mod tests {
         assert_eq!(e.as_deref(), Some("caller side"));
         // The partner is free again.
         assert_eq!(join(|| 5, || 6), (5, 6));
+    }
+
+    #[test]
+    fn scatter_gives_each_run_in_order_on_threads_of_the_crew() {
+        let mut items: Vec<u32> = (0..11).collect();
+        for parts in [1, 2, 3, 4, 7, 11, 20] {
+            let got = scatter(&mut items, parts, &|first, run: &mut [u32]| {
+                (first, run.to_vec(), thread::current().id())
+            });
+            assert_eq!(got.len(), parts.min(11), "{parts} parts");
+            let mut next = 0;
+            for (first, run, _) in &got {
+                assert_eq!(*first, next, "{parts} parts: runs in order");
+                assert!(!run.is_empty() && run[0] == *first as u32);
+                next += run.len();
+            }
+            assert_eq!(next, 11, "{parts} parts cover every item");
+            let longest = got.iter().map(|r| r.1.len()).max().unwrap_or(0);
+            let shortest = got.iter().map(|r| r.1.len()).min().unwrap_or(0);
+            assert!(
+                longest - shortest <= 1,
+                "{parts} parts of about equal length"
+            );
+        }
+        // Four runs that each wait a while: several threads take them.
+        let mut four = [0u8; 4];
+        let mut threads = std::collections::HashSet::new();
+        for _ in 0..20 {
+            let ids = scatter(&mut four, 4, &|_, _| {
+                std::thread::sleep(Duration::from_micros(300));
+                thread::current().id()
+            });
+            threads.extend(ids);
+        }
+        assert!(
+            threads.len() >= 3,
+            "the runs went to {} threads",
+            threads.len()
+        );
     }
 
     #[test]

@@ -226,7 +226,8 @@ fn decode_steps_run_as_two_halves_keep_each_sequence_bit_for_bit() {
 
 #[test]
 fn decode_steps_run_as_parts_across_a_wide_pool_keep_each_sequence_bit_for_bit() {
-    // Four compute threads: a step of five sequences runs as parts of two across the pool.
+    // Four compute threads: on a machine of four cores or more a step of five sequences runs
+    // as parts across the partner crew (`Runner::forward_batch`); on fewer, as two halves.
     rayon::ThreadPoolBuilder::new()
         .num_threads(4)
         .build()

@@ -57,6 +57,9 @@ const CASES: &[Case] = &[
         b.dense(4, 12288, D, 8, 4)
     }),
     ("int4-1536x7168-8-tokens", |b| b.dense(4, 1536, D, 8, 1)),
+    ("int4-3072x7168-8-tokens", |b| b.dense(4, 3072, D, 8, 1)),
+    ("int4-7168x7168-4-tokens", |b| b.dense(4, 7168, D, 4, 1)),
+    ("int4-7168x7168-8-tokens", |b| b.dense(4, 7168, D, 8, 1)),
     ("mxfp4-expert", |b| b.mxfp4(I, 3584)),
     ("mxfp4-16-experts-w1w3", |b| b.mxfp4(32 * I, 3584)),
     ("mxfp4-16-experts-w2", |b| b.mxfp4(16 * 3584, I)),

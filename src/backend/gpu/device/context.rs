@@ -95,6 +95,9 @@ pub struct GpuContext {
     /// Whether dense matmuls of a few rows take the few-token kernel
     /// ([`GpuOptions::few_token_dense`]).
     pub few_token_dense: bool,
+    /// The few-token kernel's lanes a row and rows a lane for every format, where the
+    /// options set one.
+    pub few_token_shape: Option<(u32, u32)>,
     /// Per-kernel GPU times, when profiling.
     profiler: Option<Mutex<Profiler>>,
     /// The first error the device reported (instead of wgpu's panic).
@@ -245,6 +248,7 @@ impl GpuContext {
             stationary,
             few_token_experts: opts.few_token_experts,
             few_token_dense: opts.few_token_dense.unwrap_or(true),
+            few_token_shape: opts.few_token_shape,
             profiler,
             errors,
             submit_every: opts

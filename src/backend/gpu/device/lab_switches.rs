@@ -12,6 +12,7 @@
 //! | `K3_LAB_EXPERT_POOL` | auto, on, off | auto | whether the expert tier is the single expert pool, the host cache keeping nothing (auto: where CPU and GPU share memory); off keeps the discrete GPU's host cache + VRAM tier |
 //! | `K3_LAB_FEW_TOKEN_EXPERTS` | on, off | off | whether experts that 2–15 rows of a call share run four rows a workgroup (`moe_t4`) instead of one matvec item a row |
 //! | `K3_LAB_FEW_TOKEN_DENSE` | on, off | on | whether int8 and int4 matmuls of 2–8 rows run the few-token kernel (`dense_few`) instead of one matvec a row |
+//! | `K3_LAB_FEW_TOKEN_SHAPE` | `LxR` (lanes a row: 4, 8, 16 or 32; rows a lane: 1–4) | per format | the few-token kernel's lanes a row and rows a lane, for every format |
 //!
 //! A switch whose alternative lost is removed, with its record in lab/notebook.md ("Lab
 //! switches and GPU options removed").
@@ -37,6 +38,8 @@ pub struct LabSwitches {
     pub few_token_experts: bool,
     /// `K3_LAB_FEW_TOKEN_DENSE` (`None`: unset).
     pub few_token_dense: Option<bool>,
+    /// `K3_LAB_FEW_TOKEN_SHAPE` (`None`: unset).
+    pub few_token_shape: Option<(u32, u32)>,
 }
 
 impl LabSwitches {
@@ -88,6 +91,23 @@ impl LabSwitches {
             Some("off") => Some(false),
             Some(v) => bail!("K3_LAB_FEW_TOKEN_DENSE must be on or off, got {v:?}"),
         };
+        let few_token_shape = match get("K3_LAB_FEW_TOKEN_SHAPE") {
+            None => None,
+            Some(v) => {
+                let bad = || {
+                    anyhow::anyhow!(
+                        "K3_LAB_FEW_TOKEN_SHAPE must be LxR (lanes a row 4, 8, 16 or 32; rows a lane 1-4), got {v:?}"
+                    )
+                };
+                let (l, r) = v.trim().split_once('x').ok_or_else(bad)?;
+                let l: u32 = l.parse().map_err(|_| bad())?;
+                let r: u32 = r.parse().map_err(|_| bad())?;
+                if ![4, 8, 16, 32].contains(&l) || !(1..=4).contains(&r) {
+                    return Err(bad());
+                }
+                Some((l, r))
+            }
+        };
         Ok(Self {
             chunk_from,
             read_staging,
@@ -96,6 +116,7 @@ impl LabSwitches {
             expert_pool,
             few_token_experts,
             few_token_dense,
+            few_token_shape,
         })
     }
 
@@ -115,6 +136,7 @@ impl LabSwitches {
             expert_pool: self.expert_pool.or(opts.expert_pool),
             few_token_experts: self.few_token_experts || opts.few_token_experts,
             few_token_dense: self.few_token_dense.or(opts.few_token_dense),
+            few_token_shape: self.few_token_shape.or(opts.few_token_shape),
             matvec: Some(MatvecShape {
                 int4_decode: self.int4_decode,
                 ..staged(opts.matvec.unwrap_or_default())
@@ -177,6 +199,7 @@ mod tests {
             ("K3_LAB_EXPERT_POOL", "off"),
             ("K3_LAB_FEW_TOKEN_EXPERTS", "on"),
             ("K3_LAB_FEW_TOKEN_DENSE", "off"),
+            ("K3_LAB_FEW_TOKEN_SHAPE", "8x4"),
         ])
         .unwrap();
         let opts = s.apply(GpuOptions {
@@ -189,6 +212,7 @@ mod tests {
         assert_eq!(opts.expert_pool, Some(false));
         assert!(opts.few_token_experts);
         assert_eq!(opts.few_token_dense, Some(false));
+        assert_eq!(opts.few_token_shape, Some((8, 4)));
         let m = opts.matvec.unwrap();
         assert_eq!((m.int4_decode, m.stage_x), (Some(Int4Decode::Digits), 0));
         assert_eq!(opts.expert_matvec.unwrap().stage_x, 0);

@@ -10,18 +10,30 @@ use crate::backend::gpu::kernels::row_split::{mv_consts_of, takes_digits};
 /// matvec a row.
 pub(crate) const FEW_TOKENS_MAX: usize = 8;
 
-/// The few-token kernel's shape from the dense one (`dense`): four lanes a row, side by
-/// side, two rows a lane, so a workgroup covers 128 rows and the x it stages for every
-/// token serves them all (at a one-token kernel's 32 lanes a row, the staging and its
-/// barriers bound it: docs/perf.md#several-streams-in-one-pass); `digits`: int4 meets x's
-/// integer digits, as the one-token kernel does where the call's int4 rows reach
-/// `DIGITS_FROM_ROWS`.
-pub(crate) fn few_tokens_shape(dense: MatvecShape, digits: bool) -> MatvecShape {
+/// The few-token kernel's lanes a row and rows a lane for a `shader` matrix (`digits`: int4
+/// under the digit decode). Few lanes a row give a workgroup many rows, so the x it stages
+/// for every token serves them all (at a one-token kernel's 32 lanes a row the staging and
+/// its barriers bound it); rows a lane share each staged x load. Measured on the H100
+/// (docs/perf.md#several-streams-in-one-pass): the int8 head is fastest at 4 × 4 (256 rows a
+/// workgroup), the int4 matrices at 8 lanes a row (their rows of 7168 columns need the
+/// workgroups that 64 or 128 rows a workgroup give), the digits at 4 rows a lane.
+pub(crate) fn few_token_shape_of(shader: Shader, digits: bool) -> (u32, u32) {
+    match (shader, digits) {
+        (Shader::MatvecInt4, true) => (8, 4),
+        (Shader::MatvecInt4, false) => (8, 2),
+        _ => (4, 4),
+    }
+}
+
+/// The few-token kernel's shape from the dense one (`dense`) with `(lanes a row, rows a
+/// lane)` of `shape` (a row's lanes side by side); `digits`: int4 meets x's integer digits,
+/// as the one-token kernel does where the call's int4 rows reach `DIGITS_FROM_ROWS`.
+pub(crate) fn few_tokens_shape(dense: MatvecShape, digits: bool, shape: (u32, u32)) -> MatvecShape {
     MatvecShape {
-        lanes_per_row: 4,
-        lanes_per_block: 4,
-        rows_per_lane: 2,
-        digit_rows_per_lane: 2,
+        lanes_per_row: shape.0,
+        lanes_per_block: shape.0,
+        rows_per_lane: shape.1,
+        digit_rows_per_lane: shape.1,
         int4_decode: Some(if digits {
             Int4Decode::Digits
         } else {
@@ -35,11 +47,12 @@ pub(crate) fn few_tokens_shape(dense: MatvecShape, digits: bool) -> MatvecShape 
 /// than the decode saves.
 const MIN_TILE_UNITS: u32 = 8;
 
-/// The fewest row groups (workgroups) a matrix chunk takes the kernel from: below it the
-/// few workgroups leave the GPU idle where one matvec a row runs rows × more. On the H100 a
-/// 1536-row int4 matrix (12 groups) ran 3× slower than one matvec a row, the 12288-row KDA
-/// projections (96 groups) from even to 10 % faster (docs/perf.md#several-streams-in-one-pass).
-pub(crate) const FEW_FROM_GROUPS: u32 = 96;
+/// The fewest row groups (workgroups) a matrix chunk takes the kernel from: below it each
+/// workgroup's walk along the row is the kernel's time and one matvec a row, with rows ×
+/// more workgroups, is faster. On the H100 at 8 lanes a row and 2 rows a lane, int4
+/// matrices of 1536 and 3072 rows (24 and 48 groups) ran 2× and 1.2× slower than one matvec
+/// a row, 7168 rows (112 groups) 1.4-1.6× faster (docs/perf.md#several-streams-in-one-pass).
+pub(crate) const FEW_FROM_GROUPS: u32 = 64;
 
 /// Workgroup memory one staged unit of x takes for one token: its eight vec4s and a pad.
 const FEW_UNIT_BYTES: u32 = 9 * 16;
@@ -89,7 +102,7 @@ mod tests {
 
     #[test]
     fn tiles_hold_whole_lane_rounds_for_every_token() {
-        let m = few_tokens_shape(MatvecShape::default(), false);
+        let m = few_tokens_shape(MatvecShape::default(), false, (4, 2));
         // 48 KB: 44 KB for x, 144 B a unit and token; 4 lanes a row.
         let c = few_tokens_variant(Shader::MatvecInt8, m, 8, 448, 48 << 10).unwrap();
         assert_eq!((get(&c, "TOK"), get(&c, "FT")), (Some(8), Some(36)));
@@ -101,7 +114,7 @@ mod tests {
         let c = few_tokens_variant(Shader::MatvecInt4, m, 2, 7, 48 << 10).unwrap();
         assert_eq!(get(&c, "FT"), Some(8));
         // The digit decode says so; other formats ignore it.
-        let d = few_tokens_shape(MatvecShape::default(), true);
+        let d = few_tokens_shape(MatvecShape::default(), true, (4, 2));
         let c = few_tokens_variant(Shader::MatvecInt4, d, 4, 224, 48 << 10).unwrap();
         assert_eq!((get(&c, "DIGITS"), get(&c, "RPL")), (Some(1), Some(2)));
         let c = few_tokens_variant(Shader::MatvecInt8, d, 4, 224, 48 << 10).unwrap();
@@ -109,8 +122,20 @@ mod tests {
     }
 
     #[test]
+    fn each_format_has_its_measured_shape() {
+        assert_eq!(few_token_shape_of(Shader::MatvecInt8, false), (4, 4));
+        assert_eq!(few_token_shape_of(Shader::MatvecInt4, false), (8, 2));
+        assert_eq!(few_token_shape_of(Shader::MatvecInt4, true), (8, 4));
+        let m = few_tokens_shape(MatvecShape::default(), false, (8, 2));
+        assert_eq!(
+            (m.lanes_per_row, m.lanes_per_block, m.rows_per_lane),
+            (8, 8, 2)
+        );
+    }
+
+    #[test]
     fn outside_its_range_the_kernel_is_not_taken() {
-        let m = few_tokens_shape(MatvecShape::default(), false);
+        let m = few_tokens_shape(MatvecShape::default(), false, (4, 2));
         for tokens in [0, 1, FEW_TOKENS_MAX + 1] {
             assert!(few_tokens_variant(Shader::MatvecInt8, m, tokens, 448, 48 << 10).is_none());
         }

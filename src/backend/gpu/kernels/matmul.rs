@@ -8,7 +8,7 @@ use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile, GK};
 use crate::backend::gpu::kernels::few_tokens::{
-    few_tokens_shape, few_tokens_variant, FEW_FROM_GROUPS, FEW_TOKENS_MAX,
+    few_token_shape_of, few_tokens_shape, few_tokens_variant, FEW_FROM_GROUPS, FEW_TOKENS_MAX,
 };
 use crate::backend::gpu::kernels::row_split::{
     digit_shape, mv_consts_of, row_split_variant, rows_per_group_of, special_const,
@@ -353,7 +353,12 @@ impl GpuBackend {
         };
         // A few rows (a decode step of several streams): each weight unit decoded once for
         // all of them.
-        let few_shape = few_tokens_shape(self.ctx.matvec, split_digits);
+        let few_shape = few_tokens_shape(
+            self.ctx.matvec,
+            split_digits,
+            (self.ctx.few_token_shape)
+                .unwrap_or_else(|| few_token_shape_of(w.format.shader(), split_digits)),
+        );
         let few = (self.ctx.few_token_dense && tile.is_none())
             .then(|| {
                 few_tokens_variant(
@@ -588,7 +593,9 @@ pub(crate) fn pipeline_variants(a: AdapterShape, list: &mut VariantList) {
         for &t in &tiles {
             push(shader, "gemm", t.consts(a.wg, unit_cols).to_vec());
         }
-        for m in [false, true].map(|digits| few_tokens_shape(dense, digits)) {
+        for m in [false, true]
+            .map(|digits| few_tokens_shape(dense, digits, few_token_shape_of(shader, digits)))
+        {
             for units in UNIT_COUNTS {
                 for tokens in 2..=FEW_TOKENS_MAX {
                     if let Some(consts) =

@@ -71,6 +71,9 @@ pub struct GpuOptions {
     /// once for all rows) rather than one matvec a row (`K3_LAB_FEW_TOKEN_DENSE`); `None` =
     /// on.
     pub few_token_dense: Option<bool>,
+    /// The few-token kernel's lanes a row and rows a lane for every format; `None` = each
+    /// format's own (`few_tokens::few_token_shape_of`).
+    pub few_token_shape: Option<(u32, u32)>,
     /// Compose every kernel from this directory's WGSL files instead of the text built in
     /// (shader work: a variant is measured without a rebuild; lab builds only).
     #[cfg(feature = "lab")]

@@ -480,7 +480,7 @@ pub fn pipeline_variants(a: AdapterShape, subgroups: bool) -> Vec<PipelineVarian
     kernels::router::pipeline_variants(a, &mut list);
     kernels::mla::pipeline_variants(a, &mut list);
     kernels::kda::pipeline_variants(a, &mut list);
-    kernels::matmul::pipeline_variants(a, &mut list);
+    kernels::matvec_variants::pipeline_variants(a, &mut list);
     list.into_vec()
 }
 

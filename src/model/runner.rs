@@ -60,11 +60,11 @@ impl<B: Backend> Runner<B> {
     }
 
     /// [`K3Model::forward_batch`] with this runtime. A decode step of several sequences
-    /// runs as two passes of half the sequences at once where the backend asks for it
-    /// ([`Backend::split_pass`]) and nothing the pass shares cares: no trace, no other
-    /// ranks, no route trace, and every routed expert in the host cache, so neither half
-    /// reads one (and neither guesses the next layer's). Each sequence's logits are the
-    /// same bits either way.
+    /// runs as passes of part of the sequences at once (two halves, or more parts on wide
+    /// machines: [`split_parts`]) where the backend asks for it ([`Backend::split_pass`])
+    /// and nothing the pass shares cares: no trace, no other ranks, no route trace, and
+    /// every routed expert in the host cache, so no part reads one (and none guesses the
+    /// next layer's). Each sequence's logits are the same bits either way.
     pub fn forward_batch(
         &self,
         segs: &mut [Segment<'_, B>],
@@ -75,50 +75,18 @@ impl<B: Backend> Runner<B> {
         if trace.is_none() && self.splits(segs)? {
             let cores = std::thread::available_parallelism().map_or(1, usize::from);
             let parts = split_parts(segs.len(), rayon::current_num_threads(), cores);
-            return if parts > 2 {
-                self.forward_parts(segs, parts, stats, cancel)
-            } else {
-                self.forward_halves(segs, stats, cancel)
-            };
+            return self.forward_parts(segs, parts, stats, cancel);
         }
         self.model
             .forward_batch(&self.rt, segs, stats, trace, cancel)
     }
 
-    /// A split step as two halves, one on the partner thread: on two cores the partner's
-    /// hand-off (a cache-line exchange) is what keeps the split worth it.
-    fn forward_halves(
-        &self,
-        segs: &mut [Segment<'_, B>],
-        stats: &mut Stats,
-        cancel: Option<&AtomicBool>,
-    ) -> Result<Option<Vec<Vec<f32>>>> {
-        let (lo, hi) = segs.split_at_mut(segs.len().div_ceil(2));
-        let mut other = Stats::default();
-        let mut own = Stats::default();
-        // Each half keeps its ops on its thread: the two halves fill the cores.
-        let (a, b) = partner::join(
-            || pool::on_this_thread(|| self.one_part(lo, &mut own, cancel)),
-            || pool::on_this_thread(|| self.one_part(hi, &mut other, cancel)),
-        );
-        *stats = stats.plus(&own.alongside(&other));
-        let at = lo.len();
-        let b = b.with_context(|| part_context(at));
-        Ok(match (a?, b?) {
-            (Some(mut a), Some(b)) => {
-                a.extend(b);
-                Some(a)
-            }
-            _ => None,
-        })
-    }
-
     /// A split step as `parts` passes at once, one on this thread and the others on the
-    /// partner crew ([`partner::scatter`]), each part's ops kept on its thread: where the
-    /// machine has more cores than two, one stream of a small model leaves most of them idle
-    /// (its ops are too small for the pool), so sequences run side by side instead. The
-    /// crew's threads spin for the next job, so a hand-off costs a cache-line exchange
-    /// where the pool's wake-ups cost tens of microseconds a step.
+    /// partner crew ([`partner::scatter`]; two parts are the first partner's halves), each
+    /// part's ops kept on its thread: one stream of a small model leaves all cores but one
+    /// idle (its ops are too small for the pool), so sequences run side by side instead. The
+    /// crew's threads spin for the next job, so a hand-off costs a cache-line exchange where
+    /// the pool's wake-ups cost tens of microseconds a step.
     fn forward_parts(
         &self,
         segs: &mut [Segment<'_, B>],
@@ -165,7 +133,7 @@ impl<B: Backend> Runner<B> {
             .forward_pass(&self.rt, part, stats, None, cancel, false)
     }
 
-    /// Whether a pass of `segs` runs as two halves (see [`Self::forward_batch`]).
+    /// Whether a pass of `segs` runs as parts (see [`Self::forward_batch`]).
     fn splits(&self, segs: &[Segment<'_, B>]) -> Result<bool> {
         let cfg = &self.model.ckpt.config;
         // A step a pass would refuse before its first layer runs as one pass, so the error

@@ -260,8 +260,8 @@ pub(crate) fn halves<T: Send>(data: &mut [T], at: usize, f: impl Fn(usize, &mut 
     join(|| f(0, lo), || f(at, hi));
 }
 
-/// `f(first, part)` for `parts` runs of `items` of about equal length, at once: the first on
-/// the calling thread, the others on partners of the crew (a binary tree of [`join`]s, each
+/// `f(first, part)` for `parts` runs of `items` of about equal length (the earlier ones the
+/// longer), at once: the first on the calling thread, the others on partners of the crew (a binary tree of [`join`]s, each
 /// level on partners of its own, so no two runs wait for one partner). The results come in
 /// item order; `first` is a run's offset in `items`. Where a partner is busy or cannot
 /// start, its run goes to the thread that would have posted it, as in [`join`].
@@ -289,8 +289,10 @@ fn scatter_node<T: Send, R: Send>(
         out.push(f(first, items));
         return;
     }
-    let lo_parts = parts / 2;
-    let at = items.len() * lo_parts / parts;
+    // The first half the larger where the items do not split evenly: a partner may still
+    // be waking.
+    let lo_parts = parts.div_ceil(2);
+    let at = (items.len() * lo_parts).div_ceil(parts);
     let (lo, hi) = items.split_at_mut(at);
     let (mut a, b) = join_on(
         node,

@@ -3,17 +3,17 @@
 
 use crate::backend::TierExchange;
 use crate::checkpoint::Checkpoint;
-use crate::config::Config;
 use crate::experts::cache::cache_policy::CacheSetup;
 use crate::experts::cache::expert_cache::LayerCache;
 use crate::experts::io::expert_reader::ExpertReader;
 use crate::experts::io::loader_pool::{LoadJob, LoaderPool};
 use crate::experts::io::shard_io::IoMode;
 use crate::experts::plan::prefetch::Prefetcher;
+use crate::experts::supplied::{Item, Supplied};
 use crate::experts::telemetry::disk_meter::DiskMeter;
 use crate::experts::telemetry::route_trace::RouteTap;
+use crate::routed_expert::LoadedExpert;
 use crate::routed_expert::ReadLender;
-use crate::routed_expert::{ExpertPayload, LoadedExpert};
 use crate::stats::Stats;
 use anyhow::{anyhow, Result};
 use std::collections::{HashMap, VecDeque};
@@ -60,53 +60,6 @@ pub struct ExpertSource {
     prefetch: Prefetcher,
     /// The backend's tier, which holds an expert instead of the host cache (exclusive).
     exchange: Option<Arc<dyn TierExchange>>,
-}
-
-/// Where one expert of a layer's list stands while the layer streams: in host memory (the
-/// cache's, or read just now), still to be read, or resident in the backend.
-enum Item {
-    Ready(Arc<LoadedExpert>),
-    Miss(u32),
-    Resident(u32),
-}
-
-impl Item {
-    /// The expert as the consumer gets it; a miss is handed over only once read.
-    fn supplied(&self) -> Result<Supplied<'_>> {
-        match self {
-            Item::Ready(e) => Ok(Supplied::Host(e)),
-            Item::Resident(id) => Ok(Supplied::Resident(*id)),
-            Item::Miss(id) => Err(anyhow!("internal: expert {id} handed over before its read")),
-        }
-    }
-}
-
-/// One expert handed to the consumer: its bytes in host memory, or only its id when the
-/// backend already holds it resident (the GPU tier).
-#[derive(Clone, Copy)]
-pub enum Supplied<'a> {
-    /// Host bytes, from the cache or just read.
-    Host(&'a LoadedExpert),
-    /// Held by the backend; nothing was read.
-    Resident(u32),
-}
-
-impl Supplied<'_> {
-    /// The expert's id within its layer.
-    pub fn id(&self) -> u32 {
-        match self {
-            Supplied::Host(e) => e.id,
-            Supplied::Resident(id) => *id,
-        }
-    }
-
-    /// Where the expert's bytes are, as the backend runs it.
-    pub fn payload(&self, cfg: &Config) -> Result<ExpertPayload<'_>> {
-        match self {
-            Supplied::Host(e) => e.payload(cfg),
-            Supplied::Resident(_) => Ok(ExpertPayload::Resident),
-        }
-    }
 }
 
 /// The consumer of a layer's experts, called with batches in canonical order.

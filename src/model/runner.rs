@@ -61,7 +61,7 @@ impl<B: Backend> Runner<B> {
 
     /// [`K3Model::forward_batch`] with this runtime. A decode step of several sequences
     /// runs as passes of part of the sequences at once (two halves, or more parts on wide
-    /// machines: [`split_parts`]) where the backend asks for it ([`Backend::split_pass`])
+    /// machines: `split_parts`) where the backend asks for it ([`Backend::split_pass`])
     /// and nothing the pass shares cares: no trace, no other ranks, no route trace, and
     /// every routed expert in the host cache, so no part reads one (and none guesses the
     /// next layer's). Each sequence's logits are the same bits either way.

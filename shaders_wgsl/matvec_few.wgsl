@@ -59,10 +59,21 @@ fn step_few(acc: Acc, w: W8, d: D4, xv: XU) -> Acc {
     return r;
 }
 
-// Staged unit k of token t of the tile.
+// Staged unit k of token t of the tile: only the format's UV vec4s are read.
 fn xf_unit(t: u32, k: u32) -> XU {
     let b = (t * FT + k) * 9u;
-    return xu_from(X8(xf[b], xf[b + 1u], xf[b + 2u], xf[b + 3u], xf[b + 4u], xf[b + 5u], xf[b + 6u], xf[b + 7u]));
+    var v: X8;
+    v.x0 = xf[b];
+    v.x1 = xf[b + 1u];
+    v.x2 = xf[b + 2u];
+    v.x3 = xf[b + 3u];
+    if (UV > 4u) {
+        v.x4 = xf[b + 4u];
+        v.x5 = xf[b + 5u];
+        v.x6 = xf[b + 6u];
+        v.x7 = xf[b + 7u];
+    }
+    return xu_from(v);
 }
 
 // Units t0 .. t0 + tn - 1 of every token's x into xf; each lane requests two vec4s before
@@ -72,26 +83,22 @@ fn stage_few(t0: u32, tn: u32) {
     let n = TOK * per_tok;
     for (var j = r_lid; j < n; j += 2u * WG) {
         let j1 = min(j + WG, n - 1u);
-        let a0 = few_src(j, per_tok, t0);
-        let a1 = few_src(j1, per_tok, t0);
-        xf[few_slot(j, per_tok)] = a0;
+        let i0 = few_item(j, per_tok);
+        let i1 = few_item(j1, per_tok);
+        let a0 = few_x4(i0.x * p.x_stride4, t0 + i0.y, i0.z);
+        let a1 = few_x4(i1.x * p.x_stride4, t0 + i1.y, i1.z);
+        xf[(i0.x * FT + i0.y) * 9u + i0.z] = a0;
         if (j + WG < n) {
-            xf[few_slot(j1, per_tok)] = a1;
+            xf[(i1.x * FT + i1.y) * 9u + i1.z] = a1;
         }
     }
 }
 
-// Item j of a staging round: token j / per_tok, vec4 j % per_tok of its tile.
-fn few_src(j: u32, per_tok: u32, t0: u32) -> vec4<f32> {
-    let t = j / per_tok;
+// Item j of a staging round: (token, unit of the tile, vec4 of the unit), each staging round
+// holding per_tok vec4s a token.
+fn few_item(j: u32, per_tok: u32) -> vec3<u32> {
     let i = j % per_tok;
-    return few_x4(t * p.x_stride4, t0 + i / UV, i % UV);
-}
-
-fn few_slot(j: u32, per_tok: u32) -> u32 {
-    let t = j / per_tok;
-    let i = j % per_tok;
-    return (t * FT + i / UV) * 9u + i % UV;
+    return vec3<u32>(j / per_tok, i / UV, i % UV);
 }
 
 // A lane's sums of one token, reduced and written; the barrier keeps the next token's

@@ -99,13 +99,10 @@ impl<B: Backend> Runner<B> {
             let out = pool::on_this_thread(|| self.one_part(part, &mut own, cancel));
             (at, own, out)
         });
-        let mut together: Option<Stats> = None;
+        let mut together = Stats::default();
         let mut logits = Some(Vec::with_capacity(segs.len()));
         for (at, own, out) in outs {
-            together = Some(match together {
-                Some(t) => t.alongside(&own),
-                None => own,
-            });
+            together = together.alongside(&own);
             let out = if at == 0 {
                 out?
             } else {
@@ -116,9 +113,7 @@ impl<B: Backend> Runner<B> {
                 _ => logits = None,
             }
         }
-        if let Some(t) = together {
-            *stats = stats.plus(&t);
-        }
+        *stats = stats.plus(&together);
         Ok(logits)
     }
 

@@ -377,6 +377,11 @@ pub trait Backend: ExpertResidency + Sync {
     fn busy_seconds(&self) -> Option<f64> {
         None
     }
+    /// The device's kernel-time table since the last take, when it keeps one (the GPU under
+    /// `--gpu-profile`), and a fresh start for the next; benchmarks print one a case.
+    fn take_profile(&self) -> Option<String> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -92,11 +92,21 @@ struct Case {
     secs: f64,
     /// Of `secs`, the device's kernel time, when the backend keeps count (`--gpu-profile 1`).
     busy: Option<f64>,
+    /// The device's kernel-time table of the timed steps (`--gpu-profile 1`).
+    profile: Option<String>,
     steps: usize,
     stats: Stats,
 }
 
 impl Case {
+    /// The case as the tables name it.
+    fn name(&self) -> String {
+        if self.together {
+            format!("{} together", self.n)
+        } else {
+            format!("{} one at a time", self.n)
+        }
+    }
     fn tok_s(&self) -> f64 {
         (self.n * self.steps) as f64 / self.secs.max(1e-9)
     }
@@ -209,6 +219,8 @@ fn decode<B: Backend>(
         tokens.push(vec![argmax_lowest(&logits)]);
     }
     let mut stats = Stats::default();
+    // The prefill's kernels are not the case's.
+    let _ = model.backend.take_profile();
     let busy0 = model.backend.busy_seconds();
     let t = Instant::now();
     if together {
@@ -241,11 +253,13 @@ fn decode<B: Backend>(
     }
     let secs = t.elapsed().as_secs_f64();
     let busy = busy0.zip(model.backend.busy_seconds()).map(|(a, b)| b - a);
+    let profile = model.backend.take_profile();
     let case = Case {
         n: prompts.len(),
         together,
         secs,
         busy,
+        profile,
         steps: ngen,
         stats,
     };
@@ -264,11 +278,7 @@ fn report(a: &StreamsArgs, backend: &str, cases: &[Case], mismatches: &[String])
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
     for c in cases {
-        let name = if c.together {
-            format!("{} together", c.n)
-        } else {
-            format!("{} one at a time", c.n)
-        };
+        let name = c.name();
         let ratio = if one_gb > 0.0 {
             format!("{:.2}", c.gb_per_step() / one_gb)
         } else {
@@ -315,18 +325,18 @@ fn report(a: &StreamsArgs, backend: &str, cases: &[Case], mismatches: &[String])
         let phases = st.attn + st.moe + st.head;
         let rest = (c.secs - phases.as_secs_f64()).max(0.0) * 1e3 / c.passes().max(1) as f64;
         println!(
-            "| {} {} | {:.2} | {:.2} | {:.2} | {:.2} | {rest:.2} |",
-            c.n,
-            if c.together {
-                "together"
-            } else {
-                "one at a time"
-            },
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {rest:.2} |",
+            c.name(),
             per_pass(st.attn),
             per_pass(st.moe),
             per_pass(st.router_wait),
             per_pass(st.head),
         );
+    }
+    for c in cases {
+        if let Some(p) = &c.profile {
+            println!("\n{}, {} passes:\n{}", c.name(), c.passes(), p.trim_end());
+        }
     }
     if let Some(path) = &a.json {
         let doc = json!({

@@ -588,6 +588,18 @@ fn early_submits_and_the_profiler_keep_the_sums() {
         if let Some(r) = report {
             assert!(r.contains("dense") && r.contains("scatter"), "{r}");
         }
+        // A take hands over the tables so far and starts them again: the next take holds
+        // only what ran in between.
+        let taken = g.take_profile();
+        assert_eq!(taken.is_some(), profile);
+        assert!(
+            taken.as_ref().is_none_or(|r| r.contains("dense")),
+            "{taken:?}"
+        );
+        moe_case(&g, &mut rng, 2, 64, 32, 2);
+        if let Some(r) = g.take_profile() {
+            assert!(r.contains("moe") && !r.contains("dense "), "{r}");
+        }
     }
 }
 

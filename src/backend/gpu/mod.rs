@@ -467,6 +467,10 @@ impl Backend for GpuBackend {
         let by_entry = self.ctx.profile_by_entry()?;
         Some(by_entry.values().map(|&(_, secs)| secs).sum())
     }
+
+    fn take_profile(&self) -> Option<String> {
+        self.ctx.profile_take()
+    }
 }
 
 /// Every pipeline the engine creates on an adapter of shape `a`, its modules composed with

@@ -134,6 +134,14 @@ impl Profiler {
         by_entry
     }
 
+    /// The totals as two tables (see [`Self::report`]), then starts them again from zero:
+    /// a benchmark's table per case.
+    pub(crate) fn take_report(&mut self) -> String {
+        let s = self.report();
+        self.totals.clear();
+        s
+    }
+
     /// The totals as two tables, longest first: per kernel, then per kernel and grid (the
     /// first `SHAPES` rows).
     pub(crate) fn report(&self) -> String {

@@ -214,6 +214,14 @@ impl GpuContext {
         Some(prof.lock().unwrap_or_else(|e| e.into_inner()).report())
     }
 
+    /// The per-kernel GPU times since the last take (work submitted and waited for), when
+    /// profiling; the totals start again from zero.
+    pub fn profile_take(&self) -> Option<String> {
+        self.flush();
+        let prof = self.profiler.as_ref()?;
+        Some(prof.lock().unwrap_or_else(|e| e.into_inner()).take_report())
+    }
+
     /// The per-kernel passes and GPU seconds so far (work submitted and waited for), when
     /// profiling.
     pub fn profile_by_entry(&self) -> Option<HashMap<&'static str, (u64, f64)>> {

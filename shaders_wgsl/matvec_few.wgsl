@@ -8,10 +8,6 @@
 // it few lanes a row (`few_tokens_shape`), so a workgroup's rows are many and the staged x
 // of every token serves all of them.
 //
-// Where the row groups are too few to fill the GPU, the host splits each row's units into
-// segments (`seg_steps` units each, wg.x the segment): each segment's sums land in its own
-// slice of y (`seg_stride` words apart) and `sum_segments` adds them up.
-//
 // Composed after matvec_common.wgsl for the formats that define `few_x4(xb, u, q)` (vec4 q
 // of unit u of the x row at vec4 xb, as the format's unit dot takes it), `xu_from(X8)`
 // (a staged unit as the format's XU) and `few_dot(WU, DU, XU)` (a unit's dot product from
@@ -107,13 +103,12 @@ fn few_item(j: u32, per_tok: u32) -> vec3<u32> {
 
 // A lane's sums of one token, reduced and written; the barrier keeps the next token's
 // partial sums (workgroup memory, where a row spans blocks) from overwriting these early.
-fn put_token(acc: Acc, j: RowJob, yb: u32, t: u32) {
-    write_sums(acc, RPL, j.lane, yb + t * p.y_stride, 1u, j.valid);
+fn put_token(acc: Acc, j: RowJob, t: u32) {
+    write_sums(acc, RPL, j.lane, j.yb + t * p.y_stride, 1u, j.valid);
     workgroupBarrier();
 }
 
-// y[t, row0 + r] = W[r] · x[t] for the TOK tokens; wg.y is the row group, wg.x the segment
-// of the row's units (one segment, all of them, where seg_steps is 0).
+// y[t, row0 + r] = W[r] · x[t] for the TOK tokens; wg.y is the row group.
 @compute @workgroup_size(WG)
 fn dense_few(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
@@ -128,24 +123,17 @@ fn dense_few(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     var a6 = zero;
     var a7 = zero;
     let last = j.nrows - 1u;
-    var ub = 0u;
-    var ue = p.units;
-    if (p.seg_steps > 0u) {
-        ub = wg.x * p.seg_steps;
-        ue = min(p.units, ub + p.seg_steps);
-    }
-    let yb = j.yb + wg.x * p.seg_stride;
-    var u = ub + j.lane;
-    var cur = load_w8(j.wrow, last, min(u, ue - 1u));
-    for (var t0 = ub; t0 < ue; t0 += FT) {
-        let tn = min(FT, ue - t0);
+    var u = j.lane;
+    var cur = load_w8(j.wrow, last, min(u, p.units - 1u));
+    for (var t0 = 0u; t0 < p.units; t0 += FT) {
+        let tn = min(FT, p.units - t0);
         // The previous tile's reads are done before it is overwritten.
         workgroupBarrier();
         stage_few(t0, tn);
         workgroupBarrier();
         while (u < t0 + tn) {
             let un = u + LPR;
-            let nxt = load_w8(j.wrow, last, min(un, ue - 1u));
+            let nxt = load_w8(j.wrow, last, min(un, p.units - 1u));
             let d = decode4(cur);
             let k = u - t0;
             a0 = step_few(a0, cur, d, xf_unit(0u, k));
@@ -172,24 +160,24 @@ fn dense_few(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
             u = un;
         }
     }
-    put_token(a0, j, yb, 0u);
-    put_token(a1, j, yb, 1u);
+    put_token(a0, j, 0u);
+    put_token(a1, j, 1u);
     if (TOK > 2u) {
-        put_token(a2, j, yb, 2u);
+        put_token(a2, j, 2u);
     }
     if (TOK > 3u) {
-        put_token(a3, j, yb, 3u);
+        put_token(a3, j, 3u);
     }
     if (TOK > 4u) {
-        put_token(a4, j, yb, 4u);
+        put_token(a4, j, 4u);
     }
     if (TOK > 5u) {
-        put_token(a5, j, yb, 5u);
+        put_token(a5, j, 5u);
     }
     if (TOK > 6u) {
-        put_token(a6, j, yb, 6u);
+        put_token(a6, j, 6u);
     }
     if (TOK > 7u) {
-        put_token(a7, j, yb, 7u);
+        put_token(a7, j, 7u);
     }
 }

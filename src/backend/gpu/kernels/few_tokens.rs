@@ -54,31 +54,6 @@ const MIN_TILE_UNITS: u32 = 8;
 /// a row, 7168 rows (112 groups) 1.4-1.6× faster (docs/perf.md#several-streams-in-one-pass).
 pub(crate) const FEW_FROM_GROUPS: u32 = 64;
 
-/// Workgroups a call's segments aim for: about four a multiprocessor of a large GPU (132 on
-/// the H100). A 7168-row int4 matrix has 112 row groups, one workgroup on most of them,
-/// whose loads then wait with nothing to hide them.
-const FEW_TARGET_GROUPS: u32 = 512;
-
-/// The fewest rounds of a row's lanes a segment holds: shorter segments would spend more on
-/// the staging barriers and the partial sums than they gain in workgroups.
-const MIN_SEG_ROUNDS: u32 = 4;
-
-/// How the few-token kernel splits rows of `units` units over `groups` row groups with `lpr`
-/// lanes a row: `(segments, units a segment)`, enough segments for about
-/// [`FEW_TARGET_GROUPS`] workgroups, each a whole number of lane rounds of at least
-/// [`MIN_SEG_ROUNDS`]; `(1, units)` where one segment already fills the GPU.
-pub(crate) fn few_token_segments(groups: u32, units: u32, lpr: u32) -> (u32, u32) {
-    let lpr = lpr.max(1);
-    let units = units.max(1);
-    let most = (units / (MIN_SEG_ROUNDS * lpr)).max(1);
-    let want = FEW_TARGET_GROUPS.div_ceil(groups.max(1)).min(most);
-    if want <= 1 {
-        return (1, units);
-    }
-    let seg = units.div_ceil(want).next_multiple_of(lpr);
-    (units.div_ceil(seg), seg)
-}
-
 /// Workgroup memory one staged unit of x takes for one token: its eight vec4s and a pad.
 const FEW_UNIT_BYTES: u32 = 9 * 16;
 
@@ -144,28 +119,6 @@ mod tests {
         assert_eq!((get(&c, "DIGITS"), get(&c, "RPL")), (Some(1), Some(2)));
         let c = few_tokens_variant(Shader::MatvecInt8, d, 4, 224, 48 << 10).unwrap();
         assert_eq!(get(&c, "DIGITS"), None);
-    }
-
-    #[test]
-    fn segments_fill_the_gpu_in_whole_lane_rounds_and_cover_the_row() {
-        // 12288 int4 rows at 128 a group: 96 groups of 224 units, 8 lanes a row.
-        assert_eq!(few_token_segments(96, 224, 8), (6, 40));
-        // 7168 rows at 64 a group.
-        assert_eq!(few_token_segments(112, 224, 8), (5, 48));
-        // The int8 head's 640 groups fill the GPU alone.
-        assert_eq!(few_token_segments(640, 448, 4), (1, 448));
-        // Few groups: as many segments as rounds of four allow.
-        assert_eq!(few_token_segments(24, 224, 8), (7, 32));
-        // A row too short for two segments.
-        assert_eq!(few_token_segments(8, 40, 8), (1, 40));
-        for (groups, units, lpr) in [(96, 224, 8), (3, 1000, 4), (50, 97, 8), (1, 33, 8)] {
-            let (segs, seg) = few_token_segments(groups, units, lpr);
-            assert!(segs == 1 || seg % lpr == 0, "{groups} {units} {lpr}");
-            assert!(
-                seg * segs >= units && seg * (segs - 1) < units,
-                "{groups} {units}"
-            );
-        }
     }
 
     #[test]

@@ -3,11 +3,11 @@
 //! bindings stay under the adapter's limit; one dispatch per chunk writes its rows of y.
 
 use crate::backend::gpu::device::buffers::{f32_bytes, GpuAct};
-use crate::backend::gpu::device::context::{Dispatch, Int4Decode, MatvecShape};
+use crate::backend::gpu::device::context::{Dispatch, Int4Decode};
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile, GK};
 use crate::backend::gpu::kernels::few_tokens::{
-    few_token_segments, few_token_shape_of, few_tokens_shape, few_tokens_variant, FEW_FROM_GROUPS,
+    few_token_shape_of, few_tokens_shape, few_tokens_variant, FEW_FROM_GROUPS,
 };
 use crate::backend::gpu::kernels::row_split::{digit_shape, rows_per_group_of};
 use crate::backend::gpu::kernels::stationary::stationary_consts;
@@ -277,46 +277,6 @@ impl GpuBackend {
         }
     }
 
-    /// One row chunk `c` of `w` for `n` tokens (2..=8) through the few-token kernel with
-    /// its overrides `consts` and shape `m`: where its row groups are too few to fill the
-    /// GPU, each row's units split into segments whose partial sums go to a scratch buffer
-    /// and a `sum_segments` pass writes y.
-    fn dense_few(
-        &self,
-        c: &MatChunk,
-        n: usize,
-        (y, mut bufs): (&wgpu::Buffer, Vec<&wgpu::Buffer>),
-        (shader, consts, m): (Shader, &[(&'static str, u32)], MatvecShape),
-        mut params: [u32; 11],
-    ) {
-        let y_stride = params[4] as usize;
-        let groups = (c.rows as u32).div_ceil(rows_per_group_of(self.ctx.wg, m));
-        let (segs, seg_units) = few_token_segments(groups, params[1], m.lanes_per_row);
-        let out = n * c.rows;
-        let part = (segs > 1).then(|| {
-            // Each segment's outputs as [token][chunk row], segment after segment.
-            params[3] = 0;
-            params[4] = c.rows as u32;
-            params[9] = seg_units;
-            params[10] = out as u32;
-            self.scratch(u64::from(segs) * out as u64 * 4, "few-token partial sums")
-        });
-        if let Some(pb) = &part {
-            bufs[1] = &pb.buf;
-        }
-        self.ctx.dispatch(&Dispatch {
-            shader,
-            entry: "dense_few",
-            consts,
-            params: &params,
-            buffers: &bufs,
-            groups: (segs, groups, 1),
-        });
-        if let Some(pb) = &part {
-            self.sum_segments(&pb.buf, y, (n, c.rows), (y_stride, c.row0), segs);
-        }
-    }
-
     pub(in crate::backend::gpu) fn matmul_op(&self, w: &GpuMat, x: &GpuAct) -> Result<GpuAct> {
         self.matmul_sharing(w, x, &SharedX::of(&[w]))
     }
@@ -420,8 +380,14 @@ impl GpuBackend {
                 if split_digits {
                     bufs[0] = planes_of();
                 }
-                let kernel = (w.format.shader(), consts.as_slice(), few_shape);
-                self.dense_few(c, x.rows, (&y.buf, bufs), kernel, params);
+                self.ctx.dispatch(&Dispatch {
+                    shader: w.format.shader(),
+                    entry: "dense_few",
+                    consts,
+                    params: &params,
+                    buffers: &bufs,
+                    groups: (1, few_groups, 1),
+                });
                 continue;
             }
             let split_groups = (c.rows as u32).div_ceil(rpg);

@@ -1874,3 +1874,24 @@ fn matmul_over_zero_columns_is_zero() {
         assert_eq!(got, vec![0.0; 10], "mxfp4");
     }
 }
+
+/// Readbacks share one mapped buffer between them: each, whether smaller or larger than the
+/// one before and of any length, gets exactly its own values (no byte of an earlier, longer
+/// readback past its end, none missing where it grew).
+#[test]
+fn readbacks_of_any_size_in_turn_get_their_own_values() {
+    let Some(g) = gpu_with(&GpuOptions {
+        allow_cpu_adapter: true,
+        ..Default::default()
+    }) else {
+        return;
+    };
+    for (i, n) in [300_000usize, 7, 1, 1 << 20, 5, 4096, 300_001]
+        .into_iter()
+        .enumerate()
+    {
+        let want: Vec<f32> = (0..n).map(|k| (k * 31 + i) as f32 * 0.5).collect();
+        let got = g.download(&g.upload(&want, 1, n).unwrap()).unwrap();
+        assert_eq!(got, want, "readback {i} of {n} values");
+    }
+}

@@ -21,6 +21,7 @@ use crate::backend::gpu::device::adapters;
 use crate::backend::gpu::device::device_errors::DeviceErrors;
 use crate::backend::gpu::device::pipeline::{AdapterShape, PipelineKind, PipelineVariant};
 use crate::backend::gpu::device::profiler::Profiler;
+use crate::backend::gpu::device::readback::Readback;
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::device::upload_path;
 use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile};
@@ -115,6 +116,8 @@ pub struct GpuContext {
     /// `pipeline` creates.
     kinds: HashSet<PipelineKind>,
     pending: Mutex<Pending>,
+    /// The buffer readbacks map, kept between them.
+    readback: Readback,
 }
 
 impl GpuContext {
@@ -265,6 +268,7 @@ impl GpuContext {
             pipelines: Mutex::new(HashMap::new()),
             kinds,
             pending: Mutex::new(Pending::new(uniform_align)),
+            readback: Readback::default(),
         })
     }
 
@@ -525,16 +529,11 @@ impl GpuContext {
         f: impl FnOnce(&[u8]) -> T,
     ) -> Result<T> {
         let size = bytes.div_ceil(4) * 4;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.readback.take(&self.device, size);
         self.record(|enc| enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size));
         self.flush();
         let (tx, rx) = mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        staging.map_async(wgpu::MapMode::Read, ..size, move |r| {
             let _ = tx.send(r);
         });
         self.device
@@ -545,9 +544,10 @@ impl GpuContext {
         self.check_errors()?;
         mapped.map_err(|e| anyhow!("mapping the readback buffer: {e}"))?;
         let out = f(&staging
-            .get_mapped_range(..)
+            .get_mapped_range(..size)
             .map_err(|e| anyhow!("reading back: {e:?}"))?[..bytes as usize]);
         staging.unmap();
+        self.readback.give_back(staging);
         Ok(out)
     }
 

@@ -16,7 +16,7 @@ pub use expert_residency::{ExpertResidency, FreeDeviceMemory, TierExchange, Tier
 
 use crate::quant::DenseMatrix;
 use crate::routed_expert::{ExpertKey, Route};
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use std::ops::Range;
 
 /// Shape parameters of one KDA layer, shared by every backend.
@@ -221,6 +221,12 @@ pub trait Backend: ExpertResidency + Sync {
     }
     /// Copies an activation back to the host, row-major.
     fn download(&self, x: &Self::Act) -> Result<Vec<f32>>;
+    /// Copies an activation back to the host as consecutive pieces of `lens` values, which
+    /// add up to its length: a batch's logits, a piece a sequence. A backend that can copies
+    /// each piece straight from the device's data, where a download and a split copy twice.
+    fn download_pieces(&self, x: &Self::Act, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+        split_pieces(&self.download(x)?, lens)
+    }
     /// `(rows, cols)` of an activation.
     fn shape(&self, x: &Self::Act) -> (usize, usize);
     /// Rows `start..start+count` of an activation, as a new activation.
@@ -382,6 +388,25 @@ pub trait Backend: ExpertResidency + Sync {
     fn take_profile(&self) -> Option<String> {
         None
     }
+}
+
+/// `all` as consecutive pieces of `lens` values, which must add up to its length.
+pub fn split_pieces(all: &[f32], lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+    let total: usize = lens.iter().sum();
+    ensure!(
+        total == all.len(),
+        "internal: pieces of {total} values in all asked of {} values",
+        all.len()
+    );
+    let mut rest = all;
+    Ok(lens
+        .iter()
+        .map(|&n| {
+            let (mine, more) = rest.split_at(n);
+            rest = more;
+            mine.to_vec()
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use super::pieces::PieceState;
 use super::prefill_window::{moe_row_bytes, row_chunks};
 use super::runtime::Runtime;
 use super::trace::Trace;
-use crate::backend::{Backend, Glu};
+use crate::backend::{split_pieces, Backend, Glu};
 use crate::checkpoint::{Checkpoint, TensorSpec};
 use crate::experts::plan::expert_plan::ExpertAccess;
 use crate::stats::Stats;
@@ -507,6 +507,12 @@ impl<B: Backend> K3Model<B> {
             h_dim,
             eps,
         )?;
+        let v = self.vocab_size();
+        let lens: Vec<usize> = layout.logit_rows().iter().map(|n| n * v).collect();
+        if rows <= rt.head_rows {
+            // One call: each segment's logits come straight from the device's.
+            return b.download_pieces(&b.matmul(&o.head, &out)?, &lens);
+        }
         // Every wanted row's logits, in row order (which is segment order); the head's
         // output rows are the widest of the pass, so they go in calls of `head_rows`.
         let mut logits = Vec::new();
@@ -524,24 +530,13 @@ impl<B: Backend> K3Model<B> {
                 logits.extend(got);
             }
         }
-        let v = self.vocab_size();
-        if let [n] = layout.logit_rows()[..] {
-            if logits.len() != n * v {
+        if let [n] = lens[..] {
+            if logits.len() != n {
                 bail!("internal: the head returned other than the segment's logits");
             }
             return Ok(vec![logits]);
         }
-        let mut rest = logits.as_slice();
-        let mut per_seg = Vec::with_capacity(layout.len());
-        for n in layout.logit_rows() {
-            if rest.len() < n * v {
-                bail!("internal: the head returned fewer logits than the segments want");
-            }
-            let (mine, more) = rest.split_at(n * v);
-            per_seg.push(mine.to_vec());
-            rest = more;
-        }
-        Ok(per_seg)
+        split_pieces(&logits, &lens)
     }
 }
 

@@ -1877,7 +1877,7 @@ fn matmul_over_zero_columns_is_zero() {
 
 /// Readbacks share one mapped buffer between them: each, whether smaller or larger than the
 /// one before and of any length, gets exactly its own values (no byte of an earlier, longer
-/// readback past its end, none missing where it grew).
+/// readback past its end, none missing where it grew); so does a readback in pieces.
 #[test]
 fn readbacks_of_any_size_in_turn_get_their_own_values() {
     let Some(g) = gpu_with(&GpuOptions {
@@ -1894,4 +1894,13 @@ fn readbacks_of_any_size_in_turn_get_their_own_values() {
         let got = g.download(&g.upload(&want, 1, n).unwrap()).unwrap();
         assert_eq!(got, want, "readback {i} of {n} values");
     }
+    // A batch's logits come back a piece a sequence, each straight from the mapping; pieces
+    // that do not add up to the activation are refused by name.
+    let all: Vec<f32> = (0..100).map(|k| k as f32).collect();
+    let x = g.upload(&all, 4, 25).unwrap();
+    let pieces = g.download_pieces(&x, &[25, 0, 50, 25]).unwrap();
+    let want = [&all[..25], &[][..], &all[25..75], &all[75..]];
+    assert_eq!(pieces, want.map(<[f32]>::to_vec));
+    let e = g.download_pieces(&x, &[25, 50]).unwrap_err();
+    assert!(format!("{e:#}").contains("pieces of 75 values"), "{e:#}");
 }

@@ -121,6 +121,10 @@ impl Backend for CpuBackend {
         Ok(x.data.clone())
     }
 
+    fn download_pieces(&self, x: &CpuAct, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+        crate::backend::split_pieces(&x.data, lens)
+    }
+
     fn shape(&self, x: &CpuAct) -> (usize, usize) {
         (x.rows, x.cols)
     }

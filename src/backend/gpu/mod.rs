@@ -210,6 +210,13 @@ impl Backend for GpuBackend {
         Ok(out)
     }
 
+    fn download_pieces(&self, x: &GpuRows, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+        match x.parts.as_slice() {
+            [one] => self.ctx.read_f32_pieces(&one.buf, one.len(), lens),
+            _ => crate::backend::split_pieces(&self.download(x)?, lens),
+        }
+    }
+
     fn shape(&self, x: &GpuRows) -> (usize, usize) {
         (x.rows, x.cols)
     }

@@ -8,6 +8,7 @@ mod host_copy;
 pub mod limits_profile;
 mod matvec_shape;
 mod options;
+mod readback;
 mod recording;
 
 pub use device_limits::{max_binding_bytes, use_subgroups, workgroup_size, MAX_WG};
@@ -21,7 +22,6 @@ use crate::backend::gpu::device::adapters;
 use crate::backend::gpu::device::device_errors::DeviceErrors;
 use crate::backend::gpu::device::pipeline::{AdapterShape, PipelineKind, PipelineVariant};
 use crate::backend::gpu::device::profiler::Profiler;
-use crate::backend::gpu::device::readback::Readback;
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::device::upload_path;
 use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile};
@@ -29,9 +29,10 @@ use crate::backend::gpu::kernels::stationary::{CsPlan, Stationary};
 use crate::backend::gpu::pipeline_kinds;
 use anyhow::{anyhow, bail, Context as _, Result};
 use host_copy::{parallel_copy, parallel_copy_parts};
+use readback::Readback;
 use recording::Pending;
 use std::collections::{HashMap, HashSet};
-use std::sync::{mpsc, Mutex};
+use std::sync::Mutex;
 use wgpu::util::DeviceExt;
 
 /// Recorded passes after which the pending encoder is submitted anyway, bounding the
@@ -495,60 +496,6 @@ impl GpuContext {
             // Empty, or refused by validation: write_buffer reports it as wgpu does.
             None => self.queue.write_buffer(buf, offset, data),
         }
-    }
-
-    /// Copies `bytes` from `buf` at `offset` to the host, after all recorded work.
-    pub fn read(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
-        if bytes == 0 {
-            return Ok(Vec::new());
-        }
-        self.read_with(buf, offset, bytes, |mapped| mapped.to_vec())
-    }
-
-    /// Copies `values` f32 from `buf` at `offset` to the host, after all recorded work:
-    /// straight from the mapped readback into the vector (a head's logits are megabytes a
-    /// step, and each host copy of them costs the step a fraction of a millisecond).
-    pub fn read_f32(&self, buf: &wgpu::Buffer, offset: u64, values: usize) -> Result<Vec<f32>> {
-        if values == 0 {
-            return Ok(Vec::new());
-        }
-        let mut out = vec![0f32; values];
-        self.read_with(buf, offset, (values * 4) as u64, |mapped| {
-            bytemuck::cast_slice_mut::<f32, u8>(&mut out).copy_from_slice(mapped);
-        })?;
-        Ok(out)
-    }
-
-    /// `f` on `bytes` (not 0) of `buf` from `offset`, mapped on the host after all recorded
-    /// work.
-    fn read_with<T>(
-        &self,
-        buf: &wgpu::Buffer,
-        offset: u64,
-        bytes: u64,
-        f: impl FnOnce(&[u8]) -> T,
-    ) -> Result<T> {
-        let size = bytes.div_ceil(4) * 4;
-        let staging = self.readback.take(&self.device, size);
-        self.record(|enc| enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size));
-        self.flush();
-        let (tx, rx) = mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, ..size, move |r| {
-            let _ = tx.send(r);
-        });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| anyhow!("waiting for the GPU on {}: {e}", self.info.name))?;
-        let mapped = rx.recv().map_err(|_| anyhow!("GPU readback was dropped"))?;
-        // An error the device reported earlier explains a failed map better than the map.
-        self.check_errors()?;
-        mapped.map_err(|e| anyhow!("mapping the readback buffer: {e}"))?;
-        let out = f(&staging
-            .get_mapped_range(..size)
-            .map_err(|e| anyhow!("reading back: {e:?}"))?[..bytes as usize]);
-        staging.unmap();
-        self.readback.give_back(staging);
-        Ok(out)
     }
 
     /// Waits until every submitted command has finished.

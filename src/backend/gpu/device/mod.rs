@@ -1,7 +1,7 @@
 //! The device plumbing the kernels run on: adapter choice, the context (device, queue,
 //! limits, pipelines, recording), buffers and their reuse, the kernels' WGSL modules and
-//! pipeline descriptions, upload paths and the staging lent to reads and the buffer readbacks map, device
-//! errors and the profiler.
+//! pipeline descriptions, upload paths and the staging lent to reads, device errors and the
+//! profiler.
 
 pub mod adapters;
 pub(crate) mod buffer_pool;
@@ -14,6 +14,5 @@ pub(crate) mod param_arena;
 pub mod pipeline;
 pub(crate) mod profiler;
 pub(crate) mod read_staging;
-pub(crate) mod readback;
 pub mod shaders;
 pub mod upload_path;

@@ -45,7 +45,8 @@ pub(crate) struct ModelArgs {
     )]
     pub gpu_limits: LimitsProfile,
     /// GPU: 1 = time every kernel on the GPU (timestamp queries) and print the time per
-    /// kernel at the end. Each submission then waits for the GPU, so the run itself is slower.
+    /// kernel at the end (`bench streams`: a table for each case). Each submission then
+    /// waits for the GPU, so the run itself is slower.
     #[arg(long, env = "K3_GPU_PROFILE", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub gpu_profile: u8,
     /// CPU backend: 1 = routed experts on int8-quantized activations with integer dots

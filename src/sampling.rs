@@ -302,7 +302,7 @@ fn softmax(logits: impl Iterator<Item = f32>, max: f32, temperature: f32) -> Vec
 }
 
 /// Index of the largest value; the lowest index wins a tie, NaN never wins (0 when nothing
-/// but NaN). Two passes in blocks of [`ARGMAX_LANES`] that the compiler vectorizes (the
+/// but NaN). Two passes in blocks of 16 values that the compiler vectorizes (the
 /// maximum lane by lane, then the first block that holds it): a greedy pick reads a
 /// vocabulary's logits a row and step, and one compare-and-branch a value does not vectorize
 /// (`cargo bench --bench sampling`).

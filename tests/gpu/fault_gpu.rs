@@ -7,7 +7,7 @@ use k3::backend::gpu::GpuOptions;
 use k3::checkpoint::Checkpoint;
 use k3::experts::ExpertReader;
 use k3::generate::prefill;
-use k3::model::{FormatPolicy, K3Model, Runner};
+use k3::model::{FormatPolicy, K3Model, Logits, Runner, Segment, State};
 use k3::stats::Stats;
 
 const PROMPT: [u32; 6] = [768, 5, 300, 17, 999, 42];
@@ -33,4 +33,34 @@ fn a_non_finite_hidden_state_on_the_gpu_names_the_moe_layer() {
         "the layer is not named: {msg}"
     );
     assert!(msg.contains("non-finite value (NaN or Inf)"), "{msg}");
+}
+
+/// A step of several sequences whose logits are not finite (NaN in the final norm) is
+/// refused naming the first segment and its position, as one sequence's step names its own.
+#[test]
+fn non_finite_logits_of_a_batch_name_the_first_segment() {
+    let copy = support::with_nan_tensor("model.norm.weight");
+    let Some(m) = support::gpu_model(copy.path(), GpuOptions::default(), support::serial_stream())
+    else {
+        return;
+    };
+    let mut states: Vec<State<_>> = (0..3).map(|_| m.new_state().unwrap()).collect();
+    let ids = [[5u32], [300], [17]];
+    let mut segs: Vec<Segment<'_, _>> = states
+        .iter_mut()
+        .zip(&ids)
+        .map(|(state, ids)| Segment {
+            state,
+            ids,
+            want: Logits::Last,
+        })
+        .collect();
+    let e = m
+        .forward_batch(&mut segs, &mut Stats::default(), None, None)
+        .unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("the logits hold a non-finite value (NaN or Inf) at position 0 of the context of segment 0"),
+        "{msg}"
+    );
 }

@@ -1901,6 +1901,14 @@ fn readbacks_of_any_size_in_turn_get_their_own_values() {
     let pieces = g.download_pieces(&x, &[25, 0, 50, 25]).unwrap();
     let want = [&all[..25], &[][..], &all[25..75], &all[75..]];
     assert_eq!(pieces, want.map(<[f32]>::to_vec));
+    // Pieces of a few hundred thousand values, each copied by a pool thread.
+    let big: Vec<f32> = (0..300_000).map(|k| k as f32).collect();
+    let x_big = g.upload(&big, 3, 100_000).unwrap();
+    let pieces = g
+        .download_pieces(&x_big, &[100_000, 150_000, 50_000])
+        .unwrap();
+    let want = [&big[..100_000], &big[100_000..250_000], &big[250_000..]];
+    assert_eq!(pieces, want.map(<[f32]>::to_vec));
     let e = g.download_pieces(&x, &[25, 50]).unwrap_err();
     assert!(format!("{e:#}").contains("pieces of 75 values"), "{e:#}");
 }

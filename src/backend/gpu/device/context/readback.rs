@@ -4,7 +4,9 @@
 //! `MAP_READ` buffer each time costs an allocation and a mapping of new host pages.
 
 use super::GpuContext;
+use crate::quant::pool;
 use anyhow::{anyhow, ensure, Result};
+use rayon::prelude::*;
 use std::sync::{mpsc, Mutex};
 
 /// The largest buffer kept: a prompt's every-row logits can be gigabytes, which stay held
@@ -90,14 +92,24 @@ impl GpuContext {
         if values == 0 {
             return Ok(lens.iter().map(|_| Vec::new()).collect());
         }
+        let starts: Vec<usize> = lens
+            .iter()
+            .scan(0, |at, &n| {
+                let start = *at;
+                *at += n;
+                Some(start)
+            })
+            .collect();
+        // A batch's logits (megabytes at several streams) copy a piece a pool thread.
+        let min_len = pool::min_len(lens.len(), values);
         self.read_with(buf, 0, (values * 4) as u64, |mapped| {
-            let mut rest: &[u8] = mapped;
-            lens.iter()
-                .map(|&n| {
-                    let (mine, more) = rest.split_at(n * 4);
-                    rest = more;
+            lens.par_iter()
+                .zip(&starts)
+                .with_min_len(min_len)
+                .map(|(&n, &start)| {
                     let mut v = vec![0f32; n];
-                    bytemuck::cast_slice_mut::<f32, u8>(&mut v).copy_from_slice(mine);
+                    bytemuck::cast_slice_mut::<f32, u8>(&mut v)
+                        .copy_from_slice(&mapped[4 * start..4 * (start + n)]);
                     v
                 })
                 .collect()

@@ -8,10 +8,8 @@ use super::prefill_progress::PrefillProgress;
 use super::trace::Trace;
 use crate::backend::Backend;
 use crate::experts::ExpertSource;
-use crate::quant::pool;
 use crate::stats::Stats;
 use anyhow::{bail, Result};
-use rayon::prelude::*;
 use std::time::{Duration, Instant};
 
 /// The observer of one forward pass over the rows of `layout` (one window of one sequence,
@@ -136,20 +134,15 @@ impl<'a> PassObserver<'a> {
     pub(super) fn head_done(&mut self, logits: &[Vec<f32>], vocab: usize) -> Result<()> {
         let t = self.lap();
         self.stats.head += t;
-        // A batch's logits (megabytes at several streams) are checked a segment a pool thread.
-        let values = logits.iter().map(Vec::len).sum();
-        let bad = logits
-            .par_iter()
-            .enumerate()
-            .with_min_len(pool::min_len(logits.len(), values))
-            .find_map_first(|(s, l)| first_non_finite(l).map(|at| (s, at)));
-        if let Some((s, at)) = bad {
-            bail!(
-                "the logits hold a non-finite value (NaN or Inf) at {}; this backend does \
-                 not check each layer, so run the same input with --backend cpu (or \
-                 --trace DIR) to find the layer that produced it",
-                self.layout.at_logit_row(s, at / vocab.max(1))
-            );
+        for (s, l) in logits.iter().enumerate() {
+            if let Some(at) = first_non_finite(l) {
+                bail!(
+                    "the logits hold a non-finite value (NaN or Inf) at {}; this backend does \
+                     not check each layer, so run the same input with --backend cpu (or \
+                     --trace DIR) to find the layer that produced it",
+                    self.layout.at_logit_row(s, at / vocab.max(1))
+                );
+            }
         }
         self.progress.window_done();
         Ok(())

@@ -7,7 +7,7 @@ use k3::backend::gpu::GpuOptions;
 use k3::checkpoint::Checkpoint;
 use k3::experts::ExpertReader;
 use k3::generate::prefill;
-use k3::model::{FormatPolicy, K3Model, Logits, Runner, Segment, State};
+use k3::model::{FormatPolicy, K3Model, Runner, State};
 use k3::stats::Stats;
 
 const PROMPT: [u32; 6] = [768, 5, 300, 17, 999, 42];
@@ -46,15 +46,7 @@ fn non_finite_logits_of_a_batch_name_the_first_segment() {
     };
     let mut states: Vec<State<_>> = (0..3).map(|_| m.new_state().unwrap()).collect();
     let ids = [[5u32], [300], [17]];
-    let mut segs: Vec<Segment<'_, _>> = states
-        .iter_mut()
-        .zip(&ids)
-        .map(|(state, ids)| Segment {
-            state,
-            ids,
-            want: Logits::Last,
-        })
-        .collect();
+    let mut segs = support::last_row_segments(&mut states, &ids);
     let e = m
         .forward_batch(&mut segs, &mut Stats::default(), None, None)
         .unwrap_err();

@@ -6,7 +6,7 @@ use crate::support;
 use support::batch_scenario;
 
 use k3::experts::telemetry::route_trace::{RouteTap, TraceHeader};
-use k3::model::{FormatPolicy, Logits, Runner, RuntimeSettings, Segment};
+use k3::model::{FormatPolicy, Logits, Runner, RuntimeSettings};
 use k3::stats::Stats;
 use k3::synth::{synthesize, Preset, Routing, SynthOptions};
 use std::sync::atomic::AtomicBool;
@@ -74,15 +74,7 @@ fn an_out_of_range_id_names_its_segment() {
     let m = tiny();
     let mut states: Vec<_> = (0..3).map(|_| m.new_state().unwrap()).collect();
     let ids: [&[u32]; 3] = [&[1], &[2, 3], &[4, 5, 1_000_000]];
-    let mut segs: Vec<Segment<'_, _>> = states
-        .iter_mut()
-        .zip(ids)
-        .map(|(state, ids)| Segment {
-            state,
-            ids,
-            want: Logits::Last,
-        })
-        .collect();
+    let mut segs = support::last_row_segments(&mut states, &ids);
     let e = m
         .forward_batch(&mut segs, &mut Stats::default(), None, None)
         .unwrap_err()
@@ -100,29 +92,13 @@ fn a_raised_cancel_stops_the_batch_before_its_layers() {
     let mut states: Vec<_> = (0..2).map(|_| m.new_state().unwrap()).collect();
     let ids: [&[u32]; 2] = [&[1], &[2, 3, 4]];
     let cancel = AtomicBool::new(true);
-    let mut segs: Vec<Segment<'_, _>> = states
-        .iter_mut()
-        .zip(ids)
-        .map(|(state, ids)| Segment {
-            state,
-            ids,
-            want: Logits::Last,
-        })
-        .collect();
+    let mut segs = support::last_row_segments(&mut states, &ids);
     let out = m
         .forward_batch(&mut segs, &mut Stats::default(), None, Some(&cancel))
         .unwrap();
     assert!(out.is_none(), "a raised cancel returns no logits");
     assert!(states.iter().all(|s| s.pos == 0), "no state advances");
-    let mut segs: Vec<Segment<'_, _>> = states
-        .iter_mut()
-        .zip(ids)
-        .map(|(state, ids)| Segment {
-            state,
-            ids,
-            want: Logits::Last,
-        })
-        .collect();
+    let mut segs = support::last_row_segments(&mut states, &ids);
     cancel.store(false, std::sync::atomic::Ordering::SeqCst);
     let out = m
         .forward_batch(&mut segs, &mut Stats::default(), None, Some(&cancel))
@@ -188,15 +164,7 @@ fn four_decoding_segments_read_only_the_union_of_their_experts() {
     support::new_runtime(&mut m, tapped(&tap));
     let mut states: Vec<_> = (0..4).map(|_| m.new_state().unwrap()).collect();
     let ids: Vec<[u32; 1]> = tokens.iter().map(|&t| [t]).collect();
-    let mut segs: Vec<Segment<'_, _>> = states
-        .iter_mut()
-        .zip(&ids)
-        .map(|(state, ids)| Segment {
-            state,
-            ids,
-            want: Logits::Last,
-        })
-        .collect();
+    let mut segs = support::last_row_segments(&mut states, &ids);
     let mut stats = Stats::default();
     m.forward_batch(&mut segs, &mut stats, None, None)
         .unwrap()
@@ -284,15 +252,7 @@ fn split_steps_keep_each_sequence_bit_for_bit() {
                     .unwrap()
             })
             .collect();
-        let mut segs: Vec<Segment<'_, _>> = together
-            .iter_mut()
-            .zip(&ids)
-            .map(|(state, ids)| Segment {
-                state,
-                ids,
-                want: Logits::Last,
-            })
-            .collect();
+        let mut segs = support::last_row_segments(&mut together, &ids);
         let mut stats = Stats::default();
         let got = m
             .forward_batch(&mut segs, &mut stats, None, None)
@@ -308,15 +268,7 @@ fn split_steps_keep_each_sequence_bit_for_bit() {
     assert!(together.iter().all(|s| s.pos == 27));
     // A bad id in the second half: refused before any layer, named as in the step.
     let ids: Vec<[u32; 1]> = (0..5u32).map(|s| [if s == 3 { v } else { s }]).collect();
-    let mut segs: Vec<Segment<'_, _>> = together
-        .iter_mut()
-        .zip(&ids)
-        .map(|(state, ids)| Segment {
-            state,
-            ids,
-            want: Logits::Last,
-        })
-        .collect();
+    let mut segs = support::last_row_segments(&mut together, &ids);
     let e = m
         .forward_batch(&mut segs, &mut Stats::default(), None, None)
         .unwrap_err()

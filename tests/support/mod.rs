@@ -5,9 +5,10 @@
 
 use k3::backend::cpu::CpuBackend;
 use k3::backend::gpu::{GpuBackend, GpuOptions};
+use k3::backend::Backend;
 use k3::checkpoint::Checkpoint;
 use k3::experts::{IoMode, StreamConfig};
-use k3::model::{FormatPolicy, K3Model, Runner, RuntimeSettings};
+use k3::model::{FormatPolicy, K3Model, Logits, Runner, RuntimeSettings, Segment, State};
 use k3::synth::{synthesize, Preset, Routing, SynthOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -368,4 +369,21 @@ pub(crate) fn where_open_files_can_be_replaced(group: &str, test: impl FnOnce())
 /// model; the old runtime and its caches go).
 pub(crate) fn new_runtime<B: k3::backend::Backend>(m: &mut Runner<B>, settings: RuntimeSettings) {
     m.rt = k3::model::Runtime::new(&m.ckpt.config, &m.backend, settings).unwrap();
+}
+
+/// One segment a state: `states[i]` on `ids[i]`, each wanting its last row's logits (a
+/// decode step of several sequences, or their prompts' slices).
+pub(crate) fn last_row_segments<'a, B: Backend, I: AsRef<[u32]>>(
+    states: &'a mut [State<B>],
+    ids: &'a [I],
+) -> Vec<Segment<'a, B>> {
+    states
+        .iter_mut()
+        .zip(ids)
+        .map(|(state, ids)| Segment {
+            state,
+            ids: ids.as_ref(),
+            want: Logits::Last,
+        })
+        .collect()
 }

@@ -190,13 +190,18 @@ impl Sampler {
         cand.clear();
         cand.extend(work.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         // Highest logit first, lowest id first among equals: every cut below is then
-        // deterministic.
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        // deterministic. It is a total order (the ids differ), so an unstable sort, and a
+        // selection of the top k before it, give the order a full stable sort gives: a
+        // vocabulary of 163,840 sorted whole took milliseconds a row (`cargo bench --bench
+        // sampling`).
+        let by_rank = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if cfg.top_k > 0 && cfg.top_k < cand.len() {
+            cand.select_nth_unstable_by(cfg.top_k - 1, by_rank);
+            cand.truncate(cfg.top_k);
+        }
+        cand.sort_unstable_by(by_rank);
         if cand[0].1 == f32::NEG_INFINITY {
             return cand[0].0;
-        }
-        if cfg.top_k > 0 && cfg.top_k < cand.len() {
-            cand.truncate(cfg.top_k);
         }
         let max = cand[0].1;
         if cfg.top_p < 1.0 {
@@ -373,6 +378,49 @@ mod tests {
             presence_penalty: presence,
             frequency_penalty: frequency,
             ..SamplerConfig::default()
+        }
+    }
+
+    /// Top-k by selection draws what the whole vocabulary draws with every id outside the k
+    /// highest (ties by lowest id) masked to -inf: the same candidates in the same order, the
+    /// same probabilities, the same random numbers.
+    #[test]
+    fn top_k_by_selection_draws_as_the_masked_vocabulary_does() {
+        let mut seed = 11u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            // Few distinct values, so ties cross the k-th place.
+            (seed >> 26) as f32 * 0.25
+        };
+        for (top_k, top_p, min_p) in [
+            (1, 1.0, 0.0),
+            (5, 1.0, 0.0),
+            (40, 0.9, 0.0),
+            (40, 1.0, 0.05),
+        ] {
+            let logits: Vec<f32> = (0..1000).map(|_| next()).collect();
+            let mut order: Vec<usize> = (0..logits.len()).collect();
+            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+            let mut masked = vec![f32::NEG_INFINITY; logits.len()];
+            for &i in &order[..top_k] {
+                masked[i] = logits[i];
+            }
+            let cfg = |top_k| SamplerConfig {
+                temperature: 0.8,
+                top_k,
+                top_p,
+                min_p,
+                seed: 5,
+                ..SamplerConfig::default()
+            };
+            let (mut by_k, mut by_mask) = (sampler(cfg(top_k)), sampler(cfg(0)));
+            for step in 0..200 {
+                assert_eq!(
+                    by_k.sample(&logits, &[]),
+                    by_mask.sample(&masked, &[]),
+                    "top-k {top_k}, top-p {top_p}, min-p {min_p}, draw {step}"
+                );
+            }
         }
     }
 

@@ -17,6 +17,7 @@ pub use expert_residency::{ExpertResidency, FreeDeviceMemory, TierExchange, Tier
 use crate::quant::DenseMatrix;
 use crate::routed_expert::{ExpertKey, Route};
 use anyhow::{ensure, Result};
+use rayon::prelude::*;
 use std::ops::Range;
 
 /// Shape parameters of one KDA layer, shared by every backend.
@@ -390,7 +391,8 @@ pub trait Backend: ExpertResidency + Sync {
     }
 }
 
-/// `all` as consecutive pieces of `lens` values, which must add up to its length.
+/// `all` as consecutive pieces of `lens` values, which must add up to its length. A batch's
+/// logits (megabytes at several streams) copy a piece a pool thread.
 pub fn split_pieces(all: &[f32], lens: &[usize]) -> Result<Vec<Vec<f32>>> {
     let total: usize = lens.iter().sum();
     ensure!(
@@ -399,13 +401,18 @@ pub fn split_pieces(all: &[f32], lens: &[usize]) -> Result<Vec<Vec<f32>>> {
         all.len()
     );
     let mut rest = all;
-    Ok(lens
+    let pieces: Vec<&[f32]> = lens
         .iter()
         .map(|&n| {
             let (mine, more) = rest.split_at(n);
             rest = more;
-            mine.to_vec()
+            mine
         })
+        .collect();
+    Ok(pieces
+        .par_iter()
+        .with_min_len(crate::quant::pool::min_len(pieces.len(), total))
+        .map(|p| p.to_vec())
         .collect())
 }
 

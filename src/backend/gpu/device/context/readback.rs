@@ -4,9 +4,8 @@
 //! `MAP_READ` buffer each time costs an allocation and a mapping of new host pages.
 
 use super::GpuContext;
-use crate::quant::pool;
-use anyhow::{anyhow, ensure, Result};
-use rayon::prelude::*;
+use crate::backend::split_pieces;
+use anyhow::{anyhow, Result};
 use std::sync::{mpsc, Mutex};
 
 /// The largest buffer kept: a prompt's every-row logits can be gigabytes, which stay held
@@ -77,43 +76,23 @@ impl GpuContext {
     }
 
     /// The first `values` f32 of `buf` as consecutive pieces of `lens` values (which add up
-    /// to `values`), each copied straight from the mapping.
+    /// to `values`), each copied straight from the mapping ([`split_pieces`]).
     pub fn read_f32_pieces(
         &self,
         buf: &wgpu::Buffer,
         values: usize,
         lens: &[usize],
     ) -> Result<Vec<Vec<f32>>> {
-        let total: usize = lens.iter().sum();
-        ensure!(
-            total == values,
-            "internal: pieces of {total} values in all asked of {values} values"
-        );
         if values == 0 {
-            return Ok(lens.iter().map(|_| Vec::new()).collect());
+            return split_pieces(&[], lens);
         }
-        let starts: Vec<usize> = lens
-            .iter()
-            .scan(0, |at, &n| {
-                let start = *at;
-                *at += n;
-                Some(start)
-            })
-            .collect();
-        // A batch's logits (megabytes at several streams) copy a piece a pool thread.
-        let min_len = pool::min_len(lens.len(), values);
         self.read_with(buf, 0, (values * 4) as u64, |mapped| {
-            lens.par_iter()
-                .zip(&starts)
-                .with_min_len(min_len)
-                .map(|(&n, &start)| {
-                    let mut v = vec![0f32; n];
-                    bytemuck::cast_slice_mut::<f32, u8>(&mut v)
-                        .copy_from_slice(&mapped[4 * start..4 * (start + n)]);
-                    v
-                })
-                .collect()
-        })
+            match bytemuck::try_cast_slice::<u8, f32>(mapped) {
+                Ok(all) => split_pieces(all, lens),
+                // A mapping not aligned to 4 bytes (no driver known to give one): one copy more.
+                Err(_) => split_pieces(&bytemuck::pod_collect_to_vec::<u8, f32>(mapped), lens),
+            }
+        })?
     }
 
     /// `f` on `bytes` (not 0) of `buf` from `offset`, mapped on the host after all recorded

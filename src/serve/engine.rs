@@ -8,6 +8,7 @@
 //! leaves the engine serving.
 
 mod admission;
+mod advance;
 mod finish;
 mod publish;
 
@@ -17,11 +18,12 @@ use super::live::LiveFigures;
 use super::metrics::Metrics;
 use crate::backend::Backend;
 use crate::model::Runner;
-use crate::session::{Finish, Phase, Session, SnapshotLimits, Stepper};
+use crate::session::{Session, SnapshotLimits, Stepper};
 use crate::stats::Stats;
 use crate::tokenizer::Tokenizer;
-use admission::{admit, start_choice, Admit};
-use anyhow::{bail, Result};
+use admission::{admit, Admit};
+use advance::advance_all;
+use anyhow::Result;
 use finish::finish_job;
 use publish::publish;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -312,24 +314,14 @@ pub(crate) fn run_engine<B: Backend>(
         // Picks: every sequence whose logits are in takes its token; later choices start
         // once the first has prefilled their prompt; ended choices free their slots, ended
         // jobs leave.
-        let mut i = 0;
-        while i < active.len() {
-            let q = &mut active[i];
-            let r = catch_unwind(AssertUnwindSafe(|| advance(q, &mut slots, tok, &eos)));
-            let end = match r {
-                Ok(Ok(false)) => None,
-                Ok(Ok(true)) => Some(None),
-                Ok(Err(e)) => Some(Some(format!("{e:#}"))),
-                Err(_) => Some(Some(String::new())),
-            };
-            match end {
-                None => i += 1,
-                Some(failure) => {
-                    let q = active.swap_remove(i);
-                    let remaining = sequences(&active);
-                    finish_job(q, failure, &mut slots, shared, remaining);
-                }
-            }
+        let ends = advance_all(&mut active, &mut slots, tok, &eos);
+        let mut ended = Vec::new();
+        for (i, failure) in ends.into_iter().rev() {
+            ended.push((active.remove(i), failure));
+        }
+        let remaining = sequences(&active);
+        for (q, failure) in ended.into_iter().rev() {
+            finish_job(q, failure, &mut slots, shared, remaining);
         }
         publish(shared, &active);
         // One batched pass for every sequence that feeds tokens this step.
@@ -439,129 +431,6 @@ pub(crate) fn run_engine<B: Backend>(
         }
     }
     Ok(())
-}
-
-/// Moves `q` on as far as it goes without a forward pass: once its first choice has the
-/// prompt's logits, starts the later choices on copies of that state; then, choice by
-/// choice, ends it when cancelled, picks its token when its logits are in, and finishes an
-/// ended choice (freeing its slot). A choice whose client has left no room for a token's
-/// events skips the step, up to the stall timeout. Returns whether the job is over.
-fn advance<'m, 't, B: Backend>(
-    q: &mut Seq<'t>,
-    slots: &mut [Slot<'m, B>],
-    tok: &'t Tokenizer,
-    eos: &[u32],
-) -> Result<bool> {
-    let cancelled = q.job.cancel.load(Ordering::SeqCst);
-    let prompt_in = q.lanes[0]
-        .stepper
-        .as_ref()
-        .is_some_and(|st| st.phase() == Phase::Pick && st.generated() == 0);
-    let (src, first_done) = (q.lanes[0].slot, q.lanes[0].done);
-    for lane in q.lanes.iter_mut().skip(1) {
-        if !lane.waiting() {
-            continue;
-        }
-        if cancelled || first_done {
-            // The shared prompt never came in: the choice is dropped with its job.
-            lane.done = true;
-            free_slot(&mut slots[lane.slot]);
-            continue;
-        }
-        if !prompt_in {
-            continue;
-        }
-        let dst = lane.slot;
-        slots[dst].session = None;
-        let copy = match slots[src].session.as_ref() {
-            Some(s) => s.fork()?,
-            None => bail!("internal: the first choice's slot holds no session"),
-        };
-        let session = slots[dst].session.insert(copy);
-        let (run, st) = start_choice(session, tok, eos, &q.job, lane.choice)?;
-        lane.run = Some(run);
-        lane.stepper = Some(st);
-    }
-    let Seq {
-        job,
-        out,
-        lanes,
-        finished,
-        started,
-        ttft,
-        stalled,
-        ..
-    } = q;
-    for lane in lanes.iter_mut() {
-        if lane.done || lane.run.is_none() {
-            continue;
-        }
-        let Some(session) = slots[lane.slot].session.as_mut() else {
-            bail!("internal: a running choice's slot holds no session");
-        };
-        // A client that reads slower than the engine writes pauses its own request, not
-        // the others: it skips steps while its channel is nearly full, and is cancelled
-        // once it has read nothing for the stall timeout.
-        let at_pick = lane
-            .stepper
-            .as_ref()
-            .is_some_and(|st| st.phase() == Phase::Pick);
-        if at_pick && !job.cancel.load(Ordering::SeqCst) {
-            if job.events.capacity() < ROOM_TO_PICK {
-                let since = *stalled.get_or_insert_with(Instant::now);
-                if since.elapsed() < job.stall_timeout {
-                    continue;
-                }
-                job.cancel.store(true, Ordering::SeqCst);
-            } else {
-                *stalled = None;
-            }
-        }
-        loop {
-            let (Some(run), Some(st)) = (lane.run.as_mut(), lane.stepper.as_mut()) else {
-                bail!("internal: a sequence without a running choice");
-            };
-            if job.cancel.load(Ordering::SeqCst) {
-                st.end(Finish::Cancelled);
-            }
-            match st.phase() {
-                Phase::Prefill | Phase::Feed(_) => break,
-                Phase::Pick => {
-                    let t0 = *started;
-                    run.step(session, st, &mut |_| {
-                        ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
-                    })?;
-                }
-                Phase::Done(_) => {
-                    let (Some(run), Some(st)) = (lane.run.take(), lane.stepper.take()) else {
-                        bail!("internal: a sequence without a running choice");
-                    };
-                    let g = st.into_generation();
-                    let (c, pick_secs) = run.finish(tok, job, &g);
-                    if lane.choice == 0 {
-                        out.cached_tokens = g.cached_tokens;
-                    }
-                    out.completion_tokens += g.tokens.len();
-                    out.reasoning_tokens += c.reasoning_tokens;
-                    out.prefill_secs += g.prefill_secs;
-                    // The choices decode together: the job's decode time is the longest's.
-                    out.decode_secs = out.decode_secs.max(g.decode_secs);
-                    out.pick_secs += pick_secs;
-                    out.stats = out.stats.plus(&g.prefill_stats.plus(&g.decode_stats));
-                    if g.finish == Finish::Cancelled {
-                        out.cancelled = true;
-                    }
-                    if let Some(f) = finished.get_mut(lane.choice) {
-                        *f = Some(c);
-                    }
-                    lane.done = true;
-                    free_slot(&mut slots[lane.slot]);
-                    break;
-                }
-            }
-        }
-    }
-    Ok(lanes.iter().all(|l| l.done))
 }
 
 /// Marks a slot free; its session stays for a later request that extends its conversation.

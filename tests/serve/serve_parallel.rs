@@ -582,6 +582,15 @@ fn requests_that_share_steps_share_their_expert_counters() {
     let steps = total("k3_batch_size_count");
     let alone = total("k3_batch_size_bucket{le=\"1\"}");
     assert!(steps > alone, "the two never shared a step: {m}");
+    // The server writes a request's line before its answer, but the test reads the log
+    // through a pipe that may lag behind.
+    for id in &ids {
+        assert!(
+            s.wait_log(&format!("serve {id}: prompt"), 10),
+            "{}",
+            s.log()
+        );
+    }
     let log = s.log();
     let [a, b] = [expert_counts(&log, &ids[0]), expert_counts(&log, &ids[1])];
     assert!(a[0] > 0 && b[0] > 0, "{a:?} {b:?}\n{log}");

@@ -10,8 +10,9 @@
 // head (96 on K3) walked every column's rows in turn.
 //
 // inp   = q | k | v | f | gate (each [n_all, P]) | beta ([n_all, heads]); a call runs its n
-//         rows from row0 on, and writes the same rows of `out` (`kda_fused` runs one piece of
-//         a batch of sequences so; the three passes run a whole call: row0 0, n_all n)
+//         rows from row0 on and writes them to rows orow0 on of `out` (`kda_fused` runs one
+//         piece of a batch of sequences so, into an output of its own; the three passes run
+//         a whole call: row0 and orow0 0, n_all n)
 // wts   = conv_q | conv_k | conv_v (each [P, K]) | A_log [heads] | dt_bias [P] | o_norm [dk]
 // state = hist_q | hist_k | hist_v (each [K-1, P]) | S [heads, dk, dk]
 // mid   = q | k | v (conv + SiLU) | exp(g) (each [n, P])
@@ -29,6 +30,7 @@ struct KdaParams {
     l2_eps: f32,
     row0: u32,
     n_all: u32,
+    orow0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: KdaParams;
@@ -146,13 +148,13 @@ fn update4(r: Rows4, s_base: u32, i: u32, j: u32, delta: f32) -> vec4<f32> {
 
 // The state pass over columns j0 .. j0 + jc - 1 of the head's S (at s_base) for one token
 // with gate b: column j takes u = Σ_i S[i][j]·a_i·k_i, then the update, and
-// o_j = Σ_i S'[i][j]·q_i, written to out[row + j]. Each column is worked by `parts` lanes,
+// o_j = Σ_i S'[i][j]·q_i, written to out[orow + j]. Each column is worked by `parts` lanes,
 // `step` apart, that split its rows; their partial sums meet in workgroup memory (one part:
 // the plain serial sums). Returns o_j on the lane that wrote it, else 0.
 // A lane reads eight of its rows before using any: one load per iteration waited out the
 // memory latency once per row (64 rows a lane on K3 in decode), the pattern that made
 // one-workgroup kernels run at 2-20 times an element-wise pass (docs/perf.md#kernels).
-fn update_columns(lid: u32, s_base: u32, row: u32, j0: u32, jc: u32, step: u32, b: f32) -> f32 {
+fn update_columns(lid: u32, s_base: u32, orow: u32, j0: u32, jc: u32, step: u32, b: f32) -> f32 {
     let dk = p.dk;
     let parts = WG / step;
     let part = lid / step;
@@ -196,21 +198,21 @@ fn update_columns(lid: u32, s_base: u32, row: u32, j0: u32, jc: u32, step: u32, 
         for (var k = 0u; k < parts; k++) {
             ot += spart[k * step + jl];
         }
-        out[row + j] = ot;
+        out[orow + j] = ot;
     }
     workgroupBarrier();
     return ot;
 }
 
-// The gated RMSNorm of one (token, head) output row at out[row ..], whose squares this lane
-// has summed into oss.
-fn gated_norm(lid: u32, row: u32, oss: f32) {
+// The gated RMSNorm of one (token, head) output row at out[orow ..], whose gate is at input
+// row `row` and whose squares this lane has summed into oss.
+fn gated_norm(lid: u32, row: u32, orow: u32, oss: f32) {
     let pw = p.heads * p.dk;
     let w_onorm = 3u * pw * p.conv_k + p.heads + pw;
     let r = 1.0 / sqrt(wg_sum(oss) / f32(p.dk) + p.norm_eps);
     for (var j = lid; j < p.dk; j += WG) {
         let gate = inp[4u * p.n_all * pw + row + j];
-        out[row + j] = out[row + j] * r * wts[w_onorm + j] * sigmoid(gate);
+        out[orow + j] = out[orow + j] * r * wts[w_onorm + j] * sigmoid(gate);
     }
 }
 
@@ -234,6 +236,7 @@ fn kda_fused(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
         var ssk = 0.0;
         let at = p.row0 + t;
         let row = at * pw + h * dk;
+        let orow = (p.orow0 + t) * pw + h * dk;
         for (var i = lid; i < dk; i += WG) {
             let c = h * dk + i;
             let qv = conv(0u, c, t, pw);
@@ -249,10 +252,10 @@ fn kda_fused(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
         let b = sigmoid(inp[5u * p.n_all * pw + at * p.heads + h]);
         var oss = 0.0;
         for (var jb = 0u; jb < dk; jb += step) {
-            let o = update_columns(lid, s_base, row, jb, min(step, dk - jb), step, b);
+            let o = update_columns(lid, s_base, orow, jb, min(step, dk - jb), step, b);
             oss += o * o;
         }
-        gated_norm(lid, row, oss);
+        gated_norm(lid, row, orow, oss);
     }
 }
 
@@ -318,5 +321,5 @@ fn kda_norm(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
         let o = out[row + j];
         oss += o * o;
     }
-    gated_norm(lid, row, oss);
+    gated_norm(lid, row, row, oss);
 }

@@ -126,7 +126,7 @@ impl GpuBackend {
         let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
         let call = KdaCall::new(d, &inbuf.buf, &wbuf, &out);
         if n < PASSES_FROM_TOKENS {
-            self.kda_fused(&call, st, 0..n);
+            self.kda_fused(&call, st, 0..n, &out, 0);
         } else {
             self.kda_passes(&call, st);
         }
@@ -135,9 +135,11 @@ impl GpuBackend {
 
     /// The step of several pieces of one batch, each its own sequence: `inp` over every
     /// piece's rows, piece i's rows advancing its state. The inputs and weights are packed
-    /// once for all pieces and each piece is one fused dispatch on its rows, where a piece a
-    /// call took six slices, twelve packing copies and a concatenation. `None` where a piece
-    /// has the rows of a chunk (the three passes serve it through `kda_step_op`).
+    /// once for all pieces, and each piece is one fused dispatch into an output of its own,
+    /// the outputs then copied into one: dispatches that share no written buffer run side
+    /// by side on the device, where one shared output put a barrier between every two
+    /// (docs/perf.md#several-streams-in-one-pass). `None` where a piece has the rows of a
+    /// chunk (the three passes serve it through `kda_step_op`).
     pub(in crate::backend::gpu) fn kda_step_pieces_op(
         &self,
         d: &KdaDims,
@@ -170,10 +172,23 @@ impl GpuBackend {
         }
         let (inbuf, wbuf) = self.kda_pack(d, w, &inp);
         let call = KdaCall::new(d, &inbuf.buf, &wbuf, &out);
+        let mut outs = Vec::with_capacity(pieces.len());
         for (st, rows) in pieces.iter() {
             if rows.start < rows.end {
-                self.kda_fused(&call, st, rows.clone());
+                let own = self.alloc(rows.len(), d.width());
+                self.kda_fused(&call, st, rows.clone(), &own, 0);
+                outs.push((own, rows.start));
             }
+        }
+        let row = (d.width() * 4) as u64;
+        for (own, start) in &outs {
+            self.ctx.copy(
+                &own.buf,
+                0,
+                &out.buf,
+                *start as u64 * row,
+                own.rows as u64 * row,
+            );
         }
         Ok(Some(out))
     }
@@ -271,8 +286,9 @@ impl GpuBackend {
         wbuf
     }
 
-    /// The `KdaParams` of kda_step.wgsl for rows `rows` of packed inputs of `n_all` rows.
-    fn kda_params(d: &KdaDims, rows: &Range<usize>, n_all: usize) -> [u32; 10] {
+    /// The `KdaParams` of kda_step.wgsl for rows `rows` of packed inputs of `n_all` rows,
+    /// written from row `orow0` of the output on.
+    fn kda_params(d: &KdaDims, rows: &Range<usize>, n_all: usize, orow0: usize) -> [u32; 11] {
         [
             rows.len() as u32,
             d.heads as u32,
@@ -284,20 +300,28 @@ impl GpuBackend {
             KDA_L2_EPS.to_bits(),
             rows.start as u32,
             n_all as u32,
+            orow0 as u32,
         ]
     }
 
-    /// `kda_fused` over `rows` of the call's inputs with state `st`, into the same rows of
-    /// its output.
-    fn kda_fused(&self, c: &KdaCall<'_>, st: &GpuKdaState, rows: Range<usize>) {
+    /// `kda_fused` over `rows` of the call's inputs with state `st`, into `out` from row
+    /// `orow0` on.
+    fn kda_fused(
+        &self,
+        c: &KdaCall<'_>,
+        st: &GpuKdaState,
+        rows: Range<usize>,
+        out: &GpuAct,
+        orow0: usize,
+    ) {
         let KdaCall {
             d,
             inbuf,
             wbuf,
-            out,
             n_all,
+            ..
         } = *c;
-        let params = Self::kda_params(d, &rows, n_all);
+        let params = Self::kda_params(d, &rows, n_all, orow0);
         self.ctx.dispatch(&Dispatch {
             shader: Shader::KdaStep,
             entry: "kda_fused",
@@ -319,7 +343,7 @@ impl GpuBackend {
         } = *c;
         let (p, h) = (d.width(), d.heads);
         let np = (n * p * 4) as u64;
-        let params = Self::kda_params(d, &(0..n), n);
+        let params = Self::kda_params(d, &(0..n), n, 0);
         let wg = self.ctx.wg;
         let mid = self.scratch(4 * np, "kda conv outputs and decays");
         let mid = &mid.buf;

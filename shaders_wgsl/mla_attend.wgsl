@@ -25,6 +25,9 @@ struct MlaParams {
     scale: f32,
     // Positions per `ctx` chunk.
     plen: u32,
+    // The call's first row in q, c and out: a piece of a batch of sequences reads and
+    // writes its rows in place (the other buffers are the piece's own).
+    row0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: MlaParams;
@@ -33,15 +36,16 @@ struct MlaParams {
 @group(0) @binding(2) var<storage, read_write> o: array<f32>;
 @group(0) @binding(3) var<storage, read> b: array<f32>;
 
-// a = c ([n, kv + rope]), b = kv_norm, o = cache.
+// a = c ([row0 + n, kv + rope]), b = kv_norm, o = cache.
 @compute @workgroup_size(WG)
 fn append(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
     let t = wg.x;
     let cw = p.kv + p.rope;
+    let src = (p.row0 + t) * cw;
     var ss = 0.0;
     for (var c = lanes.lid; c < p.kv; c += WG) {
-        let x = a[t * cw + c];
+        let x = a[src + c];
         ss += x * x;
     }
     let s = 1.0 / sqrt(wg_sum(ss) / f32(p.kv) + p.eps);
@@ -49,15 +53,15 @@ fn append(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     for (var c = lanes.lid; c < p.cs; c += WG) {
         var val = 0.0;
         if (c < p.kv) {
-            val = a[t * cw + c] * s * b[c];
+            val = a[src + c] * s * b[c];
         } else if (c < cw) {
-            val = a[t * cw + c];
+            val = a[src + c];
         }
         o[dst + c] = val;
     }
 }
 
-// a = q ([n, heads·(nope+rope)]), b = W_k ([heads·nope, kv]), o = X ([n·heads, cs]).
+// a = q ([row0 + n, heads·(nope+rope)]), b = W_k ([heads·nope, kv]), o = X ([n·heads, cs]).
 @compute @workgroup_size(WG)
 fn qabs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
     let row = wg.x + wg.y * nwg.x;
@@ -67,7 +71,7 @@ fn qabs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let t = row / p.heads;
     let hh = row % p.heads;
     let qw = p.nope + p.rope;
-    let qb = t * p.heads * qw + hh * qw;
+    let qb = (p.row0 + t) * p.heads * qw + hh * qw;
     for (var c = lanes.lid; c < p.cs; c += WG) {
         var val = 0.0;
         if (c < p.kv) {
@@ -188,7 +192,8 @@ fn ctx_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     o[i] = s;
 }
 
-// a = ctx, b = W_v ([heads·v, kv]), o = out ([n, heads·v]). wg = (row tile, t·heads + hh).
+// a = ctx, b = W_v ([heads·v, kv]), o = out ([row0 + n, heads·v]). wg = (row tile,
+// t·heads + hh).
 @compute @workgroup_size(WG)
 fn outv(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
@@ -203,6 +208,6 @@ fn outv(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     }
     let s = seg_sum(acc, LPR);
     if (lane == 0u && j < p.v) {
-        o[row * p.v + jj] = s;
+        o[(p.row0 * p.heads + row) * p.v + jj] = s;
     }
 }

@@ -354,6 +354,20 @@ pub trait Backend: ExpertResidency + Sync {
         q: &Self::Act,
         c: &Self::Act,
     ) -> Result<Self::Act>;
+    /// The attention of several pieces of one pass at once, each its own sequence: piece
+    /// i's rows `pieces[i].1` of `q` and `c` attend over (and append to) its cache
+    /// `pieces[i].0`, the outputs in row order. `None` where the backend has no way that
+    /// beats one [`Backend::mla_attend`] a piece, and the caller runs them so.
+    fn mla_attend_pieces(
+        &self,
+        _dims: &MlaDims,
+        _w: &MlaAttnWeights<Self::Act>,
+        _pieces: &mut [(&mut Self::MlaCache, Range<usize>)],
+        _q: &Self::Act,
+        _c: &Self::Act,
+    ) -> Result<Option<Self::Act>> {
+        Ok(None)
+    }
     /// Router: `σ(logits)`, top-k of score + bias (ties to the lower id), renormalized
     /// weights from the unbiased scores. Returns one route per row, on the host.
     fn router_topk(

@@ -84,6 +84,16 @@ impl<B: Backend> Mla<B> {
         let [qa, c, g] = matmul_each(b, [&self.q_a_proj, &self.kv_a_proj, &self.g_proj], x)?;
         let qa = b.rmsnorm(&qa, &self.q_a_norm, self.q_lora, self.eps)?;
         let q = b.matmul(&self.q_b_proj, &qa)?;
+        if pieces.len() > 1 {
+            let mut caches: Vec<_> = pieces
+                .iter_mut()
+                .map(|p| (&mut *p.state, p.rows.clone()))
+                .collect();
+            if let Some(o) = b.mla_attend_pieces(&self.dims, &self.attn, &mut caches, &q, &c)? {
+                let o = b.sigmoid_gate(&o, &g)?;
+                return b.matmul(&self.o_proj, &o);
+            }
+        }
         let o = each_piece(b, [&q, &c], pieces, |cache, [q, c]| {
             b.mla_attend(&self.dims, &self.attn, cache, q, c)
         })?;

@@ -419,6 +419,28 @@ impl Backend for GpuBackend {
         Ok(rows_of(parts, dims.heads * dims.v))
     }
 
+    fn mla_attend_pieces(
+        &self,
+        dims: &MlaDims,
+        w: &MlaAttnWeights<GpuRows>,
+        pieces: &mut [(&mut GpuMlaCache, Range<usize>)],
+        q: &GpuRows,
+        c: &GpuRows,
+    ) -> Result<Option<GpuRows>> {
+        let op = "mla_attend";
+        let w = MlaAttnWeights {
+            kv_norm: whole(&w.kv_norm, op, "kv_norm")?.clone(),
+            wk: whole(&w.wk, op, "wk")?.clone(),
+            wv: whole(&w.wv, op, "wv")?.clone(),
+        };
+        let ([q], [c]) = (q.parts.as_slice(), c.parts.as_slice()) else {
+            return Ok(None);
+        };
+        Ok(self
+            .mla_attend_pieces_op(dims, &w, pieces, q, c)?
+            .map(GpuRows::one))
+    }
+
     fn router_topk(
         &self,
         logits: &GpuRows,

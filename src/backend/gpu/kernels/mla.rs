@@ -7,6 +7,7 @@ use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::GpuBackend;
 use crate::backend::{MlaAttnWeights, MlaDims};
 use anyhow::{ensure, Result};
+use std::ops::Range;
 
 /// Heads one `ctx` workgroup carries (the kernel's HT).
 const HEAD_TILE: u32 = 8;
@@ -125,12 +126,60 @@ impl GpuBackend {
         q: &GpuAct,
         c: &GpuAct,
     ) -> Result<GpuAct> {
+        let n = q.rows;
+        self.mla_attend_staged(d, w, &mut [(cache, 0..n)], q, c)
+    }
+
+    /// The attention of several pieces of one pass, each its own sequence with its own
+    /// cache: piece i's rows of `q` and `c` attend over cache i. `None` where a piece's rows
+    /// would exceed the score pass's grid or binding (one piece at a time serves those
+    /// through [`Self::mla_attend_op`]).
+    pub(in crate::backend::gpu) fn mla_attend_pieces_op(
+        &self,
+        d: &MlaDims,
+        w: &MlaAttnWeights<GpuAct>,
+        pieces: &mut [(&mut GpuMlaCache, Range<usize>)],
+        q: &GpuAct,
+        c: &GpuAct,
+    ) -> Result<Option<GpuAct>> {
+        let h = d.heads.max(1);
+        let by_grid = self.ctx.limits.max_compute_workgroups_per_dimension as usize / h;
+        let mut next = 0;
+        for (cache, rows) in pieces.iter() {
+            ensure!(
+                rows.start == next && rows.end <= q.rows,
+                "mla_attend: pieces {:?} do not cover the {} rows in order",
+                pieces.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(),
+                q.rows
+            );
+            next = rows.end;
+            let total = cache.len + rows.len();
+            let by_scores = (self.ctx.max_binding / (h as u64 * total.max(1) as u64 * 4)) as usize;
+            if rows.len() > by_grid.min(by_scores).max(1) {
+                return Ok(None);
+            }
+        }
         ensure!(
-            cache.dims == *d,
-            "mla_attend: cache was made for {:?}, called with {:?}",
-            cache.dims,
-            d
+            next == q.rows,
+            "mla_attend: pieces end at row {next} of the {} rows",
+            q.rows
         );
+        self.mla_attend_staged(d, w, pieces, q, c).map(Some)
+    }
+
+    /// The kernels of every piece, recorded stage by stage (every piece's append, then every
+    /// piece's query, scores, softmax, context and output): a piece's stages write buffers
+    /// of its own, so the pieces' dispatches of one stage run side by side on the device,
+    /// where piece after piece put a barrier between every two dispatches. Rows are read
+    /// and written in place (`row0`), so no piece is sliced out or copied back.
+    fn mla_attend_staged(
+        &self,
+        d: &MlaDims,
+        w: &MlaAttnWeights<GpuAct>,
+        pieces: &mut [(&mut GpuMlaCache, Range<usize>)],
+        q: &GpuAct,
+        c: &GpuAct,
+    ) -> Result<GpuAct> {
         let (h, r, nope, kv) = (d.heads, d.rope, d.nope, d.kv_lora);
         let qw = nope + r;
         crate::backend::shape_checks::mla_inputs(d, (q.rows, q.cols), (c.rows, c.cols))?;
@@ -138,125 +187,145 @@ impl GpuBackend {
             w.wk.len() == h * nope * kv && w.wv.len() == h * d.v * kv && w.kv_norm.len() == kv,
             "mla_attend: kv_b_proj blocks do not match {h} heads"
         );
-        let n = q.rows;
-        let out = self.alloc(n, h * d.v);
-        if n == 0 {
-            return Ok(out);
-        }
-        let pos0 = cache.len;
-        self.grow(cache, pos0 + n)?;
-        let total = pos0 + n;
-        let cs = cache.stride;
-        let rows = n * h;
+        let out = self.alloc(q.rows, h * d.v);
         let max_z = self.ctx.limits.max_compute_workgroups_per_dimension as usize;
-        let plen = ctx_chunk_len(total, n, rows, kv, max_z);
-        let chunks = total.div_ceil(plen);
-        let params = |total: usize| -> [u32; 12] {
-            [
-                n as u32,
-                h as u32,
-                kv as u32,
-                r as u32,
-                nope as u32,
-                d.v as u32,
-                cs as u32,
-                pos0 as u32,
-                total as u32,
-                d.norm_eps.to_bits(),
-                (1.0 / (qw as f32).sqrt()).to_bits(),
-                plen as u32,
-            ]
-        };
-        let pr = params(total);
-        self.ctx.dispatch(&Dispatch {
-            shader: Shader::MlaAttend,
-            entry: "append",
-            consts: &[],
-            params: &pr,
-            buffers: &[&c.buf, &cache.buf, &w.kv_norm.buf],
-            groups: (n as u32, 1, 1),
-        });
-        cache.len = total;
-        let x = self.scratch((rows * cs * 4) as u64, "mla query");
-        let x = &x.buf;
-        self.ctx.dispatch(&Dispatch {
-            shader: Shader::MlaAttend,
-            entry: "qabs",
-            consts: &[],
-            params: &pr,
-            buffers: &[&q.buf, x, &w.wk.buf],
-            groups: self.ctx.grid(rows as u32),
-        });
-        // Scores: the cache is the matrix of an f32 matvec, one "token" per (t, head).
-        let scores = self.scratch((rows * total * 4) as u64, "mla scores");
-        let scores = &scores.buf;
-        let rpw = self.ctx.wg / OUTV_LANES;
-        let rpg = self.rows_per_group();
-        self.ctx.dispatch(&Dispatch {
-            shader: Shader::MatvecF32,
-            entry: "dense",
-            consts: &self.mv_consts(),
-            params: &[
-                total as u32,
-                (cs / 4) as u32,
-                rows as u32,
-                0,
-                total as u32,
-                (cs / 4) as u32,
-                0,
-                0,
-            ],
-            buffers: &[x, scores, &cache.buf],
-            groups: (rows as u32, (total as u32).div_ceil(rpg), 1),
-        });
-        let probs = self.scratch((rows * total * 4) as u64, "mla probs");
-        let probs = &probs.buf;
-        self.ctx.dispatch(&Dispatch {
-            shader: Shader::MlaAttend,
-            entry: "softmax",
-            consts: &[],
-            params: &pr,
-            buffers: &[scores, probs],
-            groups: self.ctx.grid(rows as u32),
-        });
-        let ctxv = self.scratch((rows * kv * 4) as u64, "mla ctx");
-        let ctxv = &ctxv.buf;
-        // One chunk writes the ctx itself; more write partial sums that ctx_sum adds up.
-        let partial =
-            (chunks > 1).then(|| self.scratch((chunks * rows * kv * 4) as u64, "mla ctx partials"));
-        let partial = partial.as_ref().map(|p| &p.buf);
-        self.ctx.dispatch(&Dispatch {
-            shader: Shader::MlaAttend,
-            entry: "ctx",
-            consts: &[],
-            params: &pr,
-            buffers: &[probs, partial.unwrap_or(ctxv), &cache.buf],
-            groups: (
-                (kv as u32).div_ceil(self.ctx.wg),
-                (h as u32).div_ceil(HEAD_TILE),
-                (n * chunks) as u32,
-            ),
-        });
-        if let Some(part) = partial {
-            self.ctx.dispatch(&Dispatch {
-                shader: Shader::MlaAttend,
-                entry: "ctx_sum",
-                consts: &[],
-                params: &pr,
-                buffers: &[part, ctxv],
-                groups: self.ctx.grid(((rows * kv) as u32).div_ceil(self.ctx.wg)),
+        let mut calls = Vec::with_capacity(pieces.len());
+        for (cache, rows) in pieces.iter_mut() {
+            ensure!(
+                cache.dims == *d,
+                "mla_attend: cache was made for {:?}, called with {:?}",
+                cache.dims,
+                d
+            );
+            let n = rows.len();
+            if n == 0 {
+                continue;
+            }
+            let pos0 = cache.len;
+            let total = pos0 + n;
+            self.grow(cache, total)?;
+            cache.len = total;
+            let cs = cache.stride;
+            let nh = n * h;
+            let plen = ctx_chunk_len(total, n, nh, kv, max_z);
+            let chunks = total.div_ceil(plen);
+            calls.push(PieceCall {
+                cache: cache.buf.clone(),
+                params: [
+                    n as u32,
+                    h as u32,
+                    kv as u32,
+                    r as u32,
+                    nope as u32,
+                    d.v as u32,
+                    cs as u32,
+                    pos0 as u32,
+                    total as u32,
+                    d.norm_eps.to_bits(),
+                    (1.0 / (qw as f32).sqrt()).to_bits(),
+                    plen as u32,
+                    rows.start as u32,
+                ],
+                n,
+                total,
+                chunks,
+                query: self.scratch((nh * cs * 4) as u64, "mla query"),
+                scores: self.scratch((nh * total * 4) as u64, "mla scores"),
+                probs: self.scratch((nh * total * 4) as u64, "mla probs"),
+                ctx: self.scratch((nh * kv * 4) as u64, "mla ctx"),
+                // One chunk writes the ctx itself; more write partial sums that ctx_sum
+                // adds up.
+                partial: (chunks > 1)
+                    .then(|| self.scratch((chunks * nh * kv * 4) as u64, "mla ctx partials")),
             });
         }
-        self.ctx.dispatch(&Dispatch {
-            shader: Shader::MlaAttend,
-            entry: "outv",
-            consts: &[("LPR", OUTV_LANES)],
-            params: &pr,
-            buffers: &[ctxv, &out.buf, &w.wv.buf],
-            groups: ((d.v as u32).div_ceil(rpw), rows as u32, 1),
-        });
+        let attend = |entry: &'static str,
+                      consts: &[(&'static str, u32)],
+                      k: &PieceCall,
+                      buffers: &[&wgpu::Buffer],
+                      groups| {
+            self.ctx.dispatch(&Dispatch {
+                shader: Shader::MlaAttend,
+                entry,
+                consts,
+                params: &k.params,
+                buffers,
+                groups,
+            });
+        };
+        for k in &calls {
+            attend(
+                "append",
+                &[],
+                k,
+                &[&c.buf, &k.cache, &w.kv_norm.buf],
+                (k.n as u32, 1, 1),
+            );
+        }
+        for k in &calls {
+            let groups = self.ctx.grid((k.n * h) as u32);
+            attend("qabs", &[], k, &[&q.buf, &k.query.buf, &w.wk.buf], groups);
+        }
+        // Scores: the cache is the matrix of an f32 matvec, one "token" per (t, head).
+        let rpg = self.rows_per_group();
+        for k in &calls {
+            let (total, cs, nh) = (k.total as u32, k.params[6], (k.n * h) as u32);
+            self.ctx.dispatch(&Dispatch {
+                shader: Shader::MatvecF32,
+                entry: "dense",
+                consts: &self.mv_consts(),
+                params: &[total, cs / 4, nh, 0, total, cs / 4, 0, 0],
+                buffers: &[&k.query.buf, &k.scores.buf, &k.cache],
+                groups: (nh, total.div_ceil(rpg), 1),
+            });
+        }
+        for k in &calls {
+            let groups = self.ctx.grid((k.n * h) as u32);
+            attend("softmax", &[], k, &[&k.scores.buf, &k.probs.buf], groups);
+        }
+        for k in &calls {
+            let to = k.partial.as_ref().unwrap_or(&k.ctx);
+            let groups = (
+                (kv as u32).div_ceil(self.ctx.wg),
+                (h as u32).div_ceil(HEAD_TILE),
+                (k.n * k.chunks) as u32,
+            );
+            attend("ctx", &[], k, &[&k.probs.buf, &to.buf, &k.cache], groups);
+        }
+        for k in &calls {
+            if let Some(part) = &k.partial {
+                let groups = self.ctx.grid(((k.n * h * kv) as u32).div_ceil(self.ctx.wg));
+                attend("ctx_sum", &[], k, &[&part.buf, &k.ctx.buf], groups);
+            }
+        }
+        let rpw = self.ctx.wg / OUTV_LANES;
+        for k in &calls {
+            let groups = ((d.v as u32).div_ceil(rpw), (k.n * h) as u32, 1);
+            attend(
+                "outv",
+                &[("LPR", OUTV_LANES)],
+                k,
+                &[&k.ctx.buf, &out.buf, &w.wv.buf],
+                groups,
+            );
+        }
         Ok(out)
     }
+}
+
+/// One piece's part of a staged attention call: its cache, parameters and scratch.
+struct PieceCall {
+    cache: wgpu::Buffer,
+    /// `MlaParams` of mla_attend.wgsl.
+    params: [u32; 13],
+    n: usize,
+    total: usize,
+    chunks: usize,
+    query: GpuAct,
+    scores: GpuAct,
+    probs: GpuAct,
+    ctx: GpuAct,
+    partial: Option<GpuAct>,
 }
 
 /// The MLA attention kernels' pipelines.

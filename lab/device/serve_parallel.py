@@ -23,9 +23,14 @@ def start(k3, model, flags):
     raise SystemExit("k3 serve did not start: " + " ".join(cmd))
 
 
+# Sampling temperature of every chat (--temperature; 0 = greedy).
+TEMPERATURE = 0.0
+
+
 def chat(url, content, max_tokens):
     return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True}
+            "temperature": TEMPERATURE, "seed": 1, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
 
 
 def stream(url, body, out):
@@ -39,12 +44,15 @@ def stream(url, body, out):
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            d = json.loads(line[6:])["choices"]
+            msg = json.loads(line[6:])
+            if msg.get("usage"):
+                out["usage_tokens"] = msg["usage"]["completion_tokens"]
+            d = msg["choices"]
             if d and (d[0]["delta"].get("content") or d[0]["delta"].get("reasoning_content")):
                 n += 1
                 out.setdefault("first", time.time())
     out["end"] = time.time()
-    out["tokens"] = n
+    out["tokens"] = out.get("usage_tokens", n)
 
 
 def health(url):
@@ -60,7 +68,7 @@ def aggregate(url, n, ngen):
         t.start()
     for t in ts:
         t.join()
-    # Streamed pieces, roughly tokens: the same count for every run of a setting.
+    # Tokens as the usage counts them (streamed pieces where there is none).
     return sum(o["tokens"] for o in outs) / (time.time() - t0)
 
 
@@ -97,7 +105,12 @@ def main():
     a.add_argument("--ngen", type=int, default=64)
     a.add_argument("--words", type=int, default=4000)
     a.add_argument("--context", type=int, default=32768)
+    a.add_argument("--temperature", type=float, default=0.0)
+    a.add_argument("--aggregate-only", action="store_true",
+                   help="only the aggregate tok/s under --parallel P, no long prefill")
     a = a.parse_args()
+    global TEMPERATURE
+    TEMPERATURE = a.temperature
     flags = shlex.split(a.flags) + ["--max-tokens", str(a.context)]
     res = {}
     for par in (a.parallel, 1):
@@ -105,6 +118,9 @@ def main():
         try:
             aggregate(url, 1, 8)  # warm-up
             rates = {n: aggregate(url, n, a.ngen) for n in map(int, a.streams.split(","))}
+            if a.aggregate_only:
+                print(f"--parallel {par}: aggregate tok/s by streams {rates}")
+                return 0
             il = interleave(url, a.words, 8)
         finally:
             p.kill()

@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use rank_order::{rank_all, RankScratch};
+use rayon::prelude::*;
 
 /// Sampling settings. The filters run in llama.cpp's default order: presence and
 /// frequency penalties, repetition penalty, top-k, top-p, min-p, then temperature, so
@@ -213,7 +214,7 @@ impl Sampler {
         }
         let max = cand[0].1;
         if cfg.top_p < 1.0 {
-            let probs = softmax(cand.iter().map(|c| c.1), max, 1.0);
+            let probs = softmax(cand, max, 1.0);
             let mut cum = 0.0f64;
             let mut keep = cand.len();
             for (i, p) in probs.iter().enumerate() {
@@ -235,7 +236,7 @@ impl Sampler {
                 .max(1);
             cand.truncate(keep);
         }
-        let probs = softmax(cand.iter().map(|c| c.1), max, cfg.temperature);
+        let probs = softmax(cand, max, cfg.temperature);
         let u: f64 = self.rng.random();
         let total: f64 = probs.iter().sum();
         let mut acc = 0.0;
@@ -304,14 +305,38 @@ pub fn logprobs_of(logits: &[f32], temperature: f32, id: u32, top_n: usize) -> T
     TokenLogprobs { id, logprob, top }
 }
 
-/// Probabilities of `logits / temperature`, stabilised by the largest logit.
-fn softmax(logits: impl Iterator<Item = f32>, max: f32, temperature: f32) -> Vec<f64> {
+/// Candidates a pool thread takes at a time in [`softmax`]: K3's vocabulary splits in ten,
+/// a small one runs inline.
+const SOFTMAX_CHUNK: usize = 16_384;
+
+/// Probabilities of the candidates' `logit / temperature`, stabilised by the largest logit.
+/// The exponentials (a millisecond a row over K3's vocabulary, one core) are taken in
+/// chunks on the pool; the sum runs in candidate order, so every value is the one a single
+/// thread computes.
+fn softmax(cand: &[(u32, f32)], max: f32, temperature: f32) -> Vec<f64> {
     let t = temperature as f64;
-    let e: Vec<f64> = logits
-        .map(|l| ((l as f64 - max as f64) / t).exp())
-        .collect();
+    let mut e = vec![0.0f64; cand.len()];
+    let exps = |(out, c): (&mut [f64], &[(u32, f32)])| {
+        for (o, c) in out.iter_mut().zip(c) {
+            *o = ((c.1 as f64 - max as f64) / t).exp();
+        }
+    };
+    let wide = cand.len() > SOFTMAX_CHUNK;
+    if wide {
+        e.par_chunks_mut(SOFTMAX_CHUNK)
+            .zip(cand.par_chunks(SOFTMAX_CHUNK))
+            .for_each(exps);
+    } else {
+        exps((&mut e, cand));
+    }
     let sum: f64 = e.iter().sum();
-    e.into_iter().map(|x| x / sum).collect()
+    let scale = |out: &mut [f64]| out.iter_mut().for_each(|x| *x /= sum);
+    if wide {
+        e.par_chunks_mut(SOFTMAX_CHUNK).for_each(scale);
+    } else {
+        scale(&mut e);
+    }
+    e
 }
 
 /// Index of the largest value; the lowest index wins a tie, NaN never wins (0 when nothing

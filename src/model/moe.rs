@@ -95,30 +95,57 @@ impl<B: Backend> Moe<B> {
         if let Some(remote) = ex.remote {
             return self.forward_ranked(b, ex, remote, x, glu, next, stats);
         }
-        let plan = self.route(b, ex, x, stats)?;
-        let (u, shared) = self.experts_while_reading(b, ex, &plan, x, glu, next, stats)?;
-        self.finish(b, u, shared)
+        let routeless = Routeless::default();
+        let plan = self.route(b, ex, x, stats, &mut || {
+            self.routeless(b, x, glu, &routeless)
+        })?;
+        let u = self.experts_while_reading(b, ex, &plan, x, glu, next, &routeless, stats)?;
+        self.finish(b, u, routeless.shared.into_inner())
     }
 
     /// Each row's top-k experts and weights (the router on `x`), and where their bytes are.
+    /// `meanwhile` goes to the device behind the router where the backend takes it
+    /// ([`Backend::router_topk_then`]); the wait for the routes counts without it.
     fn route(
         &self,
         b: &B,
         ex: ExpertAccess<'_>,
         x: &B::Act,
         stats: &mut Stats,
+        meanwhile: &mut dyn FnMut() -> Result<()>,
     ) -> Result<ExpertPlan> {
         let t = Instant::now();
+        let mut beside = Duration::ZERO;
+        let mut timed = || {
+            let t = Instant::now();
+            let r = meanwhile();
+            beside += t.elapsed();
+            r
+        };
         // scores: [rows, experts]
-        let routes = b.router_topk(&b.matmul(&self.gate, x)?, &self.bias, self.router)?;
-        stats.router_wait += t.elapsed();
+        let scores = b.matmul(&self.gate, x)?;
+        let (routes, _) = b.router_topk_then(&scores, &self.bias, self.router, &mut timed)?;
+        stats.router_wait += t.elapsed().saturating_sub(beside);
         ExpertPlan::new(b, ex, self.layer, routes, stats)
     }
 
-    /// The latent sum `u = Σ_e w_e · expert_e(z)`, `z = down · x` (`[rows, latent]`), and the
-    /// shared expert's output. The expert source reads the planned experts; what needs no
-    /// routed expert (the next layer's guesses, `z`, the shared expert) runs once the first
-    /// reads are in flight, and each batch of experts is accumulated as it arrives.
+    /// What needs no route, into whichever of `r` is not yet set: the latent projection
+    /// `z = down · x` and the shared expert's output.
+    fn routeless(&self, b: &B, x: &B::Act, glu: Glu, r: &Routeless<B::Act>) -> Result<()> {
+        if r.z.get().is_none() {
+            let _ = r.z.set(b.matmul(&self.down, x)?);
+        }
+        if let (Some(s), None) = (&self.shared, r.shared.get()) {
+            let _ = r.shared.set(s.forward(b, x, glu)?);
+        }
+        Ok(())
+    }
+
+    /// The latent sum `u = Σ_e w_e · expert_e(z)`, `z = down · x` (`[rows, latent]`). The
+    /// expert source reads the planned experts; what needs no routed expert (the next
+    /// layer's guesses, then `z` and the shared expert where the router did not take them
+    /// into `routeless`) runs once the first reads are in flight, and each batch of experts
+    /// is accumulated as it arrives.
     #[allow(clippy::too_many_arguments)]
     fn experts_while_reading(
         &self,
@@ -128,14 +155,13 @@ impl<B: Backend> Moe<B> {
         x: &B::Act,
         glu: Glu,
         next: Option<NextMoe<'_, B>>,
+        routeless: &Routeless<B::Act>,
         stats: &mut Stats,
-    ) -> Result<(B::Act, Option<B::Act>)> {
+    ) -> Result<B::Act> {
         let ck = ex.ck;
         let (rows, _) = b.shape(x);
         let mut u = b.zeros(rows, self.latent)?;
         let mut handoff = Duration::ZERO;
-        let z = OnceCell::new();
-        let shared = OnceCell::new();
         let mut guess_stats = Stats::default();
         let mut prework = || -> Result<()> {
             // Guesses go first: their router readback then waits for nothing else, and
@@ -143,14 +169,10 @@ impl<B: Backend> Moe<B> {
             if let Some(n) = &next {
                 n.moe.read_ahead(b, ex, n.x, &mut guess_stats)?;
             }
-            let _ = z.set(b.matmul(&self.down, x)?);
-            if let Some(s) = &self.shared {
-                let _ = shared.set(s.forward(b, x, glu)?);
-            }
-            Ok(())
+            self.routeless(b, x, glu, routeless)
         };
         let mut consume = |batch: &[Supplied<'_>]| -> Result<()> {
-            let z = z.get().ok_or_else(|| {
+            let z = routeless.z.get().ok_or_else(|| {
                 anyhow!(
                     "internal: MoE layer {} consumed experts before its latent projection",
                     self.layer
@@ -185,7 +207,7 @@ impl<B: Backend> Moe<B> {
         )?;
         stats.expert_handoff += handoff;
         *stats = stats.plus(&guess_stats);
-        Ok((u, shared.into_inner()))
+        Ok(u)
     }
 
     /// `up · norm(u) + shared`: the latent sum back to the hidden width, `[rows, hidden]`.
@@ -219,5 +241,21 @@ impl<B: Backend> Moe<B> {
             ids.retain(|&id| r.owner(self.layer, id) == 0);
         }
         source.prefetch(ex.ck, self.layer, &ids, router, stats)
+    }
+}
+
+/// A MoE layer's work that needs no route (`z = down · x` and the shared expert's output),
+/// set once, by the router's wait or behind the experts' reads.
+pub(crate) struct Routeless<A> {
+    z: OnceCell<A>,
+    shared: OnceCell<A>,
+}
+
+impl<A> Default for Routeless<A> {
+    fn default() -> Self {
+        Self {
+            z: OnceCell::new(),
+            shared: OnceCell::new(),
+        }
     }
 }

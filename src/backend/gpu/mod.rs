@@ -455,6 +455,23 @@ impl Backend for GpuBackend {
         kernels::router::finite_routes(routes)
     }
 
+    fn router_topk_then(
+        &self,
+        logits: &GpuRows,
+        bias: &[f32],
+        params: RouterParams,
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<(Vec<Route>, bool)> {
+        let [part] = logits.parts.as_slice() else {
+            return Ok((self.router_topk(logits, bias, params)?, false));
+        };
+        let pending = self.router_topk_begin(part, bias, params)?;
+        meanwhile()?;
+        self.ctx.flush();
+        let routes = self.router_topk_finish(pending)?;
+        Ok((kernels::router::finite_routes(routes)?, true))
+    }
+
     fn moe_accumulate(
         &self,
         acc: &mut GpuRows,

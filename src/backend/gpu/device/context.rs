@@ -16,6 +16,7 @@ pub use limits_profile::{EffectiveLimits, LimitsProfile};
 pub(crate) use matvec_shape::MATVEC_SHARED_BYTES;
 pub use matvec_shape::{x_tile_units, Int4Decode, MatvecShape};
 pub use options::{default_matvec_checks, GpuOptions, ReadStaging, SUBMIT_EVERY};
+pub(crate) use readback::PendingRead;
 pub use recording::Dispatch;
 
 use crate::backend::gpu::device::adapters;

@@ -1,7 +1,7 @@
 //! The router on the device: only the chosen ids and weights come back to the host.
 
 use crate::backend::gpu::device::buffers::GpuAct;
-use crate::backend::gpu::device::context::Dispatch;
+use crate::backend::gpu::device::context::{Dispatch, PendingRead};
 use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::GpuBackend;
@@ -19,6 +19,19 @@ impl GpuBackend {
         bias: &[f32],
         p: RouterParams,
     ) -> Result<Vec<Route>> {
+        let pending = self.router_topk_begin(logits, bias, p)?;
+        self.router_topk_finish(pending)
+    }
+
+    /// The router's top-k over `logits` recorded and its readback begun: what is
+    /// recorded before [`Self::router_topk_finish`] (work that needs no route) runs on the
+    /// device while the host waits for the routes.
+    pub(in crate::backend::gpu) fn router_topk_begin(
+        &self,
+        logits: &GpuAct,
+        bias: &[f32],
+        p: RouterParams,
+    ) -> Result<PendingRoutes> {
         let e = logits.cols;
         ensure!(
             bias.len() == e && p.top_k >= 1 && p.top_k <= e,
@@ -31,13 +44,13 @@ impl GpuBackend {
             "router: top-k {} exceeds the GPU kernel's {MAX_TOP_K}",
             p.top_k
         );
+        let k = p.top_k;
         if logits.rows == 0 {
-            return Ok(Vec::new());
+            return Ok(PendingRoutes { read: None, k });
         }
         let bias_buf = self
             .ctx
             .buffer_init(bytemuck::cast_slice(bias), "router bias");
-        let k = p.top_k;
         let routes = self.scratch((logits.rows * k * 8) as u64, "routes");
         let out = &routes.buf;
         self.ctx.dispatch(&Dispatch {
@@ -54,18 +67,42 @@ impl GpuBackend {
             buffers: &[&logits.buf, &bias_buf, out],
             groups: self.ctx.grid(logits.rows as u32),
         });
-        let bytes = self.ctx.read(out, 0, (logits.rows * k * 8) as u64)?;
-        let words: &[u32] = bytemuck::cast_slice(&bytes);
-        let routes: Vec<Route> = words
-            .chunks_exact(2 * k)
-            .map(|row| {
-                row.chunks_exact(2)
-                    .map(|pw| (pw[0], f32::from_bits(pw[1])))
-                    .collect()
-            })
-            .collect();
-        Ok(routes)
+        let read = self.ctx.begin_read(out, 0, (logits.rows * k * 8) as u64);
+        Ok(PendingRoutes {
+            read: Some(read),
+            k,
+        })
     }
+
+    /// The routes of a begun top-k, one a row.
+    pub(in crate::backend::gpu) fn router_topk_finish(
+        &self,
+        pending: PendingRoutes,
+    ) -> Result<Vec<Route>> {
+        let PendingRoutes { read, k } = pending;
+        let Some(read) = read else {
+            return Ok(Vec::new());
+        };
+        self.ctx.finish_read(read, |bytes| {
+            let words: &[u32] = bytemuck::cast_slice(bytes);
+            words
+                .chunks_exact(2 * k)
+                .map(|row| {
+                    row.chunks_exact(2)
+                        .map(|pw| (pw[0], f32::from_bits(pw[1])))
+                        .collect()
+                })
+                .collect()
+        })
+    }
+}
+
+/// A router top-k whose routes are on their way back ([`GpuBackend::router_topk_begin`]).
+pub(in crate::backend::gpu) struct PendingRoutes {
+    /// The readback of the routes (none for no rows).
+    read: Option<PendingRead>,
+    /// Experts a row.
+    k: usize,
 }
 
 /// `routes`, one a row of the chunk, or an error naming the first row whose weights are

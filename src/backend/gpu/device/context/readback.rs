@@ -104,18 +104,50 @@ impl GpuContext {
         bytes: u64,
         f: impl FnOnce(&[u8]) -> T,
     ) -> Result<T> {
+        let pending = self.begin_read(buf, offset, bytes);
+        self.finish_read(pending, f)
+    }
+
+    /// Begins reading `bytes` (not 0) of `buf` from `offset` after all recorded work: the
+    /// copy is submitted and its mapping asked for. What is recorded and submitted before
+    /// [`Self::finish_read`] runs on the device while the host waits there.
+    pub(crate) fn begin_read(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> PendingRead {
         let size = bytes.div_ceil(4) * 4;
         let staging = self.readback.take(&self.device, size);
         self.record(|enc| enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size));
-        self.flush();
-        let (tx, rx) = mpsc::channel();
+        let submission = self.flush();
+        let (tx, mapped) = mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, ..size, move |r| {
             let _ = tx.send(r);
         });
+        PendingRead {
+            staging,
+            size,
+            bytes,
+            submission,
+            mapped,
+        }
+    }
+
+    /// `f` on a begun readback's bytes, once the submission that carries its copy is done
+    /// (not what was submitted after it).
+    pub(crate) fn finish_read<T>(&self, p: PendingRead, f: impl FnOnce(&[u8]) -> T) -> Result<T> {
+        let PendingRead {
+            staging,
+            size,
+            bytes,
+            submission,
+            mapped,
+        } = p;
         self.device
-            .poll(wgpu::PollType::wait_indefinitely())
+            .poll(wgpu::PollType::Wait {
+                submission_index: submission,
+                timeout: None,
+            })
             .map_err(|e| anyhow!("waiting for the GPU on {}: {e}", self.info.name))?;
-        let mapped = rx.recv().map_err(|_| anyhow!("GPU readback was dropped"))?;
+        let mapped = mapped
+            .recv()
+            .map_err(|_| anyhow!("GPU readback was dropped"))?;
         // An error the device reported earlier explains a failed map better than the map.
         self.check_errors()?;
         mapped.map_err(|e| anyhow!("mapping the readback buffer: {e}"))?;
@@ -126,4 +158,15 @@ impl GpuContext {
         self.readback.give_back(staging);
         Ok(out)
     }
+}
+
+/// A readback under way ([`GpuContext::begin_read`]): its copy submitted, its mapping asked
+/// for.
+pub(crate) struct PendingRead {
+    staging: wgpu::Buffer,
+    size: u64,
+    bytes: u64,
+    /// The submission that carries the copy.
+    submission: Option<wgpu::SubmissionIndex>,
+    mapped: mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>,
 }

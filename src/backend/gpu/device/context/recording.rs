@@ -251,26 +251,24 @@ impl GpuContext {
     }
 
     /// Submits the pending encoder, if any (when profiling, with its passes' timestamps,
-    /// which it then waits for).
-    pub fn flush(&self) {
+    /// which it then waits for), and returns its submission.
+    pub fn flush(&self) -> Option<wgpu::SubmissionIndex> {
         // The parameter slots are written and the encoder submitted under the lock, so no
         // other thread stages the next submission's slots in between.
         let mut guard = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         guard.pass = None;
-        let Some((mut enc, _)) = guard.cmd.take() else {
-            return;
-        };
+        let (mut enc, _) = guard.cmd.take()?;
         guard.params.write(&self.queue);
         let Some(prof) = &self.profiler else {
-            self.queue.submit([enc.finish()]);
-            return;
+            return Some(self.queue.submit([enc.finish()]));
         };
         let mut prof = prof.lock().unwrap_or_else(|e| e.into_inner());
         let n = prof.resolve(&mut enc);
-        self.queue.submit([enc.finish()]);
+        let index = self.queue.submit([enc.finish()]);
         drop(guard);
         if let Err(e) = prof.collect(&self.device, n) {
             tracing::error!("[K3-GPU] {e:#}");
         }
+        Some(index)
     }
 }

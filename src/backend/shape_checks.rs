@@ -21,6 +21,20 @@ pub(crate) fn same_shape(op: &str, a: Shape, b: Shape) -> Result<()> {
     Ok(())
 }
 
+/// The pieces of a batch (one a sequence) cover the `n` rows of the op's inputs, in order.
+pub(crate) fn pieces_cover(op: &str, pieces: &[std::ops::Range<usize>], n: usize) -> Result<()> {
+    let mut next = 0;
+    for rows in pieces {
+        ensure!(
+            rows.start == next && rows.end <= n,
+            "{op}: pieces {pieces:?} do not cover the {n} rows in order"
+        );
+        next = rows.end;
+    }
+    ensure!(next == n, "{op}: pieces end at row {next} of the {n} rows");
+    Ok(())
+}
+
 /// The six per-token inputs of the KDA step, in the order q, k, v, f, beta, gate.
 /// Returns the number of rows.
 pub(crate) fn kda_inputs(d: &KdaDims, inputs: [Shape; 6]) -> Result<usize> {

@@ -1496,6 +1496,98 @@ fn mla_attend_matches_cpu_as_the_cache_grows() {
     }
 }
 
+/// Several sequences' MLA attention in one call (`mla_attend_pieces`): each piece's rows,
+/// read and written in place with its own cache, give the CPU's attention of those rows
+/// alone, over calls that grow the caches unequally; pieces that do not cover the rows in
+/// order are an error naming the op.
+#[test]
+fn mla_pieces_in_one_call_match_each_alone_on_cpu() {
+    let mut rng = StdRng::seed_from_u64(17);
+    let c = CpuBackend::new();
+    let d = MlaDims {
+        heads: 3,
+        kv_lora: 40,
+        nope: 8,
+        rope: 4,
+        v: 12,
+        norm_eps: 1e-6,
+    };
+    let (qw, cw_) = (d.heads * (d.nope + d.rope), d.kv_lora + d.rope);
+    let (nw, wk, wv) = (
+        rand_vec(&mut rng, d.kv_lora, 1.0),
+        rand_vec(&mut rng, d.heads * d.nope * d.kv_lora, 0.3),
+        rand_vec(&mut rng, d.heads * d.v * d.kv_lora, 0.3),
+    );
+    fn weights<B: Backend>(b: &B, d: &MlaDims, w: [&[f32]; 3]) -> MlaAttnWeights<B::Act> {
+        MlaAttnWeights {
+            kv_norm: b.upload(w[0], 1, d.kv_lora).unwrap(),
+            wk: b.upload(w[1], d.heads * d.nope, d.kv_lora).unwrap(),
+            wv: b.upload(w[2], d.heads * d.v, d.kv_lora).unwrap(),
+        }
+    }
+    let cw = weights(&c, &d, [&nw, &wk, &wv]);
+    for g in gpus(None) {
+        let gw = weights(&g, &d, [&nw, &wk, &wv]);
+        let mut gc: Vec<_> = (0..4).map(|_| g.mla_cache(&d).unwrap()).collect();
+        let mut cc: Vec<_> = (0..4).map(|_| c.mla_cache(&d).unwrap()).collect();
+        // A prompt slice beside decode rows, an empty piece, then 70 rows that grow one
+        // cache past its first capacity.
+        for lens in [[3usize, 1, 0, 2], [1, 1, 1, 1], [70, 1, 2, 1], [1, 1, 1, 1]] {
+            let n: usize = lens.iter().sum();
+            let q = rand_vec(&mut rng, n * qw, 1.0);
+            let cv = rand_vec(&mut rng, n * cw_, 1.0);
+            let (gq, gcv) = (g.upload(&q, n, qw).unwrap(), g.upload(&cv, n, cw_).unwrap());
+            let mut at = 0;
+            let mut pieces = Vec::new();
+            for (cache, &len) in gc.iter_mut().zip(&lens) {
+                pieces.push((cache, at..at + len));
+                at += len;
+            }
+            let got = g
+                .mla_attend_pieces(&d, &gw, &mut pieces, &gq, &gcv)
+                .unwrap()
+                .expect("pieces within the grid run in one call");
+            let got = g.download(&got).unwrap();
+            let ow = d.heads * d.v;
+            let mut at = 0;
+            for (s, &len) in lens.iter().enumerate() {
+                let want = c
+                    .mla_attend(
+                        &d,
+                        &cw,
+                        &mut cc[s],
+                        &c.upload(&q[at * qw..(at + len) * qw], len, qw).unwrap(),
+                        &c.upload(&cv[at * cw_..(at + len) * cw_], len, cw_).unwrap(),
+                    )
+                    .unwrap()
+                    .data;
+                check(
+                    &format!("mla piece {s} of {lens:?}"),
+                    &got[at * ow..(at + len) * ow],
+                    &want,
+                    F32_TOL,
+                );
+                at += len;
+            }
+        }
+        let (gq, gcv) = (
+            g.upload(&vec![0.5; 5 * qw], 5, qw).unwrap(),
+            g.upload(&vec![0.5; 5 * cw_], 5, cw_).unwrap(),
+        );
+        let [a, b, ..] = &mut gc[..] else {
+            unreachable!()
+        };
+        let mut gap = vec![(&mut *a, 0..1), (&mut *b, 2..5)];
+        let e = format!(
+            "{:#}",
+            g.mla_attend_pieces(&d, &gw, &mut gap, &gq, &gcv)
+                .unwrap_err()
+        );
+        assert!(e.contains("mla_attend: pieces"), "{e}");
+        assert!(e.contains("do not cover the 5 rows in order"), "{e}");
+    }
+}
+
 #[test]
 fn free_vram_query_answers_on_every_adapter() {
     // Lavapipe has no VRAM of its own: the tier default must report "unknown", not panic;

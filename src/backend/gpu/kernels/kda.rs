@@ -152,20 +152,11 @@ impl GpuBackend {
             return Ok(None);
         }
         self.kda_check(d, w, &inp)?;
-        let mut next = 0;
-        for (st, rows) in pieces.iter() {
+        for (st, _) in pieces.iter() {
             check_state(d, st)?;
-            ensure!(
-                rows.start == next && rows.end <= n,
-                "kda_step: pieces {:?} do not cover the {n} rows in order",
-                pieces.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>()
-            );
-            next = rows.end;
         }
-        ensure!(
-            next == n,
-            "kda_step: pieces end at row {next} of the {n} rows"
-        );
+        let ranges: Vec<Range<usize>> = pieces.iter().map(|(_, r)| r.clone()).collect();
+        crate::backend::shape_checks::pieces_cover("kda_step", &ranges, n)?;
         let out = self.alloc(n, d.width());
         if n == 0 {
             return Ok(Some(out));

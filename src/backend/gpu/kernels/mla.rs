@@ -96,10 +96,7 @@ impl GpuBackend {
     ) -> Result<GpuAct> {
         let n = q.rows;
         let h = d.heads.max(1);
-        let total = cache.len + n;
-        let by_grid = self.ctx.limits.max_compute_workgroups_per_dimension as usize / h;
-        let by_scores = (self.ctx.max_binding / (h as u64 * total.max(1) as u64 * 4)) as usize;
-        let per = by_grid.min(by_scores).max(1);
+        let per = self.rows_at_once(d, cache.len + n);
         if n <= per || c.rows != n {
             return self.mla_attend_block(d, w, cache, q, c);
         }
@@ -116,6 +113,15 @@ impl GpuBackend {
             start += len;
         }
         Ok(out)
+    }
+
+    /// Query rows one call attends at once over `total` positions: one grid row and one
+    /// `[total]` row of scores a (row, head), within the grid and a binding.
+    fn rows_at_once(&self, d: &MlaDims, total: usize) -> usize {
+        let h = d.heads.max(1);
+        let by_grid = self.ctx.limits.max_compute_workgroups_per_dimension as usize / h;
+        let by_scores = (self.ctx.max_binding / (h as u64 * total.max(1) as u64 * 4)) as usize;
+        by_grid.min(by_scores).max(1)
     }
 
     fn mla_attend_block(
@@ -142,28 +148,14 @@ impl GpuBackend {
         q: &GpuAct,
         c: &GpuAct,
     ) -> Result<Option<GpuAct>> {
-        let h = d.heads.max(1);
-        let by_grid = self.ctx.limits.max_compute_workgroups_per_dimension as usize / h;
-        let mut next = 0;
-        for (cache, rows) in pieces.iter() {
-            ensure!(
-                rows.start == next && rows.end <= q.rows,
-                "mla_attend: pieces {:?} do not cover the {} rows in order",
-                pieces.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(),
-                q.rows
-            );
-            next = rows.end;
-            let total = cache.len + rows.len();
-            let by_scores = (self.ctx.max_binding / (h as u64 * total.max(1) as u64 * 4)) as usize;
-            if rows.len() > by_grid.min(by_scores).max(1) {
-                return Ok(None);
-            }
+        let ranges: Vec<Range<usize>> = pieces.iter().map(|(_, r)| r.clone()).collect();
+        crate::backend::shape_checks::pieces_cover("mla_attend", &ranges, q.rows)?;
+        let too_many = |(cache, rows): &(&mut GpuMlaCache, Range<usize>)| {
+            rows.len() > self.rows_at_once(d, cache.len + rows.len())
+        };
+        if pieces.iter().any(too_many) {
+            return Ok(None);
         }
-        ensure!(
-            next == q.rows,
-            "mla_attend: pieces end at row {next} of the {} rows",
-            q.rows
-        );
         self.mla_attend_staged(d, w, pieces, q, c).map(Some)
     }
 

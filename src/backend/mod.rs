@@ -378,18 +378,17 @@ pub trait Backend: ExpertResidency + Sync {
     ) -> Result<Vec<Route>>;
     /// [`Backend::router_topk`], with `meanwhile` (work that needs no route) recorded
     /// behind the router where the host would otherwise wait for the routes with the device
-    /// idle; returns the routes and whether `meanwhile` ran. The default runs the router
-    /// alone, and the caller runs that work where it fits (the CPU behind the experts'
-    /// reads).
+    /// idle. The default runs the router alone, and the caller runs that work where it fits
+    /// (the CPU behind the experts' reads); so may a backend that did not take it.
     fn router_topk_then(
         &self,
         logits: &Self::Act,
         bias: &[f32],
         params: RouterParams,
         meanwhile: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<(Vec<Route>, bool)> {
+    ) -> Result<Vec<Route>> {
         let _ = meanwhile;
-        Ok((self.router_topk(logits, bias, params)?, false))
+        self.router_topk(logits, bias, params)
     }
     /// `acc[t] += w_{e,t} · W2_e · glu(W1_e·z[t], W3_e·z[t])` for each listed expert in list
     /// order, over the rows that chose it. Accumulating in place lets the caller feed experts

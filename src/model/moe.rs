@@ -124,7 +124,7 @@ impl<B: Backend> Moe<B> {
         };
         // scores: [rows, experts]
         let scores = b.matmul(&self.gate, x)?;
-        let (routes, _) = b.router_topk_then(&scores, &self.bias, self.router, &mut timed)?;
+        let routes = b.router_topk_then(&scores, &self.bias, self.router, &mut timed)?;
         stats.router_wait += t.elapsed().saturating_sub(beside);
         ExpertPlan::new(b, ex, self.layer, routes, stats)
     }

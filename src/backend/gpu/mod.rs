@@ -84,21 +84,6 @@ impl GpuBackend {
         self.experts.resident_experts()
     }
 
-    /// Rows `start..start+count` of a one-buffer activation, copied into a new one.
-    pub(crate) fn slice_one(&self, x: &GpuAct, start: usize, count: usize) -> Result<GpuAct> {
-        ensure!(
-            start + count <= x.rows,
-            "slice_rows: rows {start}..{} of a {}-row activation",
-            start + count,
-            x.rows
-        );
-        let out = self.alloc(count, x.cols);
-        let row = (x.cols * 4) as u64;
-        self.ctx
-            .copy(&x.buf, start as u64 * row, &out.buf, 0, count as u64 * row);
-        Ok(out)
-    }
-
     fn check_same(a: &GpuAct, b: &GpuAct, op: &str) -> Result<()> {
         super::shape_checks::same_shape(op, (a.rows, a.cols), (b.rows, b.cols))
     }
@@ -401,12 +386,7 @@ impl Backend for GpuBackend {
         q: &GpuRows,
         c: &GpuRows,
     ) -> Result<GpuRows> {
-        let op = "mla_attend";
-        let w = MlaAttnWeights {
-            kv_norm: whole(&w.kv_norm, op, "kv_norm")?.clone(),
-            wk: whole(&w.wk, op, "wk")?.clone(),
-            wv: whole(&w.wv, op, "wv")?.clone(),
-        };
+        let w = kernels::mla::weights_whole(w)?;
         super::shape_checks::mla_inputs(dims, (q.rows, q.cols), (c.rows, c.cols))?;
         let (q, c) = (self.uniform(q)?, self.uniform(c)?);
         // The parts in row order: each appends its latents to the cache before it attends.
@@ -427,12 +407,7 @@ impl Backend for GpuBackend {
         q: &GpuRows,
         c: &GpuRows,
     ) -> Result<Option<GpuRows>> {
-        let op = "mla_attend";
-        let w = MlaAttnWeights {
-            kv_norm: whole(&w.kv_norm, op, "kv_norm")?.clone(),
-            wk: whole(&w.wk, op, "wk")?.clone(),
-            wv: whole(&w.wv, op, "wv")?.clone(),
-        };
+        let w = kernels::mla::weights_whole(w)?;
         let ([q], [c]) = (q.parts.as_slice(), c.parts.as_slice()) else {
             return Ok(None);
         };
@@ -461,15 +436,15 @@ impl Backend for GpuBackend {
         bias: &[f32],
         params: RouterParams,
         meanwhile: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<(Vec<Route>, bool)> {
+    ) -> Result<Vec<Route>> {
         let [part] = logits.parts.as_slice() else {
-            return Ok((self.router_topk(logits, bias, params)?, false));
+            return self.router_topk(logits, bias, params);
         };
         let pending = self.router_topk_begin(part, bias, params)?;
         meanwhile()?;
         self.ctx.flush();
         let routes = self.router_topk_finish(pending)?;
-        Ok((kernels::router::finite_routes(routes)?, true))
+        kernels::router::finite_routes(routes)
     }
 
     fn moe_accumulate(

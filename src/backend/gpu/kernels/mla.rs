@@ -1,9 +1,10 @@
 //! Absorbed MLA attention on the device over a latent cache that stays there and grows.
 
-use crate::backend::gpu::device::buffers::{GpuAct, GpuMlaCache};
+use crate::backend::gpu::device::buffers::{GpuAct, GpuMlaCache, GpuRows};
 use crate::backend::gpu::device::context::Dispatch;
 use crate::backend::gpu::device::pipeline::{AdapterShape, VariantList};
 use crate::backend::gpu::device::shaders::Shader;
+use crate::backend::gpu::row_parts::whole;
 use crate::backend::gpu::GpuBackend;
 use crate::backend::{MlaAttnWeights, MlaDims};
 use anyhow::{ensure, Result};
@@ -85,7 +86,8 @@ impl GpuBackend {
     /// Absorbed MLA over `q`'s rows. The score pass runs one grid row and one
     /// `[total]` row of scores per (token, head), so a window whose rows would exceed the
     /// grid or a binding attends in consecutive blocks of tokens, each appending its latents
-    /// before it attends: causal attention sees the same positions either way.
+    /// before it attends (causal attention sees the same positions either way) and each
+    /// reading and writing its rows in place.
     pub(in crate::backend::gpu) fn mla_attend_op(
         &self,
         d: &MlaDims,
@@ -95,24 +97,23 @@ impl GpuBackend {
         c: &GpuAct,
     ) -> Result<GpuAct> {
         let n = q.rows;
-        let h = d.heads.max(1);
-        let per = self.rows_at_once(d, cache.len + n);
-        if n <= per || c.rows != n {
-            return self.mla_attend_block(d, w, cache, q, c);
-        }
-        let out = self.alloc(n, h * d.v);
-        let row = (h * d.v * 4) as u64;
+        let out = self.alloc(n, d.heads * d.v);
+        // A shape mismatch goes to one call over every row, whose checks name it.
+        let per = if c.rows == n {
+            self.rows_at_once(d, cache.len + n)
+        } else {
+            n.max(1)
+        };
+        // At least one call, so an empty window meets the checks too.
         let mut start = 0;
-        while start < n {
-            let len = per.min(n - start);
-            let qb = self.slice_one(q, start, len)?;
-            let cb = self.slice_one(c, start, len)?;
-            let ob = self.mla_attend_block(d, w, cache, &qb, &cb)?;
-            self.ctx
-                .copy(&ob.buf, 0, &out.buf, start as u64 * row, len as u64 * row);
-            start += len;
+        loop {
+            let rows = start..n.min(start + per);
+            start = rows.end;
+            self.mla_attend_staged(d, w, &mut [(&mut *cache, rows)], q, c, &out)?;
+            if start >= n {
+                return Ok(out);
+            }
         }
-        Ok(out)
     }
 
     /// Query rows one call attends at once over `total` positions: one grid row and one
@@ -122,18 +123,6 @@ impl GpuBackend {
         let by_grid = self.ctx.limits.max_compute_workgroups_per_dimension as usize / h;
         let by_scores = (self.ctx.max_binding / (h as u64 * total.max(1) as u64 * 4)) as usize;
         by_grid.min(by_scores).max(1)
-    }
-
-    fn mla_attend_block(
-        &self,
-        d: &MlaDims,
-        w: &MlaAttnWeights<GpuAct>,
-        cache: &mut GpuMlaCache,
-        q: &GpuAct,
-        c: &GpuAct,
-    ) -> Result<GpuAct> {
-        let n = q.rows;
-        self.mla_attend_staged(d, w, &mut [(cache, 0..n)], q, c)
     }
 
     /// The attention of several pieces of one pass, each its own sequence with its own
@@ -156,14 +145,17 @@ impl GpuBackend {
         if pieces.iter().any(too_many) {
             return Ok(None);
         }
-        self.mla_attend_staged(d, w, pieces, q, c).map(Some)
+        let out = self.alloc(q.rows, d.heads * d.v);
+        self.mla_attend_staged(d, w, pieces, q, c, &out)?;
+        Ok(Some(out))
     }
 
     /// The kernels of every piece, recorded stage by stage (every piece's append, then every
-    /// piece's query, scores, softmax, context and output): a piece's stages write buffers
-    /// of its own, so the pieces' dispatches of one stage run side by side on the device,
-    /// where piece after piece put a barrier between every two dispatches. Rows are read
-    /// and written in place (`row0`), so no piece is sliced out or copied back.
+    /// piece's query, scores, softmax, context and output) into the pieces' rows of `out`:
+    /// a piece's stages write buffers of its own, so the pieces' dispatches of one stage run
+    /// side by side on the device, where piece after piece put a barrier between every two
+    /// dispatches. Rows are read and written in place (`row0`), so no piece is sliced out
+    /// or copied back.
     fn mla_attend_staged(
         &self,
         d: &MlaDims,
@@ -171,7 +163,8 @@ impl GpuBackend {
         pieces: &mut [(&mut GpuMlaCache, Range<usize>)],
         q: &GpuAct,
         c: &GpuAct,
-    ) -> Result<GpuAct> {
+        out: &GpuAct,
+    ) -> Result<()> {
         let (h, r, nope, kv) = (d.heads, d.rope, d.nope, d.kv_lora);
         let qw = nope + r;
         crate::backend::shape_checks::mla_inputs(d, (q.rows, q.cols), (c.rows, c.cols))?;
@@ -179,7 +172,6 @@ impl GpuBackend {
             w.wk.len() == h * nope * kv && w.wv.len() == h * d.v * kv && w.kv_norm.len() == kv,
             "mla_attend: kv_b_proj blocks do not match {h} heads"
         );
-        let out = self.alloc(q.rows, h * d.v);
         let max_z = self.ctx.limits.max_compute_workgroups_per_dimension as usize;
         let mut calls = Vec::with_capacity(pieces.len());
         for (cache, rows) in pieces.iter_mut() {
@@ -219,6 +211,7 @@ impl GpuBackend {
                     rows.start as u32,
                 ],
                 n,
+                cs,
                 total,
                 chunks,
                 query: self.scratch((nh * cs * 4) as u64, "mla query"),
@@ -261,7 +254,7 @@ impl GpuBackend {
         // Scores: the cache is the matrix of an f32 matvec, one "token" per (t, head).
         let rpg = self.rows_per_group();
         for k in &calls {
-            let (total, cs, nh) = (k.total as u32, k.params[6], (k.n * h) as u32);
+            let (total, cs, nh) = (k.total as u32, k.cs as u32, (k.n * h) as u32);
             self.ctx.dispatch(&Dispatch {
                 shader: Shader::MatvecF32,
                 entry: "dense",
@@ -301,8 +294,20 @@ impl GpuBackend {
                 groups,
             );
         }
-        Ok(out)
+        Ok(())
     }
+}
+
+/// The attention weights, each read whole.
+pub(in crate::backend::gpu) fn weights_whole(
+    w: &MlaAttnWeights<GpuRows>,
+) -> Result<MlaAttnWeights<GpuAct>> {
+    let op = "mla_attend";
+    Ok(MlaAttnWeights {
+        kv_norm: whole(&w.kv_norm, op, "kv_norm")?.clone(),
+        wk: whole(&w.wk, op, "wk")?.clone(),
+        wv: whole(&w.wv, op, "wv")?.clone(),
+    })
 }
 
 /// One piece's part of a staged attention call: its cache, parameters and scratch.
@@ -311,6 +316,8 @@ struct PieceCall {
     /// `MlaParams` of mla_attend.wgsl.
     params: [u32; 13],
     n: usize,
+    /// Values a cached position takes.
+    cs: usize,
     total: usize,
     chunks: usize,
     query: GpuAct,

@@ -57,6 +57,8 @@ pub struct AdapterReport {
     pub f16: bool,
     /// Timestamp queries (pass boundaries).
     pub timestamps: bool,
+    /// Matrix-unit (cooperative matrix) shapes the driver offers, `MxNxK in->acc`.
+    pub matrix_units: Vec<String>,
     /// Whether CPU and GPU share one memory ([`upload_path::unified_memory`]).
     pub unified_memory: bool,
     /// The most bytes the engine binds at once on this adapter (its buffers are split
@@ -106,6 +108,16 @@ impl AdapterReport {
             subgroup_sizes: eff.subgroup_sizes,
             f16: f.contains(wgpu::Features::SHADER_F16),
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+            matrix_units: a
+                .cooperative_matrix_properties()
+                .iter()
+                .map(|m| {
+                    format!(
+                        "{}x{}x{} {:?}->{:?}",
+                        m.m_size, m.n_size, m.k_size, m.ab_type, m.cr_type
+                    )
+                })
+                .collect(),
             unified_memory: eff.unified_memory,
             engine_binding: max_binding_bytes(binding_backend, &l, None),
             uploads: upload_path::of(a),
@@ -129,7 +141,7 @@ impl AdapterReport {
             ),
         };
         format!(
-            "[{index}] {}\n    backend: {}  type: {}  driver: {}\n    limits: storage binding {:.0} MiB ({} B), buffer {:.0} MiB, workgroup storage {} B, invocations {}, storage buffers/stage {}\n    features: subgroups {} (size {}..{}), f16 {}, timestamps {}\n    memory: {}; k3 binds at most {:.0} MiB at once\n    uploads: {}{profile}",
+            "[{index}] {}\n    backend: {}  type: {}  driver: {}\n    limits: storage binding {:.0} MiB ({} B), buffer {:.0} MiB, workgroup storage {} B, invocations {}, storage buffers/stage {}\n    features: subgroups {} (size {}..{}), f16 {}, timestamps {}, matrix units {}\n    memory: {}; k3 binds at most {:.0} MiB at once\n    uploads: {}{profile}",
             self.name,
             self.backend,
             self.device_type,
@@ -145,6 +157,11 @@ impl AdapterReport {
             self.subgroup_sizes.1,
             yes(self.f16),
             yes(self.timestamps),
+            if self.matrix_units.is_empty() {
+                "none".to_string()
+            } else {
+                self.matrix_units.join(", ")
+            },
             if self.unified_memory {
                 "unified (CPU and GPU share it)"
             } else {
@@ -299,6 +316,7 @@ mod tests {
             subgroup_sizes: (32, 32),
             f16: true,
             timestamps: false,
+            matrix_units: vec!["8x8x8 F32->F32".into()],
             unified_memory: true,
             engine_binding: 2048 << 20,
             uploads: upload_path::UploadPath::Shared,
@@ -307,6 +325,7 @@ mod tests {
         };
         let text = r.render(0);
         assert!(!text.contains("limits profile"), "{text}");
+        assert!(text.contains("matrix units 8x8x8 F32->F32"), "{text}");
         assert!(
             text.contains("memory: unified (CPU and GPU share it); k3 binds at most 2048 MiB"),
             "{text}"

@@ -1,0 +1,91 @@
+// Probe (lab/coop_probe.rs): an int4 matmul of up to 8 tokens on the GPU's matrix units
+// (wgpu's cooperative matrices, 16x16x16 f16 -> f32), to see what a decode step of several
+// streams could cost where each weight is decoded once for every row.
+//
+// Weights: int4, two's complement nibbles, low nibble = even column, one f32 scale per 64
+// columns (the engine's dense int4 layout). x arrives as B: K x 16 f16, column t < 8 the
+// high part of token t's x (scaled by 2^s_t so its largest entry is near 2^11), column 8 + t
+// the low part (x 2^s_t - high, also f16): high + low carries 22 bits of each entry, as the
+// engine's digit planes carry x to 2^-22 of a unit's largest entry. Products of int4 and f16
+// are exact in the f32 accumulator, so the sum of the two columns is the 22-bit x's dot
+// product; the group scale and 2^-s_t are applied in f32.
+//
+// A workgroup takes RB = 64 rows (four subgroups of 16) and walks K in steps of one scale
+// group (64 columns): the 64 x 64 weight tile is decoded into workgroup memory as f16, each
+// subgroup runs four 16x16x16 products into a fresh C, stores C, and each lane adds its
+// rows' scaled sums into its registers.
+
+enable f16;
+enable wgpu_cooperative_matrix;
+
+struct P {
+    rows: u32,
+    k: u32,
+    tokens: u32,
+    _p: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> sc: array<f32>;
+@group(0) @binding(3) var<storage, read> xb: array<f16>;
+@group(0) @binding(4) var<storage, read> down: array<f32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+
+const RB: u32 = 64u;
+const KB: u32 = 64u;
+
+var<workgroup> at: array<f16, 4096>;
+var<workgroup> ct: array<f32, 1024>;
+
+@compute @workgroup_size(128)
+fn coop_int4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row0 = wg.x * RB;
+    let sg = lid / 32u;
+    let lane = lid % 32u;
+    let wpr = p.k / 8u;
+    let groups = p.k / 64u;
+    // Lane's C elements: row lane / 2 of its subgroup's 16, tokens 4 (lane % 2) .. + 4.
+    let cr = lane / 2u;
+    let ct0 = (lane % 2u) * 4u;
+    var acc = vec4<f32>(0.0);
+    let my_row = min(row0 + sg * 16u + cr, p.rows - 1u);
+    for (var g = 0u; g < groups; g++) {
+        // Decode: 64 rows x 8 words, four words a lane.
+        for (var i = 0u; i < 4u; i++) {
+            let wi = lid + 128u * i;
+            let r = wi / 8u;
+            let j = wi % 8u;
+            let row = min(row0 + r, p.rows - 1u);
+            let q = w[row * wpr + g * 8u + j];
+            let b = r * KB + j * 8u;
+            for (var c = 0u; c < 8u; c++) {
+                let v = i32(q << (28u - 4u * c)) >> 28u;
+                at[b + c] = f16(v);
+            }
+        }
+        workgroupBarrier();
+        var cm = coop_mat16x16<f32, C>();
+        for (var kk = 0u; kk < 4u; kk++) {
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&at[sg * 16u * KB + kk * 16u], KB);
+            let bm = coopLoadT<coop_mat16x16<f16, B>>(&xb[(g * KB + kk * 16u) * 16u], 16u);
+            cm = coopMultiplyAdd(a, bm, cm);
+        }
+        coopStoreT(cm, &ct[sg * 256u], 16u);
+        workgroupBarrier();
+        let s = sc[my_row * groups + g];
+        let base = sg * 256u + cr * 16u + ct0;
+        let hi = vec4<f32>(ct[base], ct[base + 1u], ct[base + 2u], ct[base + 3u]);
+        let lo = vec4<f32>(ct[base + 8u], ct[base + 9u], ct[base + 10u], ct[base + 11u]);
+        acc += s * (hi + lo);
+    }
+    let row = row0 + sg * 16u + cr;
+    if (row < p.rows) {
+        for (var t = 0u; t < 4u; t++) {
+            let tok = ct0 + t;
+            if (tok < p.tokens) {
+                y[tok * p.rows + row] = acc[t] * down[tok];
+            }
+        }
+    }
+}

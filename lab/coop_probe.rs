@@ -125,16 +125,66 @@ fn main() {
         label: Some("coop_probe"),
         source: wgpu::ShaderSource::Wgsl(WGSL.into()),
     });
-    let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some("coop_int4"),
-        layout: None,
-        module: &module,
-        entry_point: Some("coop_int4"),
-        compilation_options: Default::default(),
-        cache: None,
-    });
-    for &(rows, k) in &[(7168usize, 7168usize), (49152, 7168), (163840, 7168), (1536, 7168)] {
-        run_case(&device, &queue, &pipe, rows, k);
+    let pipe = |entry: &str| {
+        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        })
+    };
+    let (int4, mxfp4) = (pipe("coop_int4"), pipe("coop_mxfp4"));
+    for &(rows, k) in &[
+        (7168usize, 7168usize),
+        (49152, 7168),
+        (163840, 7168),
+        (1536, 7168),
+    ] {
+        run_case(&device, &queue, &int4, Format::Int4, rows, k);
+    }
+    // 16 experts' w1|w3 (2 x 3072 rows each) and w2 (7168 x 3072) of one decode step.
+    for &(rows, k) in &[(16 * 6144usize, 7168usize), (16 * 7168, 3072)] {
+        run_case(&device, &queue, &mxfp4, Format::Mxfp4, rows, k);
+    }
+}
+
+/// The weight format of a case.
+#[derive(Clone, Copy, Debug)]
+enum Format {
+    Int4,
+    Mxfp4,
+}
+
+/// Column c's weight of row r: int4 times its group scale, or E2M1 times 2^(s - 127).
+fn weight(
+    f: Format,
+    words: &[u32],
+    scales: &[f32],
+    bytes: &[u8],
+    k: usize,
+    r: usize,
+    c: usize,
+) -> f64 {
+    let q = words[r * k / 8 + c / 8];
+    let n = (q >> (4 * (c % 8))) & 0xF;
+    match f {
+        Format::Int4 => {
+            let v = ((q << (28 - 4 * (c % 8))) as i32 >> 28) as f64;
+            v * scales[r * k / 64 + c / 64] as f64
+        }
+        Format::Mxfp4 => {
+            let e = (n >> 1) & 3;
+            let m = (n & 1) as f64;
+            let mag = if e == 0 {
+                0.5 * m
+            } else {
+                2f64.powi(e as i32 - 1) * (1.0 + 0.5 * m)
+            };
+            let v = if n >= 8 { -mag } else { mag };
+            v * 2f64.powi(bytes[r * k / 32 + c / 32] as i32 - 127)
+        }
     }
 }
 
@@ -142,6 +192,7 @@ fn run_case(
     device: &wgpu::Device,
     queue: &wgpu::Queue,
     pipe: &wgpu::ComputePipeline,
+    format: Format,
     rows: usize,
     k: usize,
 ) {
@@ -150,6 +201,18 @@ fn run_case(
     let words: Vec<u32> = (0..rows * k / 8).map(|_| rng.next()).collect();
     let scales: Vec<f32> = (0..rows * k / 64)
         .map(|_| 0.01 * (1.0 + rng.unit() * 0.5))
+        .collect();
+    let bytes: Vec<u8> = (0..rows * k / 32)
+        .map(|_| 118 + (rng.next() % 8) as u8)
+        .collect();
+    let offsets: Vec<i32> = (0..rows)
+        .map(|r| {
+            *bytes[r * k / 32..(r + 1) * k / 32]
+                .iter()
+                .max()
+                .unwrap_or(&127) as i32
+                - 13
+        })
         .collect();
     let tokens = 8usize;
     let x: Vec<Vec<f32>> = (0..tokens)
@@ -170,6 +233,8 @@ fn run_case(
     let sb = buf(bytemuck::cast_slice(&scales), st);
     let bb = buf(bytemuck::cast_slice(&b), st);
     let db = buf(bytemuck::cast_slice(&down), st);
+    let ob = buf(bytemuck::cast_slice(&offsets), st);
+    let ub = buf(&bytes, st);
     let yb = device.create_buffer(&wgpu::BufferDescriptor {
         label: None,
         size: (tokens * rows * 4) as u64,
@@ -185,14 +250,20 @@ fn run_case(
     let bg = device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
         layout: &pipe.get_bind_group_layout(0),
-        entries: &[&pb, &wb, &sb, &bb, &db, &yb]
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect::<Vec<_>>(),
+        entries: &match format {
+            Format::Int4 => vec![&pb, &wb, &sb, &bb, &db, &yb],
+            Format::Mxfp4 => vec![&pb, &wb, &bb, &db, &yb, &ob, &ub],
+        }
+        .iter()
+        .zip(match format {
+            Format::Int4 => vec![0u32, 1, 2, 3, 4, 5],
+            Format::Mxfp4 => vec![0u32, 1, 3, 4, 5, 6, 7],
+        })
+        .map(|(b, i)| wgpu::BindGroupEntry {
+            binding: i,
+            resource: b.as_entire_binding(),
+        })
+        .collect::<Vec<_>>(),
     });
     let groups = rows.div_ceil(64) as u32;
     let run = |n: usize| {
@@ -233,19 +304,21 @@ fn run_case(
         for (t, xt) in x.iter().enumerate() {
             let mut s = 0f64;
             for c in 0..k {
-                let q = words[r * k / 8 + c / 8];
-                let v = ((q << (28 - 4 * (c % 8))) as i32 >> 28) as f64;
-                s += v * scales[r * k / 64 + c / 64] as f64 * xt[c] as f64;
+                s += weight(format, &words, &scales, &bytes, k, r, c) * xt[c] as f64;
             }
             max_err = max_err.max((s - got[t * rows + r] as f64).abs());
             max_ref = max_ref.max(s.abs());
         }
     }
-    let bytes = (words.len() * 4 + scales.len() * 4) as f64;
+    let wbytes = (words.len() * 4) as f64
+        + match format {
+            Format::Int4 => (scales.len() * 4) as f64,
+            Format::Mxfp4 => bytes.len() as f64,
+        };
     println!(
-        "coop int4 {rows}x{k}, {tokens} tokens: {:.1} us a dispatch ({:.0} GB/s of weights), max |err| {:.2e} of max |y| {:.2e} ({:.1e} relative)",
+        "coop {format:?} {rows}x{k}, {tokens} tokens: {:.1} us a dispatch ({:.0} GB/s of weights), max |err| {:.2e} of max |y| {:.2e} ({:.1e} relative)",
         best * 1e6,
-        bytes / best / 1e9,
+        wbytes / best / 1e9,
         max_err,
         max_ref,
         max_err / max_ref

@@ -89,3 +89,68 @@ fn coop_int4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         }
     }
 }
+
+// MXFP4 (E2M1 nibbles, one E8M0 byte per 32 columns): the block scale folds into the f16
+// weight exactly, as value x 2^(s - o_r) with o_r the row's offset (its largest s minus 13),
+// while every block of the row lies within 36 binades of its largest, so C sums the whole
+// row in one product chain and is stored once. `ro` holds o_r per row.
+@group(0) @binding(6) var<storage, read> ro: array<i32>;
+// The E8M0 bytes, four a word.
+@group(0) @binding(7) var<storage, read> scu: array<u32>;
+
+// The E2M1 value of nibble n.
+fn e2m1(n: u32) -> f32 {
+    let e = (n >> 1u) & 3u;
+    let m = f32(n & 1u);
+    let mag = select(exp2(f32(e) - 1.0) * (1.0 + 0.5 * m), 0.5 * m, e == 0u);
+    return select(mag, -mag, n >= 8u);
+}
+
+@compute @workgroup_size(128)
+fn coop_mxfp4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row0 = wg.x * RB;
+    let sg = lid / 32u;
+    let lane = lid % 32u;
+    let wpr = p.k / 8u;
+    let spr = p.k / 32u;
+    let steps = p.k / KB;
+    var cm = coop_mat16x16<f32, C>();
+    for (var g = 0u; g < steps; g++) {
+        for (var i = 0u; i < 4u; i++) {
+            let wi = lid + 128u * i;
+            let r = wi / 8u;
+            let j = wi % 8u;
+            let row = min(row0 + r, p.rows - 1u);
+            let q = w[row * wpr + g * 8u + j];
+            let si = row * spr + g * 2u + j / 4u;
+            let s = i32((scu[si / 4u] >> ((si % 4u) * 8u)) & 0xFFu);
+            let f = exp2(f32(s - ro[row]));
+            let b = r * KB + j * 8u;
+            for (var c = 0u; c < 8u; c++) {
+                at[b + c] = f16(e2m1((q >> (4u * c)) & 0xFu) * f);
+            }
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < 4u; kk++) {
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&at[sg * 16u * KB + kk * 16u], KB);
+            let bm = coopLoadT<coop_mat16x16<f16, B>>(&xb[(g * KB + kk * 16u) * 16u], 16u);
+            cm = coopMultiplyAdd(a, bm, cm);
+        }
+        workgroupBarrier();
+    }
+    coopStoreT(cm, &ct[sg * 256u], 16u);
+    workgroupBarrier();
+    let cr = lane / 2u;
+    let ct0 = (lane % 2u) * 4u;
+    let row = row0 + sg * 16u + cr;
+    if (row < p.rows) {
+        let up = exp2(f32(ro[row] - 127));
+        let base = sg * 256u + cr * 16u + ct0;
+        for (var t = 0u; t < 4u; t++) {
+            let tok = ct0 + t;
+            if (tok < p.tokens) {
+                y[tok * p.rows + row] = (ct[base + t] + ct[base + 8u + t]) * up * down[tok];
+            }
+        }
+    }
+}

@@ -1504,20 +1504,8 @@ fn mla_attend_matches_cpu_as_the_cache_grows() {
 fn mla_pieces_in_one_call_match_each_alone_on_cpu() {
     let mut rng = StdRng::seed_from_u64(17);
     let c = CpuBackend::new();
-    let d = MlaDims {
-        heads: 3,
-        kv_lora: 40,
-        nope: 8,
-        rope: 4,
-        v: 12,
-        norm_eps: 1e-6,
-    };
+    let (d, [nw, wk, wv]) = small_mla(&mut rng);
     let (qw, cw_) = (d.heads * (d.nope + d.rope), d.kv_lora + d.rope);
-    let (nw, wk, wv) = (
-        rand_vec(&mut rng, d.kv_lora, 1.0),
-        rand_vec(&mut rng, d.heads * d.nope * d.kv_lora, 0.3),
-        rand_vec(&mut rng, d.heads * d.v * d.kv_lora, 0.3),
-    );
     fn weights<B: Backend>(b: &B, d: &MlaDims, w: [&[f32]; 3]) -> MlaAttnWeights<B::Act> {
         MlaAttnWeights {
             kv_norm: b.upload(w[0], 1, d.kv_lora).unwrap(),
@@ -1612,8 +1600,6 @@ fn free_vram_query_answers_on_every_adapter() {
     }
 }
 
-/// A KDA chunk longer than the grid's dimension limit is refused with what to do, not a
-/// validation panic.
 /// Several sequences' KDA steps in one call (`kda_step_pieces`): each piece's rows, with its
 /// own state, give the CPU's step of those rows alone, over two calls so the states carry;
 /// a piece of a chunk's rows is left to the piece-at-a-time way, and pieces that do not
@@ -1705,6 +1691,25 @@ fn kda_pieces_in_one_call_match_each_alone_on_cpu() {
         );
         assert!(e.contains("pieces end at row 3 of the 5 rows"), "{e}");
     }
+}
+
+/// Small MLA dimensions (3 heads, a 40-wide latent) and random weights for them: kv_norm,
+/// wk, wv.
+pub(crate) fn small_mla(rng: &mut StdRng) -> (MlaDims, [Vec<f32>; 3]) {
+    let d = MlaDims {
+        heads: 3,
+        kv_lora: 40,
+        nope: 8,
+        rope: 4,
+        v: 12,
+        norm_eps: 1e-6,
+    };
+    let w = [
+        rand_vec(rng, d.kv_lora, 1.0),
+        rand_vec(rng, d.heads * d.nope * d.kv_lora, 0.3),
+        rand_vec(rng, d.heads * d.v * d.kv_lora, 0.3),
+    ];
+    (d, w)
 }
 
 /// Random KDA step weights for `d`: conv q, k, v, A_log, dt_bias, o_norm.

@@ -8,7 +8,7 @@ use crate::support;
 use k3::backend::gpu::{GpuBackend, GpuOptions, GpuRows};
 use k3::backend::{
     Backend, ExpertAssignment, ExpertPayload, Glu, KdaDims, KdaStepInputs, KdaStepWeights,
-    MlaAttnWeights, MlaDims, RouterParams,
+    MlaAttnWeights, RouterParams,
 };
 use k3::quant::{DenseFormat, DenseMatrix, Mxfp4View};
 use k3::routed_expert::ExpertWeights;
@@ -238,19 +238,7 @@ fn kda_and_mla_run_the_parts_in_order() {
         );
     }
 
-    let m = MlaDims {
-        heads: 3,
-        kv_lora: 40,
-        nope: 8,
-        rope: 4,
-        v: 12,
-        norm_eps: 1e-6,
-    };
-    let (nw, wk, wv) = (
-        rand_vec(&mut rng, m.kv_lora, 1.0),
-        rand_vec(&mut rng, m.heads * m.nope * m.kv_lora, 0.3),
-        rand_vec(&mut rng, m.heads * m.v * m.kv_lora, 0.3),
-    );
+    let (m, [nw, wk, wv]) = crate::gpu_ops::small_mla(&mut rng);
     let weights = |g: &GpuBackend| MlaAttnWeights {
         kv_norm: g.upload_weight(&nw, 1, m.kv_lora).unwrap(),
         wk: g.upload_weight(&wk, m.heads * m.nope, m.kv_lora).unwrap(),

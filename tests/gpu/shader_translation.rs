@@ -12,6 +12,9 @@
 use k3::backend::gpu::device::context::default_matvec_checks;
 use k3::backend::gpu::device::pipeline::{AdapterShape, PipelineVariant};
 use k3::backend::gpu::device::shaders::Shader;
+use k3::backend::gpu::kernels::matrix_units::{
+    pipeline_variants as matrix_unit_variants, SUBGROUP_COUNTS,
+};
 use k3::backend::gpu::pipeline_variants;
 use naga::back::{hlsl, msl, spv};
 use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
@@ -74,7 +77,13 @@ fn parse(sh: Shader, subgroups: bool) -> (Module, ModuleInfo) {
             e.emit_to_string(&src)
         )
     });
+    let coop = if sh == Shader::MatmulCoop {
+        Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX
+    } else {
+        Capabilities::empty()
+    };
     let caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32
+        | coop
         | if subgroups {
             Capabilities::SUBGROUP
         } else {
@@ -299,5 +308,33 @@ fn every_entry_point_of_every_module_is_a_listed_variant() {
                 );
             }
         }
+    }
+}
+
+/// The matrix-unit kernels (matmul_coop.wgsl) at every subgroup count, to the SPIR-V of the
+/// Vulkan versions with cooperative matrices, the only backend wgpu offers 16x16 f16 matrix
+/// units on; and every entry point of the module is one of them.
+#[test]
+fn matrix_unit_variants_translate_to_spirv() {
+    let parsed = parse(Shader::MatmulCoop, false);
+    let mut failed = Vec::new();
+    let mut listed = HashSet::new();
+    for sgs in SUBGROUP_COUNTS {
+        for v in matrix_unit_variants(sgs) {
+            listed.insert(v.entry);
+            for t in [Target::Spirv((1, 3)), Target::Spirv((1, 6))] {
+                if let Err(e) = translate(&v, 256, &parsed, t) {
+                    failed.push(format!("{v} to {t:?}: {e}"));
+                }
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    for ep in &parsed.0.entry_points {
+        assert!(
+            listed.contains(ep.name.as_str()),
+            "matmul_coop.wgsl:{}: an entry point no matrix-unit variant lists",
+            ep.name
+        );
     }
 }

@@ -26,6 +26,9 @@ use crate::backend::gpu::device::profiler::Profiler;
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::device::upload_path;
 use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile};
+use crate::backend::gpu::kernels::matrix_units::{
+    adapter_has_matrix_units, pipeline_variants as matrix_unit_variants,
+};
 use crate::backend::gpu::kernels::stationary::{CsPlan, Stationary};
 use crate::backend::gpu::pipeline_kinds;
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -101,6 +104,9 @@ pub struct GpuContext {
     /// The few-token kernel's lanes a row and rows a lane for every format, where the
     /// options set one.
     pub few_token_shape: Option<(u32, u32)>,
+    /// Subgroups a workgroup of the matrix-unit kernels, where the device was opened with
+    /// the matrix units (`GpuOptions::matrix_units` asked and the adapter has them).
+    pub matrix_units: Option<u32>,
     /// Per-kernel GPU times, when profiling.
     profiler: Option<Mutex<Profiler>>,
     /// The first error the device reported (instead of wgpu's panic).
@@ -156,12 +162,36 @@ impl GpuContext {
         let wanted = wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
-        let features = eff.features & wanted;
+        let coop = wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let matrix_units = opts
+            .matrix_units
+            .filter(|_| adapter_has_matrix_units(&adapter) && eff.features.contains(coop));
+        if opts.matrix_units.is_some() && matrix_units.is_none() {
+            tracing::warn!(
+                "K3_LAB_MATRIX_UNITS: {} ({:?}) has no 16x16x16 f16 -> f32 matrix units in 32-lane subgroups; the few-row matmuls keep their f32 kernels",
+                info.name,
+                info.backend
+            );
+        }
+        let (features, experimental_features) = match matrix_units {
+            Some(_) => (
+                (eff.features & wanted) | coop,
+                // SAFETY: the one experimental feature enabled is the cooperative matrices,
+                // which only the matrix-unit module uses (matmul_coop.wgsl): its matrix loads
+                // and stores stay inside its workgroup arrays and inside B, whose rows the
+                // host sizes from the same steps the kernel walks.
+                unsafe { wgpu::ExperimentalFeatures::enabled() },
+            ),
+            None => (
+                eff.features & wanted,
+                wgpu::ExperimentalFeatures::disabled(),
+            ),
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("k3"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -233,6 +263,15 @@ impl GpuContext {
             },
             subgroups,
         );
+        let kinds = kinds
+            .into_iter()
+            .chain(matrix_units.into_iter().flat_map(|sgs| {
+                matrix_unit_variants(sgs)
+                    .iter()
+                    .map(PipelineVariant::kind)
+                    .collect::<Vec<_>>()
+            }))
+            .collect();
         Ok(Self {
             adapter,
             device,
@@ -254,6 +293,7 @@ impl GpuContext {
             few_token_experts: opts.few_token_experts,
             few_token_dense: opts.few_token_dense.unwrap_or(true),
             few_token_shape: opts.few_token_shape,
+            matrix_units,
             profiler,
             errors,
             submit_every: opts

@@ -13,12 +13,14 @@
 //! | `K3_LAB_FEW_TOKEN_EXPERTS` | on, off | off | whether experts that 2–15 rows of a call share run four rows a workgroup (`moe_t4`) instead of one matvec item a row |
 //! | `K3_LAB_FEW_TOKEN_DENSE` | on, off | on | whether int8 and int4 matmuls of 2–8 rows run the few-token kernel (`dense_few`) instead of one matvec a row |
 //! | `K3_LAB_FEW_TOKEN_SHAPE` | `LxR` (lanes a row: 4, 8, 16 or 32; rows a lane: 1–4) | per format | the few-token kernel's lanes a row and rows a lane, for every format |
+//! | `K3_LAB_MATRIX_UNITS` | off, on, 1, 2, 4 | off | whether int4 and int8 matmuls of 2–8 rows run on the matrix units where the adapter has them (matmul_coop.wgsl), and at how many subgroups a workgroup (on: 4) |
 //!
 //! A switch whose alternative lost is removed, with its record in lab/notebook.md ("Lab
 //! switches and GPU options removed").
 
 use crate::backend::gpu::device::context::{GpuOptions, Int4Decode, MatvecShape, ReadStaging};
 use crate::backend::gpu::kernels::chunk_gemm::ChunkGemm;
+use crate::backend::gpu::kernels::matrix_units::{DEFAULT_SUBGROUPS, SUBGROUP_COUNTS};
 use anyhow::{bail, Result};
 
 /// The experiment switches set in the environment.
@@ -40,6 +42,8 @@ pub struct LabSwitches {
     pub few_token_dense: Option<bool>,
     /// `K3_LAB_FEW_TOKEN_SHAPE` (`None`: unset).
     pub few_token_shape: Option<(u32, u32)>,
+    /// `K3_LAB_MATRIX_UNITS`: subgroups a workgroup (`None`: off).
+    pub matrix_units: Option<u32>,
 }
 
 impl LabSwitches {
@@ -108,6 +112,14 @@ impl LabSwitches {
                 Some((l, r))
             }
         };
+        let matrix_units = match get("K3_LAB_MATRIX_UNITS").as_deref().map(str::trim) {
+            None | Some("off") => None,
+            Some("on") => Some(DEFAULT_SUBGROUPS),
+            Some(v) => match v.parse::<u32>() {
+                Ok(n) if SUBGROUP_COUNTS.contains(&n) => Some(n),
+                _ => bail!("K3_LAB_MATRIX_UNITS must be off, on, 1, 2 or 4, got {v:?}"),
+            },
+        };
         Ok(Self {
             chunk_from,
             read_staging,
@@ -117,6 +129,7 @@ impl LabSwitches {
             few_token_experts,
             few_token_dense,
             few_token_shape,
+            matrix_units,
         })
     }
 
@@ -137,6 +150,7 @@ impl LabSwitches {
             few_token_experts: self.few_token_experts || opts.few_token_experts,
             few_token_dense: self.few_token_dense.or(opts.few_token_dense),
             few_token_shape: self.few_token_shape.or(opts.few_token_shape),
+            matrix_units: self.matrix_units.or(opts.matrix_units),
             matvec: Some(MatvecShape {
                 int4_decode: self.int4_decode,
                 ..staged(opts.matvec.unwrap_or_default())
@@ -184,6 +198,7 @@ mod tests {
         assert_eq!(opts.expert_pool, None);
         assert!(!opts.few_token_experts);
         assert_eq!(opts.few_token_dense, None);
+        assert_eq!(opts.matrix_units, None);
         assert_eq!(opts.matvec, Some(MatvecShape::default()));
         assert_eq!(opts.expert_matvec, Some(MatvecShape::experts()));
         assert_eq!(opts.expert_down_matvec, Some(MatvecShape::expert_down()));
@@ -200,6 +215,7 @@ mod tests {
             ("K3_LAB_FEW_TOKEN_EXPERTS", "on"),
             ("K3_LAB_FEW_TOKEN_DENSE", "off"),
             ("K3_LAB_FEW_TOKEN_SHAPE", "8x4"),
+            ("K3_LAB_MATRIX_UNITS", "2"),
         ])
         .unwrap();
         let opts = s.apply(GpuOptions {
@@ -213,6 +229,7 @@ mod tests {
         assert!(opts.few_token_experts);
         assert_eq!(opts.few_token_dense, Some(false));
         assert_eq!(opts.few_token_shape, Some((8, 4)));
+        assert_eq!(opts.matrix_units, Some(2));
         let m = opts.matvec.unwrap();
         assert_eq!((m.int4_decode, m.stage_x), (Some(Int4Decode::Digits), 0));
         assert_eq!(opts.expert_matvec.unwrap().stage_x, 0);
@@ -238,6 +255,8 @@ mod tests {
             ("K3_LAB_STAGE_X", "yes"),
             ("K3_LAB_EXPERT_POOL", "yes"),
             ("K3_LAB_FEW_TOKEN_EXPERTS", "auto"),
+            ("K3_LAB_MATRIX_UNITS", "8"),
+            ("K3_LAB_MATRIX_UNITS", "auto"),
         ] {
             let err = lookup(&[(name, value)]).unwrap_err().to_string();
             assert!(err.contains(name) && err.contains(value), "{err}");

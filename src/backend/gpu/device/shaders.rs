@@ -48,10 +48,14 @@ pub enum Shader {
     MlaAttend,
     /// The split-K sum of the chunk matmul.
     SumSegments,
+    /// Few-row int4 and int8 matmuls on the matrix units (wgpu's cooperative matrices):
+    /// not in [`Shader::ALL`], since only adapters with matrix units can build it.
+    MatmulCoop,
 }
 
 impl Shader {
-    /// Every shader, for validation.
+    /// Every shader every adapter builds, for validation ([`Shader::MatmulCoop`] needs
+    /// matrix units and is validated on its own).
     pub const ALL: [Shader; 15] = [
         Shader::Elementwise,
         Shader::PadRows,
@@ -88,6 +92,7 @@ impl Shader {
             Shader::KdaStep => "kda_step.wgsl",
             Shader::MlaAttend => "mla_attend.wgsl",
             Shader::SumSegments => "sum_segments.wgsl",
+            Shader::MatmulCoop => "matmul_coop.wgsl",
         }
     }
 
@@ -108,6 +113,7 @@ impl Shader {
             Shader::KdaStep => include_str!("../../../../shaders_wgsl/kda_step.wgsl"),
             Shader::MlaAttend => include_str!("../../../../shaders_wgsl/mla_attend.wgsl"),
             Shader::SumSegments => include_str!("../../../../shaders_wgsl/sum_segments.wgsl"),
+            Shader::MatmulCoop => include_str!("../../../../shaders_wgsl/matmul_coop.wgsl"),
         }
     }
 
@@ -115,7 +121,12 @@ impl Shader {
     pub fn reduces(self) -> bool {
         !matches!(
             self,
-            Shader::Elementwise | Shader::PadRows | Shader::Glu | Shader::Moe | Shader::SumSegments
+            Shader::Elementwise
+                | Shader::PadRows
+                | Shader::Glu
+                | Shader::Moe
+                | Shader::SumSegments
+                | Shader::MatmulCoop
         )
     }
 

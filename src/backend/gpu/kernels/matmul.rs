@@ -9,6 +9,7 @@ use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile, GK};
 use crate::backend::gpu::kernels::few_tokens::{
     few_token_shape_of, few_tokens_shape, few_tokens_variant, FEW_FROM_GROUPS,
 };
+use crate::backend::gpu::kernels::matrix_units::{takes_matrix_units, XHalves};
 use crate::backend::gpu::kernels::row_split::{digit_shape, rows_per_group_of};
 use crate::backend::gpu::kernels::stationary::stationary_consts;
 use crate::backend::gpu::GpuBackend;
@@ -346,6 +347,15 @@ impl GpuBackend {
                 .get_or_init(|| self.x_planes(&xp.buf, (xp.rows, w.cols_padded / uc)))
                 .buf
         };
+        // A few rows on the matrix units, where the device has them: x's two f16 parts are
+        // made once per call for each width.
+        if tile.is_none() && takes_matrix_units(&self.ctx, w, x.rows) {
+            let xh = shared.halves(w.cols_padded, || {
+                self.x_halves(&xp.buf, x.rows, w.cols_padded)
+            });
+            self.matmul_matrix_units(w, &xh, &y.buf, x.rows)?;
+            return Ok(y);
+        }
         // A few rows (a decode step of several streams): each weight unit decoded once for
         // all of them.
         let few_shape = few_tokens_shape(
@@ -477,6 +487,8 @@ struct SharedX {
     padded: RefCell<Vec<(usize, GpuAct)>>,
     /// The planes, once a matrix needed them.
     planes: OnceCell<GpuAct>,
+    /// x's f16 parts for the matrix units, for each padded width asked for so far.
+    halves: RefCell<Vec<(usize, XHalves)>>,
 }
 
 impl SharedX {
@@ -489,7 +501,20 @@ impl SharedX {
                 .sum(),
             padded: RefCell::new(Vec::new()),
             planes: OnceCell::new(),
+            halves: RefCell::new(Vec::new()),
         }
+    }
+
+    /// x's f16 parts for the matrix units at padded width `cols`: made by `make` the first
+    /// time that width is asked for.
+    fn halves(&self, cols: usize, make: impl FnOnce() -> XHalves) -> XHalves {
+        let mut made = self.halves.borrow_mut();
+        if let Some((_, h)) = made.iter().find(|(c, _)| *c == cols) {
+            return h.clone();
+        }
+        let h = make();
+        made.push((cols, h.clone()));
+        h
     }
 
     /// x padded to `cols` columns: made by `pad` the first time that width is asked for.

@@ -74,6 +74,10 @@ pub struct GpuOptions {
     /// The few-token kernel's lanes a row and rows a lane for every format; `None` = each
     /// format's own (`few_tokens::few_token_shape_of`).
     pub few_token_shape: Option<(u32, u32)>,
+    /// Whether int4 and int8 matmuls of two to eight rows run on the matrix units where the
+    /// adapter has them (`matrix_units.rs`), at this many subgroups a workgroup
+    /// (`K3_LAB_MATRIX_UNITS`); `None` = not.
+    pub matrix_units: Option<u32>,
     /// Compose every kernel from this directory's WGSL files instead of the text built in
     /// (shader work: a variant is measured without a rebuild; lab builds only).
     #[cfg(feature = "lab")]

@@ -142,11 +142,37 @@ fn main() {
         (163840, 7168),
         (1536, 7168),
     ] {
-        run_case(&device, &queue, &int4, Format::Int4, rows, k);
+        run_case(&device, &queue, &int4, Format::Int4, rows, k, 64, (1, 0), true);
+    }
+    // v2 whole (checked), then split (timing only).
+    let v2 = pipe("coop_int4_v2");
+    for &rows in &[7168usize, 49152, 163840, 1536] {
+        print!("v2 ");
+        run_case(&device, &queue, &v2, Format::Int4, rows, 7168, 16, (1, 112), true);
+    }
+    for segs in [4u32, 8, 16, 28] {
+        for &rows in &[7168usize, 49152, 163840, 1536] {
+            print!("v2 segs {segs}: ");
+            run_case(&device, &queue, &v2, Format::Int4, rows, 7168, 16, (segs, 112u32.div_ceil(segs)), false);
+        }
+    }
+    // Where the time goes, and K split over workgroups (timing only).
+    for (entry, segs) in [
+        ("coop_mma_only", 1u32),
+        ("coop_decode_only", 1),
+        ("coop_int4_split", 4),
+        ("coop_int4_split", 16),
+        ("coop_int4_split", 56),
+    ] {
+        let p = pipe(entry);
+        for &rows in &[7168usize, 163840] {
+            print!("{entry} segs {segs}: ");
+            run_case(&device, &queue, &p, Format::Int4, rows, 7168, 64, (segs, 112u32.div_ceil(segs)), false);
+        }
     }
     // 16 experts' w1|w3 (2 x 3072 rows each) and w2 (7168 x 3072) of one decode step.
     for &(rows, k) in &[(16 * 6144usize, 7168usize), (16 * 7168, 3072)] {
-        run_case(&device, &queue, &mxfp4, Format::Mxfp4, rows, k);
+        run_case(&device, &queue, &mxfp4, Format::Mxfp4, rows, k, 64, (1, 0), true);
     }
 }
 
@@ -195,6 +221,9 @@ fn run_case(
     format: Format,
     rows: usize,
     k: usize,
+    rows_per_wg: usize,
+    (segs, seg_groups): (u32, u32),
+    check: bool,
 ) {
     use wgpu::util::DeviceExt;
     let mut rng = Lcg(rows as u64 * 31 + k as u64);
@@ -227,7 +256,7 @@ fn run_case(
         })
     };
     let st = wgpu::BufferUsages::STORAGE;
-    let params = [rows as u32, k as u32, tokens as u32, 0];
+    let params = [rows as u32, k as u32, tokens as u32, seg_groups];
     let pb = buf(bytemuck::cast_slice(&params), wgpu::BufferUsages::UNIFORM);
     let wb = buf(bytemuck::cast_slice(&words), st);
     let sb = buf(bytemuck::cast_slice(&scales), st);
@@ -265,7 +294,7 @@ fn run_case(
         })
         .collect::<Vec<_>>(),
     });
-    let groups = rows.div_ceil(64) as u32;
+    let groups = rows.div_ceil(rows_per_wg) as u32;
     let run = |n: usize| {
         let mut enc = device.create_command_encoder(&Default::default());
         {
@@ -273,7 +302,7 @@ fn run_case(
             pass.set_pipeline(pipe);
             pass.set_bind_group(0, &bg, &[]);
             for _ in 0..n {
-                pass.dispatch_workgroups(groups, 1, 1);
+                pass.dispatch_workgroups(groups, segs, 1);
             }
         }
         queue.submit([enc.finish()]);
@@ -288,6 +317,10 @@ fn run_case(
         let t0 = Instant::now();
         run(reps);
         best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+    }
+    if !check {
+        println!("{rows}x{k}: {:.1} us a dispatch", best * 1e6);
+        return;
     }
     // Check against the host.
     let mut enc = device.create_command_encoder(&Default::default());

@@ -154,3 +154,194 @@ fn coop_mxfp4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         }
     }
 }
+
+// Where coop_int4's time goes: the same walk with only the products (the tile decoded once,
+// before the loop) and with only the decode (no products; the tile's sum is written so the
+// decode stays). Timing only.
+@compute @workgroup_size(128)
+fn coop_mma_only(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    // Every binding of coop_int4 in the layout, so one bind group fits all entries.
+    _ = sc[0];
+    _ = down[0];
+    _ = xb[0];
+    let row0 = wg.x * RB;
+    let sg = lid / 32u;
+    let wpr = p.k / 8u;
+    let groups = p.k / 64u;
+    for (var i = 0u; i < 4u; i++) {
+        let wi = lid + 128u * i;
+        let r = wi / 8u;
+        let j = wi % 8u;
+        let q = w[min(row0 + r, p.rows - 1u) * wpr + j];
+        for (var c = 0u; c < 8u; c++) {
+            at[r * KB + j * 8u + c] = f16(i32(q << (28u - 4u * c)) >> 28u);
+        }
+    }
+    workgroupBarrier();
+    var cm = coop_mat16x16<f32, C>();
+    for (var g = 0u; g < groups; g++) {
+        for (var kk = 0u; kk < 4u; kk++) {
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&at[sg * 16u * KB + kk * 16u], KB);
+            let bm = coopLoadT<coop_mat16x16<f16, B>>(&xb[(g * KB + kk * 16u) * 16u], 16u);
+            cm = coopMultiplyAdd(a, bm, cm);
+        }
+    }
+    coopStoreT(cm, &ct[sg * 256u], 16u);
+    workgroupBarrier();
+    let row = row0 + lid / 2u;
+    if (row < p.rows) {
+        y[row] = ct[(lid / 32u) * 256u + (lid % 32u)];
+    }
+}
+
+@compute @workgroup_size(128)
+fn coop_decode_only(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    // Every binding of coop_int4 in the layout, so one bind group fits all entries.
+    _ = sc[0];
+    _ = down[0];
+    _ = xb[0];
+    let row0 = wg.x * RB;
+    let wpr = p.k / 8u;
+    let groups = p.k / 64u;
+    var s = 0.0;
+    for (var g = 0u; g < groups; g++) {
+        for (var i = 0u; i < 4u; i++) {
+            let wi = lid + 128u * i;
+            let r = wi / 8u;
+            let j = wi % 8u;
+            let q = w[min(row0 + r, p.rows - 1u) * wpr + g * 8u + j];
+            for (var c = 0u; c < 8u; c++) {
+                at[r * KB + j * 8u + c] = f16(i32(q << (28u - 4u * c)) >> 28u);
+            }
+        }
+        workgroupBarrier();
+        s += f32(at[(lid * 37u + g) % 4096u]);
+        workgroupBarrier();
+    }
+    let row = row0 + lid / 2u;
+    if (row < p.rows) {
+        y[row] = s;
+    }
+}
+
+// coop_int4 with K split over wg.y: segment wg.y walks groups wg.y·SEG .. (SEG a group count
+// in p._p); partial sums only (timing).
+@compute @workgroup_size(128)
+fn coop_int4_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    // Every binding of coop_int4 in the layout, so one bind group fits all entries.
+    _ = sc[0];
+    _ = down[0];
+    _ = xb[0];
+    let row0 = wg.x * RB;
+    let sg = lid / 32u;
+    let lane = lid % 32u;
+    let wpr = p.k / 8u;
+    let groups = p.k / 64u;
+    let g0 = wg.y * p._p;
+    let g1 = min(g0 + p._p, groups);
+    let cr = lane / 2u;
+    let ct0 = (lane % 2u) * 4u;
+    var acc = vec4<f32>(0.0);
+    let my_row = min(row0 + sg * 16u + cr, p.rows - 1u);
+    for (var g = g0; g < g1; g++) {
+        for (var i = 0u; i < 4u; i++) {
+            let wi = lid + 128u * i;
+            let r = wi / 8u;
+            let j = wi % 8u;
+            let q = w[min(row0 + r, p.rows - 1u) * wpr + g * 8u + j];
+            for (var c = 0u; c < 8u; c++) {
+                at[r * KB + j * 8u + c] = f16(i32(q << (28u - 4u * c)) >> 28u);
+            }
+        }
+        workgroupBarrier();
+        var cm = coop_mat16x16<f32, C>();
+        for (var kk = 0u; kk < 4u; kk++) {
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&at[sg * 16u * KB + kk * 16u], KB);
+            let bm = coopLoadT<coop_mat16x16<f16, B>>(&xb[(g * KB + kk * 16u) * 16u], 16u);
+            cm = coopMultiplyAdd(a, bm, cm);
+        }
+        coopStoreT(cm, &ct[sg * 256u], 16u);
+        workgroupBarrier();
+        let s = sc[my_row * groups + g];
+        let base = sg * 256u + cr * 16u + ct0;
+        acc += s * vec4<f32>(ct[base], ct[base + 1u], ct[base + 2u], ct[base + 3u]);
+    }
+    let row = row0 + sg * 16u + cr;
+    if (row < p.rows) {
+        for (var t = 0u; t < 4u; t++) {
+            y[((wg.y * 8u) + ct0 + t) % 8u * p.rows + row] = acc[t];
+        }
+    }
+}
+
+// v2: one subgroup a workgroup (16 rows), K split over wg.y (p._p groups a segment), the
+// tile decoded without int-to-float conversions (two nibbles a time into f16 pairs through
+// the bits of 1024 + n) and in an order that keeps the 32 lanes' stores on distinct banks,
+// the next group's words requested before this group's products. Segment wg.y writes its
+// partial sums (correct alone where one segment covers the row).
+var<workgroup> a2: array<f16, 1024>;
+var<workgroup> c2: array<f32, 256>;
+
+@compute @workgroup_size(32)
+fn coop_int4_v2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    _ = down[0];
+    let row0 = wg.x * 16u;
+    let wpr = p.k / 8u;
+    let groups = p.k / 64u;
+    let g0 = wg.y * p._p;
+    let g1 = min(g0 + p._p, groups);
+    var acc = vec4<f32>(0.0);
+    let cr = lid / 2u;
+    let ct0 = (lid % 2u) * 4u;
+    let my_row = min(row0 + cr, p.rows - 1u);
+    // Lane's words: i-th is row 4 i + lid / 8, word lid % 8 of the group.
+    let j = lid % 8u;
+    let rl = lid / 8u;
+    var q: array<u32, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        q[i] = w[min(row0 + 4u * i + rl, p.rows - 1u) * wpr + g0 * 8u + j];
+    }
+    for (var g = g0; g < g1; g++) {
+        for (var i = 0u; i < 4u; i++) {
+            let r = 4u * i + rl;
+            let base = r * 64u + j * 8u;
+            for (var kk = 0u; kk < 4u; kk++) {
+                // Nibbles k and k + 4 of the word, rotated by the row so lanes of one word
+                // index but different rows start on different banks.
+                let k = (kk + rl) % 4u;
+                let bits = ((q[i] >> (4u * k)) & 0x000F000Fu) ^ 0x64086408u;
+                let v = unpack2x16float(bits) - vec2<f32>(1032.0);
+                a2[base + k] = f16(v.x);
+                a2[base + k + 4u] = f16(v.y);
+            }
+        }
+        // Next group's words, in flight during the products.
+        let gn = min(g + 1u, groups - 1u);
+        for (var i = 0u; i < 4u; i++) {
+            q[i] = w[min(row0 + 4u * i + rl, p.rows - 1u) * wpr + gn * 8u + j];
+        }
+        let s = sc[my_row * groups + g];
+        workgroupBarrier();
+        var cm = coop_mat16x16<f32, C>();
+        for (var kk = 0u; kk < 4u; kk++) {
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&a2[kk * 16u], 64u);
+            let bm = coopLoadT<coop_mat16x16<f16, B>>(&xb[(g * 64u + kk * 16u) * 16u], 16u);
+            cm = coopMultiplyAdd(a, bm, cm);
+        }
+        coopStoreT(cm, &c2[0], 16u);
+        workgroupBarrier();
+        let base = cr * 16u + ct0;
+        let hi = vec4<f32>(c2[base], c2[base + 1u], c2[base + 2u], c2[base + 3u]);
+        let lo = vec4<f32>(c2[base + 8u], c2[base + 9u], c2[base + 10u], c2[base + 11u]);
+        acc += s * (hi + lo);
+    }
+    let row = row0 + cr;
+    if (row < p.rows) {
+        for (var t = 0u; t < 4u; t++) {
+            let tok = ct0 + t;
+            if (tok < p.tokens) {
+                y[tok * p.rows + row] = acc[t] * down[tok];
+            }
+        }
+    }
+}

@@ -63,7 +63,7 @@ fn few_row_matmuls_on_the_matrix_units_match_cpu() {
         if g.ctx.matrix_units.is_none() {
             let names = g.ctx.adapter.get_info().name;
             assert!(
-                !k3::backend::gpu::kernels::matrix_units::adapter_has_matrix_units(&g.ctx.adapter),
+                !k3::backend::gpu::device::adapters::has_matrix_units(&g.ctx.adapter),
                 "{names} has matrix units, yet the device was opened without them"
             );
             eprintln!("{names}: no matrix units, nothing to run");

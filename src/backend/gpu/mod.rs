@@ -15,7 +15,8 @@ pub use device::context::{
     EffectiveLimits, GpuContext, GpuOptions, Int4Decode, LimitsProfile, MatvecShape, ReadStaging,
 };
 pub use device::pipeline::AdapterShape;
-pub use kernels::matmul::{GpuFormat, GpuMat, DIGITS_FROM_ROWS};
+pub use kernels::device_matrix::{GpuFormat, GpuMat};
+pub use kernels::matmul::DIGITS_FROM_ROWS;
 
 use super::{
     Backend, ExpertAssignment, Glu, KdaDims, KdaStepInputs, KdaStepWeights, MlaAttnWeights,
@@ -512,6 +513,15 @@ pub fn pipeline_variants(a: AdapterShape, subgroups: bool) -> Vec<PipelineVarian
 /// The kinds of every pipeline [`pipeline_variants`] lists for an adapter of shape `a`.
 pub fn pipeline_kinds(a: AdapterShape, subgroups: bool) -> HashSet<PipelineKind> {
     pipeline_variants(a, subgroups)
+        .iter()
+        .map(PipelineVariant::kind)
+        .collect()
+}
+
+/// The kinds of the matrix-unit pipelines (`kernels/matrix_units.rs`) at `sgs` subgroups a
+/// workgroup: a device opened with the matrix units adds them to [`pipeline_kinds`]'.
+pub fn matrix_unit_kinds(sgs: u32) -> Vec<PipelineKind> {
+    kernels::matrix_units::pipeline_variants(sgs)
         .iter()
         .map(PipelineVariant::kind)
         .collect()

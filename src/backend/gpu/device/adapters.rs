@@ -287,6 +287,22 @@ pub fn pick_index(index: usize, count: usize) -> usize {
     index % count.max(1)
 }
 
+/// Whether `adapter` offers what the matrix-unit kernels (kernels/matrix_units.rs) need: `SHADER_F16`, the experimental
+/// cooperative matrices with a 16x16x16 f16 -> f32 subgroup shape, and subgroups of exactly
+/// 32 lanes (they place 16 rows on each 32 lanes).
+pub fn has_matrix_units(adapter: &wgpu::Adapter) -> bool {
+    let features = adapter.features();
+    let info = adapter.get_info();
+    let shape = adapter.cooperative_matrix_properties().iter().any(|p| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    });
+    features.contains(wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        && shape
+        && (info.subgroup_min_size, info.subgroup_max_size) == (32, 32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

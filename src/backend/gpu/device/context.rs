@@ -26,11 +26,8 @@ use crate::backend::gpu::device::profiler::Profiler;
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::device::upload_path;
 use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile};
-use crate::backend::gpu::kernels::matrix_units::{
-    adapter_has_matrix_units, pipeline_variants as matrix_unit_variants,
-};
 use crate::backend::gpu::kernels::stationary::{CsPlan, Stationary};
-use crate::backend::gpu::pipeline_kinds;
+use crate::backend::gpu::{matrix_unit_kinds, pipeline_kinds};
 use anyhow::{anyhow, bail, Context as _, Result};
 use host_copy::{parallel_copy, parallel_copy_parts};
 use readback::Readback;
@@ -165,10 +162,10 @@ impl GpuContext {
         let coop = wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         let matrix_units = opts
             .matrix_units
-            .filter(|_| adapter_has_matrix_units(&adapter) && eff.features.contains(coop));
+            .filter(|_| adapters::has_matrix_units(&adapter) && eff.features.contains(coop));
         if opts.matrix_units.is_some() && matrix_units.is_none() {
             tracing::warn!(
-                "K3_LAB_MATRIX_UNITS: {} ({:?}) has no 16x16x16 f16 -> f32 matrix units in 32-lane subgroups; the few-row matmuls keep their f32 kernels",
+                "matrix units asked for, but {} ({:?}) has no 16x16x16 f16 -> f32 matrix units in 32-lane subgroups; the few-row matmuls keep their f32 kernels",
                 info.name,
                 info.backend
             );
@@ -265,12 +262,7 @@ impl GpuContext {
         );
         let kinds = kinds
             .into_iter()
-            .chain(matrix_units.into_iter().flat_map(|sgs| {
-                matrix_unit_variants(sgs)
-                    .iter()
-                    .map(PipelineVariant::kind)
-                    .collect::<Vec<_>>()
-            }))
+            .chain(matrix_units.into_iter().flat_map(matrix_unit_kinds))
             .collect();
         Ok(Self {
             adapter,

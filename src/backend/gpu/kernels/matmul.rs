@@ -6,6 +6,7 @@ use crate::backend::gpu::device::buffers::{f32_bytes, GpuAct};
 use crate::backend::gpu::device::context::{Dispatch, Int4Decode};
 use crate::backend::gpu::device::shaders::Shader;
 use crate::backend::gpu::kernels::chunk_gemm::{ChunkGemm, GemmTile, GK};
+use crate::backend::gpu::kernels::device_matrix::{GpuFormat, GpuMat, MatChunk};
 use crate::backend::gpu::kernels::few_tokens::{
     few_token_shape_of, few_tokens_shape, few_tokens_variant, FEW_FROM_GROUPS,
 };
@@ -16,78 +17,6 @@ use crate::backend::gpu::GpuBackend;
 use crate::quant::{DenseData, DenseMatrix};
 use anyhow::{bail, ensure, Result};
 use std::cell::{OnceCell, RefCell};
-
-/// Format of a device matrix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GpuFormat {
-    /// f32.
-    F32,
-    /// bf16.
-    Bf16,
-    /// int8 per row.
-    Int8,
-    /// int4 groups of 64.
-    Int4,
-}
-
-impl GpuFormat {
-    /// Columns in one 16-byte unit.
-    pub fn unit_cols(self) -> usize {
-        match self {
-            GpuFormat::F32 => 4,
-            GpuFormat::Bf16 => 8,
-            GpuFormat::Int8 => 16,
-            GpuFormat::Int4 => 32,
-        }
-    }
-
-    fn shader(self) -> Shader {
-        match self {
-            GpuFormat::F32 => Shader::MatvecF32,
-            GpuFormat::Bf16 => Shader::MatvecBf16,
-            GpuFormat::Int8 => Shader::MatvecInt8,
-            GpuFormat::Int4 => Shader::MatvecInt4,
-        }
-    }
-}
-
-/// One row chunk of a device matrix.
-#[derive(Debug)]
-pub struct MatChunk {
-    /// First row.
-    pub row0: usize,
-    /// Rows in the chunk.
-    pub rows: usize,
-    /// Weight units.
-    pub w: wgpu::Buffer,
-    /// Per-row (int8) or per-group (int4) scales.
-    pub scale: Option<wgpu::Buffer>,
-}
-
-/// A dense matrix resident on the device.
-#[derive(Debug)]
-pub struct GpuMat {
-    /// Output dimension.
-    pub rows: usize,
-    /// Input dimension.
-    pub cols: usize,
-    /// Row width after padding to whole units.
-    pub cols_padded: usize,
-    /// Encoding.
-    pub format: GpuFormat,
-    /// Row chunks, in order.
-    pub chunks: Vec<MatChunk>,
-}
-
-impl GpuMat {
-    /// Weight bytes on the device (units and scales).
-    pub fn byte_size(&self) -> u64 {
-        self.chunks
-            .iter()
-            .map(|c| c.w.size() + c.scale.as_ref().map_or(0, |s| s.size()))
-            .sum()
-    }
-}
 
 /// Copies `rows` rows of `src_row` bytes into rows of `dst_row` bytes, zero padded.
 fn pad_rows(src: &[u8], rows: usize, src_row: usize, dst_row: usize) -> Vec<u8> {
@@ -508,25 +437,28 @@ impl SharedX {
     /// x's f16 parts for the matrix units at padded width `cols`: made by `make` the first
     /// time that width is asked for.
     fn halves(&self, cols: usize, make: impl FnOnce() -> XHalves) -> XHalves {
-        let mut made = self.halves.borrow_mut();
-        if let Some((_, h)) = made.iter().find(|(c, _)| *c == cols) {
-            return h.clone();
-        }
-        let h = make();
-        made.push((cols, h.clone()));
-        h
+        made_once(&self.halves, cols, make)
     }
 
     /// x padded to `cols` columns: made by `pad` the first time that width is asked for.
     fn padded(&self, cols: usize, pad: impl FnOnce() -> GpuAct) -> GpuAct {
-        let mut made = self.padded.borrow_mut();
-        if let Some((_, xp)) = made.iter().find(|(c, _)| *c == cols) {
-            return xp.clone();
-        }
-        let xp = pad();
-        made.push((cols, xp.clone()));
-        xp
+        made_once(&self.padded, cols, pad)
     }
+}
+
+/// The value `made` holds for width `cols`, made by `make` (and kept) the first time.
+fn made_once<T: Clone>(
+    made: &RefCell<Vec<(usize, T)>>,
+    cols: usize,
+    make: impl FnOnce() -> T,
+) -> T {
+    let mut made = made.borrow_mut();
+    if let Some((_, v)) = made.iter().find(|(c, _)| *c == cols) {
+        return v.clone();
+    }
+    let v = make();
+    made.push((cols, v.clone()));
+    v
 }
 
 /// int4 matrices of at least this many rows (counted over the matrices of one

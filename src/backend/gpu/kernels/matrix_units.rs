@@ -8,7 +8,7 @@ use crate::backend::gpu::device::buffers::GpuAct;
 use crate::backend::gpu::device::context::{Dispatch, GpuContext};
 use crate::backend::gpu::device::pipeline::PipelineVariant;
 use crate::backend::gpu::device::shaders::Shader;
-use crate::backend::gpu::kernels::matmul::{GpuFormat, GpuMat};
+use crate::backend::gpu::kernels::device_matrix::{GpuFormat, GpuMat};
 use crate::backend::gpu::GpuBackend;
 use anyhow::{bail, Result};
 
@@ -25,22 +25,6 @@ pub(crate) const DEFAULT_SUBGROUPS: u32 = 4;
 
 /// Columns a step of the kernels walks (and B's rows come in).
 const STEP_COLS: usize = 64;
-
-/// Whether `adapter` offers what the kernels need: `SHADER_F16`, the experimental
-/// cooperative matrices with a 16x16x16 f16 -> f32 subgroup shape, and subgroups of exactly
-/// 32 lanes (the kernels place 16 rows on each 32 lanes).
-pub fn adapter_has_matrix_units(adapter: &wgpu::Adapter) -> bool {
-    let features = adapter.features();
-    let info = adapter.get_info();
-    let shape = adapter.cooperative_matrix_properties().iter().any(|p| {
-        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
-            && p.ab_type == wgpu::CooperativeScalarType::F16
-            && p.cr_type == wgpu::CooperativeScalarType::F32
-    });
-    features.contains(wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
-        && shape
-        && (info.subgroup_min_size, info.subgroup_max_size) == (32, 32)
-}
 
 /// The kernel entry of `format` on the matrix units, if it has one.
 fn entry_of(format: GpuFormat) -> Option<&'static str> {

@@ -156,6 +156,18 @@ fn main() {
             run_case(&device, &queue, &v2, Format::Int4, rows, 7168, 16, (segs, 112u32.div_ceil(segs)), false);
         }
     }
+    // v3 whole (checked), then split (timing only).
+    let v3 = pipe("coop_int4_v3");
+    for &rows in &[7168usize, 49152, 163840, 1536] {
+        print!("v3 ");
+        run_case(&device, &queue, &v3, Format::Int4, rows, 7168, 64, (1, 112), true);
+    }
+    for segs in [4u32, 8, 16, 28] {
+        for &rows in &[7168usize, 49152, 163840, 1536] {
+            print!("v3 segs {segs}: ");
+            run_case(&device, &queue, &v3, Format::Int4, rows, 7168, 64, (segs, 112u32.div_ceil(segs)), false);
+        }
+    }
     // Where the time goes, and K split over workgroups (timing only).
     for (entry, segs) in [
         ("coop_mma_only", 1u32),

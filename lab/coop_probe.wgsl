@@ -345,3 +345,81 @@ fn coop_int4_v2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         }
     }
 }
+
+// v3: one subgroup a workgroup takes 64 rows (four 16-row tiles), so each step's four B
+// fragments are loaded once for four tiles' products (v1 and v2 load B for every 16 rows);
+// K split over wg.y as in v2.
+var<workgroup> a3: array<f16, 4096>;
+var<workgroup> c3: array<f32, 1024>;
+
+@compute @workgroup_size(32)
+fn coop_int4_v3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    _ = down[0];
+    let row0 = wg.x * 64u;
+    let wpr = p.k / 8u;
+    let groups = p.k / 64u;
+    let g0 = wg.y * p._p;
+    let g1 = min(g0 + p._p, groups);
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    let cr = lid / 2u;
+    let ct0 = (lid % 2u) * 4u;
+    let j = lid % 8u;
+    let rl = lid / 8u;
+    for (var g = g0; g < g1; g++) {
+        // 64 rows x 8 words: word i of the lane is row 4 i + lid / 8.
+        for (var i = 0u; i < 16u; i++) {
+            let r = 4u * i + rl;
+            let q = w[min(row0 + r, p.rows - 1u) * wpr + g * 8u + j];
+            let base = r * 64u + j * 8u;
+            for (var kk = 0u; kk < 4u; kk++) {
+                let k = (kk + rl) % 4u;
+                let v = unpack2x16float(((q >> (4u * k)) & 0x000F000Fu) ^ 0x64086408u) - vec2<f32>(1032.0);
+                a3[base + k] = f16(v.x);
+                a3[base + k + 4u] = f16(v.y);
+            }
+        }
+        workgroupBarrier();
+        let b0 = coopLoadT<coop_mat16x16<f16, B>>(&xb[(g * 64u) * 16u], 16u);
+        let b1 = coopLoadT<coop_mat16x16<f16, B>>(&xb[(g * 64u + 16u) * 16u], 16u);
+        let b2 = coopLoadT<coop_mat16x16<f16, B>>(&xb[(g * 64u + 32u) * 16u], 16u);
+        let b3 = coopLoadT<coop_mat16x16<f16, B>>(&xb[(g * 64u + 48u) * 16u], 16u);
+        for (var t = 0u; t < 4u; t++) {
+            var cm = coop_mat16x16<f32, C>();
+            cm = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&a3[t * 1024u], 64u), b0, cm);
+            cm = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&a3[t * 1024u + 16u], 64u), b1, cm);
+            cm = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&a3[t * 1024u + 32u], 64u), b2, cm);
+            cm = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&a3[t * 1024u + 48u], 64u), b3, cm);
+            coopStoreT(cm, &c3[t * 256u], 16u);
+        }
+        workgroupBarrier();
+        let base = cr * 16u + ct0;
+        let r = min(row0 + cr, p.rows - 1u);
+        acc0 += sc[r * groups + g] * (vec4<f32>(c3[base], c3[base + 1u], c3[base + 2u], c3[base + 3u])
+            + vec4<f32>(c3[base + 8u], c3[base + 9u], c3[base + 10u], c3[base + 11u]));
+        let r1 = min(r + 16u, p.rows - 1u);
+        acc1 += sc[r1 * groups + g] * (vec4<f32>(c3[256u + base], c3[257u + base], c3[258u + base], c3[259u + base])
+            + vec4<f32>(c3[264u + base], c3[265u + base], c3[266u + base], c3[267u + base]));
+        let r2 = min(r + 32u, p.rows - 1u);
+        acc2 += sc[r2 * groups + g] * (vec4<f32>(c3[512u + base], c3[513u + base], c3[514u + base], c3[515u + base])
+            + vec4<f32>(c3[520u + base], c3[521u + base], c3[522u + base], c3[523u + base]));
+        let r3 = min(r + 48u, p.rows - 1u);
+        acc3 += sc[r3 * groups + g] * (vec4<f32>(c3[768u + base], c3[769u + base], c3[770u + base], c3[771u + base])
+            + vec4<f32>(c3[776u + base], c3[777u + base], c3[778u + base], c3[779u + base]));
+        workgroupBarrier();
+    }
+    let accs = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
+    for (var tile = 0u; tile < 4u; tile++) {
+        let row = row0 + tile * 16u + cr;
+        if (row < p.rows) {
+            for (var t = 0u; t < 4u; t++) {
+                let tok = ct0 + t;
+                if (tok < p.tokens) {
+                    y[tok * p.rows + row] = accs[tile][t] * down[tok];
+                }
+            }
+        }
+    }
+}

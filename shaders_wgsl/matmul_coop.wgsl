@@ -6,9 +6,9 @@
 // Exactness: int4 and int8 values are exact in f16, and x reaches the matrix units as two
 // f16 parts (`x_halves`): row t is scaled by 2^s_t so its largest entry lies in
 // [2^14, 2^15), and B's column t holds the high part (x 2^s_t cut to f16's 11 significant
-// bits), column 8 + t the low part f16(x 2^s_t - high). The two carry 22 bits of each entry. A product of two f16 is
-// exact in the f32 sum, so C's columns t and 8 + t added are the dot product of the 22-bit
-// x; the scales (int4: one f32 a 64-column group, int8: one a row) and 2^-s_t are applied
+// bits), column 8 + t the low part f16(x 2^s_t - high). The two carry 22 bits of each
+// entry. A product of two f16 is exact in the f32 sum, so C's columns t and 8 + t added are
+// the dot product of the 22-bit x; the scales (int4: one f32 a 64-column group, int8: one a row) and 2^-s_t are applied
 // in f32.
 //
 // A workgroup is SGS subgroups of 32 lanes, 16 weight rows each, and walks K in steps of
@@ -78,6 +78,13 @@ fn write_rows(row0: u32, lid: u32, acc: vec4<f32>, f: f32) {
     }
 }
 
+// Word `word` of the tile's row r (from row0; rows past the chunk repeat its last), or 0 past
+// the row's `wpr` words: a row's last step may hold fewer words than a whole step.
+fn weight_word(row0: u32, r: u32, word: u32, wpr: u32) -> u32 {
+    let row = min(row0 + r, p.rows - 1u);
+    return select(0u, w[row * wpr + min(word, wpr - 1u)], word < wpr);
+}
+
 // The high and low parts of C's entries for lane `lid` of a workgroup: its row's four x
 // rows, high plus low.
 fn lane_sums(lid: u32) -> vec4<f32> {
@@ -104,9 +111,7 @@ fn coop_int4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             let wi = lid + 32u * SGS * i;
             let r = wi / 8u;
             let j = wi % 8u;
-            let row = min(row0 + r, p.rows - 1u);
-            let word = g * 8u + j;
-            let q = select(0u, w[row * wpr + min(word, wpr - 1u)], word < wpr);
+            let q = weight_word(row0, r, g * 8u + j, wpr);
             let b = r * 64u + j * 8u;
             for (var c = 0u; c < 8u; c++) {
                 at[b + c] = f16(i32(q << (28u - 4u * c)) >> 28u);
@@ -128,17 +133,14 @@ fn coop_int8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     let row0 = wg.x * RB;
     let sg = lid / 32u;
     let wpr = p.units * 4u;
-    let steps = (wpr + 15u) / 16u;
     var cm = coop_mat16x16<f32, C>();
-    for (var g = 0u; g < steps; g++) {
+    for (var g = 0u; g < p.groups; g++) {
         // RB rows × 16 words, 8 words a lane.
         for (var i = 0u; i < 8u; i++) {
             let wi = lid + 32u * SGS * i;
             let r = wi / 16u;
             let j = wi % 16u;
-            let row = min(row0 + r, p.rows - 1u);
-            let word = g * 16u + j;
-            let q = select(0u, w[row * wpr + min(word, wpr - 1u)], word < wpr);
+            let q = weight_word(row0, r, g * 16u + j, wpr);
             let b = r * 64u + j * 4u;
             for (var c = 0u; c < 4u; c++) {
                 at[b + c] = f16(i32(q << (24u - 8u * c)) >> 24u);

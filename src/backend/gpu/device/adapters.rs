@@ -287,9 +287,9 @@ pub fn pick_index(index: usize, count: usize) -> usize {
     index % count.max(1)
 }
 
-/// Whether `adapter` offers what the matrix-unit kernels (kernels/matrix_units.rs) need: `SHADER_F16`, the experimental
-/// cooperative matrices with a 16x16x16 f16 -> f32 subgroup shape, and subgroups of exactly
-/// 32 lanes (they place 16 rows on each 32 lanes).
+/// Whether `adapter` offers what the matrix-unit kernels (kernels/matrix_units.rs) need:
+/// `SHADER_F16`, the experimental cooperative matrices with a 16x16x16 f16 -> f32 subgroup
+/// shape, and subgroups of exactly 32 lanes (they place 16 rows on each 32 lanes).
 pub fn has_matrix_units(adapter: &wgpu::Adapter) -> bool {
     let features = adapter.features();
     let info = adapter.get_info();

@@ -66,6 +66,25 @@ pub struct GpuMat {
 }
 
 impl GpuMat {
+    /// The matvec parameter block (`MvParams` in matvec_common.wgsl, whose first seven
+    /// words matmul_coop.wgsl reads too) of chunk `c` against `n` rows of x: the chunk's
+    /// rows, units a row, n, its first row, y's row stride, x's in vec4s, 64-column groups.
+    pub fn chunk_params(&self, c: &MatChunk, n: usize) -> [u32; 11] {
+        [
+            c.rows as u32,
+            (self.cols_padded / self.format.unit_cols()) as u32,
+            n as u32,
+            c.row0 as u32,
+            self.rows as u32,
+            (self.cols_padded / 4) as u32,
+            self.cols.div_ceil(64) as u32,
+            0,
+            0,
+            0,
+            0,
+        ]
+    }
+
     /// Weight bytes on the device (units and scales).
     pub fn byte_size(&self) -> u64 {
         self.chunks

@@ -239,21 +239,6 @@ impl GpuBackend {
         let xp = shared.padded(w.cols_padded, || self.padded(x, w.cols_padded));
         let uc = w.format.unit_cols();
         let rpg = self.rows_per_group();
-        let params = |c: &MatChunk| {
-            [
-                c.rows as u32,
-                (w.cols_padded / uc) as u32,
-                x.rows as u32,
-                c.row0 as u32,
-                w.rows as u32,
-                (w.cols_padded / 4) as u32,
-                w.cols.div_ceil(64) as u32,
-                0,
-                0,
-                0,
-                0,
-            ]
-        };
         // A chunk of tokens: the tiled kernel decodes each weight unit once per tile.
         let tile = self.ctx.gemm_tile(x.rows);
         // int4's one-token kernels read x as exact integer digits (the digit decode), made
@@ -309,7 +294,7 @@ impl GpuBackend {
             if let Some(s) = &c.scale {
                 bufs.push(s);
             }
-            let params = params(c);
+            let params = w.chunk_params(c, x.rows);
             if let Some(t) = tile {
                 self.gemm_chunk(w, c, x.rows, (&y.buf, bufs), t, params);
                 continue;

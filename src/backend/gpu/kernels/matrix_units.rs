@@ -109,17 +109,8 @@ impl GpuBackend {
             );
         };
         let consts = [("SGS", sgs)];
-        let units = w.cols_padded / w.format.unit_cols();
         for c in &w.chunks {
-            let params = [
-                c.rows as u32,
-                units as u32,
-                rows as u32,
-                c.row0 as u32,
-                w.rows as u32,
-                (w.cols_padded / 4) as u32,
-                w.cols_padded.div_ceil(STEP_COLS) as u32,
-            ];
+            let params = w.chunk_params(c, rows);
             let Some(scale) = &c.scale else {
                 bail!(
                     "the {:?} matrix's chunk at row {} has no scales",
